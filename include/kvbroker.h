@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvbroker.h - the public client API of kvbroker, the only header an engine includes.
+ *
+ * A process attaches to the node-local broker (kvbrokerd) with kvb_connect(), opens the
+ * namespace of its model's KV layout with kvb_ns_open(), and then stores, fetches and looks up
+ * KV pages by their 256-bit content key. Pages are immutable; a PUT of a key that is already
+ * stored (by another TP rank, another engine, another job) copies nothing.
+ *
+ * Conventions (as liburing): functions return >= 0 on success and a negative errno on failure;
+ * errno is never used. Input structs end with flags and reserved words that must be zero.
+ *
+ * Thread-safety: a kvb_client may be shared by threads; every call takes the client's lock, so
+ * calls on one client are serialized. For parallel I/O open one client per thread. A kvb_client
+ * must not be used in a child after fork(); connect again there.
+ *
+ * Ownership: memory returned by kvb_buf_alloc_host() belongs to the client and is unmapped by
+ * kvb_buf_unregister() or kvb_close(). Lease data stays valid until kvb_release() or kvb_close().
+ */
+#ifndef KVBROKER_H
+#define KVBROKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVB_VERSION_MAJOR 0
+#define KVB_VERSION_MINOR 1
+#define KVB_VERSION_PATCH 0
+
+/* Returns (major << 16) | (minor << 8) | patch of the library actually linked. */
+unsigned kvb_version(void);
+
+typedef struct kvb_client kvb_client;
+
+/* 256-bit content key: SHA-256 chain over the token ids of a prefix (see kvb_key_chain). */
+typedef struct {
+	uint8_t b[32];
+} kvb_key;
+
+enum kvb_layout_kind {
+	KVB_LAYOUT_MLA = 1, /* latent KV, identical on every TP rank: one namespace per model */
+	KVB_LAYOUT_MHA = 2, /* per-rank KV shards: tp_size and tp_rank are part of the identity */
+};
+
+#define KVB_MAX_COMPONENTS 4
+#define KVB_MODEL_MAX 64
+#define KVB_COMP_NAME_MAX 16
+
+/* One KV component (main latent KV, indexer cache, draft KV, ...). */
+struct kvb_component {
+	char name[KVB_COMP_NAME_MAX]; /* NUL-terminated, not empty */
+	uint32_t num_layers;	      /* >= 1 */
+	uint32_t bytes_per_token_layer; /* >= 1 */
+};
+
+/*
+ * A namespace's KV layout. Page layout: [component][layer][token][bytes_per_token_layer].
+ * page_bytes = tokens_per_page * sum(num_layers * bytes_per_token_layer).
+ */
+struct kvb_layout {
+	char model[KVB_MODEL_MAX]; /* NUL-terminated, not empty */
+	uint32_t kind;		   /* enum kvb_layout_kind */
+	uint32_t tokens_per_page;  /* >= 1 */
+	uint32_t tp_size;	   /* >= 1; identity only for MHA */
+	uint32_t tp_rank;	   /* < tp_size */
+	uint32_t ncomponents;	   /* 1..KVB_MAX_COMPONENTS */
+	struct kvb_component comp[KVB_MAX_COMPONENTS];
+	uint32_t flags;		   /* must be 0 */
+	uint32_t resv[3];	   /* must be 0 */
+};
+
+/* kvb_opts.flags */
+#define KVB_CONNECT_CONTROL (1u << 0) /* tools: no rings, no pool; only kvb_stats_json works */
+
+struct kvb_opts {
+	const char *socket_path; /* NULL: $KVB_SOCKET, then the default path */
+	const char *name;	 /* shown by kvbctl; NULL: the program name */
+	uint32_t sq_entries;	 /* power of two up to 4096; 0: 256 */
+	uint32_t flags;		 /* KVB_CONNECT_* */
+	uint32_t resv[4];	 /* must be 0 */
+};
+
+/* A pinned, read-only, zero-copy view of a RAM-resident page. */
+struct kvb_lease {
+	const void *data; /* inside the client's read-only mapping of the pool */
+	size_t len;	  /* the namespace's page_bytes */
+	uint64_t id;	  /* capability checked by the broker on release */
+};
+
+/* Tiers reported by kvb_lookup_tiers(). */
+enum kvb_tier {
+	KVB_TIER_RAM = 0,
+	KVB_TIER_DISK = 1,
+	KVB_TIER_NONE = 0xff,
+};
+
+/*
+ * Connects to the broker and maps this client's rings and the pool. opts may be NULL.
+ * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EACCES refused by the broker's
+ * credential check, -EPROTO version mismatch, -EINVAL bad opts, -ENOMEM.
+ */
+int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
+
+/* Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op. */
+void kvb_close(kvb_client *c);
+
+/* A static, human-readable string for a negative errno returned by this API. */
+const char *kvb_strerror(int err);
+
+/*
+ * Opens (creating on first use) the namespace of a layout. Every rank of an MLA model gets the
+ * same *ns; MHA ranks get one each. *page_bytes receives the page size (may be NULL).
+ * Errors: -EINVAL malformed layout, -E2BIG page larger than the broker accepts, -EMFILE too many
+ * namespaces, -ECONNRESET broker gone.
+ */
+int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes);
+
+/*
+ * key = SHA-256(parent->b || le32(tokens[0]) || ... ) , or without parent for the first page.
+ * Bit for bit SGLang HiCache's get_hash_str(). Pure function, thread-safe.
+ */
+kvb_key kvb_key_chain(const kvb_key *parent, const uint32_t *tokens, size_t ntokens);
+
+/*
+ * Stores a page of exactly page_bytes from src. Returns 0 when stored, 1 when the key was already
+ * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() is copied by the broker
+ * directly; any other src goes through a staging buffer (one extra memcpy).
+ * Errors: -EINVAL length or ns, -ENOSPC pool full of leased pages, -ECONNRESET broker gone.
+ */
+int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len);
+
+/*
+ * Copies a page into dst (len >= page_bytes). Returns page_bytes. -ENOENT when not stored.
+ * dst inside a registered host buffer is written by the broker; otherwise the page is read from
+ * the client's read-only pool mapping under a lease (one memcpy).
+ */
+int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len);
+
+/*
+ * Counts how many leading keys of keys[0..n) are stored (any tier) into *hits. Returns 0.
+ * kvb_lookup_tiers() also writes each key's enum kvb_tier into tiers[0..n) (may be NULL).
+ */
+int kvb_lookup(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits);
+int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits,
+		     uint8_t *tiers);
+
+/* Drops a page; its memory is freed once no lease holds it. -ENOENT when not stored. */
+int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key);
+
+/*
+ * Pins a RAM-resident page and maps it for zero-copy reads. -ENOENT when not stored,
+ * -EDQUOT too many leases held by this client.
+ */
+int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease);
+
+/* Unpins. -EINVAL when the lease is not held by this client (twice, forged, foreign). */
+int kvb_release(kvb_client *c, struct kvb_lease *lease);
+
+/* Round trip through the rings; for health checks and latency measurement. */
+int kvb_nop(kvb_client *c);
+
+/*
+ * Allocates len bytes of shared memory the broker may copy to and from, registers it and
+ * returns its address (NULL on failure, *buf untouched). The id goes to *buf.
+ */
+void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
+
+/* Registers GPU memory (CUDA IPC). -EOPNOTSUPP where the broker has no GPU copy engine. */
+int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
+
+/* Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). */
+int kvb_buf_unregister(kvb_client *c, uint32_t buf);
+
+/*
+ * Views: where the client's KV cache lives. parts[] holds one entry per (component, layer) of the
+ * namespace, component-major: token slot s of that layer is at buf + base + s * stride, and
+ * stride >= bytes_per_token_layer. A page op on a view moves tokens_per_page consecutive slots
+ * starting at the op's slot.
+ */
+struct kvb_view_part {
+	uint32_t buf;	 /* registered buffer id */
+	uint32_t stride; /* bytes between token slots */
+	uint64_t base;	 /* byte offset of slot 0 in buf */
+};
+
+int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *parts, size_t nparts,
+		    uint32_t *view);
+int kvb_view_destroy(kvb_client *c, uint32_t view);
+
+/*
+ * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
+ * every component (count 0: all layers); a PUT always takes every layer (all or nothing).
+ */
+int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
+int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
+		 uint32_t layer_count);
+
+/* ---- asynchronous, batched operations (io_uring style) ---- */
+
+enum kvb_opcode {
+	KVB_OP_NOP = 0,
+	KVB_OP_PUT = 1,	    /* from buf+off, or a view slot with KVB_OPF_VIEW */
+	KVB_OP_GET = 2,	    /* into buf+off, or a view slot with KVB_OPF_VIEW */
+	KVB_OP_ACQUIRE = 3, /* completion carries the lease */
+	KVB_OP_RELEASE = 4, /* lease_id in off */
+	KVB_OP_DELETE = 5,
+	KVB_OP_LOOKUP = 6, /* synchronous API only (kvb_lookup) */
+	KVB_OP_PREFETCH = 7,
+	KVB_OP__COUNT,
+};
+
+#define KVB_OPF_VIEW (1u << 0) /* buf is a view id and off a token slot */
+
+struct kvb_op {
+	uint32_t opcode;     /* enum kvb_opcode */
+	uint32_t flags;	     /* KVB_OPF_* */
+	uint32_t ns;	     /* ignored with KVB_OPF_VIEW (the view's namespace) */
+	uint32_t buf;	     /* buffer id, or view id */
+	kvb_key key;
+	uint64_t off;	     /* byte offset in buf, token slot of a view, or a lease id */
+	uint16_t layer_first; /* view GET only */
+	uint16_t layer_count; /* view GET only; 0: all */
+	uint32_t resv;	     /* must be 0 */
+	uint64_t user_data;  /* returned in the completion */
+};
+
+/* Completion flags. */
+#define KVB_CQEF_EXISTED (1u << 0) /* PUT: already stored, nothing copied */
+
+struct kvb_completion {
+	uint64_t user_data;
+	int32_t res;	  /* >= 0 success, negative errno */
+	uint32_t flags;	  /* KVB_CQEF_* */
+	struct kvb_lease lease; /* ACQUIRE only */
+};
+
+/*
+ * Queues up to n ops and rings the broker once. Returns how many were queued (may be fewer than
+ * n when the ring is full: reap and retry), or a negative errno.
+ */
+int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
+
+/*
+ * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
+ * (-1: no limit). Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
+ * -ECONNRESET when the broker went away.
+ */
+int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
+
+/* The broker's statistics as a JSON document; free *json with free(). */
+int kvb_stats_json(kvb_client *c, char **json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVBROKER_H */

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * proto.h - checks and geometry both sides share: region layout, message and layout validation,
+ * the static shape of an SQE. Everything here is pure: no I/O, no allocation, safe on any thread.
+ * Inputs are untrusted bytes; nothing here may assert on them.
+ */
+#ifndef KVB_PROTO_PROTO_H
+#define KVB_PROTO_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+/*
+ * Fills *h with the geometry of a ring region for sq_entries (a power of two in
+ * KVB_SQ_MIN..KVB_SQ_MAX) and an argument area of arg_size bytes (rounded up to 4 KiB).
+ * Returns the region size in bytes, or -EINVAL.
+ */
+int64_t kvb_region_layout(uint32_t sq_entries, uint32_t arg_size, struct kvb_region_hdr *h);
+
+/* Client side: does a region header received from the broker describe a sane region of
+ * region_size bytes? 0 or -EPROTO. */
+int kvb_region_check(const struct kvb_region_hdr *h, uint64_t region_size);
+
+/* A received datagram of len bytes: header sane, type known, len matches? 0, -EPROTO. */
+int kvb_msg_check(const void *buf, size_t len);
+
+/* Minimum body length of each request type (after the header); -1 for unknown types. */
+int64_t kvb_msg_body_min(uint16_t type);
+
+/*
+ * Validates a layout: strings terminated and non-empty, kind known, counts in range, reserved
+ * words zero, page size within KVB_MAX_PAGE_BYTES. On success returns 0 and the page size in
+ * *page_bytes; otherwise -EINVAL (or -E2BIG for an oversized page).
+ */
+int kvb_layout_check(const struct kvb_layout *l, uint64_t *page_bytes);
+
+/* Total layers of a layout (sum over components); the number of view parts it needs. */
+uint32_t kvb_layout_parts(const struct kvb_layout *l);
+
+/*
+ * Static shape of an SQE copied out of the ring: opcode known, flags known and allowed for the
+ * opcode, reserved fields zero, layer range and batch fields consistent with arg_size.
+ * Returns 0 or -EINVAL. Broker state (ns, buf, view, lease) is checked by the broker.
+ */
+int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size);
+
+/*
+ * The control socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
+ * /run/kvbroker/kvbroker.sock. Returns 0, or -ENAMETOOLONG when it does not fit a sockaddr_un.
+ */
+int kvb_default_socket(char *buf, size_t len);
+
+/* Is x a power of two (x > 0)? */
+static inline int kvb_is_pow2(uint64_t x)
+{
+	return x && !(x & (x - 1));
+}
+
+#endif /* KVB_PROTO_PROTO_H */

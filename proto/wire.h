@@ -1,0 +1,252 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * wire.h - every byte that crosses between kvbrokerd and a client.
+ *
+ * Two channels:
+ *
+ * 1. The control socket (AF_UNIX, SOCK_SEQPACKET). Each message is one datagram:
+ *    struct kvb_msg_hdr followed by a type-specific body. Requests carry a seq the reply echoes.
+ *    Replies are struct kvb_msg_hdr + struct kvb_msg_reply (+ body). File descriptors travel as
+ *    SCM_RIGHTS with the message that names them.
+ *
+ *      client                         broker
+ *      HELLO{abi, name, sq_entries} ->
+ *                                  <- HELLO reply{client id, region geometry, pool geometry}
+ *                                     + fds [region memfd, sq doorbell, cq doorbell, arena fds...]
+ *      NS_OPEN{layout}             -> <- {ns, page_bytes}
+ *      BUF_REG{len} + fd           -> <- {buf}
+ *      BUF_UNREG{buf}              -> <- {}
+ *      VIEW_CREATE{ns, parts[]}    -> <- {view}
+ *      VIEW_DESTROY{view}          -> <- {}
+ *      STATS{}                     -> <- {json text}
+ *
+ *    A message whose length, type or fields do not validate is answered with -EPROTO/-EINVAL;
+ *    a HELLO with a different ABI major is answered with -EPROTO and the socket closed.
+ *
+ * 2. The ring region, a memfd the broker creates per client (sealed against shrink and grow),
+ *    mapped read-write by both. Layout (offsets are published in the header; clients must use
+ *    them rather than their own sizeof):
+ *
+ *      [0]        struct kvb_region_hdr                          one cache line
+ *      [64]       sq tail                 written by the client  own cache line
+ *      [128]      sq head, sq flags       written by the broker  own cache line
+ *      [192]      cq tail                 written by the broker  own cache line
+ *      [256]      cq head, cq flags       written by the client  own cache line
+ *      [sqes_off] sq_entries x struct kvb_sqe (64 B)
+ *      [cqes_off] cq_entries x struct kvb_cqe (32 B)
+ *      [arg_off]  argument area (key arrays of LOOKUP, tier bytes back), page aligned
+ *
+ *    See ring.h for the index protocol and the wake-up protocol.
+ *
+ * All fields are fixed-width; no pointers, bool, enums or size_t. Little-endian host order (both
+ * sides run on the same machine).
+ */
+#ifndef KVB_PROTO_WIRE_H
+#define KVB_PROTO_WIRE_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbroker.h"
+
+#define KVB_ABI_MAJOR 1
+#define KVB_ABI_MINOR 0
+
+#define KVB_MSG_MAGIC 0x4b56424du /* "KVBM" */
+#define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
+
+/* Bounds both sides enforce. */
+#define KVB_MSG_MAX (64u * 1024)	/* largest control datagram, request or reply */
+#define KVB_STATS_MAX (1024u * 1024)	/* stats replies may be larger: read with MSG_PEEK|MSG_TRUNC */
+#define KVB_SQ_MIN 8u
+#define KVB_SQ_MAX 4096u
+#define KVB_SQ_DEFAULT 256u
+#define KVB_MAX_FDS 16u			/* SCM_RIGHTS fds in one message */
+#define KVB_MAX_ARENAS 8u
+#define KVB_MAX_VIEW_PARTS 1024u	/* (component, layer) pairs of one view */
+#define KVB_MAX_PAGE_BYTES (1ull << 30)
+#define KVB_NAME_MAX 32
+
+enum kvb_msg_type {
+	KVB_MSG_HELLO = 1,
+	KVB_MSG_NS_OPEN = 2,
+	KVB_MSG_BUF_REG = 3,
+	KVB_MSG_BUF_UNREG = 4,
+	KVB_MSG_VIEW_CREATE = 5,
+	KVB_MSG_VIEW_DESTROY = 6,
+	KVB_MSG_STATS = 7,
+	KVB_MSG__COUNT,
+};
+
+#define KVB_MSGF_REPLY (1u << 0)
+
+struct kvb_msg_hdr {
+	uint32_t magic; /* KVB_MSG_MAGIC */
+	uint16_t type;	/* enum kvb_msg_type */
+	uint16_t flags; /* KVB_MSGF_* */
+	uint32_t len;	/* whole datagram, header included */
+	uint32_t seq;	/* chosen by the client, echoed in the reply */
+};
+static_assert(sizeof(struct kvb_msg_hdr) == 16, "msg hdr");
+
+/* Every reply starts with this after the header. */
+struct kvb_msg_reply {
+	int32_t res;   /* >= 0 or negative errno */
+	uint32_t resv; /* 0 */
+};
+static_assert(sizeof(struct kvb_msg_reply) == 8, "reply");
+
+/* HELLO flags. */
+#define KVB_HELLOF_CONTROL (1u << 0) /* control only (kvbctl): no rings, no pool, not counted */
+
+struct kvb_msg_hello {
+	uint16_t abi_major;
+	uint16_t abi_minor;
+	uint32_t flags;	     /* KVB_HELLOF_* */
+	uint32_t sq_entries; /* power of two, KVB_SQ_MIN..KVB_SQ_MAX; 0: default */
+	uint32_t resv;	     /* 0 */
+	char name[KVB_NAME_MAX]; /* NUL-terminated */
+};
+static_assert(sizeof(struct kvb_msg_hello) == 48, "hello");
+
+struct kvb_arena_desc {
+	uint64_t size; /* bytes, maps from offset 0 of its fd */
+	int32_t node;  /* NUMA node, -1 unknown */
+	uint32_t resv;
+};
+static_assert(sizeof(struct kvb_arena_desc) == 16, "arena desc");
+
+/*
+ * HELLO reply body. fds, in order: region memfd, sq doorbell eventfd (client writes),
+ * cq doorbell eventfd (broker writes), then narenas read-only arena fds.
+ */
+struct kvb_msg_hello_reply {
+	uint16_t abi_major;
+	uint16_t abi_minor;
+	uint32_t client_id;
+	uint64_t region_size;
+	uint32_t narenas;
+	uint32_t resv;
+	struct kvb_arena_desc arenas[KVB_MAX_ARENAS];
+};
+static_assert(sizeof(struct kvb_msg_hello_reply) == 24 + 16 * KVB_MAX_ARENAS, "hello reply");
+
+/* NS_OPEN: body is struct kvb_layout verbatim (it is fixed-width by construction). */
+static_assert(sizeof(struct kvb_layout) == 64 + 5 * 4 + KVB_MAX_COMPONENTS * 24 + 16, "layout");
+static_assert(offsetof(struct kvb_layout, comp) == 84, "layout comp");
+
+struct kvb_msg_ns_reply {
+	uint32_t ns;
+	uint32_t resv;
+	uint64_t page_bytes;
+};
+static_assert(sizeof(struct kvb_msg_ns_reply) == 16, "ns reply");
+
+/* BUF_REG: one fd (a memfd with F_SEAL_SHRINK) travels with it. */
+struct kvb_msg_buf_reg {
+	uint64_t len;	/* bytes from offset 0 of the fd */
+	uint32_t kind;	/* KVB_BUF_HOST */
+	uint32_t resv;
+};
+static_assert(sizeof(struct kvb_msg_buf_reg) == 16, "buf reg");
+#define KVB_BUF_HOST 1
+
+/* BUF_UNREG, VIEW_DESTROY; also the reply of BUF_REG and VIEW_CREATE. */
+struct kvb_msg_id {
+	uint32_t id;
+	uint32_t resv;
+};
+static_assert(sizeof(struct kvb_msg_id) == 8, "id");
+
+/* VIEW_CREATE: header then nparts x struct kvb_view_part. */
+struct kvb_msg_view_create {
+	uint32_t ns;
+	uint32_t nparts;
+};
+static_assert(sizeof(struct kvb_msg_view_create) == 8, "view create");
+static_assert(sizeof(struct kvb_view_part) == 16, "view part");
+
+/* ---- ring region ---- */
+
+#define KVB_FEAT_NEED_WAKEUP (1u << 0)
+
+struct kvb_region_hdr {
+	uint32_t magic;	     /* KVB_REGION_MAGIC */
+	uint16_t abi_major;
+	uint16_t abi_minor;
+	uint32_t features;   /* KVB_FEAT_* */
+	uint32_t hdr_size;   /* sizeof(struct kvb_region_hdr) at the broker */
+	uint32_t sq_entries; /* power of two */
+	uint32_t cq_entries; /* power of two, 2 x sq_entries */
+	uint32_t sq_tail_off;
+	uint32_t sq_head_off;
+	uint32_t sq_flags_off;
+	uint32_t cq_tail_off;
+	uint32_t cq_head_off;
+	uint32_t cq_flags_off;
+	uint32_t sqes_off;
+	uint32_t cqes_off;
+	uint32_t arg_off;
+	uint32_t arg_size;
+};
+static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
+
+/* sq flags (broker writes): the broker sleeps; ring the sq doorbell after publishing. */
+#define KVB_SQ_NEED_WAKEUP (1u << 0)
+/* cq flags (client writes): the client sleeps; ring the cq doorbell after posting. */
+#define KVB_CQ_NEED_WAKEUP (1u << 0)
+
+/* SQE flags: KVB_OPF_* of kvbroker.h. */
+struct kvb_sqe {
+	uint8_t opcode;	     /* enum kvb_opcode */
+	uint8_t flags;	     /* KVB_OPF_* */
+	uint16_t resv0;	     /* 0 */
+	uint32_t ns;	     /* namespace id (ignored with KVB_OPF_VIEW) */
+	uint64_t user_data;  /* echoed in the CQE */
+	union {
+		uint8_t key[32]; /* page ops */
+		struct {	 /* LOOKUP */
+			uint32_t arg_off;   /* keys: count x 32 bytes in the arg area */
+			uint32_t count;	    /* number of keys */
+			uint32_t out_off;   /* tiers: count bytes in the arg area */
+			uint32_t resv1[5];  /* 0 */
+		} batch;
+	};
+	uint32_t buf;	     /* buffer id, or view id with KVB_OPF_VIEW */
+	uint16_t layer_first; /* view GET: first layer */
+	uint16_t layer_count; /* view GET: layers, 0 = all */
+	uint64_t off;	     /* offset in buf, view token slot, or lease id (RELEASE) */
+};
+static_assert(sizeof(struct kvb_sqe) == 64, "sqe");
+static_assert(offsetof(struct kvb_sqe, user_data) == 8, "sqe user_data");
+static_assert(offsetof(struct kvb_sqe, key) == 16, "sqe key");
+static_assert(offsetof(struct kvb_sqe, buf) == 48, "sqe buf");
+static_assert(offsetof(struct kvb_sqe, off) == 56, "sqe off");
+
+struct kvb_cqe {
+	uint64_t user_data; /* from the SQE */
+	int32_t res;	    /* >= 0 or negative errno; LOOKUP: leading hits */
+	uint32_t flags;	    /* KVB_CQEF_* */
+	uint64_t lease;	    /* ACQUIRE: lease id */
+	uint64_t loc;	    /* ACQUIRE: (arena << 56) | byte offset in the arena */
+};
+static_assert(sizeof(struct kvb_cqe) == 32, "cqe");
+static_assert(offsetof(struct kvb_cqe, res) == 8, "cqe res");
+static_assert(offsetof(struct kvb_cqe, lease) == 16, "cqe lease");
+
+#define KVB_LOC_ARENA(loc) ((uint32_t)((loc) >> 56))
+#define KVB_LOC_OFF(loc) ((loc) & ((1ull << 56) - 1))
+#define KVB_LOC(arena, off) (((uint64_t)(arena) << 56) | (uint64_t)(off))
+
+/* Region geometry both sides compute identically from sq_entries and arg_size. */
+#define KVB_REGION_LINE 64u
+#define KVB_REGION_SQ_TAIL 64u
+#define KVB_REGION_SQ_HEAD 128u
+#define KVB_REGION_SQ_FLAGS 132u
+#define KVB_REGION_CQ_TAIL 192u
+#define KVB_REGION_CQ_HEAD 256u
+#define KVB_REGION_CQ_FLAGS 260u
+#define KVB_REGION_SQES 320u
+
+#endif /* KVB_PROTO_WIRE_H */

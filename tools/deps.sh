@@ -1,0 +1,21 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
+# as root (apt-get), otherwise prints the exact command and fails.
+set -eu
+need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev python3"
+missing=""
+for p in $need; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+	echo "kvbroker needs:$missing" >&2
+	echo "run: sudo apt-get install -y$missing" >&2
+	exit 1
+fi
+echo "installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq || true
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
