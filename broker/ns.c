@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ns.c - namespace identity and the namespace table.
+ *
+ * Identity = SHA-256 over a canonical, fixed-width encoding: "kvb-ns-v1", tenant, kind,
+ * tokens_per_page, ncomponents, each component's (name padded to 16 bytes, layers, bytes per
+ * token per layer), the model padded to 64 bytes, and for MHA only tp_size and tp_rank. The
+ * layout was validated (kvb_layout_check), so unused bytes are zero and the encoding is unique.
+ * Ids are small table indices handed to clients; the identity is what decides sharing.
+ */
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ns.h"
+#include "proto.h"
+
+static uint8_t *put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+	return p + 4;
+}
+
+static uint8_t *put_bytes(uint8_t *p, const void *src, size_t n)
+{
+	memcpy(p, src, n);
+	return p + n;
+}
+
+void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32])
+{
+	static const char tag[] = "kvb-ns-v1";
+	uint8_t buf[sizeof(tag) + 4 * 4 + KVB_MAX_COMPONENTS * (KVB_COMP_NAME_MAX + 8) +
+		    KVB_MODEL_MAX + 8];
+	uint8_t *p = buf;
+
+	p = put_bytes(p, tag, sizeof(tag));
+	p = put32(p, tenant);
+	p = put32(p, l->kind);
+	p = put32(p, l->tokens_per_page);
+	p = put32(p, l->ncomponents);
+	for (uint32_t i = 0; i < l->ncomponents && i < KVB_MAX_COMPONENTS; i++) {
+		p = put_bytes(p, l->comp[i].name, sizeof(l->comp[i].name));
+		p = put32(p, l->comp[i].num_layers);
+		p = put32(p, l->comp[i].bytes_per_token_layer);
+	}
+	p = put_bytes(p, l->model, sizeof(l->model));
+	if (l->kind == KVB_LAYOUT_MHA) {
+		p = put32(p, l->tp_size);
+		p = put32(p, l->tp_rank);
+	}
+	EVP_Digest(buf, (size_t)(p - buf), out, NULL, EVP_sha256(), NULL);
+}
+
+static void ns_free(struct ns *n)
+{
+	if (!n)
+		return;
+	free(n->part_off);
+	free(n->part_len);
+	free(n->part_bpt);
+	free(n->part_layer);
+	free(n);
+}
+
+/* Part offsets, component-major then layer-major: [component][layer][token][bytes]. */
+static int ns_parts(struct ns *n)
+{
+	const struct kvb_layout *l = &n->layout;
+	uint64_t off = 0;
+	uint32_t p = 0;
+
+	n->nparts = kvb_layout_parts(l);
+	n->part_off = calloc(n->nparts, sizeof(*n->part_off));
+	n->part_len = calloc(n->nparts, sizeof(*n->part_len));
+	n->part_bpt = calloc(n->nparts, sizeof(*n->part_bpt));
+	n->part_layer = calloc(n->nparts, sizeof(*n->part_layer));
+	if (!n->part_off || !n->part_len || !n->part_bpt || !n->part_layer)
+		return -ENOMEM;
+	for (uint32_t c = 0; c < l->ncomponents; c++) {
+		for (uint32_t i = 0; i < l->comp[c].num_layers; i++, p++) {
+			n->part_off[p] = off;
+			n->part_bpt[p] = l->comp[c].bytes_per_token_layer;
+			n->part_len[p] = l->tokens_per_page * l->comp[c].bytes_per_token_layer;
+			n->part_layer[p] = i;
+			off += n->part_len[p];
+		}
+	}
+	return 0;
+}
+
+int ns_open(struct ns_table *t, struct store *s, const struct kvb_layout *l, uint32_t tenant,
+	    struct ns **out)
+{
+	uint8_t id[32];
+	uint64_t page_bytes;
+	struct ns *n;
+	int cls, err;
+
+	err = kvb_layout_check(l, &page_bytes);
+	if (err)
+		return err;
+	ns_identity(l, tenant, id);
+	for (uint32_t i = 0; i < t->count; i++) {
+		if (!memcmp(t->ns[i]->ident, id, sizeof(id))) {
+			*out = t->ns[i];
+			return 0;
+		}
+	}
+	if (t->count == STORE_MAX_NS)
+		return -EMFILE;
+	cls = store_class_get(s, page_bytes);
+	if (cls < 0)
+		return cls;
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	n->layout = *l;
+	memcpy(n->ident, id, sizeof(id));
+	n->page_bytes = page_bytes;
+	n->cls = cls;
+	err = ns_parts(n);
+	if (err) {
+		ns_free(n);
+		return err;
+	}
+	n->id = t->count;
+	t->ns[t->count++] = n;
+	*out = n;
+	return 0;
+}
+
+void ns_table_fini(struct ns_table *t)
+{
+	for (uint32_t i = 0; i < t->count; i++)
+		ns_free(t->ns[i]);
+	memset(t, 0, sizeof(*t));
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ns.h - namespaces: a model's KV layout plus its tenant, identified by a SHA-256 of its
+ * canonical description. MLA layouts leave tp_size/tp_rank out of the identity (every rank holds
+ * the same latent KV), MHA layouts put them in. Loop thread only.
+ */
+#ifndef KVB_BROKER_NS_H
+#define KVB_BROKER_NS_H
+
+#include <stdint.h>
+
+#include "kvbroker.h"
+#include "store.h"
+
+struct ns_counters {
+	uint64_t puts, dedup, gets, hits, misses;
+};
+
+struct ns {
+	uint32_t id;
+	int cls;		/* store size class of its pages */
+	uint64_t page_bytes;
+	struct kvb_layout layout; /* as first opened (tp fields of the first MLA rank) */
+	uint8_t ident[32];
+	uint32_t nparts;	/* (component, layer) parts of a page */
+	uint64_t *part_off;	/* byte offset of each part inside a page */
+	uint32_t *part_len;	/* tokens_per_page * bytes_per_token_layer of the part */
+	uint32_t *part_bpt;	/* bytes_per_token_layer of the part */
+	uint32_t *part_layer;	/* layer index of the part within its component */
+	struct ns_counters c;
+};
+
+struct ns_table {
+	struct ns *ns[STORE_MAX_NS];
+	uint32_t count;
+};
+
+/* Canonical identity of a layout for a tenant. The layout must have passed kvb_layout_check. */
+void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32]);
+
+/*
+ * Finds the namespace of a (checked) layout and tenant or creates it, taking its page class
+ * from the store. -E2BIG page larger than a slab, -EMFILE table full, -ENOMEM.
+ */
+int ns_open(struct ns_table *t, struct store *s, const struct kvb_layout *l, uint32_t tenant,
+	    struct ns **out);
+
+static inline struct ns *ns_get(const struct ns_table *t, uint32_t id)
+{
+	return id < STORE_MAX_NS ? t->ns[id] : NULL;
+}
+
+void ns_table_fini(struct ns_table *t);
+
+#endif /* KVB_BROKER_NS_H */

@@ -1,0 +1,495 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ops.c - executes page operations for a session: one SQE in, one CQE out.
+ *
+ * The SQE was copied out of shared memory and its static shape checked (kvb_sqe_check) by the
+ * caller; here every reference into broker state is checked against this session's own
+ * bookkeeping: the namespace must be one it opened, the buffer or view one it registered, and
+ * every byte range must lie inside the registered length, computed without overflow. A lease id
+ * is only honoured when this session holds it and the slot's generation still matches.
+ *
+ * Copies go through the copy engine with the page pinned, so neither eviction nor a DELETE can
+ * free the slot underneath a copy. Loop thread only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "broker.h"
+#include "proto.h"
+
+/* Scratch segment list, reused across ops (loop thread only). */
+static struct copy_seg *segs;
+static uint32_t segs_cap;
+
+static int segs_reserve(uint64_t n)
+{
+	struct copy_seg *ns;
+
+	if (n <= segs_cap)
+		return 0;
+	if (n > (1u << 24))
+		return -E2BIG;
+	ns = realloc(segs, n * sizeof(*segs));
+	if (!ns)
+		return -ENOMEM;
+	segs = ns;
+	segs_cap = (uint32_t)n;
+	return 0;
+}
+
+static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
+{
+	if (id >= STORE_MAX_NS || !(s->ns_opened[id / 8] & (1u << (id % 8))))
+		return NULL;
+	return ns_get(&b->nst, id);
+}
+
+/* [off, off + len) inside buffer id of this session? Returns its base or NULL (err set). */
+static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t len, int *err)
+{
+	struct sbuf *sb;
+
+	if (id >= SESSION_MAX_BUFS || !s->bufs[id].base) {
+		*err = -EBADF;
+		return NULL;
+	}
+	sb = &s->bufs[id];
+	if (off > sb->len || len > sb->len - off) {
+		*err = -EFAULT;
+		return NULL;
+	}
+	return (uint8_t *)sb->base + off;
+}
+
+/*
+ * The client address of token slot `slot` of view part vp, after checking that the page's
+ * tokens_per_page slots lie inside the part's buffer. NULL with *err set otherwise.
+ */
+static uint8_t *view_part(struct session *s, const struct kvb_view_part *vp, uint64_t slot,
+			  uint32_t tpp, uint32_t bpt, int *err)
+{
+	uint64_t first, span;
+
+	/* Bytes from the buffer's start to slot, and from slot to the end of its last token. */
+	if (__builtin_mul_overflow((uint64_t)vp->stride, slot, &first) ||
+	    __builtin_add_overflow(first, vp->base, &first) ||
+	    __builtin_mul_overflow((uint64_t)vp->stride, (uint64_t)(tpp - 1), &span) ||
+	    __builtin_add_overflow(span, (uint64_t)bpt, &span)) {
+		*err = -EFAULT;
+		return NULL;
+	}
+	return buf_range(s, vp->buf, first, span, err);
+}
+
+/* Checks every part of a view slot without copying anything. */
+static int view_check(struct session *s, const struct sview *v, uint64_t slot)
+{
+	int err = 0;
+
+	for (uint32_t p = 0; p < v->nparts; p++)
+		if (!view_part(s, &v->parts[p], slot, v->ns->layout.tokens_per_page,
+			       v->ns->part_bpt[p], &err))
+			return err;
+	return 0;
+}
+
+/*
+ * Builds the segments between a page and a view slot: one per (part, token), merged whenever
+ * both sides are contiguous. to_page selects the direction. Parts whose layer is outside
+ * [lfirst, lfirst + lcount) are skipped (lcount 0: all). Returns the segment count or -errno.
+ */
+static int view_segs(struct session *s, const struct sview *v, uint8_t *page, uint64_t slot,
+		     uint32_t lfirst, uint32_t lcount, int to_page)
+{
+	const struct ns *n = v->ns;
+	uint32_t tpp = n->layout.tokens_per_page, cnt = 0;
+	int err = segs_reserve((uint64_t)n->nparts * tpp);
+
+	if (err)
+		return err;
+	for (uint32_t p = 0; p < v->nparts; p++) {
+		const struct kvb_view_part *vp = &v->parts[p];
+		uint32_t bpt = n->part_bpt[p];
+		uint8_t *cl;
+
+		if (lcount && (n->part_layer[p] < lfirst || n->part_layer[p] >= lfirst + lcount))
+			continue;
+		cl = view_part(s, vp, slot, tpp, bpt, &err);
+		if (!cl)
+			return err;
+		for (uint32_t t = 0; t < tpp; t++, cl += vp->stride) {
+			uint8_t *pg = page + n->part_off[p] + (uint64_t)t * bpt;
+			struct copy_seg *prev = cnt ? &segs[cnt - 1] : NULL;
+			void *dst = to_page ? (void *)pg : (void *)cl;
+			const void *from = to_page ? (const void *)cl : (const void *)pg;
+
+			if (prev && (uint8_t *)prev->dst + prev->len == dst &&
+			    (const uint8_t *)prev->src + prev->len == from) {
+				prev->len += bpt;
+				continue;
+			}
+			segs[cnt++] = (struct copy_seg){ .dst = dst, .src = from, .len = bpt };
+		}
+	}
+	return cnt ? (int)cnt : -EINVAL;
+}
+
+static struct sview *session_view(struct session *s, uint32_t id)
+{
+	return id < SESSION_MAX_VIEWS ? s->views[id] : NULL;
+}
+
+/* Resolves the namespace of a page op: the view's, or the SQE's. */
+static struct ns *op_ns(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+			struct sview **v)
+{
+	*v = NULL;
+	if (sqe->flags & KVB_OPF_VIEW) {
+		*v = session_view(s, sqe->buf);
+		return *v ? (*v)->ns : NULL;
+	}
+	return session_ns(b, s, sqe->ns);
+}
+
+static void copy_segs(struct broker *b, uint32_t n, int32_t *res)
+{
+	int err = b->copy->run(b->copy, segs, n);
+
+	if (err)
+		*res = err;
+}
+
+static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		   struct kvb_cqe *cqe)
+{
+	kvb_key key;
+	struct sview *v;
+	struct ns *n = op_ns(b, s, sqe, &v);
+	struct page *pg;
+	uint8_t *src = NULL;
+	int err = 0, nsegs = 1;
+
+	b->ctr.puts++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	n->c.puts++;
+	memcpy(key.b, sqe->key, sizeof(key.b));
+	pg = store_find(&b->store, n->id, &key);
+	if (pg) {
+		/* Another rank or engine stored it (or is storing it): content keys make it equal. */
+		b->ctr.dedup++;
+		n->c.dedup++;
+		cqe->flags |= KVB_CQEF_EXISTED;
+		store_touch(&b->store, pg);
+		return;
+	}
+	/* Check the source before taking a slot: a bad request must not evict anything. */
+	if (v)
+		err = view_check(s, v, sqe->off);
+	else
+		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
+	if (err) {
+		cqe->res = err;
+		return;
+	}
+	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
+	if (err) {
+		cqe->res = err;
+		return;
+	}
+	if (v) {
+		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, 0, 0, 1);
+	} else {
+		err = segs_reserve(1);
+		if (!err)
+			segs[0] = (struct copy_seg){ store_addr(&b->store, pg), src, n->page_bytes };
+		nsegs = err ? err : 1;
+	}
+	if (nsegs < 0) {
+		store_abort(&b->store, pg);
+		cqe->res = nsegs;
+		return;
+	}
+	copy_segs(b, (uint32_t)nsegs, &cqe->res);
+	if (cqe->res) {
+		store_abort(&b->store, pg);
+		return;
+	}
+	store_commit(&b->store, pg);
+	b->ctr.bytes_in += n->page_bytes;
+}
+
+/* A READY page of (ns, key), counted as a hit or a miss. */
+static struct page *find_ready(struct broker *b, struct ns *n, const uint8_t key[32])
+{
+	kvb_key k;
+	struct page *pg;
+
+	memcpy(k.b, key, sizeof(k.b));
+	pg = store_find(&b->store, n->id, &k);
+	if (!pg || pg->state != PAGE_READY) {
+		b->ctr.misses++;
+		n->c.misses++;
+		return NULL;
+	}
+	b->ctr.hits++;
+	n->c.hits++;
+	return pg;
+}
+
+static void op_get(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		   struct kvb_cqe *cqe)
+{
+	struct sview *v;
+	struct ns *n = op_ns(b, s, sqe, &v);
+	struct page *pg;
+	uint8_t *dst = NULL;
+	int err = 0, nsegs;
+
+	b->ctr.gets++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	n->c.gets++;
+	if (!v) {
+		dst = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
+		if (!dst) {
+			cqe->res = err;
+			return;
+		}
+	}
+	pg = find_ready(b, n, sqe->key);
+	if (!pg) {
+		cqe->res = -ENOENT;
+		return;
+	}
+	if (v) {
+		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, sqe->layer_first,
+				  sqe->layer_count, 0);
+	} else {
+		err = segs_reserve(1);
+		if (!err)
+			segs[0] = (struct copy_seg){ dst, store_addr(&b->store, pg), n->page_bytes };
+		nsegs = err ? err : 1;
+	}
+	if (nsegs < 0) {
+		cqe->res = nsegs;
+		return;
+	}
+	store_pin(&b->store, pg);
+	copy_segs(b, (uint32_t)nsegs, &cqe->res);
+	store_unpin(&b->store, pg);
+	store_touch(&b->store, pg);
+	if (!cqe->res) {
+		cqe->res = (int32_t)n->page_bytes;
+		b->ctr.bytes_out += n->page_bytes;
+	}
+}
+
+static int lease_push(struct broker *b, struct session *s, uint64_t id)
+{
+	if (s->nleases >= b->cfg.max_leases)
+		return -EDQUOT;
+	if (s->nleases == s->cap_leases) {
+		uint32_t cap = s->cap_leases ? 2 * s->cap_leases : 64;
+		uint64_t *nl = realloc(s->leases, cap * sizeof(*nl));
+
+		if (!nl)
+			return -ENOMEM;
+		s->leases = nl;
+		s->cap_leases = cap;
+	}
+	s->leases[s->nleases++] = id;
+	b->leases++;
+	return 0;
+}
+
+/* Removes one instance of id from the session's leases; the newest are the likeliest. */
+static int lease_pop(struct broker *b, struct session *s, uint64_t id)
+{
+	for (uint32_t i = s->nleases; i-- > 0;) {
+		if (s->leases[i] == id) {
+			s->leases[i] = s->leases[--s->nleases];
+			b->leases--;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static void op_acquire(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		       struct kvb_cqe *cqe)
+{
+	struct ns *n = session_ns(b, s, sqe->ns);
+	struct page *pg;
+	int err;
+
+	b->ctr.acquires++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	pg = find_ready(b, n, sqe->key);
+	if (!pg) {
+		cqe->res = -ENOENT;
+		return;
+	}
+	err = lease_push(b, s, store_lease_id(pg));
+	if (err) {
+		cqe->res = err;
+		return;
+	}
+	store_pin(&b->store, pg);
+	store_touch(&b->store, pg);
+	cqe->lease = store_lease_id(pg);
+	cqe->loc = store_loc(&b->store, pg);
+	b->ctr.bytes_out += n->page_bytes;
+}
+
+static void op_release(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		       struct kvb_cqe *cqe)
+{
+	struct page *pg;
+
+	b->ctr.releases++;
+	/* The session's own list decides: ids are capabilities, not pointers. */
+	if (lease_pop(b, s, sqe->off)) {
+		cqe->res = -EINVAL;
+		return;
+	}
+	pg = store_by_id(&b->store, (uint32_t)sqe->off);
+	/* A held lease pins its slot, so it cannot have been freed and reused. */
+	if (pg && store_lease_id(pg) == sqe->off)
+		store_unpin(&b->store, pg);
+}
+
+void ops_release_all(struct broker *b, struct session *s)
+{
+	for (uint32_t i = 0; i < s->nleases; i++) {
+		struct page *pg = store_by_id(&b->store, (uint32_t)s->leases[i]);
+
+		if (pg && store_lease_id(pg) == s->leases[i])
+			store_unpin(&b->store, pg);
+	}
+	b->leases -= s->nleases;
+	s->nleases = 0;
+	free(s->leases);
+	s->leases = NULL;
+	s->cap_leases = 0;
+}
+
+static void op_delete(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		      struct kvb_cqe *cqe)
+{
+	struct ns *n = session_ns(b, s, sqe->ns);
+	struct page *pg;
+	kvb_key key;
+
+	b->ctr.deletes++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	memcpy(key.b, sqe->key, sizeof(key.b));
+	pg = store_find(&b->store, n->id, &key);
+	if (!pg || pg->state != PAGE_READY) {
+		cqe->res = -ENOENT;
+		return;
+	}
+	store_drop(&b->store, pg);
+}
+
+static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+			struct kvb_cqe *cqe)
+{
+	struct ns *n = session_ns(b, s, sqe->ns);
+	struct page *pg;
+	kvb_key key;
+
+	b->ctr.prefetches++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	/* RAM is the only tier so far: a stored page is already where a prefetch would put it. */
+	memcpy(key.b, sqe->key, sizeof(key.b));
+	pg = store_find(&b->store, n->id, &key);
+	cqe->res = pg && pg->state == PAGE_READY ? 0 : -ENOENT;
+}
+
+static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		      struct kvb_cqe *cqe)
+{
+	struct ns *n = session_ns(b, s, sqe->ns);
+	const uint8_t *keys = s->arg + sqe->batch.arg_off;
+	uint8_t *tiers = s->arg + sqe->batch.out_off;
+	uint32_t count = sqe->batch.count, lead = 0;
+	int leading = 1;
+
+	b->ctr.lookups++;
+	if (!n) {
+		cqe->res = -EBADF;
+		return;
+	}
+	b->ctr.lookup_keys += count;
+	for (uint32_t i = 0; i < count; i++) {
+		struct page *pg;
+		kvb_key k;
+
+		/* One copy out of shared memory: the client may rewrite it meanwhile. */
+		memcpy(k.b, keys + (uint64_t)i * sizeof(k), sizeof(k));
+		pg = store_find(&b->store, n->id, &k);
+		if (pg && pg->state == PAGE_READY) {
+			tiers[i] = KVB_TIER_RAM;
+			lead += leading;
+		} else {
+			tiers[i] = KVB_TIER_NONE;
+			leading = 0;
+		}
+	}
+	cqe->res = (int32_t)lead;
+}
+
+void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+	      struct kvb_cqe *cqe)
+{
+	memset(cqe, 0, sizeof(*cqe));
+	cqe->user_data = sqe->user_data;
+	s->ops++;
+	cqe->res = kvb_sqe_check(sqe, s->arg_size);
+	if (cqe->res)
+		goto out;
+	switch (sqe->opcode) {
+	case KVB_OP_NOP:
+		b->ctr.nops++;
+		break;
+	case KVB_OP_PUT:
+		op_put(b, s, sqe, cqe);
+		break;
+	case KVB_OP_GET:
+		op_get(b, s, sqe, cqe);
+		break;
+	case KVB_OP_ACQUIRE:
+		op_acquire(b, s, sqe, cqe);
+		break;
+	case KVB_OP_RELEASE:
+		op_release(b, s, sqe, cqe);
+		break;
+	case KVB_OP_DELETE:
+		op_delete(b, s, sqe, cqe);
+		break;
+	case KVB_OP_LOOKUP:
+		op_lookup(b, s, sqe, cqe);
+		break;
+	case KVB_OP_PREFETCH:
+		op_prefetch(b, s, sqe, cqe);
+		break;
+	}
+out:
+	if (cqe->res < 0 && cqe->res != -ENOENT)
+		b->ctr.errors++;
+}

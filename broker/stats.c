@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: MIT
+/*
+ * stats.c - the broker's statistics as one JSON document (the STATS control reply, read by
+ * kvbctl). The shape is documented in docs/protocol.md; fields are only ever added. Loop thread.
+ */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "broker.h"
+
+static void num(cJSON *o, const char *k, double v)
+{
+	cJSON_AddNumberToObject(o, k, v);
+}
+
+static cJSON *pool_json(const struct broker *b)
+{
+	const struct store *st = &b->store;
+	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
+	uint64_t used[KVB_MAX_ARENAS] = { 0 };
+
+	for (uint32_t i = 0; i < st->nslabs; i++) {
+		const struct slab *sl = &st->slabs[i];
+
+		if (sl->cls >= 0)
+			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
+	}
+	num(p, "bytes_total", (double)((uint64_t)st->nslabs * st->slab_bytes));
+	num(p, "bytes_used", (double)st->st.bytes_used);
+	num(p, "pages", (double)st->st.pages);
+	num(p, "pinned_pages", (double)st->st.pinned);
+	num(p, "slab_bytes", (double)st->slab_bytes);
+	num(p, "slabs_total", st->nslabs);
+	num(p, "slabs_free", (double)st->st.slabs_free);
+	num(p, "high_watermark", b->cfg.high_wm);
+	num(p, "low_watermark", b->cfg.low_wm);
+	num(p, "reclaimed_orphans", b->pool.reclaimed);
+	for (uint32_t i = 0; i < b->pool.narenas; i++) {
+		cJSON *a = cJSON_CreateObject();
+
+		num(a, "id", i);
+		num(a, "node", b->pool.arena[i].node);
+		num(a, "bytes_total", (double)b->pool.arena[i].size);
+		num(a, "bytes_used", (double)used[i]);
+		cJSON_AddItemToArray(arenas, a);
+	}
+	cJSON_AddItemToObject(p, "arenas", arenas);
+	return p;
+}
+
+static cJSON *ns_json(const struct broker *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+
+	for (uint32_t i = 0; i < b->nst.count; i++) {
+		const struct ns *n = b->nst.ns[i];
+		const struct kvb_layout *l = &n->layout;
+		cJSON *o = cJSON_CreateObject();
+		uint64_t pages = b->store.ns_pages[n->id];
+
+		num(o, "id", n->id);
+		cJSON_AddStringToObject(o, "model", l->model);
+		cJSON_AddStringToObject(o, "kind", l->kind == KVB_LAYOUT_MLA ? "mla" : "mha");
+		num(o, "tokens_per_page", l->tokens_per_page);
+		num(o, "tp_size", l->tp_size);
+		num(o, "tp_rank", l->tp_rank);
+		num(o, "components", l->ncomponents);
+		num(o, "page_bytes", (double)n->page_bytes);
+		num(o, "pages", (double)pages);
+		num(o, "bytes", (double)(pages * b->store.cls[n->cls].slot_bytes));
+		num(o, "hits", (double)n->c.hits);
+		num(o, "misses", (double)n->c.misses);
+		num(o, "puts", (double)n->c.puts);
+		num(o, "dedup", (double)n->c.dedup);
+		num(o, "gets", (double)n->c.gets);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
+}
+
+static cJSON *counters_json(const struct broker *b)
+{
+	const struct counters *c = &b->ctr;
+	cJSON *o = cJSON_CreateObject();
+
+	num(o, "puts", (double)c->puts);
+	num(o, "gets", (double)c->gets);
+	num(o, "hits", (double)c->hits);
+	num(o, "misses", (double)c->misses);
+	num(o, "dedup", (double)c->dedup);
+	num(o, "evictions", (double)b->store.st.evictions);
+	num(o, "errors", (double)c->errors);
+	num(o, "acquires", (double)c->acquires);
+	num(o, "releases", (double)c->releases);
+	num(o, "lookups", (double)c->lookups);
+	num(o, "lookup_keys", (double)c->lookup_keys);
+	num(o, "deletes", (double)c->deletes);
+	num(o, "prefetches", (double)c->prefetches);
+	num(o, "nops", (double)c->nops);
+	num(o, "bytes_in", (double)c->bytes_in);
+	num(o, "bytes_out", (double)c->bytes_out);
+	num(o, "disconnects", (double)c->disconnects);
+	num(o, "protocol_errors", (double)c->protocol_errors);
+	num(o, "refused", (double)c->refused);
+	return o;
+}
+
+static cJSON *clients_json(const struct broker *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+	struct list *pos;
+
+	list_for_each(pos, &b->sessions) {
+		const struct session *s = list_entry(pos, struct session, link);
+		cJSON *o;
+
+		if (!s->hello_done || s->control_only)
+			continue;
+		o = cJSON_CreateObject();
+		num(o, "id", s->id);
+		num(o, "pid", s->pid);
+		num(o, "uid", s->uid);
+		cJSON_AddStringToObject(o, "name", s->name);
+		num(o, "leases", s->nleases);
+		num(o, "ops", (double)s->ops);
+		num(o, "namespaces", s->nns);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
+}
+
+char *stats_json(const struct broker *b)
+{
+	cJSON *root = cJSON_CreateObject();
+	char *out;
+
+	if (!root)
+		return NULL;
+	cJSON_AddStringToObject(root, "version", "0.1.0");
+	num(root, "pid", getpid());
+	num(root, "uptime_s", now_sec() - b->start_time);
+	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
+	cJSON_AddItemToObject(root, "pool", pool_json(b));
+	num(root, "clients", b->nsessions);
+	num(root, "leases", (double)b->leases);
+	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
+	cJSON_AddItemToObject(root, "counters", counters_json(b));
+	cJSON_AddItemToObject(root, "client_list", clients_json(b));
+	out = cJSON_PrintUnformatted(root);
+	cJSON_Delete(root);
+	return out;
+}

@@ -1,0 +1,367 @@
+// SPDX-License-Identifier: MIT
+/*
+ * store.c - slab allocator, page records and eviction.
+ *
+ * Memory: every arena is cut into slabs of slab_bytes. A slab is free or belongs to one size
+ * class (a page size rounded up to 4 KiB, so slots stay O_DIRECT-aligned for the disk tier) and
+ * is cut into that class's slots. Several models with different page sizes share the pool; a
+ * slab whose last page goes away returns to the free list, which is how memory moves between
+ * classes under pressure (memcached's slab rebalancing, done eagerly).
+ *
+ * Page states:
+ *
+ *     FREE --store_alloc--> WRITING --store_commit--> READY --store_drop/evict--> FREE
+ *                              |                        ^  |
+ *                              +--store_abort--> FREE   |  +--pin--> (pinned READY) --unpin--+
+ *
+ * A page is evictable iff it is READY, unpinned and still indexed; exactly those pages are on
+ * the global LRU and on their class's LRU (coldest at the tail). Pinned pages (leases, copies in
+ * flight) are off the lists, so finding a victim never scans them and "every page leased" is an
+ * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
+ * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
+ *
+ * Victim choice (store_alloc): a free slot of the class, else a free slab, else evict the
+ * globally coldest page; a page of our class hands us its slot, a page of another class may
+ * empty its slab. After EVICT_BUDGET foreign evictions without a slot, the coldest page of our
+ * own class goes. So a single class is exact LRU and mixed classes are LRU within a bounded
+ * amount of work per allocation.
+ *
+ * Slot generations make lease ids capabilities: (gen << 32 | id) stops matching as soon as the
+ * slot is freed. Loop thread only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "store.h"
+
+#define EVICT_BUDGET 64
+
+static struct slab *slab_of(const struct store *s, const struct page *pg)
+{
+	return &s->slabs[pg->id >> STORE_SLOT_BITS];
+}
+
+static uint32_t slot_of(const struct page *pg)
+{
+	return pg->id & ((1u << STORE_SLOT_BITS) - 1);
+}
+
+int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high, double low)
+{
+	uint32_t n = 0, k = 0;
+	int err;
+
+	memset(s, 0, sizeof(*s));
+	if (slab_bytes < STORE_SLOT_ALIGN || slab_bytes % STORE_SLOT_ALIGN)
+		return -EINVAL;
+	s->pool = p;
+	s->slab_bytes = slab_bytes;
+	for (uint32_t a = 0; a < p->narenas; a++)
+		n += (uint32_t)(p->arena[a].size / slab_bytes);
+	if (!n || n >= (1u << (32 - STORE_SLOT_BITS)))
+		return -EINVAL;
+	s->slabs = calloc(n, sizeof(*s->slabs));
+	if (!s->slabs)
+		return -ENOMEM;
+	list_init(&s->free_slabs);
+	list_init(&s->lru);
+	for (uint32_t a = 0; a < p->narenas; a++) {
+		for (uint64_t off = 0; off + slab_bytes <= p->arena[a].size; off += slab_bytes) {
+			struct slab *sl = &s->slabs[k++];
+
+			sl->arena = a;
+			sl->off = off;
+			sl->cls = -1;
+			list_init(&sl->link);
+			list_add_tail(&s->free_slabs, &sl->link);
+		}
+	}
+	s->nslabs = n;
+	s->st.slabs_free = n;
+	s->high_bytes = (uint64_t)(high * (double)((uint64_t)n * slab_bytes));
+	s->low_bytes = (uint64_t)(low * (double)((uint64_t)n * slab_bytes));
+	/* Sized for 64 KiB pages: the index rarely grows even with small pages. */
+	err = index_init(&s->ix, (uint64_t)n * slab_bytes / 65536);
+	if (err) {
+		free(s->slabs);
+		s->slabs = NULL;
+	}
+	return err;
+}
+
+void store_fini(struct store *s)
+{
+	for (uint32_t i = 0; i < s->nslabs; i++) {
+		free(s->slabs[i].pages);
+		free(s->slabs[i].free_stack);
+	}
+	free(s->slabs);
+	index_fini(&s->ix);
+	memset(s, 0, sizeof(*s));
+}
+
+int store_class_get(struct store *s, uint64_t page_bytes)
+{
+	uint64_t slot = (page_bytes + STORE_SLOT_ALIGN - 1) & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
+
+	if (!page_bytes || slot > s->slab_bytes)
+		return -E2BIG;
+	for (uint32_t i = 0; i < s->ncls; i++)
+		if (s->cls[i].slot_bytes == slot)
+			return (int)i;
+	if (s->ncls == STORE_MAX_CLASSES)
+		return -ENOSPC;
+	struct store_class *c = &s->cls[s->ncls];
+
+	c->slot_bytes = slot;
+	c->slots_per_slab = (uint32_t)(s->slab_bytes / slot);
+	if (c->slots_per_slab >= (1u << STORE_SLOT_BITS))
+		c->slots_per_slab = (1u << STORE_SLOT_BITS) - 1;
+	list_init(&c->partial);
+	list_init(&c->lru);
+	return (int)s->ncls++;
+}
+
+/* Gives a free slab to class ci: its records and free-slot stack. */
+static int slab_assign(struct store *s, struct slab *sl, int ci)
+{
+	struct store_class *c = &s->cls[ci];
+	uint32_t sid = (uint32_t)(sl - s->slabs);
+
+	sl->pages = calloc(c->slots_per_slab, sizeof(*sl->pages));
+	sl->free_stack = malloc(c->slots_per_slab * sizeof(*sl->free_stack));
+	if (!sl->pages || !sl->free_stack) {
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < c->slots_per_slab; i++) {
+		struct page *pg = &sl->pages[i];
+
+		pg->id = (sid << STORE_SLOT_BITS) | i;
+		pg->cls = (uint16_t)ci;
+		list_init(&pg->lru);
+		list_init(&pg->clru);
+		/* Pop order = ascending offsets: neighbours stay neighbours in memory. */
+		sl->free_stack[c->slots_per_slab - 1 - i] = i;
+	}
+	sl->nslots = c->slots_per_slab;
+	sl->nfree = c->slots_per_slab;
+	sl->used = 0;
+	sl->cls = ci;
+	list_del(&sl->link);
+	list_add_tail(&c->partial, &sl->link);
+	c->slabs++;
+	s->st.slabs_free--;
+	return 0;
+}
+
+static void slab_release(struct store *s, struct slab *sl)
+{
+	s->cls[sl->cls].slabs--;
+	free(sl->pages);
+	free(sl->free_stack);
+	sl->pages = NULL;
+	sl->free_stack = NULL;
+	sl->nslots = sl->nfree = sl->used = 0;
+	sl->cls = -1;
+	list_del(&sl->link);
+	list_add_tail(&s->free_slabs, &sl->link);
+	s->st.slabs_free++;
+}
+
+static void lru_unlink(struct page *pg)
+{
+	if (list_linked(&pg->lru)) {
+		list_del(&pg->lru);
+		list_del(&pg->clru);
+	}
+}
+
+static void lru_link(struct store *s, struct page *pg)
+{
+	list_add_head(&s->lru, &pg->lru);
+	list_add_head(&s->cls[pg->cls].lru, &pg->clru);
+}
+
+/* Returns a slot to its slab; an emptied slab returns to the free list. */
+static void slot_free(struct store *s, struct page *pg)
+{
+	struct slab *sl = slab_of(s, pg);
+	struct store_class *c = &s->cls[sl->cls];
+
+	lru_unlink(pg);
+	s->st.bytes_used -= c->slot_bytes;
+	s->st.pages--;
+	if (pg->ns < STORE_MAX_NS)
+		s->ns_pages[pg->ns]--;
+	pg->state = PAGE_FREE;
+	pg->unlinked = 0;
+	pg->gen++;
+	sl->free_stack[sl->nfree++] = slot_of(pg);
+	sl->used--;
+	if (sl->nfree == 1) /* was full: back on the partial list */
+		list_add_tail(&c->partial, &sl->link);
+	if (!sl->used)
+		slab_release(s, sl);
+}
+
+/* Evicts an evictable page (READY, unpinned, indexed). */
+static void evict(struct store *s, struct page *pg)
+{
+	index_remove(&s->ix, pg);
+	s->st.evictions++;
+	slot_free(s, pg);
+}
+
+/* Takes a free slot of class ci if one exists without evicting. */
+static struct page *slot_take(struct store *s, int ci)
+{
+	struct store_class *c = &s->cls[ci];
+	struct slab *sl;
+	struct page *pg;
+
+	if (list_empty(&c->partial)) {
+		if (list_empty(&s->free_slabs))
+			return NULL;
+		if (slab_assign(s, list_entry(s->free_slabs.next, struct slab, link), ci))
+			return NULL;
+	}
+	sl = list_entry(c->partial.next, struct slab, link);
+	pg = &sl->pages[sl->free_stack[--sl->nfree]];
+	sl->used++;
+	if (!sl->nfree)
+		list_del(&sl->link);
+	return pg;
+}
+
+struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
+{
+	return index_find(&s->ix, ns, key);
+}
+
+int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct page **out)
+{
+	struct store_class *c = &s->cls[ci];
+	struct page *pg = slot_take(s, ci);
+
+	for (int budget = EVICT_BUDGET; !pg && budget > 0 && !list_empty(&s->lru); budget--) {
+		evict(s, list_entry(s->lru.prev, struct page, lru));
+		pg = slot_take(s, ci);
+	}
+	if (!pg && !list_empty(&c->lru)) {
+		evict(s, list_entry(c->lru.prev, struct page, clru));
+		pg = slot_take(s, ci);
+	}
+	if (!pg)
+		return -ENOSPC;
+	pg->key = *key;
+	pg->ns = ns;
+	pg->state = PAGE_WRITING;
+	pg->pins = 1;
+	pg->unlinked = 0;
+	index_insert(&s->ix, pg);
+	s->st.bytes_used += c->slot_bytes;
+	s->st.pages++;
+	s->st.pinned++;
+	if (ns < STORE_MAX_NS)
+		s->ns_pages[ns]++;
+	*out = pg;
+	return 0;
+}
+
+void store_pin(struct store *s, struct page *pg)
+{
+	if (!pg->pins++) {
+		lru_unlink(pg);
+		s->st.pinned++;
+	}
+}
+
+void store_unpin(struct store *s, struct page *pg)
+{
+	if (--pg->pins)
+		return;
+	s->st.pinned--;
+	if (pg->unlinked)
+		slot_free(s, pg);
+	else if (pg->state == PAGE_READY)
+		lru_link(s, pg);
+}
+
+void store_commit(struct store *s, struct page *pg)
+{
+	pg->state = PAGE_READY;
+	store_unpin(s, pg);
+}
+
+void store_abort(struct store *s, struct page *pg)
+{
+	index_remove(&s->ix, pg);
+	pg->unlinked = 1;
+	store_unpin(s, pg);
+}
+
+void store_touch(struct store *s, struct page *pg)
+{
+	if (list_linked(&pg->lru)) {
+		lru_unlink(pg);
+		lru_link(s, pg);
+	}
+}
+
+void store_drop(struct store *s, struct page *pg)
+{
+	if (pg->unlinked)
+		return;
+	index_remove(&s->ix, pg);
+	if (pg->pins)
+		pg->unlinked = 1;
+	else
+		slot_free(s, pg);
+}
+
+uint32_t store_evict_watermark(struct store *s, uint32_t max)
+{
+	uint32_t n = 0;
+
+	if (s->st.bytes_used <= s->high_bytes)
+		return 0;
+	while (n < max && s->st.bytes_used > s->low_bytes && !list_empty(&s->lru)) {
+		evict(s, list_entry(s->lru.prev, struct page, lru));
+		n++;
+	}
+	return n;
+}
+
+struct page *store_by_id(struct store *s, uint32_t id)
+{
+	uint32_t sid = id >> STORE_SLOT_BITS, slot = id & ((1u << STORE_SLOT_BITS) - 1);
+	struct slab *sl;
+
+	if (sid >= s->nslabs)
+		return NULL;
+	sl = &s->slabs[sid];
+	if (sl->cls < 0 || slot >= sl->nslots || sl->pages[slot].state == PAGE_FREE)
+		return NULL;
+	return &sl->pages[slot];
+}
+
+void *store_addr(const struct store *s, const struct page *pg)
+{
+	const struct slab *sl = slab_of(s, pg);
+
+	return (char *)s->pool->arena[sl->arena].base + sl->off +
+	       (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes;
+}
+
+uint64_t store_loc(const struct store *s, const struct page *pg)
+{
+	const struct slab *sl = slab_of(s, pg);
+
+	return KVB_LOC(sl->arena, sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes);
+}
