@@ -85,6 +85,9 @@ $(DEPS_STAMP): tools/deps.sh
 	$(Q)mkdir -p $(@D) && touch $@
 deps: $(DEPS_STAMP)
 
+# Unit tests reach into the broker's internal headers; nothing else does.
+$(B)/obj/tests/unit/%.o: override CFLAGS += -Ibroker
+
 $(B)/obj/%.o: %.c $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: MIT
+/*
+ * test_index.c - the (namespace, key) hash table: keys that collide in the bucket hash are told
+ * apart by all 32 bytes and the namespace, removal from the middle of a chain, and growth.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "index.h"
+#include "store.h"
+
+static void test_index_collisions_and_remove(void **state)
+{
+	struct index ix;
+	struct page p[3];
+
+	(void)state;
+	memset(p, 0, sizeof(p));
+	assert_int_equal(index_init(&ix, 1), 0);
+	/* Same first 8 bytes (same bucket), different tails. */
+	for (int i = 0; i < 3; i++) {
+		memset(p[i].key.b, 0xab, sizeof(p[i].key.b));
+		p[i].key.b[31] = (uint8_t)i;
+		p[i].ns = 1;
+		index_insert(&ix, &p[i]);
+	}
+	for (int i = 0; i < 3; i++)
+		assert_ptr_equal(index_find(&ix, 1, &p[i].key), &p[i]);
+	assert_null(index_find(&ix, 2, &p[0].key));
+	index_remove(&ix, &p[1]);
+	assert_null(index_find(&ix, 1, &p[1].key));
+	assert_ptr_equal(index_find(&ix, 1, &p[0].key), &p[0]);
+	assert_ptr_equal(index_find(&ix, 1, &p[2].key), &p[2]);
+	assert_int_equal(ix.count, 2);
+	index_fini(&ix);
+}
+
+static void test_index_grows(void **state)
+{
+	enum { N = 20000 };
+	struct page *p = calloc(N, sizeof(*p));
+	struct index ix;
+
+	(void)state;
+	assert_non_null(p);
+	assert_int_equal(index_init(&ix, 1), 0);
+	assert_int_equal(ix.mask + 1, 1024);
+	for (uint32_t i = 0; i < N; i++) {
+		for (int j = 0; j < 8; j++)
+			p[i].key.b[j] = (uint8_t)(i * 2654435761u >> (j * 4));
+		memcpy(p[i].key.b + 8, &i, sizeof(i));
+		p[i].ns = i % 3;
+		index_insert(&ix, &p[i]);
+	}
+	assert_true(ix.mask + 1 >= N / 2);
+	for (uint32_t i = 0; i < N; i++)
+		assert_ptr_equal(index_find(&ix, i % 3, &p[i].key), &p[i]);
+	index_fini(&ix);
+	free(p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_index_collisions_and_remove),
+		cmocka_unit_test(test_index_grows),
+	};
+
+	return cmocka_run_group_tests_name("index", tests, NULL, NULL);
+}

@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: MIT
+/*
+ * test_store.c - the page store over a real shared-memory pool: slot allocation and reuse,
+ * size classes sharing slabs, LRU eviction order, pins and leases blocking eviction, delete of
+ * a pinned page, lease-id generations, watermark eviction, and the pool's flock.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "pool.h"
+#include "store.h"
+
+#define MiB (1ull << 20)
+
+struct fx {
+	struct pool pool;
+	struct store st;
+	char name[64];
+};
+
+static kvb_key key_of(uint32_t i)
+{
+	kvb_key k;
+
+	memset(&k, 0, sizeof(k));
+	memcpy(k.b, &i, sizeof(i));
+	k.b[31] = 0x5a;
+	return k;
+}
+
+/* 8 slabs of 1 MiB, watermarks out of the way unless a test sets them. */
+static int setup(void **state)
+{
+	static struct fx f;
+
+	memset(&f, 0, sizeof(f));
+	snprintf(f.name, sizeof(f.name), "/kvb-test-store-%d", (int)getpid());
+	if (pool_open(&f.pool, f.name, 8 * MiB, 1))
+		return -1;
+	if (store_init(&f.st, &f.pool, MiB, 1.0, 1.0))
+		return -1;
+	*state = &f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+
+	store_fini(&f->st);
+	pool_close(&f->pool);
+	return 0;
+}
+
+static struct page *put(struct store *s, int cls, uint32_t ns, uint32_t i)
+{
+	kvb_key k = key_of(i);
+	struct page *pg;
+
+	if (store_alloc(s, cls, ns, &k, &pg))
+		return NULL;
+	memset(store_addr(s, pg), (int)(i & 0xff), s->cls[cls].slot_bytes);
+	store_commit(s, pg);
+	return pg;
+}
+
+static void test_store_alloc_find_commit(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, 100000); /* rounds to 102400 */
+	struct page *pg;
+	kvb_key k = key_of(7);
+
+	assert_true(cls >= 0);
+	assert_int_equal(f->st.cls[cls].slot_bytes, 102400);
+	assert_int_equal(store_class_get(&f->st, 100000), cls);
+	assert_int_equal(store_class_get(&f->st, 2 * MiB), -E2BIG);
+	assert_null(store_find(&f->st, 1, &k));
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &pg), 0);
+	assert_int_equal(pg->state, PAGE_WRITING);
+	assert_ptr_equal(store_find(&f->st, 1, &k), pg);
+	assert_null(store_find(&f->st, 2, &k)); /* namespaces are separate */
+	store_commit(&f->st, pg);
+	assert_int_equal(pg->state, PAGE_READY);
+	assert_int_equal(f->st.st.pages, 1);
+	assert_int_equal(f->st.st.bytes_used, 102400);
+	assert_int_equal(f->st.ns_pages[1], 1);
+	/* Slots are 4 KiB aligned and inside the arena. */
+	assert_int_equal(KVB_LOC_OFF(store_loc(&f->st, pg)) % 4096, 0);
+	store_drop(&f->st, pg);
+	assert_null(store_find(&f->st, 1, &k));
+	assert_int_equal(f->st.st.pages, 0);
+	assert_int_equal(f->st.st.slabs_free, 8); /* the emptied slab went back */
+}
+
+static void test_store_lru_evicts_coldest(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, 256 * 1024); /* 4 per slab, 32 in the pool */
+	kvb_key k;
+
+	for (uint32_t i = 0; i < 32; i++)
+		assert_non_null(put(&f->st, cls, 1, i));
+	/* Touch page 0 so page 1 is the coldest. */
+	k = key_of(0);
+	store_touch(&f->st, store_find(&f->st, 1, &k));
+	assert_non_null(put(&f->st, cls, 1, 100));
+	assert_int_equal(f->st.st.evictions, 1);
+	k = key_of(1);
+	assert_null(store_find(&f->st, 1, &k));
+	k = key_of(0);
+	assert_non_null(store_find(&f->st, 1, &k));
+	/* Keep writing: the newest 32 are always present. */
+	for (uint32_t i = 200; i < 300; i++)
+		assert_non_null(put(&f->st, cls, 1, i));
+	for (uint32_t i = 268; i < 300; i++) {
+		k = key_of(i);
+		assert_non_null(store_find(&f->st, 1, &k));
+	}
+	assert_int_equal(f->st.st.pages, 32);
+}
+
+static void test_store_pins_block_eviction(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, MiB); /* one per slab: 8 */
+	struct page *pgs[8], *pg;
+	kvb_key k = key_of(999);
+
+	for (uint32_t i = 0; i < 8; i++) {
+		pgs[i] = put(&f->st, cls, 1, i);
+		assert_non_null(pgs[i]);
+		store_pin(&f->st, pgs[i]);
+	}
+	/* Everything leased: -ENOSPC at once, nothing lost. */
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &pg), -ENOSPC);
+	assert_int_equal(f->st.st.pages, 8);
+	assert_int_equal(f->st.st.evictions, 0);
+	/* Unpin page 5: it is the only victim. */
+	store_unpin(&f->st, pgs[5]);
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &pg), 0);
+	store_commit(&f->st, pg);
+	k = key_of(5);
+	assert_null(store_find(&f->st, 1, &k));
+	for (uint32_t i = 0; i < 8; i++)
+		if (i != 5)
+			store_unpin(&f->st, pgs[i]);
+	assert_int_equal(f->st.st.pinned, 0);
+}
+
+static void test_store_drop_pinned_and_generation(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, 64 * 1024);
+	struct page *pg = put(&f->st, cls, 3, 1), *again;
+	uint64_t lease = store_lease_id(pg);
+	kvb_key k = key_of(1);
+
+	store_pin(&f->st, pg); /* a client holds a lease */
+	store_drop(&f->st, pg);
+	/* Gone from the index at once, but the slot stays until the lease is released. */
+	assert_null(store_find(&f->st, 3, &k));
+	assert_int_equal(f->st.st.pages, 1);
+	assert_ptr_equal(store_by_id(&f->st, (uint32_t)lease), pg);
+	/* A new PUT of the same key gets a fresh slot. */
+	again = put(&f->st, cls, 3, 1);
+	assert_non_null(again);
+	assert_ptr_not_equal(again, pg);
+	store_unpin(&f->st, pg);
+	assert_int_equal(f->st.st.pages, 1);
+	/* The freed slot's generation moved on: the old lease id no longer matches. */
+	assert_int_not_equal(store_lease_id(pg), lease);
+	assert_null(store_by_id(&f->st, 0xfffff000u)); /* slab out of range */
+}
+
+static void test_store_classes_share_slabs(void **state)
+{
+	struct fx *f = *state;
+	int big = store_class_get(&f->st, MiB), small = store_class_get(&f->st, 64 * 1024);
+	kvb_key k;
+
+	/* Fill the pool with big pages, then ask for small ones: big slabs are reclaimed. */
+	for (uint32_t i = 0; i < 8; i++)
+		assert_non_null(put(&f->st, big, 1, i));
+	assert_int_equal(f->st.st.slabs_free, 0);
+	for (uint32_t i = 0; i < 64; i++)
+		assert_non_null(put(&f->st, small, 2, 1000 + i));
+	assert_int_equal(f->st.cls[small].slabs, 4);
+	assert_int_equal(f->st.cls[big].slabs, 4);
+	/* The oldest big pages went first. */
+	for (uint32_t i = 0; i < 4; i++) {
+		k = key_of(i);
+		assert_null(store_find(&f->st, 1, &k));
+	}
+	for (uint32_t i = 4; i < 8; i++) {
+		k = key_of(i);
+		assert_non_null(store_find(&f->st, 1, &k));
+	}
+	assert_int_equal(f->st.st.bytes_used, 4 * MiB + 64 * 65536);
+}
+
+static void test_store_watermark(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, 256 * 1024);
+
+	f->st.high_bytes = 6 * MiB;
+	f->st.low_bytes = 4 * MiB;
+	for (uint32_t i = 0; i < 28; i++) /* 7 MiB */
+		assert_non_null(put(&f->st, cls, 1, i));
+	assert_int_equal(store_evict_watermark(&f->st, 2), 2); /* bounded per call */
+	while (store_evict_watermark(&f->st, 100))
+		;
+	assert_int_equal(f->st.st.bytes_used, 4 * MiB);
+	assert_int_equal(store_evict_watermark(&f->st, 100), 0);
+}
+
+static void test_pool_refuses_second_owner(void **state)
+{
+	struct fx *f = *state;
+	struct pool p2;
+
+	assert_int_equal(pool_open(&p2, f->name, 8 * MiB, 1), -EBUSY);
+	/* A client's fd is read-only. */
+	int fd = pool_ro_fd(&f->pool, 0);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "x", 1), -1);
+	close(fd);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_store_alloc_find_commit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_lru_evicts_coldest, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_pins_block_eviction, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_drop_pinned_and_generation, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_store_classes_share_slabs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pool_refuses_second_owner, setup, teardown),
+	};
+
+	return cmocka_run_group_tests_name("store", tests, NULL, NULL);
+}
