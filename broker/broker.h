@@ -36,7 +36,8 @@ struct config {
 
 struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
-		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors, refused;
+		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
+		refused;
 };
 
 /* A host buffer a client registered: its memfd mapped read-write in the broker. */
@@ -93,7 +94,7 @@ struct broker {
 	uint32_t nsessions; /* ring clients (control connections not counted) */
 	uint32_t nconns;    /* every connection */
 	uint32_t next_id;
-	uint64_t leases;    /* leases held by all clients */
+	uint64_t leases; /* leases held by all clients */
 	int listen_fd;
 	int epfd;
 	int sigfd;
@@ -115,8 +116,7 @@ int session_on_msg(struct broker *b, struct session *s);
 int session_poll(struct broker *b, struct session *s, uint32_t max);
 
 /* ops.c: executes one validated-shape SQE copied out of the ring. */
-void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-	      struct kvb_cqe *cqe);
+void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
 /* Drops every lease a session holds (client gone). */
 void ops_release_all(struct broker *b, struct session *s);
 

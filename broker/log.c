@@ -13,7 +13,7 @@
 
 int log_min_level = LOG_INFO;
 
-static const char *const level_names[] = { "debug", "info", "warn", "error" };
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
 
 int log_parse_level(const char *s)
 {

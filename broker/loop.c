@@ -22,8 +22,8 @@
 #include "log.h"
 
 #define POLL_EPOLL_EVERY 32
-#define POLL_BATCH 64	     /* SQEs per session per round: fairness between clients */
-#define EVICT_BATCH 256	     /* pages per watermark round */
+#define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
+#define EVICT_BATCH 256 /* pages per watermark round */
 
 double now_sec(void)
 {
@@ -38,7 +38,7 @@ static uint32_t poll_sessions(struct broker *b)
 	struct list *pos, *tmp;
 	uint32_t work = 0;
 
-	list_for_each_safe(pos, tmp, &b->sessions) {
+	list_for_each_safe (pos, tmp, &b->sessions) {
 		int n = session_poll(b, list_entry(pos, struct session, link), POLL_BATCH);
 
 		if (n > 0)
@@ -53,7 +53,7 @@ static int prepare_sleep(struct broker *b)
 	struct list *pos;
 	int ok = 1;
 
-	list_for_each(pos, &b->sessions) {
+	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
 		if (s->region && !kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -66,7 +66,7 @@ static void wake_all(struct broker *b)
 {
 	struct list *pos;
 
-	list_for_each(pos, &b->sessions) {
+	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
 		if (s->region)

@@ -31,19 +31,23 @@ static void usage(FILE *f)
 		"The node-local KV-cache page broker. Runs in the foreground and logs to stderr.\n"
 		"\n"
 		"  --socket PATH          control socket (default $KVB_SOCKET, else\n"
-		"                         $XDG_RUNTIME_DIR/kvbroker.sock, else /run/kvbroker/kvbroker.sock)\n"
+		"                         $XDG_RUNTIME_DIR/kvbroker.sock, else "
+		"/run/kvbroker/kvbroker.sock)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
 		"                         64M..4G)\n"
-		"  --pool-name NAME       POSIX shm name of the pool (default derived from the socket)\n"
+		"  --pool-name NAME       POSIX shm name of the pool (default derived from the "
+		"socket)\n"
 		"  --slab SIZE            slab size; the largest page must fit (default\n"
 		"                         pool/32 clamped to 8M..64M)\n"
 		"  --high-watermark PCT   start evicting above this pool use (default 95)\n"
 		"  --low-watermark PCT    evict down to this pool use (default 90)\n"
-		"  --poll-us N            busy-poll the rings this long after the last op (default 200)\n"
+		"  --poll-us N            busy-poll the rings this long after the last op (default "
+		"200)\n"
 		"  --max-clients N        attached clients (default 1024)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
-		"  --group NAME           also admit clients of this group (default: same uid only)\n"
+		"  --group NAME           also admit clients of this group (default: same uid "
+		"only)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -62,11 +66,28 @@ static int parse_size(const char *s, uint64_t *out)
 	if (errno || end == s)
 		return -EINVAL;
 	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	default: break;
+	case 'k':
+	case 'K':
+		shift = 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		shift = 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		shift = 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		shift = 40;
+		end++;
+		break;
+	default:
+		break;
 	}
 	if (*end == 'i' || *end == 'B' || *end == 'b')
 		end++;
@@ -116,23 +137,36 @@ static void default_pool_name(const char *sock, char *out, size_t len)
 
 static int parse_args(int argc, char **argv, struct config *c)
 {
-	enum { O_SOCKET = 256, O_POOL, O_POOL_NAME, O_SLAB, O_HIGH, O_LOW, O_POLL, O_MAXC,
-	       O_MAXL, O_ARG, O_GROUP, O_LOG, O_HELP };
+	enum {
+		O_SOCKET = 256,
+		O_POOL,
+		O_POOL_NAME,
+		O_SLAB,
+		O_HIGH,
+		O_LOW,
+		O_POLL,
+		O_MAXC,
+		O_MAXL,
+		O_ARG,
+		O_GROUP,
+		O_LOG,
+		O_HELP
+	};
 	static const struct option opts[] = {
-		{ "socket", required_argument, NULL, O_SOCKET },
-		{ "pool", required_argument, NULL, O_POOL },
-		{ "pool-name", required_argument, NULL, O_POOL_NAME },
-		{ "slab", required_argument, NULL, O_SLAB },
-		{ "high-watermark", required_argument, NULL, O_HIGH },
-		{ "low-watermark", required_argument, NULL, O_LOW },
-		{ "poll-us", required_argument, NULL, O_POLL },
-		{ "max-clients", required_argument, NULL, O_MAXC },
-		{ "max-leases", required_argument, NULL, O_MAXL },
-		{ "arg-size", required_argument, NULL, O_ARG },
-		{ "group", required_argument, NULL, O_GROUP },
-		{ "log-level", required_argument, NULL, O_LOG },
-		{ "help", no_argument, NULL, O_HELP },
-		{ NULL, 0, NULL, 0 },
+		{"socket", required_argument, NULL, O_SOCKET},
+		{"pool", required_argument, NULL, O_POOL},
+		{"pool-name", required_argument, NULL, O_POOL_NAME},
+		{"slab", required_argument, NULL, O_SLAB},
+		{"high-watermark", required_argument, NULL, O_HIGH},
+		{"low-watermark", required_argument, NULL, O_LOW},
+		{"poll-us", required_argument, NULL, O_POLL},
+		{"max-clients", required_argument, NULL, O_MAXC},
+		{"max-leases", required_argument, NULL, O_MAXL},
+		{"arg-size", required_argument, NULL, O_ARG},
+		{"group", required_argument, NULL, O_GROUP},
+		{"log-level", required_argument, NULL, O_LOG},
+		{"help", no_argument, NULL, O_HELP},
+		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 95, low = 90;
 	uint64_t v;
@@ -252,7 +286,7 @@ bad:
 /* Binds the control socket, replacing a stale file but never a live broker's socket. */
 static int listen_socket(const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	char dir[sizeof(sa.sun_path)], *slash;
 	int fd, err;
 
@@ -288,7 +322,7 @@ static int listen_socket(const char *path)
 
 static int epoll_add(int epfd, int fd, uint64_t data)
 {
-	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = data };
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = data};
 
 	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
@@ -347,7 +381,8 @@ int main(int argc, char **argv)
 			  err == -EADDRINUSE ? ": another kvbrokerd answers there" : "");
 		goto out_store;
 	}
-	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) || epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
+	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) ||
+	    epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
 		err = -errno;
 		goto out_sock;
 	}
@@ -357,7 +392,7 @@ int main(int argc, char **argv)
 		 b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.store.nslabs,
 		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.poll_us);
 	err = loop_run(&b);
-	list_for_each_safe(pos, tmp, &b.sessions)
+	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",

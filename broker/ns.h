@@ -18,15 +18,15 @@ struct ns_counters {
 
 struct ns {
 	uint32_t id;
-	int cls;		/* store size class of its pages */
+	int cls; /* store size class of its pages */
 	uint64_t page_bytes;
 	struct kvb_layout layout; /* as first opened (tp fields of the first MLA rank) */
 	uint8_t ident[32];
-	uint32_t nparts;	/* (component, layer) parts of a page */
-	uint64_t *part_off;	/* byte offset of each part inside a page */
-	uint32_t *part_len;	/* tokens_per_page * bytes_per_token_layer of the part */
-	uint32_t *part_bpt;	/* bytes_per_token_layer of the part */
-	uint32_t *part_layer;	/* layer index of the part within its component */
+	uint32_t nparts;      /* (component, layer) parts of a page */
+	uint64_t *part_off;   /* byte offset of each part inside a page */
+	uint32_t *part_len;   /* tokens_per_page * bytes_per_token_layer of the part */
+	uint32_t *part_bpt;   /* bytes_per_token_layer of the part */
+	uint32_t *part_layer; /* layer index of the part within its component */
 	struct ns_counters c;
 };
 

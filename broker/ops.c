@@ -129,7 +129,7 @@ static int view_segs(struct session *s, const struct sview *v, uint8_t *page, ui
 				prev->len += bpt;
 				continue;
 			}
-			segs[cnt++] = (struct copy_seg){ .dst = dst, .src = from, .len = bpt };
+			segs[cnt++] = (struct copy_seg){.dst = dst, .src = from, .len = bpt};
 		}
 	}
 	return cnt ? (int)cnt : -EINVAL;
@@ -205,7 +205,7 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 	} else {
 		err = segs_reserve(1);
 		if (!err)
-			segs[0] = (struct copy_seg){ store_addr(&b->store, pg), src, n->page_bytes };
+			segs[0] = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
 		nsegs = err ? err : 1;
 	}
 	if (nsegs < 0) {
@@ -273,7 +273,7 @@ static void op_get(struct broker *b, struct session *s, const struct kvb_sqe *sq
 	} else {
 		err = segs_reserve(1);
 		if (!err)
-			segs[0] = (struct copy_seg){ dst, store_addr(&b->store, pg), n->page_bytes };
+			segs[0] = (struct copy_seg){dst, store_addr(&b->store, pg), n->page_bytes};
 		nsegs = err ? err : 1;
 	}
 	if (nsegs < 0) {
@@ -454,8 +454,7 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 	cqe->res = (int32_t)lead;
 }
 
-void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-	      struct kvb_cqe *cqe)
+void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
 	memset(cqe, 0, sizeof(*cqe));
 	cqe->user_data = sqe->user_data;

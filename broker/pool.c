@@ -54,7 +54,8 @@ static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int
 		goto err_close;
 	}
 	if (st.st_size > 0) {
-		log_warn("pool: reclaiming orphaned arena %s (%lld bytes) left by a broker that died",
+		log_warn("pool: reclaiming orphaned arena %s (%lld bytes) left by a broker that "
+			 "died",
 			 a->name, (long long)st.st_size);
 		if (ftruncate(fd, 0) < 0) {
 			err = -errno;

@@ -11,11 +11,11 @@
 #include "wire.h"
 
 struct pool_arena {
-	int fd;		/* O_RDWR, flock(LOCK_EX) held for the broker's life */
-	int node;	/* NUMA node, -1 unknown */
-	void *base;	/* MAP_SHARED read-write in the broker */
+	int fd;	    /* O_RDWR, flock(LOCK_EX) held for the broker's life */
+	int node;   /* NUMA node, -1 unknown */
+	void *base; /* MAP_SHARED read-write in the broker */
 	uint64_t size;
-	char name[96];	/* shm_open name */
+	char name[96]; /* shm_open name */
 };
 
 struct pool {

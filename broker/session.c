@@ -35,10 +35,9 @@
 #include "log.h"
 #include "proto.h"
 
-
 static int ep_add(struct broker *b, int fd, struct session *s, unsigned tag)
 {
-	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = (uint64_t)(uintptr_t)s | tag };
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(uintptr_t)s | tag};
 
 	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
@@ -137,7 +136,7 @@ void session_reap(struct broker *b)
 {
 	struct list *pos, *tmp;
 
-	list_for_each_safe(pos, tmp, &b->graveyard) {
+	list_for_each_safe (pos, tmp, &b->graveyard) {
 		list_del(pos);
 		free(list_entry(pos, struct session, link));
 	}
@@ -147,14 +146,14 @@ void session_reap(struct broker *b)
 static int reply(struct session *s, const struct kvb_msg_hdr *req, int32_t res, const void *body,
 		 size_t blen, const int *fds, uint32_t nfds)
 {
-	struct kvb_msg_hdr h = { KVB_MSG_MAGIC, req->type, KVB_MSGF_REPLY, 0, req->seq };
-	struct kvb_msg_reply r = { res, 0 };
-	struct iovec iov[3] = { { &h, sizeof(h) }, { &r, sizeof(r) }, { NULL, blen } };
+	struct kvb_msg_hdr h = {KVB_MSG_MAGIC, req->type, KVB_MSGF_REPLY, 0, req->seq};
+	struct kvb_msg_reply r = {res, 0};
+	struct iovec iov[3] = {{&h, sizeof(h)}, {&r, sizeof(r)}, {NULL, blen}};
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
 		struct cmsghdr align;
 	} cm;
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = blen ? 3 : 2 };
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = blen ? 3 : 2};
 
 	/* sendmsg never writes through iov_base; the const is shed without a cast. */
 	memcpy(&iov[2].iov_base, &body, sizeof(body));
@@ -216,7 +215,7 @@ err_close:
 static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
 		    const struct kvb_msg_hello *m)
 {
-	struct kvb_msg_hello_reply rep = { 0 };
+	struct kvb_msg_hello_reply rep = {0};
 	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
 	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
 
@@ -295,7 +294,7 @@ out:
 static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
 		      const struct kvb_layout *l)
 {
-	struct kvb_msg_ns_reply rep = { 0 };
+	struct kvb_msg_ns_reply rep = {0};
 	struct ns *n;
 	int err = ns_open(&b->nst, &b->store, l, 0, &n);
 
@@ -342,15 +341,15 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 			  const uint8_t *body, size_t blen)
 {
 	struct kvb_msg_view_create vc;
-	struct kvb_msg_id rep = { 0 };
+	struct kvb_msg_id rep = {0};
 	struct sview *v;
 	struct ns *n;
 	uint32_t id;
 
 	memcpy(&vc, body, sizeof(vc));
-	n = vc.ns < STORE_MAX_NS && (s->ns_opened[vc.ns / 8] & (1u << (vc.ns % 8))) ?
-		    ns_get(&b->nst, vc.ns) :
-		    NULL;
+	n = vc.ns < STORE_MAX_NS && (s->ns_opened[vc.ns / 8] & (1u << (vc.ns % 8)))
+		    ? ns_get(&b->nst, vc.ns)
+		    : NULL;
 	if (!n)
 		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
 	if (vc.nparts != n->nparts ||
@@ -370,8 +369,9 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 		const struct kvb_view_part *vp = &v->parts[p];
 
 		/* Buffers are checked again at each op: they may be unregistered later. */
-		int err = vp->stride < n->part_bpt[p] ? -EINVAL :
-			  vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF : 0;
+		int err = vp->stride < n->part_bpt[p]				  ? -EINVAL
+			  : vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF
+										  : 0;
 
 		if (err) {
 			free(v);
@@ -427,9 +427,9 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 
 		memcpy(&m, body, sizeof(m));
 		err = buf_reg(s, &m, fd, &bid);
-		id = (struct kvb_msg_id){ bid, 0 };
-		return err ? reply(s, h, err, NULL, 0, NULL, 0) :
-			     reply(s, h, 0, &id, sizeof(id), NULL, 0);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
 	}
 	case KVB_MSG_BUF_UNREG:
 		memcpy(&id, body, sizeof(id));
@@ -437,7 +437,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
 		/* Copies complete inside the op that issues them: nothing is in flight here. */
 		munmap(s->bufs[id.id].base, s->bufs[id.id].len);
-		s->bufs[id.id] = (struct sbuf){ 0 };
+		s->bufs[id.id] = (struct sbuf){0};
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_VIEW_CREATE:
 		return on_view_create(b, s, h, body, blen);
@@ -461,9 +461,11 @@ int session_on_msg(struct broker *b, struct session *s)
 		char b[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
 		struct cmsghdr align;
 	} cm;
-	struct iovec iov = { buf, sizeof(buf) };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-			     .msg_controllen = sizeof(cm.b) };
+	struct iovec iov = {buf, sizeof(buf)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm.b)};
 	int fds[KVB_MAX_FDS], nfds = 0, err = 0, violation = 1;
 	struct kvb_msg_hdr h;
 	const char *why = NULL;

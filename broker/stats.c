@@ -18,7 +18,7 @@ static cJSON *pool_json(const struct broker *b)
 {
 	const struct store *st = &b->store;
 	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
-	uint64_t used[KVB_MAX_ARENAS] = { 0 };
+	uint64_t used[KVB_MAX_ARENAS] = {0};
 
 	for (uint32_t i = 0; i < st->nslabs; i++) {
 		const struct slab *sl = &st->slabs[i];
@@ -111,7 +111,7 @@ static cJSON *clients_json(const struct broker *b)
 	cJSON *arr = cJSON_CreateArray();
 	struct list *pos;
 
-	list_for_each(pos, &b->sessions) {
+	list_for_each (pos, &b->sessions) {
 		const struct session *s = list_entry(pos, struct session, link);
 		cJSON *o;
 

@@ -27,11 +27,11 @@ enum page_state {
 struct page {
 	kvb_key key;
 	uint32_t ns;
-	uint32_t id;	   /* slab << STORE_SLOT_BITS | slot */
-	uint32_t gen;	   /* bumped each time the slot is freed: stale lease ids fail */
-	uint32_t pins;	   /* leases + in-flight copies; > 0 means not evictable */
-	uint8_t state;	   /* enum page_state */
-	uint8_t unlinked;  /* dropped from the index while pinned: freed at the last unpin */
+	uint32_t id;	  /* slab << STORE_SLOT_BITS | slot */
+	uint32_t gen;	  /* bumped each time the slot is freed: stale lease ids fail */
+	uint32_t pins;	  /* leases + in-flight copies; > 0 means not evictable */
+	uint8_t state;	  /* enum page_state */
+	uint8_t unlinked; /* dropped from the index while pinned: freed at the last unpin */
 	uint16_t cls;
 	uint32_t resv;
 	struct page *hnext; /* index chain */
@@ -41,14 +41,14 @@ struct page {
 
 struct slab {
 	uint32_t arena;
-	int32_t cls;	  /* -1 when free */
-	uint64_t off;	  /* byte offset in the arena */
+	int32_t cls;  /* -1 when free */
+	uint64_t off; /* byte offset in the arena */
 	uint32_t nslots;
 	uint32_t used;
-	uint32_t nfree;	  /* entries in free_stack */
+	uint32_t nfree; /* entries in free_stack */
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
-	struct list link; /* free-slab list, or its class's partial list */
+	struct list link;   /* free-slab list, or its class's partial list */
 };
 
 struct store_class {
@@ -64,7 +64,7 @@ struct store_stats {
 	uint64_t pages;	     /* records not FREE */
 	uint64_t evictions;
 	uint64_t slabs_free;
-	uint64_t pinned;     /* pages with pins > 0 */
+	uint64_t pinned; /* pages with pins > 0 */
 };
 
 struct store {

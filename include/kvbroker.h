@@ -52,8 +52,8 @@ enum kvb_layout_kind {
 
 /* One KV component (main latent KV, indexer cache, draft KV, ...). */
 struct kvb_component {
-	char name[KVB_COMP_NAME_MAX]; /* NUL-terminated, not empty */
-	uint32_t num_layers;	      /* >= 1 */
+	char name[KVB_COMP_NAME_MAX];	/* NUL-terminated, not empty */
+	uint32_t num_layers;		/* >= 1 */
 	uint32_t bytes_per_token_layer; /* >= 1 */
 };
 
@@ -69,8 +69,8 @@ struct kvb_layout {
 	uint32_t tp_rank;	   /* < tp_size */
 	uint32_t ncomponents;	   /* 1..KVB_MAX_COMPONENTS */
 	struct kvb_component comp[KVB_MAX_COMPONENTS];
-	uint32_t flags;		   /* must be 0 */
-	uint32_t resv[3];	   /* must be 0 */
+	uint32_t flags;	  /* must be 0 */
+	uint32_t resv[3]; /* must be 0 */
 };
 
 /* kvb_opts.flags */
@@ -216,16 +216,16 @@ enum kvb_opcode {
 #define KVB_OPF_VIEW (1u << 0) /* buf is a view id and off a token slot */
 
 struct kvb_op {
-	uint32_t opcode;     /* enum kvb_opcode */
-	uint32_t flags;	     /* KVB_OPF_* */
-	uint32_t ns;	     /* ignored with KVB_OPF_VIEW (the view's namespace) */
-	uint32_t buf;	     /* buffer id, or view id */
+	uint32_t opcode; /* enum kvb_opcode */
+	uint32_t flags;	 /* KVB_OPF_* */
+	uint32_t ns;	 /* ignored with KVB_OPF_VIEW (the view's namespace) */
+	uint32_t buf;	 /* buffer id, or view id */
 	kvb_key key;
-	uint64_t off;	     /* byte offset in buf, token slot of a view, or a lease id */
+	uint64_t off;	      /* byte offset in buf, token slot of a view, or a lease id */
 	uint16_t layer_first; /* view GET only */
 	uint16_t layer_count; /* view GET only; 0: all */
-	uint32_t resv;	     /* must be 0 */
-	uint64_t user_data;  /* returned in the completion */
+	uint32_t resv;	      /* must be 0 */
+	uint64_t user_data;   /* returned in the completion */
 };
 
 /* Completion flags. */
@@ -233,8 +233,8 @@ struct kvb_op {
 
 struct kvb_completion {
 	uint64_t user_data;
-	int32_t res;	  /* >= 0 success, negative errno */
-	uint32_t flags;	  /* KVB_CQEF_* */
+	int32_t res;		/* >= 0 success, negative errno */
+	uint32_t flags;		/* KVB_CQEF_* */
 	struct kvb_lease lease; /* ACQUIRE only */
 };
 

@@ -162,7 +162,8 @@ int kvb_layout_check(const struct kvb_layout *l, uint64_t *page_bytes)
 				return -EINVAL;
 			continue;
 		}
-		if (!str_ok(c->name, sizeof(c->name)) || !c->num_layers || !c->bytes_per_token_layer)
+		if (!str_ok(c->name, sizeof(c->name)) || !c->num_layers ||
+		    !c->bytes_per_token_layer)
 			return -EINVAL;
 		for (uint32_t j = 0; j < i; j++)
 			if (!strncmp(c->name, l->comp[j].name, sizeof(c->name)))
@@ -214,7 +215,8 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 		for (int i = 0; i < 5; i++)
 			if (sqe->batch.resv1[i])
 				return -EINVAL;
-		keys_end = (uint64_t)sqe->batch.arg_off + (uint64_t)sqe->batch.count * sizeof(kvb_key);
+		keys_end = (uint64_t)sqe->batch.arg_off +
+			   (uint64_t)sqe->batch.count * sizeof(kvb_key);
 		out_end = (uint64_t)sqe->batch.out_off + sqe->batch.count;
 		if (keys_end > arg_size || out_end > arg_size)
 			return -EINVAL;

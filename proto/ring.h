@@ -88,9 +88,9 @@ struct kvb_ring {
 	kvb_atomic_u32 *flags;
 	void *entries;
 	uint32_t mask;
-	uint32_t esize;	  /* bytes per entry */
-	uint32_t local;	  /* producer: our tail; consumer: our head */
-	uint32_t cached;  /* producer: last head seen; consumer: last tail seen */
+	uint32_t esize;	 /* bytes per entry */
+	uint32_t local;	 /* producer: our tail; consumer: our head */
+	uint32_t cached; /* producer: last head seen; consumer: last tail seen */
 };
 
 static inline void kvb_ring_init(struct kvb_ring *r, kvb_atomic_u32 *head, kvb_atomic_u32 *tail,

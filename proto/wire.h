@@ -53,18 +53,18 @@
 #define KVB_ABI_MAJOR 1
 #define KVB_ABI_MINOR 0
 
-#define KVB_MSG_MAGIC 0x4b56424du /* "KVBM" */
+#define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
 
 /* Bounds both sides enforce. */
-#define KVB_MSG_MAX (64u * 1024)	/* largest control datagram, request or reply */
-#define KVB_STATS_MAX (1024u * 1024)	/* stats replies may be larger: read with MSG_PEEK|MSG_TRUNC */
+#define KVB_MSG_MAX (64u * 1024)     /* largest control datagram, request or reply */
+#define KVB_STATS_MAX (1024u * 1024) /* stats replies may be larger: read with MSG_PEEK|MSG_TRUNC */
 #define KVB_SQ_MIN 8u
 #define KVB_SQ_MAX 4096u
 #define KVB_SQ_DEFAULT 256u
-#define KVB_MAX_FDS 16u			/* SCM_RIGHTS fds in one message */
+#define KVB_MAX_FDS 16u /* SCM_RIGHTS fds in one message */
 #define KVB_MAX_ARENAS 8u
-#define KVB_MAX_VIEW_PARTS 1024u	/* (component, layer) pairs of one view */
+#define KVB_MAX_VIEW_PARTS 1024u /* (component, layer) pairs of one view */
 #define KVB_MAX_PAGE_BYTES (1ull << 30)
 #define KVB_NAME_MAX 32
 
@@ -103,9 +103,9 @@ static_assert(sizeof(struct kvb_msg_reply) == 8, "reply");
 struct kvb_msg_hello {
 	uint16_t abi_major;
 	uint16_t abi_minor;
-	uint32_t flags;	     /* KVB_HELLOF_* */
-	uint32_t sq_entries; /* power of two, KVB_SQ_MIN..KVB_SQ_MAX; 0: default */
-	uint32_t resv;	     /* 0 */
+	uint32_t flags;		 /* KVB_HELLOF_* */
+	uint32_t sq_entries;	 /* power of two, KVB_SQ_MIN..KVB_SQ_MAX; 0: default */
+	uint32_t resv;		 /* 0 */
 	char name[KVB_NAME_MAX]; /* NUL-terminated */
 };
 static_assert(sizeof(struct kvb_msg_hello) == 48, "hello");
@@ -145,8 +145,8 @@ static_assert(sizeof(struct kvb_msg_ns_reply) == 16, "ns reply");
 
 /* BUF_REG: one fd (a memfd with F_SEAL_SHRINK) travels with it. */
 struct kvb_msg_buf_reg {
-	uint64_t len;	/* bytes from offset 0 of the fd */
-	uint32_t kind;	/* KVB_BUF_HOST */
+	uint64_t len;  /* bytes from offset 0 of the fd */
+	uint32_t kind; /* KVB_BUF_HOST */
 	uint32_t resv;
 };
 static_assert(sizeof(struct kvb_msg_buf_reg) == 16, "buf reg");
@@ -172,7 +172,7 @@ static_assert(sizeof(struct kvb_view_part) == 16, "view part");
 #define KVB_FEAT_NEED_WAKEUP (1u << 0)
 
 struct kvb_region_hdr {
-	uint32_t magic;	     /* KVB_REGION_MAGIC */
+	uint32_t magic; /* KVB_REGION_MAGIC */
 	uint16_t abi_major;
 	uint16_t abi_minor;
 	uint32_t features;   /* KVB_FEAT_* */
@@ -199,24 +199,24 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 
 /* SQE flags: KVB_OPF_* of kvbroker.h. */
 struct kvb_sqe {
-	uint8_t opcode;	     /* enum kvb_opcode */
-	uint8_t flags;	     /* KVB_OPF_* */
-	uint16_t resv0;	     /* 0 */
-	uint32_t ns;	     /* namespace id (ignored with KVB_OPF_VIEW) */
-	uint64_t user_data;  /* echoed in the CQE */
+	uint8_t opcode;	    /* enum kvb_opcode */
+	uint8_t flags;	    /* KVB_OPF_* */
+	uint16_t resv0;	    /* 0 */
+	uint32_t ns;	    /* namespace id (ignored with KVB_OPF_VIEW) */
+	uint64_t user_data; /* echoed in the CQE */
 	union {
-		uint8_t key[32]; /* page ops */
-		struct {	 /* LOOKUP */
-			uint32_t arg_off;   /* keys: count x 32 bytes in the arg area */
-			uint32_t count;	    /* number of keys */
-			uint32_t out_off;   /* tiers: count bytes in the arg area */
-			uint32_t resv1[5];  /* 0 */
+		uint8_t key[32];	   /* page ops */
+		struct {		   /* LOOKUP */
+			uint32_t arg_off;  /* keys: count x 32 bytes in the arg area */
+			uint32_t count;	   /* number of keys */
+			uint32_t out_off;  /* tiers: count bytes in the arg area */
+			uint32_t resv1[5]; /* 0 */
 		} batch;
 	};
-	uint32_t buf;	     /* buffer id, or view id with KVB_OPF_VIEW */
+	uint32_t buf;	      /* buffer id, or view id with KVB_OPF_VIEW */
 	uint16_t layer_first; /* view GET: first layer */
 	uint16_t layer_count; /* view GET: layers, 0 = all */
-	uint64_t off;	     /* offset in buf, view token slot, or lease id (RELEASE) */
+	uint64_t off;	      /* offset in buf, view token slot, or lease id (RELEASE) */
 };
 static_assert(sizeof(struct kvb_sqe) == 64, "sqe");
 static_assert(offsetof(struct kvb_sqe, user_data) == 8, "sqe user_data");
