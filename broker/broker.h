@@ -79,6 +79,7 @@ struct session {
 	uint64_t *leases; /* lease ids held, with multiplicity */
 	uint32_t nleases, cap_leases;
 	uint64_t ops;
+	int stalled; /* SQEs waiting, but its CQ is full: the client must reap first */
 	int dead; /* destroyed, waiting in the graveyard until the epoll batch is done */
 };
 

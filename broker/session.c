@@ -117,8 +117,14 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		free(s->views[i]);
 	if (s->region)
 		munmap(s->region, s->region_size);
-	if (s->sq_efd >= 0)
+	if (s->sq_efd >= 0) {
+		/*
+		 * The client holds a dup of this eventfd, so closing ours would not take it out of
+		 * the epoll set: a later doorbell would name a freed session. Remove it first.
+		 */
+		epoll_ctl(b->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
 		close(s->sq_efd);
+	}
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
 	close(s->sock); /* also leaves the epoll set */
@@ -525,6 +531,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 
 	if (!s->region)
 		return 0;
+	s->stalled = 0;
 	avail = kvb_ring_avail(&s->sq);
 	if (avail <= 0) {
 		if (avail < 0) {
@@ -542,6 +549,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	}
 	/* Back-pressure: an SQE is consumed only when its CQE has a place to go. */
 	n = (uint32_t)(avail < space ? avail : space);
+	s->stalled = !n;
 	if (n > max)
 		n = max;
 	for (uint32_t i = 0; i < n; i++) {
