@@ -47,19 +47,27 @@ static uint32_t poll_sessions(struct broker *b)
 	return work;
 }
 
-/* Announces sleep on every SQ; 0 when some SQ got entries meanwhile (don't sleep). */
+/*
+ * Announces sleep on every SQ. Returns 0 when some SQ got entries meanwhile (don't sleep), else
+ * the epoll timeout: a client whose full CQ stalls its SQ rings no doorbell when it reaps, so
+ * while one is stalled the loop naps 1 ms at a time instead of a second.
+ */
 static int prepare_sleep(struct broker *b)
 {
 	struct list *pos;
-	int ok = 1;
+	int timeout = 1000;
 
-	list_for_each (pos, &b->sessions) {
+	list_for_each(pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
-		if (s->region && !kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
-			ok = 0;
+		if (!s->region)
+			continue;
+		if (s->stalled)
+			timeout = 1;
+		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
+			return 0;
 	}
-	return ok;
+	return timeout;
 }
 
 static void wake_all(struct broker *b)
@@ -130,9 +138,8 @@ int loop_run(struct broker *b)
 		} else if (now_sec() - last < window) {
 			if (++round % POLL_EPOLL_EVERY)
 				continue;
-		} else if (prepare_sleep(b)) {
+		} else if ((timeout = prepare_sleep(b)) > 0) {
 			sleeping = 1;
-			timeout = 1000;
 		} else {
 			wake_all(b);
 			continue;
