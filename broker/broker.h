@@ -80,7 +80,7 @@ struct session {
 	uint32_t nleases, cap_leases;
 	uint64_t ops;
 	int stalled; /* SQEs waiting, but its CQ is full: the client must reap first */
-	int dead; /* destroyed, waiting in the graveyard until the epoll batch is done */
+	int dead;    /* destroyed, waiting in the graveyard until the epoll batch is done */
 };
 
 struct broker {

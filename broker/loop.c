@@ -57,7 +57,7 @@ static int prepare_sleep(struct broker *b)
 	struct list *pos;
 	int timeout = 1000;
 
-	list_for_each(pos, &b->sessions) {
+	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
 		if (!s->region)
