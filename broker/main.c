@@ -39,8 +39,11 @@ static void usage(FILE *f)
 		"socket)\n"
 		"  --slab SIZE            slab size; the largest page must fit (default\n"
 		"                         pool/32 clamped to 8M..64M)\n"
-		"  --high-watermark PCT   start evicting above this pool use (default 95)\n"
-		"  --low-watermark PCT    evict down to this pool use (default 90)\n"
+		"  --high-watermark PCT   evict in the background above this pool use, down to\n"
+		"                         the low watermark (default 100: with RAM as the only\n"
+		"                         tier, pages are evicted on demand, coldest first, only\n"
+		"                         when a PUT finds the pool full)\n"
+		"  --low-watermark PCT    background eviction stops here (default 90)\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --max-clients N        attached clients (default 1024)\n"
@@ -168,7 +171,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{NULL, 0, NULL, 0},
 	};
-	uint32_t high = 95, low = 90;
+	uint32_t high = 100, low = 90;
 	uint64_t v;
 	int o, lvl;
 

@@ -11,7 +11,12 @@
  * errno is never used. Input structs end with flags and reserved words that must be zero.
  *
  * Thread-safety: a kvb_client may be shared by threads; every call takes the client's lock, so
- * calls on one client are serialized. For parallel I/O open one client per thread. A kvb_client
+ * calls on one client are serialized, except that kvb_reap() drops the lock while it sleeps
+ * (one thread may reap while others submit). For parallel I/O open one client per thread.
+ *
+ * Errors every call on a client may return besides its own: -ECONNRESET the broker went away
+ * (and every later call fails the same way), -EBADF a namespace, buffer or view this client did
+ * not open, -EOPNOTSUPP a data call on a KVB_CONNECT_CONTROL client. A kvb_client
  * must not be used in a child after fork(); connect again there.
  *
  * Ownership: memory returned by kvb_buf_alloc_host() belongs to the client and is unmapped by
@@ -101,7 +106,8 @@ enum kvb_tier {
 /*
  * Connects to the broker and maps this client's rings and the pool. opts may be NULL.
  * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EACCES refused by the broker's
- * credential check, -EPROTO version mismatch, -EINVAL bad opts, -ENOMEM.
+ * credential check, -EPROTO version mismatch, -EINVAL bad opts, -ENAMETOOLONG socket path,
+ * -EUSERS the broker's --max-clients reached, -ETIMEDOUT no answer, -ENOMEM.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 
@@ -121,7 +127,8 @@ int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t 
 
 /*
  * key = SHA-256(parent->b || le32(tokens[0]) || ... ) , or without parent for the first page.
- * Bit for bit SGLang HiCache's get_hash_str(). Pure function, thread-safe.
+ * Bit for bit SGLang HiCache's get_hash_str(). tokens may be NULL when ntokens is 0.
+ * Pure function, thread-safe.
  */
 kvb_key kvb_key_chain(const kvb_key *parent, const uint32_t *tokens, size_t ntokens);
 
@@ -142,7 +149,8 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len);
 
 /*
  * Counts how many leading keys of keys[0..n) are stored (any tier) into *hits. Returns 0.
- * kvb_lookup_tiers() also writes each key's enum kvb_tier into tiers[0..n) (may be NULL).
+ * kvb_lookup_tiers() also writes each key's enum kvb_tier into tiers[0..n) (may be NULL; then it
+ * stops at the first chunk of keys with a miss, like kvb_lookup()).
  */
 int kvb_lookup(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits);
 int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits,
@@ -157,7 +165,8 @@ int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key);
  */
 int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease);
 
-/* Unpins. -EINVAL when the lease is not held by this client (twice, forged, foreign). */
+/* Unpins and clears lease->data and len. -EINVAL when the lease is not held by this client
+ * (released twice, forged, another client's). */
 int kvb_release(kvb_client *c, struct kvb_lease *lease);
 
 /* Round trip through the rings; for health checks and latency measurement. */
@@ -194,6 +203,7 @@ int kvb_view_destroy(kvb_client *c, uint32_t view);
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
  * every component (count 0: all layers); a PUT always takes every layer (all or nothing).
+ * Return as kvb_put() (0 stored, 1 already stored) and kvb_get() (page_bytes).
  */
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
 int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
