@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: MIT
+/*
+ * buf.c - memory the broker may copy to and from: host buffers, the staging buffer, the GPU
+ * registration seam, and views over registered buffers.
+ *
+ * A host buffer is a memfd sized to whole pages, sealed F_SEAL_SHRINK | F_SEAL_GROW |
+ * F_SEAL_SEAL before it leaves the process (the broker refuses memfds that could shrink under
+ * it and fault its copy threads), mapped read-write here and sent with BUF_REG. The fd is closed
+ * once registered: the broker holds its own reference and our mapping holds ours. The list of
+ * buffers answers kvb_put()/kvb_get()'s question "is [p, p+len) inside a registered buffer?";
+ * a hit moves to the front, since an engine keeps hitting the same KV pool buffer.
+ *
+ * The staging buffer is an ordinary host buffer the library owns for kvb_put() from unregistered
+ * memory; it is not in the list (the caller never sees its id) and only grows.
+ *
+ * All functions run with the client lock held (the kvb_* entry points take it).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* The staging buffer grows in steps of this, so pages of similar sizes share one allocation. */
+#define STAGING_STEP (1ull << 20)
+
+static int page_round(size_t len, size_t *out)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t page = pg > 0 ? (size_t)pg : 4096;
+
+	if (len == 0 || len > SIZE_MAX - page)
+		return -EINVAL;
+	*out = (len + page - 1) & ~(page - 1);
+	return 0;
+}
+
+/* Allocates, seals, maps and registers a host buffer of at least len bytes into *b. */
+int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b)
+{
+	struct kvb_msg_buf_reg reg = {.kind = KVB_BUF_HOST};
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	size_t size;
+	void *p;
+	int fd, err;
+
+	err = page_round(len, &size);
+	if (err)
+		return err;
+	fd = memfd_create("kvb-host-buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return kvbc_errno();
+	if (ftruncate(fd, (off_t)size) < 0) {
+		err = kvbc_errno();
+		goto err_close;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		err = kvbc_errno();
+		goto err_close;
+	}
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		err = kvbc_errno();
+		goto err_close;
+	}
+	reg.len = size;
+	err = kvbc_ctl(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), fd, &r);
+	if (err < 0)
+		goto err_unmap;
+	if (r.body_len < sizeof(id)) {
+		err = -EPROTO;
+		goto err_reply;
+	}
+	memcpy(&id, r.body, sizeof(id));
+	kvbc_reply_free(&r);
+	close(fd);
+	b->addr = p;
+	b->len = size;
+	b->id = id.id;
+	return 0;
+
+err_reply:
+	kvbc_reply_free(&r);
+err_unmap:
+	munmap(p, size);
+err_close:
+	close(fd);
+	return err;
+}
+
+/* Tells the broker to forget a buffer; our mapping is the caller's to drop. */
+static int buf_unreg_locked(struct kvb_client *c, uint32_t buf)
+{
+	struct kvb_msg_id msg = {.id = buf};
+	struct kvbc_reply r;
+	int err = kvbc_ctl(c, KVB_MSG_BUF_UNREG, &msg, sizeof(msg), -1, &r);
+
+	if (err < 0)
+		return err;
+	kvbc_reply_free(&r);
+	return 0;
+}
+
+struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+
+	for (struct kvbc_buf **pp = &c->bufs; *pp; pp = &(*pp)->next) {
+		struct kvbc_buf *b = *pp;
+		uintptr_t base = (uintptr_t)b->addr;
+
+		if (a < base || len > b->len || a - base > b->len - len)
+			continue;
+		if (pp != &c->bufs) {
+			*pp = b->next;
+			b->next = c->bufs;
+			c->bufs = b;
+		}
+		return b;
+	}
+	return NULL;
+}
+
+int kvbc_staging_locked(struct kvb_client *c, size_t len)
+{
+	struct kvbc_buf nb;
+	size_t want;
+	int err;
+
+	if (c->staging.addr && c->staging.len >= len)
+		return 0;
+	if (len > SIZE_MAX - STAGING_STEP)
+		return -EINVAL;
+	want = (len + STAGING_STEP - 1) & ~(size_t)(STAGING_STEP - 1);
+	err = kvbc_buf_alloc_locked(c, want, &nb);
+	if (err)
+		return err;
+	if (c->staging.addr) {
+		/* Nothing is in flight from it: kvb_put() waits for its own completion. */
+		(void)buf_unreg_locked(c, c->staging.id);
+		munmap(c->staging.addr, c->staging.len);
+	}
+	c->staging = nb;
+	return 0;
+}
+
+void kvbc_buf_free_all(struct kvb_client *c)
+{
+	struct kvbc_buf *b = c->bufs;
+
+	while (b) {
+		struct kvbc_buf *next = b->next;
+
+		munmap(b->addr, b->len);
+		free(b);
+		b = next;
+	}
+	c->bufs = NULL;
+	if (c->staging.addr)
+		munmap(c->staging.addr, c->staging.len);
+	c->staging.addr = NULL;
+}
+
+void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf)
+{
+	struct kvbc_buf *b;
+	void *addr = NULL;
+
+	if (!buf || !len)
+		return NULL;
+	if (kvbc_enter(c))
+		return NULL;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		goto out;
+	if (kvbc_buf_alloc_locked(c, len, b)) {
+		free(b);
+		goto out;
+	}
+	b->next = c->bufs;
+	c->bufs = b;
+	*buf = b->id;
+	addr = b->addr;
+out:
+	kvbc_leave(c);
+	return addr;
+}
+
+int kvb_buf_unregister(kvb_client *c, uint32_t buf)
+{
+	struct kvbc_buf **pp, *b = NULL;
+	int err;
+
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	for (pp = &c->bufs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->id == buf) {
+			b = *pp;
+			break;
+		}
+	}
+	if (!b) {
+		err = -EBADF; /* not one of the caller's (the staging buffer is not theirs either) */
+		goto out;
+	}
+	err = buf_unreg_locked(c, buf);
+	if (err)
+		goto out; /* still registered (e.g. a view uses it): keep the mapping */
+	*pp = b->next;
+	munmap(b->addr, b->len);
+	free(b);
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf)
+{
+	int err;
+
+	if (!dev_ptr || !len || !buf)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	/*
+	 * The CUDA path (legacy IPC handles, or POSIX fds of cuMem allocations, matched to the
+	 * broker's devices by UUID) arrives with the CUDA copy engine in a later issue; until then
+	 * no broker can copy to device memory, which is exactly what -EOPNOTSUPP documents.
+	 */
+	kvbc_leave(c);
+	return -EOPNOTSUPP;
+}
+
+int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *parts, size_t nparts,
+		    uint32_t *view)
+{
+	struct kvb_msg_view_create *msg;
+	const struct kvbc_ns *n;
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	size_t len;
+	int err;
+
+	if (!parts || !view || nparts == 0 || nparts > KVB_MAX_VIEW_PARTS)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	n = kvbc_ns_find(c, ns);
+	if (!n) {
+		err = -EBADF;
+		goto out;
+	}
+	/* One part per (component, layer), component-major: anything else cannot be a view of it. */
+	if (nparts != n->nparts) {
+		err = -EINVAL;
+		goto out;
+	}
+	len = sizeof(*msg) + nparts * sizeof(*parts);
+	msg = malloc(len);
+	if (!msg) {
+		err = -ENOMEM;
+		goto out;
+	}
+	msg->ns = ns;
+	msg->nparts = (uint32_t)nparts;
+	memcpy(msg + 1, parts, nparts * sizeof(*parts));
+	err = kvbc_ctl(c, KVB_MSG_VIEW_CREATE, msg, len, -1, &r);
+	free(msg);
+	if (err < 0)
+		goto out;
+	if (r.body_len < sizeof(id)) {
+		err = -EPROTO;
+		goto out_reply;
+	}
+	memcpy(&id, r.body, sizeof(id));
+	*view = id.id;
+	err = 0;
+out_reply:
+	kvbc_reply_free(&r);
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_view_destroy(kvb_client *c, uint32_t view)
+{
+	struct kvb_msg_id msg = {.id = view};
+	struct kvbc_reply r;
+	int err;
+
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	err = kvbc_ctl(c, KVB_MSG_VIEW_DESTROY, &msg, sizeof(msg), -1, &r);
+	if (err >= 0) {
+		kvbc_reply_free(&r);
+		err = 0;
+	}
+	kvbc_leave(c);
+	return err;
+}

@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: MIT
+/*
+ * conn.c - attaching to and detaching from the broker: kvb_connect(), kvb_close(),
+ * kvb_version(), and the entry checks every other public call goes through.
+ *
+ * kvb_connect() sends HELLO on a fresh SOCK_SEQPACKET socket and receives, with the reply, the
+ * region memfd, the two doorbell eventfds and one read-only fd per pool arena (wire.h). The
+ * region is mapped read-write and checked with kvb_region_check() before a single ring index is
+ * trusted; each arena is mapped PROT_READ, so a client can never write the pool. The region and
+ * arena fds are closed once mapped (the mappings keep the memory); the socket and eventfds stay
+ * open for the life of the client. Nothing the broker sent is used before it is validated, and
+ * every fd received is either kept or closed on every path.
+ *
+ * kvb_close() needs no goodbye message: closing the socket is the hang-up by which the broker
+ * reclaims this client's leases, buffers and views, exactly as when the process dies.
+ *
+ * Thread-safety: see internal.h; kvb_connect() builds the client before anyone else can see it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+unsigned kvb_version(void)
+{
+	return (KVB_VERSION_MAJOR << 16) | (KVB_VERSION_MINOR << 8) | KVB_VERSION_PATCH;
+}
+
+int kvbc_enter_ctl(struct kvb_client *c)
+{
+	if (!c)
+		return -EINVAL;
+	pthread_mutex_lock(&c->lock);
+	if (c->fatal) {
+		int err = c->fatal;
+
+		pthread_mutex_unlock(&c->lock);
+		return err;
+	}
+	return 0;
+}
+
+int kvbc_enter(struct kvb_client *c)
+{
+	int err = kvbc_enter_ctl(c);
+
+	if (err)
+		return err;
+	if (!c->region) {
+		/* A KVB_CONNECT_CONTROL client has no rings, buffers or namespaces. */
+		pthread_mutex_unlock(&c->lock);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/* Releases whatever part of a client exists; the inverse of kvb_connect() at any stage. */
+static void client_destroy(struct kvb_client *c)
+{
+	if (c->sock >= 0)
+		close(c->sock); /* first: the broker starts reclaiming while we unmap */
+	kvbc_buf_free_all(c);
+	kvbc_ring_teardown(c);
+	for (uint32_t i = 0; i < c->narenas; i++)
+		munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+	if (c->region)
+		munmap(c->region, c->region_size);
+	if (c->sq_efd >= 0)
+		close(c->sq_efd);
+	if (c->cq_efd >= 0)
+		close(c->cq_efd);
+	free(c->ns);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+void kvb_close(kvb_client *c)
+{
+	if (!c)
+		return;
+	/* Wait for a call another thread may still be inside (closing under it is its bug). */
+	pthread_mutex_lock(&c->lock);
+	pthread_mutex_unlock(&c->lock);
+	client_destroy(c);
+}
+
+static int check_opts(const struct kvb_opts *o, uint32_t *sq_entries)
+{
+	*sq_entries = KVB_SQ_DEFAULT;
+	if (!o)
+		return 0;
+	if (o->flags & ~KVB_CONNECT_CONTROL)
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(o->resv) / sizeof(o->resv[0]); i++)
+		if (o->resv[i])
+			return -EINVAL;
+	if (o->sq_entries) {
+		if (!kvb_is_pow2(o->sq_entries) || o->sq_entries > KVB_SQ_MAX)
+			return -EINVAL;
+		*sq_entries = o->sq_entries < KVB_SQ_MIN ? KVB_SQ_MIN : o->sq_entries;
+	}
+	return 0;
+}
+
+static int open_socket(const char *path, int *out)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t n = strlen(path);
+	int fd, err;
+
+	if (n == 0)
+		return -EINVAL;
+	if (n >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, n + 1);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return kvbc_errno();
+	while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (errno == EINTR)
+			continue;
+		err = kvbc_errno();
+		close(fd);
+		return err;
+	}
+	*out = fd;
+	return 0;
+}
+
+/* Maps an fd the broker sent, after checking that the file really holds size bytes. */
+static int map_fd(int fd, uint64_t size, int prot, void **addr)
+{
+	struct stat st;
+	void *p;
+
+	if (size == 0 || size > SIZE_MAX)
+		return -EPROTO;
+	if (fstat(fd, &st) < 0)
+		return kvbc_errno();
+	/* A short file would turn our first access past its end into SIGBUS. */
+	if (st.st_size < 0 || (uint64_t)st.st_size < size)
+		return -EPROTO;
+	p = mmap(NULL, (size_t)size, prot, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return kvbc_errno();
+	*addr = p;
+	return 0;
+}
+
+/* Takes the region, doorbells and arenas out of a HELLO reply (fds closed or kept in c). */
+static int attach_rings(struct kvb_client *c, const struct kvb_msg_hello_reply *hr,
+			struct kvbc_reply *r)
+{
+	struct kvb_region_hdr hdr;
+	void *p = NULL;
+	int err;
+
+	if (hr->narenas == 0 || hr->narenas > KVB_MAX_ARENAS || r->nfds != 3 + (int)hr->narenas)
+		return -EPROTO;
+	c->sq_efd = r->fds[1];
+	c->cq_efd = r->fds[2];
+	r->fds[1] = r->fds[2] = -1;
+
+	if (hr->region_size < sizeof(hdr))
+		return -EPROTO;
+	err = map_fd(r->fds[0], hr->region_size, PROT_READ | PROT_WRITE, &p);
+	if (err)
+		return err;
+	c->region = p;
+	c->region_size = (size_t)hr->region_size;
+	/* One private copy: the broker could rewrite the shared header after we checked it. */
+	memcpy(&hdr, c->region, sizeof(hdr));
+	err = kvb_region_check(&hdr, c->region_size);
+	if (err)
+		return err;
+	c->hdr = hdr;
+
+	for (uint32_t i = 0; i < hr->narenas; i++) {
+		err = map_fd(r->fds[3 + i], hr->arenas[i].size, PROT_READ, &p);
+		if (err)
+			return err;
+		c->arenas[i].map = p;
+		c->arenas[i].size = (size_t)hr->arenas[i].size;
+		c->narenas = i + 1;
+	}
+	return kvbc_ring_setup(c);
+}
+
+static uint64_t spin_ns_from_env(void)
+{
+	const char *s = getenv("KVB_CLIENT_SPIN_US");
+	char *end;
+	unsigned long long us;
+
+	if (!s || !*s)
+		return KVBC_SPIN_NS_DEFAULT;
+	errno = 0;
+	us = strtoull(s, &end, 10);
+	if (errno || *end || us > 1000000)
+		return KVBC_SPIN_NS_DEFAULT;
+	return us * 1000;
+}
+
+int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
+{
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	struct kvb_msg_hello hello = {.abi_major = KVB_ABI_MAJOR, .abi_minor = KVB_ABI_MINOR};
+	struct kvb_msg_hello_reply hr;
+	struct kvbc_reply r;
+	struct kvb_client *c;
+	const char *name;
+	uint32_t sq_entries;
+	int err;
+
+	if (!out)
+		return -EINVAL;
+	err = check_opts(opts, &sq_entries);
+	if (err)
+		return err;
+	if (opts && opts->socket_path) {
+		if (strlen(opts->socket_path) >= sizeof(path))
+			return -ENAMETOOLONG;
+		strcpy(path, opts->socket_path);
+	} else {
+		err = kvb_default_socket(path, sizeof(path));
+		if (err)
+			return err;
+	}
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->sock = c->sq_efd = c->cq_efd = -1;
+	c->flags = opts ? opts->flags : 0;
+	c->spin_ns = spin_ns_from_env();
+	err = pthread_mutex_init(&c->lock, NULL);
+	if (err) {
+		free(c);
+		return -err;
+	}
+	err = open_socket(path, &c->sock);
+	if (err)
+		goto err_destroy;
+
+	name = opts && opts->name ? opts->name : program_invocation_short_name;
+	memcpy(hello.name, name, strnlen(name, sizeof(hello.name) - 1));
+	if (c->flags & KVB_CONNECT_CONTROL)
+		hello.flags = KVB_HELLOF_CONTROL;
+	else
+		hello.sq_entries = sq_entries;
+	err = kvbc_ctl(c, KVB_MSG_HELLO, &hello, sizeof(hello), -1, &r);
+	if (err < 0)
+		goto err_destroy;
+	if (r.body_len < sizeof(hr)) {
+		err = -EPROTO;
+		goto err_reply;
+	}
+	memcpy(&hr, r.body, sizeof(hr));
+	if (hr.abi_major != KVB_ABI_MAJOR) {
+		err = -EPROTO;
+		goto err_reply;
+	}
+	c->client_id = hr.client_id;
+	if (c->flags & KVB_CONNECT_CONTROL)
+		err = r.nfds ? -EPROTO : 0;
+	else
+		err = attach_rings(c, &hr, &r);
+	if (err)
+		goto err_reply;
+	kvbc_reply_free(&r); /* closes the region and arena fds: the mappings remain */
+	*out = c;
+	return 0;
+
+err_reply:
+	kvbc_reply_free(&r);
+err_destroy:
+	client_destroy(c);
+	return err;
+}

@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+/*
+ * error.c - kvb_strerror(): what each errno means when this API returns it.
+ *
+ * The texts describe kvbroker's meaning of the code (-ENOSPC is "the pool is full of leased
+ * pages", not "no space left on device"), which is what an engine's log line needs. Static
+ * strings only: safe from any thread, no locale, no allocation.
+ */
+#include <errno.h>
+
+#include "kvbroker.h"
+
+const char *kvb_strerror(int err)
+{
+	if (err < 0)
+		err = -err;
+	switch (err) {
+	case 0:
+		return "success";
+	case EINVAL:
+		return "invalid argument (malformed request, length, flag or reserved field)";
+	case ENOENT:
+		return "not stored (or no broker socket at that path)";
+	case ENOSPC:
+		return "pool full: nothing can be evicted";
+	case EFAULT:
+		return "buffer range outside the registered buffer";
+	case EBADF:
+		return "unknown buffer, view, lease or namespace for this client";
+	case EDQUOT:
+		return "too many leases held by this client";
+	case ECONNRESET:
+		return "broker connection lost";
+	case ECONNREFUSED:
+		return "no broker listening on the socket";
+	case EACCES:
+		return "refused by the broker's credential check (or socket permissions)";
+	case EPERM:
+		return "operation not permitted";
+	case EPROTO:
+		return "protocol error (ABI version mismatch or malformed message from the broker)";
+	case EBADMSG:
+		return "page checksum mismatch";
+	case EIO:
+		return "I/O error in the broker's disk tier";
+	case ENOMEM:
+		return "out of memory";
+	case E2BIG:
+		return "page larger than the broker accepts";
+	case EMFILE:
+		return "too many namespaces, buffers or views";
+	case EUSERS:
+		return "too many clients attached to the broker";
+	case ENFILE:
+		return "too many open files in the system";
+	case ETIMEDOUT:
+		return "timed out";
+	case EOPNOTSUPP:
+		return "not supported (control-only client, or no GPU copy engine)";
+	case EBUSY:
+		return "resource busy (still in use by a view or an operation)";
+	case EEXIST:
+		return "already exists";
+	case EAGAIN:
+		return "try again (ring full)";
+	case EMSGSIZE:
+		return "message too large for the control socket";
+	case ENAMETOOLONG:
+		return "socket path too long";
+	case ENOTCONN:
+	case EPIPE:
+		return "not connected to the broker";
+	case ERANGE:
+		return "value out of range";
+	default:
+		return "unknown error";
+	}
+}

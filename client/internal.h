@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * internal.h - what the files of libkvbroker share: the client object and the kvbc_* helpers
+ * each file offers the others. Nothing here is exported (client/libkvbroker.map keeps only
+ * kvb_*), and the kvbc_ prefix keeps a static link from colliding with an engine's symbols.
+ *
+ * Locking: every public entry point takes kvb_client.lock for its whole duration, including
+ * while it waits for a completion or for a control reply, so calls on one client are serialized
+ * and everything below is touched by one thread at a time. The one exception is kvb_reap(),
+ * which drops the lock while it sleeps in poll() (and only then: it touches nothing of the
+ * client meanwhile), so that a completion thread blocked in kvb_reap() does not stall the
+ * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
+ * functions that take a client. Only kvb_key_chain(), kvb_version() and kvb_strerror() are
+ * lock-free (they touch no client). kvb_close() must not race with any other call.
+ *
+ * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
+ * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once.
+ */
+#ifndef KVB_CLIENT_INTERNAL_H
+#define KVB_CLIENT_INTERNAL_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbroker.h"
+#include "proto.h"
+#include "ring.h"
+#include "wire.h"
+
+/* How long a waiter spins on the CQ before it sleeps on the doorbell (see ring.c). */
+#define KVBC_SPIN_NS_DEFAULT 30000ull
+/* How long a control request waits for its reply. */
+#define KVBC_CTL_TIMEOUT_MS 30000
+
+/*
+ * In-flight operation slots. Every SQE carries a token (gen << 32 | index) in user_data
+ * instead of the caller's value, so a CQE maps back to its slot without a search and without
+ * ever confusing the library's own ops with the caller's. The slot keeps the caller's user_data
+ * and, for ACQUIRE, the namespace whose page_bytes becomes lease.len.
+ */
+enum kvbc_slot_kind {
+	KVBC_SLOT_FREE = 0,
+	KVBC_SLOT_SYNC,	   /* a synchronous call waits on it */
+	KVBC_SLOT_ASYNC,   /* kvb_submit(); delivered by kvb_reap() */
+	KVBC_SLOT_DISCARD, /* fire and forget (deferred RELEASE); dropped on completion */
+};
+
+struct kvbc_slot {
+	uint64_t user_data; /* ASYNC: the caller's */
+	struct kvb_cqe cqe; /* valid once done */
+	uint32_t gen;	    /* bumped on every reuse: a stale or forged token never matches */
+	uint32_t ns;	    /* ACQUIRE: namespace, for lease.len */
+	uint8_t kind;	    /* enum kvbc_slot_kind */
+	uint8_t opcode;
+	uint8_t done;
+};
+
+/* A namespace this client opened: what the library needs to size pages and views. */
+struct kvbc_ns {
+	uint32_t id;
+	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
+	uint64_t page_bytes;
+};
+
+/* A registered host buffer (memfd mapped read-write here, copied to/from by the broker). */
+struct kvbc_buf {
+	struct kvbc_buf *next;
+	void *addr;
+	size_t len; /* mapped and registered bytes */
+	uint32_t id;
+};
+
+struct kvbc_arena {
+	const void *map; /* PROT_READ, MAP_SHARED */
+	size_t size;
+};
+
+struct kvb_client {
+	pthread_mutex_t lock;
+	int sock;	/* control socket */
+	int sq_efd;	/* we write: wakes the broker */
+	int cq_efd;	/* the broker writes: wakes us */
+	int fatal;	/* 0, -ECONNRESET or -EPROTO: see the file comment */
+	uint32_t flags; /* KVB_CONNECT_* */
+	uint32_t seq;	/* last control request seq */
+	uint32_t client_id;
+	uint64_t spin_ns; /* CQ spin before sleeping */
+
+	/* Ring region (absent on a control-only client: region == NULL). */
+	void *region;
+	size_t region_size;
+	struct kvb_region_hdr hdr; /* private copy: the shared one is never re-read */
+	struct kvb_ring sq;	   /* we produce */
+	struct kvb_ring cq;	   /* we consume */
+	uint8_t *arg;		   /* argument area */
+	uint32_t arg_size;
+
+	struct kvbc_arena arenas[KVB_MAX_ARENAS];
+	uint32_t narenas;
+
+	/* Operation slots: nslots == cq_entries, so the CQ can never overflow. */
+	struct kvbc_slot *slots;
+	uint32_t *free_list; /* stack of free slot indices */
+	uint32_t nfree;
+	uint32_t nslots;
+	uint32_t nasync;     /* ASYNC slots in use (in flight or done, not yet reaped) */
+	uint32_t *doneq;     /* FIFO of done ASYNC slots, in completion order */
+	uint32_t doneq_head; /* free-running, masked by nslots - 1 (a power of two) */
+	uint32_t doneq_tail;
+	uint64_t bogus_cqes; /* CQEs whose token matched nothing (counted, ignored) */
+	uint32_t sleepers;   /* threads in poll() on the cq doorbell (ring.c: cq_sleep) */
+	int broker_waking;   /* we rang the sq doorbell and no CQE has come since (ring.c) */
+
+	struct kvbc_ns *ns;
+	uint32_t nns;
+	uint32_t ns_cap;
+
+	struct kvbc_buf *bufs;	 /* caller's buffers, most recently hit first */
+	struct kvbc_buf staging; /* library-owned; addr NULL until first needed */
+};
+
+/* conn.c / ctl.c: the control channel. */
+struct kvbc_reply {
+	void *msg;	  /* the whole datagram (malloc'd) */
+	const void *body; /* after kvb_msg_hdr + kvb_msg_reply */
+	size_t body_len;
+	int32_t res;
+	int nfds;
+	int fds[KVB_MAX_FDS]; /* set an entry to -1 to keep it from kvbc_reply_free() */
+};
+
+int kvbc_ctl(struct kvb_client *c, uint16_t type, const void *body, size_t body_len, int send_fd,
+	     struct kvbc_reply *r);
+void kvbc_reply_free(struct kvbc_reply *r);
+void kvbc_close_fds(const int *fds, int n);
+
+/* ring.c: slots, submission and completion. */
+int kvbc_ring_setup(struct kvb_client *c);
+void kvbc_ring_teardown(struct kvb_client *c);
+int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe);
+int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
+
+/* ops.c */
+const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
+
+/* buf.c */
+struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
+int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b);
+void kvbc_buf_free_all(struct kvb_client *c);
+int kvbc_staging_locked(struct kvb_client *c, size_t len);
+
+/* -errno of the call that just failed; never 0, so a failure can never read as success. */
+static inline int kvbc_errno(void)
+{
+	return errno > 0 ? -errno : -EIO;
+}
+
+/*
+ * Entry and exit of every public call that uses the rings: takes the lock and refuses
+ * control-only and broken clients. Returns 0 with the lock held, or a negative errno without.
+ */
+int kvbc_enter(struct kvb_client *c);
+int kvbc_enter_ctl(struct kvb_client *c);
+static inline void kvbc_leave(struct kvb_client *c)
+{
+	pthread_mutex_unlock(&c->lock);
+}
+
+#endif /* KVB_CLIENT_INTERNAL_H */

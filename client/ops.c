@@ -1,0 +1,442 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ops.c - the synchronous page operations: namespaces, PUT, GET, LOOKUP, DELETE,
+ * ACQUIRE/RELEASE, NOP and the page ops on views. Each builds one SQE (LOOKUP one per chunk of
+ * keys) and runs it to completion through kvbc_sync_locked() under the client lock.
+ *
+ * Data paths (docs/protocol.md, "Client library"):
+ *   - kvb_put(): src inside a buffer from kvb_buf_alloc_host() is copied by the broker straight
+ *     into the pool; any other src is first copied into the library's staging buffer, a
+ *     registered host buffer grown to the largest page put so far.
+ *   - kvb_get(): dst inside a registered host buffer is written by the broker; any other dst is
+ *     filled by ACQUIRE, one memcpy from the read-only pool mapping, and a RELEASE that is posted
+ *     without waiting for its completion (the broker runs SQEs in order, so the lease is gone
+ *     before the next op of this client runs, and a GET costs one round trip instead of two).
+ *   - kvb_lookup(): the keys go through the argument area of the ring region, in chunks sized so
+ *     that keys and tier bytes of one chunk fit; the argument area is used only here, and only
+ *     under the lock, so no two requests ever share it.
+ *
+ * The namespaces this client opened are remembered with their page size: every page op checks
+ * its length against it before anything is queued, and lease.len comes from it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
+{
+	/* A client opens one namespace per model it serves: a handful, so a scan beats a hash. */
+	for (uint32_t i = 0; i < c->nns; i++)
+		if (c->ns[i].id == ns)
+			return &c->ns[i];
+	return NULL;
+}
+
+static int ns_reserve(struct kvb_client *c)
+{
+	struct kvbc_ns *n;
+	uint32_t cap;
+
+	if (c->nns < c->ns_cap)
+		return 0;
+	cap = c->ns_cap ? 2 * c->ns_cap : 4;
+	n = realloc(c->ns, cap * sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	c->ns = n;
+	c->ns_cap = cap;
+	return 0;
+}
+
+int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes)
+{
+	struct kvb_msg_ns_reply rep;
+	struct kvbc_reply r;
+	uint64_t pb;
+	int err;
+
+	if (!l || !ns)
+		return -EINVAL;
+	/* The broker checks again; checking here spares a round trip and names the error. */
+	err = kvb_layout_check(l, &pb);
+	if (err)
+		return err;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	/* Room first: once the broker has answered, remembering the namespace must not fail. */
+	err = ns_reserve(c);
+	if (err)
+		goto out;
+	err = kvbc_ctl(c, KVB_MSG_NS_OPEN, l, sizeof(*l), -1, &r);
+	if (err < 0)
+		goto out;
+	if (r.body_len < sizeof(rep)) {
+		err = -EPROTO;
+		goto out_reply;
+	}
+	memcpy(&rep, r.body, sizeof(rep));
+	/* page_bytes is a pure function of the layout: a different answer is not our protocol. */
+	if (rep.page_bytes != pb) {
+		err = -EPROTO;
+		goto out_reply;
+	}
+	if (!kvbc_ns_find(c, rep.ns)) {
+		c->ns[c->nns++] = (struct kvbc_ns){
+			.id = rep.ns,
+			.nparts = kvb_layout_parts(l),
+			.page_bytes = pb,
+		};
+	}
+	*ns = rep.ns;
+	if (page_bytes)
+		*page_bytes = (size_t)pb;
+	err = 0;
+out_reply:
+	kvbc_reply_free(&r);
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+static void sqe_key(struct kvb_sqe *sqe, uint8_t opcode, uint32_t ns, const kvb_key *key)
+{
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = opcode;
+	sqe->ns = ns;
+	if (key)
+		memcpy(sqe->key, key->b, sizeof(sqe->key));
+}
+
+/* Takes the lock and finds the namespace; -EBADF when this client never opened it. */
+static int enter_ns(struct kvb_client *c, uint32_t ns, const struct kvbc_ns **out)
+{
+	int err = kvbc_enter(c);
+
+	if (err)
+		return err;
+	*out = kvbc_ns_find(c, ns);
+	if (!*out) {
+		kvbc_leave(c);
+		return -EBADF;
+	}
+	return 0;
+}
+
+/* Runs sqe; returns the CQE's res (and its flags in *flags), or the transport's error. */
+static int run(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t *flags)
+{
+	struct kvb_cqe cqe;
+	int err = kvbc_sync_locked(c, sqe, &cqe);
+
+	if (err)
+		return err;
+	if (flags)
+		*flags = cqe.flags;
+	return cqe.res;
+}
+
+static int put_result(int res, uint32_t flags)
+{
+	if (res < 0)
+		return res;
+	return (flags & KVB_CQEF_EXISTED) ? 1 : 0;
+}
+
+int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len)
+{
+	const struct kvbc_ns *n;
+	const struct kvbc_buf *b;
+	struct kvb_sqe sqe;
+	uint32_t flags = 0;
+	int err;
+
+	if (!src)
+		return -EINVAL;
+	err = enter_ns(c, ns, &n);
+	if (err)
+		return err;
+	if (len != n->page_bytes) {
+		err = -EINVAL;
+		goto out;
+	}
+	sqe_key(&sqe, KVB_OP_PUT, ns, &key);
+	b = kvbc_buf_find(c, src, len);
+	if (b) {
+		sqe.buf = b->id;
+		sqe.off = (uint64_t)((const char *)src - (const char *)b->addr);
+	} else {
+		err = kvbc_staging_locked(c, len);
+		if (err)
+			goto out;
+		memcpy(c->staging.addr, src, len);
+		sqe.buf = c->staging.id;
+		sqe.off = 0;
+	}
+	err = run(c, &sqe, &flags);
+	err = put_result(err, flags);
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+/* Posts the RELEASE of a lease we no longer need without waiting for it (see the file comment). */
+static void release_deferred(struct kvb_client *c, uint64_t lease)
+{
+	struct kvb_sqe sqe;
+
+	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
+	sqe.off = lease;
+	/* Fails only when the broker is gone, and then it has dropped the lease itself. */
+	(void)kvbc_post_discard_locked(c, &sqe);
+}
+
+/* ACQUIRE under the lock: returns 0 with *data and *lease, or a negative errno. */
+static int acquire_locked(struct kvb_client *c, const struct kvbc_ns *n, const kvb_key *key,
+			  const void **data, uint64_t *lease)
+{
+	struct kvb_sqe sqe;
+	struct kvb_cqe cqe;
+	int err;
+
+	sqe_key(&sqe, KVB_OP_ACQUIRE, n->id, key);
+	err = kvbc_sync_locked(c, &sqe, &cqe);
+	if (err)
+		return err;
+	if (cqe.res < 0)
+		return cqe.res;
+	err = kvbc_lease_map(c, cqe.loc, n->page_bytes, data);
+	if (err) {
+		release_deferred(c, cqe.lease);
+		return err;
+	}
+	*lease = cqe.lease;
+	return 0;
+}
+
+int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
+{
+	const struct kvbc_ns *n;
+	const struct kvbc_buf *b;
+	struct kvb_sqe sqe;
+	const void *data;
+	uint64_t lease;
+	int err;
+
+	if (!dst)
+		return -EINVAL;
+	err = enter_ns(c, ns, &n);
+	if (err)
+		return err;
+	if (len < n->page_bytes) {
+		err = -EINVAL;
+		goto out;
+	}
+	b = kvbc_buf_find(c, dst, n->page_bytes);
+	if (b) {
+		sqe_key(&sqe, KVB_OP_GET, ns, &key);
+		sqe.buf = b->id;
+		sqe.off = (uint64_t)((char *)dst - (char *)b->addr);
+		err = run(c, &sqe, NULL);
+		if (err >= 0 && (uint64_t)err != n->page_bytes)
+			err = -EPROTO;
+		goto out;
+	}
+	err = acquire_locked(c, n, &key, &data, &lease);
+	if (err)
+		goto out;
+	memcpy(dst, data, n->page_bytes);
+	release_deferred(c, lease);
+	err = (int)n->page_bytes;
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits,
+		     uint8_t *tiers)
+{
+	const struct kvbc_ns *nsr;
+	struct kvb_sqe sqe;
+	size_t per, total = 0;
+	int missed = 0, err;
+
+	if (n && !keys)
+		return -EINVAL;
+	err = enter_ns(c, ns, &nsr);
+	if (err)
+		return err;
+	/* Keys then tier bytes of one chunk side by side: 33 bytes a key (>= 124 keys in 4 KiB). */
+	per = c->arg_size / (sizeof(kvb_key) + 1);
+	if (n && !per) {
+		err = -EOPNOTSUPP; /* a broker started without an argument area */
+		goto out;
+	}
+	if (per > UINT32_MAX / sizeof(kvb_key))
+		per = UINT32_MAX / sizeof(kvb_key);
+	for (size_t done = 0; done < n;) {
+		uint32_t cnt = (uint32_t)(n - done < per ? n - done : per);
+		int res;
+
+		memcpy(c->arg, &keys[done], (size_t)cnt * sizeof(kvb_key));
+		sqe_key(&sqe, KVB_OP_LOOKUP, ns, NULL);
+		sqe.batch.arg_off = 0;
+		sqe.batch.count = cnt;
+		sqe.batch.out_off = cnt * (uint32_t)sizeof(kvb_key);
+		res = run(c, &sqe, NULL);
+		if (res < 0) {
+			err = res;
+			goto out;
+		}
+		if ((uint32_t)res > cnt) {
+			err = -EPROTO;
+			goto out;
+		}
+		if (tiers)
+			memcpy(&tiers[done], c->arg + sqe.batch.out_off, cnt);
+		if (!missed)
+			total += (size_t)res;
+		done += cnt;
+		if ((uint32_t)res < cnt) {
+			missed = 1;
+			/* The prefix has ended; only a caller who wants every tier needs the rest. */
+			if (!tiers)
+				break;
+		}
+	}
+	if (hits)
+		*hits = total;
+	err = 0;
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_lookup(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits)
+{
+	if (!hits)
+		return -EINVAL;
+	return kvb_lookup_tiers(c, ns, keys, n, hits, NULL);
+}
+
+int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key)
+{
+	const struct kvbc_ns *n;
+	struct kvb_sqe sqe;
+	int err;
+
+	err = enter_ns(c, ns, &n);
+	if (err)
+		return err;
+	sqe_key(&sqe, KVB_OP_DELETE, ns, &key);
+	err = run(c, &sqe, NULL);
+	if (err > 0)
+		err = 0;
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease)
+{
+	const struct kvbc_ns *n;
+	const void *data;
+	uint64_t id;
+	int err;
+
+	if (!lease)
+		return -EINVAL;
+	err = enter_ns(c, ns, &n);
+	if (err)
+		return err;
+	err = acquire_locked(c, n, &key, &data, &id);
+	if (!err) {
+		lease->data = data;
+		lease->len = (size_t)n->page_bytes;
+		lease->id = id;
+	}
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_release(kvb_client *c, struct kvb_lease *lease)
+{
+	struct kvb_sqe sqe;
+	int err;
+
+	if (!lease)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
+	sqe.off = lease->id;
+	err = run(c, &sqe, NULL);
+	if (err >= 0) {
+		/* The page may be evicted and its slot reused now: make a stale read fault loudly. */
+		lease->data = NULL;
+		lease->len = 0;
+		err = 0;
+	}
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_nop(kvb_client *c)
+{
+	struct kvb_sqe sqe;
+	int err;
+
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	sqe_key(&sqe, KVB_OP_NOP, 0, NULL);
+	err = run(c, &sqe, NULL);
+	if (err > 0)
+		err = 0;
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot)
+{
+	struct kvb_sqe sqe;
+	uint32_t flags = 0;
+	int err;
+
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	sqe_key(&sqe, KVB_OP_PUT, 0, &key);
+	sqe.flags = KVB_OPF_VIEW;
+	sqe.buf = view;
+	sqe.off = slot;
+	err = run(c, &sqe, &flags);
+	err = put_result(err, flags);
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
+		 uint32_t layer_count)
+{
+	struct kvb_sqe sqe;
+	int err;
+
+	/* The SQE carries 16-bit layer fields; KVB_MAX_VIEW_PARTS keeps real ranges far below. */
+	if (layer_first > UINT16_MAX || layer_count > UINT16_MAX)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	sqe_key(&sqe, KVB_OP_GET, 0, &key);
+	sqe.flags = KVB_OPF_VIEW;
+	sqe.buf = view;
+	sqe.off = slot;
+	sqe.layer_first = (uint16_t)layer_first;
+	sqe.layer_count = (uint16_t)layer_count;
+	err = run(c, &sqe, NULL);
+	kvbc_leave(c);
+	return err;
+}

@@ -1,0 +1,573 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ring.c - the client's half of the rings: posting SQEs, waiting for and demultiplexing CQEs,
+ * kvb_submit() and kvb_reap().
+ *
+ * Slots and tokens. Every op in flight owns a slot (internal.h). The SQE's user_data is the
+ * slot's token, gen << 32 | index, never the caller's value: a CQE finds its slot in O(1), a
+ * synchronous call can never be confused with an async op whatever user_data the caller picks,
+ * and a token from a recycled slot (gen moved on) or a forged one is counted and ignored. There
+ * are exactly cq_entries slots, so ops in flight plus completions not yet handed to the caller
+ * never exceed the CQ: the broker never finds the CQ full because of us, and nothing we were
+ * promised is ever dropped. Async ops may take all but one slot, so a synchronous call always
+ * finds one free once any deferred RELEASE (a DISCARD slot) has completed.
+ *
+ * Demultiplexing. Whoever drains the CQ completes every CQE it finds: SYNC slots are marked done
+ * for the call waiting on them, DISCARD slots are freed, ASYNC slots are appended to the done
+ * queue, which kvb_reap() hands out in completion order. So a synchronous call that runs while
+ * async ops are in flight stashes their completions, and kvb_reap() returns them later.
+ *
+ * Waiting (proto/ring.h, [W1]). A waiter spins on the CQ tail for spin_ns (30 us by default,
+ * KVB_CLIENT_SPIN_US overrides), because a sleeping wake-up costs ~10 us on these machines
+ * against ~0.5 us for a polled round trip. Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
+ * and poll()s the cq eventfd and the control socket together, so a broker that dies while we
+ * sleep is seen as a hang-up (-ECONNRESET) rather than an endless wait. The flag is ours (the
+ * client owns the cq flags word) and is cleared when the last sleeper wakes, so that a polling
+ * client does not make the broker write the eventfd for every CQE. Synchronous calls sleep with
+ * the lock held; kvb_reap() sleeps without it (internal.h), and whoever drains CQEs that a
+ * sleeping reaper waits for writes the cq eventfd itself to wake it.
+ *
+ * Posting. SQEs are written into the slots past our private tail and published with one
+ * store-release of the tail per batch [R1]; the sq eventfd is written only when the broker has
+ * set KVB_SQ_NEED_WAKEUP [W1]. When the SQ is full we drain the CQ (the broker frees SQ slots
+ * as it consumes them and every consumed SQE ends in a CQE) and try again.
+ *
+ * All functions here run with the client lock held; cq_sleep() drops it around its poll() when
+ * kvb_reap() asks it to, and touches nothing of the client while it does not hold it.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int set_fatal(struct kvb_client *c, int err)
+{
+	if (!c->fatal)
+		c->fatal = err;
+	return c->fatal;
+}
+
+static kvb_atomic_u32 *region_word(struct kvb_client *c, uint32_t off)
+{
+	return (kvb_atomic_u32 *)(void *)((char *)c->region + off);
+}
+
+int kvbc_ring_setup(struct kvb_client *c)
+{
+	const struct kvb_region_hdr *h = &c->hdr;
+
+	kvb_ring_init(&c->sq, region_word(c, h->sq_head_off), region_word(c, h->sq_tail_off),
+		      region_word(c, h->sq_flags_off), (char *)c->region + h->sqes_off,
+		      h->sq_entries, sizeof(struct kvb_sqe), 1);
+	kvb_ring_init(&c->cq, region_word(c, h->cq_head_off), region_word(c, h->cq_tail_off),
+		      region_word(c, h->cq_flags_off), (char *)c->region + h->cqes_off,
+		      h->cq_entries, sizeof(struct kvb_cqe), 0);
+	if (kvb_ring_space(&c->sq) < 0 || kvb_ring_avail(&c->cq) < 0)
+		return -EPROTO;
+	c->arg = (uint8_t *)c->region + h->arg_off;
+	c->arg_size = h->arg_size;
+
+	c->nslots = h->cq_entries; /* a power of two: the done queue masks with it */
+	c->slots = calloc(c->nslots, sizeof(*c->slots));
+	c->free_list = malloc(c->nslots * sizeof(*c->free_list));
+	c->doneq = malloc(c->nslots * sizeof(*c->doneq));
+	if (!c->slots || !c->free_list || !c->doneq)
+		return -ENOMEM; /* kvbc_ring_teardown() frees what was allocated */
+	for (uint32_t i = 0; i < c->nslots; i++)
+		c->free_list[i] = c->nslots - 1 - i;
+	c->nfree = c->nslots;
+	return 0;
+}
+
+void kvbc_ring_teardown(struct kvb_client *c)
+{
+	free(c->slots);
+	free(c->free_list);
+	free(c->doneq);
+	c->slots = NULL;
+	c->free_list = NULL;
+	c->doneq = NULL;
+	c->nslots = c->nfree = 0;
+}
+
+/* ---- slots ---- */
+
+static uint32_t slot_get(struct kvb_client *c, uint8_t kind, uint8_t opcode, uint32_t ns)
+{
+	uint32_t idx = c->free_list[--c->nfree];
+	struct kvbc_slot *s = &c->slots[idx];
+
+	s->gen++;
+	s->kind = kind;
+	s->opcode = opcode;
+	s->ns = ns;
+	s->done = 0;
+	if (kind == KVBC_SLOT_ASYNC)
+		c->nasync++;
+	return idx;
+}
+
+static void slot_put(struct kvb_client *c, uint32_t idx)
+{
+	struct kvbc_slot *s = &c->slots[idx];
+
+	if (s->kind == KVBC_SLOT_ASYNC)
+		c->nasync--;
+	s->kind = KVBC_SLOT_FREE;
+	c->free_list[c->nfree++] = idx;
+}
+
+static uint64_t slot_token(const struct kvb_client *c, uint32_t idx)
+{
+	return (uint64_t)c->slots[idx].gen << 32 | idx;
+}
+
+/* ---- completions ---- */
+
+/* Completes one CQE; returns 1 when it queued an async completion for kvb_reap(). */
+static int complete(struct kvb_client *c, const struct kvb_cqe *cqe)
+{
+	uint32_t idx = (uint32_t)cqe->user_data;
+	struct kvbc_slot *s;
+
+	if (idx >= c->nslots)
+		goto bogus;
+	s = &c->slots[idx];
+	if (s->kind == KVBC_SLOT_FREE || s->done || s->gen != (uint32_t)(cqe->user_data >> 32))
+		goto bogus;
+	s->cqe = *cqe;
+	switch (s->kind) {
+	case KVBC_SLOT_DISCARD:
+		slot_put(c, idx);
+		return 0;
+	case KVBC_SLOT_ASYNC:
+		/* At most nslots ASYNC slots exist, so the queue cannot overflow. */
+		c->doneq[c->doneq_tail++ & (c->nslots - 1)] = idx;
+		s->done = 1;
+		return 1;
+	default:
+		s->done = 1;
+		return 0;
+	}
+bogus:
+	/* Not ours (a broker bug): nothing waits on it, so count it and carry on. */
+	c->bogus_cqes++;
+	return 0;
+}
+
+/* Wakes reapers sleeping in kvb_reap(): the cq eventfd is ours to write as well. */
+static void wake_sleepers(struct kvb_client *c)
+{
+	uint64_t one = 1;
+
+	(void)!write(c->cq_efd, &one, sizeof(one));
+}
+
+/* Completes every CQE present. Returns how many, or a fatal -EPROTO for an impossible tail. */
+static int cq_drain(struct kvb_client *c)
+{
+	int64_t avail = kvb_ring_avail(&c->cq); /* [R1] acquire: the entries are readable */
+	struct kvb_cqe cqe;
+	int queued = 0;
+
+	if (avail < 0)
+		return set_fatal(c, -EPROTO);
+	for (uint32_t i = 0; i < (uint32_t)avail; i++) {
+		/* Copy out once: the slot is shared memory and is reused after consume. */
+		memcpy(&cqe, kvb_ring_cons_slot(&c->cq, i), sizeof(cqe));
+		queued |= complete(c, &cqe);
+	}
+	if (avail) {
+		/* [R2] release: the slots go back to the broker only after our reads. */
+		kvb_ring_consume(&c->cq, (uint32_t)avail);
+		c->broker_waking = 0;
+	}
+	/*
+	 * A reaper asleep without the lock waits for the broker's doorbell, which already rang
+	 * for these CQEs and was perhaps eaten by us: ring it again so the completions we queued
+	 * for it are not left waiting for its timeout.
+	 */
+	if (queued && c->sleepers)
+		wake_sleepers(c);
+	return (int)avail;
+}
+
+/*
+ * The control socket became readable or hung up while we slept. A reply to another thread's
+ * control call is read by that thread under the lock, so by the time we hold the lock what is
+ * left is EOF, a stray datagram, or nothing at all.
+ */
+static int check_socket(struct kvb_client *c, short revents)
+{
+	char b;
+	ssize_t n;
+
+	if (revents & (POLLHUP | POLLERR | POLLNVAL))
+		return set_fatal(c, -ECONNRESET);
+	n = recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0 || (n < 0 && errno == ECONNRESET))
+		return set_fatal(c, -ECONNRESET);
+	if (n > 0)
+		(void)recv(c->sock, &b, 1, MSG_DONTWAIT); /* drop it; the kernel closes its fds */
+	return 0;
+}
+
+/* Reads the cq eventfd's counter if it is set, so that the next poll() sleeps. */
+static void efd_drain(struct kvb_client *c)
+{
+	struct pollfd p = {.fd = c->cq_efd, .events = POLLIN};
+	uint64_t v;
+
+	/* Another waiter may have read it since our poll() returned: read only what is there. */
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN))
+		(void)!read(c->cq_efd, &v, sizeof(v));
+}
+
+static int cq_nonempty(const struct kvb_client *c)
+{
+	return kvb_load_acquire(c->cq.tail) != c->cq.local;
+}
+
+/*
+ * Spins on the CQ tail for spin_ns (or to the deadline); 1 when a CQE arrived. Not at all while
+ * the broker is waking up from our doorbell: that takes 10 us or more, and on a machine with
+ * two or four CPUs our spinning would take the very CPU the broker needs to wake on (measured:
+ * 25 us per op straight to sleep, 80-1000 us spinning 30 us, on a loaded 2-vCPU machine).
+ */
+static int cq_spin(const struct kvb_client *c, uint64_t deadline)
+{
+	uint64_t spin_end = now_ns() + c->spin_ns;
+
+	if (c->broker_waking)
+		return cq_nonempty(c);
+	if (deadline && spin_end > deadline)
+		spin_end = deadline;
+	for (uint32_t i = 1;; i++) {
+		if (cq_nonempty(c))
+			return 1;
+		kvb_cpu_relax();
+		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
+		if (!(i & 15) && now_ns() >= spin_end)
+			return 0;
+	}
+}
+
+/*
+ * One sleep on the cq doorbell and the control socket ([W1] of proto/ring.h). With unlock set
+ * the client lock is dropped for the poll() itself (kvb_reap(): a thread waiting for its
+ * completions must not stall the other threads' calls); synchronous calls keep it. The flag is
+ * cleared only when the last sleeper wakes, so a reaper asleep without the lock keeps receiving
+ * doorbells while another thread's call comes and goes. Returns 0 (go and drain), -ETIMEDOUT,
+ * or the fatal error when the broker is gone.
+ */
+static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
+{
+	struct pollfd pfd[2] = {
+		{.fd = c->cq_efd, .events = POLLIN},
+		{.fd = c->sock, .events = POLLIN},
+	};
+	int timeout = -1, rc, err = 0;
+
+	if (deadline) {
+		uint64_t now = now_ns();
+
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		timeout = (int)((deadline - now + 999999) / 1000000);
+	}
+	if (!kvb_ring_prepare_sleep(&c->cq, KVB_CQ_NEED_WAKEUP))
+		return 0; /* [W1] a CQE landed before the flag was seen */
+	c->sleepers++;
+	if (unlock)
+		pthread_mutex_unlock(&c->lock);
+	rc = poll(pfd, 2, timeout);
+	if (rc < 0 && errno != EINTR)
+		err = kvbc_errno();
+	if (unlock)
+		pthread_mutex_lock(&c->lock);
+	if (--c->sleepers == 0)
+		kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+	if (c->fatal)
+		return c->fatal; /* perhaps found by another thread while we slept */
+	if (err)
+		return err;
+	if (rc > 0 && pfd[1].revents) {
+		err = check_socket(c, pfd[1].revents);
+		if (err)
+			return err;
+	}
+	if (rc > 0 && (pfd[0].revents & POLLIN))
+		efd_drain(c);
+	return 0;
+}
+
+/* Waits, lock held, until the CQ may hold entries: spin, then sleep. No deadline. */
+static int cq_wait(struct kvb_client *c)
+{
+	if (cq_spin(c, 0))
+		return 0;
+	for (;;) {
+		int err = cq_sleep(c, 0, 0);
+
+		if (err)
+			return err;
+		if (cq_nonempty(c))
+			return 0;
+	}
+}
+
+/* Drains, or waits when there was nothing to drain: one step of every synchronous wait. */
+static int cq_step(struct kvb_client *c)
+{
+	int n = cq_drain(c);
+
+	if (n < 0)
+		return n;
+	return n ? 0 : cq_wait(c);
+}
+
+/* ---- submission ---- */
+
+static void sq_doorbell(struct kvb_client *c)
+{
+	uint64_t one = 1;
+	ssize_t n;
+
+	if (!kvb_ring_needs_wakeup(&c->sq, KVB_SQ_NEED_WAKEUP)) /* [W1] after the publish */
+		return;
+	do
+		n = write(c->sq_efd, &one, sizeof(one));
+	while (n < 0 && errno == EINTR);
+	c->broker_waking = 1;
+	/* EAGAIN means the counter is saturated: the broker has a wake-up pending anyway. */
+}
+
+/* Waits for a free slot and a free SQ entry (draining completions meanwhile). */
+static int reserve_one(struct kvb_client *c)
+{
+	for (;;) {
+		int64_t space = kvb_ring_space(&c->sq); /* [R2] acquire of the broker's head */
+		int err;
+
+		if (space < 0)
+			return set_fatal(c, -EPROTO);
+		if (space > 0 && c->nfree > 0)
+			return 0;
+		err = cq_step(c);
+		if (err)
+			return err;
+	}
+}
+
+static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind)
+{
+	uint32_t idx = slot_get(c, kind, sqe->opcode, sqe->ns);
+
+	sqe->user_data = slot_token(c, idx);
+	memcpy(kvb_ring_prod_slot(&c->sq, 0), sqe, sizeof(*sqe));
+	kvb_ring_publish(&c->sq, 1); /* [R1] release: the SQE is visible before the tail */
+	sq_doorbell(c);
+	return idx;
+}
+
+/*
+ * Runs one SQE to completion. Returns 0 with the CQE in *cqe (whose res may be negative), or a
+ * transport error (-ECONNRESET, -EPROTO) when no CQE will ever come.
+ */
+int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe)
+{
+	uint32_t idx;
+	int err;
+
+	err = reserve_one(c);
+	if (err)
+		return err;
+	idx = post_one(c, sqe, KVBC_SLOT_SYNC);
+	while (!c->slots[idx].done) {
+		err = cq_step(c);
+		if (err)
+			break;
+	}
+	if (!err)
+		*cqe = c->slots[idx].cqe;
+	slot_put(c, idx);
+	return err;
+}
+
+/* Posts an SQE whose completion nobody waits for (its result is dropped). */
+int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+{
+	int err = reserve_one(c);
+
+	if (err)
+		return err;
+	post_one(c, sqe, KVBC_SLOT_DISCARD);
+	return 0;
+}
+
+int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data)
+{
+	uint32_t arena = KVB_LOC_ARENA(loc);
+	uint64_t off = KVB_LOC_OFF(loc);
+	const struct kvbc_arena *a;
+
+	if (arena >= c->narenas)
+		return -EPROTO;
+	a = &c->arenas[arena];
+	if (off > a->size || len > a->size - off)
+		return -EPROTO;
+	*data = (const char *)a->map + off;
+	return 0;
+}
+
+static int op_to_sqe(const struct kvb_client *c, const struct kvb_op *op, struct kvb_sqe *sqe)
+{
+	if (op->opcode >= KVB_OP__COUNT || op->opcode == KVB_OP_LOOKUP)
+		return -EINVAL; /* LOOKUP needs the argument area: kvb_lookup() only */
+	if (op->flags & ~KVB_OPF_VIEW || op->resv)
+		return -EINVAL;
+	memset(sqe, 0, sizeof(*sqe));
+	sqe->opcode = (uint8_t)op->opcode;
+	sqe->flags = (uint8_t)op->flags;
+	sqe->ns = op->ns;
+	memcpy(sqe->key, op->key.b, sizeof(sqe->key));
+	sqe->buf = op->buf;
+	sqe->layer_first = op->layer_first;
+	sqe->layer_count = op->layer_count;
+	sqe->off = op->off;
+	/* The broker runs the same check; doing it here gives -EINVAL before anything is queued. */
+	return kvb_sqe_check(sqe, c->arg_size);
+}
+
+int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
+{
+	struct kvb_sqe sqe;
+	int64_t space;
+	size_t m;
+	int err;
+
+	if (n && !ops)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	/* Validate everything first: a batch is queued whole up to the room, or not at all. */
+	for (size_t i = 0; i < n; i++) {
+		err = op_to_sqe(c, &ops[i], &sqe);
+		if (err)
+			goto out;
+	}
+	space = kvb_ring_space(&c->sq);
+	if (space < 0) {
+		err = set_fatal(c, -EPROTO);
+		goto out;
+	}
+	m = n < (size_t)space ? n : (size_t)space;
+	/* All slots but one may be async; the last is kept for synchronous calls. */
+	if (m > c->nslots - 1 - c->nasync)
+		m = c->nslots - 1 - c->nasync;
+	if (m > c->nfree)
+		m = c->nfree;
+	for (size_t i = 0; i < m; i++) {
+		uint32_t idx;
+
+		op_to_sqe(c, &ops[i], &sqe);
+		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
+		c->slots[idx].user_data = ops[i].user_data;
+		sqe.user_data = slot_token(c, idx);
+		memcpy(kvb_ring_prod_slot(&c->sq, (uint32_t)i), &sqe, sizeof(sqe));
+	}
+	if (m) {
+		kvb_ring_publish(&c->sq, (uint32_t)m); /* [R1] one release for the whole batch */
+		sq_doorbell(c);
+	}
+	err = (int)m;
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *out)
+{
+	const struct kvbc_slot *s = &c->slots[idx];
+
+	memset(out, 0, sizeof(*out));
+	out->user_data = s->user_data;
+	out->res = s->cqe.res;
+	out->flags = s->cqe.flags;
+	if (s->opcode == KVB_OP_ACQUIRE && s->cqe.res >= 0) {
+		const struct kvbc_ns *ns = kvbc_ns_find(c, s->ns);
+		uint64_t len = ns ? ns->page_bytes : 0;
+		const void *data;
+
+		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
+			out->lease.data = data;
+			out->lease.len = (size_t)len;
+			out->lease.id = s->cqe.lease;
+		} else {
+			/* Outside our mapping: the lease is released when the client closes. */
+			out->res = -EPROTO;
+		}
+	}
+	slot_put(c, idx);
+}
+
+int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms)
+{
+	uint64_t deadline = 0;
+	uint32_t ready;
+	int spun = 0, err;
+
+	if ((max && !out) || min > max)
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	if (timeout_ms >= 0)
+		deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	for (;;) {
+		int n = cq_drain(c);
+
+		if (n < 0) {
+			err = n;
+			goto out;
+		}
+		ready = c->doneq_tail - c->doneq_head;
+		if (ready >= min)
+			break;
+		/*
+		 * Completions already taken stay queued, so a timeout loses nothing. Spin once
+		 * per call, with the lock: after a wake-up the CQEs were most likely another
+		 * thread's, and spinning again would only stall that thread.
+		 */
+		if (!spun) {
+			spun = 1;
+			if (cq_spin(c, deadline))
+				continue;
+		}
+		err = cq_sleep(c, deadline, 1);
+		if (err)
+			goto out;
+	}
+	if (ready > max)
+		ready = (uint32_t)max;
+	for (uint32_t i = 0; i < ready; i++)
+		deliver(c, c->doneq[c->doneq_head++ & (c->nslots - 1)], &out[i]);
+	err = (int)ready;
+out:
+	kvbc_leave(c);
+	return err;
+}
