@@ -60,7 +60,7 @@ CLIENT_SRC := $(wildcard client/*.c)
 BROKER_SRC := $(filter-out broker/main.c,$(wildcard broker/*.c))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 INTEG_SRC := $(wildcard tests/integ/t_*.c)
-HARNESS_SRC := tests/integ/harness.c
+HARNESS_SRC := $(filter-out tests/integ/t_%.c,$(wildcard tests/integ/*.c))
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
