@@ -77,6 +77,8 @@ PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO)
 
 .PHONY: all deps test unit integ demo bench asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
+# Keep every object: pattern chains would otherwise delete some as intermediates.
+.SECONDARY:
 
 all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS)
 
