@@ -19,6 +19,9 @@
 
 #define SESSION_MAX_BUFS 256
 #define SESSION_MAX_VIEWS 256
+#define SESSION_MAX_NS 64	  /* namespaces one client may open */
+#define SESSION_HELLO_TIMEOUT 5.0 /* seconds a connection may stay silent before HELLO */
+#define CONN_SPARE 64		  /* connections beyond --max-clients (kvbctl, handshakes) */
 
 struct config {
 	char socket_path[108];
@@ -30,6 +33,8 @@ struct config {
 	uint32_t max_clients;
 	uint32_t max_leases;
 	uint32_t arg_size;
+	uint64_t max_buf_bytes; /* host memory one client may register */
+	int prefault;
 	gid_t group;
 	int has_group;
 };
@@ -78,7 +83,9 @@ struct session {
 	struct sview *views[SESSION_MAX_VIEWS];
 	uint64_t *leases; /* lease ids held, with multiplicity */
 	uint32_t nleases, cap_leases;
+	uint64_t buf_bytes; /* registered host memory */
 	uint64_t ops;
+	double accepted_at;
 	int stalled; /* SQEs waiting, but its CQ is full: the client must reap first */
 	int dead;    /* destroyed, waiting in the graveyard until the epoll batch is done */
 };
@@ -97,6 +104,7 @@ struct broker {
 	uint32_t next_id;
 	uint64_t leases; /* leases held by all clients */
 	int listen_fd;
+	int spare_fd; /* kept open so that accept can refuse a peer when fds run out */
 	int epfd;
 	int sigfd;
 	double start_time;
@@ -112,6 +120,8 @@ struct broker {
 int session_accept(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 void session_reap(struct broker *b);
+/* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT. */
+void session_expire(struct broker *b, double now);
 int session_on_msg(struct broker *b, struct session *s);
 /* Consumes up to max SQEs; returns SQEs handled, or -1 when the session was destroyed. */
 int session_poll(struct broker *b, struct session *s, uint32_t max);

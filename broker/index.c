@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "index.h"
 #include "store.h"
@@ -16,6 +17,9 @@ int index_init(struct index *ix, uint64_t expected)
 
 	while (n < expected && n < (1ull << 32))
 		n <<= 1;
+	if (getrandom(ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
+		return -EIO;
+	ix->seed[5] |= 1; /* an odd multiplier keeps the namespace term a bijection */
 	ix->buckets = calloc(n, sizeof(*ix->buckets));
 	if (!ix->buckets)
 		return -ENOMEM;
@@ -32,7 +36,7 @@ void index_fini(struct index *ix)
 
 struct page *index_find(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
-	struct page *pg = ix->buckets[index_hash(ns, key) & ix->mask];
+	struct page *pg = ix->buckets[index_hash(ix, ns, key) & ix->mask];
 
 	for (; pg; pg = pg->hnext)
 		if (pg->ns == ns && !memcmp(pg->key.b, key->b, sizeof(key->b)))
@@ -51,7 +55,7 @@ static void index_grow(struct index *ix)
 		struct page *pg = ix->buckets[i], *next;
 
 		for (; pg; pg = next) {
-			uint64_t b = index_hash(pg->ns, &pg->key) & (n - 1);
+			uint64_t b = index_hash(ix, pg->ns, &pg->key) & (n - 1);
 
 			next = pg->hnext;
 			pg->hnext = nb[b];
@@ -69,7 +73,7 @@ void index_insert(struct index *ix, struct page *pg)
 
 	if (ix->count >= 2 * (ix->mask + 1))
 		index_grow(ix);
-	b = index_hash(pg->ns, &pg->key) & ix->mask;
+	b = index_hash(ix, pg->ns, &pg->key) & ix->mask;
 	pg->hnext = ix->buckets[b];
 	ix->buckets[b] = pg;
 	ix->count++;
@@ -77,7 +81,7 @@ void index_insert(struct index *ix, struct page *pg)
 
 void index_remove(struct index *ix, struct page *pg)
 {
-	struct page **pp = &ix->buckets[index_hash(pg->ns, &pg->key) & ix->mask];
+	struct page **pp = &ix->buckets[index_hash(ix, pg->ns, &pg->key) & ix->mask];
 
 	for (; *pp; pp = &(*pp)->hnext) {
 		if (*pp == pg) {

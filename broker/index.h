@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * index.h - hash table from (namespace, key) to page record. Chained through page->hnext;
- * the bucket array doubles when the load passes 2 (a full rehash: sized up front from the pool
- * so that it stays rare). Keys are SHA-256 outputs, so their first 8 bytes are already uniform;
- * the namespace is mixed in. Loop thread only.
+ * index.h - hash table from (namespace, key) to page record. Chained through page->hnext; the
+ * bucket array doubles when the load passes 2 (a full rehash: sized up front from the pool so
+ * that it stays rare).
+ *
+ * Keys come from clients, and nothing proves that a key is the SHA-256 of real tokens: a
+ * hostile client could choose keys that share a bucket and turn every lookup into a walk of one
+ * long chain on the loop thread. So the bucket hash is keyed with a secret drawn at start-up:
+ * pairwise multiply-add over the key's four 64-bit words (a universal hash family), which costs
+ * a few multiplications instead of a full SipHash on the LOOKUP hot path. Loop thread only.
  */
 #ifndef KVB_BROKER_INDEX_H
 #define KVB_BROKER_INDEX_H
@@ -18,17 +23,22 @@ struct index {
 	struct page **buckets;
 	uint64_t mask;
 	uint64_t count;
+	uint64_t seed[6]; /* secret, from getrandom() */
 };
 
 int index_init(struct index *ix, uint64_t expected);
 void index_fini(struct index *ix);
 
-static inline uint64_t index_hash(uint32_t ns, const kvb_key *key)
+static inline uint64_t index_hash(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
-	uint64_t h;
+	uint64_t w[4], h;
 
-	__builtin_memcpy(&h, key->b, sizeof(h));
-	return (h ^ ((uint64_t)ns * 0x9e3779b97f4a7c15ull));
+	__builtin_memcpy(w, key->b, sizeof(w));
+	h = (w[0] + ix->seed[0]) * (w[1] + ix->seed[1]) +
+	    (w[2] + ix->seed[2]) * (w[3] + ix->seed[3]) +
+	    ((uint64_t)ns + ix->seed[4]) * ix->seed[5];
+	/* The high half is the well-mixed one; buckets take the low bits. */
+	return (h >> 32) | (h << 32);
 }
 
 struct page *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);

@@ -147,7 +147,9 @@ int loop_run(struct broker *b)
 		n = epoll_wait(b->epfd, evs, 64, timeout);
 		if (sleeping) {
 			wake_all(b);
-			last = now_sec();
+			/* Only a real event restarts the poll window, not a nap's timeout. */
+			if (n > 0)
+				last = now_sec();
 		}
 		if (n < 0 && errno != EINTR) {
 			log_error("epoll_wait: %d", errno);
@@ -155,6 +157,8 @@ int loop_run(struct broker *b)
 		}
 		for (int i = 0; i < n; i++)
 			on_event(b, &evs[i]);
+		if (sleeping || !(round % (POLL_EPOLL_EVERY * 1024)))
+			session_expire(b, now_sec());
 		session_reap(b);
 		store_evict_watermark(&b->store, EVICT_BATCH);
 	}

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -35,7 +37,7 @@ static void usage(FILE *f)
 		"/run/kvbroker/kvbroker.sock)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
 		"                         64M..4G)\n"
-		"  --pool-name NAME       POSIX shm name of the pool (default derived from the "
+		"  --pool-name /NAME      POSIX shm name of the pool (default derived from the "
 		"socket)\n"
 		"  --slab SIZE            slab size; the largest page must fit (default\n"
 		"                         pool/32 clamped to 8M..64M)\n"
@@ -49,6 +51,9 @@ static void usage(FILE *f)
 		"  --max-clients N        attached clients (default 1024)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
+		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
+		"  --no-prefault          do not touch the pool at start-up (first PUTs then pay\n"
+		"                         the page faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
@@ -115,11 +120,16 @@ static int parse_u32(const char *s, uint32_t *out)
 	return 0;
 }
 
-static uint64_t default_pool(void)
+static uint64_t ram_bytes(void)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-	uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (1ull << 30);
-	uint64_t p = ram / 16;
+
+	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (1ull << 30);
+}
+
+static uint64_t default_pool(void)
+{
+	uint64_t p = ram_bytes() / 16;
 
 	if (p < (64ull << 20))
 		p = 64ull << 20;
@@ -153,7 +163,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_ARG,
 		O_GROUP,
 		O_LOG,
-		O_HELP
+		O_HELP,
+		O_MAXBUF,
+		O_NOPREFAULT
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -169,6 +181,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"group", required_argument, NULL, O_GROUP},
 		{"log-level", required_argument, NULL, O_LOG},
 		{"help", no_argument, NULL, O_HELP},
+		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
+		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -180,6 +194,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_clients = 1024;
 	c->max_leases = 65536;
 	c->arg_size = 1u << 20;
+	c->max_buf_bytes = ram_bytes();
+	c->prefault = 1;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -242,6 +258,13 @@ static int parse_args(int argc, char **argv, struct config *c)
 			c->has_group = 1;
 			break;
 		}
+		case O_MAXBUF:
+			if (parse_size(optarg, &c->max_buf_bytes))
+				goto bad;
+			break;
+		case O_NOPREFAULT:
+			c->prefault = 0;
+			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
 			if (lvl < 0)
@@ -356,6 +379,12 @@ int main(int argc, char **argv)
 	list_init(&b.graveyard);
 	b.listen_fd = b.epfd = b.sigfd = -1;
 	b.start_time = now_sec();
+	/*
+	 * Not dumpable: processes of our uid can then neither ptrace us nor reopen our fds through
+	 * /proc/<pid>/fd, which would hand them a writable pool.
+	 */
+	prctl(PR_SET_DUMPABLE, 0);
+	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	err = pool_open(&b.pool, b.cfg.pool_name, b.cfg.pool_bytes, 1);
 	if (err) {
@@ -363,6 +392,13 @@ int main(int argc, char **argv)
 			  (unsigned long long)b.cfg.pool_bytes, strerror(-err),
 			  err == -EBUSY ? ": another kvbrokerd owns it" : "");
 		return 1;
+	}
+	if (b.cfg.prefault) {
+		double t0 = now_sec();
+
+		pool_prefault(&b.pool);
+		log_info("pool: prefaulted %llu MiB in %.2f s",
+			 (unsigned long long)(b.pool.total >> 20), now_sec() - t0);
 	}
 	err = store_init(&b.store, &b.pool, b.cfg.slab_bytes, b.cfg.high_wm, b.cfg.low_wm);
 	if (err) {
@@ -411,6 +447,8 @@ out_store:
 		close(b.sigfd);
 	if (b.copy)
 		b.copy->destroy(b.copy);
+	if (b.spare_fd >= 0)
+		close(b.spare_fd);
 	ns_table_fini(&b.nst);
 	store_fini(&b.store);
 out_pool:

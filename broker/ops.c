@@ -28,7 +28,8 @@ static int segs_reserve(uint64_t n)
 
 	if (n <= segs_cap)
 		return 0;
-	if (n > (1u << 24))
+	/* 1M segments (24 MiB) covers 1,024 layers x 1,024 strided tokens. */
+	if (n > (1u << 20))
 		return -E2BIG;
 	ns = realloc(segs, n * sizeof(*segs));
 	if (!ns)

@@ -3,7 +3,10 @@
  * pool.c - arenas as named POSIX shared-memory objects.
  *
  * Lifecycle of an arena "/<name>.<i>":
- *   - open O_RDWR|O_CREAT, mode 0600, refuse objects owned by another uid;
+ *   - open O_RDWR|O_CREAT, refuse objects owned by another uid, then chmod 0400: the broker
+ *     keeps its read-write fd, while nobody (of our uid, unless root) can open the name for
+ *     writing any more. A restarted broker finds its orphan at 0400, so it opens it read-only
+ *     first to put the write bit back (it owns it);
  *   - flock(LOCK_EX|LOCK_NB): the lock lives as long as the broker process (the kernel drops it
  *     when the process dies, however it dies). Failing to get it means a live broker owns the
  *     arena: we refuse to run twice. Getting it on an object that already has a size means its
@@ -35,6 +38,18 @@ static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int
 	if (snprintf(a->name, sizeof(a->name), "%s", name) >= (int)sizeof(a->name))
 		return -ENAMETOOLONG;
 	fd = shm_open(a->name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EACCES) {
+		/* An orphan of ours at 0400: make it writable again, then open it. */
+		fd = shm_open(a->name, O_RDONLY | O_CLOEXEC, 0);
+		if (fd < 0 || fchmod(fd, 0600) < 0) {
+			err = -errno;
+			if (fd >= 0)
+				close(fd);
+			return err;
+		}
+		close(fd);
+		fd = shm_open(a->name, O_RDWR | O_CLOEXEC, 0);
+	}
 	if (fd < 0)
 		return -errno;
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -49,7 +64,7 @@ static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int
 		err = -EPERM;
 		goto err_close;
 	}
-	if (fchmod(fd, 0600) < 0) {
+	if (fchmod(fd, 0400) < 0) {
 		err = -errno;
 		goto err_close;
 	}
@@ -109,6 +124,19 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
 	if (err)
 		pool_close(p);
 	return err;
+}
+
+void pool_prefault(struct pool *p)
+{
+	for (uint32_t i = 0; i < p->narenas; i++) {
+		struct pool_arena *a = &p->arena[i];
+
+		/* One call where the kernel has it (5.14+), else a write per page. */
+		if (madvise(a->base, a->size, MADV_POPULATE_WRITE) == 0)
+			continue;
+		for (uint64_t off = 0; off < a->size; off += 4096)
+			((volatile uint8_t *)a->base)[off] = 0;
+	}
 }
 
 int pool_ro_fd(const struct pool *p, uint32_t i)

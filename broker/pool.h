@@ -31,6 +31,12 @@ struct pool {
  */
 int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas);
 
+/*
+ * Touches every page of every arena so that PUTs never pay first-touch faults (single thread per
+ * arena; parallel, NUMA-bound prefault is the NUMA issue's).
+ */
+void pool_prefault(struct pool *p);
+
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);
 

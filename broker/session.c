@@ -27,8 +27,10 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -70,9 +72,29 @@ int session_accept(struct broker *b)
 	int fd, err;
 
 	fd = accept4(b->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (fd < 0 && (errno == EMFILE || errno == ENFILE) && b->spare_fd >= 0) {
+		/*
+		 * Out of fds: the pending connection would keep the level-triggered listening
+		 * socket readable and the loop spinning. Use the spare fd to take it and close it.
+		 */
+		close(b->spare_fd);
+		fd = accept4(b->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd >= 0)
+			close(fd);
+		b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		log_warn("refused a connection: out of file descriptors");
+		b->ctr.refused++;
+		return fd >= 0 ? 1 : 0;
+	}
 	if (fd < 0)
 		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
 	/* Refused peers still count as progress for the caller's accept loop. */
+	if (b->nconns >= b->cfg.max_clients + CONN_SPARE) {
+		log_warn("refused a connection: %u connections open", b->nconns);
+		b->ctr.refused++;
+		close(fd);
+		return 1;
+	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || !peer_allowed(b, fd, &cr)) {
 		log_warn("refused connection from pid %d uid %d: not the broker's uid or group",
 			 (int)cr.pid, (int)cr.uid);
@@ -90,6 +112,7 @@ int session_accept(struct broker *b)
 	s->uid = cr.uid;
 	s->gid = cr.gid;
 	s->id = ++b->next_id;
+	s->accepted_at = now_sec();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	list_init(&s->link);
 	err = ep_add(b, fd, s, TAG_SOCK);
@@ -136,6 +159,20 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	/* Events for it may still sit in the current epoll batch: free after the batch. */
 	s->dead = 1;
 	list_add_tail(&b->graveyard, &s->link);
+}
+
+void session_expire(struct broker *b, double now)
+{
+	struct list *pos, *tmp;
+
+	list_for_each_safe (pos, tmp, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->hello_done && now - s->accepted_at > SESSION_HELLO_TIMEOUT) {
+			b->ctr.protocol_errors++;
+			session_destroy(b, s, "no HELLO in time");
+		}
+	}
 }
 
 void session_reap(struct broker *b)
@@ -307,6 +344,8 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
+		if (s->nns >= SESSION_MAX_NS)
+			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
 		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 		s->nns++;
 	}
@@ -317,18 +356,27 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
 }
 
-static int buf_reg(struct session *s, const struct kvb_msg_buf_reg *m, int fd, uint32_t *id)
+static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg *m, int fd,
+		   uint32_t *id)
 {
+	struct statfs sfs;
 	struct stat st;
 	void *p;
 	int seals;
 
 	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
 		return -EINVAL;
-	/* Only a memfd that can never shrink: no later truncation can make our copies fault. */
+	/*
+	 * Only a tmpfs memfd that can never shrink: no later truncation can make our copies
+	 * fault. (hugetlbfs memfds can have holes punched despite the seal: refused.)
+	 */
 	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0)
+	if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0 || fstatfs(fd, &sfs) < 0 ||
+	    sfs.f_type != TMPFS_MAGIC)
 		return -EINVAL;
+	/* Each client's registrations are bounded, so none can exhaust our address space. */
+	if (m->len > b->cfg.max_buf_bytes - s->buf_bytes)
+		return -ENOMEM;
 	if ((uint64_t)st.st_size < m->len)
 		return -EFAULT;
 	for (*id = 0; *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
@@ -340,6 +388,7 @@ static int buf_reg(struct session *s, const struct kvb_msg_buf_reg *m, int fd, u
 		return -errno;
 	s->bufs[*id].base = p;
 	s->bufs[*id].len = m->len;
+	s->buf_bytes += m->len;
 	return 0;
 }
 
@@ -432,7 +481,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		struct kvb_msg_buf_reg m;
 
 		memcpy(&m, body, sizeof(m));
-		err = buf_reg(s, &m, fd, &bid);
+		err = buf_reg(b, s, &m, fd, &bid);
 		id = (struct kvb_msg_id){bid, 0};
 		return err ? reply(s, h, err, NULL, 0, NULL, 0)
 			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
@@ -443,6 +492,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
 		/* Copies complete inside the op that issues them: nothing is in flight here. */
 		munmap(s->bufs[id.id].base, s->bufs[id.id].len);
+		s->buf_bytes -= s->bufs[id.id].len;
 		s->bufs[id.id] = (struct sbuf){0};
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_VIEW_CREATE:

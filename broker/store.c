@@ -20,14 +20,17 @@
  * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
  * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
  *
- * Victim choice (store_alloc): a free slot of the class, else a free slab, else evict the
- * globally coldest page; a page of our class hands us its slot, a page of another class may
- * empty its slab. After EVICT_BUDGET foreign evictions without a slot, the coldest page of our
- * own class goes. So a single class is exact LRU and mixed classes are LRU within a bounded
- * amount of work per allocation.
+ * Victim choice (store_alloc): a free slot of the class, else a free slab, else the globally
+ * coldest evictable page decides. If it is of our class it goes and hands us its slot. If it
+ * belongs to another class, its whole slab is reclaimed: every evictable page in it goes, and
+ * the slab, once empty, changes class (memcached's slab reassignment). A slab that still holds
+ * pinned pages cannot be emptied; after RECLAIM_TRIES such slabs the coldest page of our own
+ * class goes instead. So a single class is exact LRU, and memory moves between page sizes in
+ * LRU order of slabs, with bounded work per allocation (RECLAIM_TRIES slabs).
  *
- * Slot generations make lease ids capabilities: (gen << 32 | id) stops matching as soon as the
- * slot is freed. Loop thread only.
+ * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
+ * counter at each allocation and cleared at free, never names a page other than the one leased,
+ * even after its slab changed class. Loop thread only.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -36,7 +39,7 @@
 #include "log.h"
 #include "store.h"
 
-#define EVICT_BUDGET 64
+#define RECLAIM_TRIES 8
 
 static struct slab *slab_of(const struct store *s, const struct page *pg)
 {
@@ -112,7 +115,7 @@ int store_class_get(struct store *s, uint64_t page_bytes)
 		if (s->cls[i].slot_bytes == slot)
 			return (int)i;
 	if (s->ncls == STORE_MAX_CLASSES)
-		return -ENOSPC;
+		return -EMFILE;
 	struct store_class *c = &s->cls[s->ncls];
 
 	c->slot_bytes = slot;
@@ -201,7 +204,7 @@ static void slot_free(struct store *s, struct page *pg)
 		s->ns_pages[pg->ns]--;
 	pg->state = PAGE_FREE;
 	pg->unlinked = 0;
-	pg->gen++;
+	pg->gen = 0;
 	sl->free_stack[sl->nfree++] = slot_of(pg);
 	sl->used--;
 	if (sl->nfree == 1) /* was full: back on the partial list */
@@ -244,13 +247,26 @@ struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 	return index_find(&s->ix, ns, key);
 }
 
+/* Evicts every evictable page of a slab; the slab is freed when nothing pinned remains. */
+static void slab_reclaim(struct store *s, struct slab *sl)
+{
+	for (uint32_t i = 0; i < sl->nslots && sl->cls >= 0; i++)
+		if (list_linked(&sl->pages[i].lru))
+			evict(s, &sl->pages[i]);
+}
+
 int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct page **out)
 {
 	struct store_class *c = &s->cls[ci];
 	struct page *pg = slot_take(s, ci);
 
-	for (int budget = EVICT_BUDGET; !pg && budget > 0 && !list_empty(&s->lru); budget--) {
-		evict(s, list_entry(s->lru.prev, struct page, lru));
+	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(&s->lru); tries--) {
+		struct page *cold = list_entry(s->lru.prev, struct page, lru);
+
+		if (cold->cls == ci)
+			evict(s, cold);
+		else
+			slab_reclaim(s, slab_of(s, cold));
 		pg = slot_take(s, ci);
 	}
 	if (!pg && !list_empty(&c->lru)) {
@@ -261,6 +277,7 @@ int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct
 		return -ENOSPC;
 	pg->key = *key;
 	pg->ns = ns;
+	pg->gen = ++s->gen ? s->gen : ++s->gen; /* 0 is never a live generation */
 	pg->state = PAGE_WRITING;
 	pg->pins = 1;
 	pg->unlinked = 0;

@@ -28,7 +28,7 @@ struct page {
 	kvb_key key;
 	uint32_t ns;
 	uint32_t id;	  /* slab << STORE_SLOT_BITS | slot */
-	uint32_t gen;	  /* bumped each time the slot is freed: stale lease ids fail */
+	uint32_t gen;	  /* from store->gen at allocation, 0 when free: stale lease ids fail */
 	uint32_t pins;	  /* leases + in-flight copies; > 0 means not evictable */
 	uint8_t state;	  /* enum page_state */
 	uint8_t unlinked; /* dropped from the index while pinned: freed at the last unpin */
@@ -77,6 +77,7 @@ struct store {
 	uint32_t ncls;
 	struct list lru; /* every evictable page, coldest at the tail */
 	struct index ix;
+	uint32_t gen; /* last generation handed out */
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
 	uint64_t ns_pages[STORE_MAX_NS];
@@ -86,7 +87,7 @@ struct store {
 int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high, double low);
 void store_fini(struct store *s);
 
-/* The class of a page size (created on first use). -E2BIG above the slab size, -ENOSPC when
+/* The class of a page size (created on first use). -E2BIG above the slab size, -EMFILE when
  * every class slot is taken. */
 int store_class_get(struct store *s, uint64_t page_bytes);
 

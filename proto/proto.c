@@ -121,11 +121,20 @@ int kvb_msg_check(const void *buf, size_t len)
 	return 0;
 }
 
+/*
+ * A NUL-terminated, non-empty string with nothing but NULs after it: identity hashes the whole
+ * field, so garbage after the terminator would silently split one namespace into two.
+ */
 static int str_ok(const char *s, size_t max)
 {
 	size_t n = strnlen(s, max);
 
-	return n > 0 && n < max;
+	if (n == 0 || n == max)
+		return 0;
+	while (++n < max)
+		if (s[n])
+			return 0;
+	return 1;
 }
 
 uint32_t kvb_layout_parts(const struct kvb_layout *l)

@@ -64,11 +64,34 @@ static void test_index_grows(void **state)
 	free(p);
 }
 
+/* Regression (hash flooding): keys that agree in 24 of 32 bytes must still spread out. */
+static void test_index_hash_uses_every_byte(void **state)
+{
+	static uint8_t used[1024];
+	struct index ix;
+	uint32_t buckets = 0;
+
+	(void)state;
+	assert_int_equal(index_init(&ix, 1), 0);
+	for (uint64_t i = 0; i < 4096; i++) {
+		kvb_key k;
+
+		memset(k.b, 0x11, sizeof(k.b));
+		memcpy(k.b + 24, &i, sizeof(i));
+		used[index_hash(&ix, 7, &k) & ix.mask] = 1;
+	}
+	for (int i = 0; i < 1024; i++)
+		buckets += used[i];
+	assert_true(buckets > 900); /* ~1006 expected for a uniform hash */
+	index_fini(&ix);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_index_collisions_and_remove),
 		cmocka_unit_test(test_index_grows),
+		cmocka_unit_test(test_index_hash_uses_every_byte),
 	};
 
 	return cmocka_run_group_tests_name("index", tests, NULL, NULL);

@@ -206,6 +206,44 @@ static void test_store_classes_share_slabs(void **state)
 	assert_int_equal(f->st.st.bytes_used, 4 * MiB + 64 * 65536);
 }
 
+/* Regression: a pool full of small pages must still take a big page (a whole slab moves). */
+static void test_store_big_page_reclaims_a_slab(void **state)
+{
+	struct fx *f = *state;
+	int small = store_class_get(&f->st, 64 * 1024), big = store_class_get(&f->st, MiB);
+	kvb_key k;
+
+	for (uint32_t i = 0; i < 128; i++) /* 16 per slab: the whole pool */
+		assert_non_null(put(&f->st, small, 1, i));
+	assert_int_equal(f->st.st.slabs_free, 0);
+	assert_non_null(put(&f->st, big, 2, 5000));
+	/* The slab of the coldest page (pages 0..15) went, and nothing else. */
+	assert_int_equal(f->st.st.evictions, 16);
+	for (uint32_t i = 0; i < 128; i++) {
+		k = key_of(i);
+		if (i < 16)
+			assert_null(store_find(&f->st, 1, &k));
+		else
+			assert_non_null(store_find(&f->st, 1, &k));
+	}
+}
+
+/* Regression: lease ids must not repeat when a slab is freed and handed out again. */
+static void test_store_generation_survives_slab_reuse(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, MiB);
+	struct page *a = put(&f->st, cls, 1, 1), *b;
+	uint64_t la = store_lease_id(a);
+
+	for (uint32_t i = 2; i <= 8; i++) /* the other seven slabs */
+		assert_non_null(put(&f->st, cls, 1, 100 + i));
+	store_drop(&f->st, a);	    /* its slab is freed, the only free one */
+	b = put(&f->st, cls, 1, 2); /* and reused, same slot id */
+	assert_int_equal((uint32_t)store_lease_id(b), (uint32_t)la);
+	assert_int_not_equal(store_lease_id(b), la);
+}
+
 static void test_store_watermark(void **state)
 {
 	struct fx *f = *state;
@@ -245,6 +283,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_drop_pinned_and_generation, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_classes_share_slabs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_big_page_reclaims_a_slab, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_store_generation_survives_slab_reuse, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_refuses_second_owner, setup, teardown),
 	};
