@@ -37,8 +37,13 @@ static inline uint64_t index_hash(const struct index *ix, uint32_t ns, const kvb
 	h = (w[0] + ix->seed[0]) * (w[1] + ix->seed[1]) +
 	    (w[2] + ix->seed[2]) * (w[3] + ix->seed[3]) +
 	    ((uint64_t)ns + ix->seed[4]) * ix->seed[5];
-	/* The high half is the well-mixed one; buckets take the low bits. */
-	return (h >> 32) | (h << 32);
+	/*
+	 * Multiply-add hashing puts its entropy in the high bits and buckets take the low ones:
+	 * a murmur3-style finalizer (a bijection) folds the former into the latter.
+	 */
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	return h ^ (h >> 33);
 }
 
 struct page *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);
