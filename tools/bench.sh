@@ -204,10 +204,9 @@ read the ranges.
   into the client's registered memory. **get-user**: `kvb_get` into plain `malloc` memory - the
   library acquires the page, copies it from its read-only pool mapping and releases it.
   **acquire**: `kvb_acquire`, copy every byte of the page out to a private buffer, `kvb_release`.
-  **put**: `kvb_put` of new keys from a registered buffer (the pool is kept under its
-  high watermark by eviction while this runs). A PUT into pool memory never touched before
-  pays the page faults of that memory, so unless the broker prefaults its pool, the first
-  repetition's PUTs run several times slower: that is the low end of their ranges.
+  **put**: `kvb_put` of new keys from a registered buffer; once the pool is full each PUT
+  evicts the coldest page on demand, which is part of what is timed. The broker prefaults its
+  pool at start-up (`--no-prefault` turns that off), so PUTs never pay first-touch faults.
 - Reads walk a working set of at least 128 MiB of stored pages, pre-populated and checked
   resident before timing; destinations cycle through a buffer of the same size.
 - **nop**: `kvb_nop` round trip through the shared-memory rings, busy-polled.
