@@ -40,7 +40,8 @@ override LDFLAGS += -fsanitize=address,undefined
 endif
 ifeq ($(MODE),tsan)
 # gcc cannot instrument atomic_thread_fence and says so; the ring's fences are deliberate.
-override CFLAGS += -O1 -fsanitize=thread $(if $(findstring gcc,$(shell $(CC) --version 2>/dev/null | head -1)),-Wno-tsan)
+override CFLAGS += -O1 -fsanitize=thread \
+	$(shell $(CC) -Werror -Wno-tsan -E -x c /dev/null >/dev/null 2>&1 && echo -Wno-tsan)
 override LDFLAGS += -fsanitize=thread
 endif
 ifeq ($(MODE),debug)
