@@ -33,9 +33,11 @@ static int run(const char *args, char **out)
 	while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
 		len += n;
 		if (len == cap - 1) {
+			char *nb = realloc(buf, cap * 2);
+
+			CHECK(nb != NULL);
+			buf = nb;
 			cap *= 2;
-			buf = realloc(buf, cap);
-			CHECK(buf != NULL);
 		}
 	}
 	buf[len] = '\0';
