@@ -574,10 +574,14 @@ out:
 	return 0;
 }
 
+/* Page bytes one session may move per loop round before the next session's turn. */
+#define ROUND_BYTES (8u << 20)
+
 int session_poll(struct broker *b, struct session *s, uint32_t max)
 {
 	int64_t avail, space;
-	uint32_t n;
+	uint64_t moved;
+	uint32_t n, i;
 
 	if (!s->region)
 		return 0;
@@ -602,7 +606,8 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	s->stalled = !n;
 	if (n > max)
 		n = max;
-	for (uint32_t i = 0; i < n; i++) {
+	moved = b->ctr.bytes_in + b->ctr.bytes_out;
+	for (i = 0; i < n; i++) {
 		struct kvb_sqe sqe;
 		struct kvb_cqe cqe;
 
@@ -613,7 +618,13 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
 		ops_exec(b, s, &sqe, &cqe);
 		memcpy(kvb_ring_prod_slot(&s->cq, i), &cqe, sizeof(cqe));
+		/* Copies run on this thread: bound what one client moves per round. */
+		if (b->ctr.bytes_in + b->ctr.bytes_out - moved >= ROUND_BYTES) {
+			i++;
+			break;
+		}
 	}
+	n = i;
 	if (!n)
 		return 0;
 	kvb_ring_consume(&s->sq, n);
