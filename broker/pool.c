@@ -3,15 +3,14 @@
  * pool.c - arenas as named POSIX shared-memory objects.
  *
  * Lifecycle of an arena "/<name>.<i>":
- *   - open O_RDWR|O_CREAT, refuse objects owned by another uid, then chmod 0400: the broker
- *     keeps its read-write fd, while nobody (of our uid, unless root) can open the name for
- *     writing any more. A restarted broker finds its orphan at 0400, so it opens it read-only
- *     first to put the write bit back (it owns it);
+ *   - create O_RDWR|O_CREAT|O_EXCL, then chmod 0400: the broker keeps its read-write fd, while
+ *     nobody (of our uid, unless root) can open the name for writing any more;
  *   - flock(LOCK_EX|LOCK_NB): the lock lives as long as the broker process (the kernel drops it
- *     when the process dies, however it dies). Failing to get it means a live broker owns the
- *     arena: we refuse to run twice. Getting it on an object that already has a size means its
- *     owner crashed: the orphan is reclaimed (truncated to zero, which frees its memory, then
- *     sized again) instead of leaking. Re-adopting its pages is left to the warm-restart work;
+ *     when the process dies, however it dies). An existing object whose lock is held belongs to
+ *     a live broker: we refuse to run twice. One whose lock is free is the orphan of a broker
+ *     that died: it is unlinked (its memory goes with the last client mapping it) and a fresh
+ *     object is created O_EXCL, instead of leaking it. Re-adopting its pages is left to the
+ *     warm-restart work;
  *   - ftruncate to its size and map shared read-write;
  *   - on clean exit: unmap, shm_unlink, close.
  * Clients get a separate O_RDONLY open of the same object (pool_ro_fd), so their mapping can
@@ -30,53 +29,64 @@
 #include "log.h"
 #include "pool.h"
 
-static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int *reclaimed)
+/*
+ * Deals with an existing object of our arena's name: a live broker's (its flock is held:
+ * -EBUSY) or the orphan of one that died, which is unlinked - not truncated, because clients
+ * of the dead broker may still map it and read their leases until they detach; the kernel frees
+ * it with the last mapping. Returns 0 when the name is free again.
+ */
+static int orphan_reclaim(const char *name, int *reclaimed)
 {
 	struct stat st;
-	int fd, err;
+	int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0), err = 0;
+
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno; /* gone meanwhile */
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
+	else if (fstat(fd, &st) < 0)
+		err = -errno;
+	else if (st.st_uid != geteuid())
+		err = -EPERM;
+	if (!err) {
+		log_warn("pool: reclaiming orphaned arena %s (%lld bytes) left by a broker that "
+			 "died",
+			 name, (long long)st.st_size);
+		if (shm_unlink(name) < 0 && errno != ENOENT)
+			err = -errno;
+		(*reclaimed)++;
+	}
+	close(fd);
+	return err;
+}
+
+static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int *reclaimed)
+{
+	int fd = -1, err;
 
 	if (snprintf(a->name, sizeof(a->name), "%s", name) >= (int)sizeof(a->name))
 		return -ENAMETOOLONG;
-	fd = shm_open(a->name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-	if (fd < 0 && errno == EACCES) {
-		/* An orphan of ours at 0400: make it writable again, then open it. */
-		fd = shm_open(a->name, O_RDONLY | O_CLOEXEC, 0);
-		if (fd < 0 || fchmod(fd, 0600) < 0) {
-			err = -errno;
-			if (fd >= 0)
-				close(fd);
-			return err;
+	for (int tries = 0; fd < 0 && tries < 3; tries++) {
+		fd = shm_open(a->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST)
+			return -errno;
+		if (fd < 0) {
+			err = orphan_reclaim(a->name, reclaimed);
+			if (err)
+				return err;
 		}
-		close(fd);
-		fd = shm_open(a->name, O_RDWR | O_CLOEXEC, 0);
 	}
 	if (fd < 0)
-		return -errno;
+		return -EBUSY; /* another broker keeps recreating it */
 	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		/* Another broker starting at this very moment took it: it is theirs now. */
 		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
 		goto err_close;
 	}
-	if (fstat(fd, &st) < 0) {
-		err = -errno;
-		goto err_close;
-	}
-	if (st.st_uid != geteuid()) {
-		err = -EPERM;
-		goto err_close;
-	}
+	/* Our read-write fd stays valid; nobody can open the name for writing any more. */
 	if (fchmod(fd, 0400) < 0) {
 		err = -errno;
-		goto err_close;
-	}
-	if (st.st_size > 0) {
-		log_warn("pool: reclaiming orphaned arena %s (%lld bytes) left by a broker that "
-			 "died",
-			 a->name, (long long)st.st_size);
-		if (ftruncate(fd, 0) < 0) {
-			err = -errno;
-			goto err_close;
-		}
-		(*reclaimed)++;
+		goto err_unlink;
 	}
 	if (ftruncate(fd, (off_t)size) < 0) {
 		err = -errno;

@@ -288,22 +288,32 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 			return -ETIMEDOUT;
 		timeout = (int)((deadline - now + 999999) / 1000000);
 	}
-	if (!kvb_ring_prepare_sleep(&c->cq, KVB_CQ_NEED_WAKEUP))
-		return 0; /* [W1] a CQE landed before the flag was seen */
+	/*
+	 * The sleep half of [W1], spelled out rather than kvb_ring_prepare_sleep(): when a CQE
+	 * already landed we must not clear the flag while another thread sleeps on it (it would
+	 * miss the broker's doorbell for every later CQE).
+	 */
+	kvb_flag_set(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+	kvb_fence_full();
+	if (kvb_load_acquire(c->cq.tail) != c->cq.local) {
+		if (!c->sleepers)
+			kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+		return 0;
+	}
 	c->sleepers++;
 	if (unlock)
 		pthread_mutex_unlock(&c->lock);
+	/*
+	 * A failed poll (EINTR, a transient ENOMEM) is a spurious wake-up: every caller re-checks
+	 * the CQ and its deadline, and giving up here would abandon an op still in flight.
+	 */
 	rc = poll(pfd, 2, timeout);
-	if (rc < 0 && errno != EINTR)
-		err = kvbc_errno();
 	if (unlock)
 		pthread_mutex_lock(&c->lock);
 	if (--c->sleepers == 0)
 		kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP);
 	if (c->fatal)
 		return c->fatal; /* perhaps found by another thread while we slept */
-	if (err)
-		return err;
 	if (rc > 0 && pfd[1].revents) {
 		err = check_socket(c, pfd[1].revents);
 		if (err)
@@ -566,6 +576,12 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 		ready = (uint32_t)max;
 	for (uint32_t i = 0; i < ready; i++)
 		deliver(c, c->doneq[c->doneq_head++ & (c->nslots - 1)], &out[i]);
+	/*
+	 * Our wake-up may have drained the doorbell other reapers sleep on: hand it on when we
+	 * leave completions behind.
+	 */
+	if (c->doneq_tail != c->doneq_head && c->sleepers)
+		wake_sleepers(c);
 	err = (int)ready;
 out:
 	kvbc_leave(c);

@@ -409,6 +409,10 @@ struct harness_broker *harness_broker_startv(const char *const *args)
 	CHECKF(mkdtemp(tmpdir), "mkdtemp %s: %s", tmpdir, strerror(errno));
 	snprintf(b->dir, sizeof(b->dir), "%s", tmpdir);
 	snprintf(b->sock, sizeof(b->sock), "%s/sock", tmpdir);
+	/* "--socket PATH" among the arguments: a broker on an existing socket (a restart). */
+	for (const char *const *a = args; *a; a++)
+		if (!strcmp(*a, "--socket") && a[1])
+			snprintf(b->sock, sizeof(b->sock), "%s", a[1]);
 	if (h_logdir[0])
 		snprintf(b->log, sizeof(b->log), "%s/%s.broker%s%.0d.log", h_logdir, h_name,
 			 h_nbrokers ? "-" : "", h_nbrokers);
@@ -418,7 +422,7 @@ struct harness_broker *harness_broker_startv(const char *const *args)
 
 	argv[argc++] = path;
 	argv[argc++] = "--socket";
-	argv[argc++] = b->sock;
+	argv[argc++] = b->sock; /* the same as a --socket among args, which comes later */
 	for (const char *const *a = args; *a; a++) {
 		CHECKF(argc < 60, "too many broker arguments");
 		if (!strncmp(*a, "--pool", 6) && ((*a)[6] == 0 || (*a)[6] == '='))

@@ -113,7 +113,9 @@ struct harness_broker {
  * waits up to 5 s until kvb_connect() succeeds. Fails the test when the broker exits or is not
  * ready in time. The broker gets SIGTERM if the test process dies. The harness owns the
  * returned struct (it outlives main() for the exit-time clean-up).
- * Call as harness_broker_start("--pool", "64M"), with at least one argument; the array is
+ * A "--socket PATH" among the arguments starts it on that socket instead (to restart a broker on
+ * the socket of one that died). Call as harness_broker_start("--pool", "64M"), with at least
+ * one argument; the array is
  * NULL-terminated by the macro (a NULL sentinel passed through "..." is not portable C).
  */
 struct harness_broker *harness_broker_startv(const char *const *args);
