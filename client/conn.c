@@ -76,6 +76,7 @@ static void client_destroy(struct kvb_client *c)
 	if (c->cq_efd >= 0)
 		close(c->cq_efd);
 	free(c->ns);
+	pthread_cond_destroy(&c->reaped);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -207,6 +208,21 @@ static uint64_t spin_ns_from_env(void)
 	return us * 1000;
 }
 
+/* The reapers' condition variable runs on CLOCK_MONOTONIC, like every deadline here. */
+static int cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t a;
+	int err = pthread_condattr_init(&a);
+
+	if (err)
+		return err;
+	err = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	if (!err)
+		err = pthread_cond_init(cv, &a);
+	pthread_condattr_destroy(&a);
+	return err;
+}
+
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -241,6 +257,12 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	c->spin_ns = spin_ns_from_env();
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
+		free(c);
+		return -err;
+	}
+	err = cond_init(&c->reaped);
+	if (err) {
+		pthread_mutex_destroy(&c->lock);
 		free(c);
 		return -err;
 	}

@@ -109,9 +109,12 @@ struct kvb_client {
 	uint32_t *doneq;     /* FIFO of done ASYNC slots, in completion order */
 	uint32_t doneq_head; /* free-running, masked by nslots - 1 (a power of two) */
 	uint32_t doneq_tail;
-	uint64_t bogus_cqes; /* CQEs whose token matched nothing (counted, ignored) */
-	uint32_t sleepers;   /* threads in poll() on the cq doorbell (ring.c: cq_sleep) */
-	int broker_waking;   /* we rang the sq doorbell and no CQE has come since (ring.c) */
+	uint64_t bogus_cqes;   /* CQEs whose token matched nothing (counted, ignored) */
+	uint32_t sleepers;     /* threads in poll() on the cq doorbell (ring.c: cq_sleep) */
+	int poller;	       /* a kvb_reap() thread is in poll() without the lock */
+	int kick_poller;       /* its wake-up was taken by another thread: ring again at leave */
+	pthread_cond_t reaped; /* other reapers wait here for the poller or a drain */
+	int broker_waking;     /* we rang the sq doorbell and no CQE has come since (ring.c) */
 
 	struct kvbc_ns *ns;
 	uint32_t nns;
@@ -164,8 +167,12 @@ static inline int kvbc_errno(void)
  */
 int kvbc_enter(struct kvb_client *c);
 int kvbc_enter_ctl(struct kvb_client *c);
+/* Unlocks; first wakes the poller if this call took a wake-up meant for it (ring.c). */
+void kvbc_kick_poller(struct kvb_client *c);
 static inline void kvbc_leave(struct kvb_client *c)
 {
+	if (c->kick_poller)
+		kvbc_kick_poller(c);
 	pthread_mutex_unlock(&c->lock);
 }
 

@@ -55,8 +55,10 @@ static uint64_t now_ns(void)
 
 static int set_fatal(struct kvb_client *c, int err)
 {
-	if (!c->fatal)
+	if (!c->fatal) {
 		c->fatal = err;
+		pthread_cond_broadcast(&c->reaped); /* waiting reapers must see it */
+	}
 	return c->fatal;
 }
 
@@ -196,12 +198,14 @@ static int cq_drain(struct kvb_client *c)
 		c->broker_waking = 0;
 	}
 	/*
-	 * A reaper asleep without the lock waits for the broker's doorbell, which already rang
-	 * for these CQEs and was perhaps eaten by us: ring it again so the completions we queued
-	 * for it are not left waiting for its timeout.
+	 * Reapers wait for completions we may just have queued: those on the condition variable
+	 * are told directly; the one asleep in poll() waits for the broker's doorbell, which
+	 * already rang for these CQEs and was perhaps eaten by us, so ring it again.
 	 */
-	if (queued && c->sleepers)
-		wake_sleepers(c);
+	if (queued) {
+		pthread_cond_broadcast(&c->reaped);
+		c->kick_poller |= c->poller;
+	}
 	return (int)avail;
 }
 
@@ -319,8 +323,15 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 		if (err)
 			return err;
 	}
-	if (rc > 0 && (pfd[0].revents & POLLIN))
+	if (rc > 0 && (pfd[0].revents & POLLIN)) {
 		efd_drain(c);
+		/*
+		 * A synchronous waiter (it sleeps holding the lock) shares the doorbell with the
+		 * poller and may just have eaten the poller's wake-up: ring it again once we
+		 * leave, when the poller can take the lock.
+		 */
+		c->kick_poller |= !unlock && c->poller;
+	}
 	return 0;
 }
 
@@ -535,6 +546,48 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 	slot_put(c, idx);
 }
 
+/*
+ * One reaper at a time sleeps in poll() on the doorbell (the poller), without the lock; the
+ * others wait on the condition variable, which every drain that queues completions and every
+ * poller that wakes broadcasts. A shared eventfd cannot wake several sleepers reliably: the
+ * first to wake drains the counter and the others sleep on.
+ */
+void kvbc_kick_poller(struct kvb_client *c)
+{
+	c->kick_poller = 0;
+	if (c->poller)
+		wake_sleepers(c);
+}
+
+static int reap_wait(struct kvb_client *c, uint64_t deadline)
+{
+	int err;
+
+	if (!c->poller) {
+		c->poller = 1;
+		c->kick_poller = 0; /* that would be us */
+		err = cq_sleep(c, deadline, 1);
+		c->poller = 0;
+		pthread_cond_broadcast(&c->reaped); /* someone else may poll now */
+		return err;
+	}
+	if (c->kick_poller)
+		kvbc_kick_poller(c);
+	if (!deadline) {
+		err = pthread_cond_wait(&c->reaped, &c->lock);
+	} else {
+		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+				      .tv_nsec = (long)(deadline % 1000000000ull)};
+
+		if (now_ns() >= deadline)
+			return -ETIMEDOUT;
+		err = pthread_cond_timedwait(&c->reaped, &c->lock, &ts);
+	}
+	if (c->fatal)
+		return c->fatal;
+	return err && err != ETIMEDOUT ? -err : 0; /* the caller re-checks its deadline */
+}
+
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms)
 {
 	uint64_t deadline = 0;
@@ -568,7 +621,7 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 			if (cq_spin(c, deadline))
 				continue;
 		}
-		err = cq_sleep(c, deadline, 1);
+		err = reap_wait(c, deadline);
 		if (err)
 			goto out;
 	}
@@ -576,12 +629,9 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 		ready = (uint32_t)max;
 	for (uint32_t i = 0; i < ready; i++)
 		deliver(c, c->doneq[c->doneq_head++ & (c->nslots - 1)], &out[i]);
-	/*
-	 * Our wake-up may have drained the doorbell other reapers sleep on: hand it on when we
-	 * leave completions behind.
-	 */
-	if (c->doneq_tail != c->doneq_head && c->sleepers)
-		wake_sleepers(c);
+	/* Completions left behind may be what another reaper waits for. */
+	if (c->doneq_tail != c->doneq_head)
+		pthread_cond_broadcast(&c->reaped);
 	err = (int)ready;
 out:
 	kvbc_leave(c);
