@@ -52,8 +52,8 @@ static void usage(FILE *f)
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
-		"  --no-prefault          do not touch the pool at start-up (first PUTs then pay\n"
-		"                         the page faults)\n"
+		"  --no-prefault          do not map the pool's pages at start-up (its memory is\n"
+		"                         reserved either way; first PUTs then pay minor faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
@@ -390,7 +390,9 @@ int main(int argc, char **argv)
 	if (err) {
 		log_error("pool %s (%llu bytes): %s%s", b.cfg.pool_name,
 			  (unsigned long long)b.cfg.pool_bytes, strerror(-err),
-			  err == -EBUSY ? ": another kvbrokerd owns it" : "");
+			  err == -EBUSY	   ? ": another kvbrokerd owns it"
+			  : err == -ENOSPC ? ": /dev/shm cannot hold the pool (see df /dev/shm)"
+					   : "");
 		return 1;
 	}
 	if (b.cfg.prefault) {

@@ -88,7 +88,12 @@ static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int
 		err = -errno;
 		goto err_unlink;
 	}
-	if (ftruncate(fd, (off_t)size) < 0) {
+	/*
+	 * Reserve the memory now: a tmpfs (/dev/shm) too small for a sparse object would let us
+	 * start and then SIGBUS on the first PUT it cannot back. fallocate fails cleanly instead.
+	 * (With NUMA placement, the memory policy must be set before this point.)
+	 */
+	if (ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
 		err = -errno;
 		goto err_unlink;
 	}
@@ -141,7 +146,10 @@ void pool_prefault(struct pool *p)
 	for (uint32_t i = 0; i < p->narenas; i++) {
 		struct pool_arena *a = &p->arena[i];
 
-		/* One call where the kernel has it (5.14+), else a write per page. */
+		/*
+		 * The memory is reserved (fallocate): this only builds the page tables. One call
+		 * where the kernel has it (5.14+), else a write per page, which cannot fault.
+		 */
 		if (madvise(a->base, a->size, MADV_POPULATE_WRITE) == 0)
 			continue;
 		for (uint64_t off = 0; off < a->size; off += 4096)

@@ -32,8 +32,9 @@ struct pool {
 int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas);
 
 /*
- * Touches every page of every arena so that PUTs never pay first-touch faults (single thread per
- * arena; parallel, NUMA-bound prefault is the NUMA issue's).
+ * Maps every page of every arena so that PUTs never pay first-touch faults (the memory itself
+ * is reserved by pool_open). Single thread per arena; parallel, NUMA-bound prefault is the
+ * NUMA issue's.
  */
 void pool_prefault(struct pool *p);
 
