@@ -66,7 +66,7 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 
 int session_accept(struct broker *b)
 {
-	struct ucred cr;
+	struct ucred cr = {0};
 	socklen_t len = sizeof(cr);
 	struct session *s;
 	int fd, err;
