@@ -224,14 +224,22 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 }
 
 /* A READY page of (ns, key), counted as a hit or a miss. */
-static struct page *find_ready(struct broker *b, struct ns *n, const uint8_t key[32])
+/* The READY page of (ns, key bytes), or NULL; the key is copied once (it may be shared memory). */
+static struct page *page_ready(struct broker *b, const struct ns *n, const uint8_t *key)
 {
-	kvb_key k;
 	struct page *pg;
+	kvb_key k;
 
 	memcpy(k.b, key, sizeof(k.b));
 	pg = store_find(&b->store, n->id, &k);
-	if (!pg || pg->state != PAGE_READY) {
+	return pg && pg->state == PAGE_READY ? pg : NULL;
+}
+
+static struct page *find_ready(struct broker *b, struct ns *n, const uint8_t key[32])
+{
+	struct page *pg = page_ready(b, n, key);
+
+	if (!pg) {
 		b->ctr.misses++;
 		n->c.misses++;
 		return NULL;
@@ -388,16 +396,14 @@ static void op_delete(struct broker *b, struct session *s, const struct kvb_sqe 
 {
 	struct ns *n = session_ns(b, s, sqe->ns);
 	struct page *pg;
-	kvb_key key;
 
 	b->ctr.deletes++;
 	if (!n) {
 		cqe->res = -EBADF;
 		return;
 	}
-	memcpy(key.b, sqe->key, sizeof(key.b));
-	pg = store_find(&b->store, n->id, &key);
-	if (!pg || pg->state != PAGE_READY) {
+	pg = page_ready(b, n, sqe->key);
+	if (!pg) {
 		cqe->res = -ENOENT;
 		return;
 	}
@@ -408,8 +414,6 @@ static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sq
 			struct kvb_cqe *cqe)
 {
 	struct ns *n = session_ns(b, s, sqe->ns);
-	struct page *pg;
-	kvb_key key;
 
 	b->ctr.prefetches++;
 	if (!n) {
@@ -417,9 +421,7 @@ static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sq
 		return;
 	}
 	/* RAM is the only tier so far: a stored page is already where a prefetch would put it. */
-	memcpy(key.b, sqe->key, sizeof(key.b));
-	pg = store_find(&b->store, n->id, &key);
-	cqe->res = pg && pg->state == PAGE_READY ? 0 : -ENOENT;
+	cqe->res = page_ready(b, n, sqe->key) ? 0 : -ENOENT;
 }
 
 static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
@@ -438,13 +440,7 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 	}
 	b->ctr.lookup_keys += count;
 	for (uint32_t i = 0; i < count; i++) {
-		struct page *pg;
-		kvb_key k;
-
-		/* One copy out of shared memory: the client may rewrite it meanwhile. */
-		memcpy(k.b, keys + (uint64_t)i * sizeof(k), sizeof(k));
-		pg = store_find(&b->store, n->id, &k);
-		if (pg && pg->state == PAGE_READY) {
+		if (page_ready(b, n, keys + (uint64_t)i * sizeof(kvb_key))) {
 			tiers[i] = KVB_TIER_RAM;
 			lead += leading;
 		} else {

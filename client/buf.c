@@ -71,11 +71,9 @@ int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b)
 	err = kvbc_ctl(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), fd, &r);
 	if (err < 0)
 		goto err_unmap;
-	if (r.body_len < sizeof(id)) {
-		err = -EPROTO;
+	err = kvbc_reply_body(&r, &id, sizeof(id));
+	if (err)
 		goto err_reply;
-	}
-	memcpy(&id, r.body, sizeof(id));
 	kvbc_reply_free(&r);
 	close(fd);
 	b->addr = p;
@@ -275,11 +273,9 @@ int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *part
 	free(msg);
 	if (err < 0)
 		goto out;
-	if (r.body_len < sizeof(id)) {
-		err = -EPROTO;
+	err = kvbc_reply_body(&r, &id, sizeof(id));
+	if (err)
 		goto out_reply;
-	}
-	memcpy(&id, r.body, sizeof(id));
 	*view = id.id;
 	err = 0;
 out_reply:

@@ -279,11 +279,9 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	err = kvbc_ctl(c, KVB_MSG_HELLO, &hello, sizeof(hello), -1, &r);
 	if (err < 0)
 		goto err_destroy;
-	if (r.body_len < sizeof(hr)) {
-		err = -EPROTO;
+	err = kvbc_reply_body(&r, &hr, sizeof(hr));
+	if (err)
 		goto err_reply;
-	}
-	memcpy(&hr, r.body, sizeof(hr));
 	if (hr.abi_major != KVB_ABI_MAJOR) {
 		err = -EPROTO;
 		goto err_reply;

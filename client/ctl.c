@@ -35,6 +35,14 @@ void kvbc_close_fds(const int *fds, int n)
 			close(fds[i]);
 }
 
+int kvbc_reply_body(const struct kvbc_reply *r, void *dst, size_t len)
+{
+	if (r->body_len < len)
+		return -EPROTO;
+	memcpy(dst, r->body, len);
+	return 0;
+}
+
 void kvbc_reply_free(struct kvbc_reply *r)
 {
 	kvbc_close_fds(r->fds, r->nfds);

@@ -137,6 +137,8 @@ struct kvbc_reply {
 int kvbc_ctl(struct kvb_client *c, uint16_t type, const void *body, size_t body_len, int send_fd,
 	     struct kvbc_reply *r);
 void kvbc_reply_free(struct kvbc_reply *r);
+/* Copies the first len bytes of a reply body into dst; -EPROTO when the body is shorter. */
+int kvbc_reply_body(const struct kvbc_reply *r, void *dst, size_t len);
 void kvbc_close_fds(const int *fds, int n);
 
 /* ring.c: slots, submission and completion. */

@@ -73,11 +73,9 @@ int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t 
 	err = kvbc_ctl(c, KVB_MSG_NS_OPEN, l, sizeof(*l), -1, &r);
 	if (err < 0)
 		goto out;
-	if (r.body_len < sizeof(rep)) {
-		err = -EPROTO;
+	err = kvbc_reply_body(&r, &rep, sizeof(rep));
+	if (err)
 		goto out_reply;
-	}
-	memcpy(&rep, r.body, sizeof(rep));
 	/* page_bytes is a pure function of the layout: a different answer is not our protocol. */
 	if (rep.page_bytes != pb) {
 		err = -EPROTO;
