@@ -44,7 +44,7 @@ const char *kvb_strerror(int err)
 	case EIO:
 		return "I/O error in the broker's disk tier";
 	case ENOMEM:
-		return "out of memory";
+		return "out of memory (or over the broker's --max-buf-bytes)";
 	case E2BIG:
 		return "page larger than the broker accepts";
 	case EMFILE:
