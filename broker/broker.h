@@ -86,8 +86,9 @@ struct session {
 	uint64_t buf_bytes; /* registered host memory */
 	uint64_t ops;
 	double accepted_at;
-	int stalled; /* SQEs waiting, but its CQ is full: the client must reap first */
-	int dead;    /* destroyed, waiting in the graveyard until the epoll batch is done */
+	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
+	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
+	int dead;	   /* destroyed, waiting in the graveyard until the epoll batch is done */
 };
 
 struct broker {
@@ -126,8 +127,21 @@ int session_on_msg(struct broker *b, struct session *s);
 /* Consumes up to max SQEs; returns SQEs handled, or -1 when the session was destroyed. */
 int session_poll(struct broker *b, struct session *s, uint32_t max);
 
-/* ops.c: executes one validated-shape SQE copied out of the ring. */
-void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
+/*
+ * Completes an op that ops_exec deferred: posts its CQE into the slot reserved for it. On a
+ * dead session the CQE is dropped; the session is freed (its buffers unmapped) only after its
+ * last in-flight op completed. Every deferred op must end here exactly once.
+ */
+void session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe);
+
+/*
+ * ops.c: executes one SQE copied out of the ring. Returns OPS_DONE with *cqe filled, or
+ * OPS_DEFERRED when the op continues asynchronously (a disk read, a copy on another engine)
+ * and will end with session_complete(); until then it may use the session's buffers and views
+ * but must not start new work for a session that died meanwhile (s->dead).
+ */
+enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
+int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
 /* Drops every lease a session holds (client gone). */
 void ops_release_all(struct broker *b, struct session *s);
 

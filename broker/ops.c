@@ -451,7 +451,7 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 	cqe->res = (int32_t)lead;
 }
 
-void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
+int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
 	memset(cqe, 0, sizeof(*cqe));
 	cqe->user_data = sqe->user_data;
@@ -488,4 +488,5 @@ void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, st
 out:
 	if (cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
+	return OPS_DONE;
 }

@@ -133,13 +133,9 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	ops_release_all(b, s);
-	for (uint32_t i = 0; i < SESSION_MAX_BUFS; i++)
-		if (s->bufs[i].base)
-			munmap(s->bufs[i].base, s->bufs[i].len);
-	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
-		free(s->views[i]);
 	if (s->region)
 		munmap(s->region, s->region_size);
+	s->region = NULL;
 	if (s->sq_efd >= 0) {
 		/*
 		 * The client holds a dup of this eventfd, so closing ours would not take it out of
@@ -156,9 +152,35 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		b->nsessions--;
 	b->nconns--;
 	b->ctr.disconnects++;
-	/* Events for it may still sit in the current epoll batch: free after the batch. */
+	/*
+	 * Events for it may still sit in the current epoll batch: free after the batch. Ops in
+	 * flight may still be copying to or from its buffers: those stay mapped until the last
+	 * one completed (session_complete), so a dead client's memory is never touched after
+	 * it was unmapped and never unmapped under a copy.
+	 */
 	s->dead = 1;
 	list_add_tail(&b->graveyard, &s->link);
+}
+
+/* The last of a dead session: what in-flight ops may still have been using. */
+static void session_free(struct session *s)
+{
+	for (uint32_t i = 0; i < SESSION_MAX_BUFS; i++)
+		if (s->bufs[i].base)
+			munmap(s->bufs[i].base, s->bufs[i].len);
+	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
+		free(s->views[i]);
+	free(s);
+}
+
+/* Wakes a client sleeping on its CQ (ring.h NEED_WAKEUP protocol). */
+static void cq_doorbell(struct session *s)
+{
+	uint64_t one = 1;
+
+	if (kvb_ring_needs_wakeup(&s->cq, KVB_CQ_NEED_WAKEUP) &&
+	    write(s->cq_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("client %u: cq doorbell: %s", s->id, strerror(errno));
 }
 
 void session_expire(struct broker *b, double now)
@@ -180,9 +202,25 @@ void session_reap(struct broker *b)
 	struct list *pos, *tmp;
 
 	list_for_each_safe (pos, tmp, &b->graveyard) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->inflight)
+			continue;
 		list_del(pos);
-		free(list_entry(pos, struct session, link));
+		session_free(s);
 	}
+}
+
+void session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe)
+{
+	s->inflight--;
+	if (s->dead)
+		return; /* its ring is gone; session_reap frees it once nothing is in flight */
+	/* session_poll reserved this CQ slot when it consumed the SQE. */
+	memcpy(kvb_ring_prod_slot(&s->cq, 0), cqe, sizeof(*cqe));
+	kvb_ring_publish(&s->cq, 1);
+	cq_doorbell(s);
+	(void)b;
 }
 
 /* Sends a reply datagram with optional body and fds. */
@@ -581,7 +619,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 {
 	int64_t avail, space;
 	uint64_t moved;
-	uint32_t n, i;
+	uint32_t n, i, posted = 0;
 
 	if (!s->region)
 		return 0;
@@ -601,8 +639,12 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		session_destroy(b, s, "impossible completion-queue head");
 		return -1;
 	}
-	/* Back-pressure: an SQE is consumed only when its CQE has a place to go. */
-	n = (uint32_t)(avail < space ? avail : space);
+	/*
+	 * Back-pressure: an SQE is consumed only when its CQE has a place to go, counting the
+	 * places already promised to ops in flight, so a late completion always finds its slot.
+	 */
+	space -= s->inflight;
+	n = (uint32_t)(space <= 0 ? 0 : avail < space ? avail : space);
 	s->stalled = !n;
 	if (n > max)
 		n = max;
@@ -616,24 +658,22 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		 * is built privately too: the client can scribble on its slot at any time.
 		 */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
-		ops_exec(b, s, &sqe, &cqe);
-		memcpy(kvb_ring_prod_slot(&s->cq, i), &cqe, sizeof(cqe));
+		if (ops_exec(b, s, &sqe, &cqe) == OPS_DEFERRED)
+			s->inflight++;
+		else
+			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
 		/* Copies run on this thread: bound what one client moves per round. */
 		if (b->ctr.bytes_in + b->ctr.bytes_out - moved >= ROUND_BYTES) {
 			i++;
 			break;
 		}
 	}
-	n = i;
-	if (!n)
+	if (!i)
 		return 0;
-	kvb_ring_consume(&s->sq, n);
-	kvb_ring_publish(&s->cq, n);
-	if (kvb_ring_needs_wakeup(&s->cq, KVB_CQ_NEED_WAKEUP)) {
-		uint64_t one = 1;
-
-		if (write(s->cq_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-			log_warn("client %u: cq doorbell: %s", s->id, strerror(errno));
+	kvb_ring_consume(&s->sq, i);
+	if (posted) {
+		kvb_ring_publish(&s->cq, posted);
+		cq_doorbell(s);
 	}
-	return (int)n;
+	return (int)i;
 }
