@@ -326,7 +326,7 @@ static void test_ring_wakeup_flag(void **state)
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define STRESS_MIN 10000u
 #else
-#define STRESS_MIN 1000000u
+#define STRESS_MIN 100000u /* a loaded 2-vCPU machine still moves 0.5 M/s */
 #endif
 
 struct stress {
