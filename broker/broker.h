@@ -12,7 +12,7 @@
 #include "copy.h"
 #include "list.h"
 #include "ns.h"
-#include "numa.h"
+#include "numa_topo.h"
 #include "pool.h"
 #include "ring.h"
 #include "store.h"

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * parse.h - command-line value parsers shared by main.c and the --numa list (numa.c).
+ * parse.h - command-line value parsers shared by main.c and the --numa list (numa_topo.c).
  */
 #ifndef KVB_BROKER_PARSE_H
 #define KVB_BROKER_PARSE_H

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "hugepage.h"
-#include "numa.h"
+#include "numa_topo.h"
 #include "wire.h"
 
 struct pool_arena {
@@ -27,7 +27,7 @@ struct pool_arena {
 struct pool_cfg {
 	const char *name;      /* memfd name prefix; arenas are "<name>.<i>" */
 	uint64_t size;	       /* bytes in all (replaced by sizes in a sized --numa list) */
-	const char *numa;      /* --numa: auto, off, interleave or a node list (numa.h) */
+	const char *numa;      /* --numa: auto, off, interleave or a node list (numa_topo.h) */
 	enum hp_mode hugepage; /* --hugepages */
 	int prefault;	       /* build the page tables at start-up (pool_prefault) */
 };
@@ -50,7 +50,7 @@ struct pool {
 };
 
 /*
- * Creates the arenas of cfg: plan (numa.h), then per arena memfd, size, map, mbind, backing
+ * Creates the arenas of cfg: plan (numa_topo.h), then per arena memfd, size, map, mbind, backing
  * (hugepage.h), reserve (fallocate, when not prefaulting) and seal. Times the reserve phase.
  * -EINVAL/-ENODEV/-E2BIG for a bad --numa (numa_plan_make), else a negative errno
  * (-ENOMEM, -ENOSPC: the memory is not there).

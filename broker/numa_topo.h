@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * numa.h - the machine's NUMA topology as the pool sees it: which nodes have memory, how the
+ * numa_topo.h - the machine's NUMA topology as the pool sees it: which nodes have memory, how the
  * pool is split into one arena per node (--numa), which arena is nearest to a client, and
- * binding threads and memory to a node. See numa.c.
+ * binding threads and memory to a node. See numa_topo.c. (Not "numa.h": that is libnuma's.)
  *
  * libnuma's own functions are numa_* too; ours are numa_topo_*, numa_plan_*, numa_order,
  * numa_bind_thread, numa_bind_memory and numa_pci_node, none of which libnuma defines.
  */
-#ifndef KVB_BROKER_NUMA_H
-#define KVB_BROKER_NUMA_H
+#ifndef KVB_BROKER_NUMA_TOPO_H
+#define KVB_BROKER_NUMA_TOPO_H
 
 #include <stdint.h>
 
@@ -82,4 +82,4 @@ int numa_pci_node(const char *sysfs, const char *busid);
 /* Number of CPUs of node (all online CPUs for node < 0 or without NUMA support), at least 1. */
 uint32_t numa_node_cpus(int node);
 
-#endif /* KVB_BROKER_NUMA_H */
+#endif /* KVB_BROKER_NUMA_TOPO_H */

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * numa.c - NUMA topology, arena plan, nearest-arena order and node binding, over libnuma.
+ * numa_topo.c - NUMA topology, arena plan, nearest-arena order and node binding, over libnuma.
  *
  * The pool has one arena per NUMA node with memory (--numa auto), each bound to its node with
  * mbind before its first touch, so a page's node is known from its arena. A client declares the
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "numa.h"
+#include "numa_topo.h"
 #include "parse.h"
 
 void numa_topo_probe(struct numa_topo *t)
