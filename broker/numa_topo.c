@@ -143,6 +143,7 @@ int numa_plan_make(const struct numa_topo *t, const char *spec, uint64_t pool, u
 	if (!strcmp(spec, "interleave")) {
 		if (!t->n)
 			return -ENODEV;
+		p->strict = 1;
 		p->n = 1;
 		/* Interleaving over one node is binding to it. */
 		p->node[0] = t->n == 1 ? t->node[0] : -1;
@@ -161,6 +162,7 @@ int numa_plan_make(const struct numa_topo *t, const char *spec, uint64_t pool, u
 		memset(p, 0, sizeof(*p));
 		return err;
 	}
+	p->strict = 1;
 	if (p->size[0]) {
 		for (uint32_t i = 0; i < p->n; i++)
 			p->size[i] = align_up(p->size[i], align);

@@ -32,6 +32,7 @@ struct numa_plan {
 	int node[NUMA_NODES_MAX];      /* node an arena is bound to; -1: not bound */
 	uint64_t size[NUMA_NODES_MAX]; /* bytes, multiples of align */
 	int interleave;		       /* one arena interleaved over every node of the topology */
+	int strict; /* asked for by name (a list, interleave): binding must work */
 };
 
 /*

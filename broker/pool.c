@@ -83,7 +83,7 @@ err_close:
 }
 
 /* Steps 1-4 of the file comment: a mapped, bound arena on the best backing available. */
-static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode)
+static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, int strict)
 {
 	uint64_t sizes[2];
 	int n = hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes), err;
@@ -108,8 +108,15 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode)
 		a->backing = HP_BACK_PAGES;
 	}
 	err = numa_bind_memory(a->base, a->size, a->node, p->interleave, &p->topo);
-	if (err)
+	if (err && strict)
 		return err;
+	if (err) {
+		/* --numa auto where mbind is not allowed (a container's seccomp filter): run
+		 * unbound rather than not at all. */
+		log_warn("pool: %s: cannot bind to node %d (%s): memory left unbound", a->name,
+			 a->node, strerror(-err));
+		a->node = -1;
+	}
 	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && hugepage_thp_shmem() &&
 	    madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
 		a->page_size = HP_2M;
@@ -140,7 +147,7 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 			err = -ENAMETOOLONG;
 			break;
 		}
-		err = arena_back(p, a, mode);
+		err = arena_back(p, a, mode, plan->strict);
 		if (!err && reserve && a->backing != HP_BACK_HUGETLB &&
 		    fallocate(a->fd, 0, 0, (off_t)a->size) < 0)
 			err = -errno;

@@ -45,6 +45,7 @@ struct mbind_call {
 };
 static struct mbind_call mbinds[16];
 static int nmbinds;
+static int mbind_errno; /* mbind fails with this when set (a seccomp filter) */
 static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long ran_on; /* nodes numa_run_on_node was called for, a mask */
 
@@ -106,6 +107,10 @@ long __wrap_mbind(void *start, unsigned long len, int mode, const unsigned long 
 	(void)start;
 	(void)maxnode;
 	(void)flags;
+	if (mbind_errno) {
+		errno = mbind_errno;
+		return -1;
+	}
 	if (nmbinds < 16)
 		mbinds[nmbinds++] = (struct mbind_call){len, mode, nmask[0]};
 	return 0;
@@ -115,6 +120,7 @@ static int reset(void **state)
 {
 	(void)state;
 	sim_numa = 1;
+	mbind_errno = 0;
 	nmbinds = 0;
 	ran_on = 0;
 	return 0;
@@ -326,6 +332,28 @@ static void test_numa_pool_binds_each_arena_before_touch(void **state)
 	pool_close(&p);
 }
 
+/* Where mbind is refused: --numa auto runs unbound, a named node list fails. */
+static void test_numa_pool_without_mbind(void **state)
+{
+	struct pool_cfg cfg = {.name = "kvb-test-numa",
+			       .size = 64 * MiB,
+			       .numa = "auto",
+			       .hugepage = HP_MODE_OFF,
+			       .prefault = 0};
+	struct pool p;
+
+	(void)state;
+	mbind_errno = EPERM;
+	assert_int_equal(pool_create(&p, &cfg), 0);
+	assert_int_equal(p.narenas, 3);
+	for (uint32_t i = 0; i < p.narenas; i++)
+		assert_int_equal(p.arena[i].node, -1);
+	pool_close(&p);
+	cfg.numa = "0,1";
+	assert_int_equal(pool_create(&p, &cfg), -EPERM);
+	assert_int_equal(p.narenas, 0);
+}
+
 static kvb_key key_of(uint32_t i)
 {
 	kvb_key k;
@@ -401,6 +429,7 @@ int main(void)
 		cmocka_unit_test_setup(test_numa_order_nearest_first, reset),
 		cmocka_unit_test_setup(test_numa_pci_node_from_sysfs, reset),
 		cmocka_unit_test_setup(test_numa_pool_binds_each_arena_before_touch, reset),
+		cmocka_unit_test_setup(test_numa_pool_without_mbind, reset),
 		cmocka_unit_test_setup(test_numa_store_nearest_arena_then_fallback, reset),
 	};
 
