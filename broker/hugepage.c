@@ -7,8 +7,8 @@
  *   1. hugetlb (MFD_HUGETLB memfd): only when the hugetlb pool (/proc/sys/vm/nr_hugepages,
  *      per node in /sys/devices/system/node/nodeN/hugepages) has enough free pages on the
  *      arena's node; the mmap then reserves them, so a fault can never find the pool empty.
- *      --hugepages 1G tries 1 GiB pages first (arena sizes must be multiples of 1 GiB), then
- *      2 MiB; auto tries 1G where the arena size allows, then 2M;
+ *      --hugepages 1G and auto try 1 GiB pages first where the arena is a multiple of 1 GiB
+ *      (size the pool or the --numa list so), then 2 MiB;
  *   2. THP for shared memory: a tmpfs memfd advised MADV_HUGEPAGE, when shmem_enabled is
  *      always, within_size, advise or force;
  *   3. 4 KiB pages.

@@ -85,7 +85,7 @@ err_close:
 /* Steps 1-4 of the file comment: a mapped, bound arena on the best backing available. */
 static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, int strict)
 {
-	uint64_t sizes[2];
+	uint64_t sizes[2], want;
 	int n = hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes), err;
 
 	for (int i = 0; i < n; i++) {
@@ -122,11 +122,14 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 		a->page_size = HP_2M;
 		a->backing = HP_BACK_THP;
 	}
-	if (mode != HP_MODE_OFF && mode != HP_MODE_AUTO && a->backing != HP_BACK_HUGETLB)
+	want = mode == HP_MODE_1G ? HP_1G : mode == HP_MODE_2M ? HP_2M : 0;
+	if (want && (a->backing != HP_BACK_HUGETLB || a->page_size != want))
 		log_warn("pool: %s: not enough free hugetlb pages for --hugepages %s on node %d "
-			 "(see /proc/sys/vm/nr_hugepages): using %s",
-			 a->name, mode == HP_MODE_1G ? "1G" : "2M", a->node,
-			 a->backing == HP_BACK_THP ? "transparent huge pages" : "4 KiB pages");
+			 "(see /sys/kernel/mm/hugepages; 1G needs an arena of whole GiB): using %s",
+			 a->name, hugepage_name(want), a->node,
+			 a->backing == HP_BACK_HUGETLB ? "2 MiB hugetlb pages"
+			 : a->backing == HP_BACK_THP   ? "transparent huge pages"
+						       : "4 KiB pages");
 	return 0;
 }
 
@@ -176,8 +179,8 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
 			 p->topo.skipped, NUMA_NODES_MAX);
-	err = numa_plan_make(&p->topo, cfg->numa, cfg->size,
-			     cfg->hugepage == HP_MODE_1G ? HP_1G : HP_2M, &plan);
+	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. */
+	err = numa_plan_make(&p->topo, cfg->numa, cfg->size, HP_2M, &plan);
 	if (err)
 		return err;
 	err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
