@@ -118,3 +118,8 @@ const char *hugepage_name(uint64_t page_size)
 {
 	return page_size >= HP_1G ? "1G" : page_size >= HP_2M ? "2M" : "4k";
 }
+
+const char *hugepage_backing_name(int backing)
+{
+	return backing == HP_BACK_HUGETLB ? "hugetlb" : backing == HP_BACK_THP ? "thp" : "shmem";
+}

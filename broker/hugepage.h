@@ -44,4 +44,7 @@ int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *si
 /* "4k", "2M", "1G" for a page size. */
 const char *hugepage_name(uint64_t page_size);
 
+/* "shmem", "thp", "hugetlb" for an enum hp_backing (log and stats). */
+const char *hugepage_backing_name(int backing);
+
 #endif /* KVB_BROKER_HUGEPAGE_H */

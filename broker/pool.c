@@ -192,10 +192,7 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 		log_info("pool: arena %u: %llu MiB on node %d%s, %s pages (%s)", i,
 			 (unsigned long long)(a->size >> 20), a->node,
 			 p->interleave ? " (interleaved over all nodes)" : "",
-			 hugepage_name(a->page_size),
-			 a->backing == HP_BACK_HUGETLB ? "hugetlb"
-			 : a->backing == HP_BACK_THP   ? "shmem, transparent huge pages"
-						       : "shmem");
+			 hugepage_name(a->page_size), hugepage_backing_name(a->backing));
 	}
 	return 0;
 }

@@ -45,9 +45,7 @@ static cJSON *pool_json(const struct broker *b)
 		num(a, "bytes_used", (double)used[i]);
 		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
 		cJSON_AddStringToObject(a, "backing",
-					b->pool.arena[i].backing == HP_BACK_HUGETLB ? "hugetlb"
-					: b->pool.arena[i].backing == HP_BACK_THP   ? "thp"
-										    : "shmem");
+					hugepage_backing_name(b->pool.arena[i].backing));
 		cJSON_AddItemToArray(arenas, a);
 	}
 	cJSON_AddItemToObject(p, "arenas", arenas);
