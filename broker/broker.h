@@ -114,8 +114,13 @@ struct broker {
 	int epfd;
 	int sigfd;
 	double start_time;
-	double ready_s; /* start-up to listening, seconds (stats "startup") */
-	int lock_fd;	/* "<socket>.lock", write-locked for our life: one broker per socket */
+	struct {		   /* seconds each start-up phase took (log, stats "startup") */
+		double reserve_s;  /* arenas created, bound, reserved, sealed */
+		double prefault_s; /* every page allocated and mapped */
+		double pin_s;	   /* registered with the GPU driver */
+		double ready_s;	   /* from start to listening, everything included */
+	} startup;
+	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	int stop;
 };
 

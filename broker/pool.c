@@ -36,7 +36,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -52,14 +51,6 @@
 #define POOL_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 #define PREFAULT_MIN_CHUNK (256ull << 20)
 #define PREFAULT_MAX_THREADS 16u
-
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Creates, sizes and maps a memfd with these flags; 0 or a negative errno (nothing left). */
 static int arena_map(struct pool_arena *a, unsigned flags)
@@ -136,7 +127,6 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 static int arenas_create(struct pool *p, const char *name, const struct numa_plan *plan,
 			 enum hp_mode mode, int reserve)
 {
-	double t0 = mono();
 	int err = 0;
 
 	p->interleave = plan->interleave;
@@ -163,7 +153,6 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 			close(a->fd);
 		}
 	}
-	p->t.reserve_s = mono() - t0;
 	if (err)
 		pool_close(p);
 	return err;
@@ -241,7 +230,6 @@ static void *prefault_thread(void *arg)
 int pool_prefault(struct pool *p)
 {
 	struct prefault_job jobs[KVB_MAX_ARENAS * PREFAULT_MAX_THREADS];
-	double t0 = mono();
 	uint32_t njobs = 0;
 	int err = 0;
 
@@ -277,18 +265,15 @@ int pool_prefault(struct pool *p)
 		if (jobs[i].err && !err)
 			err = jobs[i].err;
 	}
-	p->t.prefault_s = mono() - t0;
 	return err;
 }
 
 int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx)
 {
-	double t0 = mono();
 	int err = 0;
 
 	for (uint32_t i = 0; pin && i < p->narenas && !err; i++)
 		err = pin(ctx, &p->arena[i]);
-	p->t.pin_s = mono() - t0;
 	return err;
 }
 

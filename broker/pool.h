@@ -32,13 +32,6 @@ struct pool_cfg {
 	int prefault;	       /* build the page tables at start-up (pool_prefault) */
 };
 
-/* Seconds each start-up phase took (stats "startup", log). */
-struct pool_times {
-	double reserve_s;  /* memfds created, sized, mapped, bound, (reserved), sealed */
-	double prefault_s; /* every page allocated and mapped in the broker */
-	double pin_s;	   /* registered with the GPU driver (pool_pin) */
-};
-
 struct pool {
 	struct pool_arena arena[KVB_MAX_ARENAS];
 	uint32_t narenas;
@@ -46,12 +39,11 @@ struct pool {
 	int reclaimed; /* always 0: memfd pools leave no orphan (kept for the stats field) */
 	int interleave;
 	struct numa_topo topo;
-	struct pool_times t;
 };
 
 /*
  * Creates the arenas of cfg: plan (numa_topo.h), then per arena memfd, size, map, mbind, backing
- * (hugepage.h), reserve (fallocate, when not prefaulting) and seal. Times the reserve phase.
+ * (hugepage.h), reserve (fallocate, when not prefaulting) and seal.
  * -EINVAL/-ENODEV/-E2BIG for a bad --numa (numa_plan_make), else a negative errno
  * (-ENOMEM, -ENOSPC: the memory is not there).
  */
@@ -63,15 +55,14 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
 /*
  * Allocates and maps every page of every arena, in parallel: per arena as many threads as its
  * node has CPUs (at most 16, at least 256 MiB each), each bound to the node (numa_bind_thread)
- * and populating its share with MADV_POPULATE_WRITE. Times the prefault phase. Returns 0 or a
- * negative errno (-ENOMEM: the memory is not there; -EFAULT: a hugetlb page was missing).
+ * and populating its share with MADV_POPULATE_WRITE. Returns 0 or a negative errno (-ENOMEM: the memory is not there; -EFAULT: a hugetlb page was missing).
  */
 int pool_prefault(struct pool *p);
 
 /*
  * [pin] The phase where a GPU copy engine registers the arenas with its driver (in chunks:
  * single registrations above ~64-96 GiB fail on real drivers). Calls pin(ctx, arena) for each
- * arena in order and times the phase; pin NULL (no GPU) records 0 s. Stops at the first error.
+ * arena in order; pin NULL (no GPU) does nothing. Stops at the first error.
  */
 int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx);
 

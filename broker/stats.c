@@ -57,10 +57,10 @@ static cJSON *startup_json(const struct broker *b)
 {
 	cJSON *o = cJSON_CreateObject();
 
-	num(o, "reserve_s", b->pool.t.reserve_s);
-	num(o, "prefault_s", b->pool.t.prefault_s);
-	num(o, "pin_s", b->pool.t.pin_s);
-	num(o, "ready_s", b->ready_s);
+	num(o, "reserve_s", b->startup.reserve_s);
+	num(o, "prefault_s", b->startup.prefault_s);
+	num(o, "pin_s", b->startup.pin_s);
+	num(o, "ready_s", b->startup.ready_s);
 	return o;
 }
 
