@@ -96,7 +96,8 @@ struct kvb_opts {
 				    writes it ("0000:3B:00.0"); NULL: none */
 	uint32_t sq_entries;	 /* power of two up to 4096; 0: 256 */
 	uint32_t flags;		 /* KVB_CONNECT_* */
-	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on */
+	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
+				    (>= 0); 0 without it */
 	uint32_t resv[3];	 /* must be 0 */
 };
 
