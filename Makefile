@@ -123,10 +123,16 @@ $(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+# Per-test link flags, TEST_LDFLAGS_<module>: test_numa simulates a multi-node machine by
+# wrapping every libnuma call of broker/numa_topo.c (and mbind).
+NUMA_WRAPS := numa_available numa_max_node numa_node_size64 numa_distance numa_node_to_cpus \
+	numa_run_on_node numa_set_localalloc mbind
+TEST_LDFLAGS_numa := $(foreach f,$(NUMA_WRAPS),-Wl,--wrap=$(f))
+
 $(B)/tests/test_%: $(B)/obj/tests/unit/test_%.o $(BROKER_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BROKER_A) $(LIB_A) $(LIBS) -lcmocka
+	$(Q)$(CC) $(LDFLAGS) $(TEST_LDFLAGS_$*) -o $@ $< $(BROKER_A) $(LIB_A) $(LIBS) -lcmocka
 
 $(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC)) $(LIB_A)
 	@mkdir -p $(@D)

@@ -12,6 +12,7 @@
 #include "copy.h"
 #include "list.h"
 #include "ns.h"
+#include "numa_topo.h"
 #include "pool.h"
 #include "ring.h"
 #include "store.h"
@@ -35,6 +36,8 @@ struct config {
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
 	int prefault;
+	char numa[128];	       /* --numa: auto, off, interleave or a node list */
+	enum hp_mode hugepage; /* --hugepages */
 	gid_t group;
 	int has_group;
 };
@@ -65,6 +68,9 @@ struct session {
 	uid_t uid;
 	gid_t gid;
 	char name[KVB_NAME_MAX];
+	int node;		 /* NUMA node it declared, or its GPU's; -1 unknown */
+	char gpu[KVB_BUSID_MAX]; /* its GPU's PCI bus id, "" none */
+	struct store_pref pref;	 /* arenas for its new pages, nearest first; n 0: default */
 	int hello_done;
 	int control_only;
 
@@ -109,6 +115,13 @@ struct broker {
 	int epfd;
 	int sigfd;
 	double start_time;
+	struct {		   /* seconds each start-up phase took (log, stats "startup") */
+		double reserve_s;  /* arenas created, bound, reserved, sealed */
+		double prefault_s; /* every page allocated and mapped */
+		double pin_s;	   /* registered with the GPU driver */
+		double ready_s;	   /* from start to listening, everything included */
+	} startup;
+	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	int stop;
 };
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * main.c - kvbrokerd: flags, start-up in dependency order (pool, store, socket, loop) and a
- * clean shutdown on SIGTERM/SIGINT. Start-up refuses to run twice on the same pool (its flock)
- * or on a socket another broker answers on; a stale socket file from a crash is replaced.
+ * main.c - kvbrokerd: flags, start-up in dependency order (lock, pool, store, socket, loop) and
+ * a clean shutdown on SIGTERM/SIGINT. Start-up refuses to run twice on the same socket (the
+ * lock file, instance.c) or on a socket another broker answers on; a stale socket file from a
+ * crash is replaced.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,7 +23,9 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "instance.h"
 #include "log.h"
+#include "parse.h"
 #include "proto.h"
 
 static void usage(FILE *f)
@@ -37,8 +40,14 @@ static void usage(FILE *f)
 		"/run/kvbroker/kvbroker.sock)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
 		"                         64M..4G)\n"
-		"  --pool-name /NAME      POSIX shm name of the pool (default derived from the "
-		"socket)\n"
+		"  --pool-name /NAME      name of the pool's memfds, shown in /proc/PID/maps\n"
+		"                         (default derived from the socket)\n"
+		"  --numa MODE            auto (one arena per NUMA node with memory, sized in\n"
+		"                         proportion), off, interleave, or a node list: 0,1 or\n"
+		"                         0:64G,1:32G (sizes replace --pool) (default auto)\n"
+		"  --hugepages MODE       auto, 2M, 1G or off: hugetlb pages when enough\n"
+		"                         are free, else transparent huge pages where shmem\n"
+		"                         allows them, else 4 KiB pages (default auto)\n"
 		"  --slab SIZE            slab size; the largest page must fit (default\n"
 		"                         pool/32 clamped to 8M..64M)\n"
 		"  --high-watermark PCT   evict in the background above this pool use, down to\n"
@@ -52,72 +61,17 @@ static void usage(FILE *f)
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
-		"  --no-prefault          do not map the pool's pages at start-up (its memory is\n"
-		"                         reserved either way; first PUTs then pay minor faults)\n"
+		"  --no-prefault          do not fault the pool in at start-up (in parallel, per\n"
+		"                         node); its memory is reserved either way, and first\n"
+		"                         PUTs then pay the page faults\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
-		"Signals: SIGTERM or SIGINT drains and exits 0; SIGHUP is logged.\n");
-}
-
-/* "64M" -> bytes; -EINVAL on garbage or overflow. */
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-	int shift = 0;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
-	switch (*end) {
-	case 'k':
-	case 'K':
-		shift = 10;
-		end++;
-		break;
-	case 'm':
-	case 'M':
-		shift = 20;
-		end++;
-		break;
-	case 'g':
-	case 'G':
-		shift = 30;
-		end++;
-		break;
-	case 't':
-	case 'T':
-		shift = 40;
-		end++;
-		break;
-	default:
-		break;
-	}
-	if (*end == 'i' || *end == 'B' || *end == 'b')
-		end++;
-	if (*end == 'B')
-		end++;
-	if (*end || (shift && v > (UINT64_MAX >> shift)))
-		return -EINVAL;
-	*out = (uint64_t)v << shift;
-	return 0;
-}
-
-static int parse_u32(const char *s, uint32_t *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v > UINT32_MAX)
-		return -EINVAL;
-	*out = (uint32_t)v;
-	return 0;
+		"Signals: SIGTERM or SIGINT drains and exits 0; SIGHUP is logged.\n"
+		"The broker listens only once its pool is ready; meanwhile \"<socket>.lock\"\n"
+		"is held, and clients get -EAGAIN (starting).\n");
 }
 
 static uint64_t ram_bytes(void)
@@ -138,7 +92,7 @@ static uint64_t default_pool(void)
 	return p;
 }
 
-/* The pool's shm name from the socket path, so two brokers never share one by accident. */
+/* The pool memfds' name from the socket path: /proc/PID/maps tells whose pool it is. */
 static void default_pool_name(const char *sock, char *out, size_t len)
 {
 	uint8_t h[32];
@@ -165,7 +119,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LOG,
 		O_HELP,
 		O_MAXBUF,
-		O_NOPREFAULT
+		O_NOPREFAULT,
+		O_NUMA,
+		O_HUGEPAGES
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -183,6 +139,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
+		{"numa", required_argument, NULL, O_NUMA},
+		{"hugepages", required_argument, NULL, O_HUGEPAGES},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -196,6 +154,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->arg_size = 1u << 20;
 	c->max_buf_bytes = ram_bytes();
 	c->prefault = 1;
+	strcpy(c->numa, "auto");
+	c->hugepage = HP_MODE_AUTO;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -264,6 +224,17 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NOPREFAULT:
 			c->prefault = 0;
+			break;
+		case O_NUMA:
+			if (snprintf(c->numa, sizeof(c->numa), "%s", optarg) >=
+			    (int)sizeof(c->numa))
+				goto bad;
+			break;
+		case O_HUGEPAGES:
+			lvl = hugepage_parse(optarg);
+			if (lvl < 0)
+				goto bad;
+			c->hugepage = (enum hp_mode)lvl;
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
@@ -367,10 +338,63 @@ static int setup_signals(void)
 	return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
+/*
+ * Start-up phases, each timed into the log and the stats ("startup"): reserve (arenas created,
+ * bound, sealed), prefault (parallel, per node), pin (the GPU engine registers the pool: its
+ * hook is the pool_pin call below), then the socket listens (ready). Nobody can attach before.
+ */
+static int start_pool(struct broker *b)
+{
+	struct pool_cfg pc = {.name = b->cfg.pool_name + 1,
+			      .size = b->cfg.pool_bytes,
+			      .numa = b->cfg.numa,
+			      .hugepage = b->cfg.hugepage,
+			      .prefault = b->cfg.prefault};
+	double t = now_sec();
+	int err = pool_create(&b->pool, &pc);
+
+	b->startup.reserve_s = now_sec() - t;
+	if (err) {
+		log_error("pool (%llu MiB, --numa %s): %s%s", (unsigned long long)(pc.size >> 20),
+			  pc.numa, strerror(-err),
+			  err == -ENODEV   ? ": a listed node has no memory (see numactl -H)"
+			  : err == -EINVAL ? ": bad --numa list"
+			  : err == -ENOMEM ? ": the machine cannot hold the pool"
+					   : "");
+		return err;
+	}
+	log_info("pool: reserved %llu MiB in %u arena(s) in %.3f s",
+		 (unsigned long long)(b->pool.total >> 20), b->pool.narenas, b->startup.reserve_s);
+	if (b->cfg.prefault) {
+		t = now_sec();
+		err = pool_prefault(&b->pool);
+		b->startup.prefault_s = now_sec() - t;
+		if (err) {
+			log_error("pool: prefault: %s: the machine cannot hold the pool",
+				  strerror(-err));
+			return err;
+		}
+		log_info("pool: prefaulted %llu MiB in %.3f s (%.2f GiB/s)",
+			 (unsigned long long)(b->pool.total >> 20), b->startup.prefault_s,
+			 (double)b->pool.total / (1 << 30) / (b->startup.prefault_s + 1e-9));
+	}
+	/* [pin] A CUDA copy engine passes its registration function here. */
+	t = now_sec();
+	err = pool_pin(&b->pool, NULL, NULL);
+	b->startup.pin_s = now_sec() - t;
+	if (err) {
+		log_error("pool: pin: %s", strerror(-err));
+		return err;
+	}
+	log_info("pool: pinned in %.3f s (no GPU copy engine: nothing to pin)", b->startup.pin_s);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static struct broker b;
 	struct list *pos, *tmp;
+	pid_t owner;
 	int err;
 
 	if (parse_args(argc, argv, &b.cfg))
@@ -386,22 +410,18 @@ int main(int argc, char **argv)
 	prctl(PR_SET_DUMPABLE, 0);
 	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
-	err = pool_open(&b.pool, b.cfg.pool_name, b.cfg.pool_bytes, 1);
-	if (err) {
-		log_error("pool %s (%llu bytes): %s%s", b.cfg.pool_name,
-			  (unsigned long long)b.cfg.pool_bytes, strerror(-err),
-			  err == -EBUSY	   ? ": another kvbrokerd owns it"
-			  : err == -ENOSPC ? ": /dev/shm cannot hold the pool (see df /dev/shm)"
-					   : "");
+	/* First, before any work: a second broker on this socket stops here. */
+	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+	if (b.lock_fd < 0) {
+		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,
+			  strerror(-b.lock_fd),
+			  b.lock_fd == -EBUSY ? ": another kvbrokerd owns it" : "",
+			  b.cfg.socket_path, (int)owner);
 		return 1;
 	}
-	if (b.cfg.prefault) {
-		double t0 = now_sec();
-
-		pool_prefault(&b.pool);
-		log_info("pool: prefaulted %llu MiB in %.2f s",
-			 (unsigned long long)(b.pool.total >> 20), now_sec() - t0);
-	}
+	err = start_pool(&b);
+	if (err)
+		goto out_pool;
 	err = store_init(&b.store, &b.pool, b.cfg.slab_bytes, b.cfg.high_wm, b.cfg.low_wm);
 	if (err) {
 		log_error("store: %s", strerror(-err));
@@ -427,11 +447,16 @@ int main(int argc, char **argv)
 		err = -errno;
 		goto out_sock;
 	}
-	log_info("kvbrokerd %d.%d.%d ready: socket %s, pool %s %llu MiB in %u slabs of %llu MiB, "
-		 "copy engine %s, poll %u us",
-		 KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.cfg.socket_path,
-		 b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.store.nslabs,
-		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.poll_us);
+	b.startup.ready_s = now_sec() - b.start_time;
+	log_info(
+		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
+		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
+		"copy engine %s, poll %u us",
+		KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.startup.ready_s,
+		b.startup.reserve_s, b.startup.prefault_s, b.startup.pin_s, b.cfg.socket_path,
+		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
+		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
+		b.cfg.poll_us);
 	err = loop_run(&b);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
@@ -455,5 +480,6 @@ out_store:
 	store_fini(&b.store);
 out_pool:
 	pool_close(&b.pool);
+	instance_unlock(b.cfg.socket_path, b.lock_fd);
 	return err ? 1 : 0;
 }

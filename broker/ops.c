@@ -196,7 +196,7 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 		cqe->res = err;
 		return;
 	}
-	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
+	err = store_alloc_pref(&b->store, n->cls, n->id, &key, s->pref.n ? &s->pref : NULL, &pg);
 	if (err) {
 		cqe->res = err;
 		return;

@@ -1,160 +1,280 @@
 // SPDX-License-Identifier: MIT
 /*
- * pool.c - arenas as named POSIX shared-memory objects.
+ * pool.c - the pool's arenas: sealed memfds, bound to their NUMA node, huge pages where
+ * available, prefaulted in parallel.
  *
- * Lifecycle of an arena "/<name>.<i>":
- *   - create O_RDWR|O_CREAT|O_EXCL, then chmod 0400: the broker keeps its read-write fd, while
- *     nobody (of our uid, unless root) can open the name for writing any more;
- *   - flock(LOCK_EX|LOCK_NB): the lock lives as long as the broker process (the kernel drops it
- *     when the process dies, however it dies). An existing object whose lock is held belongs to
- *     a live broker: we refuse to run twice. One whose lock is free is the orphan of a broker
- *     that died: it is unlinked (its memory goes with the last client mapping it) and a fresh
- *     object is created O_EXCL, instead of leaking it. Re-adopting its pages is left to the
- *     warm-restart work;
- *   - ftruncate to its size and map shared read-write;
- *   - on clean exit: unmap, shm_unlink, close.
- * Clients get a separate O_RDONLY open of the same object (pool_ro_fd), so their mapping can
- * never be made writable (mmap PROT_WRITE and mprotect fail with EACCES).
- * Called on the loop thread only.
+ * Lifecycle of an arena (pool_create), in this order because each step needs the one before:
+ *   1. memfd_create("<name>.<i>", MFD_ALLOW_SEALING [| MFD_HUGETLB | MFD_HUGE_2MB/1GB]) and
+ *      ftruncate to its size. A memfd has no name in any namespace: nothing outlives the
+ *      broker except what clients still map (they keep reading their leases after a crash;
+ *      the kernel frees the memory with the last mapping), so there is no orphan to find or
+ *      reclaim, and nothing limits it but memory (not the size of /dev/shm). Hugetlb is tried
+ *      only with enough free pages on the node (hugepage.c); its mmap reserves them, and a
+ *      failed reservation falls back to the next backing;
+ *   2. mmap MAP_SHARED read-write: the broker's only writable mapping;
+ *   3. mbind to the arena's node (or interleave) before the first touch. On a tmpfs memfd the
+ *      policy belongs to the file, so fallocate and every fault follow it; on hugetlb it is the
+ *      broker's mapping's, which is where every page is first touched (prefault or a PUT);
+ *   4. MADV_HUGEPAGE where THP for shared memory is allowed and hugetlb was not available;
+ *   5. without prefault, fallocate reserves the memory so that a pool the machine cannot hold
+ *      is a start-up error rather than a SIGBUS at some later PUT (hugetlb: the mmap reserved);
+ *   6. seal F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL. Mappings made
+ *      before FUTURE_WRITE keep their write access (the broker's, step 2); from then on no
+ *      one can write() the file, mmap it writable, mprotect a mapping to PROT_WRITE, resize it
+ *      or punch a hole in it, whatever fd they hold, and no further seal can be added.
+ * Clients get a separate O_RDONLY open of the memfd (pool_ro_fd, through /proc/self/fd).
+ * Then pool_prefault populates the arenas with threads bound to their node, and pool_pin is
+ * the phase where a GPU engine registers them. The single-instance guarantee that the flock on
+ * a named pool used to give is the lock file next to the socket (main.c).
+ *
+ * Called on the start-up thread (the loop thread later only reads the arena table).
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/memfd.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "pool.h"
 
-/*
- * Deals with an existing object of our arena's name: a live broker's (its flock is held:
- * -EBUSY) or the orphan of one that died, which is unlinked - not truncated, because clients
- * of the dead broker may still map it and read their leases until they detach; the kernel frees
- * it with the last mapping. Returns 0 when the name is free again.
- */
-static int orphan_reclaim(const char *name, int *reclaimed)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+#define POOL_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
+#define PREFAULT_MIN_CHUNK (256ull << 20)
+#define PREFAULT_MAX_THREADS 16u
+
+/* Creates, sizes and maps a memfd with these flags; 0 or a negative errno (nothing left). */
+static int arena_map(struct pool_arena *a, unsigned flags)
 {
-	struct stat st;
-	int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0), err = 0;
+	int err;
 
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno; /* gone meanwhile */
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0)
-		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
-	else if (fstat(fd, &st) < 0)
-		err = -errno;
-	else if (st.st_uid != geteuid())
-		err = -EPERM;
-	if (!err) {
-		log_warn("pool: reclaiming orphaned arena %s (%lld bytes) left by a broker that "
-			 "died",
-			 name, (long long)st.st_size);
-		if (shm_unlink(name) < 0 && errno != ENOENT)
-			err = -errno;
-		(*reclaimed)++;
-	}
-	close(fd);
-	return err;
-}
-
-static int arena_open(struct pool_arena *a, const char *name, uint64_t size, int *reclaimed)
-{
-	int fd = -1, err;
-
-	if (snprintf(a->name, sizeof(a->name), "%s", name) >= (int)sizeof(a->name))
-		return -ENAMETOOLONG;
-	for (int tries = 0; fd < 0 && tries < 3; tries++) {
-		fd = shm_open(a->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-		if (fd < 0 && errno != EEXIST)
-			return -errno;
-		if (fd < 0) {
-			err = orphan_reclaim(a->name, reclaimed);
-			if (err)
-				return err;
-		}
-	}
-	if (fd < 0)
-		return -EBUSY; /* another broker keeps recreating it */
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		/* Another broker starting at this very moment took it: it is theirs now. */
-		err = errno == EWOULDBLOCK ? -EBUSY : -errno;
+	a->fd = memfd_create(a->name, MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
+	if (a->fd < 0)
+		return -errno;
+	if (ftruncate(a->fd, (off_t)a->size) < 0)
 		goto err_close;
-	}
-	/* Our read-write fd stays valid; nobody can open the name for writing any more. */
-	if (fchmod(fd, 0400) < 0) {
-		err = -errno;
-		goto err_unlink;
-	}
-	/*
-	 * Reserve the memory now: a tmpfs (/dev/shm) too small for a sparse object would let us
-	 * start and then SIGBUS on the first PUT it cannot back. fallocate fails cleanly instead.
-	 * (With NUMA placement, the memory policy must be set before this point.)
-	 */
-	if (ftruncate(fd, (off_t)size) < 0 || fallocate(fd, 0, 0, (off_t)size) < 0) {
-		err = -errno;
-		goto err_unlink;
-	}
-	a->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (a->base == MAP_FAILED) {
-		err = -errno;
-		goto err_unlink;
-	}
-	a->fd = fd;
-	a->size = size;
-	a->node = -1;
-	return 0;
-
-err_unlink:
-	shm_unlink(a->name);
+	a->base = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+	if (a->base != MAP_FAILED)
+		return 0;
 err_close:
-	close(fd);
+	err = -errno;
+	close(a->fd);
+	a->fd = -1;
+	a->base = NULL;
 	return err;
 }
 
-int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
+/* Steps 1-4 of the file comment: a mapped, bound arena on the best backing available. */
+static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, int strict)
 {
-	uint64_t per, align = 2ull << 20;
-	char an[96];
+	uint64_t sizes[2], want;
+	int n = hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes), err;
+
+	for (int i = 0; i < n; i++) {
+		unsigned f = MFD_HUGETLB | (sizes[i] == HP_1G ? MFD_HUGE_1GB : MFD_HUGE_2MB);
+
+		err = arena_map(a, f);
+		if (!err) {
+			a->page_size = sizes[i];
+			a->backing = HP_BACK_HUGETLB;
+			break;
+		}
+		log_warn("pool: %s: hugetlb %s pages: %s; trying the next backing", a->name,
+			 hugepage_name(sizes[i]), strerror(-err));
+	}
+	if (!a->base) {
+		err = arena_map(a, 0);
+		if (err)
+			return err;
+		a->page_size = 4096;
+		a->backing = HP_BACK_PAGES;
+	}
+	err = numa_bind_memory(a->base, a->size, a->node, p->interleave, &p->topo);
+	if (err && strict)
+		return err;
+	if (err) {
+		/* --numa auto where mbind is not allowed (a container's seccomp filter): run
+		 * unbound rather than not at all. */
+		log_warn("pool: %s: cannot bind to node %d (%s): memory left unbound", a->name,
+			 a->node, strerror(-err));
+		a->node = -1;
+	}
+	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && hugepage_thp_shmem() &&
+	    madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
+		a->page_size = HP_2M;
+		a->backing = HP_BACK_THP;
+	}
+	want = mode == HP_MODE_1G ? HP_1G : mode == HP_MODE_2M ? HP_2M : 0;
+	if (want && (a->backing != HP_BACK_HUGETLB || a->page_size != want))
+		log_warn("pool: %s: not enough free hugetlb pages for --hugepages %s on node %d "
+			 "(see /sys/kernel/mm/hugepages; 1G needs an arena of whole GiB): using %s",
+			 a->name, hugepage_name(want), a->node,
+			 a->backing == HP_BACK_HUGETLB ? "2 MiB hugetlb pages"
+			 : a->backing == HP_BACK_THP   ? "transparent huge pages"
+						       : "4 KiB pages");
+	return 0;
+}
+
+static int arenas_create(struct pool *p, const char *name, const struct numa_plan *plan,
+			 enum hp_mode mode, int reserve)
+{
 	int err = 0;
 
-	memset(p, 0, sizeof(*p));
-	if (!narenas || narenas > KVB_MAX_ARENAS || !size)
-		return -EINVAL;
-	/* Arenas are multiples of 2 MiB so huge pages and slabs line up. */
-	per = (size / narenas + align - 1) & ~(align - 1);
-	for (uint32_t i = 0; i < narenas; i++) {
-		if (snprintf(an, sizeof(an), "%s.%u", name, i) >= (int)sizeof(an)) {
+	p->interleave = plan->interleave;
+	for (uint32_t i = 0; i < plan->n && !err; i++) {
+		struct pool_arena *a = &p->arena[i];
+
+		a->fd = -1;
+		a->node = plan->node[i];
+		a->size = plan->size[i];
+		if (snprintf(a->name, sizeof(a->name), "%s.%u", name, i) >= (int)sizeof(a->name)) {
 			err = -ENAMETOOLONG;
 			break;
 		}
-		err = arena_open(&p->arena[i], an, per, &p->reclaimed);
-		if (err)
-			break;
-		p->narenas++;
-		p->total += per;
+		err = arena_back(p, a, mode, plan->strict);
+		if (!err && reserve && a->backing != HP_BACK_HUGETLB &&
+		    fallocate(a->fd, 0, 0, (off_t)a->size) < 0)
+			err = -errno;
+		if (!err && fcntl(a->fd, F_ADD_SEALS, POOL_SEALS) < 0)
+			err = -errno;
+		if (a->base) { /* pool_close undoes even a half-made arena */
+			p->narenas++;
+			p->total += a->size;
+		} else if (a->fd >= 0) {
+			close(a->fd);
+		}
 	}
 	if (err)
 		pool_close(p);
 	return err;
 }
 
-void pool_prefault(struct pool *p)
+int pool_create(struct pool *p, const struct pool_cfg *cfg)
 {
-	for (uint32_t i = 0; i < p->narenas; i++) {
-		struct pool_arena *a = &p->arena[i];
+	struct numa_plan plan;
+	int err;
 
-		/*
-		 * The memory is reserved (fallocate): this only builds the page tables. One call
-		 * where the kernel has it (5.14+), else a write per page, which cannot fault.
-		 */
-		if (madvise(a->base, a->size, MADV_POPULATE_WRITE) == 0)
-			continue;
-		for (uint64_t off = 0; off < a->size; off += 4096)
-			((volatile uint8_t *)a->base)[off] = 0;
+	memset(p, 0, sizeof(*p));
+	numa_topo_probe(&p->topo);
+	if (p->topo.skipped)
+		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
+			 p->topo.skipped, NUMA_NODES_MAX);
+	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. */
+	err = numa_plan_make(&p->topo, cfg->numa, cfg->size, HP_2M, &plan);
+	if (err)
+		return err;
+	err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
+	if (err)
+		return err;
+	for (uint32_t i = 0; i < p->narenas; i++) {
+		const struct pool_arena *a = &p->arena[i];
+
+		log_info("pool: arena %u: %llu MiB on node %d%s, %s pages (%s)", i,
+			 (unsigned long long)(a->size >> 20), a->node,
+			 p->interleave ? " (interleaved over all nodes)" : "",
+			 hugepage_name(a->page_size), hugepage_backing_name(a->backing));
 	}
+	return 0;
+}
+
+int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
+{
+	struct numa_plan plan = {.n = narenas};
+
+	memset(p, 0, sizeof(*p));
+	if (!narenas || narenas > KVB_MAX_ARENAS || !size)
+		return -EINVAL;
+	for (uint32_t i = 0; i < narenas; i++) {
+		plan.node[i] = -1;
+		plan.size[i] = (size / narenas + HP_2M - 1) & ~(HP_2M - 1);
+	}
+	return arenas_create(p, name[0] == '/' ? name + 1 : name, &plan, HP_MODE_OFF, 1);
+}
+
+struct prefault_job {
+	pthread_t tid;
+	uint8_t *base;
+	uint64_t len;
+	uint64_t page_size;
+	int node;
+	int err;
+};
+
+static void *prefault_thread(void *arg)
+{
+	struct prefault_job *j = arg;
+
+	/* Faults allocate on the node the policy names anyway; running there keeps the zeroing
+	 * local (and on a busy machine, off the other node's CPUs). */
+	numa_bind_thread(j->node);
+	if (madvise(j->base, j->len, MADV_POPULATE_WRITE) == 0)
+		return NULL;
+	if (errno != EINVAL) { /* EINVAL: a kernel before 5.14, which lacks it */
+		j->err = -errno;
+		return NULL;
+	}
+	for (uint64_t off = 0; off < j->len; off += j->page_size)
+		((volatile uint8_t *)j->base)[off] = 0;
+	return NULL;
+}
+
+int pool_prefault(struct pool *p)
+{
+	struct prefault_job jobs[KVB_MAX_ARENAS * PREFAULT_MAX_THREADS];
+	uint32_t njobs = 0;
+	int err = 0;
+
+	for (uint32_t i = 0; i < p->narenas; i++) {
+		const struct pool_arena *a = &p->arena[i];
+		uint32_t n = numa_node_cpus(a->node);
+		uint64_t per, off = 0;
+
+		if (n > PREFAULT_MAX_THREADS)
+			n = PREFAULT_MAX_THREADS;
+		if (n > a->size / PREFAULT_MIN_CHUNK)
+			n = a->size / PREFAULT_MIN_CHUNK ? (uint32_t)(a->size / PREFAULT_MIN_CHUNK)
+							 : 1;
+		per = (a->size / n + a->page_size - 1) / a->page_size * a->page_size;
+		for (; off < a->size; off += per) {
+			struct prefault_job *j = &jobs[njobs];
+
+			*j = (struct prefault_job){.base = (uint8_t *)a->base + off,
+						   .len = a->size - off < per ? a->size - off : per,
+						   .page_size = a->page_size,
+						   .node = a->node};
+			j->err = -pthread_create(&j->tid, NULL, prefault_thread, j);
+			if (j->err) {
+				prefault_thread(j); /* no thread: do it here */
+				j->tid = 0;
+			}
+			njobs++;
+		}
+	}
+	for (uint32_t i = 0; i < njobs; i++) {
+		if (jobs[i].tid)
+			pthread_join(jobs[i].tid, NULL);
+		if (jobs[i].err && !err)
+			err = jobs[i].err;
+	}
+	return err;
+}
+
+int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx)
+{
+	int err = 0;
+
+	for (uint32_t i = 0; pin && i < p->narenas && !err; i++)
+		err = pin(ctx, &p->arena[i]);
+	return err;
 }
 
 int pool_ro_fd(const struct pool *p, uint32_t i)
@@ -164,7 +284,7 @@ int pool_ro_fd(const struct pool *p, uint32_t i)
 
 	if (i >= p->narenas)
 		return -EINVAL;
-	/* Reopen through /proc so the new description is read-only whatever the name does. */
+	/* Reopen through /proc: a new open file description, read-only whatever the memfd's. */
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", p->arena[i].fd);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	return fd < 0 ? -errno : fd;
@@ -176,7 +296,6 @@ void pool_close(struct pool *p)
 		struct pool_arena *a = &p->arena[i];
 
 		munmap(a->base, a->size);
-		shm_unlink(a->name);
 		close(a->fd);
 	}
 	p->narenas = 0;

@@ -1,47 +1,75 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pool.h - the page pool's memory: one arena per NUMA node (one arena until the NUMA issue),
- * each a named POSIX shared-memory object owned by the broker. See pool.c for the lifecycle.
+ * pool.h - the page pool's memory: one arena per NUMA node with memory, each a sealed memfd
+ * owned by the broker, bound to its node, backed by huge pages where the machine has them and
+ * prefaulted in parallel. See pool.c for the lifecycle.
  */
 #ifndef KVB_BROKER_POOL_H
 #define KVB_BROKER_POOL_H
 
 #include <stdint.h>
 
+#include "hugepage.h"
+#include "numa_topo.h"
 #include "wire.h"
 
 struct pool_arena {
-	int fd;	    /* O_RDWR, flock(LOCK_EX) held for the broker's life */
-	int node;   /* NUMA node, -1 unknown */
-	void *base; /* MAP_SHARED read-write in the broker */
-	uint64_t size;
-	char name[96]; /* shm_open name */
+	int fd;		    /* memfd, O_RDWR, sealed: see pool.c */
+	int node;	    /* NUMA node its memory is bound to, -1 none (or interleaved) */
+	void *base;	    /* MAP_SHARED read-write in the broker (mapped before the seal) */
+	uint64_t size;	    /* bytes, a multiple of page_size */
+	uint64_t page_size; /* 4096, HP_2M or HP_1G */
+	int backing;	    /* enum hp_backing */
+	char name[96];	    /* memfd name, shown in /proc/<pid>/maps as /memfd:<name> */
+};
+
+/* What pool_create builds. */
+struct pool_cfg {
+	const char *name;      /* memfd name prefix; arenas are "<name>.<i>" */
+	uint64_t size;	       /* bytes in all (replaced by sizes in a sized --numa list) */
+	const char *numa;      /* --numa: auto, off, interleave or a node list (numa_topo.h) */
+	enum hp_mode hugepage; /* --hugepages */
+	int prefault;	       /* build the page tables at start-up (pool_prefault) */
 };
 
 struct pool {
 	struct pool_arena arena[KVB_MAX_ARENAS];
 	uint32_t narenas;
 	uint64_t total;
-	int reclaimed; /* arenas whose orphan (a crashed broker's) was found and reclaimed */
+	int reclaimed; /* always 0: memfd pools leave no orphan (kept for the stats field) */
+	int interleave;
+	struct numa_topo topo;
 };
 
 /*
- * Creates or reclaims the arenas "<name>.<i>" of size bytes in all. -EBUSY when another live
- * broker holds them, -EPERM when an existing object is not ours, else a negative errno.
+ * Creates the arenas of cfg: plan (numa_topo.h), then per arena memfd, size, map, mbind, backing
+ * (hugepage.h), reserve (fallocate, when not prefaulting) and seal.
+ * -EINVAL/-ENODEV/-E2BIG for a bad --numa (numa_plan_make), else a negative errno
+ * (-ENOMEM, -ENOSPC: the memory is not there).
  */
+int pool_create(struct pool *p, const struct pool_cfg *cfg);
+
+/* narenas unbound arenas of 4 KiB pages, size bytes in all, reserved (tests, tools). */
 int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas);
 
 /*
- * Maps every page of every arena so that PUTs never pay first-touch faults (the memory itself
- * is reserved by pool_open). Single thread per arena; parallel, NUMA-bound prefault is the
- * NUMA issue's.
+ * Allocates and maps every page of every arena, in parallel: per arena as many threads as its
+ * node has CPUs (at most 16, at least 256 MiB each), each bound to the node (numa_bind_thread)
+ * and populating its share with MADV_POPULATE_WRITE. Returns 0 or a negative errno (-ENOMEM: the memory is not there; -EFAULT: a hugetlb page was missing).
  */
-void pool_prefault(struct pool *p);
+int pool_prefault(struct pool *p);
+
+/*
+ * [pin] The phase where a GPU copy engine registers the arenas with its driver (in chunks:
+ * single registrations above ~64-96 GiB fail on real drivers). Calls pin(ctx, arena) for each
+ * arena in order; pin NULL (no GPU) does nothing. Stops at the first error.
+ */
+int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx);
 
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);
 
-/* Unmaps, unlinks and closes (which drops the lock). */
+/* Unmaps and closes (the memory goes with the last client mapping). */
 void pool_close(struct pool *p);
 
 #endif /* KVB_BROKER_POOL_H */

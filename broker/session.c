@@ -114,6 +114,7 @@ int session_accept(struct broker *b)
 	s->id = ++b->next_id;
 	s->accepted_at = now_sec();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
+	s->node = -1;
 	list_init(&s->link);
 	err = ep_add(b, fd, s, TAG_SOCK);
 	if (err) {
@@ -293,8 +294,37 @@ err_close:
 	return -errno;
 }
 
+/*
+ * KVB_HELLOF_PLACE: the arena order for this client's new pages, nearest to its GPU (whose
+ * node sysfs knows) or else to the CPU node it declared. -EINVAL for malformed fields.
+ */
+static int hello_place(struct broker *b, struct session *s, const struct kvb_msg_hello *m,
+		       size_t blen)
+{
+	int arena_node[KVB_MAX_ARENAS], node = m->cpu_node;
+
+	if (blen < sizeof(*m) || m->resv2 || m->cpu_node < -1 ||
+	    !memchr(m->gpu_busid, '\0', sizeof(m->gpu_busid)))
+		return -EINVAL;
+	if (m->gpu_busid[0]) {
+		int g = numa_pci_node(NULL, m->gpu_busid);
+
+		if (g == -EINVAL)
+			return -EINVAL;
+		if (g >= 0)
+			node = g;
+		memcpy(s->gpu, m->gpu_busid, sizeof(s->gpu));
+	}
+	s->node = node;
+	for (uint32_t i = 0; i < b->pool.narenas; i++)
+		arena_node[i] = b->pool.arena[i].node;
+	numa_order(arena_node, b->pool.narenas, node, s->pref.arena);
+	s->pref.n = b->pool.narenas;
+	return 0;
+}
+
 static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-		    const struct kvb_msg_hello *m)
+		    const struct kvb_msg_hello *m, size_t blen)
 {
 	struct kvb_msg_hello_reply rep = {0};
 	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
@@ -308,7 +338,8 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		reply(s, h, -EPROTO, NULL, 0, NULL, 0);
 		return -EPROTO;
 	}
-	if ((m->flags & ~KVB_HELLOF_CONTROL) || m->resv) {
+	if ((m->flags & ~(KVB_HELLOF_CONTROL | KVB_HELLOF_PLACE)) || m->resv ||
+	    ((m->flags & KVB_HELLOF_PLACE) && hello_place(b, s, m, blen))) {
 		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 		return -EPROTO;
 	}
@@ -358,8 +389,9 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	if (!err) {
 		s->hello_done = 1;
 		b->nsessions++;
-		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries", s->id, s->name,
-			 (int)s->pid, (int)s->uid, sq);
+		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s",
+			 s->id, s->name, (int)s->pid, (int)s->uid, sq, s->node,
+			 s->gpu[0] ? ", gpu " : "", s->gpu);
 	}
 out:
 	for (int i = 3; i < nfds; i++)
@@ -499,10 +531,11 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	int err;
 
 	if (h->type == KVB_MSG_HELLO) {
-		struct kvb_msg_hello m;
+		struct kvb_msg_hello m = {0};
 
-		memcpy(&m, body, sizeof(m));
-		return on_hello(b, s, h, &m);
+		/* An ABI 1.0 HELLO is shorter: the rest stays zero. */
+		memcpy(&m, body, blen < sizeof(m) ? blen : sizeof(m));
+		return on_hello(b, s, h, &m, blen);
 	}
 	if (!s->hello_done)
 		return -EPROTO;

@@ -43,10 +43,25 @@ static cJSON *pool_json(const struct broker *b)
 		num(a, "node", b->pool.arena[i].node);
 		num(a, "bytes_total", (double)b->pool.arena[i].size);
 		num(a, "bytes_used", (double)used[i]);
+		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
+		cJSON_AddStringToObject(a, "backing",
+					hugepage_backing_name(b->pool.arena[i].backing));
 		cJSON_AddItemToArray(arenas, a);
 	}
 	cJSON_AddItemToObject(p, "arenas", arenas);
+	cJSON_AddStringToObject(p, "numa", b->pool.interleave ? "interleave" : b->cfg.numa);
 	return p;
+}
+
+static cJSON *startup_json(const struct broker *b)
+{
+	cJSON *o = cJSON_CreateObject();
+
+	num(o, "reserve_s", b->startup.reserve_s);
+	num(o, "prefault_s", b->startup.prefault_s);
+	num(o, "pin_s", b->startup.pin_s);
+	num(o, "ready_s", b->startup.ready_s);
+	return o;
 }
 
 static cJSON *ns_json(const struct broker *b)
@@ -125,6 +140,8 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
 		num(o, "namespaces", s->nns);
+		num(o, "node", s->node);
+		cJSON_AddStringToObject(o, "gpu", s->gpu);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -142,6 +159,7 @@ char *stats_json(const struct broker *b)
 	num(root, "uptime_s", now_sec() - b->start_time);
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
+	cJSON_AddItemToObject(root, "startup", startup_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));

@@ -20,13 +20,15 @@
  * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
  * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
  *
- * Victim choice (store_alloc): a free slot of the class, else a free slab, else the globally
- * coldest evictable page decides. If it is of our class it goes and hands us its slot. If it
- * belongs to another class, its whole slab is reclaimed: every evictable page in it goes, and
- * the slab, once empty, changes class (memcached's slab reassignment). A slab that still holds
- * pinned pages cannot be emptied; after RECLAIM_TRIES such slabs the coldest page of our own
- * class goes instead. So a single class is exact LRU, and memory moves between page sizes in
- * LRU order of slabs, with bounded work per allocation (RECLAIM_TRIES slabs).
+ * Victim choice (store_alloc_pref): a free slot of the class, else a free slab, in each arena in
+ * the client's order of preference (nearest NUMA node first; free and partial slabs are kept
+ * per arena), else the globally coldest evictable page decides. If it is of our class it goes
+ * and hands us its slot. If it belongs to another class, its whole slab is reclaimed: every
+ * evictable page in it goes, and the slab, once empty, changes class (memcached's slab
+ * reassignment). A slab that still holds pinned pages cannot be emptied; after RECLAIM_TRIES
+ * such slabs the coldest page of our own class goes instead. So a single class is exact LRU,
+ * and memory moves between page sizes in LRU order of slabs, with bounded work per allocation
+ * (RECLAIM_TRIES slabs).
  *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
@@ -68,7 +70,8 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 	s->slabs = calloc(n, sizeof(*s->slabs));
 	if (!s->slabs)
 		return -ENOMEM;
-	list_init(&s->free_slabs);
+	for (uint32_t a = 0; a < KVB_MAX_ARENAS; a++)
+		list_init(&s->free_slabs[a]);
 	list_init(&s->lru);
 	for (uint32_t a = 0; a < p->narenas; a++) {
 		for (uint64_t off = 0; off + slab_bytes <= p->arena[a].size; off += slab_bytes) {
@@ -78,7 +81,7 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 			sl->off = off;
 			sl->cls = -1;
 			list_init(&sl->link);
-			list_add_tail(&s->free_slabs, &sl->link);
+			list_add_tail(&s->free_slabs[a], &sl->link);
 		}
 	}
 	s->nslabs = n;
@@ -122,7 +125,8 @@ int store_class_get(struct store *s, uint64_t page_bytes)
 	c->slots_per_slab = (uint32_t)(s->slab_bytes / slot);
 	if (c->slots_per_slab >= (1u << STORE_SLOT_BITS))
 		c->slots_per_slab = (1u << STORE_SLOT_BITS) - 1;
-	list_init(&c->partial);
+	for (uint32_t a = 0; a < KVB_MAX_ARENAS; a++)
+		list_init(&c->partial[a]);
 	list_init(&c->lru);
 	return (int)s->ncls++;
 }
@@ -157,7 +161,7 @@ static int slab_assign(struct store *s, struct slab *sl, int ci)
 	sl->used = 0;
 	sl->cls = ci;
 	list_del(&sl->link);
-	list_add_tail(&c->partial, &sl->link);
+	list_add_tail(&c->partial[sl->arena], &sl->link);
 	c->slabs++;
 	s->st.slabs_free--;
 	return 0;
@@ -173,7 +177,7 @@ static void slab_release(struct store *s, struct slab *sl)
 	sl->nslots = sl->nfree = sl->used = 0;
 	sl->cls = -1;
 	list_del(&sl->link);
-	list_add_tail(&s->free_slabs, &sl->link);
+	list_add_tail(&s->free_slabs[sl->arena], &sl->link);
 	s->st.slabs_free++;
 }
 
@@ -208,7 +212,7 @@ static void slot_free(struct store *s, struct page *pg)
 	sl->free_stack[sl->nfree++] = slot_of(pg);
 	sl->used--;
 	if (sl->nfree == 1) /* was full: back on the partial list */
-		list_add_tail(&c->partial, &sl->link);
+		list_add_tail(&c->partial[sl->arena], &sl->link);
 	if (!sl->used)
 		slab_release(s, sl);
 }
@@ -221,24 +225,39 @@ static void evict(struct store *s, struct page *pg)
 	slot_free(s, pg);
 }
 
-/* Takes a free slot of class ci if one exists without evicting. */
-static struct page *slot_take(struct store *s, int ci)
+/* Takes a free slot of class ci in arena a if one exists without evicting. */
+static struct page *slot_take_in(struct store *s, int ci, uint32_t a)
 {
-	struct store_class *c = &s->cls[ci];
+	struct list *partial = &s->cls[ci].partial[a];
 	struct slab *sl;
 	struct page *pg;
 
-	if (list_empty(&c->partial)) {
-		if (list_empty(&s->free_slabs))
+	if (list_empty(partial)) {
+		if (list_empty(&s->free_slabs[a]))
 			return NULL;
-		if (slab_assign(s, list_entry(s->free_slabs.next, struct slab, link), ci))
+		if (slab_assign(s, list_entry(s->free_slabs[a].next, struct slab, link), ci))
 			return NULL;
 	}
-	sl = list_entry(c->partial.next, struct slab, link);
+	sl = list_entry(partial->next, struct slab, link);
 	pg = &sl->pages[sl->free_stack[--sl->nfree]];
 	sl->used++;
 	if (!sl->nfree)
 		list_del(&sl->link);
+	return pg;
+}
+
+/* A free slot of class ci in the first arena of the preference order that has one. */
+static struct page *slot_take(struct store *s, int ci, const struct store_pref *pref)
+{
+	struct page *pg = NULL;
+	uint32_t n = pref ? pref->n : s->pool->narenas;
+
+	for (uint32_t i = 0; !pg && i < n; i++) {
+		uint32_t a = pref ? pref->arena[i] : i;
+
+		if (a < s->pool->narenas)
+			pg = slot_take_in(s, ci, a);
+	}
 	return pg;
 }
 
@@ -255,10 +274,11 @@ static void slab_reclaim(struct store *s, struct slab *sl)
 			evict(s, &sl->pages[i]);
 }
 
-int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct page **out)
+int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
+		     const struct store_pref *pref, struct page **out)
 {
 	struct store_class *c = &s->cls[ci];
-	struct page *pg = slot_take(s, ci);
+	struct page *pg = slot_take(s, ci, pref);
 
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(&s->lru); tries--) {
 		struct page *cold = list_entry(s->lru.prev, struct page, lru);
@@ -267,11 +287,11 @@ int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct
 			evict(s, cold);
 		else
 			slab_reclaim(s, slab_of(s, cold));
-		pg = slot_take(s, ci);
+		pg = slot_take(s, ci, pref);
 	}
 	if (!pg && !list_empty(&c->lru)) {
 		evict(s, list_entry(c->lru.prev, struct page, clru));
-		pg = slot_take(s, ci);
+		pg = slot_take(s, ci, pref);
 	}
 	if (!pg)
 		return -ENOSPC;
@@ -374,6 +394,11 @@ void *store_addr(const struct store *s, const struct page *pg)
 
 	return (char *)s->pool->arena[sl->arena].base + sl->off +
 	       (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes;
+}
+
+uint32_t store_arena(const struct store *s, const struct page *pg)
+{
+	return slab_of(s, pg)->arena;
 }
 
 uint64_t store_loc(const struct store *s, const struct page *pg)

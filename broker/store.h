@@ -48,15 +48,15 @@ struct slab {
 	uint32_t nfree; /* entries in free_stack */
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
-	struct list link;   /* free-slab list, or its class's partial list */
+	struct list link;   /* its arena's free-slab list, or its class's partial list there */
 };
 
 struct store_class {
 	uint64_t slot_bytes;
 	uint32_t slots_per_slab;
 	uint32_t slabs;
-	struct list partial; /* slabs of this class with a free slot */
-	struct list lru;     /* its evictable pages, coldest at the tail */
+	struct list partial[KVB_MAX_ARENAS]; /* per arena: slabs of this class with a free slot */
+	struct list lru;		     /* its evictable pages, coldest at the tail */
 };
 
 struct store_stats {
@@ -72,7 +72,7 @@ struct store {
 	uint64_t slab_bytes;
 	uint32_t nslabs;
 	struct slab *slabs;
-	struct list free_slabs;
+	struct list free_slabs[KVB_MAX_ARENAS]; /* per arena */
 	struct store_class cls[STORE_MAX_CLASSES];
 	uint32_t ncls;
 	struct list lru; /* every evictable page, coldest at the tail */
@@ -95,11 +95,30 @@ int store_class_get(struct store *s, uint64_t page_bytes);
 struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key);
 
 /*
+ * Where a new page should go: arenas in order of preference (nearest NUMA node first), all of
+ * them (numa_order). A page goes to the first arena with a free slot of its class or a free
+ * slab; only when every arena is full is the coldest page evicted, wherever it is.
+ */
+struct store_pref {
+	uint32_t n;
+	uint8_t arena[KVB_MAX_ARENAS];
+};
+
+/*
  * Allocates a slot of class cls for (ns, key), evicting the coldest evictable pages when needed,
  * and indexes it WRITING with one pin held by the caller. The caller checked (ns, key) is absent.
- * -ENOSPC when nothing can be evicted.
+ * pref NULL: arenas in index order. -ENOSPC when nothing can be evicted.
  */
-int store_alloc(struct store *s, int cls, uint32_t ns, const kvb_key *key, struct page **out);
+int store_alloc_pref(struct store *s, int cls, uint32_t ns, const kvb_key *key,
+		     const struct store_pref *pref, struct page **out);
+static inline int store_alloc(struct store *s, int cls, uint32_t ns, const kvb_key *key,
+			      struct page **out)
+{
+	return store_alloc_pref(s, cls, ns, key, (const struct store_pref *)0, out);
+}
+
+/* The arena a page's slot is in. */
+uint32_t store_arena(const struct store *s, const struct page *pg);
 
 /* WRITING -> READY, drops the writer's pin. */
 void store_commit(struct store *s, struct page *pg);

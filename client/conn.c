@@ -11,12 +11,18 @@
  * open for the life of the client. Nothing the broker sent is used before it is validated, and
  * every fd received is either kept or closed on every path.
  *
+ * A broker that is starting (its lock file held, its socket not yet listening) makes
+ * kvb_connect() return -EAGAIN at once rather than wait inside a library call: the caller
+ * decides how long to retry.
+ *
  * kvb_close() needs no goodbye message: closing the socket is the hang-up by which the broker
  * reclaims this client's leases, buffers and views, exactly as when the process dies.
  *
  * Thread-safety: see internal.h; kvb_connect() builds the client before anyone else can see it.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -96,7 +102,10 @@ static int check_opts(const struct kvb_opts *o, uint32_t *sq_entries)
 	*sq_entries = KVB_SQ_DEFAULT;
 	if (!o)
 		return 0;
-	if (o->flags & ~KVB_CONNECT_CONTROL)
+	if ((o->flags & ~(KVB_CONNECT_CONTROL | KVB_CONNECT_NUMA_NODE)) ||
+	    ((o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node < 0) ||
+	    (!(o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node) ||
+	    (o->gpu_busid && strlen(o->gpu_busid) >= KVB_BUSID_MAX))
 		return -EINVAL;
 	for (size_t i = 0; i < sizeof(o->resv) / sizeof(o->resv[0]); i++)
 		if (o->resv[i])
@@ -107,6 +116,26 @@ static int check_opts(const struct kvb_opts *o, uint32_t *sq_entries)
 		*sq_entries = o->sq_entries < KVB_SQ_MIN ? KVB_SQ_MIN : o->sq_entries;
 	}
 	return 0;
+}
+
+/*
+ * Is a broker starting on this socket? It holds a write lock on "<socket>.lock" from its first
+ * moment and listens only once its pool is ready (main.c). F_OFD_GETLK only tests the lock:
+ * probing can never make a starting broker think another one runs.
+ */
+static int broker_starting(const char *path)
+{
+	char lock[sizeof(((struct sockaddr_un *)0)->sun_path) + 8];
+	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+	int fd, held;
+
+	snprintf(lock, sizeof(lock), "%s.lock", path);
+	fd = open(lock, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	held = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+	close(fd);
+	return held;
 }
 
 static int open_socket(const char *path, int *out)
@@ -128,6 +157,8 @@ static int open_socket(const char *path, int *out)
 			continue;
 		err = kvbc_errno();
 		close(fd);
+		if ((err == -ENOENT || err == -ECONNREFUSED) && broker_starting(path))
+			err = -EAGAIN;
 		return err;
 	}
 	*out = fd;
@@ -272,10 +303,17 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 
 	name = opts && opts->name ? opts->name : program_invocation_short_name;
 	memcpy(hello.name, name, strnlen(name, sizeof(hello.name) - 1));
-	if (c->flags & KVB_CONNECT_CONTROL)
+	if (c->flags & KVB_CONNECT_CONTROL) {
 		hello.flags = KVB_HELLOF_CONTROL;
-	else
+	} else {
 		hello.sq_entries = sq_entries;
+		if (opts && (opts->gpu_busid || (opts->flags & KVB_CONNECT_NUMA_NODE))) {
+			hello.flags = KVB_HELLOF_PLACE;
+			hello.cpu_node = opts->flags & KVB_CONNECT_NUMA_NODE ? opts->numa_node : -1;
+			if (opts->gpu_busid)
+				strcpy(hello.gpu_busid, opts->gpu_busid); /* length checked */
+		}
+	}
 	err = kvbc_ctl(c, KVB_MSG_HELLO, &hello, sizeof(hello), -1, &r);
 	if (err < 0)
 		goto err_destroy;

@@ -62,7 +62,8 @@ const char *kvb_strerror(int err)
 	case EEXIST:
 		return "already exists";
 	case EAGAIN:
-		return "try again (ring full)";
+		return "try again: the broker is starting (its pool is not ready yet), or the ring "
+		       "is full";
 	case EMSGSIZE:
 		return "message too large for the control socket";
 	case ENAMETOOLONG:

@@ -79,14 +79,26 @@ struct kvb_layout {
 };
 
 /* kvb_opts.flags */
-#define KVB_CONNECT_CONTROL (1u << 0) /* tools: no rings, no pool; only kvb_stats_json works */
+#define KVB_CONNECT_CONTROL (1u << 0)	/* tools: no rings, no pool; only kvb_stats_json works */
+#define KVB_CONNECT_NUMA_NODE (1u << 1) /* numa_node is set */
 
+/*
+ * Placement: the broker keeps one pool arena per NUMA node and puts a client's new pages in the
+ * arena nearest to its GPU (gpu_busid: the broker reads the device's node from sysfs), else to
+ * its CPU node (numa_node with KVB_CONNECT_NUMA_NODE), falling back to farther arenas when that
+ * one is full. Without either, pages go to the arenas in the broker's order. Reads are served
+ * from wherever a page is; only its placement at PUT depends on this.
+ */
 struct kvb_opts {
 	const char *socket_path; /* NULL: $KVB_SOCKET, then the default path */
 	const char *name;	 /* shown by kvbctl; NULL: the program name */
+	const char *gpu_busid;	 /* PCI bus id of this client's GPU, as cudaDeviceGetPCIBusId()
+				    writes it ("0000:3B:00.0"); NULL: none */
 	uint32_t sq_entries;	 /* power of two up to 4096; 0: 256 */
 	uint32_t flags;		 /* KVB_CONNECT_* */
-	uint32_t resv[4];	 /* must be 0 */
+	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
+				    (>= 0); 0 without it */
+	uint32_t resv[3];	 /* must be 0 */
 };
 
 /* A pinned, read-only, zero-copy view of a RAM-resident page. */
@@ -105,9 +117,11 @@ enum kvb_tier {
 
 /*
  * Connects to the broker and maps this client's rings and the pool. opts may be NULL.
- * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EACCES refused by the broker's
- * credential check, -EPROTO version mismatch, -EINVAL bad opts, -ENAMETOOLONG socket path,
- * -EUSERS the broker's --max-clients reached, -ETIMEDOUT no answer, -ENOMEM.
+ * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EAGAIN a broker is starting there (it
+ * listens only once its pool is ready, which for a large pool takes seconds: retry),
+ * -EACCES refused by the broker's credential check, -EPROTO version mismatch, -EINVAL bad
+ * opts (or a malformed gpu_busid), -ENAMETOOLONG socket path, -EUSERS the broker's
+ * --max-clients reached, -ETIMEDOUT no answer, -ENOMEM.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 

@@ -81,7 +81,7 @@ int64_t kvb_msg_body_min(uint16_t type)
 {
 	switch (type) {
 	case KVB_MSG_HELLO:
-		return sizeof(struct kvb_msg_hello);
+		return KVB_MSG_HELLO_V0_SIZE; /* 1.0 clients; KVB_HELLOF_PLACE needs all of it */
 	case KVB_MSG_NS_OPEN:
 		return sizeof(struct kvb_layout);
 	case KVB_MSG_BUF_REG:

@@ -10,7 +10,8 @@
  *    SCM_RIGHTS with the message that names them.
  *
  *      client                         broker
- *      HELLO{abi, name, sq_entries} ->
+ *      HELLO{abi, name, sq_entries,
+ *            cpu node, gpu bus id} ->
  *                                  <- HELLO reply{client id, region geometry, pool geometry}
  *                                     + fds [region memfd, sq doorbell, cq doorbell, arena fds...]
  *      NS_OPEN{layout}             -> <- {ns, page_bytes}
@@ -51,7 +52,7 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 0
+#define KVB_ABI_MINOR 1
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -99,6 +100,10 @@ static_assert(sizeof(struct kvb_msg_reply) == 8, "reply");
 
 /* HELLO flags. */
 #define KVB_HELLOF_CONTROL (1u << 0) /* control only (kvbctl): no rings, no pool, not counted */
+#define KVB_HELLOF_PLACE (1u << 1)   /* ABI 1.1: cpu_node and gpu_busid are meaningful */
+
+#define KVB_BUSID_MAX 32
+#define KVB_MSG_HELLO_V0_SIZE 48u /* an ABI 1.0 HELLO stops after name */
 
 struct kvb_msg_hello {
 	uint16_t abi_major;
@@ -107,8 +112,14 @@ struct kvb_msg_hello {
 	uint32_t sq_entries;	 /* power of two, KVB_SQ_MIN..KVB_SQ_MAX; 0: default */
 	uint32_t resv;		 /* 0 */
 	char name[KVB_NAME_MAX]; /* NUL-terminated */
+	/* ABI 1.1, read only with KVB_HELLOF_PLACE: where this client's new pages should go. */
+	int32_t cpu_node;	       /* NUMA node the client runs on, -1 unknown */
+	uint32_t resv2;		       /* 0 */
+	char gpu_busid[KVB_BUSID_MAX]; /* its GPU's PCI bus id, NUL-terminated, "" none; the
+					  broker reads the GPU's node, which wins over cpu_node */
 };
-static_assert(sizeof(struct kvb_msg_hello) == 48, "hello");
+static_assert(sizeof(struct kvb_msg_hello) == 88, "hello");
+static_assert(offsetof(struct kvb_msg_hello, cpu_node) == KVB_MSG_HELLO_V0_SIZE, "hello v0");
 
 struct kvb_arena_desc {
 	uint64_t size; /* bytes, maps from offset 0 of its fd */

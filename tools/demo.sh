@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 #
 # demo.sh B - `make demo`: start a kvbrokerd from build dir B with its embedded defaults on a
-# private socket (modest pool; the pool's shm name derives from the socket path, so it never
+# private socket (modest pool; the pool is made of memfds, private to the broker, so it never
 # meets another broker's pool), run kvbdemo
 # (two simulated engines sharing a system prompt), print the broker's status, stop the broker
 # with SIGTERM and check it exited 0. The trap stops the broker and removes the temp dir on

@@ -216,7 +216,7 @@ static size_t mkmsg(void *buf, uint16_t type, uint16_t flags, size_t body_len)
 static void test_proto_msg_body_min(void **state)
 {
 	(void)state;
-	assert_int_equal(kvb_msg_body_min(KVB_MSG_HELLO), sizeof(struct kvb_msg_hello));
+	assert_int_equal(kvb_msg_body_min(KVB_MSG_HELLO), KVB_MSG_HELLO_V0_SIZE);
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_NS_OPEN), sizeof(struct kvb_layout));
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_BUF_REG), sizeof(struct kvb_msg_buf_reg));
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_BUF_UNREG), sizeof(struct kvb_msg_id));

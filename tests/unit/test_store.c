@@ -2,7 +2,7 @@
 /*
  * test_store.c - the page store over a real shared-memory pool: slot allocation and reuse,
  * size classes sharing slabs, LRU eviction order, pins and leases blocking eviction, delete of
- * a pinned page, lease-id generations, watermark eviction, and the pool's flock.
+ * a pinned page, lease-id generations, watermark eviction, and the pool's seals.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -260,17 +261,30 @@ static void test_store_watermark(void **state)
 	assert_int_equal(store_evict_watermark(&f->st, 100), 0);
 }
 
-static void test_pool_refuses_second_owner(void **state)
+/*
+ * A client's fd is read-only and the memfd sealed: write, ftruncate, a writable shared mapping
+ * and mprotect to PROT_WRITE all fail, while the broker's own mapping (made before the seal)
+ * stays writable.
+ */
+static void test_pool_client_fd_sealed_read_only(void **state)
 {
 	struct fx *f = *state;
-	struct pool p2;
-
-	assert_int_equal(pool_open(&p2, f->name, 8 * MiB, 1), -EBUSY);
-	/* A client's fd is read-only. */
 	int fd = pool_ro_fd(&f->pool, 0);
+	void *p;
 
 	assert_true(fd >= 0);
 	assert_int_equal(write(fd, "x", 1), -1);
+	assert_int_equal(ftruncate(fd, 0), -1);
+	assert_true(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+	p = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+	assert_true(p != MAP_FAILED);
+	assert_int_equal(mprotect(p, 4096, PROT_READ | PROT_WRITE), -1);
+	/* Even the broker's read-write fd cannot write or resize any more. */
+	assert_int_equal(write(f->pool.arena[0].fd, "x", 1), -1);
+	assert_int_equal(ftruncate(f->pool.arena[0].fd, 0), -1);
+	memset(f->pool.arena[0].base, 0xab, 4096);
+	assert_int_equal(((uint8_t *)p)[4095], 0xab);
+	munmap(p, 4096);
 	close(fd);
 }
 
@@ -288,7 +302,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_generation_survives_slab_reuse, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_pool_refuses_second_owner, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pool_client_fd_sealed_read_only, setup,
+						teardown),
 	};
 
 	return cmocka_run_group_tests_name("store", tests, NULL, NULL);
