@@ -23,7 +23,7 @@ else
 Q := @
 endif
 
-PKGS := liburing numa libcrypto libcjson
+PKGS := liburing numa libcrypto libcjson libisal
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
 	-Wimplicit-fallthrough -Wcast-qual -Wwrite-strings -Wundef
 ifneq ($(CI),)

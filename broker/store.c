@@ -213,12 +213,30 @@ static void slot_free(struct store *s, struct page *pg)
 		slab_release(s, sl);
 }
 
-/* Evicts an evictable page (READY, unpinned, indexed). */
-static void evict(struct store *s, struct page *pg)
+/*
+ * Evicts an evictable page (READY, unpinned, indexed): the one place pages leave RAM. With a
+ * disk tier a page that has no copy on disk is demoted instead: it stays READY and pinned
+ * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started, -EBUSY
+ * the tier cannot take it now (the page stays evictable).
+ */
+static int evict(struct store *s, struct page *pg)
 {
+	if (!pg->clean && s->demote) {
+		int r = s->demote(s->demote_arg, pg);
+
+		if (r < 0)
+			return r;
+		if (r > 0) {
+			pg->demoting = 1;
+			s->demoting_bytes += s->cls[pg->cls].slot_bytes;
+			store_pin(s, pg);
+			return 0;
+		}
+	}
 	index_remove(&s->ix, pg);
 	s->st.evictions++;
 	slot_free(s, pg);
+	return 1;
 }
 
 /* Takes a free slot of class ci if one exists without evicting. */
@@ -251,8 +269,8 @@ struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 static void slab_reclaim(struct store *s, struct slab *sl)
 {
 	for (uint32_t i = 0; i < sl->nslots && sl->cls >= 0; i++)
-		if (list_linked(&sl->pages[i].lru))
-			evict(s, &sl->pages[i]);
+		if (list_linked(&sl->pages[i].lru) && evict(s, &sl->pages[i]) < 0)
+			break;
 }
 
 int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct page **out)
@@ -263,10 +281,12 @@ int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(&s->lru); tries--) {
 		struct page *cold = list_entry(s->lru.prev, struct page, lru);
 
-		if (cold->cls == ci)
-			evict(s, cold);
-		else
+		if (cold->cls == ci) {
+			if (evict(s, cold) < 0)
+				break;
+		} else {
 			slab_reclaim(s, slab_of(s, cold));
+		}
 		pg = slot_take(s, ci);
 	}
 	if (!pg && !list_empty(&c->lru)) {
@@ -281,6 +301,8 @@ int store_alloc(struct store *s, int ci, uint32_t ns, const kvb_key *key, struct
 	pg->state = PAGE_WRITING;
 	pg->pins = 1;
 	pg->unlinked = 0;
+	pg->clean = 0;
+	pg->demoting = 0;
 	index_insert(&s->ix, pg);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
@@ -348,11 +370,28 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max)
 
 	if (s->st.bytes_used <= s->high_bytes)
 		return 0;
-	while (n < max && s->st.bytes_used > s->low_bytes && !list_empty(&s->lru)) {
-		evict(s, list_entry(s->lru.prev, struct page, lru));
+	/* Pages being demoted count as gone: their RAM is freed when their writes complete. */
+	while (n < max && s->st.bytes_used - s->demoting_bytes > s->low_bytes &&
+	       !list_empty(&s->lru)) {
+		if (evict(s, list_entry(s->lru.prev, struct page, lru)) < 0)
+			break;
 		n++;
 	}
 	return n;
+}
+
+void store_demote_done(struct store *s, struct page *pg, int ok)
+{
+	pg->demoting = 0;
+	s->demoting_bytes -= s->cls[pg->cls].slot_bytes;
+	if (ok) {
+		pg->clean = 1;
+		if (pg->pins == 1 && !pg->unlinked) {
+			index_remove(&s->ix, pg);
+			pg->unlinked = 1; /* freed by the unpin below */
+		}
+	}
+	store_unpin(s, pg);
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)
