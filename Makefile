@@ -75,13 +75,18 @@ KVBDEMO := $(B)/bin/kvbdemo
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
 PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO)
+# The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
+# -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
+# into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks
+# everywhere anyway.)
+BROKERD_HOOKS := $(B)/tests/kvbrokerd-hooks
 
 .PHONY: all deps test unit integ demo bench asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
 # Keep every object: pattern chains would otherwise delete some as intermediates.
 .SECONDARY:
 
-all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS)
+all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS) $(BROKERD_HOOKS)
 
 # Every target needs the Debian packages: check once, install when root, else say what to run.
 $(DEPS_STAMP): tools/deps.sh
@@ -114,6 +119,17 @@ $(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC))
 LIBS := $(PKG_LIBS) -pthread -ldl -lrt -lm
 
 $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(B)/obj/broker/tier-hooks.o: broker/tier.c $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  CC      $< (KVB_TEST_HOOKS)")
+	$(Q)$(CC) $(CFLAGS) -DKVB_TEST_HOOKS -MMD -MP -c $< -o $@
+
+# tier-hooks.o defines every symbol of tier.o, so the archive's tier.o is never pulled in.
+$(BROKERD_HOOKS): $(call obj,broker/main.c) $(B)/obj/broker/tier-hooks.o $(BROKER_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)

@@ -392,6 +392,12 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 		}
 	}
 	store_unpin(s, pg);
+	if (!ok && list_linked(&pg->lru)) {
+		/* Still the coldest it was, not the newest: back to the cold end of the LRU. */
+		lru_unlink(pg);
+		list_add_tail(&s->lru, &pg->lru);
+		list_add_tail(&s->cls[pg->cls].lru, &pg->clru);
+	}
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)

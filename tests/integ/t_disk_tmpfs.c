@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: MIT
+/*
+ * t_disk_tmpfs.c - a cache file on tmpfs (/dev/shm), where O_DIRECT is refused or pointless:
+ * the broker falls back to buffered I/O, says so in its log and in the stats ("direct": false),
+ * and demotion, promotion and a warm restart work the same.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define NPAGES 120
+#define PAGE (1u << 20)
+#define SEED 99
+
+static kvb_key keys[NPAGES];
+static char cache[PATH_MAX], sock[108];
+
+static void remove_cache(void)
+{
+	unlink(cache);
+}
+
+static void read_all(kvb_client *c, uint32_t ns, uint8_t *page)
+{
+	for (int i = 0; i < NPAGES; i++) {
+		CHECK_RC(kvb_get(c, ns, keys[i], page, PAGE), PAGE);
+		CHECK(harness_verify(page, PAGE, &keys[i], SEED, "page from tmpfs") == 0);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct harness_broker *b;
+	struct kvb_layout l;
+	struct statfs sf;
+	kvb_client *c;
+	uint32_t ns;
+	uint8_t *page = malloc(PAGE);
+	char *json;
+
+	harness_init(argc, argv);
+	CHECK(page != NULL);
+	if (statfs("/dev/shm", &sf) < 0 || sf.f_type != 0x01021994)
+		harness_skip("/dev/shm is not tmpfs");
+	snprintf(cache, sizeof(cache), "/dev/shm/kvbt-tmpfs-%d.cache", (int)getpid());
+	snprintf(sock, sizeof(sock), "/tmp/kvbt-tmpfs-%d.sock", (int)getpid());
+	atexit(remove_cache);
+	harness_layout(&l, "test/tmpfs", KVB_LAYOUT_MLA, 64, 1, 0, 16, 1024);
+	for (int i = 0; i < NPAGES; i++)
+		keys[i] = harness_key(SEED, (uint64_t)i);
+
+	b = harness_broker_start("--pool", "64M", "--disk", cache, "--disk-size", "192M",
+				 "--socket", sock);
+	CHECK(harness_broker_log_has(b, "buffered I/O"));
+	c = harness_connect(b, "t_disk_tmpfs", 0);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	json = harness_stats(c);
+	CHECK(strstr(json, "\"direct\":false") != NULL);
+	free(json);
+	for (int i = 0; i < NPAGES; i++) {
+		harness_fill(page, PAGE, &keys[i], SEED);
+		CHECK_RC(kvb_put(c, ns, keys[i], page, PAGE), 0);
+	}
+	read_all(c, ns, page);
+	CHECK_GT(harness_stat(c, "disk.promotions"), 0);
+	kvb_close(c);
+	harness_broker_stop(b);
+
+	b = harness_broker_start("--pool", "64M", "--disk", cache, "--disk-size", "192M",
+				 "--socket", sock);
+	CHECK(harness_broker_log_has(b, "warm restart"));
+	c = harness_connect(b, "t_disk_tmpfs", 0);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	CHECK_EQ(harness_stat(c, "disk.pages"), NPAGES);
+	read_all(c, ns, page);
+	kvb_close(c);
+	harness_broker_stop(b);
+	free(page);
+	return H_PASS;
+}
