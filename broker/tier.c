@@ -355,18 +355,25 @@ static int park(struct list *on, struct session *s, const struct kvb_sqe *sqe)
 	return 1;
 }
 
+/* Moves every entry of from to the empty list to. */
+static void list_move_all(struct list *to, struct list *from)
+{
+	list_init(to);
+	if (list_empty(from))
+		return;
+	*to = *from;
+	to->next->prev = to;
+	to->prev->next = to;
+	list_init(from);
+}
+
 /* Runs every op of a list again (those that must wait again park on fresh lists). */
 static void resume_all(struct tier *t, struct list *from)
 {
 	struct list todo;
 
-	if (list_empty(from))
-		return;
 	/* Move the list aside: ops that park again must not be visited twice. */
-	todo = *from;
-	todo.next->prev = &todo;
-	todo.prev->next = &todo;
-	list_init(from);
+	list_move_all(&todo, from);
 	while (!list_empty(&todo)) {
 		struct twait *w = list_entry(todo.next, struct twait, link);
 
@@ -433,7 +440,7 @@ static void read_done(struct tier *t, struct dslot *d)
 {
 	struct page *pg = d->pg;
 	int ok = !d->err, err = d->err;
-	struct list waiters = d->waiters;
+	struct list waiters;
 
 	t->reads--;
 	count_io(t, d->err);
@@ -460,9 +467,7 @@ static void read_done(struct tier *t, struct dslot *d)
 		store_abort(&t->b->store, pg);
 	}
 	/* The parked ops run once the slot is settled: they find the page in RAM, or miss. */
-	waiters.next->prev = &waiters;
-	waiters.prev->next = &waiters;
-	list_init(&d->waiters);
+	list_move_all(&waiters, &d->waiters);
 	if (d->dead)
 		free(d);
 	else if (!ok)
