@@ -15,6 +15,7 @@
  *      every other page is served.
  */
 #include <fcntl.h>
+#include <isa-l/crc.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #define BLK 4096u
 
 static kvb_key keys[NPAGES];
+static uint32_t crcs[NPAGES]; /* of each page's content: a sanitizer-cheap byte-exact check */
 static char cache[PATH_MAX], sock[108];
 static struct kvb_layout lay;
 
@@ -105,7 +107,10 @@ static void read_all(kvb_client *c, uint32_t ns, uint8_t *reg, uint8_t *plain, c
 			continue;
 		}
 		CHECKF(rc == (int)PAGE, "%s: get returned %d (%s)", what, rc, harness_strerror(rc));
-		CHECK(harness_verify(dst, PAGE, &keys[i], SEED, what) == 0);
+		/* ISA-L's crc runs uninstrumented under the sanitizers; on a mismatch the full
+		 * comparison says where the bytes differ. */
+		if (crc32_iscsi(dst, (int)PAGE, ~0u) != crcs[i])
+			CHECK(harness_verify(dst, PAGE, &keys[i], SEED, what) == 0);
 	}
 }
 
@@ -231,6 +236,7 @@ int main(int argc, char **argv)
 	CHECK(reg != NULL);
 	for (int i = 0; i < NPAGES; i++) {
 		harness_fill(page, PAGE, &keys[i], SEED);
+		crcs[i] = crc32_iscsi(page, (int)PAGE, ~0u);
 		CHECK_RC(kvb_put(c, ns, keys[i], page, PAGE), 0);
 	}
 	json = harness_stats(c);

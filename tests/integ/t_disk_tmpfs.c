@@ -2,7 +2,7 @@
 /*
  * t_disk_tmpfs.c - a cache file on tmpfs (/dev/shm), where O_DIRECT is refused or pointless:
  * the broker falls back to buffered I/O, says so in its log and in the stats ("direct": false),
- * and demotion, promotion and a warm restart work the same.
+ * and demotion, promotion and a warm restart (with an SQPOLL ring) work the same.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,9 +70,11 @@ int main(int argc, char **argv)
 	kvb_close(c);
 	harness_broker_stop(b);
 
+	/* The restart also runs the ring with SQPOLL. */
 	b = harness_broker_start("--pool", "64M", "--disk", cache, "--disk-size", "192M",
-				 "--socket", sock);
+				 "--socket", sock, "--disk-sqpoll");
 	CHECK(harness_broker_log_has(b, "warm restart"));
+	CHECK(harness_broker_log_has(b, "SQPOLL"));
 	c = harness_connect(b, "t_disk_tmpfs", 0);
 	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
 	CHECK_EQ(harness_stat(c, "disk.pages"), NPAGES);
