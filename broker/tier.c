@@ -580,7 +580,8 @@ int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, co
 		return 0;
 	memcpy(key.b, sqe->key, sizeof(key.b));
 	d = lookup(t, n, &key);
-	if (!d)
+	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
+	if (!d || d->len != n->page_bytes)
 		return 0;
 	pg = store_find(&b->store, n->id, &key);
 	if (pg && pg->state == PAGE_READY)
@@ -994,11 +995,13 @@ void tier_close(struct broker *b)
 	before = t->st.demotions;
 	s->high_bytes = s->low_bytes = 0;
 	for (;;) {
-		store_evict_watermark(s, REAP_MAX);
+		uint32_t n = store_evict_watermark(s, REAP_MAX);
+
 		disk_submit(&t->d);
-		if (!(t->writes + t->reads))
+		if (!n && !(t->writes + t->reads))
 			break;
-		disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
+		if (t->writes + t->reads)
+			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
 		resume_all(t, &t->wait);
 	}
 	written = t->st.demotions - before;
