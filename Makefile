@@ -72,9 +72,10 @@ BROKERD := $(B)/bin/kvbrokerd
 KVBCTL := $(B)/bin/kvbctl
 KVBBENCH := $(B)/bin/kvbbench
 KVBDEMO := $(B)/bin/kvbdemo
+KVBDISK := $(B)/bin/kvbdisk
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
-PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO)
+PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK)
 # The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
 # -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
 # into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks

@@ -7,14 +7,16 @@
 # For each page size (1M and 4.5M):
 #   fio write     io_uring, O_DIRECT, bs = page, iodepth = QD, sequential (demotion writes the
 #                 log sequentially), on the cache file itself before the broker opens it
-#   demotion      kvbbench put of new keys into a pool full of pages (working set 4 x pool):
-#                 every PUT waits for a demotion, so PUT GB/s is the demotion rate
 #   fio randread  same engine, bs, iodepth, random offsets
-#   promotion     kvbbench get with QD client processes (each GET is synchronous) of a working
-#                 set 4 x pool: disk.read_bytes over the timed seconds
-# Then the broker is stopped (it writes what is only in RAM) and restarted on the cache file:
-# the scan's seconds and GB/s (stats disk.scan_seconds / scan_bytes), next to fio reading the
-# file sequentially with bs 4M, iodepth 16 (what the scan issues).
+#   demotion      kvbdisk fill: PUTs of a working set of 4 x pool into a broker with
+#                 --disk-qd QD; past 1.25 x pool every PUT waits for a demotion, so the PUT
+#                 rate is the demotion rate
+#   warm restart  the broker is stopped (it writes what is only in RAM) and restarted on the
+#                 file: the scan's seconds and GB/s (stats disk.scan_seconds / scan_bytes), next
+#                 to fio reading the file sequentially with bs 4M, iodepth 16 (what the scan
+#                 issues)
+#   promotion     kvbdisk prefetch: QD PREFETCHes in flight over the pages in random order,
+#                 into the empty RAM of the restarted broker: disk.read_bytes per second
 #
 # Knobs (environment): KVB_BENCH_DISK_DIR (B/bench: must be a real file system, not tmpfs),
 # KVB_BENCH_QD (8), KVB_BENCH_DISK_SIZE (4G), KVB_BENCH_POOL (512M), KVB_BENCH_SECONDS (5),
@@ -99,6 +101,7 @@ fio_run() { # fio_run RW BS DEPTH [extra] -> MB/s (1e6 bytes/s)
 
 pool_bytes=$(bytes "$POOL")
 rows=""
+scans=""
 for pg in $PAGES; do
 	pb=$(bytes "$pg")
 	bs=$((pb / 1024))k
@@ -108,43 +111,36 @@ for pg in $PAGES; do
 	fr=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
 	rm -f "$F"
 	start
-	"$B/bin/kvbbench" --socket "$sock" --page "$pg" --pages "$ws" --seconds "$SECS" --json \
-		put >"$tmp/put.json"
-	dm=$(json "$tmp/put.json" "round(d['gb_per_s'] * 1000)")
-	stats "$tmp/s0.json"
-	"$B/bin/kvbbench" --socket "$sock" --page "$pg" --pages "$ws" --procs "$QD" --warmup 0 \
-		--seconds "$SECS" --json get >"$tmp/get.json"
-	stats "$tmp/s1.json"
-	secs=$(json "$tmp/get.json" "d['seconds']")
-	rb0=$(json "$tmp/s0.json" "d['disk']['read_bytes']")
-	rb1=$(json "$tmp/s1.json" "d['disk']['read_bytes']")
-	pr=$(python3 -c "print(round(($rb1 - $rb0) / $secs / 1e6))")
+	"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" fill >"$tmp/fill.json"
+	dm=$(json "$tmp/fill.json" "round(d['mb_per_s'])")
 	stop
-	echo "$pg fio_write=$fw demotion=$dm fio_randread=$fr promotion=$pr" | tee -a "$raw"
+	start # warm: every page on disk, RAM empty
+	stats "$tmp/s.json"
+	ss=$(json "$tmp/s.json" "d['disk']['scan_seconds']")
+	sb=$(json "$tmp/s.json" "d['disk']['scan_bytes']")
+	sp=$(json "$tmp/s.json" "d['disk']['pages']")
+	"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" --qd "$QD" \
+		--seconds "$SECS" prefetch >"$tmp/pre.json"
+	pr=$(json "$tmp/pre.json" "round(d['mb_per_s'])")
+	stop
+	fs=$(fio_run read 4m 16)
+	echo "$pg fio_write=$fw demotion=$dm fio_randread=$fr promotion=$pr scan_s=$ss scan_bytes=$sb pages=$sp fio_read_4m=$fs" | tee -a "$raw"
 	rows="$rows| $pg | $QD | $fw | $dm | $(python3 -c "print('%.0f%%' % (100 * $dm / $fw))") | $fr | $pr | $(python3 -c "print('%.0f%%' % (100 * $pr / $fr))") |
+"
+	scans="$scans$(python3 -c "
+ss, sb, fs = float('$ss'), float('$sb'), float('$fs')
+print('| $DISK, $pg pages | $sp | %.2f GiB | %.2f | %.2f | %.2f |' % (sb / 2**30, ss, sb / ss / 1e9, fs / 1e3))")
 "
 done
 
-# Warm restart: the last cache file, written through, scanned by a new broker.
-start
-stats "$tmp/s2.json"
-stop
-ss=$(json "$tmp/s2.json" "d['disk']['scan_seconds']")
-sb=$(json "$tmp/s2.json" "d['disk']['scan_bytes']")
-sp=$(json "$tmp/s2.json" "d['disk']['pages']")
-fs=$(fio_run read 4m 16)
-echo "scan seconds=$ss bytes=$sb pages=$sp fio_read_4m_qd16=$fs" | tee -a "$raw"
-
 echo
-echo "NVMe tier vs fio (io_uring, O_DIRECT, same file, same run); MB/s = 1e6 bytes/s; file system $(stat -f -c %T "$DIR"), $(nproc) CPUs"
+echo "NVMe tier vs fio (io_uring, O_DIRECT, same file, same run); MB/s = 1e6 bytes/s;"
+echo "file system $(stat -f -c %T "$DIR"), $(nproc) CPUs, pool $POOL, working set 4 x pool"
 echo
 echo "| page | QD | fio write MB/s | demotion MB/s | ratio | fio randread MB/s | promotion MB/s | ratio |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 printf '%s' "$rows"
 echo
-python3 -c "
-ss, sb, fs = float('$ss'), float('$sb'), float('$fs')
-print('| warm-restart scan | file | pages | seconds | GB/s | fio seq read 4M QD16 GB/s |')
-print('| --- | ---: | ---: | ---: | ---: | ---: |')
-print('| %s cache file | %.2f GiB | $sp | %.2f | %.2f | %.2f |' % ('$DISK', sb / 2**30, ss, sb / ss / 1e9, fs / 1e3))
-"
+echo "| warm-restart scan | pages | read | seconds | GB/s | fio seq read 4M QD16 GB/s |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+printf '%s' "$scans"
