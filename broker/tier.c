@@ -72,11 +72,11 @@
 #include "slot.h"
 #include "tier.h"
 
-#define TIER_FAIL_AFTER 8	    /* consecutive I/O errors that fail the tier */
-#define TIER_MAX_DNS 4096	    /* namespace identities the disk may know */
-#define SCAN_CHUNK (4u << 20)	    /* bytes per read while scanning */
-#define SCAN_MIN_WINDOW (64u << 20) /* scan buffer, at least two of the largest slots */
-#define REAP_MAX 256		    /* completions per tier_poll */
+#define TIER_FAIL_AFTER 8	/* consecutive I/O errors that fail the tier */
+#define TIER_MAX_DNS 4096	/* namespace identities the disk may know */
+#define SCAN_CHUNK (4u << 20)	/* bytes per read while scanning */
+#define SCAN_REGION (32u << 20) /* bytes per scan buffer: one is read while the other is parsed */
+#define REAP_MAX 256		/* completions per tier_poll */
 
 enum { DS_WRITING = 1, DS_ONDISK = 2, DS_READING = 3 };
 enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_MASK = 3 };
@@ -670,47 +670,59 @@ void tier_event(struct broker *b)
 
 /* ---- warm restart ---- */
 
-struct scan_io {
-	uint32_t want, done;
-	int32_t err;
+/*
+ * The scan reads a path region by region into two buffers in turn, so that one region is being
+ * read while the other is parsed. Each buffer has room in front of its region for the start of
+ * a slot that straddles two regions (the carry, at most the largest slot).
+ */
+struct scan_buf {
+	uint8_t *mem;  /* carry room, then the region */
+	uint64_t off;  /* file offset of the region */
+	uint64_t len;  /* region bytes */
+	uint32_t want; /* reads issued */
+	uint32_t done; /* reads completed */
+	int32_t err;   /* first error */
 };
 
 static void scan_cqe(void *arg, uint64_t ud, int32_t res)
 {
-	struct scan_io *io = arg;
+	struct scan_buf *sb = (struct scan_buf *)arg + ud;
 
-	(void)ud;
-	io->done++;
-	if (res < 0 && !io->err)
-		io->err = res;
+	sb->done++;
+	if (res < 0 && !sb->err)
+		sb->err = res;
 }
 
-/*
- * Reads [at, at + len) of path pi into buf in SCAN_CHUNK pieces, all in flight at once, and
- * waits for them (start-up: blocking is fine). Bytes past the end of a short file read as 0.
- */
-static int scan_read(struct tier *t, uint32_t pi, uint8_t *buf, uint64_t at, uint64_t len)
+/* Issues the reads of [off, off + len) into sb's region, SCAN_CHUNK bytes each. */
+static int scan_submit(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint32_t i,
+		       uint64_t carry_room, uint64_t off, uint64_t len)
 {
-	struct scan_io io = {0};
+	struct scan_buf *sb = &bufs[i];
 
+	sb->off = off;
+	sb->len = len;
+	sb->want = sb->done = 0;
+	sb->err = 0;
 	for (uint64_t o = 0; o < len; o += SCAN_CHUNK) {
 		uint32_t n = (uint32_t)(len - o < SCAN_CHUNK ? len - o : SCAN_CHUNK);
 
-		if (disk_prep(&t->d, 0, pi, at + o, buf + o, n, 0, 0)) {
-			disk_submit(&t->d);
-			while (io.done < io.want)
-				disk_reap(&t->d, io.want - io.done, 1, scan_cqe, &io);
-			if (disk_prep(&t->d, 0, pi, at + o, buf + o, n, 0, 0))
-				return -EBUSY;
+		while (disk_prep(&t->d, 0, pi, off + o, sb->mem + carry_room + o, n, i, 0)) {
+			/* SQ full: submit and make room (the other buffer's reads may be in it). */
+			if (disk_submit(&t->d))
+				return -EIO;
+			disk_reap(&t->d, 64, 1, scan_cqe, bufs);
 		}
-		io.want++;
+		sb->want++;
 	}
-	if (disk_submit(&t->d))
-		return -EIO;
-	while (io.done < io.want)
-		disk_reap(&t->d, io.want - io.done, 1, scan_cqe, &io);
 	t->st.scan_bytes += len;
-	return io.err;
+	return disk_submit(&t->d) ? -EIO : 0;
+}
+
+static int scan_wait(struct tier *t, struct scan_buf *bufs, uint32_t i)
+{
+	while (bufs[i].done < bufs[i].want)
+		disk_reap(&t->d, 64, 1, scan_cqe, bufs);
+	return bufs[i].err;
 }
 
 /* A valid header whose payload checks: the slot goes into the index (newest copy wins). */
@@ -763,76 +775,90 @@ static int overwritten(struct tier *t, const uint8_t *from, const uint8_t *to, u
 }
 
 /*
- * Makes [pos, pos + need) of path pi readable in the window: slides what is left from pos on
- * to the start of buf, then reads as much of the rest of the path as fits.
+ * Parses [*pos, limit) of the region in sb (the file offset o is at sb->mem + room + o -
+ * sb->off, and the carry sits just before the region). Stops at a slot that runs past limit
+ * when more of the path follows; *pos is then where the next region's carry starts.
  */
-static int window(struct tier *t, uint32_t pi, uint8_t *buf, uint64_t win, uint64_t *base,
-		  uint64_t *filled, uint64_t pos, uint64_t need)
-{
-	uint64_t end = t->log[pi].end, keep, rd;
-	int err;
-
-	if (pos + need <= *base + *filled)
-		return 0;
-	keep = *base + *filled > pos ? *base + *filled - pos : 0;
-	memmove(buf, buf + (pos - *base), keep);
-	*base = pos;
-	*filled = keep;
-	rd = win - keep < end - (pos + keep) ? win - keep : end - (pos + keep);
-	err = scan_read(t, pi, buf + keep, pos + keep, rd);
-	if (err)
-		return err;
-	*filled += rd;
-	return pos + need <= *base + *filled ? 0 : -EIO;
-}
-
-static int scan_path(struct tier *t, uint32_t pi, uint8_t *buf, uint64_t win, uint64_t max_len)
+static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, uint64_t room,
+			uint64_t *pos, uint64_t *newest, uint64_t max_len)
 {
 	struct tlog *l = &t->log[pi];
-	uint64_t pos = l->start, base = l->start, filled = 0, newest = 0, n = 0;
-	int err;
+	uint64_t limit = sb->off + sb->len;
 
-	while (pos + SLOT_BLOCK <= l->end) {
+	while (*pos + SLOT_BLOCK <= limit) {
+		const uint8_t *p = sb->mem + room + *pos - sb->off;
+		enum slot_verdict v = slot_hdr_check(p, t->d.cache_id, max_len);
 		struct slot_hdr h;
-		enum slot_verdict v;
 		uint64_t stride;
-		const uint8_t *p;
 
-		err = window(t, pi, buf, win, &base, &filled, pos, SLOT_BLOCK);
-		if (err)
-			return err;
-		p = buf + (pos - base);
-		v = slot_hdr_check(p, t->d.cache_id, max_len);
 		if (v != SLOT_VALID) {
 			t->st.torn += v == SLOT_TORN;
-			pos += SLOT_BLOCK;
+			*pos += SLOT_BLOCK;
 			continue;
 		}
 		memcpy(&h, p, sizeof(h));
 		stride = slot_stride(h.len);
-		if (pos + stride > l->end) {
+		if (*pos + stride > l->end) {
 			t->st.torn++; /* cannot be a whole slot of this geometry */
-			pos += SLOT_BLOCK;
+			*pos += SLOT_BLOCK;
 			continue;
 		}
-		err = window(t, pi, buf, win, &base, &filled, pos, stride);
-		if (err)
-			return err;
-		p = buf + (pos - base);
+		if (*pos + stride > limit)
+			return; /* carried into the next region */
 		if (slot_crc32c(p + SLOT_BLOCK, h.len) != h.payload_crc) {
-			if (pos + stride > t->d.path[pi].eof)
+			if (*pos + stride > t->d.path[pi].eof)
 				t->st.torn++; /* the file was cut inside it */
 			else if (!overwritten(t, p + SLOT_BLOCK, p + stride, h.gen, max_len))
 				t->st.corrupt++;
-			pos += SLOT_BLOCK;
+			*pos += SLOT_BLOCK;
 			continue;
 		}
-		scan_found(t, pi, pos, &h);
-		if (h.gen >= newest) {
-			newest = h.gen;
-			l->head = pos + stride;
+		scan_found(t, pi, *pos, &h);
+		if (h.gen >= *newest) {
+			*newest = h.gen;
+			l->head = *pos + stride;
 		}
-		pos += stride;
+		*pos += stride;
+	}
+}
+
+static int scan_path(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint64_t room,
+		     uint64_t region, uint64_t max_len)
+{
+	struct tlog *l = &t->log[pi];
+	uint64_t pos = l->start, newest = 0, n = 0, next = l->start;
+	uint32_t cur = 0;
+	int err;
+
+	err = scan_submit(t, pi, bufs, 0, room, next,
+			  region < l->end - next ? region : l->end - next);
+	next += bufs[0].len;
+	while (!err) {
+		struct scan_buf *sb = &bufs[cur], *other = &bufs[cur ^ 1];
+		uint64_t carry = sb->off - pos;
+
+		err = scan_wait(t, bufs, cur);
+		if (err)
+			break;
+		/* The previous region's unparsed tail goes in front of this one. */
+		if (carry)
+			memcpy(sb->mem + room - carry, other->mem + room + (pos - other->off),
+			       carry);
+		if (next < l->end) {
+			err = scan_submit(t, pi, bufs, cur ^ 1, room, next,
+					  region < l->end - next ? region : l->end - next);
+			next += other->len;
+		}
+		scan_region(t, pi, sb, room, &pos, &newest, max_len);
+		if (sb->off + sb->len >= l->end)
+			break;
+		cur ^= 1;
+	}
+	if (err) {
+		/* Let the other buffer's reads finish before the buffers go. */
+		scan_wait(t, bufs, 0);
+		scan_wait(t, bufs, 1);
+		return err;
 	}
 	/* Log order is address order from the head on: the slots before it are the newest. */
 	for (struct list *it = l->slots.next; it != &l->slots; it = it->next)
@@ -850,18 +876,24 @@ static int scan_path(struct tier *t, uint32_t pi, uint8_t *buf, uint64_t win, ui
 
 static int scan(struct tier *t, uint64_t slab_bytes)
 {
-	uint64_t max_len = slab_bytes, win = 2 * slot_stride(max_len) + SCAN_CHUNK;
+	uint64_t max_len = slab_bytes, room = slot_stride(max_len), region = SCAN_REGION;
+	struct scan_buf bufs[2] = {{0}, {0}};
 	double t0 = now_sec();
-	uint8_t *buf;
 	int err = 0;
 
-	win = (win < SCAN_MIN_WINDOW ? SCAN_MIN_WINDOW : win) & ~(uint64_t)(SLOT_BLOCK - 1);
-	buf = mmap(NULL, win, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (buf == MAP_FAILED)
-		return -ENOMEM;
+	if (region < room)
+		region = room;
+	for (int i = 0; i < 2; i++) {
+		bufs[i].mem = mmap(NULL, room + region, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (bufs[i].mem == MAP_FAILED)
+			err = -ENOMEM;
+	}
 	for (uint32_t i = 0; i < t->d.npaths && !err; i++)
-		err = scan_path(t, i, buf, win, max_len);
-	munmap(buf, win);
+		err = scan_path(t, i, bufs, room, region, max_len);
+	for (int i = 0; i < 2; i++)
+		if (bufs[i].mem != MAP_FAILED)
+			munmap(bufs[i].mem, room + region);
 	t->st.scan_seconds = now_sec() - t0;
 	if (err) {
 		log_error("disk: scan: %s", strerror(-err));
