@@ -185,20 +185,24 @@ static int supers(struct disk *d, void *blk)
 /* The pool in chunks plus the header blocks as fixed buffers. Failure only costs speed. */
 static void register_buffers(struct disk *d, uint64_t slab_bytes)
 {
-	struct iovec iov[KVB_MAX_ARENAS * 64 + 1];
-	uint32_t n = 0;
+	struct iovec *iov;
+	uint32_t n = 1;
 	int err;
 
 	d->chunk_bytes = CHUNK_MAX / slab_bytes * slab_bytes;
 	if (!d->chunk_bytes)
 		return;
+	for (uint32_t a = 0; a < d->pool->narenas; a++)
+		n += (uint32_t)((d->pool->arena[a].size + d->chunk_bytes - 1) / d->chunk_bytes);
+	iov = calloc(n, sizeof(*iov));
+	if (!iov)
+		return;
+	n = 0;
 	for (uint32_t a = 0; a < d->pool->narenas; a++) {
 		const struct pool_arena *ar = &d->pool->arena[a];
 
 		d->arena_buf0[a] = n;
 		for (uint64_t off = 0; off < ar->size; off += d->chunk_bytes) {
-			if (n == sizeof(iov) / sizeof(iov[0]) - 1)
-				return; /* a pool of more than 64 GiB per arena: not registered */
 			iov[n].iov_base = (uint8_t *)ar->base + off;
 			iov[n++].iov_len = ar->size - off < d->chunk_bytes ? ar->size - off
 									   : d->chunk_bytes;
@@ -208,9 +212,11 @@ static void register_buffers(struct disk *d, uint64_t slab_bytes)
 	iov[n].iov_base = d->hdrs;
 	iov[n++].iov_len = (size_t)d->nhdrs * SLOT_BLOCK;
 	err = io_uring_register_buffers(&d->ring, iov, n);
+	free(iov);
 	if (err) {
-		log_warn("disk: registering the pool as fixed buffers: %s: plain reads and writes",
-			 strerror(-err));
+		log_warn("disk: registering the pool as %u fixed buffers: %s: plain reads and "
+			 "writes",
+			 n, strerror(-err));
 		return;
 	}
 	d->fixed_bufs = 1;

@@ -20,7 +20,8 @@
 #
 # Knobs (environment): KVB_BENCH_DISK_DIR (B/bench: must be a real file system, not tmpfs),
 # KVB_BENCH_QD (8), KVB_BENCH_DISK_SIZE (4G), KVB_BENCH_POOL (512M), KVB_BENCH_SECONDS (5),
-# KVB_BENCH_PAGES ("1M 4.5M"). Needs fio and python3. About 2 minutes on the 2-core machines.
+# KVB_BENCH_PAGES ("1M 4.5M"), KVB_BENCH_REPS (3; the report gives medians and ranges). Needs
+# fio and python3. About 5 minutes on the 2-core machines.
 set -eu
 
 B=${1:-build/release}
@@ -30,6 +31,7 @@ DISK=${KVB_BENCH_DISK_SIZE:-4G}
 POOL=${KVB_BENCH_POOL:-512M}
 SECS=${KVB_BENCH_SECONDS:-5}
 PAGES=${KVB_BENCH_PAGES:-"1M 4.5M"}
+REPS=${KVB_BENCH_REPS:-3}
 
 for t in fio python3; do
 	command -v $t >/dev/null || { echo "bench-disk: $t is needed" >&2; exit 1; }
@@ -100,47 +102,66 @@ fio_run() { # fio_run RW BS DEPTH [extra] -> MB/s (1e6 bytes/s)
 }
 
 pool_bytes=$(bytes "$POOL")
-rows=""
-scans=""
-for pg in $PAGES; do
-	pb=$(bytes "$pg")
-	bs=$((pb / 1024))k
-	ws=$((4 * pool_bytes / pb))
-	rm -f "$F"
-	fw=$(fio_run write "$bs" "$QD" --io_size=2G)
-	fr=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
-	rm -f "$F"
-	start
-	"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" fill >"$tmp/fill.json"
-	dm=$(json "$tmp/fill.json" "round(d['mb_per_s'])")
-	stop
-	start # warm: every page on disk, RAM empty
-	stats "$tmp/s.json"
-	ss=$(json "$tmp/s.json" "d['disk']['scan_seconds']")
-	sb=$(json "$tmp/s.json" "d['disk']['scan_bytes']")
-	sp=$(json "$tmp/s.json" "d['disk']['pages']")
-	"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" --qd "$QD" \
-		--seconds "$SECS" prefetch >"$tmp/pre.json"
-	pr=$(json "$tmp/pre.json" "round(d['mb_per_s'])")
-	stop
-	fs=$(fio_run read 4m 16)
-	echo "$pg fio_write=$fw demotion=$dm fio_randread=$fr promotion=$pr scan_s=$ss scan_bytes=$sb pages=$sp fio_read_4m=$fs" | tee -a "$raw"
-	rows="$rows| $pg | $QD | $fw | $dm | $(python3 -c "print('%.0f%%' % (100 * $dm / $fw))") | $fr | $pr | $(python3 -c "print('%.0f%%' % (100 * $pr / $fr))") |
-"
-	scans="$scans$(python3 -c "
-ss, sb, fs = float('$ss'), float('$sb'), float('$fs')
-print('| $DISK, $pg pages | $sp | %.2f GiB | %.2f | %.2f | %.2f |' % (sb / 2**30, ss, sb / ss / 1e9, fs / 1e3))")
-"
+# Repetitions are the outer loop, so slow drift of a shared machine spreads over every figure.
+r=1
+while [ "$r" -le "$REPS" ]; do
+	for pg in $PAGES; do
+		pb=$(bytes "$pg")
+		bs=$((pb / 1024))k
+		ws=$((4 * pool_bytes / pb))
+		rm -f "$F"
+		fw=$(fio_run write "$bs" "$QD" --io_size=2G)
+		fr=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
+		rm -f "$F"
+		start
+		"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" fill >"$tmp/fill.json"
+		dm=$(json "$tmp/fill.json" "round(d['mb_per_s'])")
+		stop
+		start # warm: every page on disk, RAM empty
+		stats "$tmp/s.json"
+		ss=$(json "$tmp/s.json" "d['disk']['scan_seconds']")
+		sb=$(json "$tmp/s.json" "d['disk']['scan_bytes']")
+		sp=$(json "$tmp/s.json" "d['disk']['pages']")
+		"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" --qd "$QD" \
+			--seconds "$SECS" prefetch >"$tmp/pre.json"
+		pr=$(json "$tmp/pre.json" "round(d['mb_per_s'])")
+		stop
+		fs=$(fio_run read 4m 16)
+		echo "rep=$r page=$pg fio_write=$fw demotion=$dm fio_randread=$fr promotion=$pr" \
+			"scan_s=$ss scan_bytes=$sb pages=$sp fio_read_4m=$fs" | tee -a "$raw"
+	done
+	r=$((r + 1))
 done
 
 echo
-echo "NVMe tier vs fio (io_uring, O_DIRECT, same file, same run); MB/s = 1e6 bytes/s;"
-echo "file system $(stat -f -c %T "$DIR"), $(nproc) CPUs, pool $POOL, working set 4 x pool"
+echo "NVMe tier vs fio (io_uring, O_DIRECT, same file, same run), median of $REPS interleaved"
+echo "runs (range in brackets); MB/s = 1e6 bytes/s; file system $(stat -f -c %T "$DIR"),"
+echo "$(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg), pool $POOL, working set 4 x pool, cache $DISK"
 echo
-echo "| page | QD | fio write MB/s | demotion MB/s | ratio | fio randread MB/s | promotion MB/s | ratio |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-printf '%s' "$rows"
-echo
-echo "| warm-restart scan | pages | read | seconds | GB/s | fio seq read 4M QD16 GB/s |"
-echo "| --- | ---: | ---: | ---: | ---: | ---: |"
-printf '%s' "$scans"
+python3 - "$raw" "$QD" "$DISK" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    kv = dict(f.split("=", 1) for f in line.split())
+    rows.setdefault(kv["page"], []).append(kv)
+qd, disk = sys.argv[2], sys.argv[3]
+def med(rs, k, scale=1.0):
+    v = [float(r[k]) * scale for r in rs]
+    return statistics.median(v), min(v), max(v)
+def fmt(t, p=0):
+    return "%.*f [%.*f-%.*f]" % (p, t[0], p, t[1], p, t[2])
+print("| page | QD | fio write MB/s | demotion MB/s | ratio | fio randread MB/s | promotion MB/s | ratio |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+for pg, rs in rows.items():
+    fw, dm, fr, pr = (med(rs, k) for k in ("fio_write", "demotion", "fio_randread", "promotion"))
+    print("| %s | %s | %s | %s | %.0f%% | %s | %s | %.0f%% |" % (pg, qd, fmt(fw), fmt(dm),
+          100 * dm[0] / fw[0], fmt(fr), fmt(pr), 100 * pr[0] / fr[0]))
+print()
+print("| warm-restart scan | pages | read GiB | seconds | GB/s | fio seq read 4M QD16 GB/s |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
+for pg, rs in rows.items():
+    gbs = [float(r["scan_bytes"]) / float(r["scan_s"]) / 1e9 for r in rs]
+    print("| %s file, %s pages | %s | %.2f | %s | %s | %s |" % (disk, pg, rs[0]["pages"],
+          float(rs[0]["scan_bytes"]) / 2**30, fmt(med(rs, "scan_s"), 2),
+          fmt((statistics.median(gbs), min(gbs), max(gbs)), 2), fmt(med(rs, "fio_read_4m", 1e-3), 2)))
+PY
