@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -255,6 +256,13 @@ int disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p, ui
 		err = path_open(&d->path[i], share);
 		if (err)
 			goto err;
+		/* Two brokers writing one cache would overwrite each other's slots. */
+		if (flock(d->path[i].fd, LOCK_EX | LOCK_NB) < 0) {
+			err = errno == EWOULDBLOCK ? -EBUSY : -errno;
+			log_error("disk %s: %s", d->path[i].name,
+				  err == -EBUSY ? "another kvbrokerd uses it" : strerror(-err));
+			goto err;
+		}
 		fds[i] = d->path[i].fd;
 	}
 	d->direct = 1;
