@@ -8,7 +8,8 @@
  * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
  * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
  * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket, a signalfd and the disk ring's eventfd (so it sleeps correctly while I/O is in flight), waking at least once a second for watermark eviction.
+ * socket, a signalfd and the disk ring's eventfd (so it sleeps correctly while I/O is in
+ * flight), waking at least once a second for watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>

@@ -28,6 +28,11 @@
  * class goes instead. So a single class is exact LRU, and memory moves between page sizes in
  * LRU order of slabs, with bounded work per allocation (RECLAIM_TRIES slabs).
  *
+ * With a disk tier [tier-seam], evict() frees a "clean" page (its copy on disk is complete) at
+ * once and hands any other to the tier (tier.c), which writes it while it stays READY and
+ * pinned, and frees it through store_demote_done(). An allocation that found no slot then
+ * returns -ENOSPC with demotions in flight, and its op waits for them (tier_park_alloc).
+ *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
  * even after its slab changed class. Loop thread only.
