@@ -394,15 +394,17 @@ static void fail_tier(struct tier *t, const char *why)
 	log_error("disk: tier failed (%s): serving from RAM only from now on", why);
 }
 
-static void count_io(struct tier *t, int err)
+/* Counts an I/O's outcome; returns 1 when its error deserves a log line (rate-limited). */
+static int count_io(struct tier *t, int err)
 {
 	if (!err) {
 		t->errors_in_row = 0;
-		return;
+		return 0;
 	}
 	t->st.errors++;
 	if (++t->errors_in_row == TIER_FAIL_AFTER)
 		fail_tier(t, "repeated I/O errors");
+	return t->st.errors <= 16 || !(t->st.errors % 1024);
 }
 
 static void write_done(struct tier *t, struct dslot *d)
@@ -412,13 +414,13 @@ static void write_done(struct tier *t, struct dslot *d)
 
 	t->writes--;
 	t->free_hdrs[t->nfree_hdrs++] = d->hdr;
-	count_io(t, d->err);
+	if (count_io(t, d->err))
+		log_warn("disk %s: write of %u bytes at %llu: %s (%llu errors so far)",
+			 t->d.path[d->path].name, d->len, (unsigned long long)d->off,
+			 strerror(-d->err), (unsigned long long)t->st.errors);
 	if (ok) {
 		t->st.writes++;
 		t->st.write_bytes += stride_of(d);
-	} else {
-		log_warn("disk %s: write of %u bytes at %llu: %s", t->d.path[d->path].name, d->len,
-			 (unsigned long long)d->off, strerror(-d->err));
 	}
 	d->pg = NULL;
 	d->state = DS_ONDISK;
@@ -443,7 +445,10 @@ static void read_done(struct tier *t, struct dslot *d)
 	struct list waiters;
 
 	t->reads--;
-	count_io(t, d->err);
+	if (count_io(t, err))
+		log_warn("disk %s: read of %u bytes at %llu: %s (%llu errors so far)",
+			 t->d.path[d->path].name, d->len, (unsigned long long)d->off,
+			 strerror(-err), (unsigned long long)t->st.errors);
 	if (ok) {
 		t->st.reads++;
 		t->st.read_bytes += stride_of(d) - SLOT_BLOCK;
@@ -453,9 +458,6 @@ static void read_done(struct tier *t, struct dslot *d)
 			log_warn("disk %s: slot at %llu: payload checksum mismatch: not served",
 				 t->d.path[d->path].name, (unsigned long long)d->off);
 		}
-	} else {
-		log_warn("disk %s: read of %u bytes at %llu: %s", t->d.path[d->path].name, d->len,
-			 (unsigned long long)d->off, strerror(-err));
 	}
 	d->pg = NULL;
 	d->state = DS_ONDISK;
@@ -1063,6 +1065,8 @@ struct cJSON *tier_json(const struct broker *b)
 	uint64_t total = 0;
 
 	cJSON_AddStringToObject(o, "state", state_name(t));
+	if (t && t->fail_why)
+		cJSON_AddStringToObject(o, "failed_because", t->fail_why);
 	cJSON_AddBoolToObject(o, "direct", t && t->d.direct);
 	for (uint32_t i = 0; t && i < t->d.npaths; i++) {
 		cJSON_AddItemToArray(paths, cJSON_CreateString(t->d.path[i].name));
