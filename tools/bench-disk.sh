@@ -6,11 +6,14 @@
 #
 # For each page size (1M and 4.5M):
 #   fio write     io_uring, O_DIRECT, bs = page, iodepth = QD, sequential (demotion writes the
-#                 log sequentially), on the cache file itself before the broker opens it
-#   fio randread  same engine, bs, iodepth, random offsets
+#                 log sequentially), on the cache file itself, before and after the broker
+#   fio randread  same engine, bs, iodepth, random offsets, before and after the broker (the
+#                 reference is the mean of the two: the shared virtual disks throttle with
+#                 burst credits, so whoever runs first after a pause would win)
 #   demotion      kvbdisk fill: PUTs of a working set of 4 x pool into a broker with
 #                 --disk-qd QD; past 1.25 x pool every PUT waits for a demotion, so the PUT
-#                 rate is the demotion rate
+#                 rate is the demotion rate (it includes the client's PUT copy); then SIGTERM
+#                 writes the dirty pool with no client in the way: "flush" (from the log)
 #   warm restart  the broker is stopped (it writes what is only in RAM) and restarted on the
 #                 file: the scan's seconds and GB/s (stats disk.scan_seconds / scan_bytes), next
 #                 to fio reading the file sequentially with bs 4M, iodepth 16 (what the scan
@@ -109,14 +112,20 @@ while [ "$r" -le "$REPS" ]; do
 		pb=$(bytes "$pg")
 		bs=$((pb / 1024))k
 		ws=$((4 * pool_bytes / pb))
+		# fio brackets the broker (before and after, averaged): the virtual disks of these
+		# machines throttle with burst credits, so whoever runs first after a pause wins.
 		rm -f "$F"
-		fw=$(fio_run write "$bs" "$QD" --io_size=2G)
-		fr=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
+		fw1=$(fio_run write "$bs" "$QD" --io_size=2G)
+		fr1=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
 		rm -f "$F"
 		start
 		"$B/bin/kvbdisk" --socket "$sock" --page "$pg" --pages "$ws" fill >"$tmp/fill.json"
 		dm=$(json "$tmp/fill.json" "round(d['mb_per_s'])")
-		stop
+		: >"$log"
+		stop # writes the dirty pool: demotion with no client in the way
+		df=$(python3 -c "import re, sys
+m = re.search(r'wrote (\d+) pages at shutdown in ([0-9.]+) s', open(sys.argv[1]).read())
+print(round(int(m.group(1)) * $pb / float(m.group(2)) / 1e6) if m else 0)" "$log")
 		start # warm: every page on disk, RAM empty
 		stats "$tmp/s.json"
 		ss=$(json "$tmp/s.json" "d['disk']['scan_seconds']")
@@ -126,8 +135,14 @@ while [ "$r" -le "$REPS" ]; do
 			--seconds "$SECS" prefetch >"$tmp/pre.json"
 		pr=$(json "$tmp/pre.json" "round(d['mb_per_s'])")
 		stop
+		fr2=$(fio_run randread "$bs" "$QD" --runtime="$SECS" --time_based)
 		fs=$(fio_run read 4m 16)
-		echo "rep=$r page=$pg fio_write=$fw demotion=$dm fio_randread=$fr promotion=$pr" \
+		rm -f "$F"
+		fw2=$(fio_run write "$bs" "$QD" --io_size=2G)
+		fw=$(((fw1 + fw2) / 2))
+		fr=$(((fr1 + fr2) / 2))
+		echo "rep=$r page=$pg fio_write=$fw demotion=$dm flush=$df fio_randread=$fr promotion=$pr" \
+			"fio_write_before=$fw1 fio_write_after=$fw2 fio_randread_before=$fr1 fio_randread_after=$fr2" \
 			"scan_s=$ss scan_bytes=$sb pages=$sp fio_read_4m=$fs" | tee -a "$raw"
 	done
 	r=$((r + 1))
@@ -150,12 +165,12 @@ def med(rs, k, scale=1.0):
     return statistics.median(v), min(v), max(v)
 def fmt(t, p=0):
     return "%.*f [%.*f-%.*f]" % (p, t[0], p, t[1], p, t[2])
-print("| page | QD | fio write MB/s | demotion MB/s | ratio | fio randread MB/s | promotion MB/s | ratio |")
-print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+print("| page | QD | fio write MB/s | demotion (PUT-bound) MB/s | ratio | demotion (flush) MB/s | ratio | fio randread MB/s | promotion MB/s | ratio |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for pg, rs in rows.items():
-    fw, dm, fr, pr = (med(rs, k) for k in ("fio_write", "demotion", "fio_randread", "promotion"))
-    print("| %s | %s | %s | %s | %.0f%% | %s | %s | %.0f%% |" % (pg, qd, fmt(fw), fmt(dm),
-          100 * dm[0] / fw[0], fmt(fr), fmt(pr), 100 * pr[0] / fr[0]))
+    fw, dm, df, fr, pr = (med(rs, k) for k in ("fio_write", "demotion", "flush", "fio_randread", "promotion"))
+    print("| %s | %s | %s | %s | %.0f%% | %s | %.0f%% | %s | %s | %.0f%% |" % (pg, qd, fmt(fw), fmt(dm),
+          100 * dm[0] / fw[0], fmt(df), 100 * df[0] / fw[0], fmt(fr), fmt(pr), 100 * pr[0] / fr[0]))
 print()
 print("| warm-restart scan | pages | read GiB | seconds | GB/s | fio seq read 4M QD16 GB/s |")
 print("| --- | ---: | ---: | ---: | ---: | ---: |")
