@@ -465,6 +465,8 @@ static void read_done(struct tier *t, struct dslot *d)
 		pg->clean = 1;
 		store_commit(&t->b->store, pg);
 		t->st.promotions++;
+	} else if (pg->unlinked) {
+		store_unpin(&t->b->store, pg); /* DELETEd meanwhile (tier_delete): frees it */
 	} else {
 		store_abort(&t->b->store, pg);
 	}
@@ -640,6 +642,10 @@ int tier_delete(struct broker *b, const struct ns *n, const kvb_key *key)
 
 	if (!d)
 		return 0;
+	/* A promotion in flight: its RAM slot leaves the index now, so a new PUT of the key is
+	 * stored instead of being answered "exists" by a page that is about to be aborted. */
+	if (d->state == DS_READING)
+		store_drop(&b->store, d->pg);
 	forget(b->tier, d, 0);
 	return 1;
 }
