@@ -78,6 +78,9 @@ static int check_page(const uint8_t *p, int i, const char *what)
 static char cache[PATH_MAX], sock[108];
 static struct kvb_layout lay;
 
+static int reput = -1; /* deleted and put again: two valid slots on disk (deletes are not
+			  * written), so it cannot be the page the torn write takes away */
+
 static struct harness_broker *start(void)
 {
 	return harness_broker_start("--pool", "64M", "--disk", cache, "--disk-size", "512M",
@@ -119,7 +122,8 @@ static long long find_slot(int want, int skip, int *which)
 		k = key_index(h + 72);
 		if (k < 0 || len != PAGE)
 			continue;
-		if ((want >= 0 && k == want) || (want < 0 && k != skip && off > best)) {
+		if ((want >= 0 && k == want) ||
+		    (want < 0 && k != skip && k != reput && off > best)) {
 			best = off;
 			*which = k;
 			if (want >= 0)
@@ -198,8 +202,8 @@ static int fetch_child(int idx, void *arg)
 
 static void shared_reads(kvb_client *c, uint32_t ns, uint8_t *reg, uint32_t buf)
 {
-	struct kvb_op ops[2];
-	struct kvb_completion cq[2];
+	struct kvb_op ops[3];
+	struct kvb_completion cq[3];
 	uint64_t reads, joined;
 	int k = disk_only_page(c, ns, -1), k2, got = 0;
 
@@ -236,6 +240,34 @@ static void shared_reads(kvb_client *c, uint32_t ns, uint8_t *reg, uint32_t buf)
 	CHECK_EQ(harness_run_children(2, fetch_child, &k2, 20000), 0);
 	CHECK_EQ(harness_stat(c, "disk.reads"), reads + 1);
 	harness_log("two GETs in a batch and two processes: one disk read each");
+
+	/* PREFETCH, DELETE and PUT of one disk page in one batch: the PUT stores it anew. */
+	k = reput = disk_only_page(c, ns, -1);
+	memset(ops, 0, sizeof(ops));
+	make_page(reg, k);
+	for (int i = 0; i < 3; i++) {
+		ops[i].opcode = i == 0 ? KVB_OP_PREFETCH : i == 1 ? KVB_OP_DELETE : KVB_OP_PUT;
+		ops[i].ns = ns;
+		ops[i].buf = buf;
+		ops[i].key = keys[k];
+		ops[i].user_data = (uint64_t)i;
+	}
+	CHECK_RC(kvb_submit(c, ops, 3), 3);
+	for (got = 0; got < 3;) {
+		int n = kvb_reap(c, cq + got, (size_t)(3 - got), 1, 10000);
+
+		CHECK_GT(n, 0);
+		got += n;
+	}
+	for (int i = 0; i < 3; i++) {
+		CHECKF(cq[i].res == 0 || (cq[i].user_data == 0 && cq[i].res == -ENOENT),
+		       "op %llu of prefetch-delete-put: %d", (unsigned long long)cq[i].user_data,
+		       cq[i].res);
+		if (cq[i].user_data == 2)
+			CHECK_EQ(cq[i].flags & KVB_CQEF_EXISTED, 0);
+	}
+	CHECK_RC(kvb_get(c, ns, keys[k], reg + PAGE, PAGE), PAGE);
+	CHECK(check_page(reg + PAGE, k, "page put again after a delete") == 0);
 }
 
 static void remove_cache(void)
