@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "pool.h"
+#include "slot.h"
 
 #define DISK_MAX_PATHS 16
 
@@ -68,7 +69,7 @@ void disk_close(struct disk *d);
 /* Header block i, for a header being written. */
 static inline void *disk_hdr(struct disk *d, uint32_t i)
 {
-	return d->hdrs + (uint64_t)i * 4096u;
+	return d->hdrs + (uint64_t)i * SLOT_BLOCK;
 }
 
 /*
