@@ -5,6 +5,7 @@
 #   make test         unit + integration tests
 #   make demo         start a broker, run two simulated engines, print what happened
 #   make bench        kvbbench figures into docs/benchmarks.md
+#   make bench-disk   the NVMe tier against fio, and the warm-restart scan (tools/bench-disk.sh)
 #   make asan|tsan    the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make lint         clang-format check, cppcheck
 #   make install      PREFIX=/usr/local DESTDIR=
@@ -82,7 +83,7 @@ PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK)
 # everywhere anyway.)
 BROKERD_HOOKS := $(B)/tests/kvbrokerd-hooks
 
-.PHONY: all deps test unit integ demo bench asan tsan lint format install clean soak
+.PHONY: all deps test unit integ demo bench bench-disk asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
 # Keep every object: pattern chains would otherwise delete some as intermediates.
 .SECONDARY:
@@ -164,6 +165,9 @@ demo: $(PROGS)
 
 bench: $(PROGS)
 	$(Q)sh tools/bench.sh $(B)
+
+bench-disk: $(PROGS)
+	$(Q)sh tools/bench-disk.sh $(B)
 
 asan:
 	$(Q)$(MAKE) --no-print-directory MODE=asan test
