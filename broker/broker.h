@@ -16,6 +16,7 @@
 #include "pool.h"
 #include "ring.h"
 #include "store.h"
+#include "tier.h"
 #include "wire.h"
 
 #define SESSION_MAX_BUFS 256
@@ -38,6 +39,7 @@ struct config {
 	int prefault;
 	char numa[128];	       /* --numa: auto, off, interleave or a node list */
 	enum hp_mode hugepage; /* --hugepages */
+	struct disk_cfg disk;  /* disk.paths NULL: no disk tier */
 	gid_t group;
 	int has_group;
 };
@@ -103,6 +105,7 @@ struct broker {
 	struct store store;
 	struct ns_table nst;
 	struct copy_engine *copy;
+	struct tier *tier; /* NULL without --disk */
 	struct counters ctr;
 	struct list sessions;
 	struct list graveyard;
@@ -155,6 +158,12 @@ void session_complete(struct broker *b, struct session *s, const struct kvb_cqe 
  */
 enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
 int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
+/*
+ * Runs a parked op again (tier.c: the read or the RAM it waited for is there) and completes it
+ * with session_complete() unless it deferred again. An op of a session that died meanwhile is
+ * completed (dropped) without running. Request counters are not counted twice.
+ */
+void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
 /* Drops every lease a session holds (client gone). */
 void ops_release_all(struct broker *b, struct session *s);
 
@@ -164,6 +173,7 @@ char *stats_json(const struct broker *b);
 /* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
 #define LOOP_LISTEN 8u
 #define LOOP_SIGNAL 16u
+#define LOOP_DISK 24u
 /* loop.c */
 int loop_run(struct broker *b);
 double now_sec(void);

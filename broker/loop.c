@@ -8,7 +8,8 @@
  * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
  * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
  * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket and a signalfd, waking at least once a second for watermark eviction.
+ * socket, a signalfd and the disk ring's eventfd (so it sleeps correctly while I/O is in
+ * flight), waking at least once a second for watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>
@@ -111,6 +112,10 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 		on_signal(b);
 		return;
 	}
+	if (ev->data.u64 == LOOP_DISK) {
+		tier_event(b); /* completions are reaped by tier_poll */
+		return;
+	}
 	if (s->dead)
 		return;
 	if (tag == TAG_SQ) {
@@ -131,7 +136,8 @@ int loop_run(struct broker *b)
 	while (!b->stop) {
 		int timeout = 0, n, sleeping = 0;
 
-		if (poll_sessions(b)) {
+		/* Disk completions count as activity: parked ops ran, new I/O may follow. */
+		if (poll_sessions(b) + tier_poll(b)) {
 			last = now_sec();
 			if (++round % POLL_EPOLL_EVERY)
 				continue;

@@ -53,8 +53,21 @@ static void usage(FILE *f)
 		"  --high-watermark PCT   evict in the background above this pool use, down to\n"
 		"                         the low watermark (default 100: with RAM as the only\n"
 		"                         tier, pages are evicted on demand, coldest first, only\n"
-		"                         when a PUT finds the pool full)\n"
-		"  --low-watermark PCT    background eviction stops here (default 90)\n"
+		"                         when a PUT finds the pool full; 90 with --disk, so that\n"
+		"                         demotion runs ahead of demand)\n"
+		"  --low-watermark PCT    background eviction stops here (default 90; 80 with\n"
+		"                         --disk)\n"
+		"  --disk PATH[,PATH...]  NVMe tier: cold pages are demoted to these files or "
+		"block\n"
+		"                         devices (O_DIRECT, io_uring), pages striped across "
+		"them;\n"
+		"                         an existing cache of the same geometry is adopted (warm\n"
+		"                         restart)\n"
+		"  --disk-size SIZE       bytes of disk cache in all, split across the paths\n"
+		"                         (required with --disk; block devices: at most their "
+		"size)\n"
+		"  --disk-qd N            page I/Os in flight (default 64)\n"
+		"  --disk-sqpoll          io_uring SQPOLL: a kernel thread submits (costs a CPU)\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --max-clients N        attached clients (default 1024)\n"
@@ -121,7 +134,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXBUF,
 		O_NOPREFAULT,
 		O_NUMA,
-		O_HUGEPAGES
+		O_HUGEPAGES,
+		O_DISK,
+		O_DISK_SIZE,
+		O_DISK_QD,
+		O_DISK_SQPOLL
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -141,9 +158,13 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
 		{"numa", required_argument, NULL, O_NUMA},
 		{"hugepages", required_argument, NULL, O_HUGEPAGES},
+		{"disk", required_argument, NULL, O_DISK},
+		{"disk-size", required_argument, NULL, O_DISK_SIZE},
+		{"disk-qd", required_argument, NULL, O_DISK_QD},
+		{"disk-sqpoll", no_argument, NULL, O_DISK_SQPOLL},
 		{NULL, 0, NULL, 0},
 	};
-	uint32_t high = 100, low = 90;
+	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
 	uint64_t v;
 	int o, lvl;
 
@@ -156,6 +177,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->prefault = 1;
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
+	c->disk.qd = 64;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -236,6 +258,22 @@ static int parse_args(int argc, char **argv, struct config *c)
 				goto bad;
 			c->hugepage = (enum hp_mode)lvl;
 			break;
+		case O_DISK:
+			if (!*optarg)
+				goto bad;
+			c->disk.paths = optarg;
+			break;
+		case O_DISK_SIZE:
+			if (parse_size(optarg, &c->disk.size) || !c->disk.size)
+				goto bad;
+			break;
+		case O_DISK_QD:
+			if (parse_u32(optarg, &c->disk.qd) || !c->disk.qd || c->disk.qd > 4096)
+				goto bad;
+			break;
+		case O_DISK_SQPOLL:
+			c->disk.sqpoll = 1;
+			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
 			if (lvl < 0)
@@ -255,6 +293,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 		fprintf(stderr, "kvbrokerd: unexpected argument '%s'\n", argv[optind]);
 		return -EINVAL;
 	}
+	if (c->disk.paths && !c->disk.size) {
+		fprintf(stderr, "kvbrokerd: --disk needs --disk-size\n");
+		return -EINVAL;
+	}
+	if (!high)
+		high = c->disk.paths ? 90 : 100;
+	if (!low)
+		low = c->disk.paths ? (high > 10 ? high - 10 : high) : (high < 90 ? high : 90);
 	if (low > high) {
 		fprintf(stderr, "kvbrokerd: --low-watermark above --high-watermark\n");
 		return -EINVAL;
@@ -435,6 +481,14 @@ int main(int argc, char **argv)
 		err = -ENOMEM;
 		goto out_store;
 	}
+	/* A warm restart scans the cache file here: clients are answered only after it. */
+	if (b.cfg.disk.paths) {
+		err = tier_open(&b, &b.cfg.disk);
+		if (err) {
+			log_error("disk tier: %s", strerror(-err));
+			goto out_store;
+		}
+	}
 	b.listen_fd = listen_socket(b.cfg.socket_path);
 	if (b.listen_fd < 0) {
 		err = b.listen_fd;
@@ -460,6 +514,7 @@ int main(int argc, char **argv)
 	err = loop_run(&b);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
+	tier_close(&b); /* writes what is only in RAM, completes parked ops */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,

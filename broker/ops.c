@@ -17,6 +17,10 @@
 
 #include "broker.h"
 #include "proto.h"
+#include "tier.h"
+
+/* cqe->res of an op the disk tier parked: ops_exec returns OPS_DEFERRED (never posted). */
+#define OPS_PARKED INT32_MIN
 
 /* Scratch segment list, reused across ops (loop thread only). */
 static struct copy_seg *segs;
@@ -179,12 +183,13 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 	n->c.puts++;
 	memcpy(key.b, sqe->key, sizeof(key.b));
 	pg = store_find(&b->store, n->id, &key);
-	if (pg) {
+	if (pg || tier_has(b, n, &key)) {
 		/* Another rank or engine stored it (or is storing it): content keys make it equal. */
 		b->ctr.dedup++;
 		n->c.dedup++;
 		cqe->flags |= KVB_CQEF_EXISTED;
-		store_touch(&b->store, pg);
+		if (pg)
+			store_touch(&b->store, pg);
 		return;
 	}
 	/* Check the source before taking a slot: a bad request must not evict anything. */
@@ -197,6 +202,8 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 		return;
 	}
 	err = store_alloc_pref(&b->store, n->cls, n->id, &key, s->pref.n ? &s->pref : NULL, &pg);
+	if (err == -ENOSPC && tier_park_alloc(b, s, sqe))
+		err = OPS_PARKED; /* runs again once a demotion freed RAM */
 	if (err) {
 		cqe->res = err;
 		return;
@@ -271,6 +278,10 @@ static void op_get(struct broker *b, struct session *s, const struct kvb_sqe *sq
 			return;
 		}
 	}
+	if (tier_park(b, s, sqe, n)) {
+		cqe->res = OPS_PARKED; /* on disk: promoted first, then this op runs again */
+		return;
+	}
 	pg = find_ready(b, n, sqe->key);
 	if (!pg) {
 		cqe->res = -ENOENT;
@@ -342,6 +353,10 @@ static void op_acquire(struct broker *b, struct session *s, const struct kvb_sqe
 		cqe->res = -EBADF;
 		return;
 	}
+	if (tier_park(b, s, sqe, n)) {
+		cqe->res = OPS_PARKED;
+		return;
+	}
 	pg = find_ready(b, n, sqe->key);
 	if (!pg) {
 		cqe->res = -ENOENT;
@@ -403,11 +418,12 @@ static void op_delete(struct broker *b, struct session *s, const struct kvb_sqe 
 		return;
 	}
 	pg = page_ready(b, n, sqe->key);
-	if (!pg) {
+	if (!tier_delete(b, n, (const kvb_key *)sqe->key) && !pg) {
 		cqe->res = -ENOENT;
 		return;
 	}
-	store_drop(&b->store, pg);
+	if (pg)
+		store_drop(&b->store, pg);
 }
 
 static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
@@ -420,8 +436,11 @@ static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sq
 		cqe->res = -EBADF;
 		return;
 	}
-	/* RAM is the only tier so far: a stored page is already where a prefetch would put it. */
-	cqe->res = page_ready(b, n, sqe->key) ? 0 : -ENOENT;
+	/* A page on disk is promoted first; then this op runs again and finds it in RAM. */
+	if (tier_park(b, s, sqe, n))
+		cqe->res = OPS_PARKED;
+	else
+		cqe->res = page_ready(b, n, sqe->key) ? 0 : -ENOENT;
 }
 
 static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
@@ -440,8 +459,15 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 	}
 	b->ctr.lookup_keys += count;
 	for (uint32_t i = 0; i < count; i++) {
-		if (page_ready(b, n, keys + (uint64_t)i * sizeof(kvb_key))) {
+		const uint8_t *k = keys + (uint64_t)i * sizeof(kvb_key);
+		kvb_key key;
+
+		memcpy(key.b, k, sizeof(key.b)); /* shared memory: read once */
+		if (page_ready(b, n, key.b)) {
 			tiers[i] = KVB_TIER_RAM;
+			lead += leading;
+		} else if (tier_has(b, n, &key)) {
+			tiers[i] = KVB_TIER_DISK;
 			lead += leading;
 		} else {
 			tiers[i] = KVB_TIER_NONE;
@@ -486,7 +512,45 @@ int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, str
 		break;
 	}
 out:
+	if (cqe->res == OPS_PARKED)
+		return OPS_DEFERRED;
 	if (cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
 	return OPS_DONE;
+}
+
+void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct kvb_cqe cqe = {.user_data = sqe->user_data, .res = -ECANCELED};
+	struct sview *v;
+	struct ns *n;
+
+	if (s->dead) {
+		session_complete(b, s, &cqe); /* no new work for a dead client */
+		return;
+	}
+	/* Its first run counted the request; this one must not count it again. */
+	n = sqe->opcode == KVB_OP_PUT || sqe->opcode == KVB_OP_GET ? op_ns(b, s, sqe, &v)
+								   : session_ns(b, s, sqe->ns);
+	s->ops--;
+	switch (sqe->opcode) {
+	case KVB_OP_PUT:
+		b->ctr.puts--;
+		if (n)
+			n->c.puts--;
+		break;
+	case KVB_OP_GET:
+		b->ctr.gets--;
+		if (n)
+			n->c.gets--;
+		break;
+	case KVB_OP_ACQUIRE:
+		b->ctr.acquires--;
+		break;
+	case KVB_OP_PREFETCH:
+		b->ctr.prefetches--;
+		break;
+	}
+	if (ops_exec(b, s, sqe, &cqe) == OPS_DONE)
+		session_complete(b, s, &cqe);
 }

@@ -160,6 +160,7 @@ char *stats_json(const struct broker *b)
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
+	cJSON_AddItemToObject(root, "disk", tier_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));

@@ -30,6 +30,11 @@
  * and memory moves between page sizes in LRU order of slabs, with bounded work per allocation
  * (RECLAIM_TRIES slabs).
  *
+ * With a disk tier [tier-seam], evict() frees a "clean" page (its copy on disk is complete) at
+ * once and hands any other to the tier (tier.c), which writes it while it stays READY and
+ * pinned, and frees it through store_demote_done(). An allocation that found no slot then
+ * returns -ENOSPC with demotions in flight, and its op waits for them (tier_park_alloc).
+ *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
  * even after its slab changed class. Loop thread only.
@@ -217,12 +222,30 @@ static void slot_free(struct store *s, struct page *pg)
 		slab_release(s, sl);
 }
 
-/* Evicts an evictable page (READY, unpinned, indexed). */
-static void evict(struct store *s, struct page *pg)
+/*
+ * Evicts an evictable page (READY, unpinned, indexed): the one place pages leave RAM. With a
+ * disk tier a page that has no copy on disk is demoted instead: it stays READY and pinned
+ * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started, -EBUSY
+ * the tier cannot take it now (the page stays evictable).
+ */
+static int evict(struct store *s, struct page *pg)
 {
+	if (!pg->clean && s->demote) {
+		int r = s->demote(s->demote_arg, pg);
+
+		if (r < 0)
+			return r;
+		if (r > 0) {
+			pg->demoting = 1;
+			s->demoting_bytes += s->cls[pg->cls].slot_bytes;
+			store_pin(s, pg);
+			return 0;
+		}
+	}
 	index_remove(&s->ix, pg);
 	s->st.evictions++;
 	slot_free(s, pg);
+	return 1;
 }
 
 /* Takes a free slot of class ci in arena a if one exists without evicting. */
@@ -270,8 +293,8 @@ struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 static void slab_reclaim(struct store *s, struct slab *sl)
 {
 	for (uint32_t i = 0; i < sl->nslots && sl->cls >= 0; i++)
-		if (list_linked(&sl->pages[i].lru))
-			evict(s, &sl->pages[i]);
+		if (list_linked(&sl->pages[i].lru) && evict(s, &sl->pages[i]) < 0)
+			break;
 }
 
 int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
@@ -283,10 +306,12 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(&s->lru); tries--) {
 		struct page *cold = list_entry(s->lru.prev, struct page, lru);
 
-		if (cold->cls == ci)
-			evict(s, cold);
-		else
+		if (cold->cls == ci) {
+			if (evict(s, cold) < 0)
+				break;
+		} else {
 			slab_reclaim(s, slab_of(s, cold));
+		}
 		pg = slot_take(s, ci, pref);
 	}
 	if (!pg && !list_empty(&c->lru)) {
@@ -301,6 +326,8 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->state = PAGE_WRITING;
 	pg->pins = 1;
 	pg->unlinked = 0;
+	pg->clean = 0;
+	pg->demoting = 0;
 	index_insert(&s->ix, pg);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
@@ -368,11 +395,34 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max)
 
 	if (s->st.bytes_used <= s->high_bytes)
 		return 0;
-	while (n < max && s->st.bytes_used > s->low_bytes && !list_empty(&s->lru)) {
-		evict(s, list_entry(s->lru.prev, struct page, lru));
+	/* Pages being demoted count as gone: their RAM is freed when their writes complete. */
+	while (n < max && s->st.bytes_used - s->demoting_bytes > s->low_bytes &&
+	       !list_empty(&s->lru)) {
+		if (evict(s, list_entry(s->lru.prev, struct page, lru)) < 0)
+			break;
 		n++;
 	}
 	return n;
+}
+
+void store_demote_done(struct store *s, struct page *pg, int ok)
+{
+	pg->demoting = 0;
+	s->demoting_bytes -= s->cls[pg->cls].slot_bytes;
+	if (ok) {
+		pg->clean = 1;
+		if (pg->pins == 1 && !pg->unlinked) {
+			index_remove(&s->ix, pg);
+			pg->unlinked = 1; /* freed by the unpin below */
+		}
+	}
+	store_unpin(s, pg);
+	if (!ok && list_linked(&pg->lru)) {
+		/* Still the coldest it was, not the newest: back to the cold end of the LRU. */
+		lru_unlink(pg);
+		list_add_tail(&s->lru, &pg->lru);
+		list_add_tail(&s->cls[pg->cls].lru, &pg->clru);
+	}
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)

@@ -33,7 +33,9 @@ struct page {
 	uint8_t state;	  /* enum page_state */
 	uint8_t unlinked; /* dropped from the index while pinned: freed at the last unpin */
 	uint16_t cls;
-	uint32_t resv;
+	uint8_t clean;	  /* a complete copy is on disk: evicting it loses nothing */
+	uint8_t demoting; /* being written to disk: READY, pinned by the tier */
+	uint16_t resv;
 	struct page *hnext; /* index chain */
 	struct list lru;    /* global LRU: on it iff READY, unpinned, linked */
 	struct list clru;   /* its class's LRU, same condition */
@@ -81,6 +83,15 @@ struct store {
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
 	uint64_t ns_pages[STORE_MAX_NS];
+	/*
+	 * [tier-seam] The disk tier (tier.c). evict() offers it every page without a copy on
+	 * disk: it returns 1 when it starts writing the page (which stays READY and readable,
+	 * pinned, until store_demote_done), 0 to have it dropped (no usable disk), -EBUSY to
+	 * leave it where it is for now (I/O queue full).
+	 */
+	int (*demote)(void *arg, struct page *pg);
+	void *demote_arg;
+	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 };
 
 /* Carves the pool into slabs of slab_bytes. Watermarks are fractions of the pool. */
@@ -136,6 +147,13 @@ void store_drop(struct store *s, struct page *pg);
 /* Evicts coldest pages while usage is above the high watermark, down to the low one, at most
  * max pages per call (so the loop stays responsive). Returns pages evicted. */
 uint32_t store_evict_watermark(struct store *s, uint32_t max);
+
+/*
+ * The disk tier finished writing a page it took from evict(). ok: the copy on disk is complete;
+ * the page leaves RAM now, unless a lease or a copy pinned it meanwhile (then it stays, clean).
+ * Not ok: it stays, dirty, and becomes evictable again. Drops the tier's pin.
+ */
+void store_demote_done(struct store *s, struct page *pg, int ok);
 
 /* Page record by id, NULL when the id names no allocated slot (ids come from clients). */
 struct page *store_by_id(struct store *s, uint32_t id);

@@ -240,6 +240,23 @@ static void print_status(const cJSON *root, const char *path)
 		}
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
+	if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "disk"))) {
+		const cJSON *dk = cJSON_GetObjectItemCaseSensitive(root, "disk");
+
+		/* One line for the NVMe tier; "off" when the broker has no --disk. */
+		if (strcmp(jstr(dk, "state"), "off"))
+			printf("disk       %s, %s used of %s, %.0f pages, %s, %.0f demotions, "
+			       "%.0f promotions, %.0f errors, %.0f corrupt\n",
+			       jstr(dk, "state"), fmt_bytes(jnum(dk, "bytes_used"), a, sizeof(a)),
+			       fmt_bytes(jnum(dk, "bytes_total"), b, sizeof(b)), jnum(dk, "pages"),
+			       cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(dk, "direct"))
+				       ? "O_DIRECT"
+				       : "buffered",
+			       jnum(dk, "demotions"), jnum(dk, "promotions"), jnum(dk, "errors"),
+			       jnum(dk, "corrupt"));
+		else
+			printf("disk       off\n");
+	}
 	printf("clients    %.0f   leases %.0f   namespaces %d\n", jnum(root, "clients"),
 	       jnum(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
 

@@ -2,7 +2,8 @@
 /*
  * test_store.c - the page store over a real shared-memory pool: slot allocation and reuse,
  * size classes sharing slabs, LRU eviction order, pins and leases blocking eviction, delete of
- * a pinned page, lease-id generations, watermark eviction, and the pool's seals.
+ * a pinned page, lease-id generations, watermark eviction, the pool's seals, and the disk
+ * tier's seam in evict() (demotion, clean pages, a busy or failed tier).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -288,6 +289,79 @@ static void test_pool_client_fd_sealed_read_only(void **state)
 	close(fd);
 }
 
+/* [tier-seam] A stand-in for tier.c: answers evict() with demote_answer, counts the calls. */
+static int demote_answer, demote_calls;
+
+static int fake_demote(void *arg, struct page *pg)
+{
+	(void)arg;
+	(void)pg;
+	demote_calls++;
+	return demote_answer;
+}
+
+static void test_store_demote_seam(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, MiB); /* one page per 1 MiB slab: 8 fit */
+	struct page *pg[8], *p;
+	kvb_key k = key_of(100);
+
+	for (uint32_t i = 0; i < 8; i++)
+		assert_non_null(pg[i] = put(&f->st, cls, 1, i));
+	f->st.demote = fake_demote;
+
+	/* A busy tier: nothing leaves, the allocation waits (-ENOSPC), nothing is dropped. */
+	demote_answer = -EBUSY;
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &p), -ENOSPC);
+	assert_true(demote_calls >= 1);
+	assert_int_equal(f->st.st.pages, 8);
+
+	/* Demotion: the pages stay READY and findable, pinned, until their writes are done. */
+	demote_answer = 1;
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &p), -ENOSPC);
+	for (uint32_t i = 0; i < 8; i++) {
+		kvb_key ki = key_of(i);
+
+		assert_ptr_equal(store_find(&f->st, 1, &ki), pg[i]);
+		assert_int_equal(pg[i]->state, PAGE_READY);
+		assert_int_equal(pg[i]->demoting, 1);
+	}
+	assert_int_equal(f->st.demoting_bytes, 8 * MiB);
+	assert_int_equal(f->st.st.evictions, 0);
+
+	/* Written: the RAM goes, and the waiting allocation succeeds. */
+	store_demote_done(&f->st, pg[0], 1);
+	assert_int_equal(f->st.st.pages, 7);
+	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &p), 0);
+	store_commit(&f->st, p);
+
+	/* Leased while written: it stays, clean. */
+	store_pin(&f->st, pg[1]);
+	store_demote_done(&f->st, pg[1], 1);
+	assert_int_equal(pg[1]->clean, 1);
+	assert_int_equal(pg[1]->state, PAGE_READY);
+	store_unpin(&f->st, pg[1]);
+
+	/* A failed write: it stays, dirty, at the cold end of the LRU. */
+	store_demote_done(&f->st, pg[2], 0);
+	assert_int_equal(pg[2]->clean, 0);
+	assert_ptr_equal(list_entry(f->st.lru.prev, struct page, lru), pg[2]);
+	for (int i = 3; i < 8; i++)
+		store_demote_done(&f->st, pg[i], 1);
+	assert_int_equal(f->st.demoting_bytes, 0);
+	assert_int_equal(f->st.st.pages, 3); /* pg[1], pg[2] and the new page */
+
+	/* A failed tier (0: drop). A clean page goes without asking it; dirty ones are dropped. */
+	demote_answer = 0;
+	demote_calls = 0;
+	f->st.high_bytes = f->st.low_bytes = 0;
+	assert_int_equal(store_evict_watermark(&f->st, 100), 3);
+	assert_int_equal(demote_calls, 2);
+	assert_int_equal(f->st.st.pages, 0);
+	f->st.demote = NULL;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -304,6 +378,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pool_client_fd_sealed_read_only, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_store_demote_seam, setup, teardown),
 	};
 
 	return cmocka_run_group_tests_name("store", tests, NULL, NULL);

@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * disk.h - the disk tier's device side: the cache paths (files or block devices, O_DIRECT where
+ * the file system allows it), their superblocks, and one io_uring with the pool registered as
+ * fixed buffers, the paths as registered files and an eventfd the loop sleeps on. No policy
+ * here: tier.c decides what to read and write. Loop thread only.
+ */
+#ifndef KVB_BROKER_DISK_H
+#define KVB_BROKER_DISK_H
+
+#include <liburing.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "slot.h"
+
+#define DISK_MAX_PATHS 16
+
+struct disk_path {
+	char name[256];
+	int fd;
+	int direct;	     /* opened O_DIRECT */
+	int blockdev;	     /* a block device, not a file */
+	uint64_t bytes;	     /* bytes of it the cache uses, superblock included */
+	uint64_t eof;	     /* file size found at open: a slot past it was cut short */
+	int formatted;	     /* a fresh superblock was written at this start */
+	const char *why_new; /* why it was formatted (for the log) */
+};
+
+struct disk_cfg {
+	const char *paths; /* comma-separated */
+	uint64_t size;	   /* whole cache, split evenly across the paths */
+	uint32_t qd;	   /* I/Os in flight */
+	int sqpoll;
+};
+
+struct disk {
+	struct io_uring ring;
+	int ring_ok;
+	uint32_t npaths;
+	struct disk_path path[DISK_MAX_PATHS];
+	uint8_t cache_id[16];
+	int warm;	  /* every superblock matched: the slots are worth a scan */
+	int direct;	  /* every path O_DIRECT */
+	int fixed_bufs;	  /* the pool and the header blocks are registered buffers */
+	int sqpoll;	  /* the ring runs a kernel submission thread */
+	int efd;	  /* eventfd the ring signals on each completion */
+	uint32_t qd;	  /* ring SQ entries: I/Os in flight at most */
+	uint32_t pending; /* SQEs prepared, not yet submitted */
+	/* fixed buffers: each arena in chunks of chunk_bytes, then the header blocks */
+	const struct pool *pool;
+	uint64_t chunk_bytes;
+	uint32_t arena_buf0[KVB_MAX_ARENAS];
+	uint8_t *hdrs; /* nhdrs blocks of SLOT_BLOCK bytes, for headers being written */
+	uint32_t nhdrs;
+	uint32_t hdr_buf;
+};
+
+/*
+ * Opens the paths, reads their superblocks (warm when they all match this geometry, else each
+ * is formatted afresh), sets up the ring, registers the files, the pool (in chunks the kernel
+ * accepts, each a multiple of slab_bytes so a slot never straddles two) and nhdrs header blocks.
+ * Returns 0 or a negative errno (with a log line that says what failed).
+ */
+int disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p, uint64_t slab_bytes,
+	      uint32_t nhdrs);
+void disk_close(struct disk *d);
+
+/* Header block i, for a header being written. */
+static inline void *disk_hdr(struct disk *d, uint32_t i)
+{
+	return d->hdrs + (uint64_t)i * SLOT_BLOCK;
+}
+
+/*
+ * Prepares a read or a write of len bytes at off of path pi from or to mem, which is pool
+ * memory, a header block or (reads only) any aligned buffer. IOSQE_IO_LINK in flags chains it
+ * to the next one. The SQE is submitted by disk_submit(); its completion carries ud. Returns 0,
+ * or -EBUSY when the ring has no free SQE.
+ */
+int disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, uint32_t len,
+	      uint64_t ud, unsigned flags);
+
+/* Free SQEs in the ring. */
+static inline uint32_t disk_space(struct disk *d)
+{
+	return io_uring_sq_space_left(&d->ring);
+}
+
+/* Submits what was prepared; 0 or a negative errno. */
+int disk_submit(struct disk *d);
+
+/*
+ * Reaps up to max completions without blocking (wait: block until at least one), calling
+ * fn(arg, ud, res) for each. Returns how many.
+ */
+uint32_t disk_reap(struct disk *d, uint32_t max, int wait,
+		   void (*fn)(void *arg, uint64_t ud, int32_t res), void *arg);
+
+/* Drains the eventfd after the loop saw it readable. */
+void disk_ack_event(struct disk *d);
+
+#endif /* KVB_BROKER_DISK_H */

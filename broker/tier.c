@@ -1,0 +1,1106 @@
+// SPDX-License-Identifier: MIT
+/*
+ * tier.c - the NVMe tier: what leaves RAM for disk, what comes back, and the disk index.
+ *
+ * Placement. Each path is a circular log of slots (format: slot.c). A demotion writes its slot
+ * at the head of the next path in turn (pages are striped across paths); when the head meets
+ * the oldest slots, they are dropped: on disk, the page written longest ago goes first. A page
+ * on disk is only ever read by promoting it, and a page is demoted because it was the coldest
+ * in RAM, so write order is recency order for pages that live on disk only. (A page promoted and
+ * demoted again without being rewritten keeps its old place: its recency on disk is that of its
+ * first write. That is the price of clean demotions, which cost no I/O at all.)
+ *
+ * Records. A slot on disk is a struct dslot: its path, offset, length, payload crc, generation,
+ * the namespace identity (an index into the dns table: namespace ids are per-run numbers, the
+ * disk knows identities, and a namespace opened later finds its pages by identity) and key.
+ * States:
+ *
+ *     (evict) --demote--> WRITING --both writes ok, page still wanted--> ON DISK (indexed)
+ *                            |                                             |   ^
+ *                            +--error / page deleted: slot forgotten       |   | read done
+ *                                                                  promote v   |
+ *                                                                         READING
+ *
+ * A slot is in its path's log list (oldest first) from the moment its space is taken, and in
+ * the index (ns identity, key) while ON DISK or READING. dead marks a slot dropped while its
+ * read was in flight: it leaves the index at once and is freed when the read completes.
+ *
+ * Demotion (store.c evict() -> tier_demote). The page stays READY in RAM and readable, pinned,
+ * while its payload and then its header are written (two linked writes: the header commits the
+ * slot). When both completed the page's RAM is freed (store_demote_done) unless a lease or copy
+ * took it meanwhile: then it stays, "clean" (its copy on disk is complete, so evicting it later
+ * is free). On a write error it stays in RAM, dirty. Background demotion runs from the high
+ * watermark down to the low one (defaults 90/80 with a disk); an allocation that finds the pool
+ * full frees a clean page, else starts demotions of the coldest pages and parks its op until one
+ * completed (tier_park_alloc): PUTs then run at the disk's write speed instead of losing data.
+ * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped.
+ *
+ * Promotion (ops.c -> tier_park). A GET, ACQUIRE or PREFETCH of a page that is on disk and not
+ * READY in RAM parks its op (a private copy of the SQE) on the slot, allocates a RAM slot
+ * (WRITING, so never served) and reads the payload into it; ops for the same page meanwhile
+ * join the same read. When the read completed and the payload's crc32c matches the one in the
+ * header, the page is committed READY (clean) and every parked op runs again from the start
+ * (ops_resume), finding it in RAM. A failed or short read, or a checksum mismatch (counted as
+ * corrupt), aborts the RAM slot and forgets the disk copy: the parked ops run again and miss.
+ * Never a partial or wrong page.
+ *
+ * Failure. Every I/O error is counted; after TIER_FAIL_AFTER in a row the tier is marked failed:
+ * no more demotions (evictions drop again) and no more promotions (disk pages are misses); the
+ * broker keeps serving from RAM.
+ *
+ * Warm restart. On paths whose superblocks match, each path is read sequentially in large
+ * chunks and every 4 KiB block is checked for a slot header; a valid header whose payload crc
+ * matches becomes a slot ON DISK (of two copies of a key, the higher generation wins). Torn
+ * slots (a header that does not check, or a slot that runs past the end of a file cut short)
+ * and corrupt ones (payload crc mismatch) are counted and skipped; an old slot partly
+ * overwritten by a newer one is skipped silently. Each log's head is placed after its newest
+ * slot. At shutdown (tier_close) every page without a disk copy is written first, so a restart
+ * finds the whole cache.
+ *
+ * Loop thread only; the only other actor is the kernel, through the ring.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+
+#include "broker.h"
+#include "log.h"
+#include "slot.h"
+#include "tier.h"
+
+#define TIER_FAIL_AFTER 8	/* consecutive I/O errors that fail the tier */
+#define TIER_MAX_DNS 4096	/* namespace identities the disk may know */
+#define SCAN_CHUNK (4u << 20)	/* bytes per read while scanning */
+#define SCAN_REGION (32u << 20) /* bytes per scan buffer: one is read while the other is parsed */
+#define REAP_MAX 256		/* completions per tier_poll */
+
+enum { DS_WRITING = 1, DS_ONDISK = 2, DS_READING = 3 };
+enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_MASK = 3 };
+enum { TIER_OK = 0, TIER_FAILED = 1 };
+
+struct dslot {
+	struct dslot *hnext;
+	struct list log;     /* its path's log, oldest first */
+	struct list waiters; /* ops parked on its read */
+	struct page *pg;     /* RAM page written from or read into while I/O is in flight */
+	kvb_key key;
+	uint64_t off; /* of the header block in its path */
+	uint64_t gen;
+	uint32_t len; /* payload bytes */
+	uint32_t crc; /* payload crc32c */
+	uint16_t dns;
+	uint8_t path;
+	uint8_t state;
+	uint8_t indexed;
+	uint8_t dead;
+	uint8_t pending; /* CQEs still owed */
+	uint8_t resv;
+	uint32_t hdr; /* header block while writing */
+	int32_t err;  /* first error of the I/O in flight */
+};
+
+/* An op waiting for a read, or for RAM or ring room. */
+struct twait {
+	struct list link;
+	struct session *s;
+	struct kvb_sqe sqe;
+};
+
+struct tlog {
+	uint64_t start, end; /* slot area */
+	uint64_t head;	     /* next slot goes here (or at start, if it does not fit) */
+	uint64_t used;	     /* bytes of live slots */
+	struct list slots;   /* oldest first */
+};
+
+struct dns_ent {
+	uint8_t ident[32];
+	int32_t ns; /* namespace id in this run, -1 while not opened */
+};
+
+struct tier_stats {
+	uint64_t reads, writes, read_bytes, write_bytes, errors, corrupt, torn, dropped, demotions,
+		promotions, joined, parked, scan_bytes;
+	double scan_seconds;
+};
+
+struct tier {
+	struct broker *b;
+	struct disk d;
+	int state;
+	const char *fail_why;
+	struct tlog log[DISK_MAX_PATHS];
+	uint32_t next_path;
+	struct index seed; /* only its secret: the same keyed hash as the RAM index */
+	struct dslot **buckets;
+	uint64_t mask, count, bytes_used;
+	struct dns_ent *dns;
+	uint32_t ndns;
+	int32_t ns2dns[STORE_MAX_NS];
+	uint32_t *free_hdrs, nfree_hdrs;
+	uint32_t writes, reads; /* page I/Os in flight */
+	uint32_t qd;		/* page I/Os in flight at most */
+	uint32_t errors_in_row;
+	uint64_t gen;
+	struct list wait; /* ops waiting for RAM or ring room */
+	struct tier_stats st;
+#ifdef KVB_TEST_HOOKS
+	uint32_t fault_w, fault_r, nw, nr; /* fail every Nth write / read (KVB_DISK_FAULTS) */
+#endif
+};
+
+/* ---- namespace identities ---- */
+
+/* The dns index of namespace n, adding its identity when create; -1 when unknown or full. */
+static int dns_of(struct tier *t, const struct ns *n, int create)
+{
+	if (t->ns2dns[n->id] >= 0)
+		return t->ns2dns[n->id];
+	for (uint32_t i = 0; i < t->ndns; i++) {
+		if (!memcmp(t->dns[i].ident, n->ident, sizeof(n->ident))) {
+			t->dns[i].ns = (int32_t)n->id;
+			t->ns2dns[n->id] = (int32_t)i;
+			return (int)i;
+		}
+	}
+	if (!create || t->ndns == TIER_MAX_DNS)
+		return -1;
+	memcpy(t->dns[t->ndns].ident, n->ident, sizeof(n->ident));
+	t->dns[t->ndns].ns = (int32_t)n->id;
+	t->ns2dns[n->id] = (int32_t)t->ndns;
+	return (int)t->ndns++;
+}
+
+/* The dns index of an identity read from disk, added when new; -1 when the table is full. */
+static int dns_ident(struct tier *t, const uint8_t ident[32])
+{
+	for (uint32_t i = 0; i < t->ndns; i++)
+		if (!memcmp(t->dns[i].ident, ident, 32))
+			return (int)i;
+	if (t->ndns == TIER_MAX_DNS)
+		return -1;
+	memcpy(t->dns[t->ndns].ident, ident, 32);
+	t->dns[t->ndns].ns = -1;
+	return (int)t->ndns++;
+}
+
+/* ---- the index: (dns, key) -> slot ON DISK or READING ---- */
+
+static struct dslot **bucket(struct tier *t, uint32_t dns, const kvb_key *key)
+{
+	return &t->buckets[index_hash(&t->seed, dns, key) & t->mask];
+}
+
+static struct dslot *dfind(struct tier *t, uint32_t dns, const kvb_key *key)
+{
+	for (struct dslot *d = *bucket(t, dns, key); d; d = d->hnext)
+		if (d->dns == dns && !memcmp(d->key.b, key->b, sizeof(key->b)))
+			return d;
+	return NULL;
+}
+
+/* Doubles the bucket array past load 2 (best effort: a failed malloc only costs speed). */
+static void dgrow(struct tier *t)
+{
+	uint64_t n = (t->mask + 1) * 2;
+	struct dslot **nb = calloc(n, sizeof(*nb));
+
+	if (!nb)
+		return;
+	for (uint64_t i = 0; i <= t->mask; i++) {
+		for (struct dslot *d = t->buckets[i], *next; d; d = next) {
+			struct dslot **b = &nb[index_hash(&t->seed, d->dns, &d->key) & (n - 1)];
+
+			next = d->hnext;
+			d->hnext = *b;
+			*b = d;
+		}
+	}
+	free(t->buckets);
+	t->buckets = nb;
+	t->mask = n - 1;
+}
+
+static void dinsert(struct tier *t, struct dslot *d)
+{
+	struct dslot **b;
+
+	if (t->count >= 2 * (t->mask + 1))
+		dgrow(t);
+	b = bucket(t, d->dns, &d->key);
+	d->hnext = *b;
+	*b = d;
+	d->indexed = 1;
+	t->count++;
+}
+
+static void dremove(struct tier *t, struct dslot *d)
+{
+	struct dslot **p = bucket(t, d->dns, &d->key);
+
+	if (!d->indexed)
+		return;
+	while (*p != d)
+		p = &(*p)->hnext;
+	*p = d->hnext;
+	d->indexed = 0;
+	t->count--;
+}
+
+/* The slot of (n, key) on disk, or NULL (also when the tier failed). */
+static struct dslot *lookup(struct tier *t, const struct ns *n, const kvb_key *key)
+{
+	int dns;
+
+	if (!t || t->state != TIER_OK)
+		return NULL;
+	dns = dns_of(t, n, 0);
+	return dns < 0 ? NULL : dfind(t, (uint32_t)dns, key);
+}
+
+/* ---- slots and logs ---- */
+
+static uint64_t stride_of(const struct dslot *d)
+{
+	return slot_stride(d->len);
+}
+
+/*
+ * Forgets a slot: out of the index and its log (its space is reused when the head comes by).
+ * dropped: the disk ran full, count it, and if the page is in RAM it is dirty again.
+ * A slot with a read in flight is only marked dead; its completion frees it.
+ */
+static void forget(struct tier *t, struct dslot *d, int dropped)
+{
+	int32_t ns = t->dns[d->dns].ns;
+	struct page *pg = ns >= 0 ? store_find(&t->b->store, (uint32_t)ns, &d->key) : NULL;
+
+	if (pg && pg->state == PAGE_READY)
+		pg->clean = 0; /* its copy on disk is gone */
+	else if (dropped && d->indexed)
+		t->st.dropped++;
+	dremove(t, d);
+	if (list_linked(&d->log)) {
+		list_del(&d->log);
+		t->log[d->path].used -= stride_of(d);
+		t->bytes_used -= stride_of(d);
+	}
+	if (d->state == DS_READING || d->state == DS_WRITING) {
+		d->dead = 1;
+		return;
+	}
+	free(d);
+}
+
+/*
+ * Room for a slot of stride bytes at path pi's head. What lies in the way is the oldest data of
+ * that path: it is dropped. -EBUSY when a slot in the way has I/O in flight.
+ */
+static int log_alloc(struct tier *t, uint32_t pi, uint64_t stride, uint64_t *off)
+{
+	struct tlog *l = &t->log[pi];
+	uint64_t head = l->head;
+
+	if (stride > l->end - l->start)
+		return -E2BIG;
+	if (head + stride > l->end) {
+		/* Wrap: the slots between the head and the end are the oldest; they go first. */
+		while (!list_empty(&l->slots)) {
+			struct dslot *o = list_entry(l->slots.next, struct dslot, log);
+
+			if (o->off < head)
+				break;
+			if (o->state != DS_ONDISK)
+				return -EBUSY;
+			forget(t, o, 1);
+		}
+		head = l->start;
+	}
+	while (!list_empty(&l->slots)) {
+		struct dslot *o = list_entry(l->slots.next, struct dslot, log);
+
+		if (o->off >= head + stride || o->off + stride_of(o) <= head)
+			break;
+		if (o->state != DS_ONDISK)
+			return -EBUSY;
+		forget(t, o, 1);
+	}
+	l->head = head + stride;
+	*off = head;
+	return 0;
+}
+
+static void log_add(struct tier *t, struct dslot *d)
+{
+	list_add_tail(&t->log[d->path].slots, &d->log);
+	t->log[d->path].used += stride_of(d);
+	t->bytes_used += stride_of(d);
+}
+
+/* ---- parked ops ---- */
+
+static int park(struct list *on, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct twait *w = malloc(sizeof(*w));
+
+	if (!w)
+		return 0;
+	w->s = s;
+	w->sqe = *sqe;
+	list_add_tail(on, &w->link);
+	return 1;
+}
+
+/* Moves every entry of from to the empty list to. */
+static void list_move_all(struct list *to, struct list *from)
+{
+	list_init(to);
+	if (list_empty(from))
+		return;
+	*to = *from;
+	to->next->prev = to;
+	to->prev->next = to;
+	list_init(from);
+}
+
+/* Runs every op of a list again (those that must wait again park on fresh lists). */
+static void resume_all(struct tier *t, struct list *from)
+{
+	struct list todo;
+
+	/* Move the list aside: ops that park again must not be visited twice. */
+	list_move_all(&todo, from);
+	while (!list_empty(&todo)) {
+		struct twait *w = list_entry(todo.next, struct twait, link);
+
+		list_del(&w->link);
+		ops_resume(t->b, w->s, &w->sqe);
+		free(w);
+	}
+}
+
+/* ---- I/O completion ---- */
+
+static void fail_tier(struct tier *t, const char *why)
+{
+	if (t->state == TIER_FAILED)
+		return;
+	t->state = TIER_FAILED;
+	t->fail_why = why;
+	log_error("disk: tier failed (%s): serving from RAM only from now on", why);
+}
+
+/* Counts an I/O's outcome; returns 1 when its error deserves a log line (rate-limited). */
+static int count_io(struct tier *t, int err)
+{
+	if (!err) {
+		t->errors_in_row = 0;
+		return 0;
+	}
+	t->st.errors++;
+	if (++t->errors_in_row == TIER_FAIL_AFTER)
+		fail_tier(t, "repeated I/O errors");
+	return t->st.errors <= 16 || !(t->st.errors % 1024);
+}
+
+static void write_done(struct tier *t, struct dslot *d)
+{
+	struct page *pg = d->pg;
+	int ok = !d->err;
+
+	t->writes--;
+	t->free_hdrs[t->nfree_hdrs++] = d->hdr;
+	if (count_io(t, d->err))
+		log_warn("disk %s: write of %u bytes at %llu: %s (%llu errors so far)",
+			 t->d.path[d->path].name, d->len, (unsigned long long)d->off,
+			 strerror(-d->err), (unsigned long long)t->st.errors);
+	if (ok) {
+		t->st.writes++;
+		t->st.write_bytes += stride_of(d);
+	}
+	d->pg = NULL;
+	d->state = DS_ONDISK;
+	/* A page deleted meanwhile is not worth indexing; its RAM goes at the unpin. */
+	if (ok && !d->dead && !pg->unlinked) {
+		dinsert(t, d);
+		t->st.demotions++;
+	} else {
+		ok = 0;
+		if (d->dead)
+			free(d);
+		else
+			forget(t, d, 0);
+	}
+	store_demote_done(&t->b->store, pg, ok);
+}
+
+static void read_done(struct tier *t, struct dslot *d)
+{
+	struct page *pg = d->pg;
+	int ok = !d->err, err = d->err;
+	struct list waiters;
+
+	t->reads--;
+	if (count_io(t, err))
+		log_warn("disk %s: read of %u bytes at %llu: %s (%llu errors so far)",
+			 t->d.path[d->path].name, d->len, (unsigned long long)d->off,
+			 strerror(-err), (unsigned long long)t->st.errors);
+	if (ok) {
+		t->st.reads++;
+		t->st.read_bytes += stride_of(d) - SLOT_BLOCK;
+		if (slot_crc32c(store_addr(&t->b->store, pg), d->len) != d->crc) {
+			t->st.corrupt++;
+			ok = 0;
+			log_warn("disk %s: slot at %llu: payload checksum mismatch: not served",
+				 t->d.path[d->path].name, (unsigned long long)d->off);
+		}
+	}
+	d->pg = NULL;
+	d->state = DS_ONDISK;
+	if (ok && !d->dead) {
+		pg->clean = 1;
+		store_commit(&t->b->store, pg);
+		t->st.promotions++;
+	} else if (pg->unlinked) {
+		store_unpin(&t->b->store, pg); /* DELETEd meanwhile (tier_delete): frees it */
+	} else {
+		store_abort(&t->b->store, pg);
+	}
+	/* The parked ops run once the slot is settled: they find the page in RAM, or miss. */
+	list_move_all(&waiters, &d->waiters);
+	if (d->dead)
+		free(d);
+	else if (!ok)
+		forget(t, d, 0); /* a copy that cannot be read is no copy */
+	resume_all(t, &waiters);
+}
+
+static void on_cqe(void *arg, uint64_t ud, int32_t res)
+{
+	struct tier *t = arg;
+	struct dslot *d = (struct dslot *)(uintptr_t)(ud & ~(uint64_t)UD_MASK);
+	unsigned what = (unsigned)(ud & UD_MASK);
+	int32_t want = what == UD_HEADER ? (int32_t)SLOT_BLOCK
+					 : (int32_t)(stride_of(d) - SLOT_BLOCK);
+
+#ifdef KVB_TEST_HOOKS
+	/* Fault injection (test builds only): the I/O happened, its result is replaced. */
+	if (what == UD_PAYLOAD && t->fault_w && ++t->nw % t->fault_w == 0)
+		res = -EIO;
+	if (what == UD_READ && t->fault_r && ++t->nr % t->fault_r == 0) {
+		/* Alternately an error and a short read that left garbage behind it. */
+		res = (t->nr / t->fault_r) % 2 ? -EIO : want / 2;
+		if (res > 0)
+			memset((uint8_t *)store_addr(&t->b->store, d->pg) + res, 0xee,
+			       (size_t)(want - res));
+	}
+#endif
+	if (res != want && !d->err)
+		d->err = res < 0 ? res : -EIO;
+	if (--d->pending)
+		return;
+	if (what == UD_READ)
+		read_done(t, d);
+	else
+		write_done(t, d);
+}
+
+/* ---- demotion and promotion ---- */
+
+/* store.c's evict() offers a page without a disk copy: start writing it (see tier.h). */
+static int demote(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	struct tier *t = b->tier;
+	struct ns *n = ns_get(&b->nst, pg->ns);
+	struct slot_hdr *h;
+	struct dslot *d;
+	uint64_t stride, off = 0;
+	int dns, err = -EBUSY;
+	uint32_t pi;
+
+	if (t->state != TIER_OK || !n)
+		return 0;
+	if (t->writes + t->reads >= t->qd || !t->nfree_hdrs || disk_space(&t->d) < 2)
+		return -EBUSY;
+	dns = dns_of(t, n, 1);
+	if (dns < 0)
+		return 0;
+	stride = slot_stride(n->page_bytes);
+	for (uint32_t i = 0; i < t->d.npaths && err == -EBUSY; i++) {
+		pi = (t->next_path + i) % t->d.npaths;
+		err = log_alloc(t, pi, stride, &off);
+	}
+	if (err)
+		return err == -EBUSY ? -EBUSY : 0;
+	t->next_path = (pi + 1) % t->d.npaths;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -EBUSY;
+	list_init(&d->waiters);
+	d->key = pg->key;
+	d->off = off;
+	d->gen = ++t->gen;
+	d->len = (uint32_t)n->page_bytes;
+	d->crc = slot_crc32c(store_addr(&b->store, pg), n->page_bytes);
+	d->dns = (uint16_t)dns;
+	d->path = (uint8_t)pi;
+	d->state = DS_WRITING;
+	d->pg = pg;
+	d->pending = 2;
+	d->hdr = t->free_hdrs[--t->nfree_hdrs];
+	h = disk_hdr(&t->d, d->hdr);
+	memset(h, 0, SLOT_BLOCK);
+	memcpy(h->cache_id, t->d.cache_id, sizeof(h->cache_id));
+	h->gen = d->gen;
+	memcpy(h->ns_ident, n->ident, sizeof(h->ns_ident));
+	memcpy(h->key, d->key.b, sizeof(h->key));
+	h->len = d->len;
+	h->payload_crc = d->crc;
+	slot_hdr_seal(h);
+	log_add(t, d);
+	/* Payload, then (linked: only once the payload is written) the header that commits it. */
+	disk_prep(&t->d, 1, pi, off + SLOT_BLOCK, store_addr(&b->store, pg),
+		  (uint32_t)(stride - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_PAYLOAD,
+		  IOSQE_IO_LINK);
+	disk_prep(&t->d, 1, pi, off, h, SLOT_BLOCK, (uint64_t)(uintptr_t)d | UD_HEADER, 0);
+	t->writes++;
+	return 1;
+}
+
+int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, const struct ns *n)
+{
+	struct tier *t = b->tier;
+	struct dslot *d;
+	struct page *pg;
+	kvb_key key;
+	int err;
+
+	if (!t)
+		return 0;
+	memcpy(key.b, sqe->key, sizeof(key.b));
+	d = lookup(t, n, &key);
+	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
+	if (!d || d->len != n->page_bytes)
+		return 0;
+	pg = store_find(&b->store, n->id, &key);
+	if (pg && pg->state == PAGE_READY)
+		return 0;
+	if (d->state == DS_READING) {
+		t->st.joined++;
+		return park(&d->waiters, s, sqe);
+	}
+	if (pg)
+		return 0; /* being PUT again after a DELETE raced: not served until complete */
+	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
+		t->st.parked++;
+		return park(&t->wait, s, sqe);
+	}
+	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
+	if (err == -ENOSPC && t->writes + t->reads) {
+		t->st.parked++;
+		return park(&t->wait, s, sqe);
+	}
+	if (err)
+		return 0;
+	if (!park(&d->waiters, s, sqe)) {
+		store_abort(&b->store, pg);
+		return 0;
+	}
+	d->state = DS_READING;
+	d->pg = pg;
+	d->pending = 1;
+	d->err = 0;
+	disk_prep(&t->d, 0, d->path, d->off + SLOT_BLOCK, store_addr(&b->store, pg),
+		  (uint32_t)(stride_of(d) - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_READ, 0);
+	t->reads++;
+	return 1;
+}
+
+int tier_park_alloc(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct tier *t = b->tier;
+
+	if (!t || t->state != TIER_OK || !(t->writes + t->reads))
+		return 0;
+	t->st.parked++;
+	return park(&t->wait, s, sqe);
+}
+
+int tier_has(struct broker *b, const struct ns *n, const kvb_key *key)
+{
+	return lookup(b->tier, n, key) != NULL;
+}
+
+int tier_delete(struct broker *b, const struct ns *n, const kvb_key *key)
+{
+	struct dslot *d = lookup(b->tier, n, key);
+
+	if (!d)
+		return 0;
+	/* A promotion in flight: its RAM slot leaves the index now, so a new PUT of the key is
+	 * stored instead of being answered "exists" by a page that is about to be aborted. */
+	if (d->state == DS_READING)
+		store_drop(&b->store, d->pg);
+	forget(b->tier, d, 0);
+	return 1;
+}
+
+uint32_t tier_poll(struct broker *b)
+{
+	struct tier *t = b->tier;
+	uint32_t n;
+	int err;
+
+	if (!t)
+		return 0;
+	err = disk_submit(&t->d);
+	n = disk_reap(&t->d, REAP_MAX, 0, on_cqe, t);
+	if (n) {
+		/* I/O completed: RAM or ring room may be free for the ops that waited. */
+		resume_all(t, &t->wait);
+		err = disk_submit(&t->d);
+	}
+	if (err)
+		fail_tier(t, "the ring refused a submission");
+	return n;
+}
+
+void tier_event(struct broker *b)
+{
+	if (b->tier)
+		disk_ack_event(&b->tier->d);
+}
+
+/* ---- warm restart ---- */
+
+/*
+ * The scan reads a path region by region into two buffers in turn, so that one region is being
+ * read while the other is parsed. Each buffer has room in front of its region for the start of
+ * a slot that straddles two regions (the carry, at most the largest slot).
+ */
+struct scan_buf {
+	uint8_t *mem;  /* carry room, then the region */
+	uint64_t off;  /* file offset of the region */
+	uint64_t len;  /* region bytes */
+	uint32_t want; /* reads issued */
+	uint32_t done; /* reads completed */
+	int32_t err;   /* first error */
+};
+
+static void scan_cqe(void *arg, uint64_t ud, int32_t res)
+{
+	struct scan_buf *sb = (struct scan_buf *)arg + ud;
+
+	sb->done++;
+	if (res < 0 && !sb->err)
+		sb->err = res;
+}
+
+/* Issues the reads of [off, off + len) into sb's region, SCAN_CHUNK bytes each. */
+static int scan_submit(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint32_t i,
+		       uint64_t carry_room, uint64_t off, uint64_t len)
+{
+	struct scan_buf *sb = &bufs[i];
+
+	sb->off = off;
+	sb->len = len;
+	sb->want = sb->done = 0;
+	sb->err = 0;
+	for (uint64_t o = 0; o < len; o += SCAN_CHUNK) {
+		uint32_t n = (uint32_t)(len - o < SCAN_CHUNK ? len - o : SCAN_CHUNK);
+
+		while (disk_prep(&t->d, 0, pi, off + o, sb->mem + carry_room + o, n, i, 0)) {
+			/* SQ full: submit and make room (the other buffer's reads may be in it). */
+			if (disk_submit(&t->d))
+				return -EIO;
+			disk_reap(&t->d, 64, 1, scan_cqe, bufs);
+		}
+		sb->want++;
+	}
+	t->st.scan_bytes += len;
+	return disk_submit(&t->d) ? -EIO : 0;
+}
+
+static int scan_wait(struct tier *t, struct scan_buf *bufs, uint32_t i)
+{
+	while (bufs[i].done < bufs[i].want)
+		disk_reap(&t->d, 64, 1, scan_cqe, bufs);
+	return bufs[i].err;
+}
+
+/* A valid header whose payload checks: the slot goes into the index (newest copy wins). */
+static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct slot_hdr *h)
+{
+	int dns = dns_ident(t, h->ns_ident);
+	struct dslot *d, *old;
+
+	if (dns < 0)
+		return;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return;
+	list_init(&d->waiters);
+	memcpy(d->key.b, h->key, sizeof(d->key.b));
+	d->off = off;
+	d->gen = h->gen;
+	d->len = h->len;
+	d->crc = h->payload_crc;
+	d->dns = (uint16_t)dns;
+	d->path = (uint8_t)pi;
+	d->state = DS_ONDISK;
+	old = dfind(t, d->dns, &d->key);
+	if (old && old->gen > d->gen) {
+		free(d);
+		return;
+	}
+	if (old)
+		forget(t, old, 0);
+	dinsert(t, d);
+	log_add(t, d);
+	if (d->gen > t->gen)
+		t->gen = d->gen;
+}
+
+/* Does a newer valid header start inside [from, to) of the buffer? (Overwritten, not corrupt.) */
+static int overwritten(struct tier *t, const uint8_t *from, const uint8_t *to, uint64_t gen,
+		       uint64_t max_len)
+{
+	for (const uint8_t *p = from; p < to; p += SLOT_BLOCK) {
+		struct slot_hdr h;
+
+		if (slot_hdr_check(p, t->d.cache_id, max_len) != SLOT_VALID)
+			continue;
+		memcpy(&h, p, sizeof(h));
+		if (h.gen > gen)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Parses [*pos, limit) of the region in sb (the file offset o is at sb->mem + room + o -
+ * sb->off, and the carry sits just before the region). Stops at a slot that runs past limit
+ * when more of the path follows; *pos is then where the next region's carry starts.
+ */
+static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, uint64_t room,
+			uint64_t *pos, uint64_t *newest, uint64_t max_len)
+{
+	struct tlog *l = &t->log[pi];
+	uint64_t limit = sb->off + sb->len;
+
+	while (*pos + SLOT_BLOCK <= limit) {
+		const uint8_t *p = sb->mem + room + *pos - sb->off;
+		enum slot_verdict v = slot_hdr_check(p, t->d.cache_id, max_len);
+		struct slot_hdr h;
+		uint64_t stride;
+
+		if (v != SLOT_VALID) {
+			t->st.torn += v == SLOT_TORN;
+			*pos += SLOT_BLOCK;
+			continue;
+		}
+		memcpy(&h, p, sizeof(h));
+		stride = slot_stride(h.len);
+		if (*pos + stride > l->end) {
+			t->st.torn++; /* cannot be a whole slot of this geometry */
+			*pos += SLOT_BLOCK;
+			continue;
+		}
+		if (*pos + stride > limit)
+			return; /* carried into the next region */
+		if (slot_crc32c(p + SLOT_BLOCK, h.len) != h.payload_crc) {
+			if (*pos + stride > t->d.path[pi].eof)
+				t->st.torn++; /* the file was cut inside it */
+			else if (!overwritten(t, p + SLOT_BLOCK, p + stride, h.gen, max_len))
+				t->st.corrupt++;
+			*pos += SLOT_BLOCK;
+			continue;
+		}
+		scan_found(t, pi, *pos, &h);
+		if (h.gen >= *newest) {
+			*newest = h.gen;
+			l->head = *pos + stride;
+		}
+		*pos += stride;
+	}
+}
+
+static int scan_path(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint64_t room,
+		     uint64_t region, uint64_t max_len)
+{
+	struct tlog *l = &t->log[pi];
+	uint64_t pos = l->start, newest = 0, n = 0, next = l->start;
+	uint32_t cur = 0;
+	int err;
+
+	err = scan_submit(t, pi, bufs, 0, room, next,
+			  region < l->end - next ? region : l->end - next);
+	next += bufs[0].len;
+	while (!err) {
+		struct scan_buf *sb = &bufs[cur], *other = &bufs[cur ^ 1];
+		uint64_t carry = sb->off - pos;
+
+		err = scan_wait(t, bufs, cur);
+		if (err)
+			break;
+		/* The previous region's unparsed tail goes in front of this one. */
+		if (carry)
+			memcpy(sb->mem + room - carry, other->mem + room + (pos - other->off),
+			       carry);
+		if (next < l->end) {
+			err = scan_submit(t, pi, bufs, cur ^ 1, room, next,
+					  region < l->end - next ? region : l->end - next);
+			next += other->len;
+		}
+		scan_region(t, pi, sb, room, &pos, &newest, max_len);
+		if (sb->off + sb->len >= l->end)
+			break;
+		cur ^= 1;
+	}
+	if (err) {
+		/* Let the other buffer's reads finish before the buffers go. */
+		scan_wait(t, bufs, 0);
+		scan_wait(t, bufs, 1);
+		return err;
+	}
+	/* Log order is address order from the head on: the slots before it are the newest. */
+	for (struct list *it = l->slots.next; it != &l->slots; it = it->next)
+		n++;
+	while (n--) {
+		struct dslot *d = list_entry(l->slots.next, struct dslot, log);
+
+		if (d->off >= l->head)
+			break;
+		list_del(&d->log);
+		list_add_tail(&l->slots, &d->log);
+	}
+	return 0;
+}
+
+static int scan(struct tier *t, uint64_t slab_bytes)
+{
+	uint64_t max_len = slab_bytes, room = slot_stride(max_len), region = SCAN_REGION;
+	struct scan_buf bufs[2] = {{0}, {0}};
+	double t0 = now_sec();
+	int err = 0;
+
+	if (region < room)
+		region = room;
+	for (int i = 0; i < 2; i++) {
+		bufs[i].mem = mmap(NULL, room + region, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (bufs[i].mem == MAP_FAILED)
+			err = -ENOMEM;
+	}
+	for (uint32_t i = 0; i < t->d.npaths && !err; i++)
+		err = scan_path(t, i, bufs, room, region, max_len);
+	for (int i = 0; i < 2; i++)
+		if (bufs[i].mem != MAP_FAILED)
+			munmap(bufs[i].mem, room + region);
+	t->st.scan_seconds = now_sec() - t0;
+	if (err) {
+		log_error("disk: scan: %s", strerror(-err));
+		return err;
+	}
+	log_info("disk: warm restart: scanned %.2f GiB in %.2f s (%.2f GB/s): %llu pages of %u "
+		 "namespaces, %llu torn, %llu corrupt slots discarded",
+		 (double)t->st.scan_bytes / (1 << 30), t->st.scan_seconds,
+		 t->st.scan_seconds > 0 ? (double)t->st.scan_bytes / t->st.scan_seconds / 1e9 : 0.0,
+		 (unsigned long long)t->count, t->ndns, (unsigned long long)t->st.torn,
+		 (unsigned long long)t->st.corrupt);
+	return 0;
+}
+
+/* ---- life cycle ---- */
+
+static const char *state_name(const struct tier *t)
+{
+	return !t ? "off" : t->state == TIER_OK ? "ok" : "failed";
+}
+
+#ifdef KVB_TEST_HOOKS
+/* KVB_DISK_FAULTS="write=N,read=M": every Nth page write, every Mth read fails (test builds). */
+static void faults_parse(struct tier *t)
+{
+	const char *f = getenv("KVB_DISK_FAULTS");
+
+	if (!f)
+		return;
+	sscanf(f, "write=%u,read=%u", &t->fault_w, &t->fault_r);
+	if (!t->fault_w)
+		sscanf(f, "read=%u", &t->fault_r);
+	log_warn("disk: fault injection: every %u-th write, every %u-th read fails", t->fault_w,
+		 t->fault_r);
+}
+#endif
+
+/* Frees every slot (each is on exactly one log; no I/O may be in flight) and the tables. */
+static void tier_free(struct tier *t)
+{
+	for (uint32_t i = 0; i < DISK_MAX_PATHS; i++) {
+		while (t->log[i].slots.next && !list_empty(&t->log[i].slots)) {
+			struct dslot *d = list_entry(t->log[i].slots.next, struct dslot, log);
+
+			list_del(&d->log);
+			free(d);
+		}
+	}
+	index_fini(&t->seed);
+	free(t->buckets);
+	free(t->free_hdrs);
+	free(t->dns);
+	free(t);
+}
+
+int tier_open(struct broker *b, const struct disk_cfg *c)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_DISK};
+	struct tier *t = calloc(1, sizeof(*t));
+	uint64_t nb = 1024;
+	int err = -ENOMEM;
+
+	if (!t)
+		return err;
+	t->b = b;
+	list_init(&t->wait);
+	for (uint32_t i = 0; i < STORE_MAX_NS; i++)
+		t->ns2dns[i] = -1;
+	t->qd = c->qd;
+	t->dns = calloc(TIER_MAX_DNS, sizeof(*t->dns));
+	t->free_hdrs = calloc(c->qd, sizeof(*t->free_hdrs));
+	while (nb < c->size / (256u << 10))
+		nb *= 2;
+	t->buckets = calloc(nb, sizeof(*t->buckets));
+	t->mask = nb - 1;
+	if (!t->dns || !t->free_hdrs || !t->buckets || index_init(&t->seed, 1))
+		goto err_free;
+	for (uint32_t i = 0; i < c->qd; i++)
+		t->free_hdrs[t->nfree_hdrs++] = i;
+	/* SQ: a page write is two SQEs (payload, header), so twice the page I/O depth. */
+	{
+		struct disk_cfg dc = *c;
+
+		dc.qd = 2 * c->qd;
+		err = disk_open(&t->d, &dc, &b->pool, b->cfg.slab_bytes, c->qd);
+	}
+	if (err)
+		goto err_free;
+	for (uint32_t i = 0; i < t->d.npaths; i++) {
+		t->log[i].start = t->log[i].head = SLOT_DATA_OFF;
+		t->log[i].end = t->d.path[i].bytes & ~(uint64_t)(SLOT_BLOCK - 1);
+		list_init(&t->log[i].slots);
+	}
+#ifdef KVB_TEST_HOOKS
+	faults_parse(t);
+#endif
+	if (t->d.warm) {
+		err = scan(t, b->cfg.slab_bytes);
+		if (err)
+			goto err_close;
+	}
+	if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, t->d.efd, &ev) < 0) {
+		err = -errno;
+		goto err_close;
+	}
+	b->tier = t;
+	b->store.demote = demote;
+	b->store.demote_arg = b;
+	log_info("disk: %u path(s), %llu MiB, %s I/O, queue depth %u%s, fixed buffers %s",
+		 t->d.npaths, (unsigned long long)(c->size >> 20),
+		 t->d.direct ? "O_DIRECT" : "buffered", t->qd, t->d.sqpoll ? ", SQPOLL" : "",
+		 t->d.fixed_bufs ? "on" : "off");
+	return 0;
+err_close:
+	disk_close(&t->d);
+err_free:
+	tier_free(t);
+	return err;
+}
+
+void tier_close(struct broker *b)
+{
+	struct tier *t = b->tier;
+	struct store *s = &b->store;
+	uint64_t before, written;
+	double t0 = now_sec();
+
+	if (!t)
+		return;
+	/* Everything goes, so everything without a copy on disk is written first. */
+	before = t->st.demotions;
+	s->high_bytes = s->low_bytes = 0;
+	for (;;) {
+		uint32_t n = store_evict_watermark(s, REAP_MAX);
+
+		disk_submit(&t->d);
+		if (!n && !(t->writes + t->reads))
+			break;
+		if (t->writes + t->reads)
+			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
+		resume_all(t, &t->wait);
+	}
+	written = t->st.demotions - before;
+	if (written)
+		log_info("disk: wrote %llu pages at shutdown in %.2f s",
+			 (unsigned long long)written, now_sec() - t0);
+	resume_all(t, &t->wait);
+	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
+		 "%llu corrupt, %llu dropped",
+		 state_name(t), (unsigned long long)t->count, (unsigned long long)t->st.demotions,
+		 (unsigned long long)t->st.promotions, (unsigned long long)t->st.errors,
+		 (unsigned long long)t->st.corrupt, (unsigned long long)t->st.dropped);
+	b->store.demote = NULL;
+	disk_close(&t->d);
+	tier_free(t);
+	b->tier = NULL;
+}
+
+/* ---- stats ---- */
+
+struct cJSON *tier_json(const struct broker *b)
+{
+	const struct tier *t = b->tier;
+	static const struct tier_stats zero;
+	const struct tier_stats *st = t ? &t->st : &zero;
+	cJSON *o = cJSON_CreateObject(), *paths = cJSON_CreateArray();
+	uint64_t total = 0;
+
+	cJSON_AddStringToObject(o, "state", state_name(t));
+	if (t && t->fail_why)
+		cJSON_AddStringToObject(o, "failed_because", t->fail_why);
+	cJSON_AddBoolToObject(o, "direct", t && t->d.direct);
+	for (uint32_t i = 0; t && i < t->d.npaths; i++) {
+		cJSON_AddItemToArray(paths, cJSON_CreateString(t->d.path[i].name));
+		total += t->log[i].end - t->log[i].start;
+	}
+	cJSON_AddItemToObject(o, "paths", paths);
+	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
+	cJSON_AddNumberToObject(o, "bytes_used", t ? (double)t->bytes_used : 0);
+	cJSON_AddNumberToObject(o, "pages", t ? (double)t->count : 0);
+	cJSON_AddNumberToObject(o, "reads", (double)st->reads);
+	cJSON_AddNumberToObject(o, "writes", (double)st->writes);
+	cJSON_AddNumberToObject(o, "read_bytes", (double)st->read_bytes);
+	cJSON_AddNumberToObject(o, "write_bytes", (double)st->write_bytes);
+	cJSON_AddNumberToObject(o, "errors", (double)st->errors);
+	cJSON_AddNumberToObject(o, "corrupt", (double)st->corrupt);
+	cJSON_AddNumberToObject(o, "torn", (double)st->torn);
+	cJSON_AddNumberToObject(o, "dropped", (double)st->dropped);
+	cJSON_AddNumberToObject(o, "demotions", (double)st->demotions);
+	cJSON_AddNumberToObject(o, "promotions", (double)st->promotions);
+	cJSON_AddNumberToObject(o, "scan_seconds", st->scan_seconds);
+	cJSON_AddNumberToObject(o, "scan_bytes", (double)st->scan_bytes);
+	cJSON_AddNumberToObject(o, "joined", (double)st->joined);
+	cJSON_AddNumberToObject(o, "parked", (double)st->parked);
+	cJSON_AddNumberToObject(o, "queue_depth", t ? t->qd : 0);
+	cJSON_AddNumberToObject(o, "reads_inflight", t ? t->reads : 0);
+	cJSON_AddNumberToObject(o, "writes_inflight", t ? t->writes : 0);
+	cJSON_AddBoolToObject(o, "fixed_buffers", t && t->d.fixed_bufs);
+	cJSON_AddBoolToObject(o, "sqpoll", t && t->d.sqpoll);
+	cJSON_AddBoolToObject(o, "warm", t && t->d.warm);
+	return o;
+}

@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tier.h - the NVMe tier: demotion of cold pages to disk, promotion on GET/ACQUIRE/PREFETCH,
+ * the disk index and warm restart. See tier.c for the policy essay. Loop thread only.
+ */
+#ifndef KVB_BROKER_TIER_H
+#define KVB_BROKER_TIER_H
+
+#include <stdint.h>
+
+#include "disk.h"
+#include "kvbroker.h"
+#include "wire.h"
+
+struct broker;
+struct session;
+struct ns;
+struct cJSON;
+
+/*
+ * main.c: opens the paths, adopts or formats the cache (rebuilding the index from the slot
+ * headers when it adopts one), hooks demotion into the store and the ring's eventfd into the
+ * loop's epoll set (data LOOP_DISK). Sets b->tier. 0 or a negative errno.
+ */
+int tier_open(struct broker *b, const struct disk_cfg *c);
+
+/*
+ * main.c, at shutdown after every session was destroyed: writes every page that has no copy on
+ * disk yet (so a restart finds the whole cache), waits for all I/O, completes parked ops and
+ * closes. Blocks; no-op without a tier.
+ */
+void tier_close(struct broker *b);
+
+/* loop.c: submits prepared I/O and reaps completions without blocking; returns how many. */
+uint32_t tier_poll(struct broker *b);
+
+/* loop.c: the ring's eventfd was readable. */
+void tier_event(struct broker *b);
+
+/*
+ * ops.c, GET/ACQUIRE/PREFETCH of (n, sqe->key) before the RAM lookup: returns 1 when the page
+ * is on disk and not READY in RAM: the op was parked (a copy of the SQE kept), the page's read
+ * issued or joined, and the op will run again through ops_resume() once the page is READY in
+ * RAM (or fails as a miss). 0: go on in RAM.
+ */
+int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, const struct ns *n);
+
+/*
+ * ops.c: store_alloc answered -ENOSPC. Returns 1 when the op was parked until disk I/O in
+ * flight (demotions) completes and frees RAM, then it runs again; 0 when nothing is in flight.
+ */
+int tier_park_alloc(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
+
+/* Is (n, key) stored on disk (LOOKUP, PUT's dedup)? */
+int tier_has(struct broker *b, const struct ns *n, const kvb_key *key);
+
+/* DELETE: drops the disk copy of (n, key). Returns 1 when there was one. */
+int tier_delete(struct broker *b, const struct ns *n, const kvb_key *key);
+
+/* stats.c: the "disk" object (state "off" without a tier). */
+struct cJSON *tier_json(const struct broker *b);
+
+#endif /* KVB_BROKER_TIER_H */
