@@ -8,7 +8,8 @@
  * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
  * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
  * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket and a signalfd, waking at least once a second for watermark eviction.
+ * socket, the copy engines' completion eventfds and a signalfd, waking at least once a second
+ * for watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>
@@ -36,7 +37,7 @@ double now_sec(void)
 static uint32_t poll_sessions(struct broker *b)
 {
 	struct list *pos, *tmp;
-	uint32_t work = 0;
+	uint32_t work = xfer_poll(b); /* completed copies count as work: they post CQEs */
 
 	list_for_each_safe (pos, tmp, &b->sessions) {
 		int n = session_poll(b, list_entry(pos, struct session, link), POLL_BATCH);
@@ -109,6 +110,10 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 	}
 	if (ev->data.u64 == LOOP_SIGNAL) {
 		on_signal(b);
+		return;
+	}
+	if (ev->data.u64 == LOOP_COPY) {
+		xfer_poll(b);
 		return;
 	}
 	if (s->dead)

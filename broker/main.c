@@ -56,6 +56,12 @@ static void usage(FILE *f)
 		"                         reserved either way; first PUTs then pay minor faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
+		"  --copy-threads N       host copy worker threads (default: CPUs / 2, 1..4)\n"
+		"  --copy-inline SIZE     host copies up to SIZE run on the loop thread, larger\n"
+		"                         ones on the workers (default 4M; 0: every copy on a\n"
+		"                         worker)\n"
+		"  --copy-delay-us N      testing: each worker copy sleeps N us first\n"
+		"  --no-gpu               do not load CUDA (GPU buffers are then refused)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -138,6 +144,14 @@ static uint64_t default_pool(void)
 	return p;
 }
 
+/* Host copy workers: half the CPUs (the loop and the clients need the rest), 1..4. */
+static uint32_t default_copy_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+
+	return n < 1 ? 1 : n > 4 ? 4 : (uint32_t)n;
+}
+
 /* The pool's shm name from the socket path, so two brokers never share one by accident. */
 static void default_pool_name(const char *sock, char *out, size_t len)
 {
@@ -165,7 +179,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LOG,
 		O_HELP,
 		O_MAXBUF,
-		O_NOPREFAULT
+		O_NOPREFAULT,
+		O_COPY_THREADS,
+		O_COPY_INLINE,
+		O_COPY_DELAY,
+		O_NO_GPU
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -183,6 +201,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
+		{"copy-threads", required_argument, NULL, O_COPY_THREADS},
+		{"copy-inline", required_argument, NULL, O_COPY_INLINE},
+		{"copy-delay-us", required_argument, NULL, O_COPY_DELAY},
+		{"no-gpu", no_argument, NULL, O_NO_GPU},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -196,6 +218,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->arg_size = 1u << 20;
 	c->max_buf_bytes = ram_bytes();
 	c->prefault = 1;
+	c->copy_threads = default_copy_threads();
+	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
+	c->gpu = 1;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -264,6 +289,21 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NOPREFAULT:
 			c->prefault = 0;
+			break;
+		case O_COPY_THREADS:
+			if (parse_u32(optarg, &c->copy_threads) || c->copy_threads > 64)
+				goto bad;
+			break;
+		case O_COPY_INLINE:
+			if (parse_size(optarg, &c->copy_inline))
+				goto bad;
+			break;
+		case O_COPY_DELAY:
+			if (parse_u32(optarg, &c->copy_delay_us))
+				goto bad;
+			break;
+		case O_NO_GPU:
+			c->gpu = 0;
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
@@ -407,12 +447,16 @@ int main(int argc, char **argv)
 		log_error("store: %s", strerror(-err));
 		goto out_pool;
 	}
-	b.copy = copy_host_create();
 	b.sigfd = setup_signals();
 	b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (!b.copy || b.sigfd < 0 || b.epfd < 0) {
+	if (b.sigfd < 0 || b.epfd < 0) {
 		log_error("start-up: out of resources");
 		err = -ENOMEM;
+		goto out_store;
+	}
+	err = xfer_init(&b);
+	if (err) {
+		log_error("copy engines: %s", strerror(-err));
 		goto out_store;
 	}
 	b.listen_fd = listen_socket(b.cfg.socket_path);
@@ -428,13 +472,15 @@ int main(int argc, char **argv)
 		goto out_sock;
 	}
 	log_info("kvbrokerd %d.%d.%d ready: socket %s, pool %s %llu MiB in %u slabs of %llu MiB, "
-		 "copy engine %s, poll %u us",
+		 "copy engine %s (%u threads) + %s, poll %u us",
 		 KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.cfg.socket_path,
 		 b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.store.nslabs,
-		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.poll_us);
+		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.copy_threads,
+		 b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
 	err = loop_run(&b);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
+	xfer_fini(&b); /* in-flight copies finish, their dead sessions' counts drop to 0 */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,
@@ -447,8 +493,7 @@ out_store:
 		close(b.epfd);
 	if (b.sigfd >= 0)
 		close(b.sigfd);
-	if (b.copy)
-		b.copy->destroy(b.copy);
+	xfer_fini(&b);
 	if (b.spare_fd >= 0)
 		close(b.spare_fd);
 	ns_table_fini(&b.nst);
