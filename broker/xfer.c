@@ -245,6 +245,12 @@ void xfer_fini(struct broker *b)
 cJSON *xfer_stats_json(const struct broker *b)
 {
 	cJSON *o = cJSON_CreateObject();
+	const struct list *pos;
+	uint32_t draining = 0;
+
+	/* Dead sessions whose copies are still in flight (their buffers stay mapped). */
+	list_for_each (pos, &b->graveyard)
+		draining++;
 
 	cJSON_AddStringToObject(o, "host_engine", b->copy ? b->copy->name : "none");
 	cJSON_AddNumberToObject(o, "host_threads", b->cfg.copy_threads);
@@ -254,6 +260,7 @@ cJSON *xfer_stats_json(const struct broker *b)
 	cJSON_AddNumberToObject(
 		o, "inflight", (b->copy ? b->copy->inflight : 0) + (b->gpu ? b->gpu->inflight : 0));
 	cJSON_AddNumberToObject(o, "parked_puts", (double)b->xs.parked);
+	cJSON_AddNumberToObject(o, "sessions_draining", draining);
 	cJSON_AddNumberToObject(o, "errors", (double)b->xs.errors);
 	cJSON_AddItemToObject(o, "gpu", copy_cuda_stats_json(b));
 	return o;
