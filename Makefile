@@ -15,7 +15,17 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 CC ?= cc
 CFLAGS ?= -O2 -g
-B := build/$(MODE)
+
+# CUDA: the driver API is loaded at run time (dlopen of libcuda.so.1), so building needs only
+# its headers, plus nvcc for the copy engine's gather/scatter kernel. Without them the build
+# goes on without GPU support (into build/MODE-nocuda, so the two never mix objects).
+CUDA_HOME ?= /usr/local/cuda
+HAVE_CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),1)
+NVCC := $(CUDA_HOME)/bin/nvcc
+HAVE_NVCC := $(if $(HAVE_CUDA),$(if $(wildcard $(NVCC)),1))
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+B := build/$(MODE)$(if $(HAVE_CUDA),,-nocuda)
 
 ifeq ($(V),1)
 Q :=
@@ -50,6 +60,9 @@ endif
 ifneq ($(MODE),release)
 override CFLAGS += -DKVB_TEST_HOOKS
 endif
+ifeq ($(HAVE_CUDA),1)
+override CFLAGS += -DKVB_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+endif
 
 DEPS_STAMP := build/.deps-ok
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -74,7 +87,8 @@ KVBBENCH := $(B)/bin/kvbbench
 KVBDEMO := $(B)/bin/kvbdemo
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
-PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO)
+KVBGPUCHECK := $(B)/bin/kvbgpucheck
+PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBGPUCHECK)
 
 .PHONY: all deps test unit integ demo bench asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
@@ -96,6 +110,18 @@ $(B)/obj/%.o: %.c $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# The gather/scatter kernel: a fatbin (one per build, whatever the MODE), embedded into the
+# broker by copy_kernels.c (.incbin).
+FATBIN := build/kernels/copy_segs.fatbin
+ifeq ($(HAVE_NVCC),1)
+$(FATBIN): broker/kernels/copy_segs.cu
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+$(B)/obj/broker/copy_kernels.o: $(FATBIN)
+$(B)/obj/broker/copy_kernels.o: override CFLAGS += -DKVB_FATBIN='"$(FATBIN)"'
+endif
 
 $(LIB_A): $(call obj,$(CLIENT_SRC) $(PROTO_SRC))
 	@mkdir -p $(@D)

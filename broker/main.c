@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
 
@@ -62,6 +63,10 @@ static void usage(FILE *f)
 		"                         worker)\n"
 		"  --copy-delay-us N      testing: each worker copy sleeps N us first\n"
 		"  --no-gpu               do not load CUDA (GPU buffers are then refused)\n"
+		"  --gpu-path auto|copy|kernel\n"
+		"                         how GPU pages move: measured per page shape (auto,\n"
+		"                         default), cuMemcpyAsync per part, or the gather/scatter\n"
+		"                         kernel\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -183,7 +188,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_COPY_THREADS,
 		O_COPY_INLINE,
 		O_COPY_DELAY,
-		O_NO_GPU
+		O_NO_GPU,
+		O_GPU_PATH
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -205,6 +211,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"copy-inline", required_argument, NULL, O_COPY_INLINE},
 		{"copy-delay-us", required_argument, NULL, O_COPY_DELAY},
 		{"no-gpu", no_argument, NULL, O_NO_GPU},
+		{"gpu-path", required_argument, NULL, O_GPU_PATH},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -221,6 +228,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->copy_threads = default_copy_threads();
 	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
 	c->gpu = 1;
+	c->gpu_path = CUDA_PATH_AUTO;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -304,6 +312,16 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NO_GPU:
 			c->gpu = 0;
+			break;
+		case O_GPU_PATH:
+			if (!strcmp(optarg, "auto"))
+				c->gpu_path = CUDA_PATH_AUTO;
+			else if (!strcmp(optarg, "copy"))
+				c->gpu_path = CUDA_PATH_COPY;
+			else if (!strcmp(optarg, "kernel"))
+				c->gpu_path = CUDA_PATH_KERNEL;
+			else
+				goto bad;
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);

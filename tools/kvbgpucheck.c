@@ -1,0 +1,8 @@
+// SPDX-License-Identifier: MIT
+/* kvbgpucheck.c - placeholder */
+#include <stdio.h>
+
+int main(void)
+{
+	return 77;
+}
