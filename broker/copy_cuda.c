@@ -334,19 +334,18 @@ int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
 	*gm = (struct gpu_map){.owner = owner, .kind = m->kind, .refs = 1, .dev = dev,
 			       .key = m->alloc_base, .size = m->alloc_size};
 	CU(c, cuCtxSetCurrent)(d->ctx);
+	/* Each open undoes its own steps on failure. */
 	err = m->kind == KVB_BUF_GPU_FD ? map_open_fd(c, d, gm, fd) : map_open_ipc(c, gm, m->handle);
-	if (!err)
-		err = map_insert(d, gm);
 	if (err) {
-		if (gm->base) {
-			c->info.nmaps++;
-			map_close(c, gm);
-		} else {
-			free(gm);
-		}
+		free(gm);
 		return err;
 	}
 	c->info.nmaps++;
+	err = map_insert(d, gm);
+	if (err) {
+		map_close(c, gm);
+		return err;
+	}
 	*out = gm;
 	*dptr = gm->base;
 	return 0;
