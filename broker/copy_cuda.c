@@ -55,7 +55,7 @@
 #include "cuda_api.h"
 #include "log.h"
 
-#if KVB_HAVE_CUDA
+#ifdef KVB_HAVE_CUDA
 
 #define CUDA_MAX_DEVS 16
 #define CUDA_SHAPES 64

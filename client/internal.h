@@ -64,12 +64,16 @@ struct kvbc_ns {
 	uint64_t page_bytes;
 };
 
-/* A registered host buffer (memfd mapped read-write here, copied to/from by the broker). */
+/*
+ * A registered buffer: host (memfd mapped read-write here, copied to/from by the broker) or GPU
+ * (addr is the device pointer; nothing mapped here).
+ */
 struct kvbc_buf {
 	struct kvbc_buf *next;
 	void *addr;
 	size_t len; /* mapped and registered bytes */
 	uint32_t id;
+	int gpu;
 };
 
 struct kvbc_arena {

@@ -178,10 +178,26 @@ int kvb_nop(kvb_client *c);
  */
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 
-/* Registers GPU memory (CUDA IPC). -EOPNOTSUPP where the broker has no GPU copy engine. */
+/*
+ * Registers [dev_ptr, dev_ptr + len) of GPU memory, so that the broker copies pages straight
+ * between its pinned pool and that memory (views over it, or kvb_put()/kvb_get() of a device
+ * pointer inside it). The allocation holding dev_ptr is exported once per client: pointers
+ * inside a caching allocator's segment work. cuMemAlloc/cudaMalloc memory goes as a legacy IPC
+ * handle; memory of CUDA's virtual-memory API (cuMemCreate) as a POSIX fd, and must have been
+ * created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requested handle types. The
+ * device is named by UUID. The library loads libcuda.so.1 at run time: no link dependency.
+ * The memory must stay allocated until kvb_buf_unregister() or kvb_close(); the broker keeps
+ * the handle open until copies in flight on it completed.
+ * Errors: -ENODEV no CUDA driver or device in this process, the broker has GPU copies off, or
+ * it does not see this device; -EINVAL not device memory; -EFAULT the range runs past the
+ * allocation; -EOPNOTSUPP memory CUDA cannot export this way; -EMFILE too many buffers.
+ */
 int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
 
-/* Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). */
+/*
+ * Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). Copies in flight
+ * on it complete first, in the broker.
+ */
 int kvb_buf_unregister(kvb_client *c, uint32_t buf);
 
 /*

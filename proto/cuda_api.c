@@ -9,7 +9,7 @@
 
 #include "cuda_api.h"
 
-#if KVB_HAVE_CUDA
+#ifdef KVB_HAVE_CUDA
 #include <dlfcn.h>
 
 #define KVB_STR_(x) #x

@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-#if KVB_HAVE_CUDA
+#ifdef KVB_HAVE_CUDA
 #include <cuda.h>
 
 #define KVB_CUDA_FUNCS(X)                                                                          \

@@ -29,7 +29,7 @@
 #include "copy_cuda.h"
 #include "cuda_api.h"
 
-#if KVB_HAVE_CUDA
+#ifdef KVB_HAVE_CUDA
 
 /* ---- the fake driver ---- */
 
