@@ -121,6 +121,13 @@ $(FATBIN): broker/kernels/copy_segs.cu
 	$(Q)$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
 $(B)/obj/broker/copy_kernels.o: $(FATBIN)
 $(B)/obj/broker/copy_kernels.o: override CFLAGS += -DKVB_FATBIN='"$(FATBIN)"'
+GPUCHECK_FATBIN := build/kernels/gpucheck.fatbin
+$(GPUCHECK_FATBIN): tools/kernels/gpucheck.cu
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+$(B)/obj/tools/kvbgpucheck.o: $(GPUCHECK_FATBIN)
+$(B)/obj/tools/kvbgpucheck.o: override CFLAGS += -DKVB_GPUCHECK_FATBIN='"$(GPUCHECK_FATBIN)"'
 endif
 
 $(LIB_A): $(call obj,$(CLIENT_SRC) $(PROTO_SRC))

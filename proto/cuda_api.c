@@ -55,11 +55,15 @@ void kvb_cuda_unload(struct kvb_cuda_api *api)
 
 const char *kvb_cuda_strerror(const struct kvb_cuda_api *api, CUresult r)
 {
+	static __thread char buf[48];
 	const char *s = NULL;
 
+	if (r == CUDA_ERROR_STUB_LIBRARY)
+		return "libcuda.so.1 is the toolkit's stub library, not a driver";
 	if (api && api->cuGetErrorString && api->cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
 		return s;
-	return "unknown CUDA error";
+	snprintf(buf, sizeof(buf), "CUDA error %d", (int)r);
+	return buf;
 }
 
 int kvb_cuda_errno(CUresult r)

@@ -27,6 +27,7 @@
 	X(cuDevicePrimaryCtxRetain)                                                                \
 	X(cuDevicePrimaryCtxRelease)                                                               \
 	X(cuCtxSetCurrent)                                                                         \
+	X(cuCtxSynchronize)                                                                        \
 	X(cuStreamCreate)                                                                          \
 	X(cuStreamDestroy)                                                                         \
 	X(cuStreamSynchronize)                                                                     \
