@@ -183,6 +183,8 @@ int xfer_park_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe
 		  struct kvb_cqe *cqe);
 void xfer_existed(struct broker *b, struct ns *n, struct kvb_cqe *cqe);
 uint32_t xfer_poll(struct broker *b);
+/* The loop is about to sleep: engines with copies in flight must ring their eventfds. */
+void xfer_arm(struct broker *b);
 /* Engines up (host always, CUDA when asked and present) / down (waits for their jobs). */
 int xfer_init(struct broker *b);
 void xfer_fini(struct broker *b);

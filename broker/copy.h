@@ -13,6 +13,10 @@
  *   efd             an eventfd that becomes readable when a queued job may have finished (the
  *                   loop adds it to epoll, so it sleeps while copies are in flight and wakes
  *                   for their completion); poll() drains it. -1 when the engine never queues.
+ *   arm(e)          optional: the loop is about to sleep with jobs in flight; make sure efd
+ *                   rings when they complete (an engine may skip ringing while the loop
+ *                   polls it anyway, as the CUDA one does: a host callback per job would
+ *                   stall its stream for microseconds).
  *   inflight        jobs queued and not yet completed.
  *   destroy(e)      waits for every queued job (calling done() for each), then frees.
  *
@@ -63,6 +67,7 @@ struct copy_engine {
 	uint32_t inflight;
 	int (*submit)(struct copy_engine *e, struct copy_job *job);
 	uint32_t (*poll)(struct copy_engine *e);
+	void (*arm)(struct copy_engine *e); /* may be NULL */
 	void (*destroy)(struct copy_engine *e);
 };
 

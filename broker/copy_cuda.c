@@ -35,9 +35,12 @@
  * CUDA_CALIB timed runs of each (the first of each discarded as warm-up) the faster one is
  * cached for that shape. One-segment jobs always take COPY.
  *
- * Completion: each job records an event after its work and queues a host function that rings
- * the engine's eventfd, which wakes the loop; poll() queries the events of each stream in
- * submission order (a stream completes in order) and completes the jobs whose event fired.
+ * Completion: each job records an event after its work; poll() queries the events of each
+ * stream in submission order (a stream completes in order) and completes the jobs whose event
+ * fired. The loop polls every round while it is busy; only when it is about to sleep with jobs
+ * in flight does arm() queue a host function behind the last job of each busy stream, which
+ * rings the engine's eventfd (in the loop's epoll set). Not one per job: a host function
+ * holds its stream for several microseconds, a tenth of a page's transfer time.
  *
  * Loop thread only, except the host function (a driver thread), which only writes the eventfd.
  */
@@ -108,6 +111,7 @@ struct cuda_job {
 struct cuda_stream {
 	CUstream st;
 	struct cuda_job *head, **tail;
+	int armed; /* a host function rings the eventfd after the last job queued */
 	uint8_t *desc;	    /* ring in mapped pinned memory */
 	CUdeviceptr desc_d; /* its device address */
 	uint64_t desc_head, desc_tail; /* free-running byte positions */
@@ -631,8 +635,7 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 		c->free_jobs = cj;
 		return err;
 	}
-	if (CU(c, cuLaunchHostFunc)(s->st, ring_efd, c) != CUDA_SUCCESS && !c->info.errors++)
-		log_warn("cuda: cuLaunchHostFunc failed: completions wait for the next poll");
+	s->armed = 0;
 	c->info.jobs[cj->path]++;
 	cj->next = NULL;
 	*s->tail = cj;
@@ -716,6 +719,26 @@ static uint32_t poll_all(struct cuda_engine *c, int wait)
 static uint32_t cuda_poll(struct copy_engine *e)
 {
 	return poll_all((struct cuda_engine *)e, 0);
+}
+
+static void cuda_arm(struct copy_engine *e)
+{
+	struct cuda_engine *c = (struct cuda_engine *)e;
+
+	for (uint32_t i = 0; i < c->ndev; i++) {
+		for (int k = 0; k < 2; k++) {
+			struct cuda_stream *s = &c->dev[i].s[k];
+
+			if (!s->head || s->armed)
+				continue;
+			CU(c, cuCtxSetCurrent)(c->dev[i].ctx);
+			if (CU(c, cuLaunchHostFunc)(s->st, ring_efd, c) == CUDA_SUCCESS)
+				s->armed = 1;
+			else if (!c->info.errors++)
+				log_warn("cuda: cuLaunchHostFunc failed: completions wait for "
+					 "the loop's next round");
+		}
+	}
 }
 
 void copy_cuda_info(struct copy_engine *e, struct cuda_info *out)
@@ -879,6 +902,7 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 	c->e.name = "cuda";
 	c->e.submit = cuda_submit;
 	c->e.poll = cuda_poll;
+	c->e.arm = cuda_arm;
 	c->e.destroy = cuda_destroy;
 	c->e.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (c->e.efd < 0) {

@@ -145,6 +145,7 @@ int loop_run(struct broker *b)
 				continue;
 		} else if ((timeout = prepare_sleep(b)) > 0) {
 			sleeping = 1;
+			xfer_arm(b);
 		} else {
 			wake_all(b);
 			continue;

@@ -202,6 +202,15 @@ uint32_t xfer_poll(struct broker *b)
 	return n;
 }
 
+void xfer_arm(struct broker *b)
+{
+	struct copy_engine *e[2] = {b->copy, b->gpu};
+
+	for (int i = 0; i < 2; i++)
+		if (e[i] && e[i]->inflight && e[i]->arm)
+			e[i]->arm(e[i]);
+}
+
 static int ep_add_copy(struct broker *b, const struct copy_engine *e)
 {
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_COPY};
