@@ -39,7 +39,7 @@ struct config {
 	uint64_t copy_inline;	/* host jobs up to this many bytes run on the loop thread */
 	uint32_t copy_delay_us; /* testing: each queued host job sleeps this long */
 	int gpu;		/* 0: --no-gpu */
-	int gpu_path; /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
+	int gpu_path;		/* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
 };

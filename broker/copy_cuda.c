@@ -62,13 +62,13 @@
 
 #define CUDA_MAX_DEVS 16
 #define CUDA_SHAPES 64
-#define CUDA_CALIB 3			 /* timed runs of each path per shape, after one warm-up */
-#define CUDA_DESC_BYTES (1u << 20)	 /* descriptor ring per stream: 43,690 segments */
-#define CUDA_CHUNK_MAX (64ull << 30)	 /* largest single cuMemHostRegister */
-#define CUDA_THREADS 256		 /* kernel block size */
-#define CUDA_KCHUNK 16384		 /* bytes per block per segment: KVB_CHUNK of the kernel */
-#define CUDA_GRID_Y 65535u		 /* segments walked by blockIdx.y (grid-stride beyond) */
-#define CUDA_GRID_X 64u			 /* chunks of one segment spread over at most this many */
+#define CUDA_CALIB 3		     /* timed runs of each path per shape, after one warm-up */
+#define CUDA_DESC_BYTES (1u << 20)   /* descriptor ring per stream: 43,690 segments */
+#define CUDA_CHUNK_MAX (64ull << 30) /* largest single cuMemHostRegister */
+#define CUDA_THREADS 256	     /* kernel block size */
+#define CUDA_KCHUNK 16384	     /* bytes per block per segment: KVB_CHUNK of the kernel */
+#define CUDA_GRID_Y 65535u	     /* segments walked by blockIdx.y (grid-stride beyond) */
+#define CUDA_GRID_X 64u		     /* chunks of one segment spread over at most this many */
 
 struct kvb_dseg { /* kernels/copy_segs.cu */
 	uint64_t dst, src, len;
@@ -111,7 +111,7 @@ struct cuda_job {
 struct cuda_stream {
 	CUstream st;
 	struct cuda_job *head, **tail;
-	int armed; /* a host function rings the eventfd after the last job queued */
+	int armed;	    /* a host function rings the eventfd after the last job queued */
 	uint8_t *desc;	    /* ring in mapped pinned memory */
 	CUdeviceptr desc_d; /* its device address */
 	uint64_t desc_head, desc_tail; /* free-running byte positions */
@@ -123,8 +123,8 @@ struct cuda_dev {
 	CUuuid uuid;
 	struct cuda_stream s[2]; /* by enum copy_dir */
 	CUmodule mod;
-	CUfunction fn; /* NULL: no kernel path */
-	CUdeviceptr *pool_d; /* per chunk */
+	CUfunction fn;	       /* NULL: no kernel path */
+	CUdeviceptr *pool_d;   /* per chunk */
 	struct gpu_map **maps; /* sorted by base */
 	uint32_t nmaps, cap;
 	struct gpu_map *closing;
@@ -335,11 +335,16 @@ int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
 	gm = calloc(1, sizeof(*gm));
 	if (!gm)
 		return -ENOMEM;
-	*gm = (struct gpu_map){.owner = owner, .kind = m->kind, .refs = 1, .dev = dev,
-			       .key = m->alloc_base, .size = m->alloc_size};
+	*gm = (struct gpu_map){.owner = owner,
+			       .kind = m->kind,
+			       .refs = 1,
+			       .dev = dev,
+			       .key = m->alloc_base,
+			       .size = m->alloc_size};
 	CU(c, cuCtxSetCurrent)(d->ctx);
 	/* Each open undoes its own steps on failure. */
-	err = m->kind == KVB_BUF_GPU_FD ? map_open_fd(c, d, gm, fd) : map_open_ipc(c, gm, m->handle);
+	err = m->kind == KVB_BUF_GPU_FD ? map_open_fd(c, d, gm, fd)
+					: map_open_ipc(c, gm, m->handle);
 	if (err) {
 		free(gm);
 		return err;
@@ -381,7 +386,8 @@ static int chunk_of(const struct cuda_engine *c, const void *p, uint64_t len)
 	const uint8_t *a = p;
 
 	for (uint32_t i = 0; i < c->nchunks; i++)
-		if (a >= c->chunks[i].host && (uint64_t)(a - c->chunks[i].host) <= c->chunks[i].len &&
+		if (a >= c->chunks[i].host &&
+		    (uint64_t)(a - c->chunks[i].host) <= c->chunks[i].len &&
 		    len <= c->chunks[i].len - (uint64_t)(a - c->chunks[i].host))
 			return (int)i;
 	return -1;
@@ -437,8 +443,12 @@ static struct shape *shape_get(struct cuda_engine *c, const struct copy_job *j)
 	}
 	if (!victim->used)
 		c->info.shapes++;
-	*victim = (struct shape){.dev = j->dev, .dir = j->dir, .nsegs = j->nsegs,
-				 .bytes = j->bytes, .gen = victim->gen + 1, .choice = -1,
+	*victim = (struct shape){.dev = j->dev,
+				 .dir = j->dir,
+				 .nsegs = j->nsegs,
+				 .bytes = j->bytes,
+				 .gen = victim->gen + 1,
+				 .choice = -1,
 				 .used = c->tick};
 	return victim;
 }
@@ -459,7 +469,7 @@ static int choose_path(struct cuda_engine *c, const struct cuda_dev *d, const st
 	if (sh->choice >= 0)
 		return sh->choice;
 	p = sh->issued[CUDA_PATH_COPY] <= sh->issued[CUDA_PATH_KERNEL] ? CUDA_PATH_COPY
-									: CUDA_PATH_KERNEL;
+								       : CUDA_PATH_KERNEL;
 	sh->issued[p]++;
 	*timed = sh;
 	return p;
@@ -914,8 +924,8 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 	if (r == CUDA_SUCCESS)
 		r = CU(c, cuDeviceGetCount)(&count);
 	if (r != CUDA_SUCCESS || count <= 0) {
-		snprintf(why, whylen, "%s", r != CUDA_SUCCESS ? kvb_cuda_strerror(c->api, r)
-							      : "no CUDA device");
+		snprintf(why, whylen, "%s",
+			 r != CUDA_SUCCESS ? kvb_cuda_strerror(c->api, r) : "no CUDA device");
 		goto err;
 	}
 	c->ndev = count > CUDA_MAX_DEVS ? CUDA_MAX_DEVS : (uint32_t)count;
@@ -974,8 +984,6 @@ struct copy_engine *copy_cuda_open(struct broker *b)
 		return NULL;
 	}
 	((struct cuda_engine *)e)->owned_api = api;
-	b->xs.pin_seconds = ((struct cuda_engine *)e)->info.pin_seconds;
-	b->xs.pinned_bytes = ((struct cuda_engine *)e)->info.pinned_bytes;
 	log_info("GPU copies on: %u device(s), kernel path %s", ((struct cuda_engine *)e)->ndev,
 		 o.fatbin ? "built in" : "not built (copies only)");
 	return e;
@@ -1005,10 +1013,8 @@ int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_re
 	err = cuda_map_get(b->gpu, s->id, dev, m, fd, &gm, &dptr);
 	if (err)
 		return err;
-	s->bufs[*id] = (struct sbuf){.base = (void *)(uintptr_t)(dptr + m->off),
-				     .len = m->len,
-				     .dev = dev,
-				     .gm = gm};
+	s->bufs[*id] = (struct sbuf){
+		.base = (void *)(uintptr_t)(dptr + m->off), .len = m->len, .dev = dev, .gm = gm};
 	return 0;
 }
 

@@ -180,7 +180,6 @@ int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *p
 	r = e ? e->submit(e, &x->job) : -ENODEV;
 	if (r == COPY_QUEUED) {
 		b->xs.queued_jobs++;
-		b->xs.gpu_jobs += dev != COPY_HOST;
 		return OPS_DEFERRED;
 	}
 	if (r < 0)

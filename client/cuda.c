@@ -74,8 +74,8 @@ static int gpu_export(const struct kvb_cuda_api *api, CUdeviceptr p, size_t len,
 	m->len = len;
 	if (api->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base) == CUDA_SUCCESS) {
 		/* Virtual-memory API: only a shareable handle can cross processes. */
-		r = api->cuMemExportToShareableHandle(fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-						      0);
+		r = api->cuMemExportToShareableHandle(fd, h,
+						      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 		api->cuMemRelease(h);
 		if (r != CUDA_SUCCESS)
 			return -EOPNOTSUPP; /* not created with POSIX fd handles requested */

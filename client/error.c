@@ -58,7 +58,8 @@ const char *kvb_strerror(int err)
 	case EOPNOTSUPP:
 		return "not supported (control-only client, or GPU memory CUDA cannot export)";
 	case ENODEV:
-		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies off, "
+		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
+		       "off, "
 		       "or the device is not one the broker sees";
 	case EBUSY:
 		return "resource busy (still in use by a view or an operation)";

@@ -178,8 +178,8 @@ static kvb_client *attach(const struct opts *o, const char *name, uint32_t *ns, 
 	if (!err)
 		err = kvb_ns_open(c, &l, ns, pb);
 	if (err) {
-		fprintf(stderr, "kvbgpucheck: broker at %s: %s\n", o->socket ? o->socket : "default",
-			kvb_strerror(err));
+		fprintf(stderr, "kvbgpucheck: broker at %s: %s\n",
+			o->socket ? o->socket : "default", kvb_strerror(err));
 		exit(1);
 	}
 	return c;
@@ -284,7 +284,8 @@ static void setup(const struct opts *o, const char *name, kvb_client **c, uint32
 		alloc_legacy(k);
 	*c = attach(o, name, ns, &pb);
 	if (pb != (size_t)LAYERS * TPP * BPT) {
-		fprintf(stderr, "kvbgpucheck: page of %zu bytes, want %d\n", pb, LAYERS * TPP * BPT);
+		fprintf(stderr, "kvbgpucheck: page of %zu bytes, want %d\n", pb,
+			LAYERS * TPP * BPT);
 		exit(1);
 	}
 	make_view(*c, *ns, k);
@@ -310,8 +311,8 @@ static int cmd_put(const struct opts *o)
 	t0 = now();
 	if (run_ops(c, &k, KVB_OP_PUT, 1, npages, 0, 0, 0, &existed))
 		return 1;
-	printf("put %u pages (%u already stored) from %s GPU buffers in %.1f ms\n", npages,
-	       existed, o->alloc, (now() - t0) * 1e3);
+	printf("put %u pages (%u already stored) from %s GPU buffers in %.1f ms\n", npages, existed,
+	       o->alloc, (now() - t0) * 1e3);
 	kvb_close(c);
 	return 0;
 }

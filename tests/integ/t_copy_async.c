@@ -73,8 +73,8 @@ static void write_page(struct cache *k, const kvb_key *key, uint64_t slot)
 	for (int l = 0; l < LAYERS; l++)
 		for (int t = 0; t < TPP; t++)
 			for (int i = 0; i < BPT; i++)
-				k->buf[l][(slot + t) * k->stride + i] =
-					harness_byte(key, SEED, ((size_t)l * TPP + t) * BPT + i);
+				k->buf[l][(slot + t) * k->stride + i] = harness_byte(
+					key, SEED, ((size_t)l * TPP + t) * BPT + i);
 }
 
 /* Checks layers [lf, lf + lc) of page (key, seed) in slots [slot, slot + TPP). */
@@ -85,11 +85,12 @@ static void check_page(const struct cache *k, const kvb_key *key, uint64_t slot,
 		for (int t = 0; t < TPP; t++)
 			for (int i = 0; i < BPT; i++) {
 				uint8_t got = k->buf[l][(slot + t) * k->stride + i];
-				uint8_t want =
-					harness_byte(key, SEED, ((size_t)l * TPP + t) * BPT + i);
+				uint8_t want = harness_byte(key, SEED,
+							    ((size_t)l * TPP + t) * BPT + i);
 
 				CHECKF(got == want,
-				       "%s: key %s layer %d token %d byte %d: got 0x%02x want 0x%02x",
+				       "%s: key %s layer %d token %d byte %d: got 0x%02x want "
+				       "0x%02x",
 				       what, harness_key_str(key), l, t, i, got, want);
 			}
 }
@@ -232,8 +233,11 @@ int main(int argc, char **argv)
 		harness_fill(mem, pb, &key, SEED);
 		memset(ops, 0, sizeof(ops));
 		for (int i = 0; i < 2; i++) {
-			ops[i] = (struct kvb_op){.opcode = KVB_OP_PUT, .ns = ns, .buf = buf,
-						 .key = key, .user_data = (uint64_t)i + 1};
+			ops[i] = (struct kvb_op){.opcode = KVB_OP_PUT,
+						 .ns = ns,
+						 .buf = buf,
+						 .key = key,
+						 .user_data = (uint64_t)i + 1};
 		}
 		CHECK_RC(kvb_submit(c, ops, 2), 2);
 		CHECK_RC(kvb_reap(c, comp, 2, 2, 10000), 2);
@@ -275,8 +279,12 @@ int main(int argc, char **argv)
 			kvb_key key = key_of(600 + i);
 
 			harness_fill(m2 + i * pb, pb, &key, SEED);
-			four[i] = (struct kvb_op){.opcode = KVB_OP_PUT, .ns = ns, .buf = b2,
-						  .key = key, .off = i * pb, .user_data = 77};
+			four[i] = (struct kvb_op){.opcode = KVB_OP_PUT,
+						  .ns = ns,
+						  .buf = b2,
+						  .key = key,
+						  .off = i * pb,
+						  .user_data = 77};
 		}
 		CHECK_RC(kvb_submit(c, four, 4), 4);
 		/* The ring and the socket are not ordered: wait until the broker took them. */
@@ -288,8 +296,8 @@ int main(int argc, char **argv)
 
 			CHECK_EQ(c4[i].res, 0);
 			CHECK_RC(kvb_get(c, ns, key, out, pb), (long long)pb);
-			CHECK(harness_verify(out, pb, &key, SEED, "put from an unregistered buffer") ==
-			      0);
+			CHECK(harness_verify(out, pb, &key, SEED,
+					     "put from an unregistered buffer") == 0);
 		}
 	}
 

@@ -317,7 +317,7 @@ static CUresult f_module_fn(CUfunction *fn, CUmodule m, const char *name)
 static CUresult f_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 			 unsigned by, unsigned bz, unsigned sh, CUstream s, void **args, void **ex)
 {
-	const uint64_t *t = (const uint64_t *)(uintptr_t)*(CUdeviceptr *)args[0];
+	const uint64_t *t = (const uint64_t *)(uintptr_t) * (CUdeviceptr *)args[0];
 	unsigned n = *(unsigned *)args[1];
 
 	(void)fn, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)ex;
