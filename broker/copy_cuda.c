@@ -856,9 +856,6 @@ static int dev_init(struct cuda_engine *c, const struct cuda_opts *o, int ord)
 			d->fn = NULL;
 		}
 	}
-	d->pool_d = calloc(c->nchunks ? c->nchunks : 1, sizeof(*d->pool_d));
-	if (!d->pool_d)
-		return -ENOMEM;
 	return 0;
 }
 
@@ -937,7 +934,13 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 		}
 	}
 	err = pin_pool(c, o);
+	/* Each device's address of each chunk, for the kernel path. */
 	for (uint32_t i = 0; !err && i < c->ndev; i++) {
+		c->dev[i].pool_d = calloc(c->nchunks ? c->nchunks : 1, sizeof(*c->dev[i].pool_d));
+		if (!c->dev[i].pool_d) {
+			err = -ENOMEM;
+			break;
+		}
 		CU(c, cuCtxSetCurrent)(c->dev[i].ctx);
 		for (uint32_t k = 0; !err && k < c->nchunks; k++) {
 			r = CU(c, cuMemHostGetDevicePointer)(&c->dev[i].pool_d[k],

@@ -110,27 +110,31 @@ static int view_check(struct session *s, const struct sview *v, uint64_t slot, i
 	return 0;
 }
 
+/* A GET's layer range [lfirst, lfirst + lcount) (lcount 0: all) within the deepest component? */
+static int layers_ok(const struct ns *n, uint32_t lfirst, uint32_t lcount)
+{
+	uint32_t maxl = 0;
+
+	for (uint32_t c = 0; c < n->layout.ncomponents; c++)
+		if (n->layout.comp[c].num_layers > maxl)
+			maxl = n->layout.comp[c].num_layers;
+	return !lcount || lfirst + lcount <= maxl;
+}
+
 /*
  * Builds the segments between a page and a view slot: one per (part, token), merged whenever
  * both sides are contiguous. to_page selects the direction. Parts whose layer is outside
- * [lfirst, lfirst + lcount) are skipped (lcount 0: all); a range reaching past the namespace's
- * deepest component selects layers that do not exist and is refused. The caller checked the
- * slot (view_check). Returns the segment count or -errno.
+ * [lfirst, lfirst + lcount) are skipped (lcount 0: all). Returns the segment count or -errno.
  */
 static int view_segs(struct session *s, const struct sview *v, uint8_t *page, uint64_t slot,
 		     uint32_t lfirst, uint32_t lcount, int to_page)
 {
 	const struct ns *n = v->ns;
-	uint32_t tpp = n->layout.tokens_per_page, cnt = 0, maxl = 0;
+	uint32_t tpp = n->layout.tokens_per_page, cnt = 0;
 	int err = segs_reserve((uint64_t)n->nparts * tpp);
 
 	if (err)
 		return err;
-	for (uint32_t c = 0; c < n->layout.ncomponents; c++)
-		if (n->layout.comp[c].num_layers > maxl)
-			maxl = n->layout.comp[c].num_layers;
-	if (lcount && lfirst + lcount > maxl)
-		return -EINVAL;
 	for (uint32_t p = 0; p < v->nparts; p++) {
 		const struct kvb_view_part *vp = &v->parts[p];
 		uint32_t bpt = n->part_bpt[p];
@@ -273,7 +277,9 @@ static int op_get(struct broker *b, struct session *s, const struct kvb_sqe *sqe
 		return OPS_DONE;
 	}
 	n->c.gets++;
-	if (v)
+	if (v && !layers_ok(n, sqe->layer_first, sqe->layer_count))
+		err = -EINVAL; /* names layers that do not exist */
+	else if (v)
 		err = view_check(s, v, sqe->off, &dev);
 	else
 		dst = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);

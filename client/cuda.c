@@ -99,9 +99,11 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
 	struct kvbc_reply r;
 	struct kvbc_buf *b;
 	int err, fd = -1;
+#endif
 
-	if (!dev_ptr || !len || !buf)
+	if (!c || !dev_ptr || !len || !buf)
 		return -EINVAL;
+#ifdef KVB_HAVE_CUDA
 	pthread_once(&load_once, load);
 	if (load_err)
 		return load_err;
@@ -111,6 +113,10 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
 	err = kvbc_enter(c);
 	if (err)
 		goto err_free;
+	if (c->broker_minor < 1) {
+		err = -ENODEV; /* a broker from before GPU buffers: it would end the session */
+		goto err_leave;
+	}
 	err = gpu_export(cuda, (CUdeviceptr)(uintptr_t)dev_ptr, len, &m, &fd);
 	if (err)
 		goto err_leave;
@@ -137,7 +143,6 @@ err_free:
 	free(b);
 	return err;
 #else
-	(void)c, (void)dev_ptr, (void)len, (void)buf;
 	return -ENODEV; /* built without the CUDA headers */
 #endif
 }

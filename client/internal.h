@@ -90,7 +90,8 @@ struct kvb_client {
 	uint32_t flags; /* KVB_CONNECT_* */
 	uint32_t seq;	/* last control request seq */
 	uint32_t client_id;
-	uint64_t spin_ns; /* CQ spin before sleeping */
+	uint32_t broker_minor; /* the broker's KVB_ABI_MINOR (what it understands) */
+	uint64_t spin_ns;      /* CQ spin before sleeping */
 
 	/* Ring region (absent on a control-only client: region == NULL). */
 	void *region;

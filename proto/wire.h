@@ -52,7 +52,7 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 0
+#define KVB_ABI_MINOR 1 /* 1: BUF_REG_GPU */
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
