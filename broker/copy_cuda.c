@@ -25,8 +25,8 @@
  * every client. A map whose last buffer is gone is closed only when no job is in flight on its
  * device (the "closing" list), so a dying client's copies finish before its handles close.
  *
- * [CUDA-PATH] Two ways to move a job: COPY, one cuMemcpy{HtoD,DtoH}Async per (coalesced)
- * segment, on the copy engines; KERNEL, the gather/scatter kernel (kernels/copy_segs.cu) over a
+ * [CUDA-PATH] Two ways to move a job: COPY, the (coalesced) segments on the copy engines, as
+ * one cuMemcpyBatchAsync where the driver has it, else one cuMemcpy{HtoD,DtoH}Async each; KERNEL, the gather/scatter kernel (kernels/copy_segs.cu) over a
  * descriptor table, with SMs reading or writing the pool through its device mapping. Many
  * small segments (61 layer parts of 72 KiB for a Kimi-K2.5 page) favour the kernel, few large
  * ones the copy engines; where the line lies depends on the GPU, the PCIe link and the NUMA
@@ -150,6 +150,10 @@ struct cuda_engine {
 	uint64_t tick;
 	struct cuda_info info;
 	int logged_bounds;
+	int no_batch;		  /* cuMemcpyBatchAsync missing or refused: one call per segment */
+	CUdeviceptr *bdst, *bsrc; /* its argument arrays, grown as needed */
+	size_t *bsize;
+	uint32_t bcap;
 };
 
 #define CU(e, call) ((e)->api->call)
@@ -520,11 +524,53 @@ static struct cuda_job *job_rec(struct cuda_engine *c)
 	return cj;
 }
 
-/* Enqueues the copies, one per segment. */
+/*
+ * Enqueues a job's segments as one cuMemcpyBatchAsync where the driver has it (one call
+ * instead of 61 for a Kimi-K2.5 page: the per-call cost, a few microseconds each, would
+ * otherwise bound a page's throughput), else one cuMemcpy*Async per segment.
+ */
+static CUresult issue_batch(struct cuda_engine *c, CUstream st, const struct copy_job *j)
+{
+	CUmemcpyAttributes attr = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+	size_t zero = 0;
+	CUresult r;
+
+	if (j->nsegs > c->bcap) {
+		uint32_t cap = j->nsegs;
+		CUdeviceptr *d = realloc(c->bdst, cap * sizeof(*d));
+		CUdeviceptr *s = d ? realloc(c->bsrc, cap * sizeof(*s)) : NULL;
+		size_t *z = s ? realloc(c->bsize, cap * sizeof(*z)) : NULL;
+
+		if (d)
+			c->bdst = d;
+		if (s)
+			c->bsrc = s;
+		if (!z)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		c->bsize = z;
+		c->bcap = cap;
+	}
+	for (uint32_t i = 0; i < j->nsegs; i++) {
+		c->bdst[i] = (CUdeviceptr)(uintptr_t)j->segs[i].dst;
+		c->bsrc[i] = (CUdeviceptr)(uintptr_t)j->segs[i].src;
+		c->bsize[i] = j->segs[i].len;
+	}
+	r = CU(c, cuMemcpyBatchAsync)(c->bdst, c->bsrc, c->bsize, j->nsegs, &attr, &zero, 1, st);
+	if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY) {
+		/* Copying a segment twice is harmless; a driver that refuses batches is not. */
+		cu_fail(c, "cuMemcpyBatchAsync (one call per segment from now on)", r);
+		c->no_batch = 1;
+	}
+	return r;
+}
+
 static CUresult issue_copies(struct cuda_engine *c, CUstream st, const struct copy_job *j)
 {
 	CUresult r = CUDA_SUCCESS;
 
+	if (j->nsegs > 1 && c->api->cuMemcpyBatchAsync && !c->no_batch &&
+	    issue_batch(c, st, j) == CUDA_SUCCESS)
+		return CUDA_SUCCESS;
 	for (uint32_t i = 0; i < j->nsegs && r == CUDA_SUCCESS; i++) {
 		const struct copy_seg *sg = &j->segs[i];
 
@@ -817,6 +863,9 @@ static void cuda_destroy(struct copy_engine *e)
 	for (uint32_t i = 0; i < c->ndev; i++)
 		dev_fini(c, &c->dev[i]);
 	free(c->chunks);
+	free(c->bdst);
+	free(c->bsrc);
+	free(c->bsize);
 	if (c->e.efd >= 0)
 		close(c->e.efd);
 	kvb_cuda_unload(c->owned_api);

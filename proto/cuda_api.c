@@ -36,6 +36,9 @@ int kvb_cuda_load(struct kvb_cuda_api **out, char *why, size_t whylen)
 		missing = KVB_XSTR_(f);
 	KVB_CUDA_FUNCS(KVB_CUDA_LOAD_)
 #undef KVB_CUDA_LOAD_
+#define KVB_CUDA_LOAD_OPT_(f) *(void **)&api->f = dlsym(api->lib, KVB_XSTR_(f));
+	KVB_CUDA_FUNCS_OPT(KVB_CUDA_LOAD_OPT_)
+#undef KVB_CUDA_LOAD_OPT_
 	if (missing) {
 		snprintf(why, whylen, "CUDA driver too old: no %s in libcuda.so.1", missing);
 		kvb_cuda_unload(api);

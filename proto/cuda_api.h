@@ -70,9 +70,13 @@
 	X(cuModuleGetFunction)                                                                     \
 	X(cuLaunchKernel)
 
+/* Entry points newer drivers have and older ones lack: NULL when missing. */
+#define KVB_CUDA_FUNCS_OPT(X) X(cuMemcpyBatchAsync) /* CUDA 13 (_v2) */
+
 #define KVB_CUDA_PTR_(f) __typeof__(f) *f;
 struct kvb_cuda_api {
 	KVB_CUDA_FUNCS(KVB_CUDA_PTR_)
+	KVB_CUDA_FUNCS_OPT(KVB_CUDA_PTR_)
 	void *lib; /* dlopen handle; NULL for a table filled by hand (tests) */
 };
 #undef KVB_CUDA_PTR_

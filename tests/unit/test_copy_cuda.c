@@ -9,7 +9,8 @@
  *
  * Covered: device matching by UUID, no device, the pool registered in chunks, the per-client
  * handle cache (IPC and cuMem fds, sizes checked against the driver's), bounds checks before
- * anything is issued, coalescing, path choice by measurement, completion by events, errors
+ * anything is issued, coalescing, batched copies (and the fallback when the driver refuses
+ * them), path choice by measurement, completion by events, errors
  * from the driver (a failed copy, a failed enqueue), and a client dying mid-copy: its handle
  * closes only after its copies completed. Skipped (77) in a build without the CUDA headers.
  */
@@ -53,7 +54,8 @@ static struct {
 	size_t reg_len[FMAX];
 	unsigned reg_flags;
 	int ipc_opens, ipc_closes, imports, maps, unmaps, releases;
-	int memcpys, launches, host_funcs;
+	int memcpys, launches, host_funcs, batches;
+	CUresult batch_res;
 	uint64_t alloc_base[FMAX], alloc_size[FMAX]; /* fake allocations (fd = index) */
 	int nallocs;
 	int closes_after_done; /* closes seen while the test's done() had run */
@@ -185,6 +187,20 @@ static CUresult f_dtoh(void *h, CUdeviceptr d, size_t n, CUstream s)
 		return F.memcpy_res;
 	memcpy(h, (const void *)(uintptr_t)d, n);
 	F.memcpys++;
+	((struct fstream *)s)->last_path = 0;
+	return CUDA_SUCCESS;
+}
+static CUresult f_batch(CUdeviceptr *d, CUdeviceptr *src, size_t *n, size_t count,
+			CUmemcpyAttributes *attrs, size_t *idx, size_t nattrs, CUstream s)
+{
+	assert_int_equal(nattrs, 1);
+	assert_int_equal(idx[0], 0);
+	assert_int_equal(attrs[0].srcAccessOrder, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM);
+	if (F.batch_res != CUDA_SUCCESS)
+		return F.batch_res;
+	for (size_t i = 0; i < count; i++)
+		memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)src[i], n[i]);
+	F.batches++;
 	((struct fstream *)s)->last_path = 0;
 	return CUDA_SUCCESS;
 }
@@ -772,6 +788,51 @@ static void test_copy_cuda_forced_kernel_path(void **state)
 	free(j);
 }
 
+static void test_copy_cuda_batched_copies(void **state)
+{
+	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_engine *e;
+	struct copy_job *j;
+	struct gpu_map *gm;
+	uint64_t base;
+
+	(void)state;
+	api.cuMemcpyBatchAsync = f_batch;
+	e = make_engine(CUDA_PATH_COPY, 0);
+	assert_non_null(e);
+	assert_int_equal(cuda_map_get(e, 7, 0, &m, -1, &gm, &base), 0);
+	/* Eight scattered parts: one batch call, no single copies. */
+	j = scattered(base, COPY_FROM_POOL, 4096);
+	memset(X.pool, 0x31, 8 * 4096);
+	assert_int_equal(e->submit(e, j), COPY_QUEUED);
+	assert_int_equal(F.batches, 1);
+	assert_int_equal(F.memcpys, 0);
+	assert_int_equal(e->poll(e), 1);
+	assert_int_equal(X.res, 0);
+	assert_int_equal(X.gpu[0][7 * 8192 + 4095], 0x31);
+	/* A driver that refuses the batch: the same job goes one copy per segment, and so do later
+	 * jobs. */
+	F.batch_res = CUDA_ERROR_NOT_SUPPORTED;
+	memset(X.pool, 0x32, 8 * 4096);
+	free(j);
+	j = scattered(base, COPY_FROM_POOL, 4096);
+	assert_int_equal(e->submit(e, j), COPY_QUEUED);
+	assert_int_equal(F.memcpys, 8);
+	assert_int_equal(e->poll(e), 1);
+	assert_int_equal(X.res, 0);
+	assert_int_equal(X.gpu[0][7 * 8192 + 4095], 0x32);
+	F.batch_res = CUDA_SUCCESS;
+	free(j);
+	j = scattered(base, COPY_FROM_POOL, 4096);
+	assert_int_equal(e->submit(e, j), COPY_QUEUED);
+	assert_int_equal(F.batches, 1);
+	assert_int_equal(F.memcpys, 16);
+	assert_int_equal(e->poll(e), 1);
+	gpu_map_put(e, gm);
+	e->destroy(e);
+	free(j);
+}
+
 static void test_copy_cuda_driver_errors(void **state)
 {
 	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
@@ -853,6 +914,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_copy_cuda_path_by_measurement, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_forced_kernel_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_cuda_batched_copies, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_driver_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_client_dies_mid_copy, setup,
 						teardown),
