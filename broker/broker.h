@@ -35,11 +35,12 @@ struct config {
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
 	int prefault;
-	uint32_t copy_threads;	/* host copy workers */
-	uint64_t copy_inline;	/* host jobs up to this many bytes run on the loop thread */
-	uint32_t copy_delay_us; /* testing: each queued host job sleeps this long */
-	int gpu;		/* 0: --no-gpu */
-	int gpu_path;		/* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
+	uint32_t copy_threads;	  /* host copy workers */
+	uint64_t copy_inline;	  /* host jobs up to this many bytes run on the loop thread */
+	uint32_t copy_delay_us;	  /* testing: each queued host job sleeps this long */
+	uint32_t copy_fail_every; /* testing: every n-th queued host job fails */
+	int gpu;		  /* 0: --no-gpu */
+	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
 };

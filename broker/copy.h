@@ -95,8 +95,11 @@ static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst
  * numbers behind the defaults.
  */
 struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
-/* Testing (--copy-delay-us): every queued job sleeps this long on its worker before copying. */
-void copy_host_set_delay(struct copy_engine *e, uint32_t us);
+/*
+ * Testing (--copy-delay-us, --copy-fail-every): every queued job sleeps delay_us on its worker
+ * before copying, and every fail_every-th one (counted from start-up) fails with -EIO instead.
+ */
+void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
 #define COPY_HOST_INLINE_DEFAULT (4ull << 20)
 
 #endif /* KVB_BROKER_COPY_H */

@@ -34,7 +34,9 @@ struct host_engine {
 	struct copy_job *pend_head, **pend_tail; /* FIFO, workers take from the head */
 	struct copy_job *done_head, **done_tail; /* FIFO, poll() takes all */
 	uint64_t inline_max;
-	uint32_t delay_us; /* testing: a queued job sleeps this long first (copy_host_set_delay) */
+	uint32_t delay_us;   /* testing: a queued job sleeps this long first (copy_host_test) */
+	uint32_t fail_every; /* testing: every n-th queued job fails with -EIO */
+	uint64_t queued;     /* jobs taken by workers */
 	uint32_t nthreads;
 	int stop;
 	pthread_t threads[HOST_MAX_THREADS];
@@ -55,6 +57,7 @@ static void *worker(void *arg)
 	for (;;) {
 		struct copy_job *j;
 		uint32_t delay;
+		int fail;
 
 		while (!h->pend_head && !h->stop)
 			pthread_cond_wait(&h->cond, &h->lock);
@@ -65,6 +68,7 @@ static void *worker(void *arg)
 		if (!h->pend_head)
 			h->pend_tail = &h->pend_head;
 		delay = h->delay_us;
+		fail = h->fail_every && !(++h->queued % h->fail_every);
 		pthread_mutex_unlock(&h->lock);
 
 		if (delay) {
@@ -72,8 +76,9 @@ static void *worker(void *arg)
 
 			nanosleep(&ts, NULL);
 		}
-		run_segs(j);
-		j->res = 0;
+		if (!fail)
+			run_segs(j);
+		j->res = fail ? -EIO : 0;
 		j->next = NULL;
 
 		pthread_mutex_lock(&h->lock);
@@ -153,12 +158,13 @@ static void host_destroy(struct copy_engine *e)
 	free(h);
 }
 
-void copy_host_set_delay(struct copy_engine *e, uint32_t us)
+void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every)
 {
 	struct host_engine *h = (struct host_engine *)e;
 
 	pthread_mutex_lock(&h->lock);
-	h->delay_us = us;
+	h->delay_us = delay_us;
+	h->fail_every = fail_every;
 	pthread_mutex_unlock(&h->lock);
 }
 

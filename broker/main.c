@@ -62,6 +62,7 @@ static void usage(FILE *f)
 		"                         ones on the workers (default 4M; 0: every copy on a\n"
 		"                         worker)\n"
 		"  --copy-delay-us N      testing: each worker copy sleeps N us first\n"
+		"  --copy-fail-every N    testing: every N-th worker copy fails with EIO\n"
 		"  --no-gpu               do not load CUDA (GPU buffers are then refused)\n"
 		"  --gpu-path auto|copy|kernel\n"
 		"                         how GPU pages move: measured per page shape (auto,\n"
@@ -189,7 +190,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_COPY_INLINE,
 		O_COPY_DELAY,
 		O_NO_GPU,
-		O_GPU_PATH
+		O_GPU_PATH,
+		O_COPY_FAIL
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -212,6 +214,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"copy-delay-us", required_argument, NULL, O_COPY_DELAY},
 		{"no-gpu", no_argument, NULL, O_NO_GPU},
 		{"gpu-path", required_argument, NULL, O_GPU_PATH},
+		{"copy-fail-every", required_argument, NULL, O_COPY_FAIL},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -312,6 +315,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NO_GPU:
 			c->gpu = 0;
+			break;
+		case O_COPY_FAIL:
+			if (parse_u32(optarg, &c->copy_fail_every))
+				goto bad;
 			break;
 		case O_GPU_PATH:
 			if (!strcmp(optarg, "auto"))

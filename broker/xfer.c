@@ -227,8 +227,8 @@ int xfer_init(struct broker *b)
 	b->copy = copy_host_create(b->cfg.copy_threads, b->cfg.copy_inline);
 	if (!b->copy)
 		return -ENOMEM;
-	if (b->cfg.copy_delay_us)
-		copy_host_set_delay(b->copy, b->cfg.copy_delay_us);
+	if (b->cfg.copy_delay_us || b->cfg.copy_fail_every)
+		copy_host_test(b->copy, b->cfg.copy_delay_us, b->cfg.copy_fail_every);
 	err = ep_add_copy(b, b->copy);
 	if (err)
 		return err;

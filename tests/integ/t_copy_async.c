@@ -14,7 +14,10 @@
  *   - a buffer unregistered while a PUT copies from it: the PUT still completes and stores the
  *     right bytes (the broker unmaps it after the copy);
  *   - a client that dies with copies in flight: they finish (its PUTs are stored and readable),
- *     then its session goes, and no page stays pinned.
+ *     then its session goes, and no page stays pinned;
+ *   - failed copies (a second broker with --copy-fail-every 2): a PUT whose copy failed
+ *     completes -EIO and stores nothing, the PUT that waited for it runs again and stores the
+ *     page itself; a GET whose copy failed completes -EIO and leaves nothing pinned.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -317,6 +320,46 @@ int main(int argc, char **argv)
 	CHECK(harness_broker_alive(br));
 	CHECK_EQ(harness_stat(c, "copy.errors"), 0);
 
+	kvb_close(c);
+	harness_broker_stop(br);
+
+	harness_log("failed copies: every second worker copy fails");
+	br = harness_broker_start("--pool", "16M", "--copy-inline", "0", "--copy-threads", "1",
+				  "--copy-delay-us", DELAY_US, "--copy-fail-every", "2");
+	c = harness_connect(br, "t_copy_async-fail", 0);
+	open_ns(c, &ns);
+	mem = kvb_buf_alloc_host(c, pb, &buf);
+	CHECK(mem != NULL);
+	{
+		kvb_key key = key_of(700);
+
+		/* Copy 1 works. */
+		CHECK_RC(kvb_put(c, ns, key_of(701), mem, pb), 0);
+		harness_fill(mem, pb, &key, SEED);
+		/* Copy 2 (the writer) fails; the parked PUT runs again: copy 3, which works. */
+		for (int i = 0; i < 2; i++)
+			ops[i] = (struct kvb_op){.opcode = KVB_OP_PUT,
+						 .ns = ns,
+						 .buf = buf,
+						 .key = key,
+						 .user_data = (uint64_t)i + 1};
+		CHECK_RC(kvb_submit(c, ops, 2), 2);
+		CHECK_RC(kvb_reap(c, comp, 2, 2, 10000), 2);
+		for (int i = 0; i < 2; i++) {
+			CHECK_EQ(comp[i].res, comp[i].user_data == 1 ? -EIO : 0);
+			CHECK_EQ(comp[i].flags, 0);
+		}
+		CHECK_EQ(harness_stat(c, "copy.parked_puts"), 1);
+		CHECK_EQ(harness_stat(c, "pool.pages"), 2);
+		/* Copy 4 fails, copy 5 works. */
+		memset(mem, 0, pb);
+		CHECK_RC(kvb_get(c, ns, key, mem, pb), -EIO);
+		CHECK_EQ(harness_stat(c, "pool.pinned_pages"), 0);
+		CHECK_RC(kvb_get(c, ns, key, mem, pb), (long long)pb);
+		CHECK(harness_verify(mem, pb, &key, SEED, "page stored by the re-run PUT") == 0);
+		CHECK_EQ(harness_stat(c, "copy.errors"), 2);
+		CHECK_EQ(harness_stat(c, "counters.errors"), 2);
+	}
 	free(out);
 	kvb_close(c);
 	harness_broker_stop(br);
