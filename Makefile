@@ -89,13 +89,15 @@ UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
 KVBGPUCHECK := $(B)/bin/kvbgpucheck
 PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBGPUCHECK)
+# A fake CUDA driver for end-to-end tests of the GPU paths without a GPU (tests/fake/libcuda.c).
+FAKE_CUDA := $(if $(HAVE_CUDA),$(B)/tests/fake/libcuda.so.1)
 
 .PHONY: all deps test unit integ demo bench asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
 # Keep every object: pattern chains would otherwise delete some as intermediates.
 .SECONDARY:
 
-all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS)
+all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS) $(FAKE_CUDA)
 
 # Every target needs the Debian packages: check once, install when root, else say what to run.
 $(DEPS_STAMP): tools/deps.sh
@@ -160,6 +162,11 @@ $(B)/tests/test_%: $(B)/obj/tests/unit/test_%.o $(BROKER_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(BROKER_A) $(LIB_A) $(LIBS) -lcmocka
+
+$(B)/tests/fake/libcuda.so.1: $(B)/obj/tests/fake/libcuda.o
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared $(LDFLAGS) -Wl,-soname,libcuda.so.1 -o $@ $<
 
 $(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
