@@ -51,14 +51,12 @@ enum { COPY_DONE = 0, COPY_QUEUED = 1 };
 struct copy_job {
 	struct copy_job *next; /* the engine's queues */
 	void (*done)(struct copy_job *job);
-	int32_t res;   /* 0 or -errno once complete */
-	int32_t dev;   /* COPY_HOST or the CUDA device index of the client side */
-	uint32_t dir;  /* enum copy_dir */
-	uint32_t path; /* engine-private (CUDA: copy path taken) */
-	uint64_t bytes;
-	uint32_t nsegs, cap;
+	int32_t res;  /* 0 or -errno once complete */
+	int32_t dev;  /* COPY_HOST or the CUDA device index of the client side */
+	uint32_t dir; /* enum copy_dir */
+	uint32_t nsegs;
+	uint64_t bytes; /* sum of the segments' lengths */
 	struct copy_seg *segs;
-	void *priv; /* engine-private (CUDA: its in-flight record) */
 };
 
 struct copy_engine {

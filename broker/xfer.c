@@ -171,7 +171,6 @@ int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *p
 				   .dev = dev,
 				   .dir = dir,
 				   .nsegs = nsegs,
-				   .cap = nsegs,
 				   .segs = (struct copy_seg *)(x + 1)};
 	memcpy(x->job.segs, segs, (size_t)nsegs * sizeof(*segs));
 	for (uint32_t i = 0; i < nsegs; i++)

@@ -480,7 +480,6 @@ static struct copy_job *job_new(int dev, uint32_t dir, uint32_t nsegs)
 	struct copy_job *j = calloc(1, sizeof(*j) + nsegs * sizeof(struct copy_seg));
 
 	j->segs = (struct copy_seg *)(j + 1);
-	j->cap = nsegs;
 	j->dev = dev;
 	j->dir = dir;
 	j->done = on_done;
