@@ -128,6 +128,11 @@ for path in $PATHS; do
 		>"$tmp/bench-$path" || { cat "$tmp/bench-$path" "$log"; fail "bench ($path)"; }
 	grep RESULT "$tmp/bench-$path" >>"$summary"
 	grep RESULT "$tmp/bench-$path" | sed 's/^/  /'
+	# Which path the jobs really took (a kernel that failed to load falls back to copies).
+	"$B/bin/kvbctl" --socket "$sock" status --json 2>/dev/null |
+		grep -oE '"(jobs_copy|jobs_kernel|pin_seconds|errors)": *[0-9.e+-]+' | tr '\n' ' ' |
+		sed 's/^/  broker stats: /'
+	echo
 	stop_broker
 done
 
