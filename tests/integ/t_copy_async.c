@@ -179,6 +179,7 @@ static int dies_mid_copy(int idx, void *arg)
 	kvb_client *c = harness_connect(br, "doomed", 0);
 	struct kvb_op ops[16];
 	uint32_t ns, buf;
+	uint64_t q0;
 	uint8_t *mem;
 
 	(void)idx, (void)arg;
@@ -197,8 +198,11 @@ static int dies_mid_copy(int idx, void *arg)
 		if (i < 8)
 			harness_fill(mem + i * pb, pb, &key, SEED);
 	}
+	q0 = harness_stat(c, "copy.queued_jobs");
 	CHECK_RC(kvb_submit(c, ops, 16), 16);
-	usleep(20000); /* the first copy is on the worker, the rest queued behind it */
+	/* Dies once the broker took them all: the first copying, the rest queued behind it. */
+	CHECK_EQ(harness_stat_wait(c, "copy.queued_jobs", q0 + 16, 10000), q0 + 16);
+	CHECK_GE(harness_stat(c, "copy.inflight"), 1);
 	_exit(0);
 }
 
