@@ -1067,6 +1067,9 @@ int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_re
 		return err;
 	s->bufs[*id] = (struct sbuf){
 		.base = (void *)(uintptr_t)(dptr + m->off), .len = m->len, .dev = dev, .gm = gm};
+	log_debug("client %u: GPU buffer %u: %llu bytes at +%llu of a %s allocation on device %d",
+		  s->id, *id, (unsigned long long)m->len, (unsigned long long)m->off,
+		  m->kind == KVB_BUF_GPU_FD ? "cuMem" : "cuMemAlloc", dev);
 	return 0;
 }
 
