@@ -25,8 +25,8 @@
  * engine may check again (the CUDA one does: an out-of-range DMA poisons a context).
  *
  * Segments: dst and src are addresses in the broker, except that the client side of a job with
- * dev >= 0 is a device address (CUdeviceptr) in the broker's context of CUDA device dev.
- * [COPY-SEGS]
+ * dev >= 0 is a device address (CUdeviceptr) in the broker's context of CUDA device dev. An
+ * engine may merge segments in place (nsegs shrinks).
  */
 #ifndef KVB_BROKER_COPY_H
 #define KVB_BROKER_COPY_H
