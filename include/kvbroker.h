@@ -218,7 +218,10 @@ int kvb_view_destroy(kvb_client *c, uint32_t view);
 
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
- * every component (count 0: all layers); a PUT always takes every layer (all or nothing).
+ * every component (count 0: all layers; -EINVAL when the range reaches past the deepest
+ * component or selects no layer), so an engine can load layer groups in order and start
+ * computing early; a PUT always takes every layer (all or nothing). The view's buffers may be
+ * host or GPU memory, but one op's parts must all be host memory or all on one GPU (-EINVAL).
  * Return as kvb_put() (0 stored, 1 already stored) and kvb_get() (page_bytes).
  */
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
@@ -272,7 +275,9 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
 
 /*
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
- * (-1: no limit). Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
+ * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
+ * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
  * -ECONNRESET when the broker went away.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
