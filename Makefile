@@ -16,7 +16,17 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 CC ?= cc
 CFLAGS ?= -O2 -g
-B := build/$(MODE)
+
+# CUDA: the driver API is loaded at run time (dlopen of libcuda.so.1), so building needs only
+# its headers, plus nvcc for the copy engine's gather/scatter kernel. Without them the build
+# goes on without GPU support (into build/MODE-nocuda, so the two never mix objects).
+CUDA_HOME ?= /usr/local/cuda
+HAVE_CUDA := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),1)
+NVCC := $(CUDA_HOME)/bin/nvcc
+HAVE_NVCC := $(if $(HAVE_CUDA),$(if $(wildcard $(NVCC)),1))
+NVCC_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+B := build/$(MODE)$(if $(HAVE_CUDA),,-nocuda)
 
 ifeq ($(V),1)
 Q :=
@@ -51,6 +61,9 @@ endif
 ifneq ($(MODE),release)
 override CFLAGS += -DKVB_TEST_HOOKS
 endif
+ifeq ($(HAVE_CUDA),1)
+override CFLAGS += -DKVB_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+endif
 
 DEPS_STAMP := build/.deps-ok
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -76,19 +89,22 @@ KVBDEMO := $(B)/bin/kvbdemo
 KVBDISK := $(B)/bin/kvbdisk
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
-PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK)
+KVBGPUCHECK := $(B)/bin/kvbgpucheck
+PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK)
 # The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
 # -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
 # into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks
 # everywhere anyway.)
 BROKERD_HOOKS := $(B)/tests/kvbrokerd-hooks
+# A fake CUDA driver for end-to-end tests of the GPU paths without a GPU (tests/fake/libcuda.c).
+FAKE_CUDA := $(if $(HAVE_CUDA),$(B)/tests/fake/libcuda.so.1)
 
 .PHONY: all deps test unit integ demo bench bench-disk asan tsan lint format install clean soak
 .DEFAULT_GOAL := all
 # Keep every object: pattern chains would otherwise delete some as intermediates.
 .SECONDARY:
 
-all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS) $(BROKERD_HOOKS)
+all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS) $(BROKERD_HOOKS) $(FAKE_CUDA)
 
 # Every target needs the Debian packages: check once, install when root, else say what to run.
 $(DEPS_STAMP): tools/deps.sh
@@ -103,6 +119,25 @@ $(B)/obj/%.o: %.c $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+# The gather/scatter kernel: a fatbin (one per build, whatever the MODE), embedded into the
+# broker by copy_kernels.c (.incbin).
+FATBIN := build/kernels/copy_segs.fatbin
+ifeq ($(HAVE_NVCC),1)
+$(FATBIN): broker/kernels/copy_segs.cu
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+$(B)/obj/broker/copy_kernels.o: $(FATBIN)
+$(B)/obj/broker/copy_kernels.o: override CFLAGS += -DKVB_FATBIN='"$(FATBIN)"'
+GPUCHECK_FATBIN := build/kernels/gpucheck.fatbin
+$(GPUCHECK_FATBIN): tools/kernels/gpucheck.cu
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  NVCC    $<")
+	$(Q)$(NVCC) -fatbin $(NVCC_ARCH) -o $@ $<
+$(B)/obj/tools/kvbgpucheck.o: $(GPUCHECK_FATBIN)
+$(B)/obj/tools/kvbgpucheck.o: override CFLAGS += -DKVB_GPUCHECK_FATBIN='"$(GPUCHECK_FATBIN)"'
+endif
 
 $(LIB_A): $(call obj,$(CLIENT_SRC) $(PROTO_SRC))
 	@mkdir -p $(@D)
@@ -151,6 +186,11 @@ $(B)/tests/test_%: $(B)/obj/tests/unit/test_%.o $(BROKER_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $(TEST_LDFLAGS_$*) -o $@ $< $(BROKER_A) $(LIB_A) $(LIBS) -lcmocka
+
+$(B)/tests/fake/libcuda.so.1: $(B)/obj/tests/fake/libcuda.o
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared $(LDFLAGS) -Wl,-soname,libcuda.so.1 -o $@ $<
 
 $(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC)) $(LIB_A)
 	@mkdir -p $(@D)

@@ -37,11 +37,24 @@ struct config {
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
 	int prefault;
-	char numa[128];	       /* --numa: auto, off, interleave or a node list */
-	enum hp_mode hugepage; /* --hugepages */
-	struct disk_cfg disk;  /* disk.paths NULL: no disk tier */
+	char numa[128];		  /* --numa: auto, off, interleave or a node list */
+	enum hp_mode hugepage;	  /* --hugepages */
+	struct disk_cfg disk;	  /* disk.paths NULL: no disk tier */
+	uint32_t copy_threads;	  /* host copy workers */
+	uint64_t copy_inline;	  /* host jobs up to this many bytes run on the loop thread */
+	uint32_t copy_delay_us;	  /* testing: each queued host job sleeps this long */
+	uint32_t copy_fail_every; /* testing: every n-th queued host job fails */
+	int gpu;		  /* 0: --no-gpu */
+	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
+};
+
+/* xfer.c: page copies (see stats "copy"). */
+struct xfer_stats {
+	uint64_t inline_jobs, queued_jobs, parked, errors, gpu_jobs;
+	double pin_seconds; /* registering the pool with CUDA */
+	uint64_t pinned_bytes;
 };
 
 struct counters {
@@ -50,10 +63,18 @@ struct counters {
 		refused;
 };
 
-/* A host buffer a client registered: its memfd mapped read-write in the broker. */
+/*
+ * A buffer a client registered. Host: its memfd mapped read-write here. GPU: base is the
+ * device address of its first byte in the broker's context of CUDA device dev (never
+ * dereferenced on the host), opened from the client's handle (gm, copy_cuda.c).
+ * closing: unregistered while ops were in flight; released when the session's last completes.
+ */
 struct sbuf {
 	void *base;
 	uint64_t len;
+	int32_t dev; /* COPY_HOST or a CUDA device index */
+	uint8_t closing;
+	struct gpu_map *gm;
 };
 
 struct sview {
@@ -92,6 +113,7 @@ struct session {
 	uint64_t *leases; /* lease ids held, with multiplicity */
 	uint32_t nleases, cap_leases;
 	uint64_t buf_bytes; /* registered host memory */
+	uint32_t nclosing;  /* buffers unregistered while ops were in flight (sbuf.closing) */
 	uint64_t ops;
 	double accepted_at;
 	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
@@ -104,7 +126,10 @@ struct broker {
 	struct pool pool;
 	struct store store;
 	struct ns_table nst;
-	struct copy_engine *copy;
+	struct copy_engine *copy; /* host memory */
+	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
+	struct list parked;	  /* PUTs waiting for a PUT of the same key (xfer.c) */
+	struct xfer_stats xs;
 	struct tier *tier; /* NULL without --disk */
 	struct counters ctr;
 	struct list sessions;
@@ -167,13 +192,37 @@ void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
 /* Drops every lease a session holds (client gone). */
 void ops_release_all(struct broker *b, struct session *s);
 
+/*
+ * xfer.c: page copies as copy-engine jobs. xfer_start copies segs (n of them, the client side
+ * on device dev) for a PUT (dir COPY_TO_POOL: pg is WRITING, the writer's pin held; committed
+ * or aborted when the copy ends) or a GET (COPY_FROM_POOL: pg pinned by the caller, unpinned
+ * when the copy ends). Returns OPS_DONE with *cqe filled, or OPS_DEFERRED (session_complete
+ * follows). xfer_park_put makes a PUT of a WRITING page wait for its writer; xfer_existed fills
+ * the CQE of a PUT whose key is stored. xfer_poll completes what the engines finished.
+ */
+int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *pg, int32_t dev,
+	       uint32_t dir, const struct copy_seg *segs, uint32_t nsegs, struct kvb_cqe *cqe);
+int xfer_park_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct page *pg,
+		  struct kvb_cqe *cqe);
+void xfer_existed(struct broker *b, struct ns *n, struct kvb_cqe *cqe);
+uint32_t xfer_poll(struct broker *b);
+/* The loop is about to sleep: engines with copies in flight must ring their eventfds. */
+void xfer_arm(struct broker *b);
+/* Engines up (host always, CUDA when asked and present) / down (waits for their jobs). */
+int xfer_init(struct broker *b);
+void xfer_fini(struct broker *b);
+/* The "copy" member of the STATS document. */
+struct cJSON;
+struct cJSON *xfer_stats_json(const struct broker *b);
+
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
 
 /* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
 #define LOOP_LISTEN 8u
 #define LOOP_SIGNAL 16u
-#define LOOP_DISK 24u
+#define LOOP_DISK 24u /* the disk ring's eventfd (tier.c) */
+#define LOOP_COPY 32u /* a copy engine's completion eventfd (xfer.c) */
 /* loop.c */
 int loop_run(struct broker *b);
 double now_sec(void);

@@ -1,13 +1,32 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * copy.h - the copy-engine interface: moves a page between the pool and a client's registered
- * memory as a list of segments. Backends: host (memcpy, copy_host.c) now; CUDA (device copies
- * from the pinned pool, completion by events) plugs in behind the same calls.
+ * memory (host or GPU) as a job, a list of segments, completed asynchronously.
  *
- * Contract: run() completes the job before returning and returns 0 or a negative errno. The
- * caller pins the page and keeps the buffer registered for the duration. Asynchronous backends
- * (CUDA streams polled by events) extend this with a submit/poll pair when they land; the ops
- * already pin around the copy, which is what asynchronous completion needs.
+ * Contract:
+ *   submit(e, job)  takes the job or refuses it. COPY_DONE: it ran to completion before
+ *                   returning (job->res set, done() NOT called, the job is the caller's again).
+ *                   COPY_QUEUED: it is in flight; the engine owns it until it calls
+ *                   job->done(job) exactly once, from poll(), on the loop thread, with job->res
+ *                   set (0 or a negative errno). < 0: refused, nothing was copied.
+ *   poll(e)         loop thread: completes what finished (calls done()); returns how many.
+ *   efd             an eventfd that becomes readable when a queued job may have finished (the
+ *                   loop adds it to epoll, so it sleeps while copies are in flight and wakes
+ *                   for their completion); poll() drains it. -1 when the engine never queues.
+ *   arm(e)          optional: the loop is about to sleep with jobs in flight; make sure efd
+ *                   rings when they complete (an engine may skip ringing while the loop
+ *                   polls it anyway, as the CUDA one does: a host callback per job would
+ *                   stall its stream for microseconds).
+ *   inflight        jobs queued and not yet completed.
+ *   destroy(e)      waits for every queued job (calling done() for each), then frees.
+ *
+ * The caller pins the page and keeps every buffer in the job mapped (and, for GPU memory, its
+ * handle open) until done() ran; it checked every segment against its registered range. An
+ * engine may check again (the CUDA one does: an out-of-range DMA poisons a context).
+ *
+ * Segments: dst and src are addresses in the broker, except that the client side of a job with
+ * dev >= 0 is a device address (CUdeviceptr) in the broker's context of CUDA device dev. An
+ * engine may merge segments in place (nsegs shrinks).
  */
 #ifndef KVB_BROKER_COPY_H
 #define KVB_BROKER_COPY_H
@@ -20,12 +39,65 @@ struct copy_seg {
 	uint64_t len;
 };
 
+enum copy_dir {
+	COPY_TO_POOL = 0,   /* PUT: client memory -> pool */
+	COPY_FROM_POOL = 1, /* GET: pool -> client memory */
+};
+
+#define COPY_HOST (-1) /* job->dev: the client side is host memory */
+
+enum { COPY_DONE = 0, COPY_QUEUED = 1 };
+
+struct copy_job {
+	struct copy_job *next; /* the engine's queues */
+	void (*done)(struct copy_job *job);
+	int32_t res;  /* 0 or -errno once complete */
+	int32_t dev;  /* COPY_HOST or the CUDA device index of the client side */
+	uint32_t dir; /* enum copy_dir */
+	uint32_t nsegs;
+	uint64_t bytes; /* sum of the segments' lengths */
+	struct copy_seg *segs;
+};
+
 struct copy_engine {
 	const char *name;
-	int (*run)(struct copy_engine *e, const struct copy_seg *segs, uint32_t nsegs);
+	int efd;
+	uint32_t inflight;
+	int (*submit)(struct copy_engine *e, struct copy_job *job);
+	uint32_t (*poll)(struct copy_engine *e);
+	void (*arm)(struct copy_engine *e); /* may be NULL */
 	void (*destroy)(struct copy_engine *e);
 };
 
-struct copy_engine *copy_host_create(void);
+/*
+ * Appends dst <- src (len bytes) to segs[*n], merging it into the previous segment when both
+ * sides continue it. The caller made room for one more. Returns the new count.
+ */
+static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst, const void *src,
+				    uint64_t len)
+{
+	struct copy_seg *prev = n ? &segs[n - 1] : 0;
+
+	if (prev && (uint8_t *)prev->dst + prev->len == (uint8_t *)dst &&
+	    (const uint8_t *)prev->src + prev->len == (const uint8_t *)src) {
+		prev->len += len;
+		return n;
+	}
+	segs[n] = (struct copy_seg){dst, src, len};
+	return n + 1;
+}
+
+/*
+ * The host engine: memcpy. Jobs of at most inline_max bytes run inside submit() (COPY_DONE);
+ * larger ones go to nthreads worker threads (0: every job inline). See copy_host.c for the
+ * numbers behind the defaults.
+ */
+struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
+/*
+ * Testing (--copy-delay-us, --copy-fail-every): every queued job sleeps delay_us on its worker
+ * before copying, and every fail_every-th one (counted from start-up) fails with -EIO instead.
+ */
+void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
+#define COPY_HOST_INLINE_DEFAULT (4ull << 20)
 
 #endif /* KVB_BROKER_COPY_H */

@@ -8,8 +8,9 @@
  * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
  * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
  * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket, a signalfd and the disk ring's eventfd (so it sleeps correctly while I/O is in
- * flight), waking at least once a second for watermark eviction.
+ * socket, a signalfd, the disk ring's eventfd and the copy engines' completion eventfds (so it
+ * sleeps correctly while I/O and copies are in flight), waking at least once a second for
+ * watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>
@@ -37,7 +38,7 @@ double now_sec(void)
 static uint32_t poll_sessions(struct broker *b)
 {
 	struct list *pos, *tmp;
-	uint32_t work = 0;
+	uint32_t work = xfer_poll(b); /* completed copies count as work: they post CQEs */
 
 	list_for_each_safe (pos, tmp, &b->sessions) {
 		int n = session_poll(b, list_entry(pos, struct session, link), POLL_BATCH);
@@ -116,6 +117,10 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 		tier_event(b); /* completions are reaped by tier_poll */
 		return;
 	}
+	if (ev->data.u64 == LOOP_COPY) {
+		xfer_poll(b);
+		return;
+	}
 	if (s->dead)
 		return;
 	if (tag == TAG_SQ) {
@@ -146,6 +151,7 @@ int loop_run(struct broker *b)
 				continue;
 		} else if ((timeout = prepare_sleep(b)) > 0) {
 			sleeping = 1;
+			xfer_arm(b);
 		} else {
 			wake_all(b);
 			continue;

@@ -24,6 +24,7 @@
 
 #include "broker.h"
 #include "instance.h"
+#include "copy_cuda.h"
 #include "log.h"
 #include "parse.h"
 #include "proto.h"
@@ -79,6 +80,17 @@ static void usage(FILE *f)
 		"                         PUTs then pay the page faults\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
+		"  --copy-threads N       host copy worker threads (default: CPUs / 2, 1..4)\n"
+		"  --copy-inline SIZE     host copies up to SIZE run on the loop thread, larger\n"
+		"                         ones on the workers (default 4M; 0: every copy on a\n"
+		"                         worker)\n"
+		"  --copy-delay-us N      testing: each worker copy sleeps N us first\n"
+		"  --copy-fail-every N    testing: every N-th worker copy fails with EIO\n"
+		"  --no-gpu               do not load CUDA (GPU buffers are then refused)\n"
+		"  --gpu-path auto|copy|kernel\n"
+		"                         how GPU pages move: measured per page shape (auto,\n"
+		"                         default), cuMemcpyAsync per part, or the gather/scatter\n"
+		"                         kernel\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -103,6 +115,14 @@ static uint64_t default_pool(void)
 	if (p > (4ull << 30))
 		p = 4ull << 30;
 	return p;
+}
+
+/* Host copy workers: half the CPUs (the loop and the clients need the rest), 1..4. */
+static uint32_t default_copy_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+
+	return n < 1 ? 1 : n > 4 ? 4 : (uint32_t)n;
 }
 
 /* The pool memfds' name from the socket path: /proc/PID/maps tells whose pool it is. */
@@ -138,7 +158,13 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_DISK,
 		O_DISK_SIZE,
 		O_DISK_QD,
-		O_DISK_SQPOLL
+		O_DISK_SQPOLL,
+		O_COPY_THREADS,
+		O_COPY_INLINE,
+		O_COPY_DELAY,
+		O_NO_GPU,
+		O_GPU_PATH,
+		O_COPY_FAIL
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -162,6 +188,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"disk-size", required_argument, NULL, O_DISK_SIZE},
 		{"disk-qd", required_argument, NULL, O_DISK_QD},
 		{"disk-sqpoll", no_argument, NULL, O_DISK_SQPOLL},
+		{"copy-threads", required_argument, NULL, O_COPY_THREADS},
+		{"copy-inline", required_argument, NULL, O_COPY_INLINE},
+		{"copy-delay-us", required_argument, NULL, O_COPY_DELAY},
+		{"no-gpu", no_argument, NULL, O_NO_GPU},
+		{"gpu-path", required_argument, NULL, O_GPU_PATH},
+		{"copy-fail-every", required_argument, NULL, O_COPY_FAIL},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -178,6 +210,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
 	c->disk.qd = 64;
+	c->copy_threads = default_copy_threads();
+	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
+	c->gpu = 1;
+	c->gpu_path = CUDA_PATH_AUTO;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -247,32 +283,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_NOPREFAULT:
 			c->prefault = 0;
 			break;
-		case O_NUMA:
-			if (snprintf(c->numa, sizeof(c->numa), "%s", optarg) >=
-			    (int)sizeof(c->numa))
-				goto bad;
+			strcpy(c->numa, "auto");
+			c->hugepage = HP_MODE_AUTO;
+			c->disk.qd = 64;
 			break;
-		case O_HUGEPAGES:
-			lvl = hugepage_parse(optarg);
-			if (lvl < 0)
-				goto bad;
-			c->hugepage = (enum hp_mode)lvl;
-			break;
-		case O_DISK:
-			if (!*optarg)
-				goto bad;
-			c->disk.paths = optarg;
-			break;
-		case O_DISK_SIZE:
-			if (parse_size(optarg, &c->disk.size) || !c->disk.size)
-				goto bad;
-			break;
-		case O_DISK_QD:
-			if (parse_u32(optarg, &c->disk.qd) || !c->disk.qd || c->disk.qd > 4096)
-				goto bad;
-			break;
-		case O_DISK_SQPOLL:
-			c->disk.sqpoll = 1;
+			c->copy_threads = default_copy_threads();
+			c->copy_inline = COPY_HOST_INLINE_DEFAULT;
+			c->gpu = 1;
+			c->gpu_path = CUDA_PATH_AUTO;
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
@@ -386,8 +404,9 @@ static int setup_signals(void)
 
 /*
  * Start-up phases, each timed into the log and the stats ("startup"): reserve (arenas created,
- * bound, sealed), prefault (parallel, per node), pin (the GPU engine registers the pool: its
- * hook is the pool_pin call below), then the socket listens (ready). Nobody can attach before.
+ * bound, sealed), prefault (parallel, per node), pin (the copy engines start, and a CUDA engine
+ * registers the pool with the driver: xfer_init in main), then the socket listens (ready).
+ * Nobody can attach before.
  */
 static int start_pool(struct broker *b)
 {
@@ -424,15 +443,6 @@ static int start_pool(struct broker *b)
 			 (unsigned long long)(b->pool.total >> 20), b->startup.prefault_s,
 			 (double)b->pool.total / (1 << 30) / (b->startup.prefault_s + 1e-9));
 	}
-	/* [pin] A CUDA copy engine passes its registration function here. */
-	t = now_sec();
-	err = pool_pin(&b->pool, NULL, NULL);
-	b->startup.pin_s = now_sec() - t;
-	if (err) {
-		log_error("pool: pin: %s", strerror(-err));
-		return err;
-	}
-	log_info("pool: pinned in %.3f s (no GPU copy engine: nothing to pin)", b->startup.pin_s);
 	return 0;
 }
 
@@ -441,6 +451,7 @@ int main(int argc, char **argv)
 	static struct broker b;
 	struct list *pos, *tmp;
 	pid_t owner;
+	double t;
 	int err;
 
 	if (parse_args(argc, argv, &b.cfg))
@@ -473,14 +484,23 @@ int main(int argc, char **argv)
 		log_error("store: %s", strerror(-err));
 		goto out_pool;
 	}
-	b.copy = copy_host_create();
 	b.sigfd = setup_signals();
 	b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (!b.copy || b.sigfd < 0 || b.epfd < 0) {
+	if (b.sigfd < 0 || b.epfd < 0) {
 		log_error("start-up: out of resources");
 		err = -ENOMEM;
 		goto out_store;
 	}
+	/* [pin] The copy engines start; a CUDA engine registers the pool with the driver. */
+	t = now_sec();
+	err = xfer_init(&b);
+	b.startup.pin_s = now_sec() - t;
+	if (err) {
+		log_error("copy engines: %s", strerror(-err));
+		goto out_store;
+	}
+	log_info("pool: pinned in %.3f s (%s)", b.startup.pin_s,
+		 b.gpu ? "registered with CUDA" : "no GPU copy engine: nothing to pin");
 	/* A warm restart scans the cache file here: clients are answered only after it. */
 	if (b.cfg.disk.paths) {
 		err = tier_open(&b, &b.cfg.disk);
@@ -505,15 +525,16 @@ int main(int argc, char **argv)
 	log_info(
 		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
 		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
-		"copy engine %s, poll %u us",
+		"copy engine %s (%u threads) + %s, poll %u us",
 		KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.startup.ready_s,
 		b.startup.reserve_s, b.startup.prefault_s, b.startup.pin_s, b.cfg.socket_path,
 		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
 		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
-		b.cfg.poll_us);
+		b.cfg.copy_threads, b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
 	err = loop_run(&b);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
+	xfer_fini(&b);	/* in-flight copies finish, their dead sessions' counts drop to 0 */
 	tier_close(&b); /* writes what is only in RAM, completes parked ops */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",
@@ -527,8 +548,7 @@ out_store:
 		close(b.epfd);
 	if (b.sigfd >= 0)
 		close(b.sigfd);
-	if (b.copy)
-		b.copy->destroy(b.copy);
+	xfer_fini(&b);
 	if (b.spare_fd >= 0)
 		close(b.spare_fd);
 	ns_table_fini(&b.nst);

@@ -8,8 +8,9 @@
  * every byte range must lie inside the registered length, computed without overflow. A lease id
  * is only honoured when this session holds it and the slot's generation still matches.
  *
- * Copies go through the copy engine with the page pinned, so neither eviction nor a DELETE can
- * free the slot underneath a copy. Loop thread only.
+ * Copies go through the copy engine as jobs (xfer.c) with the page pinned, so neither eviction
+ * nor a DELETE can free the slot underneath a copy; PUT and GET may complete later
+ * (OPS_DEFERRED) when the engine queued the copy. Loop thread only.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -50,12 +51,16 @@ static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
 	return ns_get(&b->nst, id);
 }
 
-/* [off, off + len) inside buffer id of this session? Returns its base or NULL (err set). */
-static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t len, int *err)
+/*
+ * [off, off + len) inside buffer id of this session? Returns its base or NULL (err set), and
+ * the buffer's device into *dev (COPY_HOST, or the CUDA device of a GPU buffer).
+ */
+static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t len, int32_t *dev,
+			  int *err)
 {
 	struct sbuf *sb;
 
-	if (id >= SESSION_MAX_BUFS || !s->bufs[id].base) {
+	if (id >= SESSION_MAX_BUFS || !s->bufs[id].base || s->bufs[id].closing) {
 		*err = -EBADF;
 		return NULL;
 	}
@@ -64,6 +69,7 @@ static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t
 		*err = -EFAULT;
 		return NULL;
 	}
+	*dev = sb->dev;
 	return (uint8_t *)sb->base + off;
 }
 
@@ -72,7 +78,7 @@ static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t
  * tokens_per_page slots lie inside the part's buffer. NULL with *err set otherwise.
  */
 static uint8_t *view_part(struct session *s, const struct kvb_view_part *vp, uint64_t slot,
-			  uint32_t tpp, uint32_t bpt, int *err)
+			  uint32_t tpp, uint32_t bpt, int32_t *dev, int *err)
 {
 	uint64_t first, span;
 
@@ -84,19 +90,39 @@ static uint8_t *view_part(struct session *s, const struct kvb_view_part *vp, uin
 		*err = -EFAULT;
 		return NULL;
 	}
-	return buf_range(s, vp->buf, first, span, err);
+	return buf_range(s, vp->buf, first, span, dev, err);
 }
 
-/* Checks every part of a view slot without copying anything. */
-static int view_check(struct session *s, const struct sview *v, uint64_t slot)
+/*
+ * Checks every part of a view slot without copying anything. All parts of one op must live on
+ * one device (or all in host memory): a job goes to one copy engine. *dev receives it.
+ */
+static int view_check(struct session *s, const struct sview *v, uint64_t slot, int32_t *dev)
 {
 	int err = 0;
 
-	for (uint32_t p = 0; p < v->nparts; p++)
+	for (uint32_t p = 0; p < v->nparts; p++) {
+		int32_t d;
+
 		if (!view_part(s, &v->parts[p], slot, v->ns->layout.tokens_per_page,
-			       v->ns->part_bpt[p], &err))
+			       v->ns->part_bpt[p], &d, &err))
 			return err;
+		if (p && d != *dev)
+			return -EINVAL;
+		*dev = d;
+	}
 	return 0;
+}
+
+/* A GET's layer range [lfirst, lfirst + lcount) (lcount 0: all) within the deepest component? */
+static int layers_ok(const struct ns *n, uint32_t lfirst, uint32_t lcount)
+{
+	uint32_t maxl = 0;
+
+	for (uint32_t c = 0; c < n->layout.ncomponents; c++)
+		if (n->layout.comp[c].num_layers > maxl)
+			maxl = n->layout.comp[c].num_layers;
+	return !lcount || lfirst + lcount <= maxl;
 }
 
 /*
@@ -116,25 +142,19 @@ static int view_segs(struct session *s, const struct sview *v, uint8_t *page, ui
 	for (uint32_t p = 0; p < v->nparts; p++) {
 		const struct kvb_view_part *vp = &v->parts[p];
 		uint32_t bpt = n->part_bpt[p];
+		int32_t dev;
 		uint8_t *cl;
 
 		if (lcount && (n->part_layer[p] < lfirst || n->part_layer[p] >= lfirst + lcount))
 			continue;
-		cl = view_part(s, vp, slot, tpp, bpt, &err);
+		cl = view_part(s, vp, slot, tpp, bpt, &dev, &err);
 		if (!cl)
 			return err;
 		for (uint32_t t = 0; t < tpp; t++, cl += vp->stride) {
 			uint8_t *pg = page + n->part_off[p] + (uint64_t)t * bpt;
-			struct copy_seg *prev = cnt ? &segs[cnt - 1] : NULL;
-			void *dst = to_page ? (void *)pg : (void *)cl;
-			const void *from = to_page ? (const void *)cl : (const void *)pg;
 
-			if (prev && (uint8_t *)prev->dst + prev->len == dst &&
-			    (const uint8_t *)prev->src + prev->len == from) {
-				prev->len += bpt;
-				continue;
-			}
-			segs[cnt++] = (struct copy_seg){.dst = dst, .src = from, .len = bpt};
+			cnt = to_page ? copy_seg_add(segs, cnt, pg, cl, bpt)
+				      : copy_seg_add(segs, cnt, cl, pg, bpt);
 		}
 	}
 	return cnt ? (int)cnt : -EINVAL;
@@ -157,56 +177,54 @@ static struct ns *op_ns(struct broker *b, struct session *s, const struct kvb_sq
 	return session_ns(b, s, sqe->ns);
 }
 
-static void copy_segs(struct broker *b, uint32_t n, int32_t *res)
-{
-	int err = b->copy->run(b->copy, segs, n);
-
-	if (err)
-		*res = err;
-}
-
-static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		   struct kvb_cqe *cqe)
+/*
+ * PUT: dedup first (a stored key copies nothing), then check the source, take a WRITING slot
+ * and copy into it; the page is committed when the copy completed (xfer.c). A PUT of a key
+ * another PUT is still writing waits for that one (xfer_park_put): see xfer.c [XFER-PARK].
+ */
+static int op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		  struct kvb_cqe *cqe)
 {
 	kvb_key key;
 	struct sview *v;
 	struct ns *n = op_ns(b, s, sqe, &v);
 	struct page *pg;
 	uint8_t *src = NULL;
+	int32_t dev = COPY_HOST;
 	int err = 0, nsegs = 1;
 
 	b->ctr.puts++;
 	if (!n) {
 		cqe->res = -EBADF;
-		return;
+		return OPS_DONE;
 	}
 	n->c.puts++;
 	memcpy(key.b, sqe->key, sizeof(key.b));
 	pg = store_find(&b->store, n->id, &key);
+	if (pg && pg->state == PAGE_WRITING)
+		return xfer_park_put(b, s, sqe, pg, cqe);
 	if (pg || tier_has(b, n, &key)) {
-		/* Another rank or engine stored it (or is storing it): content keys make it equal. */
-		b->ctr.dedup++;
-		n->c.dedup++;
-		cqe->flags |= KVB_CQEF_EXISTED;
+		/* Another rank or engine stored it: content keys make it equal. */
+		xfer_existed(b, n, cqe);
 		if (pg)
 			store_touch(&b->store, pg);
-		return;
+		return OPS_DONE;
 	}
 	/* Check the source before taking a slot: a bad request must not evict anything. */
 	if (v)
-		err = view_check(s, v, sqe->off);
+		err = view_check(s, v, sqe->off, &dev);
 	else
-		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
+		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
 	if (err) {
 		cqe->res = err;
-		return;
+		return OPS_DONE;
 	}
 	err = store_alloc_pref(&b->store, n->cls, n->id, &key, s->pref.n ? &s->pref : NULL, &pg);
 	if (err == -ENOSPC && tier_park_alloc(b, s, sqe))
-		err = OPS_PARKED; /* runs again once a demotion freed RAM */
+		return OPS_DEFERRED; /* runs again once a demotion freed RAM */
 	if (err) {
 		cqe->res = err;
-		return;
+		return OPS_DONE;
 	}
 	if (v) {
 		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, 0, 0, 1);
@@ -219,15 +237,9 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 	if (nsegs < 0) {
 		store_abort(&b->store, pg);
 		cqe->res = nsegs;
-		return;
+		return OPS_DONE;
 	}
-	copy_segs(b, (uint32_t)nsegs, &cqe->res);
-	if (cqe->res) {
-		store_abort(&b->store, pg);
-		return;
-	}
-	store_commit(&b->store, pg);
-	b->ctr.bytes_in += n->page_bytes;
+	return xfer_start(b, s, n, pg, dev, COPY_TO_POOL, segs, (uint32_t)nsegs, cqe);
 }
 
 /* A READY page of (ns, key), counted as a hit or a miss. */
@@ -256,36 +268,38 @@ static struct page *find_ready(struct broker *b, struct ns *n, const uint8_t key
 	return pg;
 }
 
-static void op_get(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		   struct kvb_cqe *cqe)
+static int op_get(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
+		  struct kvb_cqe *cqe)
 {
 	struct sview *v;
 	struct ns *n = op_ns(b, s, sqe, &v);
 	struct page *pg;
 	uint8_t *dst = NULL;
+	int32_t dev = COPY_HOST;
 	int err = 0, nsegs;
 
 	b->ctr.gets++;
 	if (!n) {
 		cqe->res = -EBADF;
-		return;
+		return OPS_DONE;
 	}
 	n->c.gets++;
-	if (!v) {
-		dst = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
-		if (!dst) {
-			cqe->res = err;
-			return;
-		}
+	if (v && !layers_ok(n, sqe->layer_first, sqe->layer_count))
+		err = -EINVAL; /* names layers that do not exist */
+	else if (v)
+		err = view_check(s, v, sqe->off, &dev);
+	else
+		dst = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
+	if (err) {
+		cqe->res = err;
+		return OPS_DONE;
 	}
-	if (tier_park(b, s, sqe, n)) {
-		cqe->res = OPS_PARKED; /* on disk: promoted first, then this op runs again */
-		return;
-	}
+	if (tier_park(b, s, sqe, n))
+		return OPS_DEFERRED; /* on disk: promoted first, then this op runs again */
 	pg = find_ready(b, n, sqe->key);
 	if (!pg) {
 		cqe->res = -ENOENT;
-		return;
+		return OPS_DONE;
 	}
 	if (v) {
 		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, sqe->layer_first,
@@ -298,16 +312,11 @@ static void op_get(struct broker *b, struct session *s, const struct kvb_sqe *sq
 	}
 	if (nsegs < 0) {
 		cqe->res = nsegs;
-		return;
+		return OPS_DONE;
 	}
+	/* Pinned for the copy's duration: neither eviction nor DELETE frees it underneath. */
 	store_pin(&b->store, pg);
-	copy_segs(b, (uint32_t)nsegs, &cqe->res);
-	store_unpin(&b->store, pg);
-	store_touch(&b->store, pg);
-	if (!cqe->res) {
-		cqe->res = (int32_t)n->page_bytes;
-		b->ctr.bytes_out += n->page_bytes;
-	}
+	return xfer_start(b, s, n, pg, dev, COPY_FROM_POOL, segs, (uint32_t)nsegs, cqe);
 }
 
 static int lease_push(struct broker *b, struct session *s, uint64_t id)
@@ -479,6 +488,8 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 
 int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
+	int ret = OPS_DONE;
+
 	memset(cqe, 0, sizeof(*cqe));
 	cqe->user_data = sqe->user_data;
 	s->ops++;
@@ -490,10 +501,10 @@ int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, str
 		b->ctr.nops++;
 		break;
 	case KVB_OP_PUT:
-		op_put(b, s, sqe, cqe);
+		ret = op_put(b, s, sqe, cqe);
 		break;
 	case KVB_OP_GET:
-		op_get(b, s, sqe, cqe);
+		ret = op_get(b, s, sqe, cqe);
 		break;
 	case KVB_OP_ACQUIRE:
 		op_acquire(b, s, sqe, cqe);
@@ -514,9 +525,9 @@ int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, str
 out:
 	if (cqe->res == OPS_PARKED)
 		return OPS_DEFERRED;
-	if (cqe->res < 0 && cqe->res != -ENOENT)
+	if (ret == OPS_DONE && cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
-	return OPS_DONE;
+	return ret;
 }
 
 void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe)

@@ -23,8 +23,8 @@
  *      one can write() the file, mmap it writable, mprotect a mapping to PROT_WRITE, resize it
  *      or punch a hole in it, whatever fd they hold, and no further seal can be added.
  * Clients get a separate O_RDONLY open of the memfd (pool_ro_fd, through /proc/self/fd).
- * Then pool_prefault populates the arenas with threads bound to their node, and pool_pin is
- * the phase where a GPU engine registers them. The single-instance guarantee that the flock on
+ * Then pool_prefault populates the arenas with threads bound to their node; a CUDA copy engine
+ * registers them with the driver afterwards (copy_cuda.c). The single-instance guarantee that the flock on
  * a named pool used to give is the lock file next to the socket (main.c).
  *
  * Called on the start-up thread (the loop thread later only reads the arena table).
@@ -265,15 +265,6 @@ int pool_prefault(struct pool *p)
 		if (jobs[i].err && !err)
 			err = jobs[i].err;
 	}
-	return err;
-}
-
-int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx)
-{
-	int err = 0;
-
-	for (uint32_t i = 0; pin && i < p->narenas && !err; i++)
-		err = pin(ctx, &p->arena[i]);
 	return err;
 }
 

@@ -59,12 +59,6 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
  */
 int pool_prefault(struct pool *p);
 
-/*
- * [pin] The phase where a GPU copy engine registers the arenas with its driver (in chunks:
- * single registrations above ~64-96 GiB fail on real drivers). Calls pin(ctx, arena) for each
- * arena in order; pin NULL (no GPU) does nothing. Stops at the first error.
- */
-int pool_pin(struct pool *p, int (*pin)(void *ctx, const struct pool_arena *a), void *ctx);
 
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
 
@@ -163,12 +164,24 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	list_add_tail(&b->graveyard, &s->link);
 }
 
+/* Unmaps a host buffer, or closes a GPU buffer's handle (copy_cuda.c); no op may use it. */
+static void buf_release(struct broker *b, struct session *s, struct sbuf *sb)
+{
+	if (sb->dev == COPY_HOST) {
+		munmap(sb->base, sb->len);
+		s->buf_bytes -= sb->len;
+	} else {
+		gpu_map_put(b->gpu, sb->gm);
+	}
+	*sb = (struct sbuf){0};
+}
+
 /* The last of a dead session: what in-flight ops may still have been using. */
-static void session_free(struct session *s)
+static void session_free(struct broker *b, struct session *s)
 {
 	for (uint32_t i = 0; i < SESSION_MAX_BUFS; i++)
 		if (s->bufs[i].base)
-			munmap(s->bufs[i].base, s->bufs[i].len);
+			buf_release(b, s, &s->bufs[i]);
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
 		free(s->views[i]);
 	free(s);
@@ -208,7 +221,7 @@ void session_reap(struct broker *b)
 		if (s->inflight)
 			continue;
 		list_del(pos);
-		session_free(s);
+		session_free(b, s);
 	}
 }
 
@@ -217,11 +230,17 @@ void session_complete(struct broker *b, struct session *s, const struct kvb_cqe 
 	s->inflight--;
 	if (s->dead)
 		return; /* its ring is gone; session_reap frees it once nothing is in flight */
+	/* Buffers unregistered while copies were in flight go once the last op completed. */
+	for (uint32_t i = 0; !s->inflight && s->nclosing && i < SESSION_MAX_BUFS; i++) {
+		if (s->bufs[i].closing) {
+			buf_release(b, s, &s->bufs[i]);
+			s->nclosing--;
+		}
+	}
 	/* session_poll reserved this CQ slot when it consumed the SQE. */
 	memcpy(kvb_ring_prod_slot(&s->cq, 0), cqe, sizeof(*cqe));
 	kvb_ring_publish(&s->cq, 1);
 	cq_doorbell(s);
-	(void)b;
 }
 
 /* Sends a reply datagram with optional body and fds. */
@@ -456,8 +475,7 @@ static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf
 	p = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		return -errno;
-	s->bufs[*id].base = p;
-	s->bufs[*id].len = m->len;
+	s->bufs[*id] = (struct sbuf){.base = p, .len = m->len, .dev = COPY_HOST};
 	s->buf_bytes += m->len;
 	return 0;
 }
@@ -557,14 +575,26 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		return err ? reply(s, h, err, NULL, 0, NULL, 0)
 			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
 	}
+	case KVB_MSG_BUF_REG_GPU: {
+		struct kvb_msg_buf_reg_gpu m;
+
+		memcpy(&m, body, sizeof(m));
+		err = gpu_buf_reg(b, s, &m, fd, &bid);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
+	}
 	case KVB_MSG_BUF_UNREG:
 		memcpy(&id, body, sizeof(id));
-		if (id.id >= SESSION_MAX_BUFS || !s->bufs[id.id].base)
+		if (id.id >= SESSION_MAX_BUFS || !s->bufs[id.id].base || s->bufs[id.id].closing)
 			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-		/* Copies complete inside the op that issues them: nothing is in flight here. */
-		munmap(s->bufs[id.id].base, s->bufs[id.id].len);
-		s->buf_bytes -= s->bufs[id.id].len;
-		s->bufs[id.id] = (struct sbuf){0};
+		/* A copy in flight may use it: then it goes with the session's last completion. */
+		if (s->inflight) {
+			s->bufs[id.id].closing = 1;
+			s->nclosing++;
+		} else {
+			buf_release(b, s, &s->bufs[id.id]);
+		}
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_VIEW_CREATE:
 		return on_view_create(b, s, h, body, blen);
@@ -626,7 +656,7 @@ int session_on_msg(struct broker *b, struct session *s)
 		goto out;
 	}
 	memcpy(&h, buf, sizeof(h));
-	if (nfds > (h.type == KVB_MSG_BUF_REG ? 1 : 0)) {
+	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ? 1 : 0)) {
 		why = "unexpected file descriptors";
 		err = -1;
 		goto out;
@@ -695,7 +725,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 			s->inflight++;
 		else
 			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
-		/* Copies run on this thread: bound what one client moves per round. */
+		/* Inline copies run on this thread: bound what one client moves per round. */
 		if (b->ctr.bytes_in + b->ctr.bytes_out - moved >= ROUND_BYTES) {
 			i++;
 			break;

@@ -158,6 +158,7 @@ char *stats_json(const struct broker *b)
 	num(root, "pid", getpid());
 	num(root, "uptime_s", now_sec() - b->start_time);
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
+	cJSON_AddItemToObject(root, "copy", xfer_stats_json(b));
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
 	cJSON_AddItemToObject(root, "disk", tier_json(b));

@@ -8,7 +8,9 @@
  * it and fault its copy threads), mapped read-write here and sent with BUF_REG. The fd is closed
  * once registered: the broker holds its own reference and our mapping holds ours. The list of
  * buffers answers kvb_put()/kvb_get()'s question "is [p, p+len) inside a registered buffer?";
- * a hit moves to the front, since an engine keeps hitting the same KV pool buffer.
+ * a hit moves to the front, since an engine keeps hitting the same KV pool buffer. GPU buffers
+ * (cuda.c) are on the same list, so kvb_put()/kvb_get() of a device pointer inside one is a
+ * broker DMA; they are never mapped here, so never unmapped.
  *
  * The staging buffer is an ordinary host buffer the library owns for kvb_put() from unregistered
  * memory; it is not in the list (the caller never sees its id) and only grows.
@@ -153,7 +155,8 @@ void kvbc_buf_free_all(struct kvb_client *c)
 	while (b) {
 		struct kvbc_buf *next = b->next;
 
-		munmap(b->addr, b->len);
+		if (!b->gpu)
+			munmap(b->addr, b->len);
 		free(b);
 		b = next;
 	}
@@ -210,29 +213,12 @@ int kvb_buf_unregister(kvb_client *c, uint32_t buf)
 	if (err)
 		goto out; /* still registered (e.g. a view uses it): keep the mapping */
 	*pp = b->next;
-	munmap(b->addr, b->len);
+	if (!b->gpu)
+		munmap(b->addr, b->len);
 	free(b);
 out:
 	kvbc_leave(c);
 	return err;
-}
-
-int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf)
-{
-	int err;
-
-	if (!dev_ptr || !len || !buf)
-		return -EINVAL;
-	err = kvbc_enter(c);
-	if (err)
-		return err;
-	/*
-	 * The CUDA path (legacy IPC handles, or POSIX fds of cuMem allocations, matched to the
-	 * broker's devices by UUID) arrives with the CUDA copy engine in a later issue; until then
-	 * no broker can copy to device memory, which is exactly what -EOPNOTSUPP documents.
-	 */
-	kvbc_leave(c);
-	return -EOPNOTSUPP;
 }
 
 int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *parts, size_t nparts,

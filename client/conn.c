@@ -325,6 +325,7 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 		goto err_reply;
 	}
 	c->client_id = hr.client_id;
+	c->broker_minor = hr.abi_minor;
 	if (c->flags & KVB_CONNECT_CONTROL)
 		err = r.nfds ? -EPROTO : 0;
 	else

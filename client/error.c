@@ -56,7 +56,11 @@ const char *kvb_strerror(int err)
 	case ETIMEDOUT:
 		return "timed out";
 	case EOPNOTSUPP:
-		return "not supported (control-only client, or no GPU copy engine)";
+		return "not supported (control-only client, or GPU memory CUDA cannot export)";
+	case ENODEV:
+		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
+		       "off, "
+		       "or the device is not one the broker sees";
 	case EBUSY:
 		return "resource busy (still in use by a view or an operation)";
 	case EEXIST:

@@ -64,12 +64,16 @@ struct kvbc_ns {
 	uint64_t page_bytes;
 };
 
-/* A registered host buffer (memfd mapped read-write here, copied to/from by the broker). */
+/*
+ * A registered buffer: host (memfd mapped read-write here, copied to/from by the broker) or GPU
+ * (addr is the device pointer; nothing mapped here).
+ */
 struct kvbc_buf {
 	struct kvbc_buf *next;
 	void *addr;
 	size_t len; /* mapped and registered bytes */
 	uint32_t id;
+	int gpu;
 };
 
 struct kvbc_arena {
@@ -86,7 +90,8 @@ struct kvb_client {
 	uint32_t flags; /* KVB_CONNECT_* */
 	uint32_t seq;	/* last control request seq */
 	uint32_t client_id;
-	uint64_t spin_ns; /* CQ spin before sleeping */
+	uint32_t broker_minor; /* the broker's KVB_ABI_MINOR (what it understands) */
+	uint64_t spin_ns;      /* CQ spin before sleeping */
 
 	/* Ring region (absent on a control-only client: region == NULL). */
 	void *region;

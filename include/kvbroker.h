@@ -192,10 +192,26 @@ int kvb_nop(kvb_client *c);
  */
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 
-/* Registers GPU memory (CUDA IPC). -EOPNOTSUPP where the broker has no GPU copy engine. */
+/*
+ * Registers [dev_ptr, dev_ptr + len) of GPU memory, so that the broker copies pages straight
+ * between its pinned pool and that memory (views over it, or kvb_put()/kvb_get() of a device
+ * pointer inside it). The allocation holding dev_ptr is exported once per client: pointers
+ * inside a caching allocator's segment work. cuMemAlloc/cudaMalloc memory goes as a legacy IPC
+ * handle; memory of CUDA's virtual-memory API (cuMemCreate) as a POSIX fd, and must have been
+ * created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requested handle types. The
+ * device is named by UUID. The library loads libcuda.so.1 at run time: no link dependency.
+ * The memory must stay allocated until kvb_buf_unregister() or kvb_close(); the broker keeps
+ * the handle open until copies in flight on it completed.
+ * Errors: -ENODEV no CUDA driver or device in this process, the broker has GPU copies off, or
+ * it does not see this device; -EINVAL not device memory; -EFAULT the range runs past the
+ * allocation; -EOPNOTSUPP memory CUDA cannot export this way; -EMFILE too many buffers.
+ */
 int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
 
-/* Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). */
+/*
+ * Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). Copies in flight
+ * on it complete first, in the broker.
+ */
 int kvb_buf_unregister(kvb_client *c, uint32_t buf);
 
 /*
@@ -216,7 +232,10 @@ int kvb_view_destroy(kvb_client *c, uint32_t view);
 
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
- * every component (count 0: all layers); a PUT always takes every layer (all or nothing).
+ * every component (count 0: all layers; -EINVAL when the range reaches past the deepest
+ * component or selects no layer), so an engine can load layer groups in order and start
+ * computing early; a PUT always takes every layer (all or nothing). The view's buffers may be
+ * host or GPU memory, but one op's parts must all be host memory or all on one GPU (-EINVAL).
  * Return as kvb_put() (0 stored, 1 already stored) and kvb_get() (page_bytes).
  */
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
@@ -270,7 +289,9 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
 
 /*
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
- * (-1: no limit). Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
+ * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
+ * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
  * -ECONNRESET when the broker went away.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);

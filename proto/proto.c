@@ -86,6 +86,8 @@ int64_t kvb_msg_body_min(uint16_t type)
 		return sizeof(struct kvb_layout);
 	case KVB_MSG_BUF_REG:
 		return sizeof(struct kvb_msg_buf_reg);
+	case KVB_MSG_BUF_REG_GPU:
+		return sizeof(struct kvb_msg_buf_reg_gpu);
 	case KVB_MSG_BUF_UNREG:
 	case KVB_MSG_VIEW_DESTROY:
 		return sizeof(struct kvb_msg_id);

@@ -20,6 +20,7 @@
  *      VIEW_CREATE{ns, parts[]}    -> <- {view}
  *      VIEW_DESTROY{view}          -> <- {}
  *      STATS{}                     -> <- {json text}
+ *      BUF_REG_GPU{uuid, handle, range} (+ fd for cuMem memory) -> <- {buf}
  *
  *    A message whose length, type or fields do not validate is answered with -EPROTO/-EINVAL;
  *    a HELLO with a different ABI major is answered with -EPROTO and the socket closed.
@@ -52,7 +53,7 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 1
+#define KVB_ABI_MINOR 1 /* 1: BUF_REG_GPU */
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -77,6 +78,7 @@ enum kvb_msg_type {
 	KVB_MSG_VIEW_CREATE = 5,
 	KVB_MSG_VIEW_DESTROY = 6,
 	KVB_MSG_STATS = 7,
+	KVB_MSG_BUF_REG_GPU = 8,
 	KVB_MSG__COUNT,
 };
 
@@ -162,6 +164,30 @@ struct kvb_msg_buf_reg {
 };
 static_assert(sizeof(struct kvb_msg_buf_reg) == 16, "buf reg");
 #define KVB_BUF_HOST 1
+
+/*
+ * BUF_REG_GPU: GPU memory of the client, on the CUDA device whose UUID is given. The broker
+ * opens the allocation that holds it once per client (cache key: alloc_base) and registers
+ * [alloc_base + off, + len) of it. KVB_BUF_GPU_IPC: handle is a CUipcMemHandle
+ * (cuIpcGetMemHandle of the allocation), no fd. KVB_BUF_GPU_FD: memory of CUDA's virtual-memory
+ * API, which legacy IPC cannot export: one fd travels with the message
+ * (cuMemExportToShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), handle is zero and
+ * alloc_size is the allocation's size (a multiple of its granularity).
+ */
+struct kvb_msg_buf_reg_gpu {
+	uint8_t uuid[16];    /* CUuuid of the device */
+	uint8_t handle[64];  /* KVB_BUF_GPU_IPC: CUipcMemHandle; else 0 */
+	uint64_t alloc_base; /* the allocation's base address in the client */
+	uint64_t alloc_size; /* its size in bytes */
+	uint64_t off;	     /* registered range: from alloc_base + off ... */
+	uint64_t len;	     /* ... len bytes, inside the allocation */
+	uint32_t kind;	     /* KVB_BUF_GPU_IPC or KVB_BUF_GPU_FD */
+	uint32_t resv;	     /* 0 */
+};
+static_assert(sizeof(struct kvb_msg_buf_reg_gpu) == 120, "buf reg gpu");
+static_assert(offsetof(struct kvb_msg_buf_reg_gpu, alloc_base) == 80, "buf reg gpu base");
+#define KVB_BUF_GPU_IPC 2
+#define KVB_BUF_GPU_FD 3
 
 /* BUF_UNREG, VIEW_DESTROY; also the reply of BUF_REG and VIEW_CREATE. */
 struct kvb_msg_id {

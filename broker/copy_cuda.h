@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * copy_cuda.h - the CUDA copy engine as the rest of the broker sees it: open it (libcuda.so.1
+ * loaded at run time, so one binary runs with and without a GPU), register clients' GPU
+ * buffers with it, drop them. Copies go through copy.h. Loop thread only.
+ */
+#ifndef KVB_BROKER_COPY_CUDA_H
+#define KVB_BROKER_COPY_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+struct broker;
+struct session;
+struct gpu_map;
+struct copy_engine;
+struct cJSON;
+
+/*
+ * The engine for b's pool (registered with the driver in chunks of at most 64 GiB), or NULL
+ * after logging why GPU copies are off: built without CUDA headers, no libcuda.so.1, no device,
+ * a driver error.
+ */
+struct copy_engine *copy_cuda_open(struct broker *b);
+
+/*
+ * BUF_REG_GPU: opens (or reuses: one open per client and allocation) the client's allocation
+ * on the device with m->uuid and puts the range into a free buffer slot of s, its id into *id.
+ * fd: the cuMem allocation's fd (KVB_BUF_GPU_FD) or -1; the caller closes it. Errors: -ENODEV
+ * GPU copies off or no device with that UUID, -EINVAL malformed, -EFAULT range outside the
+ * allocation, -EMFILE no buffer slot, -EIO (or another errno) the driver refused the handle.
+ */
+int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_gpu *m, int fd,
+		uint32_t *id);
+
+/*
+ * Drops one buffer's reference on its mapping; the last closes the handle, once no copy on its
+ * device is in flight any more. A NULL engine (already destroyed, which closed every mapping)
+ * is a no-op.
+ */
+void gpu_map_put(struct copy_engine *e, struct gpu_map *gm);
+
+/* The "gpu" member of the copy statistics: devices, pin time, paths, calibrated shapes. */
+struct cJSON *copy_cuda_stats_json(const struct broker *b);
+
+/* copy_kernels.c: the embedded gather/scatter kernel fatbin, NULL (len 0) when not built. */
+const void *copy_cuda_fatbin(size_t *len);
+
+/* ---- below: the engine proper, for copy_cuda_open() and the cmocka tests ---- */
+
+enum { CUDA_PATH_AUTO = -1, CUDA_PATH_COPY = 0, CUDA_PATH_KERNEL = 1 };
+
+struct kvb_cuda_api;
+
+struct cuda_range {
+	void *base;
+	uint64_t len;
+};
+
+struct cuda_opts {
+	const struct kvb_cuda_api *api;
+	const struct cuda_range *pool; /* the pool's arenas */
+	uint32_t npool;
+	uint64_t chunk_max; /* cuMemHostRegister at most this much at once (0: 64 GiB) */
+	int path;	    /* CUDA_PATH_*: AUTO measures per page shape */
+	const void *fatbin; /* gather/scatter kernel, or NULL (copies only) */
+	size_t fatbin_len;
+};
+
+struct cuda_info {
+	uint32_t ndev, nchunks, nmaps, nclosing, shapes;
+	uint64_t pinned_bytes;
+	double pin_seconds;
+	uint64_t jobs[2]; /* by path */
+	uint64_t errors;
+};
+
+/* Initialises the driver, every device and the pool registration; NULL with why filled. */
+struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_t whylen);
+/* The index of the device with this UUID, or -ENODEV. */
+int cuda_dev_find(struct copy_engine *e, const uint8_t uuid[16]);
+/* Opens (or takes another reference on) owner's allocation m on device dev: *dptr is the device
+ * address of the allocation's base in our context. */
+int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
+		 const struct kvb_msg_buf_reg_gpu *m, int fd, struct gpu_map **out, uint64_t *dptr);
+void copy_cuda_info(struct copy_engine *e, struct cuda_info *out);
+/* The path chosen for a page shape, or -1 while it is still being measured (or unknown). */
+int cuda_shape_path(struct copy_engine *e, int dev, uint32_t dir, uint32_t nsegs, uint64_t bytes);
+
+#endif /* KVB_BROKER_COPY_CUDA_H */
