@@ -23,7 +23,7 @@ else
 Q := @
 endif
 
-PKGS := liburing numa libcrypto libcjson
+PKGS := liburing numa libcrypto libcjson libmicrohttpd ncursesw
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
 	-Wimplicit-fallthrough -Wcast-qual -Wwrite-strings -Wundef
 ifneq ($(CI),)
@@ -33,7 +33,7 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 
-override CFLAGS += -std=gnu11 -fPIC -pthread $(WARN) -Iinclude -Iproto -D_GNU_SOURCE
+override CFLAGS += -std=gnu11 -fPIC -pthread $(WARN) -Iinclude -Iproto -Icommon -D_GNU_SOURCE
 ifeq ($(MODE),asan)
 override CFLAGS += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 override LDFLAGS += -fsanitize=address,undefined
@@ -57,6 +57,9 @@ PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS)
 
 PROTO_SRC := $(wildcard proto/*.c)
+# Shared by the broker and the tools, not part of libkvbroker (they need cJSON).
+COMMON_SRC := $(wildcard common/*.c)
+KVBCTL_SRC := tools/kvbctl.c $(wildcard tools/kvbctl_*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 BROKER_SRC := $(filter-out broker/main.c,$(wildcard broker/*.c))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
@@ -107,13 +110,18 @@ $(LIB_SO): $(call obj,$(CLIENT_SRC) $(PROTO_SRC)) client/libkvbroker.map
 		-Wl,--version-script=client/libkvbroker.map -Wl,-soname,libkvbroker.so.0 \
 		-pthread $(shell pkg-config --libs libcrypto) -ldl
 
-$(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC))
+$(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC) $(COMMON_SRC))
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 LIBS := $(PKG_LIBS) -pthread -ldl -lrt -lm
 
 $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)

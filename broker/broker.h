@@ -37,12 +37,18 @@ struct config {
 	int prefault;
 	gid_t group;
 	int has_group;
+	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
 };
 
 struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
 		refused;
+};
+
+/* What one client's ops did, for kvbctl clients/top: the deltas of struct counters per op. */
+struct session_counters {
+	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
 };
 
 /* A host buffer a client registered: its memfd mapped read-write in the broker. */
@@ -85,6 +91,7 @@ struct session {
 	uint32_t nleases, cap_leases;
 	uint64_t buf_bytes; /* registered host memory */
 	uint64_t ops;
+	struct session_counters c;
 	double accepted_at;
 	int stalled; /* SQEs waiting, but its CQ is full: the client must reap first */
 	int dead;    /* destroyed, waiting in the graveyard until the epoll batch is done */
@@ -109,6 +116,7 @@ struct broker {
 	int sigfd;
 	double start_time;
 	int stop;
+	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 };
 
 /* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
@@ -133,6 +141,10 @@ void ops_release_all(struct broker *b, struct session *s);
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
+/* stats.c: adds to s->c what one op changed in the global counters (before: a copy of b->ctr). */
+void stats_account(struct session *s, const struct counters *before, const struct counters *now);
+/* stats_map.c: the "map" array of the STATS document (kvbctl map). */
+struct cJSON *stats_map_json(const struct broker *b);
 
 /* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
 #define LOOP_LISTEN 8u

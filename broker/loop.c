@@ -20,6 +20,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "metrics_http.h"
 
 #define POLL_EPOLL_EVERY 32
 #define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
@@ -161,6 +162,8 @@ int loop_run(struct broker *b)
 			session_expire(b, now_sec());
 		session_reap(b);
 		store_evict_watermark(&b->store, EVICT_BATCH);
+		if (b->metrics)
+			metrics_http_tick(b);
 	}
 	return 0;
 }

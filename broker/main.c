@@ -23,6 +23,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "metrics_http.h"
 #include "proto.h"
 
 static void usage(FILE *f)
@@ -56,6 +57,9 @@ static void usage(FILE *f)
 		"                         reserved either way; first PUTs then pay minor faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
+		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
+		"is\n"
+		"                         HOST:PORT or PORT (loopback), e.g. 127.0.0.1:9464\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -165,7 +169,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LOG,
 		O_HELP,
 		O_MAXBUF,
-		O_NOPREFAULT
+		O_NOPREFAULT,
+		O_METRICS
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -183,6 +188,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
+		{"metrics-listen", required_argument, NULL, O_METRICS},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -264,6 +270,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NOPREFAULT:
 			c->prefault = 0;
+			break;
+		case O_METRICS:
+			if (!*optarg || strlen(optarg) >= sizeof(c->metrics_listen))
+				goto bad;
+			snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s", optarg);
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
@@ -427,6 +438,16 @@ int main(int argc, char **argv)
 		err = -errno;
 		goto out_sock;
 	}
+	/* After setup_signals(): the HTTP thread inherits the blocked signals. */
+	if (b.cfg.metrics_listen[0]) {
+		err = metrics_http_start(b.cfg.metrics_listen, &b.metrics);
+		if (err) {
+			log_error("--metrics-listen %s: %s", b.cfg.metrics_listen, strerror(-err));
+			goto out_sock;
+		}
+		log_info("metrics: http://%s/metrics", metrics_http_addr(b.metrics));
+		metrics_http_tick(&b);
+	}
 	log_info("kvbrokerd %d.%d.%d ready: socket %s, pool %s %llu MiB in %u slabs of %llu MiB, "
 		 "copy engine %s, poll %u us",
 		 KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.cfg.socket_path,
@@ -440,6 +461,7 @@ int main(int argc, char **argv)
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,
 		 (unsigned long long)b.ctr.dedup, (unsigned long long)b.store.st.evictions);
 out_sock:
+	metrics_http_stop(b.metrics);
 	close(b.listen_fd);
 	unlink(b.cfg.socket_path);
 out_store:

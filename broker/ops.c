@@ -453,6 +453,8 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 
 void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
+	const struct counters before = b->ctr;
+
 	memset(cqe, 0, sizeof(*cqe));
 	cqe->user_data = sqe->user_data;
 	s->ops++;
@@ -488,4 +490,5 @@ void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, st
 out:
 	if (cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
+	stats_account(s, &before, &b->ctr);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "metrics_http.h"
 
 static void num(cJSON *o, const char *k, double v)
 {
@@ -49,7 +50,23 @@ static cJSON *pool_json(const struct broker *b)
 	return p;
 }
 
-static cJSON *ns_json(const struct broker *b)
+static int opened(const struct session *s, uint32_t ns)
+{
+	return ns < STORE_MAX_NS && (s->ns_opened[ns / 8] & (1u << (ns % 8)));
+}
+
+/* Ring clients attached now that opened namespace ns. */
+static uint32_t ns_clients(const struct broker *b, uint32_t ns)
+{
+	struct list *pos;
+	uint32_t k = 0;
+
+	list_for_each (pos, &b->sessions)
+		k += opened(list_entry(pos, struct session, link), ns);
+	return k;
+}
+
+static cJSON *ns_json(const struct broker *b, uint64_t *dedup_bytes)
 {
 	cJSON *arr = cJSON_CreateArray();
 
@@ -58,6 +75,8 @@ static cJSON *ns_json(const struct broker *b)
 		const struct kvb_layout *l = &n->layout;
 		cJSON *o = cJSON_CreateObject();
 		uint64_t pages = b->store.ns_pages[n->id];
+		/* A PUT that found its key stored neither copied nor stored its page again. */
+		uint64_t saved = n->c.dedup * n->page_bytes;
 
 		num(o, "id", n->id);
 		cJSON_AddStringToObject(o, "model", l->model);
@@ -74,6 +93,9 @@ static cJSON *ns_json(const struct broker *b)
 		num(o, "puts", (double)n->c.puts);
 		num(o, "dedup", (double)n->c.dedup);
 		num(o, "gets", (double)n->c.gets);
+		num(o, "dedup_bytes", (double)saved);
+		num(o, "clients", ns_clients(b, n->id));
+		*dedup_bytes += saved;
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -106,6 +128,31 @@ static cJSON *counters_json(const struct broker *b)
 	return o;
 }
 
+/* "ns": the ids of the namespaces a client opened. */
+static void client_ns_json(cJSON *o, const struct session *s)
+{
+	cJSON *ids = cJSON_AddArrayToObject(o, "ns");
+
+	for (uint32_t ns = 0, k = 0; ids && ns < STORE_MAX_NS && k < s->nns; ns++) {
+		if (opened(s, ns)) {
+			cJSON_AddItemToArray(ids, cJSON_CreateNumber(ns));
+			k++;
+		}
+	}
+}
+
+void stats_account(struct session *s, const struct counters *before, const struct counters *now)
+{
+	s->c.puts += now->puts - before->puts;
+	s->c.gets += now->gets - before->gets + now->acquires - before->acquires;
+	s->c.hits += now->hits - before->hits;
+	s->c.misses += now->misses - before->misses;
+	s->c.dedup += now->dedup - before->dedup;
+	s->c.errors += now->errors - before->errors;
+	s->c.bytes_in += now->bytes_in - before->bytes_in;
+	s->c.bytes_out += now->bytes_out - before->bytes_out;
+}
+
 static cJSON *clients_json(const struct broker *b)
 {
 	cJSON *arr = cJSON_CreateArray();
@@ -125,6 +172,15 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
 		num(o, "namespaces", s->nns);
+		client_ns_json(o, s);
+		num(o, "puts", (double)s->c.puts);
+		num(o, "gets", (double)s->c.gets);
+		num(o, "hits", (double)s->c.hits);
+		num(o, "misses", (double)s->c.misses);
+		num(o, "dedup", (double)s->c.dedup);
+		num(o, "errors", (double)s->c.errors);
+		num(o, "bytes_in", (double)s->c.bytes_in);
+		num(o, "bytes_out", (double)s->c.bytes_out);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -132,7 +188,8 @@ static cJSON *clients_json(const struct broker *b)
 
 char *stats_json(const struct broker *b)
 {
-	cJSON *root = cJSON_CreateObject();
+	cJSON *root = cJSON_CreateObject(), *ctr;
+	uint64_t dedup_bytes = 0;
 	char *out;
 
 	if (!root)
@@ -144,9 +201,14 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "leases", (double)b->leases);
-	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
-	cJSON_AddItemToObject(root, "counters", counters_json(b));
+	cJSON_AddItemToObject(root, "namespaces", ns_json(b, &dedup_bytes));
+	ctr = counters_json(b);
+	num(ctr, "dedup_bytes", (double)dedup_bytes);
+	cJSON_AddItemToObject(root, "counters", ctr);
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));
+	cJSON_AddItemToObject(root, "map", stats_map_json(b));
+	if (b->metrics)
+		cJSON_AddStringToObject(root, "metrics_listen", metrics_http_addr(b->metrics));
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;
