@@ -1,19 +1,22 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvbctl - inspect a running kvbrokerd.
+ * kvbctl - inspect and operate a running kvbrokerd.
  *
  * kvbctl opens a control-only connection (KVB_CONNECT_CONTROL: no rings, no pool mapping, not
  * counted as a client, so looking at the broker does not change what it reports), fetches the
  * broker's statistics as JSON with kvb_stats_json() and renders them: `status` as a readable
- * summary, `clients` and `ns` as tables, and any of them re-emitted as pretty JSON with --json.
+ * summary, `clients` and `ns` as tables, `map` as a grid of the pool, `metrics` as Prometheus
+ * text (common/metrics.c, the generator the broker's HTTP endpoint uses too), `top` as a live
+ * view (kvbctl_top.c). `plan` (kvbctl_plan.c) needs no broker: it is the capacity planner.
  *
  * The --json output is for scripts, so it promises a shape: every field that issue 2 names
  * (pool.bytes_total/bytes_used/pages, clients, leases, namespaces[].id/model/kind/page_bytes/
  * pages, counters.puts/gets/hits/misses/dedup/evictions/errors) is present. A field the broker
  * did not send is added as 0 (or "" / []) with a warning on stderr, so a script never breaks on
- * a missing key while a person still sees that the broker is short of its contract.
+ * a missing key while a person still sees that the broker is short of its contract. Fields
+ * other work adds (pool.arenas[].page_size, the "disk" object) are shown only when present.
  *
- * Single-threaded; only the public API (kvbroker.h) and cJSON.
+ * Single-threaded; only the public API (kvbroker.h), cJSON and common/metrics.h.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,28 +27,38 @@
 
 #include <cjson/cJSON.h>
 
+#include "kvbctl.h"
 #include "kvbroker.h"
+#include "metrics.h"
 
-static const char *prog = "kvbctl";
+const char *ctl_prog = "kvbctl";
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvbctl [--socket PATH] COMMAND [--json]\n"
+		"usage: kvbctl [--socket PATH] COMMAND [--json] [options]\n"
 		"\n"
-		"Inspect a running kvbrokerd.\n"
+		"Inspect and operate a running kvbrokerd.\n"
 		"\n"
 		"commands:\n"
-		"  status     pool occupancy, clients, leases, namespaces, counters, dedup\n"
+		"  status     pool use per tier and NUMA node, clients, leases, namespaces,\n"
+		"             dedup savings, evictions, disk tier\n"
+		"  top        live view, refreshed every --interval seconds (default 1); q quits\n"
 		"  clients    one line per attached client\n"
 		"  ns         one line per namespace\n"
+		"  map        the pool as a grid of cells per arena: free, used, leased, in "
+		"flight\n"
+		"  metrics    Prometheus text exposition (what kvbrokerd --metrics-listen serves)\n"
+		"  plan       capacity planner; no broker needed (kvbctl plan --help)\n"
 		"\n"
 		"options:\n"
-		"  --socket PATH  control socket (default: $KVB_SOCKET, else\n"
-		"                 $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
-		"                 /run/kvbroker/kvbroker.sock)\n"
-		"  --json         print the broker's statistics as JSON (pretty) instead of text\n"
-		"  -h, --help     this text\n"
+		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
+		"                  $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
+		"                  /run/kvbroker/kvbroker.sock)\n"
+		"  --json          JSON for scripts: status/metrics the whole stats document,\n"
+		"                  clients/ns/map their part, top one sample of the rates\n"
+		"  --interval S    top: seconds between refreshes (default 1)\n"
+		"  -h, --help      this text\n"
 		"\n"
 		"exit status: 0 ok, 1 broker not reachable or bad reply, 2 usage error\n");
 }
@@ -84,31 +97,90 @@ static const char *connect_error(int rc)
 	}
 }
 
+int ctl_connect(struct ctl *x, int quiet)
+{
+	struct kvb_opts opts;
+	int rc;
+
+	memset(&opts, 0, sizeof(opts));
+	opts.socket_path = x->path;
+	opts.name = "kvbctl";
+	opts.flags = KVB_CONNECT_CONTROL;
+	rc = kvb_connect(&opts, &x->c);
+	if (rc < 0) {
+		x->c = NULL;
+		if (!quiet)
+			fprintf(stderr,
+				"%s: no broker reachable at %s (%s); start one with: "
+				"kvbrokerd --socket %s\n",
+				ctl_prog, x->path, connect_error(rc), x->path);
+	}
+	return rc;
+}
+
+void ctl_disconnect(struct ctl *x)
+{
+	kvb_close(x->c);
+	x->c = NULL;
+}
+
+int ctl_fetch(struct ctl *x, cJSON **root, int quiet)
+{
+	char *text = NULL;
+	int rc = kvb_stats_json(x->c, &text);
+
+	*root = NULL;
+	if (rc < 0) {
+		if (!quiet)
+			fprintf(stderr, "%s: stats request to %s failed: %s\n", ctl_prog, x->path,
+				kvb_strerror(rc));
+		return rc;
+	}
+	*root = cJSON_Parse(text);
+	free(text);
+	if (!cJSON_IsObject(*root)) {
+		if (!quiet)
+			fprintf(stderr, "%s: broker at %s sent stats that are not a JSON object\n",
+				ctl_prog, x->path);
+		cJSON_Delete(*root);
+		*root = NULL;
+		return -EPROTO;
+	}
+	return 0;
+}
+
 /* ---- JSON access: absent or mistyped fields read as 0 / "" rather than crashing. ---- */
 
-static double jnum(const cJSON *o, const char *name)
+double jnum(const cJSON *o, const char *name)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
 
 	return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
 }
 
-static const char *jstr(const cJSON *o, const char *name)
+const char *jstr(const cJSON *o, const char *name)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
 
 	return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
 }
 
-static const cJSON *jarr(const cJSON *o, const char *name)
+const cJSON *jarr(const cJSON *o, const char *name)
 {
 	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
 
 	return cJSON_IsArray(v) ? v : NULL;
 }
 
+const cJSON *jobj(const cJSON *o, const char *name)
+{
+	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+
+	return cJSON_IsObject(v) ? v : NULL;
+}
+
 /* Binary units for sizes (what the pool is configured in), one decimal. */
-static const char *fmt_bytes(double b, char *buf, size_t len)
+const char *fmt_bytes(double b, char *buf, size_t len)
 {
 	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
 	unsigned u = 0;
@@ -124,13 +196,99 @@ static const char *fmt_bytes(double b, char *buf, size_t len)
 	return buf;
 }
 
-static const char *fmt_pct(double num, double den, char *buf, size_t len)
+const char *fmt_pct(double num, double den, char *buf, size_t len)
 {
 	if (den <= 0)
 		snprintf(buf, len, "-");
 	else
 		snprintf(buf, len, "%.1f%%", 100.0 * num / den);
 	return buf;
+}
+
+const cJSON *ctl_disk(const cJSON *root)
+{
+	const cJSON *d = jobj(root, "disk");
+
+	return d && *jstr(d, "state") && strcmp(jstr(d, "state"), "off") ? d : NULL;
+}
+
+int ctl_nodes(const cJSON *root, struct ctl_node *out, int max)
+{
+	const cJSON *pool = jobj(root, "pool"), *a;
+	int n = 0;
+
+	cJSON_ArrayForEach(a, jarr(pool, "arenas"))
+	{
+		int nd = (int)jnum(a, "node"), i;
+
+		for (i = 0; i < n && out[i].node != nd; i++)
+			;
+		if (i == n) {
+			if (n == max)
+				continue;
+			out[n++] = (struct ctl_node){.node = nd, .page_size = jstr(a, "page_size")};
+		}
+		out[i].arenas++;
+		out[i].total += jnum(a, "bytes_total");
+		out[i].used += jnum(a, "bytes_used");
+	}
+	if (!n && max > 0)
+		out[n++] = (struct ctl_node){.node = -1,
+					     .arenas = 1,
+					     .total = jnum(pool, "bytes_total"),
+					     .used = jnum(pool, "bytes_used"),
+					     .page_size = ""};
+	return n;
+}
+
+static double delta(const cJSON *a, const cJSON *b, const char *name)
+{
+	return jnum(b, name) - jnum(a, name);
+}
+
+int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r)
+{
+	const cJSON *pc = jobj(prev, "counters"), *cc = jobj(cur, "counters");
+	const cJSON *pd = jobj(prev, "disk"), *cd = jobj(cur, "disk"), *cl;
+	double h, m;
+
+	memset(r, 0, sizeof(*r));
+	r->hit_ratio = -1;
+	r->dt = jnum(cur, "uptime_s") - jnum(prev, "uptime_s");
+	if (!prev || jnum(prev, "pid") != jnum(cur, "pid") || r->dt <= 0) {
+		r->dt = 0;
+		return -1;
+	}
+	r->puts = delta(pc, cc, "puts") / r->dt;
+	r->gets = (delta(pc, cc, "gets") + delta(pc, cc, "acquires")) / r->dt;
+	r->bytes_in = delta(pc, cc, "bytes_in") / r->dt;
+	r->bytes_out = delta(pc, cc, "bytes_out") / r->dt;
+	r->evictions = delta(pc, cc, "evictions") / r->dt;
+	r->disk_reads = delta(pd, cd, "reads") / r->dt;
+	r->disk_writes = delta(pd, cd, "writes") / r->dt;
+	h = delta(pc, cc, "hits");
+	m = delta(pc, cc, "misses");
+	if (h + m > 0)
+		r->hit_ratio = h / (h + m);
+	cJSON_ArrayForEach(cl, jarr(cur, "client_list"))
+	{
+		r->ops += ctl_client_ops_rate(prev, cl, r->dt);
+	}
+	return 0;
+}
+
+double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt)
+{
+	const cJSON *p;
+
+	if (dt <= 0)
+		return 0;
+	cJSON_ArrayForEach(p, jarr(prev, "client_list"))
+	{
+		if (jnum(p, "id") == jnum(client, "id"))
+			return (jnum(client, "ops") - jnum(p, "ops")) / dt;
+	}
+	return 0;
 }
 
 /* ---- the --json shape guarantee ---- */
@@ -156,7 +314,7 @@ static void need(cJSON *o, const char *where, const char *name, int type)
 	}
 	if (ok)
 		return;
-	fprintf(stderr, "%s: warning: broker stats lack %s%s; reported as empty\n", prog, where,
+	fprintf(stderr, "%s: warning: broker stats lack %s%s; reported as empty\n", ctl_prog, where,
 		name);
 	if (v)
 		cJSON_DeleteItemFromObjectCaseSensitive(o, name);
@@ -210,26 +368,97 @@ static void ensure_shape(cJSON *root)
 
 /* ---- text renderings ---- */
 
+/* Bytes not stored twice: the broker's figure, or dedup hits x page size from an older one. */
+static double dedup_saved(const cJSON *root)
+{
+	const cJSON *ctr = jobj(root, "counters"), *ns;
+	double saved = 0;
+
+	if (cJSON_GetObjectItemCaseSensitive(ctr, "dedup_bytes"))
+		return jnum(ctr, "dedup_bytes");
+	cJSON_ArrayForEach(ns, jarr(root, "namespaces"))
+	{
+		saved += jnum(ns, "dedup") * jnum(ns, "page_bytes");
+	}
+	return saved;
+}
+
+static double ns_saved(const cJSON *ns)
+{
+	return cJSON_GetObjectItemCaseSensitive(ns, "dedup_bytes")
+		       ? jnum(ns, "dedup_bytes")
+		       : jnum(ns, "dedup") * jnum(ns, "page_bytes");
+}
+
+/* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */
+static void print_disk(const cJSON *root)
+{
+	const cJSON *d = ctl_disk(root), *p;
+	char a[32], b[32], c[32], e[32];
+	int first = 1;
+
+	if (!d) {
+		printf("disk       off\n");
+		return;
+	}
+	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", jstr(d, "state"),
+	       fmt_bytes(jnum(d, "bytes_used"), a, sizeof(a)),
+	       fmt_bytes(jnum(d, "bytes_total"), b, sizeof(b)),
+	       fmt_pct(jnum(d, "bytes_used"), jnum(d, "bytes_total"), c, sizeof(c)),
+	       jnum(d, "pages"),
+	       cJSON_IsTrue(cJSON_GetObjectItem(d, "direct")) ? ", O_DIRECT" : "");
+	printf("           paths");
+	cJSON_ArrayForEach(p, jarr(d, "paths"))
+	{
+		if (cJSON_IsString(p))
+			printf("%s%s", first ? " " : ", ", p->valuestring);
+		first = 0;
+	}
+	printf("%s\n", first ? " -" : "");
+	printf("           reads %.0f (%s)  writes %.0f (%s)  demotions %.0f  promotions %.0f\n",
+	       jnum(d, "reads"), fmt_bytes(jnum(d, "read_bytes"), a, sizeof(a)), jnum(d, "writes"),
+	       fmt_bytes(jnum(d, "write_bytes"), e, sizeof(e)), jnum(d, "demotions"),
+	       jnum(d, "promotions"));
+	printf("           errors %.0f  corrupt %.0f  torn %.0f  dropped %.0f  scan %.2f s\n",
+	       jnum(d, "errors"), jnum(d, "corrupt"), jnum(d, "torn"), jnum(d, "dropped"),
+	       jnum(d, "scan_seconds"));
+}
+
 static void print_status(const cJSON *root, const char *path)
 {
-	const cJSON *pool = cJSON_GetObjectItemCaseSensitive(root, "pool");
-	const cJSON *ctr = cJSON_GetObjectItemCaseSensitive(root, "counters");
+	const cJSON *pool = jobj(root, "pool");
+	const cJSON *ctr = jobj(root, "counters");
 	const cJSON *nss = jarr(root, "namespaces");
 	const cJSON *ns;
+	struct ctl_node nodes[CTL_MAX_NODES];
 	double total = jnum(pool, "bytes_total"), used = jnum(pool, "bytes_used");
-	double saved = 0, hits = jnum(ctr, "hits"), misses = jnum(ctr, "misses");
+	double hits = jnum(ctr, "hits"), misses = jnum(ctr, "misses");
 	char a[32], b[32], c[32], d[32];
+	int nn = ctl_nodes(root, nodes, CTL_MAX_NODES);
 
 	printf("kvbrokerd %s  pid %.0f  up %.1f s  socket %s\n", jstr(root, "version"),
 	       jnum(root, "pid"), jnum(root, "uptime_s"), path);
-	printf("pool       %s used of %s (%s), %.0f pages", fmt_bytes(used, a, sizeof(a)),
-	       fmt_bytes(total, b, sizeof(b)), fmt_pct(used, total, c, sizeof(c)),
-	       jnum(pool, "pages"));
+	if (*jstr(root, "metrics_listen"))
+		printf("metrics    http://%s/metrics\n", jstr(root, "metrics_listen"));
+	printf("ram        %s used of %s (%s), %.0f pages, %.0f pinned",
+	       fmt_bytes(used, a, sizeof(a)), fmt_bytes(total, b, sizeof(b)),
+	       fmt_pct(used, total, c, sizeof(c)), jnum(pool, "pages"), jnum(pool, "pinned_pages"));
 	if (cJSON_GetObjectItemCaseSensitive(pool, "slabs_total"))
 		printf(", slabs %.0f free of %.0f x %s", jnum(pool, "slabs_free"),
 		       jnum(pool, "slabs_total"),
 		       fmt_bytes(jnum(pool, "slab_bytes"), d, sizeof(d)));
 	printf("\n");
+	for (int i = 0; i < nn; i++) {
+		char nd[16];
+
+		snprintf(nd, sizeof(nd), nodes[i].node < 0 ? "-" : "%d", nodes[i].node);
+		printf("  node %-3s %s used of %s (%s), %d arena%s%s%s\n", nd,
+		       fmt_bytes(nodes[i].used, a, sizeof(a)),
+		       fmt_bytes(nodes[i].total, b, sizeof(b)),
+		       fmt_pct(nodes[i].used, nodes[i].total, c, sizeof(c)), nodes[i].arenas,
+		       nodes[i].arenas == 1 ? "" : "s", *nodes[i].page_size ? ", pages " : "",
+		       nodes[i].page_size);
+	}
 	if (cJSON_GetObjectItemCaseSensitive(pool, "high_watermark")) {
 		double hw = jnum(pool, "high_watermark"), lw = jnum(pool, "low_watermark");
 
@@ -240,26 +469,26 @@ static void print_status(const cJSON *root, const char *path)
 		}
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
+	print_disk(root);
 	printf("clients    %.0f   leases %.0f   namespaces %d\n", jnum(root, "clients"),
 	       jnum(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
 
 	if (nss && cJSON_GetArraySize(nss) > 0) {
-		printf("\n%4s  %-24s %-4s %10s %8s %10s %8s %8s %8s %10s\n", "ns", "model", "kind",
-		       "page", "pages", "bytes", "hit rate", "puts", "dedup", "saved");
+		printf("\n%4s  %-24s %-4s %6s %10s %8s %10s %8s %8s %8s %10s\n", "ns", "model",
+		       "kind", "tokens", "page", "pages", "bytes", "hit rate", "puts", "dedup",
+		       "saved");
 		cJSON_ArrayForEach(ns, nss)
 		{
-			double pb = jnum(ns, "page_bytes");
-			double dd = jnum(ns, "dedup");
 			double h = jnum(ns, "hits"), m = jnum(ns, "misses");
 			char e[32];
 
-			saved += dd * pb;
-			printf("%4.0f  %-24.24s %-4s %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
+			printf("%4.0f  %-24.24s %-4s %6.0f %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
 			       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-			       fmt_bytes(pb, a, sizeof(a)), jnum(ns, "pages"),
+			       jnum(ns, "tokens_per_page"),
+			       fmt_bytes(jnum(ns, "page_bytes"), a, sizeof(a)), jnum(ns, "pages"),
 			       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)),
-			       fmt_pct(h, h + m, c, sizeof(c)), jnum(ns, "puts"), dd,
-			       fmt_bytes(dd * pb, e, sizeof(e)));
+			       fmt_pct(h, h + m, c, sizeof(c)), jnum(ns, "puts"), jnum(ns, "dedup"),
+			       fmt_bytes(ns_saved(ns), e, sizeof(e)));
 		}
 	}
 
@@ -276,8 +505,29 @@ static void print_status(const cJSON *root, const char *path)
 	       fmt_bytes(jnum(ctr, "bytes_in"), a, sizeof(a)),
 	       fmt_bytes(jnum(ctr, "bytes_out"), b, sizeof(b)), jnum(ctr, "disconnects"),
 	       jnum(ctr, "protocol_errors"));
-	printf("dedup      %s not stored twice (dedup hits x page size, all namespaces)\n",
-	       fmt_bytes(saved, a, sizeof(a)));
+	printf("dedup      %s not stored twice: PUTs that found the page already stored by "
+	       "another rank or engine\n",
+	       fmt_bytes(dedup_saved(root), a, sizeof(a)));
+}
+
+/* "0,3" from a client's namespace ids, "-" when none or an older broker. */
+static const char *ns_list(const cJSON *cl, char *buf, size_t len)
+{
+	const cJSON *id;
+	size_t n = 0;
+
+	buf[0] = '\0';
+	cJSON_ArrayForEach(id, jarr(cl, "ns"))
+	{
+		int w = snprintf(buf + n, len - n, "%s%.0f", n ? "," : "", id->valuedouble);
+
+		if (w < 0 || (size_t)w >= len - n)
+			break;
+		n += (size_t)w;
+	}
+	if (!n)
+		snprintf(buf, len, "-");
+	return buf;
 }
 
 static void print_clients(const cJSON *root)
@@ -289,13 +539,19 @@ static void print_clients(const cJSON *root)
 		printf("no clients attached (%.0f reported)\n", jnum(root, "clients"));
 		return;
 	}
-	printf("%6s %8s %6s  %-24s %7s %12s %4s\n", "id", "pid", "uid", "name", "leases", "ops",
-	       "ns");
+	printf("%6s %8s %6s  %-24s %-12s %7s %12s %10s %10s %10s %10s\n", "id", "pid", "uid",
+	       "name", "ns", "leases", "ops", "puts", "gets", "in", "out");
 	cJSON_ArrayForEach(cl, list)
 	{
-		printf("%6.0f %8.0f %6.0f  %-24.24s %7.0f %12.0f %4.0f\n", jnum(cl, "id"),
-		       jnum(cl, "pid"), jnum(cl, "uid"), jstr(cl, "name"), jnum(cl, "leases"),
-		       jnum(cl, "ops"), jnum(cl, "namespaces"));
+		char nsb[64], a[32], b[32];
+
+		printf("%6.0f %8.0f %6.0f  %-24.24s %-12.12s %7.0f %12.0f %10.0f %10.0f %10s "
+		       "%10s\n",
+		       jnum(cl, "id"), jnum(cl, "pid"), jnum(cl, "uid"), jstr(cl, "name"),
+		       ns_list(cl, nsb, sizeof(nsb)), jnum(cl, "leases"), jnum(cl, "ops"),
+		       jnum(cl, "puts"), jnum(cl, "gets"),
+		       fmt_bytes(jnum(cl, "bytes_in"), a, sizeof(a)),
+		       fmt_bytes(jnum(cl, "bytes_out"), b, sizeof(b)));
 	}
 }
 
@@ -309,12 +565,11 @@ static void print_ns(const cJSON *root)
 		printf("no namespaces\n");
 		return;
 	}
-	printf("%4s  %-24s %-4s %6s %5s %5s %10s %8s %10s %8s %8s %8s %8s %10s\n", "ns", "model",
-	       "kind", "tokens", "tp", "comps", "page", "pages", "bytes", "hit rate", "hits",
-	       "puts", "dedup", "saved");
+	printf("%4s  %-24s %-4s %6s %5s %5s %7s %10s %8s %10s %8s %8s %8s %8s %10s\n", "ns",
+	       "model", "kind", "tokens", "tp", "comps", "clients", "page", "pages", "bytes",
+	       "hit rate", "hits", "puts", "dedup", "saved");
 	cJSON_ArrayForEach(ns, nss)
 	{
-		double pb = jnum(ns, "page_bytes"), dd = jnum(ns, "dedup");
 		double h = jnum(ns, "hits"), m = jnum(ns, "misses");
 		char tp[16];
 
@@ -322,22 +577,83 @@ static void print_ns(const cJSON *root)
 		/* MLA namespaces are shared by all ranks: the rank is no part of them. */
 		if (!strcmp(jstr(ns, "kind"), "mla"))
 			snprintf(tp, sizeof(tp), "%.0f", jnum(ns, "tp_size"));
-		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %10s %8.0f %10s %8s %8.0f %8.0f %8.0f "
-		       "%10s\n",
+		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %7.0f %10s %8.0f %10s %8s %8.0f %8.0f "
+		       "%8.0f %10s\n",
 		       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-		       jnum(ns, "tokens_per_page"), tp, jnum(ns, "components"),
-		       fmt_bytes(pb, a, sizeof(a)), jnum(ns, "pages"),
+		       jnum(ns, "tokens_per_page"), tp, jnum(ns, "components"), jnum(ns, "clients"),
+		       fmt_bytes(jnum(ns, "page_bytes"), a, sizeof(a)), jnum(ns, "pages"),
 		       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)), fmt_pct(h, h + m, c, sizeof(c)),
-		       h, jnum(ns, "puts"), dd, fmt_bytes(dd * pb, d, sizeof(d)));
+		       h, jnum(ns, "puts"), jnum(ns, "dedup"),
+		       fmt_bytes(ns_saved(ns), d, sizeof(d)));
 	}
 }
 
-static int print_json(const cJSON *v)
+/* ---- map ---- */
+
+/*
+ * One character per cell: in flight wins over leased wins over how full it is, so the pages
+ * that cannot move stand out.
+ */
+static char map_cell(double used, double pinned, double writing, double cap)
+{
+	if (writing > 0)
+		return 'W';
+	if (pinned > writing)
+		return 'L';
+	if (used <= 0)
+		return '.';
+	if (used < cap / 2)
+		return ':';
+	return used < cap ? '+' : '#';
+}
+
+#define MAP_COLS 64
+
+static void print_map(const cJSON *root)
+{
+	const cJSON *map = jarr(root, "map"), *a;
+	char x[32], y[32];
+
+	if (!map || !cJSON_GetArraySize(map)) {
+		printf("this broker sends no pool map (an older kvbrokerd)\n");
+		return;
+	}
+	cJSON_ArrayForEach(a, map)
+	{
+		const cJSON *used = jarr(a, "used"), *pinned = jarr(a, "pinned");
+		const cJSON *writing = jarr(a, "writing");
+		double slab = jnum(a, "slab_bytes"), slabs = jnum(a, "slabs");
+		double per = jnum(a, "slabs_per_cell");
+		int n = cJSON_GetArraySize(used);
+
+		printf("arena %.0f  node %.0f  %s in %.0f slabs of %s, %.0f slab%s per cell\n",
+		       jnum(a, "arena"), jnum(a, "node"), fmt_bytes(slab * slabs, x, sizeof(x)),
+		       slabs, fmt_bytes(slab, y, sizeof(y)), per, per == 1 ? "" : "s");
+		for (int i = 0; i < n; i++) {
+			double left = slabs - i * per;
+			double cap = (left < per ? left : per) * slab;
+			const cJSON *u = cJSON_GetArrayItem(used, i);
+			const cJSON *p = cJSON_GetArrayItem(pinned, i);
+			const cJSON *w = cJSON_GetArrayItem(writing, i);
+
+			if (i % MAP_COLS == 0)
+				printf("  ");
+			putchar(map_cell(u ? u->valuedouble : 0, p ? p->valuedouble : 0,
+					 w ? w->valuedouble : 0, cap));
+			if (i % MAP_COLS == MAP_COLS - 1 || i == n - 1)
+				putchar('\n');
+		}
+	}
+	printf("legend: . free  : under half used  + over half  # full  "
+	       "L holds leased pages  W a page in flight\n");
+}
+
+int ctl_print_json(const cJSON *v)
 {
 	char *s = cJSON_Print(v);
 
 	if (!s) {
-		fprintf(stderr, "%s: out of memory\n", prog);
+		fprintf(stderr, "%s: out of memory\n", ctl_prog);
 		return 1;
 	}
 	printf("%s\n", s);
@@ -345,23 +661,50 @@ static int print_json(const cJSON *v)
 	return 0;
 }
 
+static int print_metrics(const cJSON *root)
+{
+	char *t = metrics_text(root);
+
+	if (!t) {
+		fprintf(stderr, "%s: out of memory\n", ctl_prog);
+		return 1;
+	}
+	fputs(t, stdout);
+	free(t);
+	return 0;
+}
+
+/* The part of the document a table command prints as JSON (an empty array when absent). */
+static int print_part(const cJSON *root, const char *name)
+{
+	const cJSON *v = jarr(root, name);
+	cJSON *empty = cJSON_CreateArray();
+	int ret = ctl_print_json(v ? v : empty);
+
+	cJSON_Delete(empty);
+	return ret;
+}
+
+static const char *const commands[] = {"status", "clients", "ns", "map", "metrics", "top", "plan"};
+
 int main(int argc, char **argv)
 {
 	static const struct option lopts[] = {
 		{"socket", required_argument, NULL, 's'},
 		{"json", no_argument, NULL, 'j'},
+		{"interval", required_argument, NULL, 'i'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *sock_flag = NULL, *cmd = NULL;
-	struct kvb_opts opts;
-	kvb_client *c = NULL;
-	char path[512], *text = NULL;
+	struct ctl x = {0};
+	double interval = 1.0;
 	cJSON *root = NULL;
-	int json = 0, opt, rc, ret = 1;
+	int json = 0, opt, ret = 1, known = 0;
+	char *end;
 
-	/* "+" would stop at the command; we want options on either side of it. */
-	while ((opt = getopt_long(argc, argv, "s:jh", lopts, NULL)) != -1) {
+	/* Options before the command, then the command; plan parses the rest itself. */
+	while ((opt = getopt_long(argc, argv, "+s:jh", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			sock_flag = optarg;
@@ -378,71 +721,74 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind < argc)
-		cmd = argv[optind++];
-	if (!cmd || optind < argc ||
-	    (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "ns"))) {
+		cmd = argv[optind];
+	for (size_t i = 0; cmd && i < sizeof(commands) / sizeof(commands[0]); i++)
+		known |= !strcmp(cmd, commands[i]);
+	if (!known) {
 		if (cmd)
-			fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd);
+			fprintf(stderr, "%s: unknown command '%s'\n", ctl_prog, cmd);
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(cmd, "plan"))
+		return ctl_plan(argc - optind, argv + optind, json);
+	/* Options after the command too ("kvbctl status --json"). */
+	argc -= optind;
+	argv += optind;
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "s:jh", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 's':
+			sock_flag = optarg;
+			break;
+		case 'j':
+			json = 1;
+			break;
+		case 'i':
+			interval = strtod(optarg, &end);
+			if (*end || !(interval >= 0.05 && interval <= 3600)) {
+				fprintf(stderr, "%s: --interval: seconds, 0.05 to 3600\n",
+					ctl_prog);
+				return 2;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", ctl_prog, argv[optind]);
 		usage(stderr);
 		return 2;
 	}
 
-	socket_path(sock_flag, path, sizeof(path));
-	memset(&opts, 0, sizeof(opts));
-	opts.socket_path = path;
-	opts.name = "kvbctl";
-	opts.flags = KVB_CONNECT_CONTROL;
-	rc = kvb_connect(&opts, &c);
-	if (rc < 0) {
-		fprintf(stderr,
-			"%s: no broker reachable at %s (%s); start one with: "
-			"kvbrokerd --socket %s\n",
-			prog, path, connect_error(rc), path);
+	socket_path(sock_flag, x.path, sizeof(x.path));
+	if (ctl_connect(&x, 0) < 0)
 		return 1;
-	}
-	rc = kvb_stats_json(c, &text);
-	if (rc < 0) {
-		fprintf(stderr, "%s: stats request to %s failed: %s\n", prog, path,
-			kvb_strerror(rc));
+	if (!strcmp(cmd, "top")) {
+		ret = json ? ctl_top_json(&x, interval) : ctl_top(&x, interval);
 		goto out;
 	}
-	root = cJSON_Parse(text);
-	if (!cJSON_IsObject(root)) {
-		fprintf(stderr, "%s: broker at %s sent stats that are not a JSON object\n", prog,
-			path);
+	if (ctl_fetch(&x, &root, 0) < 0)
 		goto out;
-	}
 	ensure_shape(root);
 
-	if (!strcmp(cmd, "status")) {
-		if (json)
-			ret = print_json(root);
-		else {
-			print_status(root, path);
-			ret = 0;
-		}
-	} else if (!strcmp(cmd, "clients")) {
-		if (json) {
-			const cJSON *l = jarr(root, "client_list");
-			cJSON *empty = cJSON_CreateArray();
-
-			ret = print_json(l ? l : empty);
-			cJSON_Delete(empty);
-		} else {
-			print_clients(root);
-			ret = 0;
-		}
-	} else {
-		if (json)
-			ret = print_json(cJSON_GetObjectItemCaseSensitive(root, "namespaces"));
-		else {
-			print_ns(root);
-			ret = 0;
-		}
-	}
+	if (!strcmp(cmd, "status"))
+		ret = json ? ctl_print_json(root) : (print_status(root, x.path), 0);
+	else if (!strcmp(cmd, "clients"))
+		ret = json ? print_part(root, "client_list") : (print_clients(root), 0);
+	else if (!strcmp(cmd, "ns"))
+		ret = json ? print_part(root, "namespaces") : (print_ns(root), 0);
+	else if (!strcmp(cmd, "map"))
+		ret = json ? print_part(root, "map") : (print_map(root), 0);
+	else
+		ret = json ? ctl_print_json(root) : print_metrics(root);
 out:
 	cJSON_Delete(root);
-	free(text);
-	kvb_close(c);
+	ctl_disconnect(&x);
 	return ret;
 }

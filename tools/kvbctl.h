@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvbctl.h - what kvbctl's files share: the connection to the broker, reading the stats
+ * document, number formatting, and the subcommands that live in their own files.
+ * Single-threaded.
+ */
+#ifndef KVB_TOOLS_KVBCTL_H
+#define KVB_TOOLS_KVBCTL_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "kvbroker.h"
+
+extern const char *ctl_prog;
+
+struct ctl {
+	char path[512]; /* the socket, resolved as the library does */
+	kvb_client *c;	/* control-only connection, NULL when not connected */
+};
+
+/* Connects (control-only); on failure prints one line unless quiet. 0 or a negative errno. */
+int ctl_connect(struct ctl *x, int quiet);
+/* Fetches and parses the stats document; on failure prints one line unless quiet. */
+int ctl_fetch(struct ctl *x, cJSON **root, int quiet);
+void ctl_disconnect(struct ctl *x);
+
+/* JSON access: absent or mistyped reads as 0, "" or NULL. */
+double jnum(const cJSON *o, const char *name);
+const char *jstr(const cJSON *o, const char *name);
+const cJSON *jarr(const cJSON *o, const char *name);
+const cJSON *jobj(const cJSON *o, const char *name);
+
+/* Binary units, one decimal ("1.5 GiB"); a percentage or "-" when den <= 0. */
+const char *fmt_bytes(double b, char *buf, size_t len);
+const char *fmt_pct(double num, double den, char *buf, size_t len);
+
+/* The "disk" object when the broker has a disk tier that is not off, else NULL. */
+const cJSON *ctl_disk(const cJSON *root);
+
+/* RAM per NUMA node, summed over pool.arenas[] (a broker without arenas: one node -1). */
+#define CTL_MAX_NODES 64
+struct ctl_node {
+	int node;
+	int arenas;
+	double total, used;
+	const char *page_size; /* "4k", "2M", "1G" or "" */
+};
+int ctl_nodes(const cJSON *root, struct ctl_node *out, int max);
+
+/* Rates between two stats documents of the same broker (per second). */
+struct ctl_rates {
+	double dt;
+	double puts, gets, ops, bytes_in, bytes_out, evictions, disk_reads, disk_writes;
+	double hit_ratio; /* over the interval; < 0 when no GET/ACQUIRE happened */
+};
+/* 0, or -1 when prev is not an earlier document of the same broker process. */
+int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r);
+/* ops/s of the client with cur's id in prev (0 when it is new). */
+double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt);
+
+/* Prints pretty JSON; 0 or 1 (out of memory). */
+int ctl_print_json(const cJSON *v);
+
+/* kvbctl_top.c: the live view; interval in seconds. */
+int ctl_top(struct ctl *x, double interval);
+/* kvbctl_top.c: top --json, one sample of the rates over interval. */
+int ctl_top_json(struct ctl *x, double interval);
+/* kvbctl_plan.c: argv[0] is "plan". */
+int ctl_plan(int argc, char **argv, int json);
+
+#endif /* KVB_TOOLS_KVBCTL_H */
