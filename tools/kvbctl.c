@@ -398,7 +398,7 @@ static void print_disk(const cJSON *root)
 	int first = 1;
 
 	if (!d) {
-		printf("disk       off\n");
+		printf("disk: off\n");
 		return;
 	}
 	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", jstr(d, "state"),

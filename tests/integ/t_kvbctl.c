@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_kvbctl.c - `kvbctl status --json` (and the text views) against a real broker whose content
- * the test created: every number the issue's JSON shape names is checked against that state.
- * kvbctl must not count as a client, and with no broker it says where it looked and exits 1.
+ * t_kvbctl.c - every kvbctl subcommand against a real broker whose content the test created:
+ * `status --json` (every number the issue's JSON shape names), `clients --json` (a client's
+ * namespaces and counters), `ns --json` (dedup bytes, clients), `map --json` and the map grid
+ * (used, leased), `metrics` (the exposition format, checked line by line, and its values),
+ * `top --json` (rates), `plan --json` (the issue's Kimi-K2.5 case) and the text views.
+ * kvbctl must not count as a client, and with no broker every command says where it looked and
+ * exits 1.
  */
 #include <cjson/cJSON.h>
 #include <libgen.h>
@@ -12,6 +16,7 @@
 #include <sys/wait.h>
 
 #include "harness.h"
+#include "metrics.h"
 
 #define PAGE (64u * 1024)
 
@@ -44,6 +49,31 @@ static int run(const char *args, char **out)
 	st = pclose(p);
 	*out = buf;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* kvbctl ARGS as JSON; fails the test unless it exits 0 and prints JSON. cJSON_Delete it. */
+static cJSON *run_json(const char *sock, const char *args)
+{
+	char cmd[512], *out;
+	cJSON *j;
+
+	snprintf(cmd, sizeof(cmd), "--socket %s %s", sock, args);
+	CHECKF(run(cmd, &out) == 0, "kvbctl %s failed:\n%s", args, out);
+	j = cJSON_Parse(out);
+	CHECKF(j != NULL, "kvbctl %s printed no JSON:\n%s", args, out);
+	free(out);
+	return j;
+}
+
+/* Sum of a numeric array (map cells). */
+static double sum(const cJSON *arr)
+{
+	const cJSON *v;
+	double t = 0;
+
+	CHECK(cJSON_IsArray(arr));
+	cJSON_ArrayForEach(v, arr) t += v->valuedouble;
+	return t;
 }
 
 static double num(const cJSON *root, const char *a, const char *b)
@@ -134,15 +164,136 @@ int main(int argc, char **argv)
 	CHECKF(strstr(out, "ctl-model") != NULL, "ns table lacks the namespace:\n%s", out);
 	free(out);
 
+	/* clients --json: the client's namespaces and what its ops did. */
+	root = run_json(b->sock, "clients --json");
+	CHECK(cJSON_IsArray(root));
+	CHECK_EQ(cJSON_GetArraySize(root), 1);
+	n0 = cJSON_GetArrayItem(root, 0);
+	CHECK(!strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(n0, "name")), "ctl-test"));
+	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(n0, "ns")), 1);
+	CHECK_EQ(cJSON_GetArrayItem(cJSON_GetObjectItem(n0, "ns"), 0)->valuedouble, ns);
+	CHECK_EQ(num(n0, "namespaces", NULL), 1);
+	CHECK_EQ(num(n0, "leases", NULL), 1);
+	CHECK_EQ(num(n0, "puts", NULL), 13);
+	CHECK_EQ(num(n0, "dedup", NULL), 3);
+	CHECK_EQ(num(n0, "gets", NULL), 3); /* two kvb_get (ACQUIREs), one kvb_acquire */
+	CHECK_EQ(num(n0, "hits", NULL), 2);
+	CHECK_EQ(num(n0, "misses", NULL), 1);
+	CHECK_EQ(num(n0, "bytes_in", NULL), 10 * PAGE);
+	CHECK_EQ(num(n0, "errors", NULL), 0);
+	CHECK_GE(num(n0, "ops", NULL), 13 + 3);
+	cJSON_Delete(root);
+
+	/* ns --json: dedup savings and who has it open. */
+	root = run_json(b->sock, "ns --json");
+	CHECK_EQ(cJSON_GetArraySize(root), 1);
+	n0 = cJSON_GetArrayItem(root, 0);
+	CHECK_EQ(num(n0, "dedup_bytes", NULL), 3 * PAGE);
+	CHECK_EQ(num(n0, "clients", NULL), 1);
+	cJSON_Delete(root);
+	root = run_json(b->sock, "status --json");
+	CHECK_EQ(num(root, "counters", "dedup_bytes"), 3 * PAGE);
+	CHECK(!cJSON_GetObjectItem(root, "disk") ||
+	      !strcmp(cJSON_GetStringValue(
+			      cJSON_GetObjectItem(cJSON_GetObjectItem(root, "disk"), "state")),
+		      "off"));
+	cJSON_Delete(root);
+
+	/* map --json: one arena; its cells hold the 10 pages, one of them leased. */
+	root = run_json(b->sock, "map --json");
+	CHECK_EQ(cJSON_GetArraySize(root), 1);
+	n0 = cJSON_GetArrayItem(root, 0);
+	CHECK_EQ(num(n0, "slabs", NULL) * num(n0, "slab_bytes", NULL), 64u << 20);
+	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(n0, "used")),
+		 num(n0, "slabs", NULL) / num(n0, "slabs_per_cell", NULL));
+	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "used")), 10 * PAGE);
+	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "pinned")), PAGE);
+	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "writing")), 0);
+	cJSON_Delete(root);
+	snprintf(args, sizeof(args), "--socket %s map", b->sock);
+	CHECK_EQ(run(args, &out), 0);
+	CHECKF(strstr(out, "arena 0") && strchr(out, 'L') && strstr(out, "......."),
+	       "map should show arena 0, a leased cell and free cells:\n%s", out);
+	free(out);
+
+	/* metrics: the exposition format, line by line, and the state we made. */
+	snprintf(args, sizeof(args), "--socket %s metrics", b->sock);
+	CHECK_EQ(run(args, &out), 0);
+	{
+		char err[256], line[256];
+
+		CHECKF(metrics_check(out, err, sizeof(err)) == 0, "metrics: %s:\n%s", err, out);
+		snprintf(line, sizeof(line),
+			 "kvbroker_pool_bytes{tier=\"ram\",node=\"-1\","
+			 "state=\"used\"} %u\n",
+			 10 * PAGE);
+		CHECKF(strstr(out, line), "metrics lack %s:\n%s", line, out);
+		snprintf(line, sizeof(line),
+			 "kvbroker_ns_dedup_bytes_total{ns=\"%u\","
+			 "model=\"ctl-model\",kind=\"mla\"} %u\n",
+			 ns, 3 * PAGE);
+		CHECKF(strstr(out, line), "metrics lack %s:\n%s", line, out);
+		CHECKF(strstr(out, "kvbroker_pool_pages{tier=\"ram\"} 10\n") &&
+			       strstr(out, "kvbroker_ops_total{op=\"put\"} 13\n") &&
+			       strstr(out, "kvbroker_leases 1\n") &&
+			       strstr(out, "kvbroker_disk_state{state=\"off\"} 1\n") &&
+			       strstr(out, "name=\"ctl-test\"} "),
+		       "metrics lack the state the test made:\n%s", out);
+	}
+	free(out);
+
+	/* top --json: one sample of the rates over a short interval. */
+	root = run_json(b->sock, "top --json --interval 0.2");
+	CHECK_GE(num(root, "interval_s", NULL), 0.1);
+	CHECK_EQ(num(root, "puts_per_s", NULL), 0);
+	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(root, "clients")), 1);
+	cJSON_Delete(root);
+
+	/* status text: per node, disk off, dedup. */
+	snprintf(args, sizeof(args), "--socket %s status", b->sock);
+	CHECK_EQ(run(args, &out), 0);
+	CHECKF(strstr(out, "node -") && strstr(out, "disk: off") && strstr(out, "192.0 KiB not "),
+	       "status text lacks node, disk or dedup lines:\n%s", out);
+	free(out);
+
 	CHECK_OK(kvb_release(c, &lease));
 	kvb_close(c);
 	harness_broker_stop(b);
 
-	/* No broker: one clear line naming the path, exit 1. */
-	snprintf(args, sizeof(args), "--socket %s status", b->sock);
-	CHECK_EQ(run(args, &out), 1);
-	CHECKF(strstr(out, b->sock) != NULL && strstr(out, "kvbrokerd") != NULL,
-	       "no-broker message should name the socket and how to start one:\n%s", out);
+	/* No broker: one clear line naming the path and how to start one, exit 1. */
+	{
+		static const char *const cmds[] = {"status", "clients", "ns",
+						   "map",    "metrics", "top"};
+
+		for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+			snprintf(args, sizeof(args), "--socket %s %s", b->sock, cmds[i]);
+			CHECK_EQ(run(args, &out), 1);
+			CHECKF(strstr(out, b->sock) != NULL && strstr(out, "kvbrokerd --socket") &&
+				       strchr(out, '\n') == out + strlen(out) - 1,
+			       "%s without a broker: want one line naming the socket and how to "
+			       "start one:\n%s",
+			       cmds[i], out);
+			free(out);
+		}
+	}
+	CHECK_EQ(run("bogus", &out), 2);
+	free(out);
+
+	/* plan: the case, Kimi-K2.5 at TP=8, 116,171 GPU tokens, 300 GiB host RAM. */
+	root = run_json("/nonexistent", "plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 "
+					"--host-ram 300G --req-len 4096 --json");
+	CHECK_EQ(num(root, "bytes_per_token_rank", NULL), 70272);
+	CHECK_EQ(num(root, "ranks_sharing_a_page", NULL), 8);
+	CHECK_EQ(num(cJSON_GetObjectItem(root, "private"), "host", "tokens"), 572992);
+	CHECK_EQ(num(cJSON_GetObjectItem(root, "shared"), "host", "tokens"), 4583936);
+	CHECK_EQ(num(root, "gpu", "requests"), 28);
+	CHECK_EQ(num(root, "private", "requests"), 168);
+	CHECK_EQ(num(root, "shared", "requests"), 1147);
+	CHECK_EQ(num(root, "host_gain", NULL), 8);
+	cJSON_Delete(root);
+	CHECK_EQ(run("plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 --host-ram 300G", &out), 0);
+	CHECKF(strstr(out, "4,583,936") && strstr(out, "x8.00"),
+	       "plan text should show the shared pool's tokens and the 8x:\n%s", out);
 	free(out);
 	free(page);
 	return H_PASS;
