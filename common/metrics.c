@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "metrics.h"
+#include "statsdoc.h"
 
 /* ---- output buffer ---- */
 
@@ -66,43 +67,6 @@ static void put(struct mbuf *m, const char *fmt, ...)
 		m->p = np;
 		m->cap = m->cap * 2 + (size_t)n;
 	}
-}
-
-/* ---- JSON access: NULL for absent or mistyped ---- */
-
-static const cJSON *jnum(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsNumber(v) ? v : NULL;
-}
-
-static double jval(const cJSON *o, const char *name)
-{
-	const cJSON *v = jnum(o, name);
-
-	return v ? v->valuedouble : 0.0;
-}
-
-static const char *jstr(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
-}
-
-static const cJSON *jobj(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsObject(v) ? v : NULL;
-}
-
-static const cJSON *jarr(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsArray(v) ? v : NULL;
 }
 
 /* ---- families and samples ---- */
@@ -164,12 +128,10 @@ static void sample(struct mbuf *m, const char *name, const char *const *labels, 
 static void single(struct mbuf *m, const cJSON *o, const char *field, const char *name,
 		   const char *type, const char *help)
 {
-	const cJSON *v = jnum(o, field);
-
-	if (!v)
+	if (!sdoc_has(o, field))
 		return;
 	family(m, name, type, help);
-	sample(m, name, NULL, v->valuedouble);
+	sample(m, name, NULL, sdoc_num(o, field));
 }
 
 /* A family with one sample per (label value, field) pair present in o. */
@@ -183,74 +145,53 @@ static void labelled(struct mbuf *m, const cJSON *o, const char *name, const cha
 	int any = 0;
 
 	for (size_t i = 0; i < n; i++)
-		any |= jnum(o, p[i].field) != NULL;
+		any |= sdoc_has(o, p[i].field);
 	if (!any)
 		return;
 	family(m, name, type, help);
 	for (size_t i = 0; i < n; i++)
-		if (jnum(o, p[i].field))
-			sample(m, name, L(label, p[i].label_value), jval(o, p[i].field));
+		if (sdoc_has(o, p[i].field))
+			sample(m, name, L(label, p[i].label_value), sdoc_num(o, p[i].field));
 }
 
 /* ---- the pool ---- */
 
-#define MAX_NODES 64
-
-/* Sums arena figures by NUMA node: RAM per node. */
-static void pool_bytes(struct mbuf *m, const cJSON *pool, const cJSON *disk)
+/* RAM per NUMA node (arenas summed), then the disk tier. */
+static void pool_bytes(struct mbuf *m, const cJSON *root, const cJSON *disk)
 {
-	const cJSON *arenas = jarr(pool, "arenas"), *a;
-	int node[MAX_NODES], n = 0;
-	double total[MAX_NODES] = {0}, used[MAX_NODES] = {0};
+	struct sdoc_node nodes[SDOC_MAX_NODES];
+	const cJSON *pool = sdoc_obj(root, "pool");
+	int n = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
 
-	cJSON_ArrayForEach(a, arenas)
-	{
-		int nd = (int)jval(a, "node"), i;
-
-		for (i = 0; i < n && node[i] != nd; i++)
-			;
-		if (i == n) {
-			if (n == MAX_NODES)
-				continue;
-			node[n++] = nd;
-		}
-		total[i] += jval(a, "bytes_total");
-		used[i] += jval(a, "bytes_used");
-	}
-	if (!n && jnum(pool, "bytes_total")) { /* a broker without arenas[]: one node, unknown */
-		node[n] = -1;
-		total[n] = jval(pool, "bytes_total");
-		used[n++] = jval(pool, "bytes_used");
-	}
 	family(m, "kvbroker_pool_bytes", "gauge",
 	       "Pool memory by tier, NUMA node (-1: none) and state (used = slot bytes of stored "
 	       "pages, free = the rest).");
 	for (int i = 0; i < n; i++) {
 		char nd[16];
 
-		snprintf(nd, sizeof(nd), "%d", node[i]);
+		snprintf(nd, sizeof(nd), "%d", nodes[i].node);
 		sample(m, "kvbroker_pool_bytes", L("tier", "ram", "node", nd, "state", "used"),
-		       used[i]);
+		       nodes[i].used);
 		sample(m, "kvbroker_pool_bytes", L("tier", "ram", "node", nd, "state", "free"),
-		       total[i] - used[i]);
+		       nodes[i].total - nodes[i].used);
 	}
 	if (disk) {
-		double t = jval(disk, "bytes_total"), u = jval(disk, "bytes_used");
+		double t = sdoc_num(disk, "bytes_total"), u = sdoc_num(disk, "bytes_used");
 
 		sample(m, "kvbroker_pool_bytes", L("tier", "disk", "state", "used"), u);
 		sample(m, "kvbroker_pool_bytes", L("tier", "disk", "state", "free"), t - u);
 	}
 	family(m, "kvbroker_pool_pages", "gauge", "Pages stored, by tier.");
-	sample(m, "kvbroker_pool_pages", L("tier", "ram"), jval(pool, "pages"));
+	sample(m, "kvbroker_pool_pages", L("tier", "ram"), sdoc_num(pool, "pages"));
 	if (disk)
-		sample(m, "kvbroker_pool_pages", L("tier", "disk"), jval(disk, "pages"));
+		sample(m, "kvbroker_pool_pages", L("tier", "disk"), sdoc_num(disk, "pages"));
 	single(m, pool, "pinned_pages", "kvbroker_pool_pinned_pages", "gauge",
 	       "RAM pages that cannot be evicted now: leased or with a copy in flight.");
-	if (jnum(pool, "slabs_total")) {
+	if (sdoc_has(pool, "slabs_total")) {
 		family(m, "kvbroker_pool_slabs", "gauge", "RAM pool slabs, free or holding pages.");
-		sample(m, "kvbroker_pool_slabs", L("state", "free"), jval(pool, "slabs_free"));
+		sample(m, "kvbroker_pool_slabs", L("state", "free"), sdoc_num(pool, "slabs_free"));
 		sample(m, "kvbroker_pool_slabs", L("state", "used"),
-		       jval(pool, "slabs_total") - jval(pool, "slabs_free"));
+		       sdoc_num(pool, "slabs_total") - sdoc_num(pool, "slabs_free"));
 	}
 	labelled(m, pool, "kvbroker_pool_watermark_ratio", "gauge",
 		 "Eviction watermarks as a fraction of the RAM pool.", "level",
@@ -313,39 +254,39 @@ static void per_element(struct mbuf *m, const cJSON *arr, const struct series *s
 			char buf[4][128];
 			const char *labels[9];
 
-			if (!jnum(e, s[i].field))
+			if (!sdoc_has(e, s[i].field))
 				continue;
 			if (first)
 				family(m, s[i].name, s[i].type, s[i].help);
 			first = 0;
 			lab(e, buf, labels);
-			sample(m, s[i].name, labels, jval(e, s[i].field));
+			sample(m, s[i].name, labels, sdoc_num(e, s[i].field));
 		}
 	}
 }
 
 static void ns_labels(const cJSON *e, char (*buf)[128], const char **l)
 {
-	snprintf(buf[0], sizeof(buf[0]), "%.0f", jval(e, "id"));
+	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
 	l[0] = "ns";
 	l[1] = buf[0];
 	l[2] = "model";
-	l[3] = jstr(e, "model");
+	l[3] = sdoc_str(e, "model");
 	l[4] = "kind";
-	l[5] = jstr(e, "kind");
+	l[5] = sdoc_str(e, "kind");
 	l[6] = NULL;
 }
 
 static void client_labels(const cJSON *e, char (*buf)[128], const char **l)
 {
-	snprintf(buf[0], sizeof(buf[0]), "%.0f", jval(e, "id"));
-	snprintf(buf[1], sizeof(buf[1]), "%.0f", jval(e, "pid"));
+	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
+	snprintf(buf[1], sizeof(buf[1]), "%.0f", sdoc_num(e, "pid"));
 	l[0] = "client";
 	l[1] = buf[0];
 	l[2] = "pid";
 	l[3] = buf[1];
 	l[4] = "name";
-	l[5] = jstr(e, "name");
+	l[5] = sdoc_str(e, "name");
 	l[6] = NULL;
 }
 
@@ -422,8 +363,8 @@ static void counters(struct mbuf *m, const cJSON *c)
 char *metrics_text(const cJSON *st)
 {
 	struct mbuf m = {.cap = 16384};
-	const cJSON *pool = jobj(st, "pool"), *disk = jobj(st, "disk");
-	const char *dstate = disk ? jstr(disk, "state") : "off";
+	const cJSON *pool = sdoc_obj(st, "pool"), *disk = sdoc_disk(st);
+	const char *dstate = disk ? sdoc_str(disk, "state") : "off";
 
 	if (!cJSON_IsObject(st))
 		return NULL;
@@ -431,25 +372,25 @@ char *metrics_text(const cJSON *st)
 	if (!m.p)
 		return NULL;
 	m.p[0] = '\0';
-	if (!strcmp(dstate, "off") || !*dstate)
-		disk = NULL;
 	family(&m, "kvbroker_info", "gauge", "Always 1; the broker's version and copy engine.");
 	sample(&m, "kvbroker_info",
-	       L("version", jstr(st, "version"), "copy_engine", jstr(st, "copy_engine")), 1);
+	       L("version", sdoc_str(st, "version"), "copy_engine", sdoc_str(st, "copy_engine")),
+	       1);
 	single(&m, st, "uptime_s", "kvbroker_uptime_seconds", "gauge", "Seconds since start-up.");
 	if (pool)
-		pool_bytes(&m, pool, disk);
-	disk_metrics(&m, disk, *dstate ? dstate : "off");
+		pool_bytes(&m, st, disk);
+	disk_metrics(&m, disk, dstate);
 	single(&m, st, "clients", "kvbroker_clients", "gauge", "Attached ring clients.");
 	single(&m, st, "leases", "kvbroker_leases", "gauge", "Leases held by all clients.");
-	if (jarr(st, "namespaces")) {
+	if (sdoc_arr(st, "namespaces")) {
 		family(&m, "kvbroker_namespaces", "gauge", "Namespaces (model, layout, tenant).");
-		sample(&m, "kvbroker_namespaces", NULL, cJSON_GetArraySize(jarr(st, "namespaces")));
+		sample(&m, "kvbroker_namespaces", NULL,
+		       cJSON_GetArraySize(sdoc_arr(st, "namespaces")));
 	}
-	counters(&m, jobj(st, "counters"));
-	per_element(&m, jarr(st, "namespaces"), ns_series, sizeof(ns_series) / sizeof(ns_series[0]),
-		    ns_labels);
-	per_element(&m, jarr(st, "client_list"), client_series,
+	counters(&m, sdoc_obj(st, "counters"));
+	per_element(&m, sdoc_arr(st, "namespaces"), ns_series,
+		    sizeof(ns_series) / sizeof(ns_series[0]), ns_labels);
+	per_element(&m, sdoc_arr(st, "client_list"), client_series,
 		    sizeof(client_series) / sizeof(client_series[0]), client_labels);
 	if (m.oom) {
 		free(m.p);

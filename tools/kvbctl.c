@@ -149,36 +149,6 @@ int ctl_fetch(struct ctl *x, cJSON **root, int quiet)
 	return 0;
 }
 
-/* ---- JSON access: absent or mistyped fields read as 0 / "" rather than crashing. ---- */
-
-double jnum(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
-}
-
-const char *jstr(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
-}
-
-const cJSON *jarr(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsArray(v) ? v : NULL;
-}
-
-const cJSON *jobj(const cJSON *o, const char *name)
-{
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsObject(v) ? v : NULL;
-}
-
 /* Binary units for sizes (what the pool is configured in), one decimal. */
 const char *fmt_bytes(double b, char *buf, size_t len)
 {
@@ -205,57 +175,21 @@ const char *fmt_pct(double num, double den, char *buf, size_t len)
 	return buf;
 }
 
-const cJSON *ctl_disk(const cJSON *root)
-{
-	const cJSON *d = jobj(root, "disk");
-
-	return d && *jstr(d, "state") && strcmp(jstr(d, "state"), "off") ? d : NULL;
-}
-
-int ctl_nodes(const cJSON *root, struct ctl_node *out, int max)
-{
-	const cJSON *pool = jobj(root, "pool"), *a;
-	int n = 0;
-
-	cJSON_ArrayForEach(a, jarr(pool, "arenas"))
-	{
-		int nd = (int)jnum(a, "node"), i;
-
-		for (i = 0; i < n && out[i].node != nd; i++)
-			;
-		if (i == n) {
-			if (n == max)
-				continue;
-			out[n++] = (struct ctl_node){.node = nd, .page_size = jstr(a, "page_size")};
-		}
-		out[i].arenas++;
-		out[i].total += jnum(a, "bytes_total");
-		out[i].used += jnum(a, "bytes_used");
-	}
-	if (!n && max > 0)
-		out[n++] = (struct ctl_node){.node = -1,
-					     .arenas = 1,
-					     .total = jnum(pool, "bytes_total"),
-					     .used = jnum(pool, "bytes_used"),
-					     .page_size = ""};
-	return n;
-}
-
 static double delta(const cJSON *a, const cJSON *b, const char *name)
 {
-	return jnum(b, name) - jnum(a, name);
+	return sdoc_num(b, name) - sdoc_num(a, name);
 }
 
 int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r)
 {
-	const cJSON *pc = jobj(prev, "counters"), *cc = jobj(cur, "counters");
-	const cJSON *pd = jobj(prev, "disk"), *cd = jobj(cur, "disk"), *cl;
+	const cJSON *pc = sdoc_obj(prev, "counters"), *cc = sdoc_obj(cur, "counters");
+	const cJSON *pd = sdoc_obj(prev, "disk"), *cd = sdoc_obj(cur, "disk"), *cl;
 	double h, m;
 
 	memset(r, 0, sizeof(*r));
 	r->hit_ratio = -1;
-	r->dt = jnum(cur, "uptime_s") - jnum(prev, "uptime_s");
-	if (!prev || jnum(prev, "pid") != jnum(cur, "pid") || r->dt <= 0) {
+	r->dt = sdoc_num(cur, "uptime_s") - sdoc_num(prev, "uptime_s");
+	if (!prev || sdoc_num(prev, "pid") != sdoc_num(cur, "pid") || r->dt <= 0) {
 		r->dt = 0;
 		return -1;
 	}
@@ -270,7 +204,7 @@ int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r)
 	m = delta(pc, cc, "misses");
 	if (h + m > 0)
 		r->hit_ratio = h / (h + m);
-	cJSON_ArrayForEach(cl, jarr(cur, "client_list"))
+	cJSON_ArrayForEach(cl, sdoc_arr(cur, "client_list"))
 	{
 		r->ops += ctl_client_ops_rate(prev, cl, r->dt);
 	}
@@ -283,10 +217,10 @@ double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt)
 
 	if (dt <= 0)
 		return 0;
-	cJSON_ArrayForEach(p, jarr(prev, "client_list"))
+	cJSON_ArrayForEach(p, sdoc_arr(prev, "client_list"))
 	{
-		if (jnum(p, "id") == jnum(client, "id"))
-			return (jnum(client, "ops") - jnum(p, "ops")) / dt;
+		if (sdoc_num(p, "id") == sdoc_num(client, "id"))
+			return (sdoc_num(client, "ops") - sdoc_num(p, "ops")) / dt;
 	}
 	return 0;
 }
@@ -371,14 +305,14 @@ static void ensure_shape(cJSON *root)
 /* Bytes not stored twice: the broker's figure, or dedup hits x page size from an older one. */
 static double dedup_saved(const cJSON *root)
 {
-	const cJSON *ctr = jobj(root, "counters"), *ns;
+	const cJSON *ctr = sdoc_obj(root, "counters"), *ns;
 	double saved = 0;
 
 	if (cJSON_GetObjectItemCaseSensitive(ctr, "dedup_bytes"))
-		return jnum(ctr, "dedup_bytes");
-	cJSON_ArrayForEach(ns, jarr(root, "namespaces"))
+		return sdoc_num(ctr, "dedup_bytes");
+	cJSON_ArrayForEach(ns, sdoc_arr(root, "namespaces"))
 	{
-		saved += jnum(ns, "dedup") * jnum(ns, "page_bytes");
+		saved += sdoc_num(ns, "dedup") * sdoc_num(ns, "page_bytes");
 	}
 	return saved;
 }
@@ -386,14 +320,14 @@ static double dedup_saved(const cJSON *root)
 static double ns_saved(const cJSON *ns)
 {
 	return cJSON_GetObjectItemCaseSensitive(ns, "dedup_bytes")
-		       ? jnum(ns, "dedup_bytes")
-		       : jnum(ns, "dedup") * jnum(ns, "page_bytes");
+		       ? sdoc_num(ns, "dedup_bytes")
+		       : sdoc_num(ns, "dedup") * sdoc_num(ns, "page_bytes");
 }
 
 /* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */
 static void print_disk(const cJSON *root)
 {
-	const cJSON *d = ctl_disk(root), *p;
+	const cJSON *d = sdoc_disk(root), *p;
 	char a[32], b[32], c[32], e[32];
 	int first = 1;
 
@@ -401,14 +335,14 @@ static void print_disk(const cJSON *root)
 		printf("disk: off\n");
 		return;
 	}
-	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", jstr(d, "state"),
-	       fmt_bytes(jnum(d, "bytes_used"), a, sizeof(a)),
-	       fmt_bytes(jnum(d, "bytes_total"), b, sizeof(b)),
-	       fmt_pct(jnum(d, "bytes_used"), jnum(d, "bytes_total"), c, sizeof(c)),
-	       jnum(d, "pages"),
+	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", sdoc_str(d, "state"),
+	       fmt_bytes(sdoc_num(d, "bytes_used"), a, sizeof(a)),
+	       fmt_bytes(sdoc_num(d, "bytes_total"), b, sizeof(b)),
+	       fmt_pct(sdoc_num(d, "bytes_used"), sdoc_num(d, "bytes_total"), c, sizeof(c)),
+	       sdoc_num(d, "pages"),
 	       cJSON_IsTrue(cJSON_GetObjectItem(d, "direct")) ? ", O_DIRECT" : "");
 	printf("           paths");
-	cJSON_ArrayForEach(p, jarr(d, "paths"))
+	cJSON_ArrayForEach(p, sdoc_arr(d, "paths"))
 	{
 		if (cJSON_IsString(p))
 			printf("%s%s", first ? " " : ", ", p->valuestring);
@@ -416,37 +350,38 @@ static void print_disk(const cJSON *root)
 	}
 	printf("%s\n", first ? " -" : "");
 	printf("           reads %.0f (%s)  writes %.0f (%s)  demotions %.0f  promotions %.0f\n",
-	       jnum(d, "reads"), fmt_bytes(jnum(d, "read_bytes"), a, sizeof(a)), jnum(d, "writes"),
-	       fmt_bytes(jnum(d, "write_bytes"), e, sizeof(e)), jnum(d, "demotions"),
-	       jnum(d, "promotions"));
+	       sdoc_num(d, "reads"), fmt_bytes(sdoc_num(d, "read_bytes"), a, sizeof(a)),
+	       sdoc_num(d, "writes"), fmt_bytes(sdoc_num(d, "write_bytes"), e, sizeof(e)),
+	       sdoc_num(d, "demotions"), sdoc_num(d, "promotions"));
 	printf("           errors %.0f  corrupt %.0f  torn %.0f  dropped %.0f  scan %.2f s\n",
-	       jnum(d, "errors"), jnum(d, "corrupt"), jnum(d, "torn"), jnum(d, "dropped"),
-	       jnum(d, "scan_seconds"));
+	       sdoc_num(d, "errors"), sdoc_num(d, "corrupt"), sdoc_num(d, "torn"),
+	       sdoc_num(d, "dropped"), sdoc_num(d, "scan_seconds"));
 }
 
 static void print_status(const cJSON *root, const char *path)
 {
-	const cJSON *pool = jobj(root, "pool");
-	const cJSON *ctr = jobj(root, "counters");
-	const cJSON *nss = jarr(root, "namespaces");
+	const cJSON *pool = sdoc_obj(root, "pool");
+	const cJSON *ctr = sdoc_obj(root, "counters");
+	const cJSON *nss = sdoc_arr(root, "namespaces");
 	const cJSON *ns;
-	struct ctl_node nodes[CTL_MAX_NODES];
-	double total = jnum(pool, "bytes_total"), used = jnum(pool, "bytes_used");
-	double hits = jnum(ctr, "hits"), misses = jnum(ctr, "misses");
+	struct sdoc_node nodes[SDOC_MAX_NODES];
+	double total = sdoc_num(pool, "bytes_total"), used = sdoc_num(pool, "bytes_used");
+	double hits = sdoc_num(ctr, "hits"), misses = sdoc_num(ctr, "misses");
 	char a[32], b[32], c[32], d[32];
-	int nn = ctl_nodes(root, nodes, CTL_MAX_NODES);
+	int nn = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
 
-	printf("kvbrokerd %s  pid %.0f  up %.1f s  socket %s\n", jstr(root, "version"),
-	       jnum(root, "pid"), jnum(root, "uptime_s"), path);
-	if (*jstr(root, "metrics_listen"))
-		printf("metrics    http://%s/metrics\n", jstr(root, "metrics_listen"));
+	printf("kvbrokerd %s  pid %.0f  up %.1f s  socket %s\n", sdoc_str(root, "version"),
+	       sdoc_num(root, "pid"), sdoc_num(root, "uptime_s"), path);
+	if (*sdoc_str(root, "metrics_listen"))
+		printf("metrics    http://%s/metrics\n", sdoc_str(root, "metrics_listen"));
 	printf("ram        %s used of %s (%s), %.0f pages, %.0f pinned",
 	       fmt_bytes(used, a, sizeof(a)), fmt_bytes(total, b, sizeof(b)),
-	       fmt_pct(used, total, c, sizeof(c)), jnum(pool, "pages"), jnum(pool, "pinned_pages"));
-	if (cJSON_GetObjectItemCaseSensitive(pool, "slabs_total"))
-		printf(", slabs %.0f free of %.0f x %s", jnum(pool, "slabs_free"),
-		       jnum(pool, "slabs_total"),
-		       fmt_bytes(jnum(pool, "slab_bytes"), d, sizeof(d)));
+	       fmt_pct(used, total, c, sizeof(c)), sdoc_num(pool, "pages"),
+	       sdoc_num(pool, "pinned_pages"));
+	if (sdoc_has(pool, "slabs_total"))
+		printf(", slabs %.0f free of %.0f x %s", sdoc_num(pool, "slabs_free"),
+		       sdoc_num(pool, "slabs_total"),
+		       fmt_bytes(sdoc_num(pool, "slab_bytes"), d, sizeof(d)));
 	printf("\n");
 	for (int i = 0; i < nn; i++) {
 		char nd[16];
@@ -460,7 +395,7 @@ static void print_status(const cJSON *root, const char *path)
 		       nodes[i].page_size);
 	}
 	if (cJSON_GetObjectItemCaseSensitive(pool, "high_watermark")) {
-		double hw = jnum(pool, "high_watermark"), lw = jnum(pool, "low_watermark");
+		double hw = sdoc_num(pool, "high_watermark"), lw = sdoc_num(pool, "low_watermark");
 
 		/* The broker may report watermarks as fractions or as percentages. */
 		if (hw <= 1.0 && lw <= 1.0) {
@@ -470,8 +405,8 @@ static void print_status(const cJSON *root, const char *path)
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
 	print_disk(root);
-	printf("clients    %.0f   leases %.0f   namespaces %d\n", jnum(root, "clients"),
-	       jnum(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
+	printf("clients    %.0f   leases %.0f   namespaces %d\n", sdoc_num(root, "clients"),
+	       sdoc_num(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
 
 	if (nss && cJSON_GetArraySize(nss) > 0) {
 		printf("\n%4s  %-24s %-4s %6s %10s %8s %10s %8s %8s %8s %10s\n", "ns", "model",
@@ -479,45 +414,46 @@ static void print_status(const cJSON *root, const char *path)
 		       "saved");
 		cJSON_ArrayForEach(ns, nss)
 		{
-			double h = jnum(ns, "hits"), m = jnum(ns, "misses");
+			double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
 			char e[32];
 
 			printf("%4.0f  %-24.24s %-4s %6.0f %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
-			       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-			       jnum(ns, "tokens_per_page"),
-			       fmt_bytes(jnum(ns, "page_bytes"), a, sizeof(a)), jnum(ns, "pages"),
-			       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)),
-			       fmt_pct(h, h + m, c, sizeof(c)), jnum(ns, "puts"), jnum(ns, "dedup"),
-			       fmt_bytes(ns_saved(ns), e, sizeof(e)));
+			       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
+			       sdoc_num(ns, "tokens_per_page"),
+			       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
+			       sdoc_num(ns, "pages"),
+			       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+			       fmt_pct(h, h + m, c, sizeof(c)), sdoc_num(ns, "puts"),
+			       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), e, sizeof(e)));
 		}
 	}
 
 	printf("\ncounters   puts %.0f  gets %.0f  hits %.0f  misses %.0f  (hit rate %s)\n",
-	       jnum(ctr, "puts"), jnum(ctr, "gets"), hits, misses,
+	       sdoc_num(ctr, "puts"), sdoc_num(ctr, "gets"), hits, misses,
 	       fmt_pct(hits, hits + misses, a, sizeof(a)));
-	printf("           dedup %.0f  evictions %.0f  errors %.0f\n", jnum(ctr, "dedup"),
-	       jnum(ctr, "evictions"), jnum(ctr, "errors"));
+	printf("           dedup %.0f  evictions %.0f  errors %.0f\n", sdoc_num(ctr, "dedup"),
+	       sdoc_num(ctr, "evictions"), sdoc_num(ctr, "errors"));
 	printf("           acquires %.0f  releases %.0f  lookups %.0f (%.0f keys)  deletes %.0f  "
 	       "nops %.0f\n",
-	       jnum(ctr, "acquires"), jnum(ctr, "releases"), jnum(ctr, "lookups"),
-	       jnum(ctr, "lookup_keys"), jnum(ctr, "deletes"), jnum(ctr, "nops"));
+	       sdoc_num(ctr, "acquires"), sdoc_num(ctr, "releases"), sdoc_num(ctr, "lookups"),
+	       sdoc_num(ctr, "lookup_keys"), sdoc_num(ctr, "deletes"), sdoc_num(ctr, "nops"));
 	printf("           in %s  out %s  disconnects %.0f  protocol errors %.0f\n",
-	       fmt_bytes(jnum(ctr, "bytes_in"), a, sizeof(a)),
-	       fmt_bytes(jnum(ctr, "bytes_out"), b, sizeof(b)), jnum(ctr, "disconnects"),
-	       jnum(ctr, "protocol_errors"));
+	       fmt_bytes(sdoc_num(ctr, "bytes_in"), a, sizeof(a)),
+	       fmt_bytes(sdoc_num(ctr, "bytes_out"), b, sizeof(b)), sdoc_num(ctr, "disconnects"),
+	       sdoc_num(ctr, "protocol_errors"));
 	printf("dedup      %s not stored twice: PUTs that found the page already stored by "
 	       "another rank or engine\n",
 	       fmt_bytes(dedup_saved(root), a, sizeof(a)));
 }
 
 /* "0,3" from a client's namespace ids, "-" when none or an older broker. */
-static const char *ns_list(const cJSON *cl, char *buf, size_t len)
+const char *ctl_ns_list(const cJSON *cl, char *buf, size_t len)
 {
 	const cJSON *id;
 	size_t n = 0;
 
 	buf[0] = '\0';
-	cJSON_ArrayForEach(id, jarr(cl, "ns"))
+	cJSON_ArrayForEach(id, sdoc_arr(cl, "ns"))
 	{
 		int w = snprintf(buf + n, len - n, "%s%.0f", n ? "," : "", id->valuedouble);
 
@@ -532,11 +468,11 @@ static const char *ns_list(const cJSON *cl, char *buf, size_t len)
 
 static void print_clients(const cJSON *root)
 {
-	const cJSON *list = jarr(root, "client_list");
+	const cJSON *list = sdoc_arr(root, "client_list");
 	const cJSON *cl;
 
 	if (!list || cJSON_GetArraySize(list) == 0) {
-		printf("no clients attached (%.0f reported)\n", jnum(root, "clients"));
+		printf("no clients attached (%.0f reported)\n", sdoc_num(root, "clients"));
 		return;
 	}
 	printf("%6s %8s %6s  %-24s %-12s %7s %12s %10s %10s %10s %10s\n", "id", "pid", "uid",
@@ -547,17 +483,17 @@ static void print_clients(const cJSON *root)
 
 		printf("%6.0f %8.0f %6.0f  %-24.24s %-12.12s %7.0f %12.0f %10.0f %10.0f %10s "
 		       "%10s\n",
-		       jnum(cl, "id"), jnum(cl, "pid"), jnum(cl, "uid"), jstr(cl, "name"),
-		       ns_list(cl, nsb, sizeof(nsb)), jnum(cl, "leases"), jnum(cl, "ops"),
-		       jnum(cl, "puts"), jnum(cl, "gets"),
-		       fmt_bytes(jnum(cl, "bytes_in"), a, sizeof(a)),
-		       fmt_bytes(jnum(cl, "bytes_out"), b, sizeof(b)));
+		       sdoc_num(cl, "id"), sdoc_num(cl, "pid"), sdoc_num(cl, "uid"),
+		       sdoc_str(cl, "name"), ctl_ns_list(cl, nsb, sizeof(nsb)),
+		       sdoc_num(cl, "leases"), sdoc_num(cl, "ops"), sdoc_num(cl, "puts"),
+		       sdoc_num(cl, "gets"), fmt_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
+		       fmt_bytes(sdoc_num(cl, "bytes_out"), b, sizeof(b)));
 	}
 }
 
 static void print_ns(const cJSON *root)
 {
-	const cJSON *nss = jarr(root, "namespaces");
+	const cJSON *nss = sdoc_arr(root, "namespaces");
 	const cJSON *ns;
 	char a[32], b[32], c[32], d[32];
 
@@ -570,21 +506,22 @@ static void print_ns(const cJSON *root)
 	       "hit rate", "hits", "puts", "dedup", "saved");
 	cJSON_ArrayForEach(ns, nss)
 	{
-		double h = jnum(ns, "hits"), m = jnum(ns, "misses");
+		double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
 		char tp[16];
 
-		snprintf(tp, sizeof(tp), "%.0f/%.0f", jnum(ns, "tp_rank"), jnum(ns, "tp_size"));
+		snprintf(tp, sizeof(tp), "%.0f/%.0f", sdoc_num(ns, "tp_rank"),
+			 sdoc_num(ns, "tp_size"));
 		/* MLA namespaces are shared by all ranks: the rank is no part of them. */
-		if (!strcmp(jstr(ns, "kind"), "mla"))
-			snprintf(tp, sizeof(tp), "%.0f", jnum(ns, "tp_size"));
+		if (!strcmp(sdoc_str(ns, "kind"), "mla"))
+			snprintf(tp, sizeof(tp), "%.0f", sdoc_num(ns, "tp_size"));
 		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %7.0f %10s %8.0f %10s %8s %8.0f %8.0f "
 		       "%8.0f %10s\n",
-		       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-		       jnum(ns, "tokens_per_page"), tp, jnum(ns, "components"), jnum(ns, "clients"),
-		       fmt_bytes(jnum(ns, "page_bytes"), a, sizeof(a)), jnum(ns, "pages"),
-		       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)), fmt_pct(h, h + m, c, sizeof(c)),
-		       h, jnum(ns, "puts"), jnum(ns, "dedup"),
-		       fmt_bytes(ns_saved(ns), d, sizeof(d)));
+		       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
+		       sdoc_num(ns, "tokens_per_page"), tp, sdoc_num(ns, "components"),
+		       sdoc_num(ns, "clients"), fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
+		       sdoc_num(ns, "pages"), fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+		       fmt_pct(h, h + m, c, sizeof(c)), h, sdoc_num(ns, "puts"),
+		       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), d, sizeof(d)));
 	}
 }
 
@@ -611,7 +548,7 @@ static char map_cell(double used, double pinned, double writing, double cap)
 
 static void print_map(const cJSON *root)
 {
-	const cJSON *map = jarr(root, "map"), *a;
+	const cJSON *map = sdoc_arr(root, "map"), *a;
 	char x[32], y[32];
 
 	if (!map || !cJSON_GetArraySize(map)) {
@@ -620,15 +557,16 @@ static void print_map(const cJSON *root)
 	}
 	cJSON_ArrayForEach(a, map)
 	{
-		const cJSON *used = jarr(a, "used"), *pinned = jarr(a, "pinned");
-		const cJSON *writing = jarr(a, "writing");
-		double slab = jnum(a, "slab_bytes"), slabs = jnum(a, "slabs");
-		double per = jnum(a, "slabs_per_cell");
+		const cJSON *used = sdoc_arr(a, "used"), *pinned = sdoc_arr(a, "pinned");
+		const cJSON *writing = sdoc_arr(a, "writing");
+		double slab = sdoc_num(a, "slab_bytes"), slabs = sdoc_num(a, "slabs");
+		double per = sdoc_num(a, "slabs_per_cell");
 		int n = cJSON_GetArraySize(used);
 
 		printf("arena %.0f  node %.0f  %s in %.0f slabs of %s, %.0f slab%s per cell\n",
-		       jnum(a, "arena"), jnum(a, "node"), fmt_bytes(slab * slabs, x, sizeof(x)),
-		       slabs, fmt_bytes(slab, y, sizeof(y)), per, per == 1 ? "" : "s");
+		       sdoc_num(a, "arena"), sdoc_num(a, "node"),
+		       fmt_bytes(slab * slabs, x, sizeof(x)), slabs, fmt_bytes(slab, y, sizeof(y)),
+		       per, per == 1 ? "" : "s");
 		for (int i = 0; i < n; i++) {
 			double left = slabs - i * per;
 			double cap = (left < per ? left : per) * slab;
@@ -677,7 +615,7 @@ static int print_metrics(const cJSON *root)
 /* The part of the document a table command prints as JSON (an empty array when absent). */
 static int print_part(const cJSON *root, const char *name)
 {
-	const cJSON *v = jarr(root, name);
+	const cJSON *v = sdoc_arr(root, name);
 	cJSON *empty = cJSON_CreateArray();
 	int ret = ctl_print_json(v ? v : empty);
 

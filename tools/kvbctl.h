@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "kvbroker.h"
+#include "statsdoc.h"
 
 extern const char *ctl_prog;
 
@@ -26,28 +27,9 @@ int ctl_connect(struct ctl *x, int quiet);
 int ctl_fetch(struct ctl *x, cJSON **root, int quiet);
 void ctl_disconnect(struct ctl *x);
 
-/* JSON access: absent or mistyped reads as 0, "" or NULL. */
-double jnum(const cJSON *o, const char *name);
-const char *jstr(const cJSON *o, const char *name);
-const cJSON *jarr(const cJSON *o, const char *name);
-const cJSON *jobj(const cJSON *o, const char *name);
-
 /* Binary units, one decimal ("1.5 GiB"); a percentage or "-" when den <= 0. */
 const char *fmt_bytes(double b, char *buf, size_t len);
 const char *fmt_pct(double num, double den, char *buf, size_t len);
-
-/* The "disk" object when the broker has a disk tier that is not off, else NULL. */
-const cJSON *ctl_disk(const cJSON *root);
-
-/* RAM per NUMA node, summed over pool.arenas[] (a broker without arenas: one node -1). */
-#define CTL_MAX_NODES 64
-struct ctl_node {
-	int node;
-	int arenas;
-	double total, used;
-	const char *page_size; /* "4k", "2M", "1G" or "" */
-};
-int ctl_nodes(const cJSON *root, struct ctl_node *out, int max);
 
 /* Rates between two stats documents of the same broker (per second). */
 struct ctl_rates {
@@ -59,6 +41,9 @@ struct ctl_rates {
 int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r);
 /* ops/s of the client with cur's id in prev (0 when it is new). */
 double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt);
+
+/* A client's namespace ids as "0,3", "-" when none. */
+const char *ctl_ns_list(const cJSON *client, char *buf, size_t len);
 
 /* Prints pretty JSON; 0 or 1 (out of memory). */
 int ctl_print_json(const cJSON *v);

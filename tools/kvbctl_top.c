@@ -63,8 +63,8 @@ static void bar(int y, int x, int width, const char *label, double used, double 
 
 static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, const char *status)
 {
-	const cJSON *pool = jobj(root, "pool"), *disk = ctl_disk(root), *cl;
-	struct ctl_node nodes[CTL_MAX_NODES];
+	const cJSON *pool = sdoc_obj(root, "pool"), *disk = sdoc_disk(root), *cl;
+	struct sdoc_node nodes[SDOC_MAX_NODES];
 	struct ctl_rates r;
 	int rows = LINES, cols = COLS, y = 0, nn, width;
 	char a[32], b[32], c[32], d[32];
@@ -77,13 +77,13 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 		return;
 	}
 	mvprintw(y++, 0, "kvbrokerd %s  pid %.0f  up %.0f s  clients %.0f  leases %.0f  pages %.0f",
-		 jstr(root, "version"), jnum(root, "pid"), jnum(root, "uptime_s"),
-		 jnum(root, "clients"), jnum(root, "leases"), jnum(pool, "pages"));
+		 sdoc_str(root, "version"), sdoc_num(root, "pid"), sdoc_num(root, "uptime_s"),
+		 sdoc_num(root, "clients"), sdoc_num(root, "leases"), sdoc_num(pool, "pages"));
 	y++;
 	width = cols - 60;
 	width = width < 10 ? 10 : width > 50 ? 50 : width;
-	bar(y++, 0, width, "ram", jnum(pool, "bytes_used"), jnum(pool, "bytes_total"));
-	nn = ctl_nodes(root, nodes, CTL_MAX_NODES);
+	bar(y++, 0, width, "ram", sdoc_num(pool, "bytes_used"), sdoc_num(pool, "bytes_total"));
+	nn = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
 	for (int i = 0; i < nn && nn > 1 && y < rows - 8; i++) {
 		char lab[24];
 
@@ -93,8 +93,9 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 	if (disk) {
 		char lab[24];
 
-		snprintf(lab, sizeof(lab), "disk %s", jstr(disk, "state"));
-		bar(y++, 0, width, lab, jnum(disk, "bytes_used"), jnum(disk, "bytes_total"));
+		snprintf(lab, sizeof(lab), "disk %s", sdoc_str(disk, "state"));
+		bar(y++, 0, width, lab, sdoc_num(disk, "bytes_used"),
+		    sdoc_num(disk, "bytes_total"));
 	} else {
 		mvprintw(y++, 0, "disk: off");
 	}
@@ -113,33 +114,24 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 		y++;
 	}
 	mvprintw(y++, 0, "dedup saved %s   evictions %.0f   errors %.0f",
-		 fmt_bytes(jnum(jobj(root, "counters"), "dedup_bytes"), d, sizeof(d)),
-		 jnum(jobj(root, "counters"), "evictions"), jnum(jobj(root, "counters"), "errors"));
+		 fmt_bytes(sdoc_num(sdoc_obj(root, "counters"), "dedup_bytes"), d, sizeof(d)),
+		 sdoc_num(sdoc_obj(root, "counters"), "evictions"),
+		 sdoc_num(sdoc_obj(root, "counters"), "errors"));
 	y++;
 	attron(A_REVERSE);
 	mvprintw(y++, 0, "%6s %8s  %-24s %-12s %10s %7s", "ID", "PID", "NAME", "NS", "OPS/S",
 		 "LEASES");
 	attroff(A_REVERSE);
-	cJSON_ArrayForEach(cl, jarr(root, "client_list"))
+	cJSON_ArrayForEach(cl, sdoc_arr(root, "client_list"))
 	{
-		char nsb[64] = "";
-		const cJSON *id;
-		size_t n = 0;
+		char nsb[64];
 
 		if (y >= rows - 1)
 			break;
-		cJSON_ArrayForEach(id, jarr(cl, "ns"))
-		{
-			int w = snprintf(nsb + n, sizeof(nsb) - n, "%s%.0f", n ? "," : "",
-					 id->valuedouble);
-
-			if (w < 0 || (size_t)w >= sizeof(nsb) - n)
-				break;
-			n += (size_t)w;
-		}
-		mvprintw(y++, 0, "%6.0f %8.0f  %-24.24s %-12.12s %10.0f %7.0f", jnum(cl, "id"),
-			 jnum(cl, "pid"), jstr(cl, "name"), n ? nsb : "-",
-			 ctl_client_ops_rate(prev, cl, r.dt), jnum(cl, "leases"));
+		mvprintw(y++, 0, "%6.0f %8.0f  %-24.24s %-12.12s %10.0f %7.0f", sdoc_num(cl, "id"),
+			 sdoc_num(cl, "pid"), sdoc_str(cl, "name"),
+			 ctl_ns_list(cl, nsb, sizeof(nsb)), ctl_client_ops_rate(prev, cl, r.dt),
+			 sdoc_num(cl, "leases"));
 	}
 	if (status[0])
 		mvprintw(rows - 1, 0, "%s", status);
@@ -233,16 +225,16 @@ int ctl_top_json(struct ctl *x, double interval)
 	else
 		cJSON_AddNullToObject(o, "hit_ratio");
 	arr = cJSON_AddArrayToObject(o, "clients");
-	cJSON_ArrayForEach(cl, jarr(b, "client_list"))
+	cJSON_ArrayForEach(cl, sdoc_arr(b, "client_list"))
 	{
 		cJSON *c = cJSON_CreateObject();
 
-		cJSON_AddNumberToObject(c, "id", jnum(cl, "id"));
-		cJSON_AddNumberToObject(c, "pid", jnum(cl, "pid"));
-		cJSON_AddStringToObject(c, "name", jstr(cl, "name"));
+		cJSON_AddNumberToObject(c, "id", sdoc_num(cl, "id"));
+		cJSON_AddNumberToObject(c, "pid", sdoc_num(cl, "pid"));
+		cJSON_AddStringToObject(c, "name", sdoc_str(cl, "name"));
 		cJSON_AddItemToObject(c, "ns", cJSON_Duplicate(cJSON_GetObjectItem(cl, "ns"), 1));
 		cJSON_AddNumberToObject(c, "ops_per_s", ctl_client_ops_rate(a, cl, r.dt));
-		cJSON_AddNumberToObject(c, "leases", jnum(cl, "leases"));
+		cJSON_AddNumberToObject(c, "leases", sdoc_num(cl, "leases"));
 		cJSON_AddItemToArray(arr, c);
 	}
 	ret = ctl_print_json(o);
