@@ -5,6 +5,7 @@
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -50,25 +51,49 @@ static cJSON *pool_json(const struct broker *b)
 	return p;
 }
 
-static int opened(const struct session *s, uint32_t ns)
+/*
+ * The next namespace id >= from that session s opened, or STORE_MAX_NS. Skips empty bytes of
+ * the bitmap, so walking a client's namespaces costs its 128 bytes plus one step per id.
+ */
+static uint32_t next_opened(const struct session *s, uint32_t from)
 {
-	return ns < STORE_MAX_NS && (s->ns_opened[ns / 8] & (1u << (ns % 8)));
+	for (uint32_t ns = from; ns < STORE_MAX_NS; ns++) {
+		if (!(ns % 8) && !s->ns_opened[ns / 8]) {
+			ns += 7;
+			continue;
+		}
+		if (s->ns_opened[ns / 8] & (1u << (ns % 8)))
+			return ns;
+	}
+	return STORE_MAX_NS;
 }
 
-/* Ring clients attached now that opened namespace ns. */
-static uint32_t ns_clients(const struct broker *b, uint32_t ns)
+#define for_each_opened(ns, s)                                                                     \
+	for (ns = next_opened(s, 0); ns < STORE_MAX_NS; ns = next_opened(s, ns + 1))
+
+/* Attached ring clients per namespace id (control connections open none). */
+static void ns_clients(const struct broker *b, uint32_t *count)
 {
 	struct list *pos;
-	uint32_t k = 0;
+	uint32_t ns;
 
-	list_for_each (pos, &b->sessions)
-		k += opened(list_entry(pos, struct session, link), ns);
-	return k;
+	list_for_each (pos, &b->sessions) {
+		const struct session *s = list_entry(pos, struct session, link);
+
+		for_each_opened(ns, s)
+		{
+			count[ns]++;
+		}
+	}
 }
 
 static cJSON *ns_json(const struct broker *b, uint64_t *dedup_bytes)
 {
+	static uint32_t clients[STORE_MAX_NS];
 	cJSON *arr = cJSON_CreateArray();
+
+	memset(clients, 0, sizeof(clients));
+	ns_clients(b, clients);
 
 	for (uint32_t i = 0; i < b->nst.count; i++) {
 		const struct ns *n = b->nst.ns[i];
@@ -94,7 +119,7 @@ static cJSON *ns_json(const struct broker *b, uint64_t *dedup_bytes)
 		num(o, "dedup", (double)n->c.dedup);
 		num(o, "gets", (double)n->c.gets);
 		num(o, "dedup_bytes", (double)saved);
-		num(o, "clients", ns_clients(b, n->id));
+		num(o, "clients", clients[n->id]);
 		*dedup_bytes += saved;
 		cJSON_AddItemToArray(arr, o);
 	}
@@ -132,12 +157,11 @@ static cJSON *counters_json(const struct broker *b)
 static void client_ns_json(cJSON *o, const struct session *s)
 {
 	cJSON *ids = cJSON_AddArrayToObject(o, "ns");
+	uint32_t ns;
 
-	for (uint32_t ns = 0, k = 0; ids && ns < STORE_MAX_NS && k < s->nns; ns++) {
-		if (opened(s, ns)) {
-			cJSON_AddItemToArray(ids, cJSON_CreateNumber(ns));
-			k++;
-		}
+	for_each_opened(ns, s)
+	{
+		cJSON_AddItemToArray(ids, cJSON_CreateNumber(ns));
 	}
 }
 
