@@ -256,6 +256,42 @@ int main(int argc, char **argv)
 	       "status text lacks node, disk or dedup lines:\n%s", out);
 	free(out);
 
+	/* A second rank of the same MLA engine shares the namespace; its counters are its own. */
+	{
+		kvb_client *c2 = harness_connect(b, "ctl-test-2", 0);
+		uint32_t ns2;
+		const cJSON *cl;
+		int seen = 0;
+
+		harness_layout(&l, "ctl-model", KVB_LAYOUT_MLA, 64, 8, 4, 1, PAGE / 64);
+		CHECK_OK(kvb_ns_open(c2, &l, &ns2, &pb));
+		CHECK_EQ(ns2, ns);
+		harness_fill(page, PAGE, &keys[0], 7);
+		CHECK_RC(kvb_put(c2, ns, keys[0], page, PAGE), 1);
+		root = run_json(b->sock, "clients --json");
+		CHECK_EQ(cJSON_GetArraySize(root), 2);
+		cJSON_ArrayForEach(cl, root)
+		{
+			const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(cl, "name"));
+
+			if (strcmp(name, "ctl-test-2"))
+				continue;
+			seen = 1;
+			CHECK_EQ(num(cl, "puts", NULL), 1);
+			CHECK_EQ(num(cl, "dedup", NULL), 1);
+			CHECK_EQ(num(cl, "bytes_in", NULL), 0);
+			CHECK_EQ(cJSON_GetArrayItem(cJSON_GetObjectItem(cl, "ns"), 0)->valuedouble,
+				 ns);
+		}
+		CHECK(seen);
+		cJSON_Delete(root);
+		root = run_json(b->sock, "ns --json");
+		CHECK_EQ(num(cJSON_GetArrayItem(root, 0), "clients", NULL), 2);
+		CHECK_EQ(num(cJSON_GetArrayItem(root, 0), "dedup_bytes", NULL), 4 * PAGE);
+		cJSON_Delete(root);
+		kvb_close(c2);
+	}
+
 	CHECK_OK(kvb_release(c, &lease));
 	kvb_close(c);
 	harness_broker_stop(b);
