@@ -6,7 +6,7 @@
  * loop thread alone, and the loop must never wait on a network peer. A scraper that sends its
  * request a byte at a time, or reads the reply slowly, would stall an HTTP parser run on the
  * loop, and the exposition text (tens of KiB with many namespaces and clients) would be built
- * there on every scrape. So libmicrohttpd runs its own thread (MHD_USE_INTERNAL_POLLING_THREAD)
+ * there on every scrape. So libmicrohttpd runs its own thread (MHD_USE_AUTO_INTERNAL_THREAD)
  * that accepts, parses and writes; the loop's only part is metrics_http_tick(): at most once a
  * second it renders the STATS document (stats_json(), the same walk a `kvbctl status` costs)
  * and swaps it in as the snapshot under a mutex, with trylock so the loop never waits either.
@@ -30,7 +30,6 @@
 #include <microhttpd.h>
 
 #include "broker.h"
-#include "log.h"
 #include "metrics.h"
 #include "metrics_http.h"
 
@@ -47,10 +46,12 @@ struct metrics_http {
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const char *type,
 			       char *body)
 {
-	struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body,
-								 MHD_RESPMEM_MUST_FREE);
+	struct MHD_Response *r;
 	enum MHD_Result ret;
 
+	if (!body)
+		return MHD_NO; /* out of memory: MHD closes the connection */
+	r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
 	if (!r) {
 		free(body);
 		return MHD_NO;
@@ -136,7 +137,12 @@ int metrics_http_start(const char *addr, struct metrics_http **out)
 		return -ENOMEM;
 	pthread_mutex_init(&m->lock, NULL);
 	v6 = ss.ss_family == AF_INET6;
-	m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
+	errno = 0; /* MHD leaves the bind's errno on failure; nothing stale */
+	/*
+	 * AUTO picks epoll on Linux: with many clients attached the broker's fds run past 1024,
+	 * which select(), MHD's default, cannot watch.
+	 */
+	m->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | (v6 ? MHD_USE_IPv6 : 0), 0, NULL,
 				NULL, on_request, m, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 				MHD_OPTION_CONNECTION_LIMIT, 32u, MHD_OPTION_CONNECTION_TIMEOUT,
 				10u, MHD_OPTION_END);
