@@ -175,56 +175,6 @@ const char *fmt_pct(double num, double den, char *buf, size_t len)
 	return buf;
 }
 
-static double delta(const cJSON *a, const cJSON *b, const char *name)
-{
-	return sdoc_num(b, name) - sdoc_num(a, name);
-}
-
-int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r)
-{
-	const cJSON *pc = sdoc_obj(prev, "counters"), *cc = sdoc_obj(cur, "counters");
-	const cJSON *pd = sdoc_obj(prev, "disk"), *cd = sdoc_obj(cur, "disk"), *cl;
-	double h, m;
-
-	memset(r, 0, sizeof(*r));
-	r->hit_ratio = -1;
-	r->dt = sdoc_num(cur, "uptime_s") - sdoc_num(prev, "uptime_s");
-	if (!prev || sdoc_num(prev, "pid") != sdoc_num(cur, "pid") || r->dt <= 0) {
-		r->dt = 0;
-		return -1;
-	}
-	r->puts = delta(pc, cc, "puts") / r->dt;
-	r->gets = (delta(pc, cc, "gets") + delta(pc, cc, "acquires")) / r->dt;
-	r->bytes_in = delta(pc, cc, "bytes_in") / r->dt;
-	r->bytes_out = delta(pc, cc, "bytes_out") / r->dt;
-	r->evictions = delta(pc, cc, "evictions") / r->dt;
-	r->disk_reads = delta(pd, cd, "reads") / r->dt;
-	r->disk_writes = delta(pd, cd, "writes") / r->dt;
-	h = delta(pc, cc, "hits");
-	m = delta(pc, cc, "misses");
-	if (h + m > 0)
-		r->hit_ratio = h / (h + m);
-	cJSON_ArrayForEach(cl, sdoc_arr(cur, "client_list"))
-	{
-		r->ops += ctl_client_ops_rate(prev, cl, r->dt);
-	}
-	return 0;
-}
-
-double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt)
-{
-	const cJSON *p;
-
-	if (dt <= 0)
-		return 0;
-	cJSON_ArrayForEach(p, sdoc_arr(prev, "client_list"))
-	{
-		if (sdoc_num(p, "id") == sdoc_num(client, "id"))
-			return (sdoc_num(client, "ops") - sdoc_num(p, "ops")) / dt;
-	}
-	return 0;
-}
-
 /* ---- the --json shape guarantee ---- */
 
 static void need(cJSON *o, const char *where, const char *name, int type)

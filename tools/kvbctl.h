@@ -31,17 +31,6 @@ void ctl_disconnect(struct ctl *x);
 const char *fmt_bytes(double b, char *buf, size_t len);
 const char *fmt_pct(double num, double den, char *buf, size_t len);
 
-/* Rates between two stats documents of the same broker (per second). */
-struct ctl_rates {
-	double dt;
-	double puts, gets, ops, bytes_in, bytes_out, evictions, disk_reads, disk_writes;
-	double hit_ratio; /* over the interval; < 0 when no GET/ACQUIRE happened */
-};
-/* 0, or -1 when prev is not an earlier document of the same broker process. */
-int ctl_rates(const cJSON *prev, const cJSON *cur, struct ctl_rates *r);
-/* ops/s of the client with cur's id in prev (0 when it is new). */
-double ctl_client_ops_rate(const cJSON *prev, const cJSON *client, double dt);
-
 /* A client's namespace ids as "0,3", "-" when none. */
 const char *ctl_ns_list(const cJSON *client, char *buf, size_t len);
 

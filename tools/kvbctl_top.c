@@ -46,6 +46,65 @@ static const char *fmt_rate(double v, const char *unit, char *buf, size_t len)
 	return buf;
 }
 
+/* Rates between two stats documents of the same broker (per second). */
+struct rates {
+	double dt;
+	double puts, gets, ops, bytes_in, bytes_out, evictions, disk_reads, disk_writes;
+	double hit_ratio; /* over the interval; < 0 when no GET/ACQUIRE happened */
+};
+
+/* ops/s of the client with client's id in prev (0 when it is new). */
+static double client_ops_rate(const cJSON *prev, const cJSON *client, double dt)
+{
+	const cJSON *p;
+
+	if (dt <= 0)
+		return 0;
+	cJSON_ArrayForEach(p, sdoc_arr(prev, "client_list"))
+	{
+		if (sdoc_num(p, "id") == sdoc_num(client, "id"))
+			return (sdoc_num(client, "ops") - sdoc_num(p, "ops")) / dt;
+	}
+	return 0;
+}
+
+static double delta(const cJSON *a, const cJSON *b, const char *name)
+{
+	return sdoc_num(b, name) - sdoc_num(a, name);
+}
+
+/* 0, or -1 when prev is not an earlier document of the same broker process. */
+static int rates_between(const cJSON *prev, const cJSON *cur, struct rates *r)
+{
+	const cJSON *pc = sdoc_obj(prev, "counters"), *cc = sdoc_obj(cur, "counters");
+	const cJSON *pd = sdoc_obj(prev, "disk"), *cd = sdoc_obj(cur, "disk"), *cl;
+	double h, m;
+
+	memset(r, 0, sizeof(*r));
+	r->hit_ratio = -1;
+	r->dt = sdoc_num(cur, "uptime_s") - sdoc_num(prev, "uptime_s");
+	if (!prev || sdoc_num(prev, "pid") != sdoc_num(cur, "pid") || r->dt <= 0) {
+		r->dt = 0;
+		return -1;
+	}
+	r->puts = delta(pc, cc, "puts") / r->dt;
+	r->gets = (delta(pc, cc, "gets") + delta(pc, cc, "acquires")) / r->dt;
+	r->bytes_in = delta(pc, cc, "bytes_in") / r->dt;
+	r->bytes_out = delta(pc, cc, "bytes_out") / r->dt;
+	r->evictions = delta(pc, cc, "evictions") / r->dt;
+	r->disk_reads = delta(pd, cd, "reads") / r->dt;
+	r->disk_writes = delta(pd, cd, "writes") / r->dt;
+	h = delta(pc, cc, "hits");
+	m = delta(pc, cc, "misses");
+	if (h + m > 0)
+		r->hit_ratio = h / (h + m);
+	cJSON_ArrayForEach(cl, sdoc_arr(cur, "client_list"))
+	{
+		r->ops += client_ops_rate(prev, cl, r->dt);
+	}
+	return 0;
+}
+
 /* "[#####.....] 45.2%  28.9 MiB / 64.0 MiB" at (y, x), the bar width columns wide. */
 static void bar(int y, int x, int width, const char *label, double used, double total)
 {
@@ -65,7 +124,7 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 {
 	const cJSON *pool = sdoc_obj(root, "pool"), *disk = sdoc_disk(root), *cl;
 	struct sdoc_node nodes[SDOC_MAX_NODES];
-	struct ctl_rates r;
+	struct rates r;
 	int rows = LINES, cols = COLS, y = 0, nn, width;
 	char a[32], b[32], c[32], d[32];
 
@@ -100,7 +159,7 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 		mvprintw(y++, 0, "disk: off");
 	}
 	y++;
-	if (ctl_rates(prev, root, &r) == 0) {
+	if (rates_between(prev, root, &r) == 0) {
 		mvprintw(y++, 0, "puts/s %-9.0f gets/s %-9.0f ops/s %-9.0f hit rate %s", r.puts,
 			 r.gets, r.ops,
 			 r.hit_ratio < 0 ? "-" : fmt_pct(r.hit_ratio, 1, a, sizeof(a)));
@@ -130,7 +189,7 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 			break;
 		mvprintw(y++, 0, "%6.0f %8.0f  %-24.24s %-12.12s %10.0f %7.0f", sdoc_num(cl, "id"),
 			 sdoc_num(cl, "pid"), sdoc_str(cl, "name"),
-			 ctl_ns_list(cl, nsb, sizeof(nsb)), ctl_client_ops_rate(prev, cl, r.dt),
+			 ctl_ns_list(cl, nsb, sizeof(nsb)), client_ops_rate(prev, cl, r.dt),
 			 sdoc_num(cl, "leases"));
 	}
 	if (status[0])
@@ -198,7 +257,7 @@ int ctl_top_json(struct ctl *x, double interval)
 			      (long)((interval - (double)(time_t)interval) * 1e9)};
 	cJSON *a = NULL, *b = NULL, *o = NULL, *arr;
 	const cJSON *cl;
-	struct ctl_rates r;
+	struct rates r;
 	int ret = 1;
 
 	if (ctl_fetch(x, &a, 0) < 0)
@@ -206,7 +265,7 @@ int ctl_top_json(struct ctl *x, double interval)
 	nanosleep(&ts, NULL);
 	if (ctl_fetch(x, &b, 0) < 0)
 		goto out;
-	if (ctl_rates(a, b, &r) < 0) {
+	if (rates_between(a, b, &r) < 0) {
 		fprintf(stderr, "%s: the broker restarted between the two samples\n", ctl_prog);
 		goto out;
 	}
@@ -233,7 +292,7 @@ int ctl_top_json(struct ctl *x, double interval)
 		cJSON_AddNumberToObject(c, "pid", sdoc_num(cl, "pid"));
 		cJSON_AddStringToObject(c, "name", sdoc_str(cl, "name"));
 		cJSON_AddItemToObject(c, "ns", cJSON_Duplicate(cJSON_GetObjectItem(cl, "ns"), 1));
-		cJSON_AddNumberToObject(c, "ops_per_s", ctl_client_ops_rate(a, cl, r.dt));
+		cJSON_AddNumberToObject(c, "ops_per_s", client_ops_rate(a, cl, r.dt));
 		cJSON_AddNumberToObject(c, "leases", sdoc_num(cl, "leases"));
 		cJSON_AddItemToArray(arr, c);
 	}
