@@ -33,6 +33,7 @@ static void plan_usage(FILE *f)
 		"  --head-dim N        mha/gqa: elements per head\n"
 		"  --dtype T           KV cache type: bf16, fp16, fp8, fp32 (default bf16)\n"
 		"  --weights SIZE      model weights, all ranks (with --gpu-mem; presets know it)\n"
+		"                      (these flags override a preset's values)\n"
 		"deployment:\n"
 		"  --tp N              tensor-parallel ranks per engine (default 1)\n"
 		"  --gpu-tokens N      KV tokens one GPU holds (as the engine logs it), or:\n"
@@ -233,6 +234,25 @@ static void plan_text(const struct plan_in *in, const struct plan_out *o)
 		       m->attn == PLAN_MLA ? "one rank" : "MHA/GQA ranks hold different KV heads");
 }
 
+/* Explicit model flags (non-zero fields of o) over a preset's values. */
+static void override(struct plan_model *m, const struct plan_model *o)
+{
+	if (o->attn)
+		m->attn = o->attn;
+	if (o->layers)
+		m->layers = o->layers;
+	if (o->latent_dim)
+		m->latent_dim = o->latent_dim;
+	if (o->kv_heads)
+		m->kv_heads = o->kv_heads;
+	if (o->head_dim)
+		m->head_dim = o->head_dim;
+	if (o->dtype_bytes)
+		m->dtype_bytes = o->dtype_bytes;
+	if (o->weight_bytes)
+		m->weight_bytes = o->weight_bytes;
+}
+
 int ctl_plan(int argc, char **argv, int json)
 {
 	enum {
@@ -279,12 +299,13 @@ int ctl_plan(int argc, char **argv, int json)
 		{NULL, 0, NULL, 0},
 	};
 	struct plan_in in = {.tp = 1, .mem_fraction = 0.85, .req_tokens = 4096, .page_tokens = 64};
+	struct plan_model over = {0}; /* explicit flags, over the preset whatever their order */
+	const struct plan_model *preset = NULL;
 	struct plan_out out;
 	uint64_t v;
 	char *end;
 	int o, err = 0;
 
-	in.m.dtype_bytes = 2;
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (o) {
@@ -296,24 +317,24 @@ int ctl_plan(int argc, char **argv, int json)
 					ctl_prog, optarg);
 				return 2;
 			}
-			in.m = *p;
+			preset = p;
 			break;
 		}
 		case O_ATTN:
 			if (!strcmp(optarg, "mla"))
-				in.m.attn = PLAN_MLA;
+				over.attn = PLAN_MLA;
 			else if (!strcmp(optarg, "mha") || !strcmp(optarg, "gqa") ||
 				 !strcmp(optarg, "mqa"))
-				in.m.attn = PLAN_MHA;
+				over.attn = PLAN_MHA;
 			else
 				err = -EINVAL;
 			break;
 		case O_DTYPE:
-			in.m.dtype_bytes = !strcmp(optarg, "bf16") || !strcmp(optarg, "fp16") ? 2
+			over.dtype_bytes = !strcmp(optarg, "bf16") || !strcmp(optarg, "fp16") ? 2
 					   : !strcmp(optarg, "fp8")			      ? 1
 					   : !strcmp(optarg, "fp32")			      ? 4
 											      : 0;
-			err = in.m.dtype_bytes ? 0 : -EINVAL;
+			err = over.dtype_bytes ? 0 : -EINVAL;
 			break;
 		case O_LAYERS:
 		case O_KVDIM:
@@ -324,10 +345,10 @@ int ctl_plan(int argc, char **argv, int json)
 			err = parse_u64(optarg, &v);
 			if (!err && (!v || v > UINT32_MAX))
 				err = -EINVAL;
-			*(o == O_LAYERS	 ? &in.m.layers
-			  : o == O_KVDIM ? &in.m.latent_dim
-			  : o == O_HEADS ? &in.m.kv_heads
-			  : o == O_HDIM	 ? &in.m.head_dim
+			*(o == O_LAYERS	 ? &over.layers
+			  : o == O_KVDIM ? &over.latent_dim
+			  : o == O_HEADS ? &over.kv_heads
+			  : o == O_HDIM	 ? &over.head_dim
 			  : o == O_TP	 ? &in.tp
 					 : &in.page_tokens) = (uint32_t)v;
 			break;
@@ -338,7 +359,7 @@ int ctl_plan(int argc, char **argv, int json)
 			err = parse_u64(optarg, &in.req_tokens);
 			break;
 		case O_WEIGHTS:
-			err = parse_size(optarg, &in.m.weight_bytes);
+			err = parse_size(optarg, &over.weight_bytes);
 			break;
 		case O_GPUMEM:
 			err = parse_size(optarg, &in.gpu_bytes);
@@ -381,6 +402,11 @@ int ctl_plan(int argc, char **argv, int json)
 		fprintf(stderr, "%s plan: unexpected argument '%s'\n", ctl_prog, argv[optind]);
 		return 2;
 	}
+	if (preset)
+		in.m = *preset;
+	else
+		in.m.dtype_bytes = 2;
+	override(&in.m, &over);
 	if (!in.m.attn || !in.m.layers) {
 		fprintf(stderr, "%s plan: name a --model, or give --attention and --layers\n",
 			ctl_prog);
