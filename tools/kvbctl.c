@@ -58,6 +58,8 @@ static void usage(FILE *f)
 		"  --json          JSON for scripts: status/metrics the whole stats document,\n"
 		"                  clients/ns/map their part, top one sample of the rates\n"
 		"  --interval S    top: seconds between refreshes (default 1)\n"
+		"  --stats-file F  render a saved `status --json` document instead of asking a\n"
+		"                  broker (all commands but top)\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"exit status: 0 ok, 1 broker not reachable or bad reply, 2 usage error\n");
@@ -308,7 +310,7 @@ static void print_disk(const cJSON *root)
 	       sdoc_num(d, "dropped"), sdoc_num(d, "scan_seconds"));
 }
 
-static void print_status(const cJSON *root, const char *path)
+static void print_status(const cJSON *root, const char *path, int from_file)
 {
 	const cJSON *pool = sdoc_obj(root, "pool");
 	const cJSON *ctr = sdoc_obj(root, "counters");
@@ -320,8 +322,9 @@ static void print_status(const cJSON *root, const char *path)
 	char a[32], b[32], c[32], d[32];
 	int nn = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
 
-	printf("kvbrokerd %s  pid %.0f  up %.1f s  socket %s\n", sdoc_str(root, "version"),
-	       sdoc_num(root, "pid"), sdoc_num(root, "uptime_s"), path);
+	printf("kvbrokerd %s  pid %.0f  up %.1f s  %s %s\n", sdoc_str(root, "version"),
+	       sdoc_num(root, "pid"), sdoc_num(root, "uptime_s"), from_file ? "file" : "socket",
+	       path);
 	if (*sdoc_str(root, "metrics_listen"))
 		printf("metrics    http://%s/metrics\n", sdoc_str(root, "metrics_listen"));
 	printf("ram        %s used of %s (%s), %.0f pages, %.0f pinned",
@@ -575,66 +578,43 @@ static int print_part(const cJSON *root, const char *name)
 
 static const char *const commands[] = {"status", "clients", "ns", "map", "metrics", "top", "plan"};
 
-int main(int argc, char **argv)
+struct cli {
+	const char *sock, *file;
+	int json;
+	double interval;
+};
+
+/*
+ * kvbctl's options, before the command (spec "+...": stop at it) and after it. Returns -1 to
+ * go on, else the exit status (0 after --help, 2 on a usage error).
+ */
+static int parse_opts(int argc, char **argv, const char *spec, struct cli *o)
 {
 	static const struct option lopts[] = {
 		{"socket", required_argument, NULL, 's'},
 		{"json", no_argument, NULL, 'j'},
 		{"interval", required_argument, NULL, 'i'},
+		{"stats-file", required_argument, NULL, 'f'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *sock_flag = NULL, *cmd = NULL;
-	struct ctl x = {0};
-	double interval = 1.0;
-	cJSON *root = NULL;
-	int json = 0, opt, ret = 1, known = 0;
 	char *end;
+	int opt;
 
-	/* Options before the command, then the command; plan parses the rest itself. */
-	while ((opt = getopt_long(argc, argv, "+s:jh", lopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, spec, lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
-			sock_flag = optarg;
+			o->sock = optarg;
+			break;
+		case 'f':
+			o->file = optarg;
 			break;
 		case 'j':
-			json = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (optind < argc)
-		cmd = argv[optind];
-	for (size_t i = 0; cmd && i < sizeof(commands) / sizeof(commands[0]); i++)
-		known |= !strcmp(cmd, commands[i]);
-	if (!known) {
-		if (cmd)
-			fprintf(stderr, "%s: unknown command '%s'\n", ctl_prog, cmd);
-		usage(stderr);
-		return 2;
-	}
-	if (!strcmp(cmd, "plan"))
-		return ctl_plan(argc - optind, argv + optind, json);
-	/* Options after the command too ("kvbctl status --json"). */
-	argc -= optind;
-	argv += optind;
-	optind = 1;
-	while ((opt = getopt_long(argc, argv, "s:jh", lopts, NULL)) != -1) {
-		switch (opt) {
-		case 's':
-			sock_flag = optarg;
-			break;
-		case 'j':
-			json = 1;
+			o->json = 1;
 			break;
 		case 'i':
-			interval = strtod(optarg, &end);
-			if (*end || !(interval >= 0.05 && interval <= 3600)) {
+			o->interval = strtod(optarg, &end);
+			if (*end || !(o->interval >= 0.05 && o->interval <= 3600)) {
 				fprintf(stderr, "%s: --interval: seconds, 0.05 to 3600\n",
 					ctl_prog);
 				return 2;
@@ -648,33 +628,118 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	return -1;
+}
+
+/* A stats document saved earlier (status --json), for rendering it offline. */
+static cJSON *read_stats_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	size_t cap = 1 << 16, len = 0, n;
+	char *buf = malloc(cap);
+	cJSON *root = NULL;
+
+	if (!f || !buf) {
+		fprintf(stderr, "%s: %s: %s\n", ctl_prog, path,
+			f ? "out of memory" : strerror(errno));
+		goto out;
+	}
+	while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+		len += n;
+		if (len == cap - 1) {
+			char *nb = realloc(buf, cap * 2);
+
+			if (!nb)
+				goto out;
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	buf[len] = '\0';
+	root = cJSON_Parse(buf);
+	if (!cJSON_IsObject(root)) {
+		fprintf(stderr, "%s: %s is not a stats document (JSON object)\n", ctl_prog, path);
+		cJSON_Delete(root);
+		root = NULL;
+	}
+out:
+	if (f)
+		fclose(f);
+	free(buf);
+	return root;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli o = {.interval = 1.0};
+	struct ctl x = {0};
+	const char *cmd = NULL;
+	cJSON *root = NULL;
+	int ret, known = 0;
+
+	/* Options before the command, then the command; plan parses the rest itself. */
+	ret = parse_opts(argc, argv, "+s:jhf:", &o);
+	if (ret >= 0)
+		return ret;
+	if (optind < argc)
+		cmd = argv[optind];
+	for (size_t i = 0; cmd && i < sizeof(commands) / sizeof(commands[0]); i++)
+		known |= !strcmp(cmd, commands[i]);
+	if (!known) {
+		if (cmd)
+			fprintf(stderr, "%s: unknown command '%s'\n", ctl_prog, cmd);
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(cmd, "plan"))
+		return ctl_plan(argc - optind, argv + optind, o.json);
+	/* Options after the command too ("kvbctl status --json"). */
+	argc -= optind;
+	argv += optind;
+	optind = 1;
+	ret = parse_opts(argc, argv, "s:jhf:", &o);
+	if (ret >= 0)
+		return ret;
 	if (optind < argc) {
 		fprintf(stderr, "%s: unexpected argument '%s'\n", ctl_prog, argv[optind]);
 		usage(stderr);
 		return 2;
 	}
-
-	socket_path(sock_flag, x.path, sizeof(x.path));
-	if (ctl_connect(&x, 0) < 0)
-		return 1;
-	if (!strcmp(cmd, "top")) {
-		ret = json ? ctl_top_json(&x, interval) : ctl_top(&x, interval);
-		goto out;
+	ret = 1;
+	socket_path(o.sock, x.path, sizeof(x.path));
+	if (o.file) {
+		if (!strcmp(cmd, "top")) {
+			fprintf(stderr, "%s: top needs a live broker, not --stats-file\n",
+				ctl_prog);
+			return 2;
+		}
+		snprintf(x.path, sizeof(x.path), "%s", o.file);
+		root = read_stats_file(o.file);
+		if (!root)
+			return 1;
+	} else {
+		if (ctl_connect(&x, 0) < 0)
+			return 1;
+		if (!strcmp(cmd, "top")) {
+			ret = o.json ? ctl_top_json(&x, o.interval) : ctl_top(&x, o.interval);
+			goto out;
+		}
+		if (ctl_fetch(&x, &root, 0) < 0)
+			goto out;
 	}
-	if (ctl_fetch(&x, &root, 0) < 0)
-		goto out;
 	ensure_shape(root);
 
 	if (!strcmp(cmd, "status"))
-		ret = json ? ctl_print_json(root) : (print_status(root, x.path), 0);
+		ret = o.json ? ctl_print_json(root)
+			     : (print_status(root, x.path, o.file != NULL), 0);
 	else if (!strcmp(cmd, "clients"))
-		ret = json ? print_part(root, "client_list") : (print_clients(root), 0);
+		ret = o.json ? print_part(root, "client_list") : (print_clients(root), 0);
 	else if (!strcmp(cmd, "ns"))
-		ret = json ? print_part(root, "namespaces") : (print_ns(root), 0);
+		ret = o.json ? print_part(root, "namespaces") : (print_ns(root), 0);
 	else if (!strcmp(cmd, "map"))
-		ret = json ? print_part(root, "map") : (print_map(root), 0);
+		ret = o.json ? print_part(root, "map") : (print_map(root), 0);
 	else
-		ret = json ? ctl_print_json(root) : print_metrics(root);
+		ret = o.json ? ctl_print_json(root) : print_metrics(root);
 out:
 	cJSON_Delete(root);
 	ctl_disconnect(&x);
