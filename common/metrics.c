@@ -89,16 +89,22 @@ static void value(struct mbuf *m, double v)
 		put(m, "%.9g\n", v);
 }
 
-/* A label value with \\, \" and \n escaped, as the format requires. */
+/*
+ * A label value with \\, \" and \n escaped, as the format requires. Client names and model
+ * names come from clients: any other control byte or non-ASCII byte becomes '?', so no name
+ * can make the exposition invalid UTF-8 and fail the whole scrape.
+ */
 static void label_value(struct mbuf *m, const char *s)
 {
 	for (; *s; s++) {
-		if (*s == '\\' || *s == '"')
-			put(m, "\\%c", *s);
-		else if (*s == '\n')
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '\\' || c == '"')
+			put(m, "\\%c", c);
+		else if (c == '\n')
 			put(m, "\\n");
 		else
-			put(m, "%c", *s);
+			put(m, "%c", c >= 0x20 && c < 0x7f ? c : '?');
 	}
 }
 

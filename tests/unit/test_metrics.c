@@ -35,7 +35,7 @@ static const char full_doc[] =
 	"\"counters\":{\"puts\":9,\"gets\":6,\"hits\":5,\"misses\":1,\"dedup\":6,\"evictions\":2,"
 	"\"errors\":0,\"bytes_in\":1200,\"bytes_out\":2400,\"dedup_bytes\":2400},"
 	"\"client_list\":[{\"id\":3,\"pid\":99,\"name\":\"rank\\n0\",\"leases\":1,\"ops\":20,"
-	"\"puts\":9,\"gets\":6}]}";
+	"\"puts\":9,\"gets\":6},{\"id\":4,\"pid\":98,\"name\":\"bad\\u0001\xff\",\"ops\":1}]}";
 
 static char *render(const char *doc)
 {
@@ -88,6 +88,8 @@ static void test_metrics_disk_and_numa(void **state)
 	       "kind=\"mla\"} 2400\n");
 	has(t, "kvbroker_ns_clients{ns=\"0\"");
 	has(t, "kvbroker_client_ops_total{client=\"3\",pid=\"99\",name=\"rank\\n0\"} 20\n");
+	/* Control and non-ASCII bytes of a client-chosen name cannot break the scrape. */
+	has(t, "kvbroker_client_ops_total{client=\"4\",pid=\"98\",name=\"bad??\"} 1\n");
 	/* Families whose source fields are absent are left out. */
 	assert_null(strstr(t, "kvbroker_client_bytes_in_total"));
 	free(t);
