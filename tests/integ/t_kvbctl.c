@@ -9,46 +9,19 @@
  * exits 1.
  */
 #include <cjson/cJSON.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "harness.h"
 #include "metrics.h"
 
 #define PAGE (64u * 1024)
 
-static char kvbctl[PATH_MAX];
-
 /* Runs kvbctl with args; returns its exit code and its stdout+stderr in *out (free it). */
 static int run(const char *args, char **out)
 {
-	char cmd[PATH_MAX + 512];
-	size_t cap = 1 << 16, len = 0, n;
-	char *buf = malloc(cap);
-	FILE *p;
-	int st;
-
-	CHECK(buf != NULL);
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", kvbctl, args);
-	p = popen(cmd, "r");
-	CHECK(p != NULL);
-	while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-		len += n;
-		if (len == cap - 1) {
-			char *nb = realloc(buf, cap * 2);
-
-			CHECK(nb != NULL);
-			buf = nb;
-			cap *= 2;
-		}
-	}
-	buf[len] = '\0';
-	st = pclose(p);
-	*out = buf;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+	return harness_run_tool("kvbctl", args, out);
 }
 
 /* kvbctl ARGS as JSON; fails the test unless it exits 0 and prints JSON. cJSON_Delete it. */
@@ -98,11 +71,8 @@ int main(int argc, char **argv)
 	size_t pb;
 	char args[256], *out;
 	cJSON *root, *nss, *n0;
-	char tmp[PATH_MAX];
 
 	harness_init(argc, argv);
-	snprintf(tmp, sizeof(tmp), "%s", argv[0]);
-	snprintf(kvbctl, sizeof(kvbctl), "%s/../bin/kvbctl", dirname(tmp));
 	b = harness_broker_start("--pool", "64M");
 	c = harness_connect(b, "ctl-test", 0);
 	harness_layout(&l, "ctl-model", KVB_LAYOUT_MLA, 64, 8, 3, 1, PAGE / 64);

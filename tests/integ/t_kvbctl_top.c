@@ -4,7 +4,6 @@
  * the pool bar and the attached client, keeps refreshing, survives a broker restart by
  * reconnecting (showing the new broker's pid), and quits with `q`, exit 0, terminal restored.
  */
-#include <libgen.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
@@ -61,7 +60,7 @@ int main(int argc, char **argv)
 	struct winsize ws = {.ws_row = 40, .ws_col = 120};
 	struct harness_broker *b, *b2;
 	struct kvb_layout l;
-	char kvbctl[PATH_MAX], tmp[PATH_MAX], pid[32], sock[sizeof(b->sock)];
+	char kvbctl[PATH_MAX], pid[32], sock[sizeof(b->sock)];
 	kvb_client *c;
 	uint8_t *page;
 	uint32_t ns;
@@ -70,8 +69,7 @@ int main(int argc, char **argv)
 	int fd, st = 0;
 
 	harness_init(argc, argv);
-	snprintf(tmp, sizeof(tmp), "%s", argv[0]);
-	snprintf(kvbctl, sizeof(kvbctl), "%s/../bin/kvbctl", dirname(tmp));
+	harness_bin_path("kvbctl", kvbctl, sizeof(kvbctl));
 	b = harness_broker_start("--pool", "64M");
 	snprintf(sock, sizeof(sock), "%s", b->sock);
 	c = harness_connect(b, "top-client", 0);

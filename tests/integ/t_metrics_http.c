@@ -9,22 +9,18 @@
  */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
-#include <libgen.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "metrics.h"
 
 #define PAGE (16u * 1024)
-
-static char bindir[PATH_MAX];
 
 /* An HTTP/1.0 request to 127.0.0.1:port; returns the status code, *resp the whole reply. */
 static int http(int port, const char *method, const char *path, char **resp)
@@ -89,24 +85,6 @@ static char *types(const char *text)
 	return out;
 }
 
-static char *kvbctl_metrics(const char *sock)
-{
-	char cmd[PATH_MAX + 256];
-	size_t cap = 1 << 18, len = 0, n;
-	char *buf = malloc(cap);
-	FILE *p;
-
-	CHECK(buf != NULL);
-	snprintf(cmd, sizeof(cmd), "%s/kvbctl --socket %s metrics", bindir, sock);
-	p = popen(cmd, "r");
-	CHECK(p != NULL);
-	while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0)
-		len += n;
-	buf[len] = '\0';
-	CHECK_EQ(pclose(p), 0);
-	return buf;
-}
-
 int main(int argc, char **argv)
 {
 	struct harness_broker *b;
@@ -115,15 +93,13 @@ int main(int argc, char **argv)
 	uint32_t ns;
 	size_t pb;
 	uint8_t *page;
-	char *js, *resp, *kt, *t1, *t2, err[256], cmd[3 * PATH_MAX], tmp[PATH_MAX];
+	char *js, *resp, *kt, *t1, *t2, err[256], cmd[2 * PATH_MAX];
 	const char *addr, *colon;
 	int port, stall, found = 0;
 	uint64_t t0;
 	cJSON *root;
 
 	harness_init(argc, argv);
-	snprintf(tmp, sizeof(tmp), "%s", argv[0]);
-	snprintf(bindir, sizeof(bindir), "%s/../bin", dirname(tmp));
 	b = harness_broker_start("--pool", "64M", "--metrics-listen", "127.0.0.1:0");
 	c = harness_connect(b, "scraped", 0);
 
@@ -174,7 +150,8 @@ int main(int argc, char **argv)
 	CHECK(strstr(body(resp), "kvbroker_client_puts_total{client=") != NULL);
 
 	/* One generator: the HTTP endpoint and kvbctl metrics declare the same families. */
-	kt = kvbctl_metrics(b->sock);
+	snprintf(cmd, sizeof(cmd), "--socket %s metrics", b->sock);
+	CHECK_EQ(harness_run_tool("kvbctl", cmd, &kt), 0);
 	t1 = types(body(resp));
 	t2 = types(kt);
 	CHECKF(!strcmp(t1, t2), "families differ:\nHTTP:\n%s\nkvbctl:\n%s", t1, t2);
@@ -216,9 +193,9 @@ int main(int argc, char **argv)
 
 	/* A bad address is a start-up error, not a broker without metrics. */
 	snprintf(cmd, sizeof(cmd),
-		 "%s/kvbrokerd --socket %s/bad.sock --pool 16M --metrics-listen 127.0.0.1:notaport "
-		 ">/dev/null 2>&1",
-		 bindir, b->dir);
-	CHECK_EQ(WEXITSTATUS(system(cmd)), 1);
+		 "--socket %s/bad.sock --pool 16M --metrics-listen 127.0.0.1:notaport", b->dir);
+	CHECK_EQ(harness_run_tool("kvbrokerd", cmd, &resp), 1);
+	CHECKF(strstr(resp, "--metrics-listen 127.0.0.1:notaport"), "no reason given:\n%s", resp);
+	free(resp);
 	return H_PASS;
 }
