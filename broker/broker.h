@@ -141,8 +141,12 @@ void ops_release_all(struct broker *b, struct session *s);
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
-/* stats.c: adds to s->c what one op changed in the global counters (before: a copy of b->ctr). */
-void stats_account(struct session *s, const struct counters *before, const struct counters *now);
+/*
+ * stats.c: adds to s->c what one op changed in the global counters (before: a copy of b->ctr
+ * taken as it started) and, from its result res, whether it failed (a miss is no failure).
+ */
+void stats_account(struct session *s, const struct counters *before, const struct counters *now,
+		   int32_t res);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
 

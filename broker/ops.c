@@ -488,7 +488,7 @@ void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, st
 		break;
 	}
 out:
+	stats_account(s, &before, &b->ctr, cqe->res);
 	if (cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
-	stats_account(s, &before, &b->ctr);
 }

@@ -4,6 +4,7 @@
  * kvbctl). The shape is documented in docs/protocol.md; fields are only ever added. Loop thread.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -165,14 +166,15 @@ static void client_ns_json(cJSON *o, const struct session *s)
 	}
 }
 
-void stats_account(struct session *s, const struct counters *before, const struct counters *now)
+void stats_account(struct session *s, const struct counters *before, const struct counters *now,
+		   int32_t res)
 {
 	s->c.puts += now->puts - before->puts;
 	s->c.gets += now->gets - before->gets + now->acquires - before->acquires;
 	s->c.hits += now->hits - before->hits;
 	s->c.misses += now->misses - before->misses;
 	s->c.dedup += now->dedup - before->dedup;
-	s->c.errors += now->errors - before->errors;
+	s->c.errors += res < 0 && res != -ENOENT;
 	s->c.bytes_in += now->bytes_in - before->bytes_in;
 	s->c.bytes_out += now->bytes_out - before->bytes_out;
 }
