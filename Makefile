@@ -23,7 +23,7 @@ else
 Q := @
 endif
 
-PKGS := liburing numa libcrypto libcjson libmicrohttpd ncursesw
+PKGS := liburing numa libcrypto libcjson
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
 	-Wimplicit-fallthrough -Wcast-qual -Wwrite-strings -Wundef
 ifneq ($(CI),)
@@ -51,6 +51,8 @@ ifneq ($(MODE),release)
 override CFLAGS += -DKVB_TEST_HOOKS
 endif
 
+# kvbctl top (ncurses) and kvbrokerd --metrics-listen (libmicrohttpd).
+PKGS += libmicrohttpd ncursesw
 DEPS_STAMP := build/.deps-ok
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -121,12 +123,13 @@ $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
+$(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
+# kvbctl is several files plus common/ (an explicit rule wins over $(B)/bin/%).
+$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
