@@ -49,6 +49,9 @@ static void usage(FILE *f)
 		"  --low-watermark PCT    background eviction stops here (default 90)\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
+		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
+		"is\n"
+		"                         HOST:PORT or PORT (loopback), e.g. 127.0.0.1:9464\n"
 		"  --max-clients N        attached clients (default 1024)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
@@ -57,9 +60,6 @@ static void usage(FILE *f)
 		"                         reserved either way; first PUTs then pay minor faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
-		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
-		"is\n"
-		"                         HOST:PORT or PORT (loopback), e.g. 127.0.0.1:9464\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
@@ -162,6 +162,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_HIGH,
 		O_LOW,
 		O_POLL,
+		O_METRICS,
 		O_MAXC,
 		O_MAXL,
 		O_ARG,
@@ -169,8 +170,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LOG,
 		O_HELP,
 		O_MAXBUF,
-		O_NOPREFAULT,
-		O_METRICS
+		O_NOPREFAULT
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -180,6 +180,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"high-watermark", required_argument, NULL, O_HIGH},
 		{"low-watermark", required_argument, NULL, O_LOW},
 		{"poll-us", required_argument, NULL, O_POLL},
+		{"metrics-listen", required_argument, NULL, O_METRICS},
 		{"max-clients", required_argument, NULL, O_MAXC},
 		{"max-leases", required_argument, NULL, O_MAXL},
 		{"arg-size", required_argument, NULL, O_ARG},
@@ -188,7 +189,6 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
-		{"metrics-listen", required_argument, NULL, O_METRICS},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -240,6 +240,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 			if (parse_u32(optarg, &c->poll_us))
 				goto bad;
 			break;
+		case O_METRICS:
+			if (!*optarg || strlen(optarg) >= sizeof(c->metrics_listen))
+				goto bad;
+			snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s", optarg);
+			break;
 		case O_MAXC:
 			if (parse_u32(optarg, &c->max_clients) || !c->max_clients)
 				goto bad;
@@ -270,11 +275,6 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NOPREFAULT:
 			c->prefault = 0;
-			break;
-		case O_METRICS:
-			if (!*optarg || strlen(optarg) >= sizeof(c->metrics_listen))
-				goto bad;
-			snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s", optarg);
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
