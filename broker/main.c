@@ -433,11 +433,6 @@ int main(int argc, char **argv)
 			  err == -EADDRINUSE ? ": another kvbrokerd answers there" : "");
 		goto out_store;
 	}
-	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) ||
-	    epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
-		err = -errno;
-		goto out_sock;
-	}
 	/* After setup_signals(): the HTTP thread inherits the blocked signals. */
 	if (b.cfg.metrics_listen[0]) {
 		err = metrics_http_start(b.cfg.metrics_listen, &b.metrics);
@@ -447,6 +442,11 @@ int main(int argc, char **argv)
 		}
 		log_info("metrics: http://%s/metrics", metrics_http_addr(b.metrics));
 		metrics_http_tick(&b);
+	}
+	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) ||
+	    epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
+		err = -errno;
+		goto out_sock;
 	}
 	log_info("kvbrokerd %d.%d.%d ready: socket %s, pool %s %llu MiB in %u slabs of %llu MiB, "
 		 "copy engine %s, poll %u us",
