@@ -46,11 +46,6 @@ struct counters {
 		refused;
 };
 
-/* What one client's ops did, for kvbctl clients/top: the deltas of struct counters per op. */
-struct session_counters {
-	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
-};
-
 /* A host buffer a client registered: its memfd mapped read-write in the broker. */
 struct sbuf {
 	void *base;
@@ -61,6 +56,11 @@ struct sview {
 	struct ns *ns;
 	uint32_t nparts;
 	struct kvb_view_part parts[];
+};
+
+/* What one client's ops did, for kvbctl clients/top: struct counters credited to it. */
+struct session_counters {
+	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
 };
 
 struct session {
@@ -142,11 +142,14 @@ void ops_release_all(struct broker *b, struct session *s);
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
 /*
- * stats.c: adds to s->c what one op changed in the global counters (before: a copy of b->ctr
- * taken as it started) and, from its result res, whether it failed (a miss is no failure).
+ * stats.c: per-client counters. The loop snapshots the global counters (stats_snap) before it
+ * runs a session's SQEs and credits the session with the difference (stats_account): an op
+ * that completes inside that window is that client's. An op that completes later (deferred:
+ * disk, copy engines) must credit what it counts at completion to its session's c itself.
  */
-void stats_account(struct session *s, const struct counters *before, const struct counters *now,
-		   int32_t res);
+void stats_snap(const struct broker *b, struct session_counters *c);
+void stats_account(const struct broker *b, struct session *s,
+		   const struct session_counters *before);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
 

@@ -40,10 +40,16 @@ static uint32_t poll_sessions(struct broker *b)
 	uint32_t work = 0;
 
 	list_for_each_safe (pos, tmp, &b->sessions) {
-		int n = session_poll(b, list_entry(pos, struct session, link), POLL_BATCH);
+		struct session *s = list_entry(pos, struct session, link);
+		struct session_counters before;
+		int n;
 
-		if (n > 0)
+		stats_snap(b, &before);
+		n = session_poll(b, s, POLL_BATCH);
+		if (n > 0) {
 			work += (uint32_t)n;
+			stats_account(b, s, &before); /* kvbctl clients/top */
+		}
 	}
 	return work;
 }

@@ -453,8 +453,6 @@ static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe 
 
 void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
-	const struct counters before = b->ctr;
-
 	memset(cqe, 0, sizeof(*cqe));
 	cqe->user_data = sqe->user_data;
 	s->ops++;
@@ -488,7 +486,6 @@ void ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, st
 		break;
 	}
 out:
-	stats_account(s, &before, &b->ctr, cqe->res);
 	if (cqe->res < 0 && cqe->res != -ENOENT)
 		b->ctr.errors++;
 }

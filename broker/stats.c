@@ -4,7 +4,6 @@
  * kvbctl). The shape is documented in docs/protocol.md; fields are only ever added. Loop thread.
  */
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -166,17 +165,31 @@ static void client_ns_json(cJSON *o, const struct session *s)
 	}
 }
 
-void stats_account(struct session *s, const struct counters *before, const struct counters *now,
-		   int32_t res)
+void stats_snap(const struct broker *b, struct session_counters *c)
 {
-	s->c.puts += now->puts - before->puts;
-	s->c.gets += now->gets - before->gets + now->acquires - before->acquires;
-	s->c.hits += now->hits - before->hits;
-	s->c.misses += now->misses - before->misses;
-	s->c.dedup += now->dedup - before->dedup;
-	s->c.errors += res < 0 && res != -ENOENT;
-	s->c.bytes_in += now->bytes_in - before->bytes_in;
-	s->c.bytes_out += now->bytes_out - before->bytes_out;
+	c->puts = b->ctr.puts;
+	c->gets = b->ctr.gets + b->ctr.acquires; /* kvb_get into plain memory is an ACQUIRE */
+	c->hits = b->ctr.hits;
+	c->misses = b->ctr.misses;
+	c->dedup = b->ctr.dedup;
+	c->errors = b->ctr.errors;
+	c->bytes_in = b->ctr.bytes_in;
+	c->bytes_out = b->ctr.bytes_out;
+}
+
+void stats_account(const struct broker *b, struct session *s, const struct session_counters *before)
+{
+	struct session_counters now;
+
+	stats_snap(b, &now);
+	s->c.puts += now.puts - before->puts;
+	s->c.gets += now.gets - before->gets;
+	s->c.hits += now.hits - before->hits;
+	s->c.misses += now.misses - before->misses;
+	s->c.dedup += now.dedup - before->dedup;
+	s->c.errors += now.errors - before->errors;
+	s->c.bytes_in += now.bytes_in - before->bytes_in;
+	s->c.bytes_out += now.bytes_out - before->bytes_out;
 }
 
 static cJSON *clients_json(const struct broker *b)
