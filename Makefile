@@ -116,6 +116,12 @@ $(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC) $(COMMON_SRC))
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+# kvbctl is several files plus common/ (an explicit rule wins over $(B)/bin/%).
+$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
 LIBS := $(PKG_LIBS) -pthread -ldl -lrt -lm
 
 $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
@@ -124,12 +130,6 @@ $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
 $(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
-	@mkdir -p $(@D)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
-
-# kvbctl is several files plus common/ (an explicit rule wins over $(B)/bin/%).
-$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)

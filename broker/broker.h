@@ -141,15 +141,23 @@ void ops_release_all(struct broker *b, struct session *s);
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
+struct cJSON;
 /*
- * stats.c: per-client counters. The loop snapshots the global counters (stats_snap) before it
- * runs a session's SQEs and credits the session with the difference (stats_account): an op
- * that completes inside that window is that client's. An op that completes later (deferred:
- * disk, copy engines) must credit what it counts at completion to its session's c itself.
+ * stats_clients.c: per-client counters. The loop snapshots the global counters (stats_snap)
+ * before it runs a session's SQEs and credits the session with the difference
+ * (stats_account): an op that completes inside that window is that client's. An op that
+ * completes later (deferred: disk, copy engines) must credit what it counts at completion to
+ * its session's c itself.
  */
 void stats_snap(const struct broker *b, struct session_counters *c);
 void stats_account(const struct broker *b, struct session *s,
 		   const struct session_counters *before);
+/* stats_clients.c: count[ns] = attached clients that opened ns. */
+void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
+/* stats_clients.c: page bytes PUTs did not store because the page was there, all namespaces. */
+uint64_t stats_dedup_bytes(const struct broker *b);
+/* stats_clients.c: a client's namespaces ("ns") and counters, into its client_list entry. */
+void stats_client_json(struct cJSON *o, const struct session *s);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
 

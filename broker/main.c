@@ -23,8 +23,8 @@
 
 #include "broker.h"
 #include "log.h"
-#include "metrics_http.h"
 #include "proto.h"
+#include "metrics_http.h"
 
 static void usage(FILE *f)
 {

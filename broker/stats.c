@@ -5,7 +5,6 @@
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -51,57 +50,18 @@ static cJSON *pool_json(const struct broker *b)
 	return p;
 }
 
-/*
- * The next namespace id >= from that session s opened, or STORE_MAX_NS. Skips empty bytes of
- * the bitmap, so walking a client's namespaces costs its 128 bytes plus one step per id.
- */
-static uint32_t next_opened(const struct session *s, uint32_t from)
+static cJSON *ns_json(const struct broker *b)
 {
-	for (uint32_t ns = from; ns < STORE_MAX_NS; ns++) {
-		if (!(ns % 8) && !s->ns_opened[ns / 8]) {
-			ns += 7;
-			continue;
-		}
-		if (s->ns_opened[ns / 8] & (1u << (ns % 8)))
-			return ns;
-	}
-	return STORE_MAX_NS;
-}
-
-#define for_each_opened(ns, s)                                                                     \
-	for (ns = next_opened(s, 0); ns < STORE_MAX_NS; ns = next_opened(s, ns + 1))
-
-/* Attached ring clients per namespace id (control connections open none). */
-static void ns_clients(const struct broker *b, uint32_t *count)
-{
-	struct list *pos;
-	uint32_t ns;
-
-	list_for_each (pos, &b->sessions) {
-		const struct session *s = list_entry(pos, struct session, link);
-
-		for_each_opened(ns, s)
-		{
-			count[ns]++;
-		}
-	}
-}
-
-static cJSON *ns_json(const struct broker *b, uint64_t *dedup_bytes)
-{
-	static uint32_t clients[STORE_MAX_NS];
 	cJSON *arr = cJSON_CreateArray();
+	static uint32_t clients[STORE_MAX_NS];
 
-	memset(clients, 0, sizeof(clients));
-	ns_clients(b, clients);
+	stats_ns_clients(b, clients);
 
 	for (uint32_t i = 0; i < b->nst.count; i++) {
 		const struct ns *n = b->nst.ns[i];
 		const struct kvb_layout *l = &n->layout;
 		cJSON *o = cJSON_CreateObject();
 		uint64_t pages = b->store.ns_pages[n->id];
-		/* A PUT that found its key stored neither copied nor stored its page again. */
-		uint64_t saved = n->c.dedup * n->page_bytes;
 
 		num(o, "id", n->id);
 		cJSON_AddStringToObject(o, "model", l->model);
@@ -118,9 +78,9 @@ static cJSON *ns_json(const struct broker *b, uint64_t *dedup_bytes)
 		num(o, "puts", (double)n->c.puts);
 		num(o, "dedup", (double)n->c.dedup);
 		num(o, "gets", (double)n->c.gets);
-		num(o, "dedup_bytes", (double)saved);
+		/* A PUT that found its key stored neither copied nor stored its page again. */
+		num(o, "dedup_bytes", (double)(n->c.dedup * n->page_bytes));
 		num(o, "clients", clients[n->id]);
-		*dedup_bytes += saved;
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -131,6 +91,7 @@ static cJSON *counters_json(const struct broker *b)
 	const struct counters *c = &b->ctr;
 	cJSON *o = cJSON_CreateObject();
 
+	num(o, "dedup_bytes", (double)stats_dedup_bytes(b));
 	num(o, "puts", (double)c->puts);
 	num(o, "gets", (double)c->gets);
 	num(o, "hits", (double)c->hits);
@@ -153,45 +114,6 @@ static cJSON *counters_json(const struct broker *b)
 	return o;
 }
 
-/* "ns": the ids of the namespaces a client opened. */
-static void client_ns_json(cJSON *o, const struct session *s)
-{
-	cJSON *ids = cJSON_AddArrayToObject(o, "ns");
-	uint32_t ns;
-
-	for_each_opened(ns, s)
-	{
-		cJSON_AddItemToArray(ids, cJSON_CreateNumber(ns));
-	}
-}
-
-void stats_snap(const struct broker *b, struct session_counters *c)
-{
-	c->puts = b->ctr.puts;
-	c->gets = b->ctr.gets + b->ctr.acquires; /* kvb_get into plain memory is an ACQUIRE */
-	c->hits = b->ctr.hits;
-	c->misses = b->ctr.misses;
-	c->dedup = b->ctr.dedup;
-	c->errors = b->ctr.errors;
-	c->bytes_in = b->ctr.bytes_in;
-	c->bytes_out = b->ctr.bytes_out;
-}
-
-void stats_account(const struct broker *b, struct session *s, const struct session_counters *before)
-{
-	struct session_counters now;
-
-	stats_snap(b, &now);
-	s->c.puts += now.puts - before->puts;
-	s->c.gets += now.gets - before->gets;
-	s->c.hits += now.hits - before->hits;
-	s->c.misses += now.misses - before->misses;
-	s->c.dedup += now.dedup - before->dedup;
-	s->c.errors += now.errors - before->errors;
-	s->c.bytes_in += now.bytes_in - before->bytes_in;
-	s->c.bytes_out += now.bytes_out - before->bytes_out;
-}
-
 static cJSON *clients_json(const struct broker *b)
 {
 	cJSON *arr = cJSON_CreateArray();
@@ -204,6 +126,7 @@ static cJSON *clients_json(const struct broker *b)
 		if (!s->hello_done || s->control_only)
 			continue;
 		o = cJSON_CreateObject();
+		stats_client_json(o, s);
 		num(o, "id", s->id);
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
@@ -211,15 +134,6 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
 		num(o, "namespaces", s->nns);
-		client_ns_json(o, s);
-		num(o, "puts", (double)s->c.puts);
-		num(o, "gets", (double)s->c.gets);
-		num(o, "hits", (double)s->c.hits);
-		num(o, "misses", (double)s->c.misses);
-		num(o, "dedup", (double)s->c.dedup);
-		num(o, "errors", (double)s->c.errors);
-		num(o, "bytes_in", (double)s->c.bytes_in);
-		num(o, "bytes_out", (double)s->c.bytes_out);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -227,8 +141,7 @@ static cJSON *clients_json(const struct broker *b)
 
 char *stats_json(const struct broker *b)
 {
-	cJSON *root = cJSON_CreateObject(), *ctr;
-	uint64_t dedup_bytes = 0;
+	cJSON *root = cJSON_CreateObject();
 	char *out;
 
 	if (!root)
@@ -240,10 +153,8 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "leases", (double)b->leases);
-	cJSON_AddItemToObject(root, "namespaces", ns_json(b, &dedup_bytes));
-	ctr = counters_json(b);
-	num(ctr, "dedup_bytes", (double)dedup_bytes);
-	cJSON_AddItemToObject(root, "counters", ctr);
+	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
+	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));
 	cJSON_AddItemToObject(root, "map", stats_map_json(b));
 	if (b->metrics)
