@@ -9,6 +9,7 @@
  * exits 1.
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,23 @@ static cJSON *run_json(const char *sock, const char *args)
 	CHECKF(j != NULL, "kvbctl %s printed no JSON:\n%s", args, out);
 	free(out);
 	return j;
+}
+
+/* Sum of the values of the metric lines that start with prefix and contain part. */
+static double metric_sum(const char *text, const char *prefix, const char *part)
+{
+	double t = 0;
+
+	for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+		const char *end = strchr(l, '\n'), *sp;
+
+		if (strncmp(l, prefix, strlen(prefix)))
+			continue;
+		sp = memchr(l, ' ', (size_t)((end ? end : l + strlen(l)) - l));
+		if (sp && memmem(l, (size_t)(sp - l), part, strlen(part)))
+			t += strtod(sp + 1, NULL);
+	}
+	return t;
 }
 
 /* Sum of a numeric array (map cells). */
@@ -169,16 +187,30 @@ int main(int argc, char **argv)
 		      "off"));
 	cJSON_Delete(root);
 
-	/* map --json: one arena; its cells hold the 10 pages, one of them leased. */
+	/*
+	 * map --json: one entry per arena (one per NUMA node where the pool is split); together
+	 * they cover the pool, and their cells hold the 10 pages, one of them leased.
+	 */
 	root = run_json(b->sock, "map --json");
-	CHECK_EQ(cJSON_GetArraySize(root), 1);
-	n0 = cJSON_GetArrayItem(root, 0);
-	CHECK_EQ(num(n0, "slabs", NULL) * num(n0, "slab_bytes", NULL), 64u << 20);
-	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(n0, "used")),
-		 num(n0, "slabs", NULL) / num(n0, "slabs_per_cell", NULL));
-	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "used")), 10 * PAGE);
-	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "pinned")), PAGE);
-	CHECK_EQ(sum(cJSON_GetObjectItem(n0, "writing")), 0);
+	CHECK_GE(cJSON_GetArraySize(root), 1);
+	{
+		double bytes = 0, used = 0, pinned = 0, writing = 0;
+
+		cJSON_ArrayForEach(n0, root)
+		{
+			bytes += num(n0, "slabs", NULL) * num(n0, "slab_bytes", NULL);
+			CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(n0, "used")),
+				 ceil(num(n0, "slabs", NULL) / num(n0, "slabs_per_cell", NULL)));
+			used += sum(cJSON_GetObjectItem(n0, "used"));
+			pinned += sum(cJSON_GetObjectItem(n0, "pinned"));
+			writing += sum(cJSON_GetObjectItem(n0, "writing"));
+		}
+		CHECK_LE(bytes, 64u << 20);
+		CHECK_GE(bytes, 56u << 20); /* arenas may leave less than a slab uncut */
+		CHECK_EQ(used, 10 * PAGE);
+		CHECK_EQ(pinned, PAGE);
+		CHECK_EQ(writing, 0);
+	}
 	cJSON_Delete(root);
 	snprintf(args, sizeof(args), "--socket %s map", b->sock);
 	CHECK_EQ(run(args, &out), 0);
@@ -193,11 +225,9 @@ int main(int argc, char **argv)
 		char err[256], line[256];
 
 		CHECKF(metrics_check(out, err, sizeof(err)) == 0, "metrics: %s:\n%s", err, out);
-		snprintf(line, sizeof(line),
-			 "kvbroker_pool_bytes{tier=\"ram\",node=\"-1\","
-			 "state=\"used\"} %u\n",
-			 10 * PAGE);
-		CHECKF(strstr(out, line), "metrics lack %s:\n%s", line, out);
+		CHECKF(metric_sum(out, "kvbroker_pool_bytes{tier=\"ram\",", "state=\"used\"}") ==
+			       10 * PAGE,
+		       "metrics: RAM used over the nodes is not %u:\n%s", 10 * PAGE, out);
 		snprintf(line, sizeof(line),
 			 "kvbroker_ns_dedup_bytes_total{ns=\"%u\","
 			 "model=\"ctl-model\",kind=\"mla\"} %u\n",
@@ -222,7 +252,8 @@ int main(int argc, char **argv)
 	/* status text: per node, disk off, dedup. */
 	snprintf(args, sizeof(args), "--socket %s status", b->sock);
 	CHECK_EQ(run(args, &out), 0);
-	CHECKF(strstr(out, "node -") && strstr(out, "disk: off") && strstr(out, "192.0 KiB not "),
+	CHECKF(strstr(out, "\n  node ") && strstr(out, "disk: off") &&
+		       strstr(out, "192.0 KiB not "),
 	       "status text lacks node, disk or dedup lines:\n%s", out);
 	free(out);
 
