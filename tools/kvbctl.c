@@ -16,7 +16,7 @@
  * a missing key while a person still sees that the broker is short of its contract. Fields
  * other work adds (pool.arenas[].page_size, the "disk" object) are shown only when present.
  *
- * Single-threaded; only the public API (kvbroker.h), cJSON and common/metrics.h.
+ * Single-threaded; only the public API (kvbroker.h), cJSON and common/ (statsdoc, metrics).
  */
 #include <errno.h>
 #include <getopt.h>
