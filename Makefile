@@ -44,7 +44,7 @@ ifeq ($(WERROR),1)
 WARN += -Werror
 endif
 
-override CFLAGS += -std=gnu11 -fPIC -pthread $(WARN) -Iinclude -Iproto -D_GNU_SOURCE
+override CFLAGS += -std=gnu11 -fPIC -pthread $(WARN) -Iinclude -Iproto -Icommon -D_GNU_SOURCE
 ifeq ($(MODE),asan)
 override CFLAGS += -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 override LDFLAGS += -fsanitize=address,undefined
@@ -65,12 +65,17 @@ ifeq ($(HAVE_CUDA),1)
 override CFLAGS += -DKVB_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
 endif
 
+# kvbctl top (ncurses) and kvbrokerd --metrics-listen (libmicrohttpd).
+PKGS += libmicrohttpd ncursesw
 DEPS_STAMP := build/.deps-ok
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS)
 
 PROTO_SRC := $(wildcard proto/*.c)
+# Shared by the broker and the tools, not part of libkvbroker (they need cJSON).
+COMMON_SRC := $(wildcard common/*.c)
+KVBCTL_SRC := tools/kvbctl.c $(wildcard tools/kvbctl_*.c)
 CLIENT_SRC := $(wildcard client/*.c)
 BROKER_SRC := $(filter-out broker/main.c,$(wildcard broker/*.c))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
@@ -149,9 +154,15 @@ $(LIB_SO): $(call obj,$(CLIENT_SRC) $(PROTO_SRC)) client/libkvbroker.map
 		-Wl,--version-script=client/libkvbroker.map -Wl,-soname,libkvbroker.so.0 \
 		-pthread $(shell pkg-config --libs libcrypto) -ldl
 
-$(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC))
+$(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC) $(COMMON_SRC))
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
+
+# kvbctl is several files plus common/ (an explicit rule wins over $(B)/bin/%).
+$(KVBCTL): $(call obj,$(KVBCTL_SRC) $(COMMON_SRC)) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
 LIBS := $(PKG_LIBS) -pthread -ldl -lrt -lm
 
@@ -192,7 +203,7 @@ $(B)/tests/fake/libcuda.so.1: $(B)/obj/tests/fake/libcuda.o
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) -shared $(LDFLAGS) -Wl,-soname,libcuda.so.1 -o $@ $<
 
-$(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC)) $(LIB_A)
+$(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC) $(COMMON_SRC)) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)

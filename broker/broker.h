@@ -48,6 +48,7 @@ struct config {
 	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
+	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -83,6 +84,11 @@ struct sview {
 	struct kvb_view_part parts[];
 };
 
+/* What one client's ops did, for kvbctl clients/top: struct counters credited to it. */
+struct session_counters {
+	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
+};
+
 struct session {
 	struct list link;
 	int sock;
@@ -115,6 +121,7 @@ struct session {
 	uint64_t buf_bytes; /* registered host memory */
 	uint32_t nclosing;  /* buffers unregistered while ops were in flight (sbuf.closing) */
 	uint64_t ops;
+	struct session_counters c;
 	double accepted_at;
 	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
 	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
@@ -151,6 +158,7 @@ struct broker {
 	} startup;
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	int stop;
+	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 };
 
 /* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
@@ -217,6 +225,25 @@ struct cJSON *xfer_stats_json(const struct broker *b);
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
+struct cJSON;
+/*
+ * stats_clients.c: per-client counters. The loop snapshots the global counters (stats_snap)
+ * before it runs a session's SQEs and credits the session with the difference
+ * (stats_account): an op that completes inside that window is that client's. An op that
+ * completes later (deferred: disk, copy engines) must credit what it counts at completion to
+ * its session's c itself.
+ */
+void stats_snap(const struct broker *b, struct session_counters *c);
+void stats_account(const struct broker *b, struct session *s,
+		   const struct session_counters *before);
+/* stats_clients.c: count[ns] = attached clients that opened ns. */
+void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
+/* stats_clients.c: page bytes PUTs did not store because the page was there, all namespaces. */
+uint64_t stats_dedup_bytes(const struct broker *b);
+/* stats_clients.c: a client's namespaces ("ns") and counters, into its client_list entry. */
+void stats_client_json(struct cJSON *o, const struct session *s);
+/* stats_map.c: the "map" array of the STATS document (kvbctl map). */
+struct cJSON *stats_map_json(const struct broker *b);
 
 /* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
 #define LOOP_LISTEN 8u

@@ -22,6 +22,7 @@
 
 #include "broker.h"
 #include "log.h"
+#include "metrics_http.h"
 
 #define POLL_EPOLL_EVERY 32
 #define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
@@ -41,10 +42,16 @@ static uint32_t poll_sessions(struct broker *b)
 	uint32_t work = xfer_poll(b); /* completed copies count as work: they post CQEs */
 
 	list_for_each_safe (pos, tmp, &b->sessions) {
-		int n = session_poll(b, list_entry(pos, struct session, link), POLL_BATCH);
+		struct session *s = list_entry(pos, struct session, link);
+		struct session_counters before;
+		int n;
 
-		if (n > 0)
+		stats_snap(b, &before);
+		n = session_poll(b, s, POLL_BATCH);
+		if (n > 0) {
 			work += (uint32_t)n;
+			stats_account(b, s, &before); /* kvbctl clients/top */
+		}
 	}
 	return work;
 }
@@ -173,6 +180,8 @@ int loop_run(struct broker *b)
 			session_expire(b, now_sec());
 		session_reap(b);
 		store_evict_watermark(&b->store, EVICT_BATCH);
+		if (b->metrics)
+			metrics_http_tick(b);
 	}
 	return 0;
 }

@@ -28,6 +28,7 @@
 #include "log.h"
 #include "parse.h"
 #include "proto.h"
+#include "metrics_http.h"
 
 static void usage(FILE *f)
 {
@@ -71,6 +72,9 @@ static void usage(FILE *f)
 		"  --disk-sqpoll          io_uring SQPOLL: a kernel thread submits (costs a CPU)\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
+		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
+		"is\n"
+		"                         HOST:PORT or PORT (loopback), e.g. 127.0.0.1:9464\n"
 		"  --max-clients N        attached clients (default 1024)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
@@ -145,6 +149,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_HIGH,
 		O_LOW,
 		O_POLL,
+		O_METRICS,
 		O_MAXC,
 		O_MAXL,
 		O_ARG,
@@ -174,6 +179,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"high-watermark", required_argument, NULL, O_HIGH},
 		{"low-watermark", required_argument, NULL, O_LOW},
 		{"poll-us", required_argument, NULL, O_POLL},
+		{"metrics-listen", required_argument, NULL, O_METRICS},
 		{"max-clients", required_argument, NULL, O_MAXC},
 		{"max-leases", required_argument, NULL, O_MAXL},
 		{"arg-size", required_argument, NULL, O_ARG},
@@ -251,6 +257,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_POLL:
 			if (parse_u32(optarg, &c->poll_us))
 				goto bad;
+			break;
+		case O_METRICS:
+			if (!*optarg || strlen(optarg) >= sizeof(c->metrics_listen))
+				goto bad;
+			snprintf(c->metrics_listen, sizeof(c->metrics_listen), "%s", optarg);
 			break;
 		case O_MAXC:
 			if (parse_u32(optarg, &c->max_clients) || !c->max_clients)
@@ -516,6 +527,16 @@ int main(int argc, char **argv)
 			  err == -EADDRINUSE ? ": another kvbrokerd answers there" : "");
 		goto out_store;
 	}
+	/* After setup_signals(): the HTTP thread inherits the blocked signals. */
+	if (b.cfg.metrics_listen[0]) {
+		err = metrics_http_start(b.cfg.metrics_listen, &b.metrics);
+		if (err) {
+			log_error("--metrics-listen %s: %s", b.cfg.metrics_listen, strerror(-err));
+			goto out_sock;
+		}
+		log_info("metrics: http://%s/metrics", metrics_http_addr(b.metrics));
+		metrics_http_tick(&b);
+	}
 	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) ||
 	    epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
 		err = -errno;
@@ -541,6 +562,7 @@ int main(int argc, char **argv)
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,
 		 (unsigned long long)b.ctr.dedup, (unsigned long long)b.store.st.evictions);
 out_sock:
+	metrics_http_stop(b.metrics);
 	close(b.listen_fd);
 	unlink(b.cfg.socket_path);
 out_store:

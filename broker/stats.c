@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "metrics_http.h"
 
 static void num(cJSON *o, const char *k, double v)
 {
@@ -67,6 +68,9 @@ static cJSON *startup_json(const struct broker *b)
 static cJSON *ns_json(const struct broker *b)
 {
 	cJSON *arr = cJSON_CreateArray();
+	static uint32_t clients[STORE_MAX_NS];
+
+	stats_ns_clients(b, clients);
 
 	for (uint32_t i = 0; i < b->nst.count; i++) {
 		const struct ns *n = b->nst.ns[i];
@@ -89,6 +93,9 @@ static cJSON *ns_json(const struct broker *b)
 		num(o, "puts", (double)n->c.puts);
 		num(o, "dedup", (double)n->c.dedup);
 		num(o, "gets", (double)n->c.gets);
+		/* A PUT that found its key stored neither copied nor stored its page again. */
+		num(o, "dedup_bytes", (double)(n->c.dedup * n->page_bytes));
+		num(o, "clients", clients[n->id]);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -99,6 +106,7 @@ static cJSON *counters_json(const struct broker *b)
 	const struct counters *c = &b->ctr;
 	cJSON *o = cJSON_CreateObject();
 
+	num(o, "dedup_bytes", (double)stats_dedup_bytes(b));
 	num(o, "puts", (double)c->puts);
 	num(o, "gets", (double)c->gets);
 	num(o, "hits", (double)c->hits);
@@ -133,6 +141,7 @@ static cJSON *clients_json(const struct broker *b)
 		if (!s->hello_done || s->control_only)
 			continue;
 		o = cJSON_CreateObject();
+		stats_client_json(o, s);
 		num(o, "id", s->id);
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
@@ -167,6 +176,9 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));
+	cJSON_AddItemToObject(root, "map", stats_map_json(b));
+	if (b->metrics)
+		cJSON_AddStringToObject(root, "metrics_listen", metrics_http_addr(b->metrics));
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;

@@ -332,6 +332,8 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
 	s->st.pinned++;
+	slab_of(s, pg)->pinned++;
+	slab_of(s, pg)->writing++;
 	if (ns < STORE_MAX_NS)
 		s->ns_pages[ns]++;
 	*out = pg;
@@ -343,6 +345,7 @@ void store_pin(struct store *s, struct page *pg)
 	if (!pg->pins++) {
 		lru_unlink(pg);
 		s->st.pinned++;
+		slab_of(s, pg)->pinned++;
 	}
 }
 
@@ -351,6 +354,7 @@ void store_unpin(struct store *s, struct page *pg)
 	if (--pg->pins)
 		return;
 	s->st.pinned--;
+	slab_of(s, pg)->pinned--;
 	if (pg->unlinked)
 		slot_free(s, pg);
 	else if (pg->state == PAGE_READY)
@@ -360,6 +364,7 @@ void store_unpin(struct store *s, struct page *pg)
 void store_commit(struct store *s, struct page *pg)
 {
 	pg->state = PAGE_READY;
+	slab_of(s, pg)->writing--;
 	store_unpin(s, pg);
 }
 
@@ -367,6 +372,7 @@ void store_abort(struct store *s, struct page *pg)
 {
 	index_remove(&s->ix, pg);
 	pg->unlinked = 1;
+	slab_of(s, pg)->writing--;
 	store_unpin(s, pg);
 }
 

@@ -47,7 +47,9 @@ struct slab {
 	uint64_t off; /* byte offset in the arena */
 	uint32_t nslots;
 	uint32_t used;
-	uint32_t nfree; /* entries in free_stack */
+	uint32_t nfree;	  /* entries in free_stack */
+	uint32_t pinned;  /* its pages with pins > 0 (leased, being written, copy in flight) */
+	uint32_t writing; /* its pages in PAGE_WRITING (kvbctl map's in-flight cells) */
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
 	struct list link;   /* its arena's free-slab list, or its class's partial list there */

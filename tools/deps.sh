@@ -5,6 +5,8 @@
 set -eu
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev libisal-dev python3"
 missing=""
+# kvbrokerd --metrics-listen, kvbctl top
+need="$need libmicrohttpd-dev libncurses-dev"
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
 done

@@ -1,19 +1,22 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvbctl - inspect a running kvbrokerd.
+ * kvbctl - inspect and operate a running kvbrokerd.
  *
  * kvbctl opens a control-only connection (KVB_CONNECT_CONTROL: no rings, no pool mapping, not
  * counted as a client, so looking at the broker does not change what it reports), fetches the
  * broker's statistics as JSON with kvb_stats_json() and renders them: `status` as a readable
- * summary, `clients` and `ns` as tables, and any of them re-emitted as pretty JSON with --json.
+ * summary, `clients` and `ns` as tables, `map` as a grid of the pool, `metrics` as Prometheus
+ * text (common/metrics.c, the generator the broker's HTTP endpoint uses too), `top` as a live
+ * view (kvbctl_top.c). `plan` (kvbctl_plan.c) needs no broker: it is the capacity planner.
  *
  * The --json output is for scripts, so it promises a shape: every field that issue 2 names
  * (pool.bytes_total/bytes_used/pages, clients, leases, namespaces[].id/model/kind/page_bytes/
  * pages, counters.puts/gets/hits/misses/dedup/evictions/errors) is present. A field the broker
  * did not send is added as 0 (or "" / []) with a warning on stderr, so a script never breaks on
- * a missing key while a person still sees that the broker is short of its contract.
+ * a missing key while a person still sees that the broker is short of its contract. Fields
+ * other work adds (pool.arenas[].page_size, the "disk" object) are shown only when present.
  *
- * Single-threaded; only the public API (kvbroker.h) and cJSON.
+ * Single-threaded; only the public API (kvbroker.h), cJSON and common/ (statsdoc, metrics).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,28 +27,40 @@
 
 #include <cjson/cJSON.h>
 
+#include "kvbctl.h"
 #include "kvbroker.h"
+#include "metrics.h"
 
-static const char *prog = "kvbctl";
+const char *ctl_prog = "kvbctl";
 
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kvbctl [--socket PATH] COMMAND [--json]\n"
+		"usage: kvbctl [--socket PATH] COMMAND [--json] [options]\n"
 		"\n"
-		"Inspect a running kvbrokerd.\n"
+		"Inspect and operate a running kvbrokerd.\n"
 		"\n"
 		"commands:\n"
-		"  status     pool occupancy, clients, leases, namespaces, counters, dedup\n"
+		"  status     pool use per tier and NUMA node, clients, leases, namespaces,\n"
+		"             dedup savings, evictions, disk tier\n"
+		"  top        live view, refreshed every --interval seconds (default 1); q quits\n"
 		"  clients    one line per attached client\n"
 		"  ns         one line per namespace\n"
+		"  map        the pool as a grid of cells per arena: free, used, leased, in "
+		"flight\n"
+		"  metrics    Prometheus text exposition (what kvbrokerd --metrics-listen serves)\n"
+		"  plan       capacity planner; no broker needed (kvbctl plan --help)\n"
 		"\n"
 		"options:\n"
-		"  --socket PATH  control socket (default: $KVB_SOCKET, else\n"
-		"                 $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
-		"                 /run/kvbroker/kvbroker.sock)\n"
-		"  --json         print the broker's statistics as JSON (pretty) instead of text\n"
-		"  -h, --help     this text\n"
+		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
+		"                  $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
+		"                  /run/kvbroker/kvbroker.sock)\n"
+		"  --json          JSON for scripts: status/metrics the whole stats document,\n"
+		"                  clients/ns/map their part, top one sample of the rates\n"
+		"  --interval S    top: seconds between refreshes (default 1)\n"
+		"  --stats-file F  render a saved `status --json` document instead of asking a\n"
+		"                  broker (all commands but top)\n"
+		"  -h, --help      this text\n"
 		"\n"
 		"exit status: 0 ok, 1 broker not reachable or bad reply, 2 usage error\n");
 }
@@ -84,31 +99,60 @@ static const char *connect_error(int rc)
 	}
 }
 
-/* ---- JSON access: absent or mistyped fields read as 0 / "" rather than crashing. ---- */
-
-static double jnum(const cJSON *o, const char *name)
+int ctl_connect(struct ctl *x, int quiet)
 {
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+	struct kvb_opts opts;
+	int rc;
 
-	return cJSON_IsNumber(v) ? v->valuedouble : 0.0;
+	memset(&opts, 0, sizeof(opts));
+	opts.socket_path = x->path;
+	opts.name = "kvbctl";
+	opts.flags = KVB_CONNECT_CONTROL;
+	rc = kvb_connect(&opts, &x->c);
+	if (rc < 0) {
+		x->c = NULL;
+		if (!quiet)
+			fprintf(stderr,
+				"%s: no broker reachable at %s (%s); start one with: "
+				"kvbrokerd --socket %s\n",
+				ctl_prog, x->path, connect_error(rc), x->path);
+	}
+	return rc;
 }
 
-static const char *jstr(const cJSON *o, const char *name)
+void ctl_disconnect(struct ctl *x)
 {
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-
-	return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
+	kvb_close(x->c);
+	x->c = NULL;
 }
 
-static const cJSON *jarr(const cJSON *o, const char *name)
+int ctl_fetch(struct ctl *x, cJSON **root, int quiet)
 {
-	const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+	char *text = NULL;
+	int rc = kvb_stats_json(x->c, &text);
 
-	return cJSON_IsArray(v) ? v : NULL;
+	*root = NULL;
+	if (rc < 0) {
+		if (!quiet)
+			fprintf(stderr, "%s: stats request to %s failed: %s\n", ctl_prog, x->path,
+				kvb_strerror(rc));
+		return rc;
+	}
+	*root = cJSON_Parse(text);
+	free(text);
+	if (!cJSON_IsObject(*root)) {
+		if (!quiet)
+			fprintf(stderr, "%s: broker at %s sent stats that are not a JSON object\n",
+				ctl_prog, x->path);
+		cJSON_Delete(*root);
+		*root = NULL;
+		return -EPROTO;
+	}
+	return 0;
 }
 
 /* Binary units for sizes (what the pool is configured in), one decimal. */
-static const char *fmt_bytes(double b, char *buf, size_t len)
+const char *fmt_bytes(double b, char *buf, size_t len)
 {
 	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
 	unsigned u = 0;
@@ -124,7 +168,7 @@ static const char *fmt_bytes(double b, char *buf, size_t len)
 	return buf;
 }
 
-static const char *fmt_pct(double num, double den, char *buf, size_t len)
+const char *fmt_pct(double num, double den, char *buf, size_t len)
 {
 	if (den <= 0)
 		snprintf(buf, len, "-");
@@ -156,7 +200,7 @@ static void need(cJSON *o, const char *where, const char *name, int type)
 	}
 	if (ok)
 		return;
-	fprintf(stderr, "%s: warning: broker stats lack %s%s; reported as empty\n", prog, where,
+	fprintf(stderr, "%s: warning: broker stats lack %s%s; reported as empty\n", ctl_prog, where,
 		name);
 	if (v)
 		cJSON_DeleteItemFromObjectCaseSensitive(o, name);
@@ -210,28 +254,101 @@ static void ensure_shape(cJSON *root)
 
 /* ---- text renderings ---- */
 
-static void print_status(const cJSON *root, const char *path)
+/* Bytes not stored twice: the broker's figure, or dedup hits x page size from an older one. */
+static double dedup_saved(const cJSON *root)
 {
-	const cJSON *pool = cJSON_GetObjectItemCaseSensitive(root, "pool");
-	const cJSON *ctr = cJSON_GetObjectItemCaseSensitive(root, "counters");
-	const cJSON *nss = jarr(root, "namespaces");
-	const cJSON *ns;
-	double total = jnum(pool, "bytes_total"), used = jnum(pool, "bytes_used");
-	double saved = 0, hits = jnum(ctr, "hits"), misses = jnum(ctr, "misses");
-	char a[32], b[32], c[32], d[32];
+	const cJSON *ctr = sdoc_obj(root, "counters"), *ns;
+	double saved = 0;
 
-	printf("kvbrokerd %s  pid %.0f  up %.1f s  socket %s\n", jstr(root, "version"),
-	       jnum(root, "pid"), jnum(root, "uptime_s"), path);
-	printf("pool       %s used of %s (%s), %.0f pages", fmt_bytes(used, a, sizeof(a)),
-	       fmt_bytes(total, b, sizeof(b)), fmt_pct(used, total, c, sizeof(c)),
-	       jnum(pool, "pages"));
-	if (cJSON_GetObjectItemCaseSensitive(pool, "slabs_total"))
-		printf(", slabs %.0f free of %.0f x %s", jnum(pool, "slabs_free"),
-		       jnum(pool, "slabs_total"),
-		       fmt_bytes(jnum(pool, "slab_bytes"), d, sizeof(d)));
+	if (cJSON_GetObjectItemCaseSensitive(ctr, "dedup_bytes"))
+		return sdoc_num(ctr, "dedup_bytes");
+	cJSON_ArrayForEach(ns, sdoc_arr(root, "namespaces"))
+	{
+		saved += sdoc_num(ns, "dedup") * sdoc_num(ns, "page_bytes");
+	}
+	return saved;
+}
+
+static double ns_saved(const cJSON *ns)
+{
+	return cJSON_GetObjectItemCaseSensitive(ns, "dedup_bytes")
+		       ? sdoc_num(ns, "dedup_bytes")
+		       : sdoc_num(ns, "dedup") * sdoc_num(ns, "page_bytes");
+}
+
+/* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */
+static void print_disk(const cJSON *root)
+{
+	const cJSON *d = sdoc_disk(root), *p;
+	char a[32], b[32], c[32], e[32];
+	int first = 1;
+
+	if (!d) {
+		printf("disk: off\n");
+		return;
+	}
+	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", sdoc_str(d, "state"),
+	       fmt_bytes(sdoc_num(d, "bytes_used"), a, sizeof(a)),
+	       fmt_bytes(sdoc_num(d, "bytes_total"), b, sizeof(b)),
+	       fmt_pct(sdoc_num(d, "bytes_used"), sdoc_num(d, "bytes_total"), c, sizeof(c)),
+	       sdoc_num(d, "pages"),
+	       cJSON_IsTrue(cJSON_GetObjectItem(d, "direct")) ? ", O_DIRECT" : "");
+	printf("           paths");
+	cJSON_ArrayForEach(p, sdoc_arr(d, "paths"))
+	{
+		if (cJSON_IsString(p))
+			printf("%s%s", first ? " " : ", ", p->valuestring);
+		first = 0;
+	}
+	printf("%s\n", first ? " -" : "");
+	printf("           reads %.0f (%s)  writes %.0f (%s)  demotions %.0f  promotions %.0f\n",
+	       sdoc_num(d, "reads"), fmt_bytes(sdoc_num(d, "read_bytes"), a, sizeof(a)),
+	       sdoc_num(d, "writes"), fmt_bytes(sdoc_num(d, "write_bytes"), e, sizeof(e)),
+	       sdoc_num(d, "demotions"), sdoc_num(d, "promotions"));
+	printf("           errors %.0f  corrupt %.0f  torn %.0f  dropped %.0f  scan %.2f s\n",
+	       sdoc_num(d, "errors"), sdoc_num(d, "corrupt"), sdoc_num(d, "torn"),
+	       sdoc_num(d, "dropped"), sdoc_num(d, "scan_seconds"));
+}
+
+static void print_status(const cJSON *root, const char *path, int from_file)
+{
+	const cJSON *pool = sdoc_obj(root, "pool");
+	const cJSON *ctr = sdoc_obj(root, "counters");
+	const cJSON *nss = sdoc_arr(root, "namespaces");
+	const cJSON *ns;
+	struct sdoc_node nodes[SDOC_MAX_NODES];
+	double total = sdoc_num(pool, "bytes_total"), used = sdoc_num(pool, "bytes_used");
+	double hits = sdoc_num(ctr, "hits"), misses = sdoc_num(ctr, "misses");
+	char a[32], b[32], c[32], d[32];
+	int nn = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
+
+	printf("kvbrokerd %s  pid %.0f  up %.1f s  %s %s\n", sdoc_str(root, "version"),
+	       sdoc_num(root, "pid"), sdoc_num(root, "uptime_s"), from_file ? "file" : "socket",
+	       path);
+	if (*sdoc_str(root, "metrics_listen"))
+		printf("metrics    http://%s/metrics\n", sdoc_str(root, "metrics_listen"));
+	printf("ram        %s used of %s (%s), %.0f pages, %.0f pinned",
+	       fmt_bytes(used, a, sizeof(a)), fmt_bytes(total, b, sizeof(b)),
+	       fmt_pct(used, total, c, sizeof(c)), sdoc_num(pool, "pages"),
+	       sdoc_num(pool, "pinned_pages"));
+	if (sdoc_has(pool, "slabs_total"))
+		printf(", slabs %.0f free of %.0f x %s", sdoc_num(pool, "slabs_free"),
+		       sdoc_num(pool, "slabs_total"),
+		       fmt_bytes(sdoc_num(pool, "slab_bytes"), d, sizeof(d)));
 	printf("\n");
+	for (int i = 0; i < nn; i++) {
+		char nd[16];
+
+		snprintf(nd, sizeof(nd), nodes[i].node < 0 ? "-" : "%d", nodes[i].node);
+		printf("  node %-3s %s used of %s (%s), %d arena%s%s%s\n", nd,
+		       fmt_bytes(nodes[i].used, a, sizeof(a)),
+		       fmt_bytes(nodes[i].total, b, sizeof(b)),
+		       fmt_pct(nodes[i].used, nodes[i].total, c, sizeof(c)), nodes[i].arenas,
+		       nodes[i].arenas == 1 ? "" : "s", *nodes[i].page_size ? ", pages " : "",
+		       nodes[i].page_size);
+	}
 	if (cJSON_GetObjectItemCaseSensitive(pool, "high_watermark")) {
-		double hw = jnum(pool, "high_watermark"), lw = jnum(pool, "low_watermark");
+		double hw = sdoc_num(pool, "high_watermark"), lw = sdoc_num(pool, "low_watermark");
 
 		/* The broker may report watermarks as fractions or as percentages. */
 		if (hw <= 1.0 && lw <= 1.0) {
@@ -240,85 +357,96 @@ static void print_status(const cJSON *root, const char *path)
 		}
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
-	if (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "disk"))) {
-		const cJSON *dk = cJSON_GetObjectItemCaseSensitive(root, "disk");
-
-		/* One line for the NVMe tier; "off" when the broker has no --disk. */
-		if (strcmp(jstr(dk, "state"), "off"))
-			printf("disk       %s, %s used of %s, %.0f pages, %s, %.0f demotions, "
-			       "%.0f promotions, %.0f errors, %.0f corrupt\n",
-			       jstr(dk, "state"), fmt_bytes(jnum(dk, "bytes_used"), a, sizeof(a)),
-			       fmt_bytes(jnum(dk, "bytes_total"), b, sizeof(b)), jnum(dk, "pages"),
-			       cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(dk, "direct"))
-				       ? "O_DIRECT"
-				       : "buffered",
-			       jnum(dk, "demotions"), jnum(dk, "promotions"), jnum(dk, "errors"),
-			       jnum(dk, "corrupt"));
-		else
-			printf("disk       off\n");
-	}
-	printf("clients    %.0f   leases %.0f   namespaces %d\n", jnum(root, "clients"),
-	       jnum(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
+	print_disk(root);
+	printf("clients    %.0f   leases %.0f   namespaces %d\n", sdoc_num(root, "clients"),
+	       sdoc_num(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
 
 	if (nss && cJSON_GetArraySize(nss) > 0) {
-		printf("\n%4s  %-24s %-4s %10s %8s %10s %8s %8s %8s %10s\n", "ns", "model", "kind",
-		       "page", "pages", "bytes", "hit rate", "puts", "dedup", "saved");
+		printf("\n%4s  %-24s %-4s %6s %10s %8s %10s %8s %8s %8s %10s\n", "ns", "model",
+		       "kind", "tokens", "page", "pages", "bytes", "hit rate", "puts", "dedup",
+		       "saved");
 		cJSON_ArrayForEach(ns, nss)
 		{
-			double pb = jnum(ns, "page_bytes");
-			double dd = jnum(ns, "dedup");
-			double h = jnum(ns, "hits"), m = jnum(ns, "misses");
+			double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
 			char e[32];
 
-			saved += dd * pb;
-			printf("%4.0f  %-24.24s %-4s %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
-			       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-			       fmt_bytes(pb, a, sizeof(a)), jnum(ns, "pages"),
-			       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)),
-			       fmt_pct(h, h + m, c, sizeof(c)), jnum(ns, "puts"), dd,
-			       fmt_bytes(dd * pb, e, sizeof(e)));
+			printf("%4.0f  %-24.24s %-4s %6.0f %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
+			       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
+			       sdoc_num(ns, "tokens_per_page"),
+			       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
+			       sdoc_num(ns, "pages"),
+			       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+			       fmt_pct(h, h + m, c, sizeof(c)), sdoc_num(ns, "puts"),
+			       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), e, sizeof(e)));
 		}
 	}
 
 	printf("\ncounters   puts %.0f  gets %.0f  hits %.0f  misses %.0f  (hit rate %s)\n",
-	       jnum(ctr, "puts"), jnum(ctr, "gets"), hits, misses,
+	       sdoc_num(ctr, "puts"), sdoc_num(ctr, "gets"), hits, misses,
 	       fmt_pct(hits, hits + misses, a, sizeof(a)));
-	printf("           dedup %.0f  evictions %.0f  errors %.0f\n", jnum(ctr, "dedup"),
-	       jnum(ctr, "evictions"), jnum(ctr, "errors"));
+	printf("           dedup %.0f  evictions %.0f  errors %.0f\n", sdoc_num(ctr, "dedup"),
+	       sdoc_num(ctr, "evictions"), sdoc_num(ctr, "errors"));
 	printf("           acquires %.0f  releases %.0f  lookups %.0f (%.0f keys)  deletes %.0f  "
 	       "nops %.0f\n",
-	       jnum(ctr, "acquires"), jnum(ctr, "releases"), jnum(ctr, "lookups"),
-	       jnum(ctr, "lookup_keys"), jnum(ctr, "deletes"), jnum(ctr, "nops"));
+	       sdoc_num(ctr, "acquires"), sdoc_num(ctr, "releases"), sdoc_num(ctr, "lookups"),
+	       sdoc_num(ctr, "lookup_keys"), sdoc_num(ctr, "deletes"), sdoc_num(ctr, "nops"));
 	printf("           in %s  out %s  disconnects %.0f  protocol errors %.0f\n",
-	       fmt_bytes(jnum(ctr, "bytes_in"), a, sizeof(a)),
-	       fmt_bytes(jnum(ctr, "bytes_out"), b, sizeof(b)), jnum(ctr, "disconnects"),
-	       jnum(ctr, "protocol_errors"));
-	printf("dedup      %s not stored twice (dedup hits x page size, all namespaces)\n",
-	       fmt_bytes(saved, a, sizeof(a)));
+	       fmt_bytes(sdoc_num(ctr, "bytes_in"), a, sizeof(a)),
+	       fmt_bytes(sdoc_num(ctr, "bytes_out"), b, sizeof(b)), sdoc_num(ctr, "disconnects"),
+	       sdoc_num(ctr, "protocol_errors"));
+	printf("dedup      %s not stored twice: PUTs that found the page already stored by "
+	       "another rank or engine\n",
+	       fmt_bytes(dedup_saved(root), a, sizeof(a)));
+}
+
+/* "0,3" from a client's namespace ids, "-" when none or an older broker. */
+const char *ctl_ns_list(const cJSON *cl, char *buf, size_t len)
+{
+	const cJSON *id;
+	size_t n = 0;
+
+	buf[0] = '\0';
+	cJSON_ArrayForEach(id, sdoc_arr(cl, "ns"))
+	{
+		int w = snprintf(buf + n, len - n, "%s%.0f", n ? "," : "", id->valuedouble);
+
+		if (w < 0 || (size_t)w >= len - n)
+			break;
+		n += (size_t)w;
+	}
+	if (!n)
+		snprintf(buf, len, "-");
+	return buf;
 }
 
 static void print_clients(const cJSON *root)
 {
-	const cJSON *list = jarr(root, "client_list");
+	const cJSON *list = sdoc_arr(root, "client_list");
 	const cJSON *cl;
 
 	if (!list || cJSON_GetArraySize(list) == 0) {
-		printf("no clients attached (%.0f reported)\n", jnum(root, "clients"));
+		printf("no clients attached (%.0f reported)\n", sdoc_num(root, "clients"));
 		return;
 	}
-	printf("%6s %8s %6s  %-24s %7s %12s %4s\n", "id", "pid", "uid", "name", "leases", "ops",
-	       "ns");
+	printf("%6s %8s %6s  %-24s %-12s %7s %12s %10s %10s %10s %10s\n", "id", "pid", "uid",
+	       "name", "ns", "leases", "ops", "puts", "gets", "in", "out");
 	cJSON_ArrayForEach(cl, list)
 	{
-		printf("%6.0f %8.0f %6.0f  %-24.24s %7.0f %12.0f %4.0f\n", jnum(cl, "id"),
-		       jnum(cl, "pid"), jnum(cl, "uid"), jstr(cl, "name"), jnum(cl, "leases"),
-		       jnum(cl, "ops"), jnum(cl, "namespaces"));
+		char nsb[64], a[32], b[32];
+
+		printf("%6.0f %8.0f %6.0f  %-24.24s %-12.12s %7.0f %12.0f %10.0f %10.0f %10s "
+		       "%10s\n",
+		       sdoc_num(cl, "id"), sdoc_num(cl, "pid"), sdoc_num(cl, "uid"),
+		       sdoc_str(cl, "name"), ctl_ns_list(cl, nsb, sizeof(nsb)),
+		       sdoc_num(cl, "leases"), sdoc_num(cl, "ops"), sdoc_num(cl, "puts"),
+		       sdoc_num(cl, "gets"), fmt_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
+		       fmt_bytes(sdoc_num(cl, "bytes_out"), b, sizeof(b)));
 	}
 }
 
 static void print_ns(const cJSON *root)
 {
-	const cJSON *nss = jarr(root, "namespaces");
+	const cJSON *nss = sdoc_arr(root, "namespaces");
 	const cJSON *ns;
 	char a[32], b[32], c[32], d[32];
 
@@ -326,35 +454,97 @@ static void print_ns(const cJSON *root)
 		printf("no namespaces\n");
 		return;
 	}
-	printf("%4s  %-24s %-4s %6s %5s %5s %10s %8s %10s %8s %8s %8s %8s %10s\n", "ns", "model",
-	       "kind", "tokens", "tp", "comps", "page", "pages", "bytes", "hit rate", "hits",
-	       "puts", "dedup", "saved");
+	printf("%4s  %-24s %-4s %6s %5s %5s %7s %10s %8s %10s %8s %8s %8s %8s %10s\n", "ns",
+	       "model", "kind", "tokens", "tp", "comps", "clients", "page", "pages", "bytes",
+	       "hit rate", "hits", "puts", "dedup", "saved");
 	cJSON_ArrayForEach(ns, nss)
 	{
-		double pb = jnum(ns, "page_bytes"), dd = jnum(ns, "dedup");
-		double h = jnum(ns, "hits"), m = jnum(ns, "misses");
+		double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
 		char tp[16];
 
-		snprintf(tp, sizeof(tp), "%.0f/%.0f", jnum(ns, "tp_rank"), jnum(ns, "tp_size"));
+		snprintf(tp, sizeof(tp), "%.0f/%.0f", sdoc_num(ns, "tp_rank"),
+			 sdoc_num(ns, "tp_size"));
 		/* MLA namespaces are shared by all ranks: the rank is no part of them. */
-		if (!strcmp(jstr(ns, "kind"), "mla"))
-			snprintf(tp, sizeof(tp), "%.0f", jnum(ns, "tp_size"));
-		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %10s %8.0f %10s %8s %8.0f %8.0f %8.0f "
-		       "%10s\n",
-		       jnum(ns, "id"), jstr(ns, "model"), jstr(ns, "kind"),
-		       jnum(ns, "tokens_per_page"), tp, jnum(ns, "components"),
-		       fmt_bytes(pb, a, sizeof(a)), jnum(ns, "pages"),
-		       fmt_bytes(jnum(ns, "bytes"), b, sizeof(b)), fmt_pct(h, h + m, c, sizeof(c)),
-		       h, jnum(ns, "puts"), dd, fmt_bytes(dd * pb, d, sizeof(d)));
+		if (!strcmp(sdoc_str(ns, "kind"), "mla"))
+			snprintf(tp, sizeof(tp), "%.0f", sdoc_num(ns, "tp_size"));
+		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %7.0f %10s %8.0f %10s %8s %8.0f %8.0f "
+		       "%8.0f %10s\n",
+		       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
+		       sdoc_num(ns, "tokens_per_page"), tp, sdoc_num(ns, "components"),
+		       sdoc_num(ns, "clients"), fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
+		       sdoc_num(ns, "pages"), fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+		       fmt_pct(h, h + m, c, sizeof(c)), h, sdoc_num(ns, "puts"),
+		       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), d, sizeof(d)));
 	}
 }
 
-static int print_json(const cJSON *v)
+/* ---- map ---- */
+
+/*
+ * One character per cell: in flight wins over leased wins over how full it is, so the pages
+ * that cannot move stand out.
+ */
+static char map_cell(double used, double pinned, double writing, double cap)
+{
+	if (writing > 0)
+		return 'W';
+	if (pinned > writing)
+		return 'L';
+	if (used <= 0)
+		return '.';
+	if (used < cap / 2)
+		return ':';
+	return used < cap ? '+' : '#';
+}
+
+#define MAP_COLS 64
+
+static void print_map(const cJSON *root)
+{
+	const cJSON *map = sdoc_arr(root, "map"), *a;
+	char x[32], y[32];
+
+	if (!map || !cJSON_GetArraySize(map)) {
+		printf("this broker sends no pool map (an older kvbrokerd)\n");
+		return;
+	}
+	cJSON_ArrayForEach(a, map)
+	{
+		const cJSON *used = sdoc_arr(a, "used"), *pinned = sdoc_arr(a, "pinned");
+		const cJSON *writing = sdoc_arr(a, "writing");
+		double slab = sdoc_num(a, "slab_bytes"), slabs = sdoc_num(a, "slabs");
+		double per = sdoc_num(a, "slabs_per_cell");
+		int n = cJSON_GetArraySize(used);
+
+		printf("arena %.0f  node %.0f  %s in %.0f slabs of %s, %.0f slab%s per cell\n",
+		       sdoc_num(a, "arena"), sdoc_num(a, "node"),
+		       fmt_bytes(slab * slabs, x, sizeof(x)), slabs, fmt_bytes(slab, y, sizeof(y)),
+		       per, per == 1 ? "" : "s");
+		for (int i = 0; i < n; i++) {
+			double left = slabs - i * per;
+			double cap = (left < per ? left : per) * slab;
+			const cJSON *u = cJSON_GetArrayItem(used, i);
+			const cJSON *p = cJSON_GetArrayItem(pinned, i);
+			const cJSON *w = cJSON_GetArrayItem(writing, i);
+
+			if (i % MAP_COLS == 0)
+				printf("  ");
+			putchar(map_cell(u ? u->valuedouble : 0, p ? p->valuedouble : 0,
+					 w ? w->valuedouble : 0, cap));
+			if (i % MAP_COLS == MAP_COLS - 1 || i == n - 1)
+				putchar('\n');
+		}
+	}
+	printf("legend: . free  : under half used  + over half  # full  "
+	       "L holds leased pages  W a page in flight\n");
+}
+
+int ctl_print_json(const cJSON *v)
 {
 	char *s = cJSON_Print(v);
 
 	if (!s) {
-		fprintf(stderr, "%s: out of memory\n", prog);
+		fprintf(stderr, "%s: out of memory\n", ctl_prog);
 		return 1;
 	}
 	printf("%s\n", s);
@@ -362,29 +552,73 @@ static int print_json(const cJSON *v)
 	return 0;
 }
 
-int main(int argc, char **argv)
+static int print_metrics(const cJSON *root)
+{
+	char *t = metrics_text(root);
+
+	if (!t) {
+		fprintf(stderr, "%s: out of memory\n", ctl_prog);
+		return 1;
+	}
+	fputs(t, stdout);
+	free(t);
+	return 0;
+}
+
+/* The part of the document a table command prints as JSON (an empty array when absent). */
+static int print_part(const cJSON *root, const char *name)
+{
+	const cJSON *v = sdoc_arr(root, name);
+	cJSON *empty = cJSON_CreateArray();
+	int ret = ctl_print_json(v ? v : empty);
+
+	cJSON_Delete(empty);
+	return ret;
+}
+
+static const char *const commands[] = {"status", "clients", "ns", "map", "metrics", "top", "plan"};
+
+struct cli {
+	const char *sock, *file;
+	int json;
+	double interval;
+};
+
+/*
+ * kvbctl's options, before the command (spec "+...": stop at it) and after it. Returns -1 to
+ * go on, else the exit status (0 after --help, 2 on a usage error).
+ */
+static int parse_opts(int argc, char **argv, const char *spec, struct cli *o)
 {
 	static const struct option lopts[] = {
 		{"socket", required_argument, NULL, 's'},
 		{"json", no_argument, NULL, 'j'},
+		{"interval", required_argument, NULL, 'i'},
+		{"stats-file", required_argument, NULL, 'f'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *sock_flag = NULL, *cmd = NULL;
-	struct kvb_opts opts;
-	kvb_client *c = NULL;
-	char path[512], *text = NULL;
-	cJSON *root = NULL;
-	int json = 0, opt, rc, ret = 1;
+	char *end;
+	int opt;
 
-	/* "+" would stop at the command; we want options on either side of it. */
-	while ((opt = getopt_long(argc, argv, "s:jh", lopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, spec, lopts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
-			sock_flag = optarg;
+			o->sock = optarg;
+			break;
+		case 'f':
+			o->file = optarg;
 			break;
 		case 'j':
-			json = 1;
+			o->json = 1;
+			break;
+		case 'i':
+			o->interval = strtod(optarg, &end);
+			if (*end || !(o->interval >= 0.05 && o->interval <= 3600)) {
+				fprintf(stderr, "%s: --interval: seconds, 0.05 to 3600\n",
+					ctl_prog);
+				return 2;
+			}
 			break;
 		case 'h':
 			usage(stdout);
@@ -394,72 +628,120 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	return -1;
+}
+
+/* A stats document saved earlier (status --json), for rendering it offline. */
+static cJSON *read_stats_file(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	size_t cap = 1 << 16, len = 0, n;
+	char *buf = malloc(cap);
+	cJSON *root = NULL;
+
+	if (!f || !buf) {
+		fprintf(stderr, "%s: %s: %s\n", ctl_prog, path,
+			f ? "out of memory" : strerror(errno));
+		goto out;
+	}
+	while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+		len += n;
+		if (len == cap - 1) {
+			char *nb = realloc(buf, cap * 2);
+
+			if (!nb)
+				goto out;
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	buf[len] = '\0';
+	root = cJSON_Parse(buf);
+	if (!cJSON_IsObject(root)) {
+		fprintf(stderr, "%s: %s is not a stats document (JSON object)\n", ctl_prog, path);
+		cJSON_Delete(root);
+		root = NULL;
+	}
+out:
+	if (f)
+		fclose(f);
+	free(buf);
+	return root;
+}
+
+int main(int argc, char **argv)
+{
+	struct cli o = {.interval = 1.0};
+	struct ctl x = {0};
+	const char *cmd = NULL;
+	cJSON *root = NULL;
+	int ret, known = 0;
+
+	/* Options before the command, then the command; plan parses the rest itself. */
+	ret = parse_opts(argc, argv, "+s:jhf:", &o);
+	if (ret >= 0)
+		return ret;
 	if (optind < argc)
-		cmd = argv[optind++];
-	if (!cmd || optind < argc ||
-	    (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "ns"))) {
+		cmd = argv[optind];
+	for (size_t i = 0; cmd && i < sizeof(commands) / sizeof(commands[0]); i++)
+		known |= !strcmp(cmd, commands[i]);
+	if (!known) {
 		if (cmd)
-			fprintf(stderr, "%s: unknown command '%s'\n", prog, cmd);
+			fprintf(stderr, "%s: unknown command '%s'\n", ctl_prog, cmd);
 		usage(stderr);
 		return 2;
 	}
-
-	socket_path(sock_flag, path, sizeof(path));
-	memset(&opts, 0, sizeof(opts));
-	opts.socket_path = path;
-	opts.name = "kvbctl";
-	opts.flags = KVB_CONNECT_CONTROL;
-	rc = kvb_connect(&opts, &c);
-	if (rc < 0) {
-		fprintf(stderr,
-			"%s: no broker reachable at %s (%s); start one with: "
-			"kvbrokerd --socket %s\n",
-			prog, path, connect_error(rc), path);
-		return 1;
+	if (!strcmp(cmd, "plan"))
+		return ctl_plan(argc - optind, argv + optind, o.json);
+	/* Options after the command too ("kvbctl status --json"). */
+	argc -= optind;
+	argv += optind;
+	optind = 1;
+	ret = parse_opts(argc, argv, "s:jhf:", &o);
+	if (ret >= 0)
+		return ret;
+	if (optind < argc) {
+		fprintf(stderr, "%s: unexpected argument '%s'\n", ctl_prog, argv[optind]);
+		usage(stderr);
+		return 2;
 	}
-	rc = kvb_stats_json(c, &text);
-	if (rc < 0) {
-		fprintf(stderr, "%s: stats request to %s failed: %s\n", prog, path,
-			kvb_strerror(rc));
-		goto out;
-	}
-	root = cJSON_Parse(text);
-	if (!cJSON_IsObject(root)) {
-		fprintf(stderr, "%s: broker at %s sent stats that are not a JSON object\n", prog,
-			path);
-		goto out;
+	ret = 1;
+	socket_path(o.sock, x.path, sizeof(x.path));
+	if (o.file) {
+		if (!strcmp(cmd, "top")) {
+			fprintf(stderr, "%s: top needs a live broker, not --stats-file\n",
+				ctl_prog);
+			return 2;
+		}
+		snprintf(x.path, sizeof(x.path), "%s", o.file);
+		root = read_stats_file(o.file);
+		if (!root)
+			return 1;
+	} else {
+		if (ctl_connect(&x, 0) < 0)
+			return 1;
+		if (!strcmp(cmd, "top")) {
+			ret = o.json ? ctl_top_json(&x, o.interval) : ctl_top(&x, o.interval);
+			goto out;
+		}
+		if (ctl_fetch(&x, &root, 0) < 0)
+			goto out;
 	}
 	ensure_shape(root);
 
-	if (!strcmp(cmd, "status")) {
-		if (json)
-			ret = print_json(root);
-		else {
-			print_status(root, path);
-			ret = 0;
-		}
-	} else if (!strcmp(cmd, "clients")) {
-		if (json) {
-			const cJSON *l = jarr(root, "client_list");
-			cJSON *empty = cJSON_CreateArray();
-
-			ret = print_json(l ? l : empty);
-			cJSON_Delete(empty);
-		} else {
-			print_clients(root);
-			ret = 0;
-		}
-	} else {
-		if (json)
-			ret = print_json(cJSON_GetObjectItemCaseSensitive(root, "namespaces"));
-		else {
-			print_ns(root);
-			ret = 0;
-		}
-	}
+	if (!strcmp(cmd, "status"))
+		ret = o.json ? ctl_print_json(root)
+			     : (print_status(root, x.path, o.file != NULL), 0);
+	else if (!strcmp(cmd, "clients"))
+		ret = o.json ? print_part(root, "client_list") : (print_clients(root), 0);
+	else if (!strcmp(cmd, "ns"))
+		ret = o.json ? print_part(root, "namespaces") : (print_ns(root), 0);
+	else if (!strcmp(cmd, "map"))
+		ret = o.json ? print_part(root, "map") : (print_map(root), 0);
+	else
+		ret = o.json ? ctl_print_json(root) : print_metrics(root);
 out:
 	cJSON_Delete(root);
-	free(text);
-	kvb_close(c);
+	ctl_disconnect(&x);
 	return ret;
 }

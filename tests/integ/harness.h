@@ -306,4 +306,15 @@ int harness_raw_hung_up(struct harness_raw *r, int timeout_ms);
 
 void harness_raw_close(struct harness_raw *r);
 
+/* ---- the tools (harness_run.c) ---- */
+
+/* Path of a program built beside the tests: BUILD/bin/name. */
+void harness_bin_path(const char *name, char *out, size_t len);
+
+/*
+ * Runs "BUILD/bin/prog args 2>&1" through the shell (args are shell words) and returns its exit
+ * code (128 + signal when killed), its stdout and stderr in *out (free it).
+ */
+int harness_run_tool(const char *prog, const char *args, char **out);
+
 #endif /* KVB_TESTS_HARNESS_H */

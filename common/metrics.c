@@ -1,0 +1,603 @@
+// SPDX-License-Identifier: MIT
+/*
+ * metrics.c - Prometheus text exposition (format 0.0.4) of the STATS JSON document, and a
+ * checker for that format.
+ *
+ * The one generator of kvbroker's metrics: `kvbctl metrics` feeds it the document it fetched,
+ * kvbrokerd's HTTP endpoint (broker/metrics_http.c) the snapshot its loop published. Working
+ * from the JSON rather than from broker structures keeps it one code path, testable with a
+ * hand-written document (a disk tier before there is one), and free of broker internals.
+ *
+ * Naming follows the Prometheus conventions: prefix kvbroker_, base units (bytes, seconds),
+ * counters end in _total, one family per quantity with labels for its dimensions
+ * (kvbroker_pool_bytes{tier="ram",node="0",state="used"}). A family is emitted only when the
+ * document has its source field, so the output grows with the document (fields are only ever
+ * added) and an absent disk tier is just kvbroker_disk_state{state="off"} 1. Node "-1" is an
+ * arena with no NUMA node (the value the JSON uses). Per-client series carry the client id
+ * (pid and name as labels); clients come and go, so their series do too.
+ *
+ * Pure functions on their arguments; any thread.
+ */
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "metrics.h"
+#include "statsdoc.h"
+
+/* ---- output buffer ---- */
+
+struct mbuf {
+	char *p;
+	size_t len, cap;
+	int oom;
+};
+
+static void put(struct mbuf *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(struct mbuf *m, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		if (m->oom)
+			return;
+		va_start(ap, fmt);
+		n = vsnprintf(m->p + m->len, m->cap - m->len, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			m->oom = 1;
+			return;
+		}
+		if ((size_t)n < m->cap - m->len) {
+			m->len += (size_t)n;
+			return;
+		}
+		char *np = realloc(m->p, m->cap * 2 + (size_t)n);
+
+		if (!np) {
+			m->oom = 1;
+			return;
+		}
+		m->p = np;
+		m->cap = m->cap * 2 + (size_t)n;
+	}
+}
+
+/* ---- families and samples ---- */
+
+static void family(struct mbuf *m, const char *name, const char *type, const char *help)
+{
+	put(m, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Integers print exactly (counters are < 2^53 in a double); everything else as %g. */
+static void value(struct mbuf *m, double v)
+{
+	if (isnan(v))
+		put(m, "NaN\n");
+	else if (isinf(v))
+		put(m, "%sInf\n", v > 0 ? "+" : "-");
+	else if (v == floor(v) && fabs(v) < 9007199254740992.0)
+		put(m, "%.0f\n", v);
+	else
+		put(m, "%.9g\n", v);
+}
+
+/*
+ * A label value with \\, \" and \n escaped, as the format requires. Client names and model
+ * names come from clients: any other control byte or non-ASCII byte becomes '?', so no name
+ * can make the exposition invalid UTF-8 and fail the whole scrape.
+ */
+static void label_value(struct mbuf *m, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if (c == '\\' || c == '"')
+			put(m, "\\%c", c);
+		else if (c == '\n')
+			put(m, "\\n");
+		else
+			put(m, "%c", c >= 0x20 && c < 0x7f ? c : '?');
+	}
+}
+
+/*
+ * One sample. labels: NULL, or alternating names and values ending with NULL
+ * ("tier", "ram", "node", "0", NULL).
+ */
+static void sample(struct mbuf *m, const char *name, const char *const *labels, double v)
+{
+	put(m, "%s", name);
+	if (labels && labels[0]) {
+		put(m, "{");
+		for (int i = 0; labels[i]; i += 2) {
+			put(m, "%s%s=\"", i ? "," : "", labels[i]);
+			label_value(m, labels[i + 1]);
+			put(m, "\"");
+		}
+		put(m, "}");
+	}
+	put(m, " ");
+	value(m, v);
+}
+
+#define L(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* A family of one unlabelled sample from o.field, when present. */
+static void single(struct mbuf *m, const cJSON *o, const char *field, const char *name,
+		   const char *type, const char *help)
+{
+	if (!sdoc_has(o, field))
+		return;
+	family(m, name, type, help);
+	sample(m, name, NULL, sdoc_num(o, field));
+}
+
+/* A family with one sample per (label value, field) pair present in o. */
+struct pair {
+	const char *label_value, *field;
+};
+
+static void labelled(struct mbuf *m, const cJSON *o, const char *name, const char *type,
+		     const char *help, const char *label, const struct pair *p, size_t n)
+{
+	int any = 0;
+
+	for (size_t i = 0; i < n; i++)
+		any |= sdoc_has(o, p[i].field);
+	if (!any)
+		return;
+	family(m, name, type, help);
+	for (size_t i = 0; i < n; i++)
+		if (sdoc_has(o, p[i].field))
+			sample(m, name, L(label, p[i].label_value), sdoc_num(o, p[i].field));
+}
+
+/* ---- the pool ---- */
+
+/* RAM per NUMA node (arenas summed), then the disk tier. */
+static void pool_bytes(struct mbuf *m, const cJSON *root, const cJSON *disk)
+{
+	struct sdoc_node nodes[SDOC_MAX_NODES];
+	const cJSON *pool = sdoc_obj(root, "pool");
+	int n = sdoc_nodes(root, nodes, SDOC_MAX_NODES);
+
+	family(m, "kvbroker_pool_bytes", "gauge",
+	       "Pool memory by tier, NUMA node (-1: none) and state (used = slot bytes of stored "
+	       "pages, free = the rest).");
+	for (int i = 0; i < n; i++) {
+		char nd[16];
+
+		snprintf(nd, sizeof(nd), "%d", nodes[i].node);
+		sample(m, "kvbroker_pool_bytes", L("tier", "ram", "node", nd, "state", "used"),
+		       nodes[i].used);
+		sample(m, "kvbroker_pool_bytes", L("tier", "ram", "node", nd, "state", "free"),
+		       nodes[i].total - nodes[i].used);
+	}
+	if (disk) {
+		double t = sdoc_num(disk, "bytes_total"), u = sdoc_num(disk, "bytes_used");
+
+		sample(m, "kvbroker_pool_bytes", L("tier", "disk", "state", "used"), u);
+		sample(m, "kvbroker_pool_bytes", L("tier", "disk", "state", "free"), t - u);
+	}
+	family(m, "kvbroker_pool_pages", "gauge", "Pages stored, by tier.");
+	sample(m, "kvbroker_pool_pages", L("tier", "ram"), sdoc_num(pool, "pages"));
+	if (disk)
+		sample(m, "kvbroker_pool_pages", L("tier", "disk"), sdoc_num(disk, "pages"));
+	single(m, pool, "pinned_pages", "kvbroker_pool_pinned_pages", "gauge",
+	       "RAM pages that cannot be evicted now: leased or with a copy in flight.");
+	if (sdoc_has(pool, "slabs_total")) {
+		family(m, "kvbroker_pool_slabs", "gauge", "RAM pool slabs, free or holding pages.");
+		sample(m, "kvbroker_pool_slabs", L("state", "free"), sdoc_num(pool, "slabs_free"));
+		sample(m, "kvbroker_pool_slabs", L("state", "used"),
+		       sdoc_num(pool, "slabs_total") - sdoc_num(pool, "slabs_free"));
+	}
+	labelled(m, pool, "kvbroker_pool_watermark_ratio", "gauge",
+		 "Eviction watermarks as a fraction of the RAM pool.", "level",
+		 (const struct pair[]){{"high", "high_watermark"}, {"low", "low_watermark"}}, 2);
+}
+
+/* ---- the disk tier ---- */
+
+static void disk_metrics(struct mbuf *m, const cJSON *disk, const char *state)
+{
+	static const char *const states[] = {"off", "ok", "failed"};
+	static const struct {
+		const char *field, *name, *help;
+	} ctr[] = {
+		{"reads", "kvbroker_disk_reads_total", "Page reads from the disk tier."},
+		{"writes", "kvbroker_disk_writes_total", "Page writes to the disk tier."},
+		{"errors", "kvbroker_disk_errors_total", "Disk I/O errors."},
+		{"corrupt", "kvbroker_disk_corrupt_total",
+		 "Disk slots whose checksum did not match (dropped, never served)."},
+		{"torn", "kvbroker_disk_torn_total",
+		 "Torn disk writes found by the start-up scan."},
+		{"dropped", "kvbroker_disk_dropped_total",
+		 "Pages dropped from the disk tier to make room."},
+		{"demotions", "kvbroker_disk_demotions_total", "Pages demoted from RAM to disk."},
+		{"promotions", "kvbroker_disk_promotions_total",
+		 "Pages promoted from disk to RAM."},
+	};
+
+	family(m, "kvbroker_disk_state", "gauge",
+	       "Disk tier state: 1 for the current one of off, ok, failed.");
+	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+		sample(m, "kvbroker_disk_state", L("state", states[i]), !strcmp(state, states[i]));
+	if (!disk)
+		return;
+	for (size_t i = 0; i < sizeof(ctr) / sizeof(ctr[0]); i++)
+		single(m, disk, ctr[i].field, ctr[i].name, "counter", ctr[i].help);
+	labelled(m, disk, "kvbroker_disk_bytes_total", "counter",
+		 "Bytes read from and written to the disk tier.", "direction",
+		 (const struct pair[]){{"read", "read_bytes"}, {"write", "write_bytes"}}, 2);
+	single(m, disk, "scan_seconds", "kvbroker_disk_scan_seconds", "gauge",
+	       "Seconds the start-up scan of the disk tier took.");
+}
+
+/* ---- per namespace and per client ---- */
+
+struct series {
+	const char *field, *name, *type, *help;
+};
+
+/* One family per field, one sample per element of arr that has it. lab() builds its labels. */
+static void per_element(struct mbuf *m, const cJSON *arr, const struct series *s, size_t n,
+			void (*lab)(const cJSON *e, char (*buf)[128], const char **labels))
+{
+	for (size_t i = 0; i < n; i++) {
+		const cJSON *e;
+		int first = 1;
+
+		cJSON_ArrayForEach(e, arr)
+		{
+			char buf[4][128];
+			const char *labels[9];
+
+			if (!sdoc_has(e, s[i].field))
+				continue;
+			if (first)
+				family(m, s[i].name, s[i].type, s[i].help);
+			first = 0;
+			lab(e, buf, labels);
+			sample(m, s[i].name, labels, sdoc_num(e, s[i].field));
+		}
+	}
+}
+
+static void ns_labels(const cJSON *e, char (*buf)[128], const char **l)
+{
+	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
+	l[0] = "ns";
+	l[1] = buf[0];
+	l[2] = "model";
+	l[3] = sdoc_str(e, "model");
+	l[4] = "kind";
+	l[5] = sdoc_str(e, "kind");
+	l[6] = NULL;
+}
+
+static void client_labels(const cJSON *e, char (*buf)[128], const char **l)
+{
+	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
+	snprintf(buf[1], sizeof(buf[1]), "%.0f", sdoc_num(e, "pid"));
+	l[0] = "client";
+	l[1] = buf[0];
+	l[2] = "pid";
+	l[3] = buf[1];
+	l[4] = "name";
+	l[5] = sdoc_str(e, "name");
+	l[6] = NULL;
+}
+
+static const struct series ns_series[] = {
+	{"pages", "kvbroker_ns_pages", "gauge", "RAM pages stored in the namespace."},
+	{"bytes", "kvbroker_ns_bytes", "gauge", "RAM slot bytes the namespace's pages occupy."},
+	{"clients", "kvbroker_ns_clients", "gauge", "Attached clients that opened the namespace."},
+	{"puts", "kvbroker_ns_puts_total", "counter", "PUTs into the namespace."},
+	{"gets", "kvbroker_ns_gets_total", "counter", "GETs from the namespace."},
+	{"hits", "kvbroker_ns_hits_total", "counter", "GETs and ACQUIREs that found the page."},
+	{"misses", "kvbroker_ns_misses_total", "counter", "GETs and ACQUIREs that did not."},
+	{"dedup", "kvbroker_ns_dedup_total", "counter",
+	 "PUTs that found the page already stored (by another rank or engine)."},
+	{"dedup_bytes", "kvbroker_ns_dedup_bytes_total", "counter",
+	 "Page bytes not stored again because another rank or engine had stored them."},
+};
+
+static const struct series client_series[] = {
+	{"ops", "kvbroker_client_ops_total", "counter", "Ring operations a client submitted."},
+	{"leases", "kvbroker_client_leases", "gauge", "Leases a client holds."},
+	{"puts", "kvbroker_client_puts_total", "counter", "PUTs by a client."},
+	{"gets", "kvbroker_client_gets_total", "counter", "GETs and ACQUIREs by a client."},
+	{"hits", "kvbroker_client_hits_total", "counter", "A client's GETs and ACQUIREs that hit."},
+	{"misses", "kvbroker_client_misses_total", "counter",
+	 "A client's GETs and ACQUIREs that missed."},
+	{"bytes_in", "kvbroker_client_bytes_in_total", "counter", "Page bytes a client stored."},
+	{"bytes_out", "kvbroker_client_bytes_out_total", "counter", "Page bytes a client read."},
+};
+
+/* ---- the document ---- */
+
+static void counters(struct mbuf *m, const cJSON *c)
+{
+	static const struct pair ops[] = {
+		{"put", "puts"},
+		{"get", "gets"},
+		{"acquire", "acquires"},
+		{"release", "releases"},
+		{"lookup", "lookups"},
+		{"delete", "deletes"},
+		{"prefetch", "prefetches"},
+		{"nop", "nops"},
+	};
+	static const struct series one[] = {
+		{"lookup_keys", "kvbroker_lookup_keys_total", "counter", "Keys looked up."},
+		{"hits", "kvbroker_hits_total", "counter",
+		 "GETs and ACQUIREs that found the page."},
+		{"misses", "kvbroker_misses_total", "counter", "GETs and ACQUIREs that did not."},
+		{"dedup", "kvbroker_dedup_total", "counter",
+		 "PUTs that found the page already stored (by another rank or engine)."},
+		{"dedup_bytes", "kvbroker_dedup_bytes_total", "counter",
+		 "Page bytes not stored again because another rank or engine had stored them."},
+		{"evictions", "kvbroker_evictions_total", "counter", "Pages evicted from RAM."},
+		{"errors", "kvbroker_errors_total", "counter",
+		 "Failed operations (misses excluded)."},
+		{"disconnects", "kvbroker_disconnects_total", "counter", "Connections closed."},
+		{"protocol_errors", "kvbroker_protocol_errors_total", "counter",
+		 "Sessions ended for a protocol violation."},
+		{"refused", "kvbroker_refused_connections_total", "counter",
+		 "Connections refused (credentials, connection cap, out of fds)."},
+	};
+
+	if (!c)
+		return;
+	labelled(m, c, "kvbroker_ops_total", "counter", "Ring operations, by opcode.", "op", ops,
+		 sizeof(ops) / sizeof(ops[0]));
+	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++)
+		single(m, c, one[i].field, one[i].name, one[i].type, one[i].help);
+	labelled(m, c, "kvbroker_transfer_bytes_total", "counter",
+		 "Page bytes copied into (PUT) and out of (GET, ACQUIRE) the pool.", "direction",
+		 (const struct pair[]){{"in", "bytes_in"}, {"out", "bytes_out"}}, 2);
+}
+
+char *metrics_text(const cJSON *st)
+{
+	struct mbuf m = {.cap = 16384};
+	const cJSON *pool = sdoc_obj(st, "pool"), *disk = sdoc_disk(st);
+	const char *dstate = disk ? sdoc_str(disk, "state") : "off";
+
+	if (!cJSON_IsObject(st))
+		return NULL;
+	m.p = malloc(m.cap);
+	if (!m.p)
+		return NULL;
+	m.p[0] = '\0';
+	family(&m, "kvbroker_info", "gauge", "Always 1; the broker's version and copy engine.");
+	sample(&m, "kvbroker_info",
+	       L("version", sdoc_str(st, "version"), "copy_engine", sdoc_str(st, "copy_engine")),
+	       1);
+	single(&m, st, "uptime_s", "kvbroker_uptime_seconds", "gauge", "Seconds since start-up.");
+	if (pool)
+		pool_bytes(&m, st, disk);
+	disk_metrics(&m, disk, dstate);
+	single(&m, st, "clients", "kvbroker_clients", "gauge", "Attached ring clients.");
+	single(&m, st, "leases", "kvbroker_leases", "gauge", "Leases held by all clients.");
+	if (sdoc_arr(st, "namespaces")) {
+		family(&m, "kvbroker_namespaces", "gauge", "Namespaces (model, layout, tenant).");
+		sample(&m, "kvbroker_namespaces", NULL,
+		       cJSON_GetArraySize(sdoc_arr(st, "namespaces")));
+	}
+	counters(&m, sdoc_obj(st, "counters"));
+	per_element(&m, sdoc_arr(st, "namespaces"), ns_series,
+		    sizeof(ns_series) / sizeof(ns_series[0]), ns_labels);
+	per_element(&m, sdoc_arr(st, "client_list"), client_series,
+		    sizeof(client_series) / sizeof(client_series[0]), client_labels);
+	if (m.oom) {
+		free(m.p);
+		return NULL;
+	}
+	return m.p;
+}
+
+char *metrics_from_json(const char *json)
+{
+	cJSON *st = cJSON_Parse(json);
+	char *t = metrics_text(st);
+
+	cJSON_Delete(st);
+	return t;
+}
+
+/* ---- the checker ---- */
+
+static int name_char(int c, int first)
+{
+	return isalpha(c) || c == '_' || c == ':' || (!first && isdigit(c));
+}
+
+/* Length of a metric (colons allowed) or label name at s, 0 when none. */
+static size_t name_len(const char *s, int colons)
+{
+	size_t n = 0;
+
+	while (s[n] && name_char((unsigned char)s[n], n == 0) && (colons || s[n] != ':'))
+		n++;
+	return n;
+}
+
+struct seen {
+	char **v;
+	size_t n, cap;
+};
+
+static int seen_add(struct seen *s, const char *p, size_t len)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (strlen(s->v[i]) == len && !memcmp(s->v[i], p, len))
+			return 1;
+	if (s->n == s->cap) {
+		size_t cap = s->cap ? s->cap * 2 : 64;
+		char **nv = realloc(s->v, cap * sizeof(*nv));
+
+		if (!nv)
+			return -1;
+		s->v = nv;
+		s->cap = cap;
+	}
+	s->v[s->n] = strndup(p, len);
+	return s->v[s->n++] ? 0 : -1;
+}
+
+static void seen_free(struct seen *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		free(s->v[i]);
+	free(s->v);
+}
+
+/* Parses "{a="x",b="y"}" at *p (advanced past it); -1 on malformed. */
+static int parse_labels(const char **p)
+{
+	const char *s = *p;
+
+	if (*s != '{')
+		return 0;
+	s++;
+	while (*s != '}') {
+		size_t n = name_len(s, 0);
+
+		if (!n || s[n] != '=' || s[n + 1] != '"')
+			return -1;
+		s += n + 2;
+		while (*s != '"') {
+			if (!*s || *s == '\n')
+				return -1;
+			if (*s == '\\') {
+				if (s[1] != '\\' && s[1] != '"' && s[1] != 'n')
+					return -1;
+				s++;
+			}
+			s++;
+		}
+		s++;
+		if (*s == ',')
+			s++;
+		else if (*s != '}')
+			return -1;
+	}
+	*p = s + 1;
+	return 0;
+}
+
+static int parse_value(const char *s, const char *end)
+{
+	char buf[64], *e;
+	size_t n = (size_t)(end - s);
+
+	if (!n || n >= sizeof(buf))
+		return -1;
+	memcpy(buf, s, n);
+	buf[n] = '\0';
+	if (!strcmp(buf, "NaN") || !strcmp(buf, "+Inf") || !strcmp(buf, "-Inf"))
+		return 0;
+	strtod(buf, &e);
+	return *e ? -1 : 0;
+}
+
+int metrics_check(const char *text, char *err, size_t errlen)
+{
+	struct seen types = {0}, samples = {0};
+	char cur[128] = "";
+	const char *line = text, *why = NULL;
+	int ln = 0, rc = -1;
+
+	if (!*text || text[strlen(text) - 1] != '\n') {
+		why = "text does not end with a newline";
+		goto out;
+	}
+	for (; *line; line = strchr(line, '\n') + 1) {
+		const char *eol = strchr(line, '\n'), *p = line, *sp;
+		size_t n;
+
+		ln++;
+		if (*p == '#') {
+			char kw[8], nm[128], ty[16];
+
+			if (sscanf(p, "# %7s %127s %15s", kw, nm, ty) == 3 && !strcmp(kw, "TYPE")) {
+				if (strcmp(ty, "counter") && strcmp(ty, "gauge") &&
+				    strcmp(ty, "histogram") && strcmp(ty, "summary") &&
+				    strcmp(ty, "untyped")) {
+					why = "unknown TYPE";
+					goto out;
+				}
+				if (seen_add(&types, nm, strlen(nm))) {
+					why = "TYPE declared twice";
+					goto out;
+				}
+				if (!strcmp(ty, "counter") &&
+				    (strlen(nm) < 6 || strcmp(nm + strlen(nm) - 6, "_total"))) {
+					why = "counter not named *_total";
+					goto out;
+				}
+				/* Samples must follow their TYPE: declared once, so contiguous. */
+				snprintf(cur, sizeof(cur), "%s", nm);
+			}
+			continue;
+		}
+		if (p == eol) {
+			why = "empty line";
+			goto out;
+		}
+		n = name_len(p, 1);
+		if (!n) {
+			why = "sample line without a metric name";
+			goto out;
+		}
+		if (strlen(cur) != n || memcmp(cur, p, n)) {
+			/* A new family without TYPE, or samples away from their family. */
+			why = "sample outside its family (no TYPE before it, or not contiguous)";
+			goto out;
+		}
+		p += n;
+		if (parse_labels(&p)) {
+			why = "malformed labels";
+			goto out;
+		}
+		if (seen_add(&samples, line, (size_t)(p - line))) {
+			why = "sample (name and labels) appears twice";
+			goto out;
+		}
+		if (*p != ' ') {
+			why = "no space before the value";
+			goto out;
+		}
+		p++;
+		sp = memchr(p, ' ', (size_t)(eol - p));
+		if (parse_value(p, sp ? sp : eol)) {
+			why = "value is not a float";
+			goto out;
+		}
+		if (sp) {
+			char *e;
+
+			strtoll(sp + 1, &e, 10);
+			if (e != eol || e == sp + 1) {
+				why = "timestamp is not an integer";
+				goto out;
+			}
+		}
+	}
+	rc = 0;
+out:
+	if (rc && err)
+		snprintf(err, errlen, "line %d: %s", ln, why ? why : "out of memory");
+	seen_free(&types);
+	seen_free(&samples);
+	return rc;
+}

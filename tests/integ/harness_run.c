@@ -1,0 +1,53 @@
+// SPDX-License-Identifier: MIT
+/*
+ * harness_run.c - running the programs built beside the tests (kvbctl, kvbrokerd) and reading
+ * what they print, for the tool tests. See harness.h.
+ */
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+void harness_bin_path(const char *name, char *out, size_t len)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	CHECKF(n > 0, "readlink /proc/self/exe");
+	self[n] = '\0';
+	/* BUILD/tests/t_x -> BUILD/bin/name */
+	snprintf(out, len, "%s/../bin/%s", dirname(self), name);
+}
+
+int harness_run_tool(const char *prog, const char *args, char **out)
+{
+	char path[PATH_MAX], *cmd;
+	size_t cap = 1 << 16, len = 0, n;
+	char *buf = malloc(cap);
+	FILE *p;
+	int st;
+
+	harness_bin_path(prog, path, sizeof(path));
+	CHECK(buf != NULL && asprintf(&cmd, "%s %s 2>&1", path, args) > 0);
+	p = popen(cmd, "r");
+	CHECKF(p != NULL, "popen %s", cmd);
+	while ((n = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+		len += n;
+		if (len == cap - 1) {
+			char *nb = realloc(buf, cap * 2);
+
+			CHECK(nb != NULL);
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	buf[len] = '\0';
+	st = pclose(p);
+	free(cmd);
+	*out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}

@@ -1,0 +1,432 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvbctl_plan.c - `kvbctl plan`: the capacity planner's command line and report. The
+ * arithmetic is common/plan.c's (unit-tested there); this file parses flags and prints
+ * private per-rank pools and one shared kvbroker pool side by side, or both as JSON.
+ * Needs no broker.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvbctl.h"
+#include "plan.h"
+
+static void plan_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kvbctl plan [--model NAME | --attention mla|mha --layers N ...] [options]\n"
+		"\n"
+		"How much KV cache each tier holds and how many requests fit, for per-rank "
+		"private\n"
+		"host pools (what engines do alone) and for one shared kvbroker pool.\n"
+		"\n"
+		"model:\n"
+		"  --model NAME        a preset (--list), e.g. kimi-k2.5, llama-3.1-70b\n"
+		"  --attention KIND    mla (latent KV, the same on every TP rank) or mha/gqa\n"
+		"  --layers N          layers with a KV cache\n"
+		"  --kv-dim N          mla: elements per token per layer (kv_lora_rank + rope "
+		"dim)\n"
+		"  --kv-heads N        mha/gqa: key/value heads\n"
+		"  --head-dim N        mha/gqa: elements per head\n"
+		"  --dtype T           KV cache type: bf16, fp16, fp8, fp32 (default bf16)\n"
+		"  --weights SIZE      model weights, all ranks (with --gpu-mem; presets know it)\n"
+		"                      (these flags override a preset's values)\n"
+		"deployment:\n"
+		"  --tp N              tensor-parallel ranks per engine (default 1)\n"
+		"  --gpu-tokens N      KV tokens one GPU holds (as the engine logs it), or:\n"
+		"  --gpu-mem SIZE      memory of one GPU, with --mem-fraction (default 0.85)\n"
+		"  --host-ram SIZE     host RAM for KV on the node\n"
+		"  --disk SIZE         disk for KV on the node (default none)\n"
+		"  --req-len N         average request length in tokens, prompt + output (default "
+		"4096)\n"
+		"  --page-tokens N     tokens per page (default 64)\n"
+		"  --json              the inputs and results as JSON\n"
+		"  --list              the presets\n"
+		"\n"
+		"SIZE takes K, M, G, T (binary: 300G = 300 GiB) or KB, MB, GB, TB (decimal).\n"
+		"example: kvbctl plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 --host-ram "
+		"300G\n");
+}
+
+/* "300G" (GiB), "300GB" (10^9), plain bytes; -EINVAL on garbage or overflow. */
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	double mult = 1;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *s == '-')
+		return -EINVAL;
+	if (*end) {
+		const char *u = strchr("KMGTkmgt", *end);
+		int p;
+
+		if (!u)
+			return -EINVAL;
+		p = (int)((u - "KMGTkmgt") % 4) + 1;
+		end++;
+		if (!strcmp(end, "B") || !strcmp(end, "b")) {
+			for (int i = 0; i < p; i++)
+				mult *= 1000;
+		} else if (!*end || !strcmp(end, "iB") || !strcmp(end, "ib")) {
+			for (int i = 0; i < p; i++)
+				mult *= 1024;
+		} else {
+			return -EINVAL;
+		}
+	}
+	if ((double)v * mult > 1.8e19)
+		return -EINVAL;
+	*out = (uint64_t)((double)v * mult);
+	return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	return errno || end == s || *end || *s == '-' ? -EINVAL : 0;
+}
+
+/* 1234567 -> "1,234,567" */
+static const char *fmt_count(uint64_t v, char *buf, size_t len)
+{
+	char tmp[32];
+	int n = snprintf(tmp, sizeof(tmp), "%llu", (unsigned long long)v), o = 0;
+
+	for (int i = 0; i < n && (size_t)o + 2 < len; i++) {
+		if (i && (n - i) % 3 == 0)
+			buf[o++] = ',';
+		buf[o++] = tmp[i];
+	}
+	buf[o] = '\0';
+	return buf;
+}
+
+static const char *attn_name(uint32_t a)
+{
+	return a == PLAN_MLA ? "mla" : "mha";
+}
+
+static void tier_json(cJSON *o, const char *name, const struct plan_tier *t)
+{
+	cJSON *j = cJSON_AddObjectToObject(o, name);
+
+	cJSON_AddNumberToObject(j, "bytes", (double)t->bytes);
+	cJSON_AddNumberToObject(j, "pages", (double)t->pages);
+	cJSON_AddNumberToObject(j, "tokens", (double)t->tokens);
+	cJSON_AddNumberToObject(j, "requests", (double)t->requests);
+}
+
+static int plan_json(const struct plan_in *in, const struct plan_out *o)
+{
+	cJSON *r = cJSON_CreateObject(), *m = cJSON_AddObjectToObject(r, "model");
+	cJSON *priv, *shared;
+	int ret;
+
+	cJSON_AddStringToObject(m, "name", in->m.name ? in->m.name : "");
+	cJSON_AddStringToObject(m, "attention", attn_name(in->m.attn));
+	cJSON_AddNumberToObject(m, "layers", in->m.layers);
+	if (in->m.attn == PLAN_MLA) {
+		cJSON_AddNumberToObject(m, "kv_dim", in->m.latent_dim);
+	} else {
+		cJSON_AddNumberToObject(m, "kv_heads", in->m.kv_heads);
+		cJSON_AddNumberToObject(m, "head_dim", in->m.head_dim);
+	}
+	cJSON_AddNumberToObject(m, "dtype_bytes", in->m.dtype_bytes);
+	cJSON_AddNumberToObject(r, "tp", in->tp);
+	cJSON_AddNumberToObject(r, "req_tokens", (double)in->req_tokens);
+	cJSON_AddNumberToObject(r, "page_tokens", in->page_tokens);
+	cJSON_AddNumberToObject(r, "bytes_per_token_rank", (double)o->bytes_token_rank);
+	cJSON_AddNumberToObject(r, "bytes_per_token_engine", (double)o->bytes_token_engine);
+	cJSON_AddNumberToObject(r, "bytes_per_token_unique", (double)o->bytes_token_unique);
+	cJSON_AddNumberToObject(r, "ranks_sharing_a_page", o->share);
+	cJSON_AddNumberToObject(r, "slot_bytes", (double)o->slot_bytes);
+	tier_json(r, "gpu", &o->gpu);
+	priv = cJSON_AddObjectToObject(r, "private");
+	tier_json(priv, "host", &o->priv_host);
+	tier_json(priv, "disk", &o->priv_disk);
+	cJSON_AddNumberToObject(priv, "requests", (double)o->priv_requests);
+	shared = cJSON_AddObjectToObject(r, "shared");
+	tier_json(shared, "host", &o->shared_host);
+	tier_json(shared, "disk", &o->shared_disk);
+	cJSON_AddNumberToObject(shared, "requests", (double)o->shared_requests);
+	cJSON_AddNumberToObject(r, "host_gain", o->host_gain);
+	ret = ctl_print_json(r);
+	cJSON_Delete(r);
+	return ret;
+}
+
+/* One row: label, then the private and the shared column. */
+static void row(const char *label, const char *priv, const char *shared)
+{
+	printf("  %-26s %-30s %s\n", label, priv, shared);
+}
+
+static void tier_rows(const char *name, const struct plan_tier *p, const struct plan_tier *s,
+		      uint32_t tp)
+{
+	char a[64], b[64], c[32], d[32], lab[64];
+
+	if (!p->bytes)
+		return;
+	snprintf(lab, sizeof(lab), "%s %s", name, fmt_bytes((double)p->bytes, c, sizeof(c)));
+	snprintf(a, sizeof(a), "%u x %s", tp, fmt_bytes((double)p->bytes / tp, d, sizeof(d)));
+	row(lab, a, "one pool");
+	snprintf(a, sizeof(a), "%u x %s", tp, fmt_count(p->pages / tp, c, sizeof(c)));
+	row("  pages stored", a, fmt_count(s->pages, b, sizeof(b)));
+	row("  tokens held", fmt_count(p->tokens, a, sizeof(a)),
+	    fmt_count(s->tokens, b, sizeof(b)));
+	row("  requests that fit", fmt_count(p->requests, a, sizeof(a)),
+	    fmt_count(s->requests, b, sizeof(b)));
+}
+
+static void plan_text(const struct plan_in *in, const struct plan_out *o)
+{
+	const struct plan_model *m = &in->m;
+	char a[64], b[64], c[32], d[32];
+
+	if (m->attn == PLAN_MLA)
+		printf("model      %s: MLA, %u layers x %u latent elements x %u B per token\n",
+		       m->name ? m->name : "custom", m->layers, m->latent_dim, m->dtype_bytes);
+	else
+		printf("model      %s: MHA/GQA, %u layers x 2 x %u KV heads x %u x %u B per "
+		       "token\n",
+		       m->name ? m->name : "custom", m->layers, m->kv_heads, m->head_dim,
+		       m->dtype_bytes);
+	printf("engine     TP=%u, KV per token: %s B per rank, %s B across the ranks, %s B "
+	       "distinct\n",
+	       in->tp, fmt_count(o->bytes_token_rank, a, sizeof(a)),
+	       fmt_count(o->bytes_token_engine, b, sizeof(b)),
+	       fmt_count(o->bytes_token_unique, c, sizeof(c)));
+	printf("page       %u tokens = %s B per rank (%s slot)\n", in->page_tokens,
+	       fmt_count(o->bytes_token_rank * in->page_tokens, a, sizeof(a)),
+	       fmt_bytes((double)o->slot_bytes, d, sizeof(d)));
+	printf("requests   %s tokens on average\n\n", fmt_count(in->req_tokens, a, sizeof(a)));
+	printf("  %-26s %-30s %s\n", "", "private per-rank pools", "one shared kvbroker pool");
+	snprintf(a, sizeof(a), "%s tokens", fmt_count(o->gpu.tokens, c, sizeof(c)));
+	row("GPU KV (each rank)", a, a);
+	row("  requests that fit", fmt_count(o->gpu.requests, a, sizeof(a)), a);
+	tier_rows("host RAM", &o->priv_host, &o->shared_host, in->tp);
+	tier_rows("disk", &o->priv_disk, &o->shared_disk, in->tp);
+	row("all tiers: requests", fmt_count(o->priv_requests, a, sizeof(a)),
+	    fmt_count(o->shared_requests, b, sizeof(b)));
+	printf("\n");
+	if (m->attn == PLAN_MLA && in->tp > 1)
+		printf("host capacity x%.2f: with MLA every TP rank holds the same latent KV, so "
+		       "%u\n"
+		       "private pools store each page %u times; one shared pool stores it once "
+		       "and\n"
+		       "all %u ranks read it.\n",
+		       o->host_gain, in->tp, in->tp, in->tp);
+	else
+		printf("host capacity x%.2f: %s, so a shared pool saves nothing across\n"
+		       "ranks; it still shares prefixes across engines and jobs "
+		       "(workload-dependent).\n",
+		       o->host_gain,
+		       m->attn == PLAN_MLA ? "one rank" : "MHA/GQA ranks hold different KV heads");
+}
+
+/* Explicit model flags (non-zero fields of o) over a preset's values. */
+static void override(struct plan_model *m, const struct plan_model *o)
+{
+	if (o->attn)
+		m->attn = o->attn;
+	if (o->layers)
+		m->layers = o->layers;
+	if (o->latent_dim)
+		m->latent_dim = o->latent_dim;
+	if (o->kv_heads)
+		m->kv_heads = o->kv_heads;
+	if (o->head_dim)
+		m->head_dim = o->head_dim;
+	if (o->dtype_bytes)
+		m->dtype_bytes = o->dtype_bytes;
+	if (o->weight_bytes)
+		m->weight_bytes = o->weight_bytes;
+}
+
+int ctl_plan(int argc, char **argv, int json)
+{
+	enum {
+		O_MODEL = 256,
+		O_ATTN,
+		O_LAYERS,
+		O_KVDIM,
+		O_HEADS,
+		O_HDIM,
+		O_DTYPE,
+		O_WEIGHTS,
+		O_TP,
+		O_GPUTOK,
+		O_GPUMEM,
+		O_FRAC,
+		O_HOST,
+		O_DISK,
+		O_REQ,
+		O_PAGE,
+		O_JSON,
+		O_LIST,
+		O_HELP
+	};
+	static const struct option opts[] = {
+		{"model", required_argument, NULL, O_MODEL},
+		{"attention", required_argument, NULL, O_ATTN},
+		{"layers", required_argument, NULL, O_LAYERS},
+		{"kv-dim", required_argument, NULL, O_KVDIM},
+		{"kv-heads", required_argument, NULL, O_HEADS},
+		{"head-dim", required_argument, NULL, O_HDIM},
+		{"dtype", required_argument, NULL, O_DTYPE},
+		{"weights", required_argument, NULL, O_WEIGHTS},
+		{"tp", required_argument, NULL, O_TP},
+		{"gpu-tokens", required_argument, NULL, O_GPUTOK},
+		{"gpu-mem", required_argument, NULL, O_GPUMEM},
+		{"mem-fraction", required_argument, NULL, O_FRAC},
+		{"host-ram", required_argument, NULL, O_HOST},
+		{"disk", required_argument, NULL, O_DISK},
+		{"req-len", required_argument, NULL, O_REQ},
+		{"page-tokens", required_argument, NULL, O_PAGE},
+		{"json", no_argument, NULL, O_JSON},
+		{"list", no_argument, NULL, O_LIST},
+		{"help", no_argument, NULL, O_HELP},
+		{NULL, 0, NULL, 0},
+	};
+	struct plan_in in = {.tp = 1, .mem_fraction = 0.85, .req_tokens = 4096, .page_tokens = 64};
+	struct plan_model over = {0}; /* explicit flags, over the preset whatever their order */
+	const struct plan_model *preset = NULL;
+	struct plan_out out;
+	uint64_t v;
+	char *end;
+	int o, err = 0;
+
+	optind = 1;
+	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (o) {
+		case O_MODEL: {
+			const struct plan_model *p = plan_preset(optarg);
+
+			if (!p) {
+				fprintf(stderr, "%s plan: no preset '%s' (kvbctl plan --list)\n",
+					ctl_prog, optarg);
+				return 2;
+			}
+			preset = p;
+			break;
+		}
+		case O_ATTN:
+			if (!strcmp(optarg, "mla"))
+				over.attn = PLAN_MLA;
+			else if (!strcmp(optarg, "mha") || !strcmp(optarg, "gqa") ||
+				 !strcmp(optarg, "mqa"))
+				over.attn = PLAN_MHA;
+			else
+				err = -EINVAL;
+			break;
+		case O_DTYPE:
+			over.dtype_bytes = !strcmp(optarg, "bf16") || !strcmp(optarg, "fp16") ? 2
+					   : !strcmp(optarg, "fp8")			      ? 1
+					   : !strcmp(optarg, "fp32")			      ? 4
+											      : 0;
+			err = over.dtype_bytes ? 0 : -EINVAL;
+			break;
+		case O_LAYERS:
+		case O_KVDIM:
+		case O_HEADS:
+		case O_HDIM:
+		case O_TP:
+		case O_PAGE:
+			err = parse_u64(optarg, &v);
+			if (!err && (!v || v > UINT32_MAX))
+				err = -EINVAL;
+			*(o == O_LAYERS	 ? &over.layers
+			  : o == O_KVDIM ? &over.latent_dim
+			  : o == O_HEADS ? &over.kv_heads
+			  : o == O_HDIM	 ? &over.head_dim
+			  : o == O_TP	 ? &in.tp
+					 : &in.page_tokens) = (uint32_t)v;
+			break;
+		case O_GPUTOK:
+			err = parse_u64(optarg, &in.gpu_tokens);
+			break;
+		case O_REQ:
+			err = parse_u64(optarg, &in.req_tokens);
+			break;
+		case O_WEIGHTS:
+			err = parse_size(optarg, &over.weight_bytes);
+			break;
+		case O_GPUMEM:
+			err = parse_size(optarg, &in.gpu_bytes);
+			break;
+		case O_HOST:
+			err = parse_size(optarg, &in.host_bytes);
+			break;
+		case O_DISK:
+			err = parse_size(optarg, &in.disk_bytes);
+			break;
+		case O_FRAC:
+			in.mem_fraction = strtod(optarg, &end);
+			err = *end || in.mem_fraction <= 0 || in.mem_fraction > 1 ? -EINVAL : 0;
+			break;
+		case O_JSON:
+			json = 1;
+			break;
+		case O_LIST:
+			for (const struct plan_model *p = plan_presets; p->name; p++)
+				printf("%-16s %s, %u layers, %s\n", p->name, attn_name(p->attn),
+				       p->layers,
+				       p->attn == PLAN_MLA ? "latent KV shared by all TP ranks"
+							   : "KV heads split across TP ranks");
+			return 0;
+		case O_HELP:
+		case 'h':
+			plan_usage(stdout);
+			return 0;
+		default:
+			plan_usage(stderr);
+			return 2;
+		}
+		if (err) {
+			fprintf(stderr, "%s plan: bad value '%s' for --%s\n", ctl_prog, optarg,
+				opts[o - O_MODEL].name);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "%s plan: unexpected argument '%s'\n", ctl_prog, argv[optind]);
+		return 2;
+	}
+	if (preset)
+		in.m = *preset;
+	else
+		in.m.dtype_bytes = 2;
+	override(&in.m, &over);
+	if (!in.m.attn || !in.m.layers) {
+		fprintf(stderr, "%s plan: name a --model, or give --attention and --layers\n",
+			ctl_prog);
+		return 2;
+	}
+	if (!in.gpu_tokens && !in.gpu_bytes) {
+		fprintf(stderr, "%s plan: give --gpu-tokens, or --gpu-mem (and --mem-fraction)\n",
+			ctl_prog);
+		return 2;
+	}
+	if (plan_compute(&in, &out)) {
+		fprintf(stderr,
+			"%s plan: inconsistent inputs (mla needs --kv-dim, mha --kv-heads and "
+			"--head-dim; with --gpu-mem the weights per rank must fit in "
+			"gpu-mem x mem-fraction)\n",
+			ctl_prog);
+		return 2;
+	}
+	if (json)
+		return plan_json(&in, &out);
+	plan_text(&in, &out);
+	return 0;
+}
