@@ -294,14 +294,61 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_NOPREFAULT:
 			c->prefault = 0;
 			break;
-			strcpy(c->numa, "auto");
-			c->hugepage = HP_MODE_AUTO;
-			c->disk.qd = 64;
+		case O_NUMA:
+			if (snprintf(c->numa, sizeof(c->numa), "%s", optarg) >=
+			    (int)sizeof(c->numa))
+				goto bad;
 			break;
-			c->copy_threads = default_copy_threads();
-			c->copy_inline = COPY_HOST_INLINE_DEFAULT;
-			c->gpu = 1;
-			c->gpu_path = CUDA_PATH_AUTO;
+		case O_HUGEPAGES:
+			lvl = hugepage_parse(optarg);
+			if (lvl < 0)
+				goto bad;
+			c->hugepage = (enum hp_mode)lvl;
+			break;
+		case O_DISK:
+			if (!*optarg)
+				goto bad;
+			c->disk.paths = optarg;
+			break;
+		case O_DISK_SIZE:
+			if (parse_size(optarg, &c->disk.size) || !c->disk.size)
+				goto bad;
+			break;
+		case O_DISK_QD:
+			if (parse_u32(optarg, &c->disk.qd) || !c->disk.qd || c->disk.qd > 4096)
+				goto bad;
+			break;
+		case O_DISK_SQPOLL:
+			c->disk.sqpoll = 1;
+			break;
+		case O_COPY_THREADS:
+			if (parse_u32(optarg, &c->copy_threads) || c->copy_threads > 64)
+				goto bad;
+			break;
+		case O_COPY_INLINE:
+			if (parse_size(optarg, &c->copy_inline))
+				goto bad;
+			break;
+		case O_COPY_DELAY:
+			if (parse_u32(optarg, &c->copy_delay_us))
+				goto bad;
+			break;
+		case O_NO_GPU:
+			c->gpu = 0;
+			break;
+		case O_COPY_FAIL:
+			if (parse_u32(optarg, &c->copy_fail_every))
+				goto bad;
+			break;
+		case O_GPU_PATH:
+			if (!strcmp(optarg, "auto"))
+				c->gpu_path = CUDA_PATH_AUTO;
+			else if (!strcmp(optarg, "copy"))
+				c->gpu_path = CUDA_PATH_COPY;
+			else if (!strcmp(optarg, "kernel"))
+				c->gpu_path = CUDA_PATH_KERNEL;
+			else
+				goto bad;
 			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
