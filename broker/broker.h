@@ -34,6 +34,10 @@ struct config {
 	uint32_t max_leases;
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
+	uint32_t max_sq;	/* SQ entries one client may ask for (larger asks are clamped) */
+	uint32_t max_bufs;	/* registered buffers per client, <= SESSION_MAX_BUFS */
+	uint32_t max_ns;	/* namespaces per client, <= SESSION_MAX_NS */
+	uint32_t max_inflight;	/* ops per client taken from its SQ and not yet completed */
 	int prefault;
 	gid_t group;
 	int has_group;
@@ -60,6 +64,7 @@ struct sview {
 struct session {
 	struct list link;
 	int sock;
+	int pidfd; /* the connecting process, -1 when none (session.c [pidfd]) */
 	uint32_t id;
 	pid_t pid;
 	uid_t uid;
@@ -114,6 +119,7 @@ struct broker {
 /* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
 #define TAG_SOCK 1u
 #define TAG_SQ 2u
+#define TAG_PID 3u /* the peer's pidfd: readable once that process exited */
 #define TAG_MASK 7u
 
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */

@@ -113,6 +113,11 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 	}
 	if (s->dead)
 		return;
+	if (tag == TAG_PID) {
+		/* Its process is gone, even if the socket lives on in a child it forked. */
+		session_destroy(b, s, s->control_only || !s->hello_done ? NULL : "process exited");
+		return;
+	}
 	if (tag == TAG_SQ) {
 		/* SQ doorbell: drain it; the rings are polled right after. */
 		if (read(s->sq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN)

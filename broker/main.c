@@ -52,6 +52,12 @@ static void usage(FILE *f)
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
+		"  --max-sq-entries N     ring depth one client may ask for, a power of two;\n"
+		"                         larger asks are clamped (default 4096)\n"
+		"  --max-bufs N           registered buffers per client (default 256, at most 256)\n"
+		"  --max-ns N             namespaces one client may open (default 64, at most 64)\n"
+		"  --max-inflight N       ops per client taken from its ring and not completed\n"
+		"                         (default 4096)\n"
 		"  --no-prefault          do not map the pool's pages at start-up (its memory is\n"
 		"                         reserved either way; first PUTs then pay minor faults)\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
@@ -165,7 +171,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LOG,
 		O_HELP,
 		O_MAXBUF,
-		O_NOPREFAULT
+		O_NOPREFAULT,
+		O_MAXSQ,
+		O_MAXBUFS,
+		O_MAXNS,
+		O_MAXINFL
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -183,6 +193,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
+		{"max-sq-entries", required_argument, NULL, O_MAXSQ},
+		{"max-bufs", required_argument, NULL, O_MAXBUFS},
+		{"max-ns", required_argument, NULL, O_MAXNS},
+		{"max-inflight", required_argument, NULL, O_MAXINFL},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 100, low = 90;
@@ -195,6 +209,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_leases = 65536;
 	c->arg_size = 1u << 20;
 	c->max_buf_bytes = ram_bytes();
+	c->max_sq = KVB_SQ_MAX;
+	c->max_bufs = SESSION_MAX_BUFS;
+	c->max_ns = SESSION_MAX_NS;
+	c->max_inflight = KVB_SQ_MAX;
 	c->prefault = 1;
 	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
 		return -ENAMETOOLONG;
@@ -265,6 +283,24 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_NOPREFAULT:
 			c->prefault = 0;
 			break;
+		case O_MAXSQ:
+			if (parse_u32(optarg, &c->max_sq) || !kvb_is_pow2(c->max_sq) ||
+			    c->max_sq < KVB_SQ_MIN || c->max_sq > KVB_SQ_MAX)
+				goto bad;
+			break;
+		case O_MAXBUFS:
+			if (parse_u32(optarg, &c->max_bufs) || !c->max_bufs ||
+			    c->max_bufs > SESSION_MAX_BUFS)
+				goto bad;
+			break;
+		case O_MAXNS:
+			if (parse_u32(optarg, &c->max_ns) || !c->max_ns || c->max_ns > SESSION_MAX_NS)
+				goto bad;
+			break;
+		case O_MAXINFL:
+			if (parse_u32(optarg, &c->max_inflight) || !c->max_inflight)
+				goto bad;
+			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
 			if (lvl < 0)
@@ -309,8 +345,12 @@ bad:
 	return -EINVAL;
 }
 
-/* Binds the control socket, replacing a stale file but never a live broker's socket. */
-static int listen_socket(const char *path)
+/*
+ * Binds the control socket, replacing a stale file but never a live broker's socket. With
+ * --group, the directory we create and the socket belong to that group, so its members (and
+ * nobody else but us) can enter and connect; SO_PEERCRED is checked again at accept.
+ */
+static int listen_socket(const char *path, const struct config *c)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	char dir[sizeof(sa.sun_path)], *slash;
@@ -322,8 +362,13 @@ static int listen_socket(const char *path)
 	if (slash && slash != dir) {
 		*slash = '\0';
 		/* Only the broker's user (and group) may enter a directory we create. */
-		if (mkdir(dir, 0750) < 0 && errno != EEXIST)
+		if (mkdir(dir, 0750) == 0) {
+			if (c->has_group && chown(dir, (uid_t)-1, c->group) < 0)
+				log_warn("chown %s to group %u: %s", dir, (unsigned)c->group,
+					 strerror(errno));
+		} else if (errno != EEXIST) {
 			return -errno;
+		}
 	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -338,7 +383,7 @@ static int listen_socket(const char *path)
 	if (fd < 0)
 		return -errno;
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, 0660) < 0 ||
-	    listen(fd, 128) < 0) {
+	    (c->has_group && chown(path, (uid_t)-1, c->group) < 0) || listen(fd, 128) < 0) {
 		err = -errno;
 		close(fd);
 		return err;
@@ -415,7 +460,7 @@ int main(int argc, char **argv)
 		err = -ENOMEM;
 		goto out_store;
 	}
-	b.listen_fd = listen_socket(b.cfg.socket_path);
+	b.listen_fd = listen_socket(b.cfg.socket_path, &b.cfg);
 	if (b.listen_fd < 0) {
 		err = b.listen_fd;
 		log_error("socket %s: %s%s", b.cfg.socket_path, strerror(-err),

@@ -10,7 +10,12 @@
  *                                                                       violation, SIGTERM:
  *                                                                       session_destroy()
  *
- * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Anything
+ * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Its
+ * process is pinned by a pidfd taken at accept (SO_PEERPIDFD where the kernel has it, which is
+ * atomic with the connect; else pidfd_open of the SO_PEERCRED pid, refused when the socket is
+ * already hung up, i.e. the peer may have died and its pid been recycled). The pidfd sits in the
+ * epoll set: the connecting process's exit ends the session even when a child it forked still
+ * holds the socket, and a recycled pid can never be mistaken for the client. Anything
  * the client controls (messages, fds, ring indices, SQE bytes) is validated before use, and a
  * violation that makes the channel untrustworthy (a malformed datagram, an impossible ring
  * index) ends only this session, with the reason logged. Teardown releases, from broker-private
@@ -29,8 +34,10 @@
 #include <sys/mman.h>
 #include <linux/magic.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -64,8 +71,45 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 	return 0;
 }
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+
+/*
+ * A pidfd for the peer of fd (pid from SO_PEERCRED), or -1 when there is none to be had (a peer
+ * in another pid namespace has pid 0; old kernels). [pidfd] Without SO_PEERPIDFD, pidfd_open
+ * races with the peer's death: a pid recycled meanwhile would name a stranger, so a socket that
+ * is already hung up (the peer is gone, and nobody inherited the socket) gets no pidfd at all.
+ */
+static int peer_pidfd(int fd, pid_t pid, const char **how)
+{
+	struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+	socklen_t len = sizeof(int);
+	int pfd = -1;
+
+	*how = "SO_PEERPIDFD";
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0) {
+		if (fcntl(pfd, F_SETFD, FD_CLOEXEC) == 0)
+			return pfd;
+		close(pfd);
+	}
+	*how = "pidfd_open";
+	if (pid <= 0)
+		return -1;
+	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pfd < 0)
+		return -1;
+	fcntl(pfd, F_SETFD, FD_CLOEXEC);
+	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP))) {
+		close(pfd);
+		return -1;
+	}
+	return pfd;
+}
+
 int session_accept(struct broker *b)
 {
+	const char *how = NULL;
 	struct ucred cr = {0};
 	socklen_t len = sizeof(cr);
 	struct session *s;
@@ -114,16 +158,22 @@ int session_accept(struct broker *b)
 	s->id = ++b->next_id;
 	s->accepted_at = now_sec();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
+	s->pidfd = peer_pidfd(fd, cr.pid, &how);
 	list_init(&s->link);
 	err = ep_add(b, fd, s, TAG_SOCK);
+	if (!err && s->pidfd >= 0)
+		err = ep_add(b, s->pidfd, s, TAG_PID);
 	if (err) {
+		if (s->pidfd >= 0)
+			close(s->pidfd);
 		close(fd);
 		free(s);
 		return err;
 	}
 	list_add_tail(&b->sessions, &s->link);
 	b->nconns++;
-	log_debug("client %u: connected, pid %d uid %d", s->id, (int)s->pid, (int)s->uid);
+	log_debug("client %u: connected, pid %d uid %d, pidfd %s", s->id, (int)s->pid, (int)s->uid,
+		  s->pidfd >= 0 ? how : "none");
 	return 1;
 }
 
@@ -150,6 +200,8 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	}
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
+	if (s->pidfd >= 0)
+		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
 	close(s->sock); /* also leaves the epoll set */
 	list_del(&s->link);
 	if (s->hello_done && !s->control_only)
@@ -262,6 +314,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
 	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
 
+	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
+	if (kvb_is_pow2(sq) && sq > b->cfg.max_sq)
+		sq = b->cfg.max_sq;
+
 	if (s->hello_done)
 		return -EPROTO;
 	if (m->abi_major != KVB_ABI_MAJOR) {
@@ -276,6 +332,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	memcpy(s->name, m->name, sizeof(s->name));
 	s->name[sizeof(s->name) - 1] = '\0';
+	/* The name goes into log lines: no control bytes, so a client cannot forge a line. */
+	for (char *p = s->name; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	rep.abi_major = KVB_ABI_MAJOR;
 	rep.abi_minor = KVB_ABI_MINOR;
 	rep.client_id = s->id;
@@ -344,7 +404,7 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
-		if (s->nns >= SESSION_MAX_NS)
+		if (s->nns >= b->cfg.max_ns)
 			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
 		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 		s->nns++;
@@ -379,9 +439,9 @@ static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf
 		return -ENOMEM;
 	if ((uint64_t)st.st_size < m->len)
 		return -EFAULT;
-	for (*id = 0; *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
+	for (*id = 0; *id < b->cfg.max_bufs && s->bufs[*id].base; (*id)++)
 		;
-	if (*id == SESSION_MAX_BUFS)
+	if (*id == b->cfg.max_bufs)
 		return -EMFILE;
 	p = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
@@ -606,6 +666,12 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	s->stalled = !n;
 	if (n > max)
 		n = max;
+	/*
+	 * --max-inflight: ops taken from the SQ whose CQE is not posted yet. Every op completes
+	 * within this call today, so this bounds the batch; ops that complete later count too.
+	 */
+	if (n > b->cfg.max_inflight)
+		n = b->cfg.max_inflight;
 	moved = b->ctr.bytes_in + b->ctr.bytes_out;
 	for (i = 0; i < n; i++) {
 		struct kvb_sqe sqe;
