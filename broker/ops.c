@@ -177,6 +177,18 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 		return;
 	}
 	n->c.puts++;
+	/*
+	 * Check the source first: a bad request must not evict anything, and must fail the same
+	 * whether or not the key is stored (t_rel_hostile: put_existing_bad_source).
+	 */
+	if (v)
+		err = view_check(s, v, sqe->off);
+	else
+		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
+	if (err) {
+		cqe->res = err;
+		return;
+	}
 	memcpy(key.b, sqe->key, sizeof(key.b));
 	pg = store_find(&b->store, n->id, &key);
 	if (pg) {
@@ -185,15 +197,6 @@ static void op_put(struct broker *b, struct session *s, const struct kvb_sqe *sq
 		n->c.dedup++;
 		cqe->flags |= KVB_CQEF_EXISTED;
 		store_touch(&b->store, pg);
-		return;
-	}
-	/* Check the source before taking a slot: a bad request must not evict anything. */
-	if (v)
-		err = view_check(s, v, sqe->off);
-	else
-		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &err);
-	if (err) {
-		cqe->res = err;
 		return;
 	}
 	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
