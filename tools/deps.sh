@@ -3,7 +3,8 @@
 # Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
 # as root (apt-get), otherwise prints the exact command and fails.
 set -eu
-need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev python3"
+need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev python3
+	clang libclang-rt-dev util-linux"
 missing=""
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"

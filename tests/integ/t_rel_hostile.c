@@ -8,12 +8,13 @@
  * raw clients that send malformed descriptors - bad opcodes, reserved bits, unknown namespaces
  * and buffers, out-of-range and overflowing offsets, LOOKUPs past the argument area, forged
  * leases - paced to send their quota (1,000,000 in all under make soak, 100,000 in make test,
- * 10,000 under the sanitizers) over the phase; every 50th batch (from the 3rd) instead commits a violation
- * that must end its session (an impossible SQ tail or CQ head, a garbage datagram), and the
- * client reconnects. Checked: the broker never dies; every malformed descriptor got an error
- * CQE or its session was ended with a reason in the broker's log; honest clients saw 0
- * mismatches and 0 unexpected errors. Reported (not asserted: this 2-core machine is shared
- * and noisy): honest p50/p99 in both phases, and the p99 ratio (the promise: within +25%).
+ * 10,000 under the sanitizers) over the phase; every 50th batch (from the 3rd) instead
+ * commits a violation that must end its session (an impossible SQ tail or CQ head, a garbage
+ * datagram), and the client reconnects. Checked: the broker never dies; every malformed
+ * descriptor got an error CQE or its session was ended with a reason in the broker's log;
+ * honest clients saw 0 mismatches and 0 unexpected errors. Reported (not asserted: this
+ * 2-core machine is shared and noisy): honest p50/p99 in both phases, and the p99 ratio (the
+ * promise: within +25%).
  */
 #include <math.h>
 #include <stdio.h>
