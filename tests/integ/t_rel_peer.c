@@ -10,6 +10,8 @@
  *   - with the filesystem opened up by mistake (directory 0755, socket 0666), the foreign uid
  *     reaches the socket but the broker refuses it on SO_PEERCRED before sending anything: its
  *     HELLO gets no reply and no fd, the broker logs the refusal and counts it;
+ *   - a client name cannot forge broker log lines (control bytes become '?'): the log is what
+ *     operators and these tests read to learn who was disconnected and why;
  *   - [pidfd] a client whose process exits while a child it forked still holds the socket is
  *     still seen as dead: its leases are released within 100 ms (the pidfd, not the socket,
  *     tells the broker). Without the pidfd they stayed until the child exited.
@@ -228,6 +230,18 @@ int main(int argc, char **argv)
 	CHECK_OK(chmod(sock, 0660));
 	rel_figure("foreign uid: EACCES at connect; with the socket opened up: refused on "
 		   "SO_PEERCRED, no reply, 0 fds; group members attach");
+
+	harness_log("a client name with a newline");
+	{
+		struct kvb_opts o = {.socket_path = sock, .name = "x\nclient 1 (FORGED"};
+		kvb_client *x = NULL;
+
+		CHECK_OK(kvb_connect(&o, &x));
+		kvb_close(x);
+		CHECK_EQ(harness_stat_wait(c, "clients", 1, 2000), 1);
+		CHECKF(harness_broker_log_has(b, "'x?client 1 (FORGED'"),
+		       "the client's name was not made printable in the log");
+	}
 
 	harness_log("[pidfd] the client exits, a child it forked keeps the socket");
 	p = harness_fork(forker, 0, sock);
