@@ -54,7 +54,8 @@ static void usage(FILE *f)
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
 		"  --max-sq-entries N     ring depth one client may ask for, a power of two;\n"
 		"                         larger asks are clamped (default 4096)\n"
-		"  --max-bufs N           registered buffers per client (default 256, at most 256)\n"
+		"  --max-bufs N           registered buffers per client (default 256, at most "
+		"256)\n"
 		"  --max-ns N             namespaces one client may open (default 64, at most 64)\n"
 		"  --max-inflight N       ops per client taken from its ring and not completed\n"
 		"                         (default 4096)\n"
@@ -294,7 +295,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 				goto bad;
 			break;
 		case O_MAXNS:
-			if (parse_u32(optarg, &c->max_ns) || !c->max_ns || c->max_ns > SESSION_MAX_NS)
+			if (parse_u32(optarg, &c->max_ns) || !c->max_ns ||
+			    c->max_ns > SESSION_MAX_NS)
 				goto bad;
 			break;
 		case O_MAXINFL:

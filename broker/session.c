@@ -202,7 +202,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		close(s->cq_efd);
 	if (s->pidfd >= 0)
 		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
-	close(s->sock); /* also leaves the epoll set */
+	close(s->sock);		 /* also leaves the epoll set */
 	list_del(&s->link);
 	if (s->hello_done && !s->control_only)
 		b->nsessions--;

@@ -110,7 +110,8 @@ int rel_fd_count(pid_t pid, char *list, size_t len)
 		k = readlink(p, t, sizeof(t) - 1);
 		t[k > 0 ? k : 0] = 0;
 		if (off < len)
-			off += (size_t)snprintf(list + off, len - off, "  %s -> %s\n", e->d_name, t);
+			off += (size_t)snprintf(list + off, len - off, "  %s -> %s\n", e->d_name,
+						t);
 	}
 	closedir(d);
 	return n;

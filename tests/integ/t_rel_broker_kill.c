@@ -164,8 +164,8 @@ static pid_t broker_start(const char *logpath)
 			kvb_close(c);
 			return pid;
 		}
-		CHECKF(waitpid(pid, NULL, WNOHANG) == 0, "kvbrokerd exited during start-up (log %s)",
-		       logpath);
+		CHECKF(waitpid(pid, NULL, WNOHANG) == 0,
+		       "kvbrokerd exited during start-up (log %s)", logpath);
 		rel_sleep_ms(10);
 	}
 	harness_fail(__FILE__, __LINE__, "kvbrokerd not ready after 5 s");

@@ -44,16 +44,17 @@ static int hello_fds(const char *sock, int *fds, struct kvb_msg_hello_reply *hr)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	struct kvb_msg_hello hello = {.abi_major = KVB_ABI_MAJOR, .sq_entries = 8};
-	struct kvb_msg_hdr h = {KVB_MSG_MAGIC, KVB_MSG_HELLO, 0,
-				sizeof(h) + sizeof(hello), 1};
+	struct kvb_msg_hdr h = {KVB_MSG_MAGIC, KVB_MSG_HELLO, 0, sizeof(h) + sizeof(hello), 1};
 	uint8_t msg[sizeof(h) + sizeof(hello)], buf[4096];
 	union {
 		char b[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
 		struct cmsghdr align;
 	} cm;
 	struct iovec iov = {buf, sizeof(buf)};
-	struct msghdr mh = {
-		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm)};
 	struct cmsghdr *c;
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), n;
 
@@ -146,15 +147,16 @@ static void attack_arena(int fd, uint64_t size, uint32_t i)
 		 * kernels) reports F_SEAL_SEAL alone; nothing to check until it is a memfd.
 		 */
 		pending++;
-		harness_log("arena %u: not a memfd (seals %d): the F_SEAL_FUTURE_WRITE checks start "
-			    "once the NUMA branch moves the pool to sealed memfds",
-			    i, seals);
+		harness_log(
+			"arena %u: not a memfd (seals %d): the F_SEAL_FUTURE_WRITE checks start "
+			"once the NUMA branch moves the pool to sealed memfds",
+			i, seals);
 		return;
 	}
 	CHECKF((seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE)) &&
 		       (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW),
-	       "arena %u is a memfd with seals 0x%x: want FUTURE_WRITE (or WRITE), SHRINK, GROW",
-	       i, seals);
+	       "arena %u is a memfd with seals 0x%x: want FUTURE_WRITE (or WRITE), SHRINK, GROW", i,
+	       seals);
 	rw = reopen_rw(fd);
 	if (rw >= 0) {
 		/* Root (or the inode's mode) let us reopen it writable: the seals must hold. */

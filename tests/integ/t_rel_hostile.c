@@ -40,8 +40,8 @@ struct shared {
 	_Atomic uint64_t ops[2], mismatches, errors;
 	_Atomic uint64_t bad_sent, bad_rejected, bad_unanswered, violations, reconnects;
 	_Atomic int hostile_done;
-	uint64_t quota;	  /* malformed descriptors per hostile client */
-	uint64_t gap_us;  /* pause between its batches */
+	uint64_t quota;	 /* malformed descriptors per hostile client */
+	uint64_t gap_us; /* pause between its batches */
 	struct harness_gate go;
 };
 
@@ -213,18 +213,18 @@ static int hostile(int idx, void *arg)
 			uint64_t x = rnd(&s);
 
 			if (x % 3 == 0) {
-				kvb_store_release(harness_raw_word(&r, r.hdr.sq_tail_off),
-						  kvb_load_acquire(harness_raw_word(
-							  &r, r.hdr.sq_head_off)) +
-							  r.hdr.sq_entries + 1 + (uint32_t)(x >> 8) % 1000);
+				kvb_store_release(
+					harness_raw_word(&r, r.hdr.sq_tail_off),
+					kvb_load_acquire(harness_raw_word(&r, r.hdr.sq_head_off)) +
+						r.hdr.sq_entries + 1 + (uint32_t)(x >> 8) % 1000);
 				harness_raw_doorbell(&r);
 			} else if (x % 3 == 1) {
 				struct kvb_sqe nop = {.opcode = KVB_OP_NOP};
 
-				kvb_store_release(harness_raw_word(&r, r.hdr.cq_head_off),
-						  kvb_load_acquire(harness_raw_word(
-							  &r, r.hdr.cq_tail_off)) +
-							  1 + (uint32_t)(x >> 8) % 5000);
+				kvb_store_release(
+					harness_raw_word(&r, r.hdr.cq_head_off),
+					kvb_load_acquire(harness_raw_word(&r, r.hdr.cq_tail_off)) +
+						1 + (uint32_t)(x >> 8) % 5000);
 				harness_raw_submit(&r, &nop, 1);
 				harness_raw_doorbell(&r);
 			} else {
@@ -234,8 +234,9 @@ static int hostile(int idx, void *arg)
 					junk[i] = (uint8_t)rnd(&s);
 				harness_raw_send(&r, junk, sizeof(junk));
 			}
-			CHECKF(harness_raw_hung_up(&r, 5000), "hostile-%d still connected 5 s "
-							      "after a violation",
+			CHECKF(harness_raw_hung_up(&r, 5000),
+			       "hostile-%d still connected 5 s "
+			       "after a violation",
 			       idx);
 			harness_raw_close(&r);
 			connected = 0;
@@ -254,16 +255,17 @@ static int hostile(int idx, void *arg)
 		while (got < rc) {
 			int k = harness_raw_reap(&r, cqe, 64, 1, 5000);
 
-			CHECKF(k > 0, "hostile-%d: no CQE for its malformed SQEs within 5 s: %d", idx,
-			       k);
+			CHECKF(k > 0, "hostile-%d: no CQE for its malformed SQEs within 5 s: %d",
+			       idx, k);
 			for (int i = 0; i < k; i++) {
 				if (cqe[i].res < 0)
 					sh->bad_rejected++;
 				else
-					harness_fail(__FILE__, __LINE__,
-						     "a malformed SQE (kind %llu) succeeded: res %d",
-						     (unsigned long long)(cqe[i].user_data % 10),
-						     cqe[i].res);
+					harness_fail(
+						__FILE__, __LINE__,
+						"a malformed SQE (kind %llu) succeeded: res %d",
+						(unsigned long long)(cqe[i].user_data % 10),
+						cqe[i].res);
 			}
 			got += k;
 		}
@@ -388,10 +390,10 @@ int main(int argc, char **argv)
 		   "error CQE, %llu sessions ended for index/datagram violations (all logged), "
 		   "broker up; honest: %llu + %llu ops, 0 mismatches; honest p50 %.1f -> %.1f us, "
 		   "p99 %.1f -> %.1f us (%+.0f%%; promise +25%%, not asserted here)",
-		   (unsigned long long)sh->bad_sent, NHOSTILE,
-		   (unsigned long long)sh->bad_rejected, (unsigned long long)sh->violations,
-		   (unsigned long long)sh->ops[0], (unsigned long long)sh->ops[1], a50, b50, a99,
-		   b99, a99 > 0 ? (b99 / a99 - 1) * 100 : 0.0);
+		   (unsigned long long)sh->bad_sent, NHOSTILE, (unsigned long long)sh->bad_rejected,
+		   (unsigned long long)sh->violations, (unsigned long long)sh->ops[0],
+		   (unsigned long long)sh->ops[1], a50, b50, a99, b99,
+		   a99 > 0 ? (b99 / a99 - 1) * 100 : 0.0);
 	kvb_close(c);
 	harness_broker_stop(b);
 	return H_PASS;

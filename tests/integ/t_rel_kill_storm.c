@@ -35,10 +35,19 @@
 #define PAGE (64u * 1024)
 #define MAXKILLS 2048
 
-enum phase { PH_START, PH_PUT_REG, PH_PUT_PRIV, PH_GET, PH_ACQUIRE, PH_RELEASE, PH_BATCH,
-	     PH_LOOKUP, PH_COUNT };
-static const char *const phase_name[PH_COUNT] = {"connect", "put-registered", "put-private",
-						  "get", "acquire", "release", "batch", "lookup"};
+enum phase {
+	PH_START,
+	PH_PUT_REG,
+	PH_PUT_PRIV,
+	PH_GET,
+	PH_ACQUIRE,
+	PH_RELEASE,
+	PH_BATCH,
+	PH_LOOKUP,
+	PH_COUNT
+};
+static const char *const phase_name[PH_COUNT] = {
+	"connect", "put-registered", "put-private", "get", "acquire", "release", "batch", "lookup"};
 
 struct shared {
 	char sock[108];
@@ -69,7 +78,8 @@ static int storm_child(int idx, void *arg)
 	struct kvb_layout l;
 	struct kvb_lease held[8];
 	kvb_client *c = NULL;
-	uint8_t *reg, *priv = malloc(PAGE);
+	static uint8_t priv[PAGE]; /* one child per process */
+	uint8_t *reg;
 	uint32_t ns, bid;
 	size_t pb;
 	int nheld = 0;
@@ -78,7 +88,7 @@ static int storm_child(int idx, void *arg)
 	(void)arg;
 	snprintf(name, sizeof(name), "storm-%d", idx);
 	sh->phase[slot] = PH_START;
-	if (kvb_connect(&o, &c) || !priv)
+	if (kvb_connect(&o, &c))
 		return 2;
 	layout(&l);
 	if (kvb_ns_open(c, &l, &ns, &pb) || pb != PAGE)
@@ -145,7 +155,8 @@ static int storm_child(int idx, void *arg)
 			}
 			rc = kvb_submit(c, ops, 32);
 			if (rc > 0)
-				n = kvb_reap(c, done, 32, (size_t)rc / 2, 5000); /* half left in flight */
+				n = kvb_reap(c, done, 32, (size_t)rc / 2,
+					     5000); /* half left in flight */
 			rc = n < 0 ? n : 0;
 			break;
 		}
@@ -292,18 +303,20 @@ int main(int argc, char **argv)
 	fclose(f);
 	early = nk - matched; /* killed before the broker had attached them: nothing to reclaim */
 	for (int i = 0; i < PH_COUNT; i++)
-		off += (size_t)snprintf(phases + off, sizeof(phases) - off, "%s%s %d", i ? ", " : "",
-					phase_name[i], by_phase[i]);
+		off += (size_t)snprintf(phases + off, sizeof(phases) - off, "%s%s %d",
+					i ? ", " : "", phase_name[i], by_phase[i]);
 	{
-		double p50 = rel_pct(lat, (size_t)matched, 50), p99 = rel_pct(lat, (size_t)matched, 99),
+		double p50 = rel_pct(lat, (size_t)matched, 50),
+		       p99 = rel_pct(lat, (size_t)matched, 99),
 		       mx = rel_pct(lat, (size_t)matched, 100);
 
-		rel_figure("%d SIGKILLs among %d clients (%s); %llu client ops, 0 mismatches; "
-			   "leases 0, pinned 0, broker fds %d -> %d, memfd maps %d -> %d; "
-			   "kill-to-reclaim over %d attached: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
-			   "(%d killed before attaching)",
-			   nk, NCLIENTS, phases, (unsigned long long)sh->ops, fd0, fd1, maps0, maps1,
-			   matched, p50, p99, mx, early);
+		rel_figure(
+			"%d SIGKILLs among %d clients (%s); %llu client ops, 0 mismatches; "
+			"leases 0, pinned 0, broker fds %d -> %d, memfd maps %d -> %d; "
+			"kill-to-reclaim over %d attached: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
+			"(%d killed before attaching)",
+			nk, NCLIENTS, phases, (unsigned long long)sh->ops, fd0, fd1, maps0, maps1,
+			matched, p50, p99, mx, early);
 		CHECKF(matched >= nk / 2, "only %d of %d kills found in the broker's log", matched,
 		       nk);
 		CHECKF(p99 <= 100 || rel_scale() == REL_SMALL, "kill-to-reclaim p99 %.2f ms", p99);

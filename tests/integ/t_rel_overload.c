@@ -205,8 +205,8 @@ int main(int argc, char **argv)
 	harness_init(argc, argv);
 	rel_deadline(secs + 90);
 	b = harness_broker_start("--pool", "64M", "--max-leases", "32", "--max-ns", "4",
-				 "--max-bufs", "4", "--max-sq-entries", "64", "--max-inflight", "16",
-				 "--max-clients", "24", "--max-buf-bytes", "16M");
+				 "--max-bufs", "4", "--max-sq-entries", "64", "--max-inflight",
+				 "16", "--max-clients", "24", "--max-buf-bytes", "16M");
 	sh = harness_shared(sizeof(*sh));
 	snprintf(sh->sock, sizeof(sh->sock), "%s", b->sock);
 	harness_gate_init(&sh->ready);

@@ -72,8 +72,10 @@ static int client_raw(const char *sock)
 		struct cmsghdr align;
 	} cm;
 	struct iovec iov = {buf, sizeof(buf)};
-	struct msghdr mh = {
-		.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm)};
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
 	ssize_t n;
 
@@ -218,8 +220,9 @@ int main(int argc, char **argv)
 	CHECK_OK(chmod(rundir, 0755));
 	CHECK_OK(chmod(sock, 0666));
 	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "raw", sock);
-	CHECKF(rc == 0, "foreign uid with an open socket: exit %d (3: got fds, 4: got a reply, "
-			"5: could not connect)",
+	CHECKF(rc == 0,
+	       "foreign uid with an open socket: exit %d (3: got fds, 4: got a reply, "
+	       "5: could not connect)",
 	       rc);
 	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "ring", sock);
 	CHECKF(rc == ECONNRESET, "foreign uid, libkvbroker: exit %d, want ECONNRESET", rc);

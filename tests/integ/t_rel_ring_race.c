@@ -42,8 +42,8 @@ static uint64_t rnd(uint64_t *s)
 
 static void random_sqe(struct kvb_sqe *q, uint64_t *s)
 {
-	static const uint8_t ops[] = {KVB_OP_PUT,     KVB_OP_GET,    KVB_OP_ACQUIRE,
-				      KVB_OP_RELEASE, KVB_OP_LOOKUP, KVB_OP_DELETE,
+	static const uint8_t ops[] = {KVB_OP_PUT,     KVB_OP_GET,     KVB_OP_ACQUIRE,
+				      KVB_OP_RELEASE, KVB_OP_LOOKUP,  KVB_OP_DELETE,
 				      KVB_OP_NOP,     KVB_OP_PREFETCH};
 	uint64_t x = rnd(s);
 	kvb_key k = harness_key(SEED + 100, x % 64);
@@ -154,7 +154,8 @@ int main(int argc, char **argv)
 
 			/* The hostile client may DELETE nothing of ours: its keys are other keys. */
 			CHECK_RC(rc, (long long)hpb);
-			CHECK(harness_verify(page, hpb, &k, SEED, "honest page during the race") == 0);
+			CHECK(harness_verify(page, hpb, &k, SEED, "honest page during the race") ==
+			      0);
 		}
 		rounds++;
 	}
@@ -165,7 +166,8 @@ int main(int argc, char **argv)
 	CHECK(harness_broker_alive(b));
 	rel_figure("%ds: %llu SQE rewrites raced %llu SQEs the broker consumed; honest client "
 		   "verified %d x %d pages, 0 mismatches",
-		   secs, (unsigned long long)rewrites, (unsigned long long)consumed, rounds, npages);
+		   secs, (unsigned long long)rewrites, (unsigned long long)consumed, rounds,
+		   npages);
 	CHECK_GT(consumed, 1000);
 
 	/* Finally an impossible tail: this session ends, with the reason in the log. */

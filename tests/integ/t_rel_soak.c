@@ -136,7 +136,8 @@ static int worker(int idx, void *arg)
 				rc = kvb_view_get(c, view, k, LAYERS * TPP, lf, lc);
 				if (rc >= 0) {
 					for (uint64_t i = 0; i < TPP * BPT; i += 997)
-						if (reg[pb + off + i] != harness_byte(&k, SEED, off + i)) {
+						if (reg[pb + off + i] !=
+						    harness_byte(&k, SEED, off + i)) {
 							sh->mismatches++;
 							break;
 						}
@@ -155,7 +156,9 @@ static int worker(int idx, void *arg)
 			memset(ops, 0, sizeof(ops));
 			for (int i = 0; i < 6; i++) {
 				ks[i] = key_of((id + (uint64_t)i) % NIDS, ver);
-				ops[i] = (struct kvb_op){.opcode = KVB_OP_GET, .ns = ns, .buf = bid,
+				ops[i] = (struct kvb_op){.opcode = KVB_OP_GET,
+							 .ns = ns,
+							 .buf = bid,
 							 .key = ks[i],
 							 .off = (uint64_t)(2 + i) * pb,
 							 .user_data = (uint64_t)i};
