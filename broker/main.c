@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -400,6 +401,26 @@ static int epoll_add(int epfd, int fd, uint64_t data)
 	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
 }
 
+/*
+ * A ring client costs 4 fds (socket, pidfd, two doorbells), any connection 2: with the usual
+ * soft limit of 1024, some 250 clients would attach whatever --max-clients says, and the rest
+ * would be refused. Raise the soft limit to what --max-clients needs, up to the hard limit, and
+ * say so when even that is short (t_rel_overload: fd_limit).
+ */
+static void raise_nofile(uint32_t max_clients)
+{
+	rlim_t want = ((rlim_t)max_clients + CONN_SPARE) * 4 + 64;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+		return;
+	rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+		log_warn("fd limit %llu: fewer than --max-clients %u clients can attach (raise "
+			 "the hard limit, ulimit -Hn)",
+			 (unsigned long long)rl.rlim_cur, max_clients);
+}
+
 static int setup_signals(void)
 {
 	sigset_t set;
@@ -431,6 +452,7 @@ int main(int argc, char **argv)
 	 * /proc/<pid>/fd, which would hand them a writable pool.
 	 */
 	prctl(PR_SET_DUMPABLE, 0);
+	raise_nofile(b.cfg.max_clients);
 	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	err = pool_open(&b.pool, b.cfg.pool_name, b.cfg.pool_bytes, 1);

@@ -4,7 +4,9 @@
  *
  * Per-client limits are flags, each enforced with a clean error: --max-sq-entries (a larger ask
  * is clamped), --max-leases (-EDQUOT), --max-ns (-EMFILE), --max-bufs (-EMFILE),
- * --max-buf-bytes (-ENOMEM), --max-clients (-EUSERS).
+ * --max-buf-bytes (-ENOMEM), --max-clients (-EUSERS); and a broker started under a soft fd
+ * limit of 64 raises it so that --max-clients can attach (it used to refuse clients from
+ * about the 15th on, as "out of memory").
  * Then overload: the sustainable rate of one closed-loop client is measured; 10 flooding
  * clients then offer as much as they can (async GETs, never waiting for completions before
  * submitting more) and 2 hostile raw clients fill their rings and never reap. Checked: the
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "reliab.h"
@@ -174,6 +177,33 @@ static void limits(struct harness_broker *b)
 	kvb_close(c);
 }
 
+/* Regression: the broker raises its soft fd limit to what --max-clients needs. */
+static void fd_limit(void)
+{
+	struct rlimit rl, low;
+	struct harness_broker *b;
+	kvb_client *c[40];
+
+	CHECK_OK(getrlimit(RLIMIT_NOFILE, &rl));
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 1024) {
+		harness_log("hard fd limit %llu: fd limit check skipped",
+			    (unsigned long long)rl.rlim_max);
+		return;
+	}
+	low = rl;
+	low.rlim_cur = 64;
+	CHECK_OK(setrlimit(RLIMIT_NOFILE, &low));
+	b = harness_broker_start("--pool", "64M", "--max-clients", "64", "--arg-size", "4K");
+	CHECK_OK(setrlimit(RLIMIT_NOFILE, &rl)); /* ours again: 40 clients need 120 fds here */
+	for (int i = 0; i < 40; i++)
+		c[i] = harness_connect(b, "fd-limit", 8);
+	for (int i = 0; i < 40; i++) {
+		CHECK_OK(kvb_nop(c[i]));
+		kvb_close(c[i]);
+	}
+	harness_broker_stop(b);
+}
+
 /* Fills its SQ and never reaps: its CQ fills, and the broker stops taking its SQEs. */
 static void stalled_client(struct harness_raw *r)
 {
@@ -212,6 +242,7 @@ int main(int argc, char **argv)
 	harness_gate_init(&sh->ready);
 	harness_log("limits");
 	limits(b);
+	fd_limit();
 
 	c = harness_connect(b, "honest", 0);
 	layout(&l);
