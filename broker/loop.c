@@ -4,9 +4,9 @@
  * serves control messages and new connections, and sleeps when there is nothing to do.
  *
  * Busy-poll window (the io_uring SQPOLL pattern): after the last SQE the loop keeps polling the
- * rings for --poll-us, checking epoll without blocking every POLL_EPOLL_EVERY rounds. A sleeping
- * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
- * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
+ * rings for --poll-us, checking epoll without blocking every POLL_EPOLL_EVERY rounds or every
+ * POLL_EPOLL_GAP, whichever comes first. A sleeping wake-up costs ~10 us across CPUs on these
+ * machines, a polled ring round trip ~0.5 us, so the window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
  * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
  * socket and a signalfd, waking at least once a second for watermark eviction.
  */
@@ -22,6 +22,12 @@
 #include "log.h"
 
 #define POLL_EPOLL_EVERY 32
+/*
+ * ... and at least this often (seconds) while busy: a round can copy ROUND_BYTES per client, so
+ * 32 rounds with big pages took hundreds of ms, and control requests and hang-ups waited that
+ * long (t_rel_ctl_latency).
+ */
+#define POLL_EPOLL_GAP 0.001
 #define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
 #define EVICT_BATCH 256 /* pages per watermark round */
 
@@ -130,18 +136,18 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 int loop_run(struct broker *b)
 {
 	struct epoll_event evs[64];
-	double last = now_sec(), window = b->cfg.poll_us * 1e-6;
+	double last = now_sec(), window = b->cfg.poll_us * 1e-6, last_ep = last, now;
 	uint32_t round = 0;
 
 	while (!b->stop) {
 		int timeout = 0, n, sleeping = 0;
 
 		if (poll_sessions(b)) {
-			last = now_sec();
-			if (++round % POLL_EPOLL_EVERY)
+			last = now = now_sec();
+			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
-		} else if (now_sec() - last < window) {
-			if (++round % POLL_EPOLL_EVERY)
+		} else if ((now = now_sec()) - last < window) {
+			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((timeout = prepare_sleep(b)) > 0) {
 			sleeping = 1;
@@ -150,6 +156,7 @@ int loop_run(struct broker *b)
 			continue;
 		}
 		n = epoll_wait(b->epfd, evs, 64, timeout);
+		last_ep = now_sec();
 		if (sleeping) {
 			wake_all(b);
 			/* Only a real event restarts the poll window, not a nap's timeout. */
