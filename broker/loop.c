@@ -6,9 +6,10 @@
  * Busy-poll window (the io_uring SQPOLL pattern): after the last SQE the loop keeps polling the
  * rings for --poll-us, checking epoll without blocking every POLL_EPOLL_EVERY rounds or every
  * POLL_EPOLL_GAP, whichever comes first. A sleeping wake-up costs ~10 us across CPUs on these
- * machines, a polled ring round trip ~0.5 us, so the window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
- * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket and a signalfd, waking at least once a second for watermark eviction.
+ * machines, a polled ring round trip ~0.5 us, so the window is what makes small ops cheap. Then
+ * it sets NEED_WAKEUP on every SQ, re-checks them (ring.h [W1]) and blocks in epoll_wait on the
+ * control sockets, the SQ doorbells, the pidfds, the listening socket and a signalfd, waking at
+ * least once a second for watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>
