@@ -92,7 +92,11 @@ static int peer_pidfd(int fd, pid_t pid, const char **how)
 		if (fcntl(pfd, F_SETFD, FD_CLOEXEC) == 0)
 			return pfd;
 		close(pfd);
+		return -1;
 	}
+	/* The kernel knows the option but not the peer (ESRCH: it is gone): never guess by pid. */
+	if (errno != ENOPROTOOPT && errno != EINVAL && errno != EOPNOTSUPP)
+		return -1;
 	*how = "pidfd_open";
 	if (pid <= 0)
 		return -1;
