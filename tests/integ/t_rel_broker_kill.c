@@ -43,6 +43,16 @@ struct shared {
 
 static struct shared *sh;
 static char brokerd[4096];
+static char dir[64];
+
+/* Also when a check fails: the socket file of a killed broker, and our directory. */
+static void remove_dir(void)
+{
+	if (sh && sh->sock[0])
+		unlink(sh->sock);
+	if (dir[0])
+		rmdir(dir);
+}
 
 static int client(int idx, void *arg)
 {
@@ -193,7 +203,7 @@ static void second_refused(const char *logpath)
 int main(int argc, char **argv)
 {
 	int cycles = (int)rel_pick(4, 15, 50), fd0, fd1, nl = 0, bad = 0;
-	char dir[64], logpath[4200], fdl0[4096], fdl1[4096], tmp[4096], pool[128] = "";
+	char logpath[4200], fdl0[4096], fdl1[4096], tmp[4096], pool[128] = "";
 	double lat[MAXCYC * NCLI];
 	struct stat st;
 
@@ -206,6 +216,7 @@ int main(int argc, char **argv)
 		snprintf(brokerd, sizeof(brokerd), "%s", getenv("KVB_BROKERD"));
 	snprintf(dir, sizeof(dir), "/tmp/kvbt-bkill-XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
+	atexit(remove_dir);
 	snprintf(sh->sock, sizeof(sh->sock), "%s/sock", dir);
 	snprintf(tmp, sizeof(tmp), "%s", argv[0]);
 	snprintf(logpath, sizeof(logpath), "%s/logs/t_rel_broker_kill.brokers.log", dirname(tmp));
@@ -271,6 +282,5 @@ int main(int argc, char **argv)
 			   cycles, nl, p50, p99, mx, bad, fd0, fd1);
 		CHECKF(p99 <= 100 || rel_scale() == REL_SMALL, "kill-to-error p99 %.2f ms", p99);
 	}
-	rmdir(dir);
 	return H_PASS;
 }

@@ -102,6 +102,15 @@ static int client_main(const char *mode, const char *sock)
 /* ---- the test ---- */
 
 static char self[4096];
+static char dir[128], rundir[160], sockp[200];
+
+/* Also when a check fails. */
+static void remove_dirs(void)
+{
+	unlink(sockp);
+	rmdir(rundir);
+	rmdir(dir);
+}
 
 /* Runs "self --client MODE SOCK" as uid/gid with the given supplementary group (or none). */
 static int run_as(uid_t uid, gid_t gid, int group, const char *mode, const char *sock)
@@ -167,7 +176,6 @@ int main(int argc, char **argv)
 {
 	struct harness_broker *b;
 	struct group *g = getgrnam("users");
-	char dir[128], rundir[160], sock[200];
 	kvb_client *c;
 	gid_t G;
 	int rc;
@@ -189,10 +197,11 @@ int main(int argc, char **argv)
 	/* A directory the foreign uid may traverse, holding the broker's own socket directory. */
 	snprintf(dir, sizeof(dir), "/tmp/kvbt-peer-XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
+	atexit(remove_dirs);
 	CHECK_OK(chmod(dir, 0711));
 	snprintf(rundir, sizeof(rundir), "%s/run", dir);
-	snprintf(sock, sizeof(sock), "%s/sock", rundir);
-	b = harness_broker_start("--pool", "64M", "--group", g->gr_name, "--socket", sock);
+	snprintf(sockp, sizeof(sockp), "%s/sockp", rundir);
+	b = harness_broker_start("--pool", "64M", "--group", g->gr_name, "--socket", sockp);
 	{
 		struct stat st;
 
@@ -200,43 +209,43 @@ int main(int argc, char **argv)
 		CHECKF((st.st_mode & 07777) == 0750 && st.st_gid == G,
 		       "socket directory mode %o group %u, want 0750 group %u", st.st_mode & 07777,
 		       (unsigned)st.st_gid, (unsigned)G);
-		CHECK_OK(stat(sock, &st));
+		CHECK_OK(stat(sockp, &st));
 		CHECKF((st.st_mode & 0777) == 0660 && st.st_gid == G, "socket mode %o group %u",
 		       st.st_mode & 0777, (unsigned)st.st_gid);
 	}
 	c = harness_connect(b, "root", 0);
 
 	harness_log("a foreign uid outside the group");
-	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "ring", sock);
+	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "ring", sockp);
 	CHECKF(rc == EACCES, "foreign uid: exit %d, want %d (EACCES at connect)", rc, EACCES);
 	harness_log("a member of the group (supplementary, then primary)");
-	rc = run_as(FOREIGN_UID, FOREIGN_UID, (int)G, "ring", sock);
+	rc = run_as(FOREIGN_UID, FOREIGN_UID, (int)G, "ring", sockp);
 	CHECKF(rc == 0, "group member: exit %d, want 0", rc);
-	rc = run_as(FOREIGN_UID + 1, G, -1, "ring", sock);
+	rc = run_as(FOREIGN_UID + 1, G, -1, "ring", sockp);
 	CHECKF(rc == 0, "primary group member: exit %d, want 0", rc);
 
 	harness_log("the filesystem opened up by mistake: SO_PEERCRED still refuses");
 	refused = harness_stat(c, "counters.refused");
 	CHECK_OK(chmod(rundir, 0755));
-	CHECK_OK(chmod(sock, 0666));
-	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "raw", sock);
+	CHECK_OK(chmod(sockp, 0666));
+	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "raw", sockp);
 	CHECKF(rc == 0,
 	       "foreign uid with an open socket: exit %d (3: got fds, 4: got a reply, "
 	       "5: could not connect)",
 	       rc);
-	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "ring", sock);
+	rc = run_as(FOREIGN_UID, FOREIGN_UID, -1, "ring", sockp);
 	CHECKF(rc == ECONNRESET, "foreign uid, libkvbroker: exit %d, want ECONNRESET", rc);
 	CHECK_EQ(harness_stat(c, "counters.refused"), refused + 2);
 	CHECKF(harness_broker_log_has(b, "uid 4242: not the broker's uid or group"),
 	       "no refusal in the broker's log");
 	CHECK_OK(chmod(rundir, 0750));
-	CHECK_OK(chmod(sock, 0660));
+	CHECK_OK(chmod(sockp, 0660));
 	rel_figure("foreign uid: EACCES at connect; with the socket opened up: refused on "
 		   "SO_PEERCRED, no reply, 0 fds; group members attach");
 
 	harness_log("a client name with a newline");
 	{
-		struct kvb_opts o = {.socket_path = sock, .name = "x\nclient 1 (FORGED"};
+		struct kvb_opts o = {.socket_path = sockp, .name = "x\nclient 1 (FORGED"};
 		kvb_client *x = NULL;
 
 		CHECK_OK(kvb_connect(&o, &x));
@@ -247,7 +256,7 @@ int main(int argc, char **argv)
 	}
 
 	harness_log("[pidfd] the client exits, a child it forked keeps the socket");
-	p = harness_fork(forker, 0, sock);
+	p = harness_fork(forker, 0, sockp);
 	CHECK_EQ(harness_wait(&p, 1, 10000, NULL), 0);
 	t0 = harness_now_ms();
 	CHECKF(harness_stat_wait(c, "leases", 0, 2000) == 0,
@@ -262,8 +271,5 @@ int main(int argc, char **argv)
 
 	kvb_close(c);
 	harness_broker_stop(b);
-	unlink(sock);
-	rmdir(rundir);
-	rmdir(dir);
 	return H_PASS;
 }
