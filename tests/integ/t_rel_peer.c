@@ -15,10 +15,17 @@
  *   - [pidfd] a client whose process exits while a child it forked still holds the socket is
  *     still seen as dead: its leases are released within 100 ms (the pidfd, not the socket,
  *     tells the broker). Without the pidfd they stayed until the child exited.
+ *   - [pidfd] a recycled pid cannot pose as a dead client: with the broker stopped, a process
+ *     connects, hands the socket to a child and exits; its pid is given to a stranger (through
+ *     ns_last_pid); then the broker accepts. SO_PEERCRED now names the stranger's pid, but the
+ *     session must not be tied to the stranger: it either ends at once (its connecting process
+ *     is dead) or lives on after the stranger is killed. (Looking the pid up with pidfd_open
+ *     would have tied it to the stranger.)
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,6 +179,141 @@ static int forker(int idx, void *arg)
 	return 0;
 }
 
+/* [pidfd] recycled pid: C connects, leaves the socket to its child D, exits. */
+struct recycle {
+	int go[2];     /* parent -> D: send your HELLO */
+	int result[2]; /* D -> parent: 'r' got a reply with fds, 'h' hung up */
+	pid_t heir;
+};
+
+static struct recycle *rc_sh;
+
+static int connect_and_leave(int idx, void *arg)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+	pid_t d;
+
+	(void)idx;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", (const char *)arg);
+	CHECK_OK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)));
+	d = fork();
+	CHECK(d >= 0);
+	if (d == 0) {
+		struct kvb_msg_hello hello = {
+			.abi_major = KVB_ABI_MAJOR, .sq_entries = 8, .name = "heir"};
+		struct kvb_msg_hdr h = {KVB_MSG_MAGIC, KVB_MSG_HELLO, 0, sizeof(h) + sizeof(hello),
+					1};
+		uint8_t msg[sizeof(h) + sizeof(hello)], buf[4096];
+		union {
+			char b[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
+			struct cmsghdr align;
+		} cm;
+		struct iovec iov = {buf, sizeof(buf)};
+		struct msghdr mh = {.msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = cm.b,
+				    .msg_controllen = sizeof(cm)};
+		char x, r;
+		ssize_t n;
+
+		alarm(30);
+		if (read(rc_sh->go[0], &x, 1) != 1)
+			_exit(1);
+		memcpy(msg, &h, sizeof(h));
+		memcpy(msg + sizeof(h), &hello, sizeof(hello));
+		send(fd, msg, sizeof(msg), MSG_NOSIGNAL);
+		n = recvmsg(fd, &mh, 0);
+		r = n > 0 && mh.msg_controllen ? 'r' : 'h';
+		if (write(rc_sh->result[1], &r, 1) != 1)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	rc_sh->heir = d;
+	_exit(0);
+}
+
+/* Forks a sleeper with exactly this pid (ns_last_pid); 0 when the pid could not be had. */
+static pid_t take_pid(pid_t want)
+{
+	for (int tries = 0; tries < 200; tries++) {
+		FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "we");
+		pid_t s;
+
+		if (!f)
+			return 0;
+		fprintf(f, "%d", (int)want - 1);
+		if (fclose(f) != 0)
+			return 0;
+		s = fork();
+		if (s == 0) {
+			alarm(30);
+			for (;;)
+				pause();
+		}
+		if (s == want)
+			return s;
+		if (s > 0) {
+			kill(s, SIGKILL);
+			waitpid(s, NULL, 0);
+		}
+	}
+	return 0;
+}
+
+static void recycled_pid(struct harness_broker *b, kvb_client *c)
+{
+	struct pollfd p;
+	pid_t cpid, stranger;
+	char r = 0;
+
+	rc_sh = harness_shared(sizeof(*rc_sh));
+	CHECK_OK(pipe(rc_sh->go));
+	CHECK_OK(pipe(rc_sh->result));
+	CHECK_OK(kill(b->pid, SIGSTOP));
+	cpid = harness_fork(connect_and_leave, 0, sockp);
+	CHECK_EQ(harness_wait(&cpid, 1, 10000, NULL), 0);
+	stranger = take_pid(cpid);
+	CHECK_OK(kill(b->pid, SIGCONT));
+	if (!stranger) {
+		harness_log("[pidfd] could not recycle pid %d (ns_last_pid): part skipped", cpid);
+		kill(rc_sh->heir, SIGKILL);
+		return;
+	}
+	CHECK_EQ(write(rc_sh->go[1], "g", 1), 1);
+	p = (struct pollfd){.fd = rc_sh->result[0], .events = POLLIN};
+	CHECK_EQ(poll(&p, 1, 10000), 1);
+	CHECK_EQ(read(rc_sh->result[0], &r, 1), 1);
+	if (r == 'r') {
+		/* Attached: then its life must not hang on the stranger's. */
+		char *js = harness_stats(c);
+		int has = harness_stat_has(js, "client_list[name=heir]");
+
+		free(js);
+		CHECK(has);
+		kill(stranger, SIGKILL);
+		waitpid(stranger, NULL, 0);
+		rel_sleep_ms(300);
+		js = harness_stats(c);
+		has = harness_stat_has(js, "client_list[name=heir]");
+		free(js);
+		CHECKF(has, "the session died with the stranger that got its connecting pid %d",
+		       cpid);
+		rel_figure("pid %d recycled to a stranger before accept: the session attached and "
+			   "outlived the stranger (not tied to a recycled pid)",
+			   cpid);
+	} else {
+		kill(stranger, SIGKILL);
+		waitpid(stranger, NULL, 0);
+		rel_figure("pid %d recycled to a stranger before accept: the session ended at once "
+			   "(its connecting process is dead), never tied to the stranger",
+			   cpid);
+	}
+	kill(rc_sh->heir, SIGKILL);
+	CHECK_EQ(harness_stat_wait(c, "clients", 1, 2000), 1);
+}
+
 int main(int argc, char **argv)
 {
 	struct harness_broker *b;
@@ -268,6 +410,9 @@ int main(int argc, char **argv)
 	CHECKF(rc <= 100 || rel_scale() == REL_SMALL, "leases released after %d ms", rc);
 	CHECK(harness_broker_log_has(b, "process exited"));
 	CHECK_EQ(harness_stat_wait(c, "clients", 1, 2000), 1);
+
+	harness_log("[pidfd] a recycled pid");
+	recycled_pid(b, c);
 
 	kvb_close(c);
 	harness_broker_stop(b);
