@@ -122,6 +122,12 @@ struct broker {
 #define TAG_PID 3u /* the peer's pidfd: readable once that process exited */
 #define TAG_MASK 7u
 
+/*
+ * peer.c: a pidfd (FD_CLOEXEC) of the process that connected on accepted socket fd, whose
+ * SO_PEERCRED pid is pid, or -1 when none can be had safely; *how says which way it was found.
+ */
+int peer_pidfd(int fd, pid_t pid, const char **how);
+
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */
 int session_accept(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);

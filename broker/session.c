@@ -11,11 +11,9 @@
  *                                                                       session_destroy()
  *
  * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Its
- * process is pinned by a pidfd taken at accept (SO_PEERPIDFD where the kernel has it, which is
- * atomic with the connect; else pidfd_open of the SO_PEERCRED pid, refused when the socket is
- * already hung up, i.e. the peer may have died and its pid been recycled). The pidfd sits in the
- * epoll set: the connecting process's exit ends the session even when a child it forked still
- * holds the socket, and a recycled pid can never be mistaken for the client. Anything
+ * process is pinned by a pidfd taken at accept (peer.c [pidfd]), which sits in the epoll set:
+ * the connecting process's exit ends the session even when a child it forked still holds the
+ * socket, and a recycled pid can never be mistaken for the client. Anything
  * the client controls (messages, fds, ring indices, SQE bytes) is validated before use, and a
  * violation that makes the channel untrustworthy (a malformed datagram, an impossible ring
  * index) ends only this session, with the reason logged. Teardown releases, from broker-private
@@ -34,10 +32,8 @@
 #include <sys/mman.h>
 #include <linux/magic.h>
 #include <sys/socket.h>
-#include <poll.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -69,46 +65,6 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 		if (groups[i] == b->cfg.group)
 			return 1;
 	return 0;
-}
-
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77
-#endif
-
-/*
- * A pidfd for the peer of fd (pid from SO_PEERCRED), or -1 when there is none to be had (a peer
- * in another pid namespace has pid 0; old kernels). [pidfd] Without SO_PEERPIDFD, pidfd_open
- * races with the peer's death: a pid recycled meanwhile would name a stranger, so a socket that
- * is already hung up (the peer is gone, and nobody inherited the socket) gets no pidfd at all.
- */
-static int peer_pidfd(int fd, pid_t pid, const char **how)
-{
-	struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-	socklen_t len = sizeof(int);
-	int pfd = -1;
-
-	*how = "SO_PEERPIDFD";
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0) {
-		if (fcntl(pfd, F_SETFD, FD_CLOEXEC) == 0)
-			return pfd;
-		close(pfd);
-		return -1;
-	}
-	/* The kernel knows the option but not the peer (ESRCH: it is gone): never guess by pid. */
-	if (errno != ENOPROTOOPT && errno != EINVAL && errno != EOPNOTSUPP)
-		return -1;
-	*how = "pidfd_open";
-	if (pid <= 0)
-		return -1;
-	pfd = (int)syscall(SYS_pidfd_open, pid, 0);
-	if (pfd < 0)
-		return -1;
-	fcntl(pfd, F_SETFD, FD_CLOEXEC);
-	if (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP))) {
-		close(pfd);
-		return -1;
-	}
-	return pfd;
 }
 
 int session_accept(struct broker *b)
