@@ -81,7 +81,8 @@ static uint32_t unix_peer_ino(int fd)
 		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || m->udiag_ino != (uint32_t)st.st_ino)
 			break;
 		for (; RTA_OK(a, len); a = RTA_NEXT(a, len))
-			if (a->rta_type == UNIX_DIAG_PEER && RTA_PAYLOAD(a) >= (int)sizeof(uint32_t))
+			if (a->rta_type == UNIX_DIAG_PEER &&
+			    RTA_PAYLOAD(a) >= (int)sizeof(uint32_t))
 				memcpy(&peer, RTA_DATA(a), sizeof(peer));
 		break;
 	}
