@@ -64,7 +64,7 @@ struct sview {
 struct session {
 	struct list link;
 	int sock;
-	int pidfd; /* the connecting process, -1 when none (session.c [pidfd]) */
+	int pidfd; /* the connecting process, -1 when none (peer.c [pidfd]) */
 	uint32_t id;
 	pid_t pid;
 	uid_t uid;
