@@ -7,6 +7,9 @@
 #   make bench        kvbbench figures into docs/benchmarks.md
 #   make bench-disk   the NVMe tier against fio, and the warm-restart scan (tools/bench-disk.sh)
 #   make asan|tsan    the test suites under AddressSanitizer+UBSan / ThreadSanitizer
+#   make fuzz         every libFuzzer target for FUZZ_SECONDS each (clang; make test runs each
+#                     for FUZZ_SMOKE_SECONDS on its seed corpus and regression inputs)
+#   make soak         the reliability tests at full size, the soak for DURATION seconds
 #   make lint         clang-format check, cppcheck
 #   make install      PREFIX=/usr/local DESTDIR=
 #   V=1 shows commands; MODE=debug|asan|tsan selects the build flavour.
@@ -104,7 +107,8 @@ BROKERD_HOOKS := $(B)/tests/kvbrokerd-hooks
 # A fake CUDA driver for end-to-end tests of the GPU paths without a GPU (tests/fake/libcuda.c).
 FAKE_CUDA := $(if $(HAVE_CUDA),$(B)/tests/fake/libcuda.so.1)
 
-.PHONY: all deps test unit integ demo bench bench-disk asan tsan lint format install clean soak
+.PHONY: all deps test unit integ demo bench bench-disk asan tsan lint format install clean soak \
+	fuzz fuzz-build fuzz-smoke
 .DEFAULT_GOAL := all
 # Keep every object: pattern chains would otherwise delete some as intermediates.
 .SECONDARY:
@@ -208,8 +212,61 @@ $(B)/tests/t_%: $(B)/obj/tests/integ/t_%.o $(call obj,$(HARNESS_SRC) $(COMMON_SR
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+# The reliability tests (docs/reliability.md) scale with KVB_SCALE: "test" in the release suite
+# (the soak runs KVB_SOAK_SECONDS, 60), "small" under the sanitizers, which are 5-20x slower,
+# and "full" in make soak.
+ifeq ($(MODE),release)
+TEST_ENV := KVB_SCALE=test KVB_SOAK_SECONDS=60
+else
+TEST_ENV := KVB_SCALE=small KVB_SOAK_SECONDS=5
+endif
+DURATION ?= 600
+
 test: all
-	$(Q)sh tests/run.sh $(B)
+	$(Q)$(TEST_ENV) sh tests/run.sh $(B)
+ifeq ($(MODE),release)
+	$(Q)$(MAKE) --no-print-directory fuzz-smoke
+endif
+
+soak: all
+	$(Q)KVB_SCALE=full KVB_SOAK_SECONDS=$(DURATION) KVB_TEST_TIMEOUT=$$(($(DURATION) + 600)) \
+		KVB_TEST_DEADLINE=$$(($(DURATION) + 540)) KVB_TEST_FILTER=t_rel_ sh tests/run.sh $(B) integ
+
+# ---- fuzzing: clang's libFuzzer over the parsers of untrusted bytes (tests/fuzz/) ----
+# The targets link the real proto/ and broker/ code, built apart under build/fuzz with
+# -fsanitize=fuzzer-no-link,address,undefined.
+FUZZ_CC ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
+FB := build/fuzz
+FUZZ_MAIN := $(filter-out tests/fuzz/fuzz_broker.c,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FB)/%,$(FUZZ_MAIN))
+FUZZ_CFLAGS := -g -O1 -std=gnu11 -fsanitize=fuzzer-no-link,address,undefined \
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -pthread -Iinclude -Iproto -Ibroker \
+	-D_GNU_SOURCE -DKVB_FUZZ
+fobj = $(patsubst %.c,$(FB)/obj/%.o,$(1))
+HAVE_FUZZ = $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}' | \
+	$(FUZZ_CC) -fsanitize=fuzzer -x c - -o /dev/null >/dev/null 2>&1 && echo yes)
+
+$(FB)/obj/%.o: %.c $(DEPS_STAMP)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
+
+$(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(call fobj,$(PROTO_SRC) $(BROKER_SRC) tests/fuzz/fuzz_broker.c)
+	@$(if $(Q),echo "  FUZZLD  $@")
+	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LIBS)
+
+fuzz-build:
+	$(Q)if [ "$(HAVE_FUZZ)" = yes ]; then $(MAKE) --no-print-directory $(FUZZ_BINS); \
+	else echo "SKIP fuzz: $(FUZZ_CC) with libFuzzer not found (apt-get install clang" \
+		"libclang-rt-dev)"; fi
+
+fuzz: fuzz-build
+	$(Q)[ "$(HAVE_FUZZ)" != yes ] || sh tests/fuzz/run.sh $(FB) $(FUZZ_SECONDS) grow
+
+fuzz-smoke: fuzz-build
+	$(Q)[ "$(HAVE_FUZZ)" != yes ] || sh tests/fuzz/run.sh $(FB) $(FUZZ_SMOKE_SECONDS) smoke
 
 unit: $(UNIT_BINS)
 	$(Q)sh tests/run.sh $(B) unit
@@ -253,4 +310,4 @@ install: $(PROGS) $(LIB_A) $(LIB_SO)
 clean:
 	rm -rf build
 
--include $(shell find $(B) -name '*.d' 2>/dev/null)
+-include $(shell find $(B) $(FB) -name '*.d' 2>/dev/null)

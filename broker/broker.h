@@ -36,6 +36,10 @@ struct config {
 	uint32_t max_leases;
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
+	uint32_t max_sq;	/* SQ entries one client may ask for (larger asks are clamped) */
+	uint32_t max_bufs;	/* registered buffers per client, <= SESSION_MAX_BUFS */
+	uint32_t max_ns;	/* namespaces per client, <= SESSION_MAX_NS */
+	uint32_t max_inflight;	/* ops per client taken from its SQ and not yet completed */
 	int prefault;
 	char numa[128];		  /* --numa: auto, off, interleave or a node list */
 	enum hp_mode hugepage;	  /* --hugepages */
@@ -92,6 +96,7 @@ struct session_counters {
 struct session {
 	struct list link;
 	int sock;
+	int pidfd; /* the connecting process, -1 when none (peer.c [pidfd]) */
 	uint32_t id;
 	pid_t pid;
 	uid_t uid;
@@ -164,7 +169,14 @@ struct broker {
 /* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
 #define TAG_SOCK 1u
 #define TAG_SQ 2u
+#define TAG_PID 3u /* the peer's pidfd: readable once that process exited */
 #define TAG_MASK 7u
+
+/*
+ * peer.c: a pidfd (FD_CLOEXEC) of the process that connected on accepted socket fd, whose
+ * SO_PEERCRED pid is pid, or -1 when none can be had safely; *how says which way it was found.
+ */
+int peer_pidfd(int fd, pid_t pid, const char **how);
 
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */
 int session_accept(struct broker *b);

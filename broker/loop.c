@@ -4,13 +4,13 @@
  * serves control messages and new connections, and sleeps when there is nothing to do.
  *
  * Busy-poll window (the io_uring SQPOLL pattern): after the last SQE the loop keeps polling the
- * rings for --poll-us, checking epoll without blocking every POLL_EPOLL_EVERY rounds. A sleeping
- * wake-up costs ~10 us across CPUs on these machines, a polled ring round trip ~0.5 us, so the
- * window is what makes small ops cheap. Then it sets NEED_WAKEUP on every SQ, re-checks them
- * (ring.h [W1]) and blocks in epoll_wait on the control sockets, the SQ doorbells, the listening
- * socket, a signalfd, the disk ring's eventfd and the copy engines' completion eventfds (so it
- * sleeps correctly while I/O and copies are in flight), waking at least once a second for
- * watermark eviction.
+ * rings for --poll-us, checking epoll without blocking every POLL_EPOLL_EVERY rounds or every
+ * POLL_EPOLL_GAP, whichever comes first. A sleeping wake-up costs ~10 us across CPUs on these
+ * machines, a polled ring round trip ~0.5 us, so the window is what makes small ops cheap. Then
+ * it sets NEED_WAKEUP on every SQ, re-checks them (ring.h [W1]) and blocks in epoll_wait on the
+ * control sockets, the SQ doorbells, the pidfds, the listening socket, a signalfd, the disk
+ * ring's eventfd and the copy engines' completion eventfds (so it sleeps correctly while I/O
+ * and copies are in flight), waking at least once a second for watermark eviction.
  */
 #include <errno.h>
 #include <signal.h>
@@ -25,6 +25,12 @@
 #include "metrics_http.h"
 
 #define POLL_EPOLL_EVERY 32
+/*
+ * ... and at least this often (seconds) while busy: a round can copy ROUND_BYTES per client, so
+ * 32 rounds with big pages took hundreds of ms, and control requests and hang-ups waited that
+ * long (t_rel_ctl_latency).
+ */
+#define POLL_EPOLL_GAP 0.001
 #define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
 #define EVICT_BATCH 256 /* pages per watermark round */
 
@@ -130,6 +136,11 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 	}
 	if (s->dead)
 		return;
+	if (tag == TAG_PID) {
+		/* Its process is gone, even if the socket lives on in a child it forked. */
+		session_destroy(b, s, s->control_only || !s->hello_done ? NULL : "process exited");
+		return;
+	}
 	if (tag == TAG_SQ) {
 		/* SQ doorbell: drain it; the rings are polled right after. */
 		if (read(s->sq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
@@ -142,7 +153,7 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 int loop_run(struct broker *b)
 {
 	struct epoll_event evs[64];
-	double last = now_sec(), window = b->cfg.poll_us * 1e-6;
+	double last = now_sec(), window = b->cfg.poll_us * 1e-6, last_ep = last, now;
 	uint32_t round = 0;
 
 	while (!b->stop) {
@@ -150,11 +161,11 @@ int loop_run(struct broker *b)
 
 		/* Disk completions count as activity: parked ops ran, new I/O may follow. */
 		if (poll_sessions(b) + tier_poll(b)) {
-			last = now_sec();
-			if (++round % POLL_EPOLL_EVERY)
+			last = now = now_sec();
+			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
-		} else if (now_sec() - last < window) {
-			if (++round % POLL_EPOLL_EVERY)
+		} else if ((now = now_sec()) - last < window) {
+			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((timeout = prepare_sleep(b)) > 0) {
 			sleeping = 1;
@@ -164,6 +175,7 @@ int loop_run(struct broker *b)
 			continue;
 		}
 		n = epoll_wait(b->epfd, evs, 64, timeout);
+		last_ep = now_sec();
 		if (sleeping) {
 			wake_all(b);
 			/* Only a real event restarts the poll window, not a nap's timeout. */

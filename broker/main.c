@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -79,6 +80,13 @@ static void usage(FILE *f)
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
+		"  --max-sq-entries N     ring depth one client may ask for, a power of two;\n"
+		"                         larger asks are clamped (default 4096)\n"
+		"  --max-bufs N           registered buffers per client (default 256, at most "
+		"256)\n"
+		"  --max-ns N             namespaces one client may open (default 64, at most 64)\n"
+		"  --max-inflight N       ops per client taken from its ring and not completed\n"
+		"                         (default 4096)\n"
 		"  --no-prefault          do not fault the pool in at start-up (in parallel, per\n"
 		"                         node); its memory is reserved either way, and first\n"
 		"                         PUTs then pay the page faults\n"
@@ -169,7 +177,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_COPY_DELAY,
 		O_NO_GPU,
 		O_GPU_PATH,
-		O_COPY_FAIL
+		O_COPY_FAIL,
+		O_MAXSQ,
+		O_MAXBUFS,
+		O_MAXNS,
+		O_MAXINFL
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -200,6 +212,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"no-gpu", no_argument, NULL, O_NO_GPU},
 		{"gpu-path", required_argument, NULL, O_GPU_PATH},
 		{"copy-fail-every", required_argument, NULL, O_COPY_FAIL},
+		{"max-sq-entries", required_argument, NULL, O_MAXSQ},
+		{"max-bufs", required_argument, NULL, O_MAXBUFS},
+		{"max-ns", required_argument, NULL, O_MAXNS},
+		{"max-inflight", required_argument, NULL, O_MAXINFL},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -212,6 +228,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_leases = 65536;
 	c->arg_size = 1u << 20;
 	c->max_buf_bytes = ram_bytes();
+	c->max_sq = KVB_SQ_MAX;
+	c->max_bufs = SESSION_MAX_BUFS;
+	c->max_ns = SESSION_MAX_NS;
+	c->max_inflight = KVB_SQ_MAX;
 	c->prefault = 1;
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
@@ -350,6 +370,25 @@ static int parse_args(int argc, char **argv, struct config *c)
 			else
 				goto bad;
 			break;
+		case O_MAXSQ:
+			if (parse_u32(optarg, &c->max_sq) || !kvb_is_pow2(c->max_sq) ||
+			    c->max_sq < KVB_SQ_MIN || c->max_sq > KVB_SQ_MAX)
+				goto bad;
+			break;
+		case O_MAXBUFS:
+			if (parse_u32(optarg, &c->max_bufs) || !c->max_bufs ||
+			    c->max_bufs > SESSION_MAX_BUFS)
+				goto bad;
+			break;
+		case O_MAXNS:
+			if (parse_u32(optarg, &c->max_ns) || !c->max_ns ||
+			    c->max_ns > SESSION_MAX_NS)
+				goto bad;
+			break;
+		case O_MAXINFL:
+			if (parse_u32(optarg, &c->max_inflight) || !c->max_inflight)
+				goto bad;
+			break;
 		case O_LOG:
 			lvl = log_parse_level(optarg);
 			if (lvl < 0)
@@ -402,22 +441,40 @@ bad:
 	return -EINVAL;
 }
 
-/* Binds the control socket, replacing a stale file but never a live broker's socket. */
-static int listen_socket(const char *path)
+/*
+ * Binds the control socket, replacing a stale file but never a live broker's socket. With
+ * --group, the directory we create and the socket belong to that group, so its members (and
+ * nobody else but us) can enter and connect; SO_PEERCRED is checked again at accept.
+ */
+/*
+ * Creates the socket's directory when missing, before the lock file and the socket go in it:
+ * only the broker's user (and group) may enter a directory we create.
+ */
+static int socket_dir(const char *path, const struct config *c)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *slash;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return 0;
+	*slash = '\0';
+	if (mkdir(dir, 0750) == 0) {
+		if (c->has_group && chown(dir, (uid_t)-1, c->group) < 0)
+			log_warn("chown %s to group %u: %s", dir, (unsigned)c->group,
+				 strerror(errno));
+	} else if (errno != EEXIST) {
+		return -errno;
+	}
+	return 0;
+}
+
+static int listen_socket(const char *path, const struct config *c)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	char dir[sizeof(sa.sun_path)], *slash;
 	int fd, err;
 
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	snprintf(dir, sizeof(dir), "%s", path);
-	slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
-		*slash = '\0';
-		/* Only the broker's user (and group) may enter a directory we create. */
-		if (mkdir(dir, 0750) < 0 && errno != EEXIST)
-			return -errno;
-	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
@@ -431,7 +488,7 @@ static int listen_socket(const char *path)
 	if (fd < 0)
 		return -errno;
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, 0660) < 0 ||
-	    listen(fd, 128) < 0) {
+	    (c->has_group && chown(path, (uid_t)-1, c->group) < 0) || listen(fd, 128) < 0) {
 		err = -errno;
 		close(fd);
 		return err;
@@ -444,6 +501,26 @@ static int epoll_add(int epfd, int fd, uint64_t data)
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = data};
 
 	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+/*
+ * A ring client costs 4 fds (socket, pidfd, two doorbells), any connection 2: with the usual
+ * soft limit of 1024, some 250 clients would attach whatever --max-clients says, and the rest
+ * would be refused. Raise the soft limit to what --max-clients needs, up to the hard limit, and
+ * say so when even that is short (t_rel_overload: fd_limit).
+ */
+static void raise_nofile(uint32_t max_clients)
+{
+	rlim_t want = ((rlim_t)max_clients + CONN_SPARE) * 4 + 64;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+		return;
+	rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur < want)
+		log_warn("fd limit %llu: fewer than --max-clients %u clients can attach (raise "
+			 "the hard limit, ulimit -Hn)",
+			 (unsigned long long)rl.rlim_cur, max_clients);
 }
 
 static int setup_signals(void)
@@ -523,9 +600,15 @@ int main(int argc, char **argv)
 	 * /proc/<pid>/fd, which would hand them a writable pool.
 	 */
 	prctl(PR_SET_DUMPABLE, 0);
+	raise_nofile(b.cfg.max_clients);
 	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	/* First, before any work: a second broker on this socket stops here. */
+	err = socket_dir(b.cfg.socket_path, &b.cfg);
+	if (err) {
+		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
+		return 1;
+	}
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
 	if (b.lock_fd < 0) {
 		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,
@@ -567,7 +650,7 @@ int main(int argc, char **argv)
 			goto out_store;
 		}
 	}
-	b.listen_fd = listen_socket(b.cfg.socket_path);
+	b.listen_fd = listen_socket(b.cfg.socket_path, &b.cfg);
 	if (b.listen_fd < 0) {
 		err = b.listen_fd;
 		log_error("socket %s: %s%s", b.cfg.socket_path, strerror(-err),

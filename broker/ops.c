@@ -199,6 +199,18 @@ static int op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe
 		return OPS_DONE;
 	}
 	n->c.puts++;
+	/*
+	 * Check the source first: a bad request must not evict anything, and must fail the same
+	 * whether or not the key is stored (t_rel_hostile: put_existing_bad_source).
+	 */
+	if (v)
+		err = view_check(s, v, sqe->off, &dev);
+	else
+		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
+	if (err) {
+		cqe->res = err;
+		return OPS_DONE;
+	}
 	memcpy(key.b, sqe->key, sizeof(key.b));
 	pg = store_find(&b->store, n->id, &key);
 	if (pg && pg->state == PAGE_WRITING)
@@ -208,15 +220,6 @@ static int op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe
 		xfer_existed(b, n, cqe);
 		if (pg)
 			store_touch(&b->store, pg);
-		return OPS_DONE;
-	}
-	/* Check the source before taking a slot: a bad request must not evict anything. */
-	if (v)
-		err = view_check(s, v, sqe->off, &dev);
-	else
-		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
-	if (err) {
-		cqe->res = err;
 		return OPS_DONE;
 	}
 	err = store_alloc_pref(&b->store, n->cls, n->id, &key, s->pref.n ? &s->pref : NULL, &pg);

@@ -10,7 +10,10 @@
  *                                                                       violation, SIGTERM:
  *                                                                       session_destroy()
  *
- * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Anything
+ * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Its
+ * process is pinned by a pidfd taken at accept (peer.c [pidfd]), which sits in the epoll set:
+ * the connecting process's exit ends the session even when a child it forked still holds the
+ * socket, and a recycled pid can never be mistaken for the client. Anything
  * the client controls (messages, fds, ring indices, SQE bytes) is validated before use, and a
  * violation that makes the channel untrustworthy (a malformed datagram, an impossible ring
  * index) ends only this session, with the reason logged. Teardown releases, from broker-private
@@ -67,6 +70,7 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 
 int session_accept(struct broker *b)
 {
+	const char *how = NULL;
 	struct ucred cr = {0};
 	socklen_t len = sizeof(cr);
 	struct session *s;
@@ -116,16 +120,22 @@ int session_accept(struct broker *b)
 	s->accepted_at = now_sec();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->node = -1;
+	s->pidfd = peer_pidfd(fd, cr.pid, &how);
 	list_init(&s->link);
 	err = ep_add(b, fd, s, TAG_SOCK);
+	if (!err && s->pidfd >= 0)
+		err = ep_add(b, s->pidfd, s, TAG_PID);
 	if (err) {
+		if (s->pidfd >= 0)
+			close(s->pidfd);
 		close(fd);
 		free(s);
 		return err;
 	}
 	list_add_tail(&b->sessions, &s->link);
 	b->nconns++;
-	log_debug("client %u: connected, pid %d uid %d", s->id, (int)s->pid, (int)s->uid);
+	log_debug("client %u: connected, pid %d uid %d, pidfd %s", s->id, (int)s->pid, (int)s->uid,
+		  s->pidfd >= 0 ? how : "none");
 	return 1;
 }
 
@@ -148,7 +158,9 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	}
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
-	close(s->sock); /* also leaves the epoll set */
+	if (s->pidfd >= 0)
+		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
+	close(s->sock);		 /* also leaves the epoll set */
 	list_del(&s->link);
 	if (s->hello_done && !s->control_only)
 		b->nsessions--;
@@ -349,6 +361,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
 	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
 
+	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
+	if (kvb_is_pow2(sq) && sq > b->cfg.max_sq)
+		sq = b->cfg.max_sq;
+
 	if (s->hello_done)
 		return -EPROTO;
 	if (m->abi_major != KVB_ABI_MAJOR) {
@@ -364,6 +380,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	memcpy(s->name, m->name, sizeof(s->name));
 	s->name[sizeof(s->name) - 1] = '\0';
+	/* The name goes into log lines: no control bytes, so a client cannot forge a line. */
+	for (char *p = s->name; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	rep.abi_major = KVB_ABI_MAJOR;
 	rep.abi_minor = KVB_ABI_MINOR;
 	rep.client_id = s->id;
@@ -433,7 +453,7 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
-		if (s->nns >= SESSION_MAX_NS)
+		if (s->nns >= b->cfg.max_ns)
 			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
 		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 		s->nns++;
@@ -468,9 +488,9 @@ static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf
 		return -ENOMEM;
 	if ((uint64_t)st.st_size < m->len)
 		return -EFAULT;
-	for (*id = 0; *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
+	for (*id = 0; *id < b->cfg.max_bufs && s->bufs[*id].base; (*id)++)
 		;
-	if (*id == SESSION_MAX_BUFS)
+	if (*id == b->cfg.max_bufs)
 		return -EMFILE;
 	p = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
@@ -707,6 +727,9 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	 * places already promised to ops in flight, so a late completion always finds its slot.
 	 */
 	space -= s->inflight;
+	/* --max-inflight: ops taken from the SQ whose CQE is not posted yet. */
+	if (space > (int64_t)b->cfg.max_inflight - s->inflight)
+		space = (int64_t)b->cfg.max_inflight - s->inflight;
 	n = (uint32_t)(space <= 0 ? 0 : avail < space ? avail : space);
 	s->stalled = !n;
 	if (n > max)

@@ -3,7 +3,8 @@
 # Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
 # as root (apt-get), otherwise prints the exact command and fails.
 set -eu
-need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev libisal-dev python3"
+need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev libisal-dev python3
+	clang libclang-rt-dev util-linux"
 missing=""
 # kvbrokerd --metrics-listen, kvbctl top
 need="$need libmicrohttpd-dev libncurses-dev"

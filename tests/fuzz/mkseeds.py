@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""tests/fuzz/mkseeds.py - writes the seed corpus of every fuzz target (tests/fuzz/corpus/).
+
+Seeds are valid or nearly valid inputs, so the fuzzer starts deep inside the parsers instead of
+at their first check. The wire layouts mirror proto/wire.h (static_asserted there); run
+`python3 tests/fuzz/mkseeds.py` after changing them and commit the result.
+"""
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MSG_MAGIC = 0x4B56424D
+REGION_MAGIC = 0x4B564252
+HELLO, NS_OPEN, BUF_REG, BUF_UNREG, VIEW_CREATE, VIEW_DESTROY, STATS = range(1, 8)
+NOP, PUT, GET, ACQUIRE, RELEASE, DELETE, LOOKUP, PREFETCH = range(8)
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def msg(mtype, body, seq=1, flags=0):
+    return struct.pack("<IHHII", MSG_MAGIC, mtype, flags, 16 + len(body), seq) + body
+
+
+def hello(sq=8, flags=0, abi=1):
+    return struct.pack("<HHIII32s", abi, 0, flags, sq, 0, b"fuzz")
+
+
+def comp(name, layers, bpt):
+    return struct.pack("<16sIII", name, layers, bpt, 0)
+
+
+def layout(model=b"fuzz/a", kind=1, tpp=16, comps=((b"kv", 2, 512),)):
+    c = b"".join(comp(*x) for x in comps) + b"\0" * 28 * (4 - len(comps))
+    return struct.pack("<64sIIIII", model, kind, tpp, 1, 0, len(comps)) + c + b"\0" * 16
+
+
+# fuzz_ctl: [u8 flags][u16 len](u32 memfd size)[datagram]
+def rec(dgram, fd_size=None, seals=0, extra_fd=False):
+    flags = (1 if fd_size is not None else 0) | (seals << 1) | (0x10 if extra_fd else 0)
+    out = struct.pack("<BH", flags, len(dgram))
+    if fd_size is not None:
+        out += struct.pack("<I", fd_size)
+    return out + dgram
+
+
+def sqe(op, ns=0, key=b"\0" * 32, buf=0, off=0, flags=0, ud=0, lf=0, lc=0):
+    return struct.pack("<BBHIQ32sIHHQ", op, flags, 0, ns, ud, key, buf, lf, lc, off)
+
+
+def lookup(ns, arg_off, count, out_off, ud=0):
+    batch = struct.pack("<III20s", arg_off, count, out_off, b"")
+    return struct.pack("<BBHIQ", LOOKUP, 0, 0, ns, ud) + batch + struct.pack("<IHHQ", 0, 0, 0, 0)
+
+
+def ring(order, base, arg, rounds):
+    out = struct.pack("<BIH", order, base, len(arg)) + arg
+    for tail_lie, cq_back, sqes in rounds:
+        out += struct.pack("<IIB", tail_lie, cq_back, len(sqes)) + b"".join(sqes)
+    return out
+
+
+def main():
+    lay_a = layout()
+    lay_b = layout(b"fuzz/b", 1, 4, ((b"kv", 3, 64), (b"idx", 2, 32)))
+    # ---- ctl ----
+    put("ctl", "hello", rec(msg(HELLO, hello())))
+    put("ctl", "hello-control-stats", rec(msg(HELLO, hello(0, 1))) + rec(msg(STATS, b"", 2)))
+    put("ctl", "hello-ns", rec(msg(HELLO, hello())) + rec(msg(NS_OPEN, lay_a, 2)))
+    put("ctl", "hello-bufreg",
+        rec(msg(HELLO, hello())) + rec(msg(BUF_REG, struct.pack("<QII", 65536, 1, 0), 2), 65536, 1)
+        + rec(msg(BUF_UNREG, struct.pack("<II", 0, 0), 3)))
+    parts = b"".join(struct.pack("<IIQ", 0, 256, o) for o in (0, 64, 128, 192, 224))
+    put("ctl", "hello-view",
+        rec(msg(HELLO, hello())) + rec(msg(NS_OPEN, lay_b, 2))
+        + rec(msg(BUF_REG, struct.pack("<QII", 65536, 1, 0), 3), 65536, 1)
+        + rec(msg(VIEW_CREATE, struct.pack("<II", 1, 5) + parts, 4))
+        + rec(msg(VIEW_DESTROY, struct.pack("<II", 0, 0), 5)) + rec(msg(STATS, b"", 6)))
+    put("ctl", "bufreg-unsealed",
+        rec(msg(HELLO, hello())) + rec(msg(BUF_REG, struct.pack("<QII", 4096, 1, 0), 2), 4096, 0))
+    put("ctl", "two-fds", rec(msg(HELLO, hello())) + rec(msg(STATS, b"", 2), 4096, 1, True))
+    put("ctl", "bad-abi", rec(msg(HELLO, hello(8, 0, 2))))
+    # ---- ring ---- keys: PUT from buf 0 into ns 0 (a) and a view PUT on ns 1 (b)
+    k1, k2 = bytes(range(32)), bytes(range(1, 33))
+    arg = k1 + k2 + b"\0" * 64
+    put("ring", "put-get-lookup", ring(0, 0, arg, [
+        (0, 0, [sqe(NOP, ud=1), sqe(PUT, 0, k1, 0, 0, ud=2), sqe(GET, 0, k1, 0, 16384, ud=3),
+                lookup(0, 0, 2, 64, ud=4)]),
+        (0, 0, [sqe(ACQUIRE, 0, k1, ud=5), sqe(RELEASE, off=0xEE << 56, ud=6),
+                sqe(RELEASE, off=0xEE << 56, ud=7), sqe(DELETE, 0, k1, ud=8)]),
+    ]))
+    put("ring", "view-put-get", ring(1, 0xFFFFFFF0, b"", [
+        (0, 0, [sqe(PUT, 0, k2, 0, 0, flags=1, ud=1), sqe(GET, 0, k2, 0, 3, flags=1, ud=2, lf=1, lc=1),
+                sqe(PREFETCH, 1, k2, ud=3)]),
+    ]))
+    put("ring", "bad-tail", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (100, 0, [sqe(NOP)])]))
+    put("ring", "bad-cq-head", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (0, 1000, [sqe(NOP)])]))
+    put("ring", "acquire-many", ring(2, 0x7FFFFFFF, b"", [
+        (0, 0, [sqe(PUT, 0, bytes([i]) * 32, 0, 0, ud=i) for i in range(8)]),
+        (0, 0, [sqe(ACQUIRE, 0, bytes([i]) * 32, ud=i) for i in range(8)]),
+    ]))
+    # ---- proto ---- selector byte then bytes
+    put("proto", "msg-hello", b"\0" + msg(HELLO, hello()))
+    put("proto", "msg-reply", b"\0" + msg(HELLO, struct.pack("<iI", 0, 0), 1, 1))
+    put("proto", "layout-a", b"\1" + lay_a)
+    put("proto", "layout-b", b"\1" + lay_b)
+    hdr = struct.pack("<IHHIIIIIIIIIIIIII", REGION_MAGIC, 1, 0, 1, 64, 8, 16, 64, 128, 132, 192,
+                      256, 260, 320, 832, 4096, 4096)
+    put("proto", "region", b"\2" + struct.pack("<Q", 8192) + hdr)
+    put("proto", "sqe-lookup", b"\3\0" + lookup(0, 0, 4, 128))
+    put("proto", "sqe-put", b"\3\0" + sqe(PUT, 0, k1, 0, 0))
+
+
+if __name__ == "__main__":
+    main()
