@@ -1,9 +1,13 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
-# as root (apt-get), otherwise prints the exact command and fails.
+# as root (apt-get), otherwise prints the exact command and fails. `deps.sh bench` checks the
+# packages only `make bench` needs instead (the peers it compares with, fio, gnuplot).
 set -eu
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev python3"
+if [ "${1:-}" = bench ]; then
+	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
+fi
 missing=""
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
