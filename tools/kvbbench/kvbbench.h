@@ -56,6 +56,7 @@ struct kvbb_mode;
 struct kvbb_cfg {
 	const char *socket; /* kvbroker socket */
 	const char *server; /* peers: host:port or /path/to/unix.sock */
+	int binary;	    /* memc-*: binary protocol */
 	const struct kvbb_mode *mode;
 	int json;
 	int progress;

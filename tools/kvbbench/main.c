@@ -171,6 +171,7 @@ static void usage(FILE *f)
 		"options:\n"
 		"  --socket PATH     broker socket (default $KVB_SOCKET, then the default path)\n"
 		"  --server ADDR     redis-*/memc-*: HOST:PORT or /path/to/unix.sock\n"
+		"  --proto P         memc-*: ascii (default) or binary protocol\n"
 		"  --page SIZE       page size, K/M/G suffixes, fractions allowed (default 1M)\n"
 		"  --layout kimi     Kimi-K2.5 MLA page: 61 layers x 1152 B x 64 tokens (4.29 "
 		"MiB)\n"
@@ -306,6 +307,7 @@ enum {
 	O_TIMEOUT,
 	O_PROGRESS,
 	O_JSON,
+	O_PROTO,
 };
 
 static int parse_args(int argc, char **argv)
@@ -337,6 +339,7 @@ static int parse_args(int argc, char **argv)
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"progress", no_argument, NULL, O_PROGRESS},
 		{"json", no_argument, NULL, O_JSON},
+		{"proto", required_argument, NULL, O_PROTO},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -465,6 +468,13 @@ static int parse_args(int argc, char **argv)
 			break;
 		case O_JSON:
 			cfg.json = 1;
+			break;
+		case O_PROTO:
+			if (strcmp(optarg, "binary") && strcmp(optarg, "ascii")) {
+				fprintf(stderr, "kvbbench: --proto ascii|binary\n");
+				return -1;
+			}
+			cfg.binary = !strcmp(optarg, "binary");
 			break;
 		case 'h':
 			usage(stdout);
