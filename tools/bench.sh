@@ -298,30 +298,26 @@ if "$B/bin/kvbrokerd" --help 2>&1 | grep -q -- '--disk'; then
 	total_runs=$((total_runs + REPS * 2 * 2 * np_n * 2))
 fi
 
-ws_of() { # working set for a page size: at least WS
-	echo "--ws $WS"
-}
-
 rep=1
 while [ "$rep" -le "$REPS" ]; do
 	echo "bench: repetition $rep of $REPS"
 	for pg in $PAGES; do
 		for np in $all_procs; do
-			kvb memcpy "$rep" kvbbench --page "$pg" --procs "$np" $(ws_of) memcpy
+			kvb memcpy "$rep" kvbbench --page "$pg" --procs "$np" --ws "$WS" memcpy
 		done
 	done
 	for np in $PROCS; do
 		for pg in $PAGES; do
 			for m in $KVB_MODES; do
-				kvb "kvb-$m" "$rep" kvbbench --socket "$msock" --page "$pg" --procs "$np" $(ws_of) "$m"
+				kvb "kvb-$m" "$rep" kvbbench --socket "$msock" --page "$pg" --procs "$np" --ws "$WS" "$m"
 			done
 			if [ "$peers" = 1 ]; then
 				for m in get set; do
-					kvb "redis-tcp-$m" "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page "$pg" --procs "$np" $(ws_of) "redis-$m"
-					kvb "redis-unix-$m" "$rep" kvbbench-peers --server "$tmp/redis.sock" --page "$pg" --procs "$np" $(ws_of) "redis-$m"
+					kvb "redis-tcp-$m" "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
+					kvb "redis-unix-$m" "$rep" kvbbench-peers --server "$tmp/redis.sock" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
 					proto=ascii
 					[ "$m" = set ] && proto=binary
-					kvb "memcached-$m" "$rep" kvbbench-peers --server "127.0.0.1:$mport" --proto "$proto" --page "$pg" --procs "$np" $(ws_of) "memc-$m"
+					kvb "memcached-$m" "$rep" kvbbench-peers --server "127.0.0.1:$mport" --proto "$proto" --page "$pg" --procs "$np" --ws "$WS" "memc-$m"
 				done
 			fi
 			fio_run fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
@@ -340,7 +336,7 @@ while [ "$rep" -le "$REPS" ]; do
 		kvb memcached-probe "$rep" kvbbench-peers --server "127.0.0.1:$mport" --page 32 --pages 1024 memc-get
 		kvb redis-probe "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page 32 --pages 1024 redis-get
 	fi
-	kvb mix "$rep" kvbbench --socket "$msock" --page 64K $(ws_of) --dist zipf --mix get=80,put=10,lookup=5,acquire=5 mix
+	kvb mix "$rep" kvbbench --socket "$msock" --page 64K --ws "$WS" --dist zipf --mix get=80,put=10,lookup=5,acquire=5 mix
 	kvb mla-kvbroker "$rep" kvbbench --socket "$msock" --procs 8 --pages 16 mla-tp
 	kvb mla-private "$rep" kvbbench --procs 8 --pages 16 --private mla-tp
 	rep=$((rep + 1))
@@ -380,9 +376,11 @@ print("%dM" % (4 * v >> 20))' "$DPOOL")
 	fi
 	if [ -f tools/bench-disk-restart.sh ]; then
 		echo "bench: tools/bench-disk-restart.sh"
-		if ! KVB_BENCH_QUICK=$QUICK sh tools/bench-disk-restart.sh "$B" "$DISK_DIR" >"$extra/disk-restart.md" 2>"$tmp/hook.err"; then
-			fail "tools/bench-disk-restart.sh: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
-		fi
+		hrc=0
+		KVB_BENCH_QUICK=$QUICK sh tools/bench-disk-restart.sh "$B" "$DISK_DIR" \
+			>"$extra/disk-restart.md" 2>"$tmp/hook.err" || hrc=$?
+		[ "$hrc" -eq 0 ] ||
+			fail "tools/bench-disk-restart.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 	fi
 fi
 meta disk_tier "$disk"
@@ -390,9 +388,11 @@ meta disk_tier "$disk"
 # ---- start-up figures of the NUMA work, when its script exists ----
 if [ -f tools/bench-startup.sh ]; then
 	echo "bench: tools/bench-startup.sh"
-	if ! KVB_BENCH_QUICK=$QUICK sh tools/bench-startup.sh "$B" >"$extra/startup.md" 2>"$tmp/hook.err"; then
-		fail "tools/bench-startup.sh: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
-	fi
+	hrc=0
+	KVB_BENCH_QUICK=$QUICK sh tools/bench-startup.sh "$B" >"$extra/startup.md" 2>"$tmp/hook.err" ||
+		hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
 elapsed=$(($(date +%s) - t_start))
