@@ -270,7 +270,8 @@ for pb in pages:
             if f == "memcpy" and np == ncpu:
                 label += ", all %d cores" % ncpu
             L.append("| %s | %d | %.2f [%.2f-%.2f] | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                label, np, gb, lo, hi, fx(ratio(gb, gbps("memcpy", pb, np))), fx(xm), fx(xr),
+                label, np, gb, lo, hi,
+                "-" if f.startswith("fio") else fx(ratio(gb, gbps("memcpy", pb, np))), fx(xm), fx(xr),
                 num(med(g, "ops_per_s")), us(med(g, "p50_us")), us(med(g, "p90_us")),
                 us(med(g, "p99_us")), us(med(g, "p999_us"))))
     L.append("")

@@ -29,7 +29,8 @@
 # KVB_BENCH_SECONDS (1), KVB_BENCH_REPS (3), KVB_BENCH_PAGES ("64K 1M 4.5M"), KVB_BENCH_PROCS
 # ("1 2 4"), KVB_BENCH_POOL (2G), KVB_BENCH_WS (working set per page size, 128M),
 # KVB_BENCH_DISK_DIR (B/bench/disk: must be a real file system, not tmpfs), KVB_BENCH_DISK_POOL
-# (256M), KVB_BENCH_OUT (docs/benchmarks.md), KVB_BENCH_PLOTS (docs/bench).
+# (256M), KVB_BENCH_MODES (kvbroker data modes, "put get acquire"; get-user, put-user exist too),
+# KVB_BENCH_OUT (docs/benchmarks.md), KVB_BENCH_PLOTS (docs/bench).
 # Raw results: B/bench/results.jsonl. Exit 1 when any run failed (the report is written anyway
 # and lists the failures); a MISSED target is a finding, not a failure.
 set -eu

@@ -75,7 +75,7 @@ static void thread_run(int idx)
 	rc = m->setup(&w, err, sizeof(err));
 	if (rc < 0) {
 		s->rc = rc;
-		snprintf(s->err, sizeof(s->err), "set-up: %s", err);
+		snprintf(s->err, sizeof(s->err), "set-up: %.150s", err);
 		goto out;
 	}
 
