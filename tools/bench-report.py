@@ -96,6 +96,7 @@ what = {
     "kvb-put": "kvbroker PUT from registered buffer",
     "kvb-get": "kvbroker GET into registered buffer",
     "kvb-get-user": "kvbroker GET into malloc'd buffer",
+    "kvb-get-qd8": "kvbroker GET, 8 per kvb_submit",
     "kvb-acquire": "kvbroker ACQUIRE + copy out + RELEASE",
     "kvb-put-user": "kvbroker PUT from malloc'd buffer",
     "redis-tcp-get": "Redis GET, TCP 127.0.0.1",
@@ -105,9 +106,9 @@ what = {
     "redis-unix-set": "Redis SET, unix socket",
     "memcached-set": "memcached SET, TCP 127.0.0.1, binary protocol",
 }
-reads = ["kvb-get", "kvb-get-user", "kvb-acquire"]
+reads = ["kvb-get", "kvb-get-qd8", "kvb-get-user", "kvb-acquire"]
 writes = ["kvb-put", "kvb-put-user"]
-order = ["memcpy", "fio-read", "fio-write", "kvb-put", "kvb-put-user", "kvb-get",
+order = ["memcpy", "fio-read", "fio-write", "kvb-put", "kvb-put-user", "kvb-get", "kvb-get-qd8",
          "kvb-get-user", "kvb-acquire", "memcached-get", "redis-tcp-get", "redis-unix-get",
          "memcached-set", "redis-tcp-set", "redis-unix-set"]
 
@@ -141,7 +142,8 @@ with the range in brackets. This machine's run-to-run noise is 10-30%%: read the
   order; destinations are private buffers of the same size, so every copy is cold memory to
   cold memory for every system alike.
 - **kvbroker GET**: `kvb_get` into a buffer from `kvb_buf_alloc_host` (the broker copies from its
-  pool). **ACQUIRE**: `kvb_acquire`, copy the page out, `kvb_release`. **PUT**: `kvb_put` of new
+  pool). **GET, 8 per kvb_submit**: the same GETs handed over 8 at a time with `kvb_submit`
+  and reaped together, as an engine loads the pages of a request (latency is per batch of 8). **ACQUIRE**: `kvb_acquire`, copy the page out, `kvb_release`. **PUT**: `kvb_put` of new
   keys from a registered buffer; once the pool is full every PUT evicts, which is timed.
 - **Redis / memcached GET**: a GET with the client library, then a memcpy of the value into the
   destination buffer (the library's reply buffer is not the engine's memory; kvbroker's GET
@@ -362,7 +364,10 @@ else:
             for f, name, ref in (("disk-fio-write", "fio random write", None),
                                  ("disk-put", "kvbroker PUT, demoting", "disk-fio-write"),
                                  ("disk-fio-read", "fio random read", None),
-                                 ("disk-get", "kvbroker GET, promoting", "disk-fio-read")):
+                                 ("disk-get", "kvbroker GET, promoting", "disk-fio-read"),
+                                 ("disk-fio-read-qd4", "fio random read, iodepth 4", None),
+                                 ("disk-get-qd4", "kvbroker GET, 4 per kvb_submit",
+                                  "disk-fio-read-qd4")):
                 g = get(f, pb, np)
                 if not g:
                     continue

@@ -187,10 +187,10 @@ kvb() {
 	fi
 }
 
-# fio FIG REP RW BS JOBS FILE: one fio run, converted to kvbbench's JSON fields.
+# fio_run FIG REP RW BS JOBS FILE [QD]: one fio run, converted to kvbbench's JSON fields.
 fio_run() {
-	fig=$1 rep=$2 rw=$3 bs=$4 jobs=$5 file=$6
-	progress "$fig $rw bs $bs jobs $jobs"
+	fig=$1 rep=$2 rw=$3 bs=$4 jobs=$5 file=$6 qd=${7:-1}
+	progress "$fig $rw bs $bs jobs $jobs qd $qd"
 	if ! command -v fio >/dev/null; then
 		fail "$fig: fio not installed (sh tools/deps.sh bench)"
 		return 0
@@ -201,7 +201,7 @@ s = sys.argv[1]
 print(int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s))' "$bs")
 	ms=$(python3 -c 'import sys; print(max(100, int(float(sys.argv[1]) * 1000)))' "$SECS")
 	if fio --name=limit --filename="$file" --size="$FIO_SIZE" --ioengine=io_uring --direct=1 \
-		--rw="$rw" --bs="$bytes" --iodepth=1 --numjobs="$jobs" --group_reporting \
+		--rw="$rw" --bs="$bytes" --iodepth="$qd" --numjobs="$jobs" --group_reporting \
 		--time_based --runtime="${ms}ms" --percentile_list=50:90:99:99.9 \
 		--output-format=json --output="$tmp/fio.json" >"$tmp/err" 2>&1; then
 		out=$(python3 - "$tmp/fio.json" "$bytes" "$jobs" "$rw" <<'EOF'
@@ -223,7 +223,7 @@ EOF
 		record "$fig" "$rep" "$out"
 		echo "    $(echo "$out" | python3 -c "$summary")"
 	else
-		fail "$fig fio $rw bs $bs jobs $jobs: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
+		fail "$fig fio $rw bs $bs jobs $jobs qd $qd: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
 	fi
 }
 
@@ -291,12 +291,12 @@ case " $PROCS " in *" $NCPU "*) ;; *) all_procs="$PROCS $NCPU" ;; esac
 np_n=$(echo "$PROCS" | wc -w)
 pg_n=$(echo "$PAGES" | wc -w)
 mode_n=$(echo "$KVB_MODES" | wc -w)
-per_rep=$(($(echo "$all_procs" | wc -w) * pg_n + np_n * pg_n * (mode_n + 6 + 2) + np_n * 5 + 5))
+per_rep=$(($(echo "$all_procs" | wc -w) * pg_n + np_n * pg_n * (mode_n + 6 + 2) + np_n * 5 + 5 + pg_n))
 total_runs=$((per_rep * REPS))
 disk=0
 if "$B/bin/kvbrokerd" --help 2>&1 | grep -q -- '--disk'; then
 	disk=1
-	total_runs=$((total_runs + REPS * 2 * 2 * np_n * 2))
+	total_runs=$((total_runs + REPS * 2 * (4 * np_n + 2)))
 fi
 
 rep=1
@@ -324,6 +324,12 @@ while [ "$rep" -le "$REPS" ]; do
 			fio_run fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
 			fio_run fio-write "$rep" randwrite "$pg" "$np" "$DISK_DIR/fio.dat"
 		done
+		if [ "$np" = 1 ]; then
+			# How an engine loads a request's pages: 8 GETs per kvb_submit.
+			for pg in $PAGES; do
+				kvb kvb-get-qd8 "$rep" kvbbench --socket "$msock" --page "$pg" --ws "$WS" --qd 8 get
+			done
+		fi
 		kvb nop-poll "$rep" kvbbench --socket "$msock" --procs "$np" nop
 		# 1 ms between ops: longer than the broker's 200 us poll window, so every op wakes it.
 		kvb nop-sleep "$rep" kvbbench --socket "$msock" --procs "$np" --gap-us 1000 nop
@@ -368,6 +374,9 @@ print("%dM" % (4 * v >> 20))' "$DPOOL")
 					fio_run disk-fio-write "$rep" randwrite "$pg" "$np" "$DISK_DIR/fio.dat"
 					fio_run disk-fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
 				done
+				# Queue depth 4: 4 GETs per kvb_submit against fio at iodepth 4.
+				kvb disk-get-qd4 "$rep" kvbbench --socket "$dsock" --page "$pg" --ws "$dws" --warmup 4 --qd 4 get
+				fio_run disk-fio-read-qd4 "$rep" randread "$pg" 1 "$DISK_DIR/fio.dat" 4
 			done
 			rep=$((rep + 1))
 		done

@@ -42,6 +42,8 @@ extern const char *const kvbb_kind_name[NKIND];
 
 enum kvbb_dist { D_SEQ, D_UNIFORM, D_ZIPF };
 
+#define KVBB_MAX_QD 128
+
 /* Zipf(s) over 0..n-1 by inverse CDF: rank 0 is the hottest. */
 struct kvbb_zipf {
 	uint64_t n;
@@ -68,6 +70,7 @@ struct kvbb_cfg {
 	double seconds;
 	uint64_t iters; /* 0: run for seconds */
 	uint32_t batch;
+	uint32_t qd; /* get, put: ops per kvb_submit, all reaped before the next */
 	uint64_t warmup;
 	int read_sum; /* acquire: sum instead of copy */
 	double timeout;

@@ -191,6 +191,8 @@ static void usage(FILE *f)
 		"                    also PUTs the page (a cache fill)\n"
 		"  --mix SPEC        mix: weights, e.g. get=80,put=10,lookup=5,acquire=5\n"
 		"  --batch N         lookup: keys per kvb_lookup (default 1024)\n"
+		"  --qd N            get, put: one op is N pages in one kvb_submit, all reaped\n"
+		"                    before the next (latency is per batch; default 1)\n"
 		"  --read sum|copy   acquire: sum the page as uint64 or copy it out (default "
 		"copy)\n"
 		"  --prefixes N      engine: system prompts (default 16)\n"
@@ -308,6 +310,7 @@ enum {
 	O_PROGRESS,
 	O_JSON,
 	O_PROTO,
+	O_QD,
 };
 
 static int parse_args(int argc, char **argv)
@@ -340,6 +343,7 @@ static int parse_args(int argc, char **argv)
 		{"progress", no_argument, NULL, O_PROGRESS},
 		{"json", no_argument, NULL, O_JSON},
 		{"proto", required_argument, NULL, O_PROTO},
+		{"qd", required_argument, NULL, O_QD},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -469,6 +473,9 @@ static int parse_args(int argc, char **argv)
 		case O_JSON:
 			cfg.json = 1;
 			break;
+		case O_QD:
+			cfg.qd = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
 		case O_PROTO:
 			if (strcmp(optarg, "binary") && strcmp(optarg, "ascii")) {
 				fprintf(stderr, "kvbbench: --proto ascii|binary\n");
@@ -548,8 +555,14 @@ static int parse_args(int argc, char **argv)
 		fprintf(stderr, "kvbbench: lookup needs --pages >= --batch\n");
 		return -1;
 	}
+	if (cfg.qd > KVBB_MAX_QD || cfg.qd > cfg.pages) {
+		fprintf(stderr, "kvbbench: --qd at most %d and at most --pages\n", KVBB_MAX_QD);
+		return -1;
+	}
 	if (warm >= 0)
 		cfg.warmup = (uint64_t)warm;
+	else if (cfg.qd > 1 && !cfg.mode->warmup)
+		cfg.warmup = (cfg.pages + cfg.qd - 1) / cfg.qd;
 	else if (cfg.mode->warmup)
 		cfg.warmup = cfg.mode->warmup;
 	else
@@ -646,14 +659,15 @@ static void print_json(const struct kvbb_slot *t, const uint64_t *hall, double s
 
 	printf("{\"mode\":\"%s\",\"page_bytes\":%zu,\"procs\":%d,\"threads\":%d,\"pages\":%" PRIu64
 	       ",\"ws_bytes\":%" PRIu64
-	       ",\"dist\":\"%s\",\"batch\":%u,\"gap_us\":%u,\"ops\":%" PRIu64
+	       ",\"dist\":\"%s\",\"batch\":%u,\"qd\":%u,\"gap_us\":%u,\"ops\":%" PRIu64
 	       ",\"seconds\":%.6f,\"ops_per_s\":%.1f,\"gb_per_s\":%.4f,\"keys_per_s\":%.1f,"
 	       "\"p50_us\":%.3f,\"p90_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f,\"dedup\":%" PRIu64
 	       ",\"stored\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"layout\":\"%s\",\"server\":\"%s\"",
 	       cfg.mode->name, cfg.page_bytes, cfg.procs, cfg.threads, cfg.pages,
 	       cfg.pages * (uint64_t)cfg.page_bytes, dist_name(),
-	       !strcmp(cfg.mode->name, "lookup") ? cfg.batch : 0, cfg.gap_us, t->ops, seconds,
-	       ops_s, bytes_s / 1e9, !strcmp(cfg.mode->name, "lookup") ? ops_s * cfg.batch : 0.0,
+	       !strcmp(cfg.mode->name, "lookup") ? cfg.batch : 0, cfg.qd ? cfg.qd : 1, cfg.gap_us,
+	       t->ops, seconds, ops_s, bytes_s / 1e9,
+	       !strcmp(cfg.mode->name, "lookup") ? ops_s * cfg.batch : 0.0,
 	       kvbb_h_quantile(hall, 0.50) / 1e3, kvbb_h_quantile(hall, 0.90) / 1e3,
 	       kvbb_h_quantile(hall, 0.99) / 1e3, kvbb_h_quantile(hall, 0.999) / 1e3, t->dedup,
 	       t->stored, t->misses, cfg.kimi ? "kimi" : "flat", cfg.server ? cfg.server : "");

@@ -285,9 +285,71 @@ static int64_t put_new(struct kvbb_w *w, uint64_t i)
 	return (int64_t)w->cfg->page_bytes;
 }
 
+/*
+ * --qd N (get, put): one op is N GETs or PUTs handed to the broker with one kvb_submit and all
+ * reaped before the next op, which is how an engine moves the pages of one request. Pages
+ * i*N .. i*N+N-1 of the thread's sequence, each in its own slot of the registered buffer.
+ */
+static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
+{
+	const struct kvbb_cfg *cfg = w->cfg;
+	struct kvb_op ops[KVBB_MAX_QD];
+	struct kvb_completion comp[KVBB_MAX_QD];
+	size_t pb = cfg->page_bytes, n = cfg->qd, sent = 0, done = 0, j;
+	int64_t moved = 0;
+	int rc;
+
+	memset(ops, 0, n * sizeof(ops[0]));
+	for (j = 0; j < n; j++) {
+		uint64_t idx = i * n + j;
+
+		ops[j].opcode = put ? KVB_OP_PUT : KVB_OP_GET;
+		ops[j].ns = w->ns;
+		ops[j].buf = w->bufid;
+		ops[j].key = put ? kvbb_key(cfg->put_seed, (uint64_t)w->idx + 1, idx)
+				 : kvbb_key(cfg->ws_seed, 0, kvbb_pick(w, idx));
+		ops[j].off = (idx % w->slots) * pb;
+		ops[j].user_data = j;
+	}
+	while (done < n) {
+		if (sent < n) {
+			rc = kvb_submit(w->c, ops + sent, n - sent);
+			if (rc < 0)
+				return rc;
+			sent += (size_t)rc;
+		}
+		rc = kvb_reap(w->c, comp, n, 1, 10000);
+		if (rc < 0)
+			return rc;
+		for (j = 0; j < (size_t)rc; j++) {
+			int32_t res = comp[j].res;
+
+			if (res == -ENOENT && !put && (cfg->miss_ok || cfg->miss_fill)) {
+				w->s->misses++;
+				continue;
+			}
+			if (res < 0)
+				return res;
+			if (put) {
+				w->s->dedup += (comp[j].flags & KVB_CQEF_EXISTED) != 0;
+				w->s->stored += (comp[j].flags & KVB_CQEF_EXISTED) == 0;
+			}
+			moved += (int64_t)pb;
+		}
+		done += (size_t)rc;
+	}
+	for (j = 0; w->verify && !put && j < n; j++)
+		if (kvbb_check_page(w->buf + ops[j].off, pb, &ops[j].key) && !cfg->miss_ok &&
+		    !cfg->miss_fill)
+			return -EBADMSG;
+	return moved;
+}
+
 static int64_t op_put(struct kvbb_w *w, uint64_t i)
 {
 	w->kind = K_PUT;
+	if (w->cfg->qd > 1 && w->buf_reg)
+		return batch_io(w, i, 1);
 	return put_new(w, i);
 }
 
@@ -318,6 +380,8 @@ static int64_t op_get(struct kvbb_w *w, uint64_t i)
 	int rc;
 
 	w->kind = K_GET;
+	if (w->cfg->qd > 1 && w->buf_reg)
+		return batch_io(w, i, 0);
 	rc = kvb_get(w->c, w->ns, key, slot, pb);
 	if (rc == -ENOENT)
 		return on_miss(w, key, slot);
