@@ -356,7 +356,7 @@ else:
              "working set %s (4x the pool). PUT: new pages, so every PUT past the pool demotes one "
              "to disk. GET: the working set walked in order, so nearly every page comes from "
              "disk. Against fio with the same block size, one job per client process, queue "
-             "depth 1.\n" % (meta.get("dpool"), meta.get("disk_ws")))
+             "depth 1 (and 4: 4 GETs per kvb_submit against fio at iodepth 4).\n" % (meta.get("dpool"), meta.get("disk_ws")))
     L.append("| figure | page | procs | GB/s median [range] | x fio | ops/s | p50 us | p99 us |")
     L.append("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for pb in sorted({p for (f, p, n) in groups if f.startswith("disk-")}):
