@@ -87,7 +87,7 @@ def fx(x):
 
 pages = sorted({pb for (f, pb, n) in groups if f.startswith("kvb-") or f == "memcpy"})
 procs = sorted({n for (f, pb, n) in groups if f.startswith("kvb-")})
-ncpu = max([n for (f, pb, n) in groups if f == "memcpy"] or [1])
+ncpu = int(meta.get("ncpu", "0")) or max([n for (f, pb, n) in groups if f == "memcpy"] or [1])
 
 what = {
     "memcpy": "memcpy (limit)",
