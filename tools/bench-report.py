@@ -378,12 +378,14 @@ else:
                     fx(ratio(gb, gbps(ref, pb, np))) if ref else "-", num(med(g, "ops_per_s")),
                     us(med(g, "p50_us")), us(med(g, "p99_us"))))
     L.append("")
-p = os.path.join(sections, "disk-restart.md")
+p = os.path.join(sections, "disk-own.md")
 if os.path.exists(p) and os.path.getsize(p):
-    L.append(open(p).read().rstrip() + "\n")
+    L.append("### From `tools/bench-disk.sh`: its queue depth and the warm-restart scan\n")
+    L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
-    L.append(open(p).read().rstrip() + "\n")
+    L.append("## Start-up (from `tools/bench-startup.sh`)\n")
+    L.append(open(p).read().strip() + "\n")
 
 # ---- plots ----
 def bars(name, title, ylabel, header, table, logy=False):

@@ -16,9 +16,11 @@
 #   workloads engine requests over shared prefixes (zipf), a GET/PUT/LOOKUP/ACQUIRE mix
 #   disk tier when `kvbrokerd --help` mentions --disk: PUT then GET of a working set 4x the pool
 #             at 1M and 4.5M, against fio with the same block size and queue depth, same directory
-#   hooks     tools/bench-startup.sh B (start-up figures) and tools/bench-disk-restart.sh B DIR
-#             (warm-restart scan), when present: each prints a markdown section on stdout, which
-#             goes into the report as is; a non-zero exit is reported as a failure
+#   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
+#             memory allows, or KVB_BENCH_STARTUP_SIZE) and, with the disk tier,
+#             tools/bench-disk.sh B (its own QD-8 figures and the warm-restart scan), when
+#             present: each prints markdown on stdout, which goes into the report as is; a
+#             non-zero exit is reported as a failure
 # Every measurement runs REPS times, interleaved (the repetition is the outer loop, so drift of
 # the machine spreads over all rows); the report gives medians and ranges, ratios and a
 # "met / MISSED" column for every target of issue 7, computed here, never hand-written.
@@ -80,7 +82,7 @@ rm -f "$extra"/*.md
 pids=""
 
 # Stops every server this script started; SIGTERM, then SIGKILL after 5 s.
-cleanup() {
+stop_servers() {
 	for p in $pids; do
 		kill -TERM "$p" 2>/dev/null || true
 	done
@@ -93,6 +95,10 @@ cleanup() {
 		kill -KILL "$p" 2>/dev/null || true
 	done
 	pids=""
+}
+
+cleanup() {
+	stop_servers
 	rm -rf "$tmp"
 	rm -f "$DISK_DIR/fio.dat" "$DISK_DIR/kvb.cache"
 }
@@ -349,6 +355,8 @@ while [ "$rep" -le "$REPS" ]; do
 	rep=$((rep + 1))
 done
 "$B/bin/kvbctl" --socket "$msock" status >"$B/bench/broker-status.txt" 2>&1 || true
+# Nothing of ours runs while the disk tier and the start-up are measured.
+stop_servers
 
 # ---- disk tier: a second broker with a small pool and the disk behind it ----
 if [ "$disk" = 1 ]; then
@@ -384,23 +392,34 @@ print("%dM" % (4 * v >> 20))' "$DPOOL")
 	else
 		fail "disk tier: kvbrokerd --disk did not start: $(tail -n 3 "$tmp/disk.log" | tr '\n' ' ')"
 	fi
-	if [ -f tools/bench-disk-restart.sh ]; then
-		echo "bench: tools/bench-disk-restart.sh"
+	stop_servers
+	# The disk tier's own script: its figures at its queue depth and the warm-restart scan.
+	if [ -f tools/bench-disk.sh ]; then
+		echo "bench: tools/bench-disk.sh"
+		quickenv=""
+		[ "$QUICK" = 1 ] && quickenv="KVB_BENCH_SECONDS=1 KVB_BENCH_POOL=128M KVB_BENCH_DISK_SIZE=1G"
 		hrc=0
-		KVB_BENCH_QUICK=$QUICK sh tools/bench-disk-restart.sh "$B" "$DISK_DIR" \
-			>"$extra/disk-restart.md" 2>"$tmp/hook.err" || hrc=$?
+		# Its knobs share names with ours: it gets its own defaults, not our values.
+		# shellcheck disable=SC2086
+		env -u KVB_BENCH_SECONDS -u KVB_BENCH_POOL -u KVB_BENCH_PAGES -u KVB_BENCH_QD \
+			-u KVB_BENCH_DISK_SIZE KVB_BENCH_DISK_DIR="$DISK_DIR" $quickenv \
+			sh tools/bench-disk.sh "$B" >"$extra/disk-own.md" 2>"$tmp/hook.err" || hrc=$?
 		[ "$hrc" -eq 0 ] ||
-			fail "tools/bench-disk-restart.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+			fail "tools/bench-disk.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 	fi
 fi
 meta disk_tier "$disk"
 
 # ---- start-up figures of the NUMA work, when its script exists ----
 if [ -f tools/bench-startup.sh ]; then
-	echo "bench: tools/bench-startup.sh"
+	# Its pool size: KVB_BENCH_STARTUP_SIZE, else 1G quick, else 16G or what memory allows.
+	ssize=${KVB_BENCH_STARTUP_SIZE:-$(awk -v q="$QUICK" '/^MemAvailable/ {
+		g = int($2 / 1048576) - 4; if (g > 16) g = 16; if (g < 1 || q == 1) g = 1
+		printf "%dG", g }' /proc/meminfo)}
+	echo "bench: tools/bench-startup.sh $B $ssize"
 	hrc=0
-	KVB_BENCH_QUICK=$QUICK sh tools/bench-startup.sh "$B" >"$extra/startup.md" 2>"$tmp/hook.err" ||
-		hrc=$?
+	KVB_BENCH_QUICK=$QUICK sh tools/bench-startup.sh "$B" "$ssize" >"$extra/startup.md" \
+		2>"$tmp/hook.err" || hrc=$?
 	[ "$hrc" -eq 0 ] ||
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
