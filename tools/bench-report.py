@@ -13,6 +13,7 @@ gnuplot is missing.
 """
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -381,7 +382,9 @@ else:
 p = os.path.join(sections, "disk-own.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append("### From `tools/bench-disk.sh`: its queue depth and the warm-restart scan\n")
-    L.append(open(p).read().strip() + "\n")
+    # Its raw "name=value" lines (also in its own log) are not for the document.
+    own = [l for l in open(p).read().strip().splitlines() if not re.match(r"^[^|#\s][^|]*=\S", l)]
+    L.append("\n".join(own).strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append("## Start-up (from `tools/bench-startup.sh`)\n")
