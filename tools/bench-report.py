@@ -383,7 +383,7 @@ p = os.path.join(sections, "disk-own.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append("### From `tools/bench-disk.sh`: its queue depth and the warm-restart scan\n")
     # Its raw "name=value" lines (also in its own log) are not for the document.
-    own = [l for l in open(p).read().strip().splitlines() if not re.match(r"^[^|#\s][^|]*=\S", l)]
+    own = [l for l in open(p).read().strip().splitlines() if not re.match(r"^(\S+ )?(\w+=\S+\s*)+$", l)]
     L.append("\n".join(own).strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
