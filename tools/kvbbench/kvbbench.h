@@ -126,6 +126,7 @@ struct kvbb_w {
 	uint64_t start; /* this thread's first working-set page */
 	kvb_key *keys;	/* lookup: the working-set keys */
 	kvb_key *req;	/* engine: one request's keys */
+	uint32_t *tok;	/* engine: one page's token ids */
 	uint64_t rng;
 	int verify;
 	int kind; /* set by op(): which histogram */

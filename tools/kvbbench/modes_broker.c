@@ -256,6 +256,7 @@ static void teardown(struct kvbb_w *w)
 	free(w->src);
 	free(w->keys);
 	free(w->req);
+	free(w->tok);
 }
 
 /* ---- ops ---- */
@@ -572,8 +573,8 @@ static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 	if (rc < 0)
 		return rc;
 	w->req = calloc(req_pages(w->cfg), sizeof(*w->req));
-	w->keys = calloc(w->cfg->layout.tokens_per_page, sizeof(uint32_t));
-	if (!w->req || !w->keys) {
+	w->tok = calloc(w->cfg->layout.tokens_per_page, sizeof(*w->tok));
+	if (!w->req || !w->tok) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -584,7 +585,7 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 {
 	const struct kvbb_cfg *cfg = w->cfg;
 	uint32_t n = req_pages(cfg), per = cfg->prefix_pages + cfg->branches * cfg->branch_pages;
-	uint32_t *tok = (uint32_t *)w->keys, j;
+	uint32_t *tok = w->tok, j;
 	size_t pb = cfg->page_bytes, hits = 0;
 	uint64_t p, b;
 	const kvb_key *row;
