@@ -258,6 +258,8 @@ if [ ! -x "$B/bin/kvbbench-peers" ]; then
 fi
 rport=$(free_port)
 mport=$(free_port)
+redis=0
+memc=0
 if [ "$peers" = 1 ] && command -v redis-server >/dev/null; then
 	rcmd="redis-server --port $rport --bind 127.0.0.1 --unixsocket $tmp/redis.sock --unixsocketperm 700 --save '' --appendonly no --dir $tmp"
 	redis-server --port "$rport" --bind 127.0.0.1 --unixsocket "$tmp/redis.sock" \
@@ -265,6 +267,7 @@ if [ "$peers" = 1 ] && command -v redis-server >/dev/null; then
 		--logfile "$tmp/redis.log" --daemonize no &
 	pids="$pids $!"
 	if wait_for port_open "$rport"; then
+		redis=1
 		meta cmd_redis "$rcmd"
 		meta redis_version "$(redis-server --version | sed 's/ sha=.*//')"
 	else
@@ -282,6 +285,7 @@ if [ "$peers" = 1 ] && command -v memcached >/dev/null; then
 	$mcmd >"$tmp/memcached.log" 2>&1 &
 	pids="$pids $!"
 	if wait_for port_open "$mport"; then
+		memc=1
 		meta cmd_memcached "$mcmd"
 		meta memcached_version "$(memcached -V)"
 	else
@@ -318,15 +322,16 @@ while [ "$rep" -le "$REPS" ]; do
 			for m in $KVB_MODES; do
 				kvb "kvb-$m" "$rep" kvbbench --socket "$msock" --page "$pg" --procs "$np" --ws "$WS" "$m"
 			done
-			if [ "$peers" = 1 ]; then
-				for m in get set; do
+			for m in get set; do
+				if [ "$redis" = 1 ]; then
 					kvb "redis-tcp-$m" "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
 					kvb "redis-unix-$m" "$rep" kvbbench-peers --server "$tmp/redis.sock" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
-					proto=ascii
-					[ "$m" = set ] && proto=binary
+				fi
+				proto=ascii
+				[ "$m" = set ] && proto=binary
+				[ "$memc" = 1 ] &&
 					kvb "memcached-$m" "$rep" kvbbench-peers --server "127.0.0.1:$mport" --proto "$proto" --page "$pg" --procs "$np" --ws "$WS" "memc-$m"
-				done
-			fi
+			done
 			fio_run fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
 			fio_run fio-write "$rep" randwrite "$pg" "$np" "$DISK_DIR/fio.dat"
 		done
@@ -344,11 +349,11 @@ while [ "$rep" -le "$REPS" ]; do
 		kvb engine "$rep" kvbbench --socket "$msock" --procs "$np" --layout kimi --prefixes 8 \
 			--prefix-pages 4 --branches 4 --branch-pages 2 --suffix-pages 2 engine
 	done
-	if [ "$peers" = 1 ]; then
-		# The smallest round trip each peer has: a GET of a 32-byte value.
+	# The smallest round trip each peer has: a GET of a 32-byte value.
+	[ "$memc" = 1 ] &&
 		kvb memcached-probe "$rep" kvbbench-peers --server "127.0.0.1:$mport" --page 32 --pages 1024 memc-get
+	[ "$redis" = 1 ] &&
 		kvb redis-probe "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page 32 --pages 1024 redis-get
-	fi
 	kvb mix "$rep" kvbbench --socket "$msock" --page 64K --ws "$WS" --dist zipf --mix get=80,put=10,lookup=5,acquire=5 mix
 	kvb mla-kvbroker "$rep" kvbbench --socket "$msock" --procs 8 --pages 16 mla-tp
 	kvb mla-private "$rep" kvbbench --procs 8 --pages 16 --private mla-tp
