@@ -5,13 +5,17 @@
 # packages only `make bench` needs instead (the peers it compares with, fio, gnuplot).
 set -eu
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev python3"
-if [ "${1:-}" = bench ]; then
-	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
-fi
 missing=""
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
 done
+if [ "${1:-}" = bench ]; then
+	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
+	missing=""
+	for p in $need; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
+	done
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
 	echo "kvbroker needs:$missing" >&2
