@@ -118,24 +118,6 @@ $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-# kvbbench is several files; kvbbench-peers adds its Redis and memcached modes and is built only
-# by `make bench`, so that building and testing never need hiredis or libmemcached.
-KVBB_SRC := $(wildcard tools/kvbbench/*.c)
-KVBBENCH_SRC := $(filter-out tools/kvbbench/peer_%.c tools/kvbbench/table_peers.c,$(KVBB_SRC))
-KVBPEERS := $(B)/bin/kvbbench-peers
-PEER_PKGS := hiredis libmemcached
-$(B)/obj/tools/kvbbench/peer_%.o: override CFLAGS += $(shell pkg-config --cflags $(PEER_PKGS) 2>/dev/null)
-
-$(KVBBENCH): $(call obj,$(KVBBENCH_SRC)) $(LIB_A)
-	@mkdir -p $(@D)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
-
-$(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_A)
-	@mkdir -p $(@D)
-	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(shell pkg-config --libs $(PEER_PKGS))
-
 $(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
@@ -162,6 +144,24 @@ integ: all
 
 demo: $(PROGS)
 	$(Q)sh tools/demo.sh $(B)
+
+# kvbbench is several files; kvbbench-peers adds its Redis and memcached modes and is built only
+# by `make bench`, so that building and testing never need hiredis or libmemcached.
+KVBB_SRC := $(wildcard tools/kvbbench/*.c)
+KVBBENCH_SRC := $(filter-out tools/kvbbench/peer_%.c tools/kvbbench/table_peers.c,$(KVBB_SRC))
+KVBPEERS := $(B)/bin/kvbbench-peers
+PEER_PKGS := hiredis libmemcached
+$(B)/obj/tools/kvbbench/peer_%.o: override CFLAGS += $(shell pkg-config --cflags $(PEER_PKGS) 2>/dev/null)
+
+$(KVBBENCH): $(call obj,$(KVBBENCH_SRC)) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(shell pkg-config --libs $(PEER_PKGS))
 
 # Bench-only packages (Redis, memcached, their client libraries, fio, gnuplot) are installed
 # here, not by the deps every other target needs.
