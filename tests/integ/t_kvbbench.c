@@ -81,7 +81,7 @@ int main(int argc, char **argv)
 
 	r = run_json("--json --iters 200 nop");
 	CHECK_EQ(num(r, "ops"), 200);
-	CHECK_GT(num(r, "p50_us"), 0);
+	CHECK(num(r, "p50_us") > 0); /* CHECK_GT compares integers: p50 is below 1 us */
 	cJSON_Delete(r);
 
 	r = run_json("--json --page 64K --ws 4M --iters 100 put");
