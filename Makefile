@@ -4,7 +4,7 @@
 #   make              build everything (release, build/release/)
 #   make test         unit + integration tests
 #   make demo         start a broker, run two simulated engines, print what happened
-#   make bench        kvbbench figures into docs/benchmarks.md
+#   make bench        kvbbench figures into docs/benchmarks.md (QUICK=1: a short smoke run)
 #   make bench-disk   the NVMe tier against fio, and the warm-restart scan (tools/bench-disk.sh)
 #   make asan|tsan    the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make fuzz         every libFuzzer target for FUZZ_SECONDS each (clang; make test runs each
@@ -277,8 +277,30 @@ integ: all
 demo: $(PROGS)
 	$(Q)sh tools/demo.sh $(B)
 
+# kvbbench is several files; kvbbench-peers adds its Redis and memcached modes and is built only
+# by `make bench`, so that building and testing never need hiredis or libmemcached.
+KVBB_SRC := $(wildcard tools/kvbbench/*.c)
+KVBBENCH_SRC := $(filter-out tools/kvbbench/peer_%.c tools/kvbbench/table_peers.c,$(KVBB_SRC))
+KVBPEERS := $(B)/bin/kvbbench-peers
+PEER_PKGS := hiredis libmemcached
+$(B)/obj/tools/kvbbench/peer_%.o: override CFLAGS += $(shell pkg-config --cflags $(PEER_PKGS) 2>/dev/null)
+
+$(KVBBENCH): $(call obj,$(KVBBENCH_SRC)) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_A)
+	@mkdir -p $(@D)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(shell pkg-config --libs $(PEER_PKGS))
+
+# Bench-only packages (Redis, memcached, their client libraries, fio, gnuplot) are installed
+# here, not by the deps every other target needs.
 bench: $(PROGS)
-	$(Q)sh tools/bench.sh $(B)
+	$(Q)sh tools/deps.sh bench
+	$(Q)$(MAKE) --no-print-directory $(KVBPEERS)
+	$(Q)KVB_BENCH_QUICK=$(QUICK) sh tools/bench.sh $(B)
 
 bench-disk: $(PROGS)
 	$(Q)sh tools/bench-disk.sh $(B)

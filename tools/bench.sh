@@ -1,31 +1,65 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# bench.sh B - `make bench`: measure kvbrokerd with kvbbench and write docs/benchmarks.md.
+# bench.sh B - `make bench`: kvbroker side by side with the limits of the machine and with what
+# users would pick instead; writes docs/benchmarks.md and docs/bench/*.png.
 #
-# Starts one broker from build dir B on a private socket (its pool name derives from the socket,
-# so it is private too; the pool is big enough for every working set), then runs, for page sizes
-# 64K, 1M and 4.5M and 1 and 2 client processes: the single-thread memcpy baseline, put, get,
-# get-user and acquire; plus nop and lookup at 1 and 2 processes. Every measurement runs REPS
-# times, interleaved (the repetition is the outer loop, so slow drift of the machine spreads
-# over all figures instead of biasing one); the report gives the median and the range. Ratios
-# divide by the median single-thread memcpy GB/s of the same page size, measured in the same
-# run. About 2.5 minutes on a 2-core machine with the defaults.
+# In one go, at page sizes 64K, 1M and 4.5M and with 1, 2 and 4 client processes:
+#   limits    memcpy (1 process up to all cores), fio io_uring + O_DIRECT on a file next to the
+#             disk tier's (random reads and writes, page-sized blocks, one job per client, qd 1)
+#   kvbroker  PUT, GET into a registered buffer, ACQUIRE + copy out + RELEASE; NOP busy-polled and
+#             with the broker asleep; LOOKUP of 1 and of 1024 keys
+#   peers     Redis (started here, TCP on 127.0.0.1 and a unix socket) and memcached (TCP): SET
+#             and GET of the same pages through hiredis and libmemcached (kvbbench-peers, the
+#             same driver and timing as kvbbench)
+#   capacity  8 MLA ranks storing the same pages through kvbroker vs 8 private pools
+#   workloads engine requests over shared prefixes (zipf), a GET/PUT/LOOKUP/ACQUIRE mix
+#   disk tier when `kvbrokerd --help` mentions --disk: PUT then GET of a working set 4x the pool
+#             at 1M and 4.5M, against fio with the same block size and queue depth, same directory
+#   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
+#             memory allows, or KVB_BENCH_STARTUP_SIZE) and, with the disk tier,
+#             tools/bench-disk.sh B (its own QD-8 figures and the warm-restart scan), when
+#             present: each prints markdown on stdout, which goes into the report as is; a
+#             non-zero exit is reported as a failure
+# Every measurement runs REPS times, interleaved (the repetition is the outer loop, so drift of
+# the machine spreads over all rows); the report gives medians and ranges, ratios and a
+# "met / MISSED" column for every target of issue 7, computed here, never hand-written.
+# Every server started here is stopped on exit (trap EXIT), whatever happens.
 #
-# Knobs (environment): KVB_BENCH_SECONDS (1 per run), KVB_BENCH_REPS (3), KVB_BENCH_PAGES
-# ("64K 1M 4.5M"), KVB_BENCH_PROCS ("1 2"), KVB_BENCH_POOL (2G), KVB_BENCH_OUT
-# (docs/benchmarks.md). Raw results: B/bench/results.jsonl. Exit 1 when any run failed (the
-# report is written anyway and lists the failures).
+# Knobs (environment): KVB_BENCH_QUICK=1 (make bench QUICK=1: 0.3 s per case, 1 repetition,
+# 32 MiB working sets: a smoke run of every path in a few minutes, figures not to be quoted),
+# KVB_BENCH_SECONDS (1), KVB_BENCH_REPS (3), KVB_BENCH_PAGES ("64K 1M 4.5M"), KVB_BENCH_PROCS
+# ("1 2 4"), KVB_BENCH_POOL (2G), KVB_BENCH_WS (working set per page size, 128M),
+# KVB_BENCH_DISK_DIR (B/bench/disk: must be a real file system, not tmpfs), KVB_BENCH_DISK_POOL
+# (256M), KVB_BENCH_MODES (kvbroker data modes, "put get acquire"; get-user, put-user exist too),
+# KVB_BENCH_OUT (docs/benchmarks.md), KVB_BENCH_PLOTS (docs/bench).
+# Raw results: B/bench/results.jsonl. Exit 1 when any run failed (the report is written anyway
+# and lists the failures); a MISSED target is a finding, not a failure.
 set -eu
 
 B=${1:-build/release}
-SECS=${KVB_BENCH_SECONDS:-1}
-REPS=${KVB_BENCH_REPS:-3}
+QUICK=${KVB_BENCH_QUICK:-0}
+[ "$QUICK" = 1 ] || QUICK=0
+if [ "$QUICK" = 1 ]; then
+	SECS=${KVB_BENCH_SECONDS:-0.3}
+	REPS=${KVB_BENCH_REPS:-1}
+	WS=${KVB_BENCH_WS:-32M}
+	DPOOL=${KVB_BENCH_DISK_POOL:-64M}
+	POOL=${KVB_BENCH_POOL:-1G}
+else
+	SECS=${KVB_BENCH_SECONDS:-1}
+	REPS=${KVB_BENCH_REPS:-3}
+	WS=${KVB_BENCH_WS:-128M}
+	DPOOL=${KVB_BENCH_DISK_POOL:-256M}
+	POOL=${KVB_BENCH_POOL:-2G}
+fi
 PAGES=${KVB_BENCH_PAGES:-"64K 1M 4.5M"}
-PROCS=${KVB_BENCH_PROCS:-"1 2"}
-POOL=${KVB_BENCH_POOL:-2G}
+PROCS=${KVB_BENCH_PROCS:-"1 2 4"}
 OUT=${KVB_BENCH_OUT:-docs/benchmarks.md}
-MODES="memcpy put get get-user acquire"
+PLOTS=${KVB_BENCH_PLOTS:-docs/bench}
+DISK_DIR=${KVB_BENCH_DISK_DIR:-$B/bench/disk}
+KVB_MODES=${KVB_BENCH_MODES:-"put get acquire"}
+NCPU=$(nproc)
 
 for p in kvbrokerd kvbbench kvbctl; do
 	if [ ! -x "$B/bin/$p" ]; then
@@ -36,252 +70,400 @@ done
 command -v python3 >/dev/null || { echo "bench: python3 needed for the report" >&2; exit 1; }
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvbbench.XXXXXX")
-sock="$tmp/kvbroker.sock"
-log="$tmp/kvbrokerd.log"
 res="$B/bench/results.jsonl"
 fails="$B/bench/failures.txt"
-pid=""
-mkdir -p "$B/bench"
+meta="$B/bench/meta.txt"
+extra="$B/bench/sections"
+mkdir -p "$B/bench" "$DISK_DIR" "$extra"
 : >"$res"
 : >"$fails"
+: >"$meta"
+rm -f "$extra"/*.md
+pids=""
+
+# Stops every server this script started; SIGTERM, then SIGKILL after 5 s.
+stop_servers() {
+	for p in $pids; do
+		kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in $pids; do
+		i=0
+		while kill -0 "$p" 2>/dev/null && [ "$i" -lt 50 ]; do
+			sleep 0.1
+			i=$((i + 1))
+		done
+		kill -KILL "$p" 2>/dev/null || true
+	done
+	pids=""
+}
 
 cleanup() {
-	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
+	stop_servers
 	rm -rf "$tmp"
+	rm -f "$DISK_DIR/fio.dat" "$DISK_DIR/kvb.cache"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-broker_cmd="$B/bin/kvbrokerd --socket $sock --pool $POOL --log-level warn"
-echo "bench: $broker_cmd"
-# shellcheck disable=SC2086
-$broker_cmd 2>"$log" &
-pid=$!
-i=0
-until "$B/bin/kvbctl" --socket "$sock" status >/dev/null 2>&1; do
-	if ! kill -0 "$pid" 2>/dev/null || [ "$i" -ge 100 ]; then
-		echo "bench: kvbrokerd did not come up; its log:" >&2
-		cat "$log" >&2
-		exit 1
-	fi
-	i=$((i + 1))
-	sleep 0.1
-done
+# meta KEY VALUE: one line the report reads.
+meta() {
+	printf '%s\t%s\n' "$1" "$2" >>"$meta"
+}
 
-nfail=0
-# One progress line per measurement, from its JSON.
+fail() {
+	echo "$*" >>"$fails"
+	echo "  FAILED: $*" >&2
+}
+
+free_port() {
+	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_for CMD...: retries CMD for up to 30 s (a loaded machine prefaults a pool slowly).
+wait_for() {
+	i=0
+	until "$@" >/dev/null 2>&1; do
+		[ "$i" -ge 300 ] && return 1
+		i=$((i + 1))
+		sleep 0.1
+	done
+}
+
+port_open() {
+	python3 -c 'import socket, sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$1"
+}
+
+# start_broker NAME ARGS...: a kvbrokerd on $tmp/NAME.sock; sets $sock.
+start_broker() {
+	name=$1
+	shift
+	sock="$tmp/$name.sock"
+	cmd="$B/bin/kvbrokerd --socket $sock $* --log-level warn"
+	echo "bench: $cmd"
+	# shellcheck disable=SC2086
+	$cmd 2>"$tmp/$name.log" &
+	bpid=$!
+	pids="$pids $bpid"
+	if ! wait_for "$B/bin/kvbctl" --socket "$sock" status; then
+		echo "bench: kvbrokerd did not come up; its log:" >&2
+		cat "$tmp/$name.log" >&2
+		return 1
+	fi
+	meta "cmd_$name" "$cmd"
+}
+
+stop_pid() {
+	kill -TERM "$1" 2>/dev/null || true
+	wait "$1" 2>/dev/null || true
+}
+
+# ---- progress: one line per measurement with its number, the total and the time left ----
+nrun=0
+total_runs=0
+t_start=$(date +%s)
+progress() {
+	nrun=$((nrun + 1))
+	el=$(($(date +%s) - t_start))
+	left="?"
+	[ "$nrun" -gt 1 ] && [ "$total_runs" -gt 0 ] &&
+		left=$(((el * total_runs / (nrun - 1) - el + 30) / 60))
+	printf '[%d/%d, %ss, ~%s min left] %s\n' "$nrun" "$total_runs" "$el" "$left" "$*"
+}
+
+# record FIG REP JSON: appends one measurement, labelled.
+record() {
+	echo "$3" | sed "s/^{/{\"fig\":\"$1\",\"rep\":$2,/" >>"$res"
+}
+
 summary='import json, sys
 r = json.load(sys.stdin)
 print("%.3g ops/s  %.3g GB/s  p50 %.3g us" % (r["ops_per_s"], r["gb_per_s"], r["p50_us"]))'
-# run MODE PAGE PROCS [extra kvbbench args]: one measurement appended to $res.
-run() {
-	m=$1 pg=$2 np=$3
+
+# kvb FIG REP BIN ARGS...: one kvbbench(-peers) measurement.
+kvb() {
+	fig=$1 rep=$2 bin=$3
 	shift 3
-	if ! kill -0 "$pid" 2>/dev/null; then
-		echo "$m page $pg procs $np: kvbrokerd is gone" >>"$fails"
-		nfail=$((nfail + 1))
-		return 0
-	fi
-	if out=$("$B/bin/kvbbench" --socket "$sock" --json --seconds "$SECS" --page "$pg" \
-		--procs "$np" "$@" "$m" 2>"$tmp/err"); then
-		echo "$out" >>"$res"
-		line=$(echo "$out" | python3 -c "$summary")
-		printf '  %-8s page %-5s procs %s  %s\n' "$m" "$pg" "$np" "$line"
+	progress "$fig $*"
+	if out=$("$B/bin/$bin" --json --seconds "$SECS" "$@" 2>"$tmp/err"); then
+		record "$fig" "$rep" "$out"
+		echo "    $(echo "$out" | python3 -c "$summary")"
 	else
-		echo "$m page $pg procs $np: $(tr '\n' ' ' <"$tmp/err")" >>"$fails"
-		echo "  $m page $pg procs $np: FAILED: $(tr '\n' ' ' <"$tmp/err")" >&2
-		nfail=$((nfail + 1))
+		fail "$fig $*: $(tr '\n' ' ' <"$tmp/err")"
 	fi
 }
 
-# Other work on the machine shows up as noise (and on 2 CPUs, as stalls of the busy-polling
-# client and broker): record the load so a reader can judge, and warn when it is high.
+# fio_run FIG REP RW BS JOBS FILE [QD]: one fio run, converted to kvbbench's JSON fields.
+fio_run() {
+	fig=$1 rep=$2 rw=$3 bs=$4 jobs=$5 file=$6 qd=${7:-1}
+	progress "$fig $rw bs $bs jobs $jobs qd $qd"
+	if ! command -v fio >/dev/null; then
+		fail "$fig: fio not installed (sh tools/deps.sh bench)"
+		return 0
+	fi
+	bytes=$(python3 -c 'import sys
+u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+s = sys.argv[1]
+print(int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s))' "$bs")
+	ms=$(python3 -c 'import sys; print(max(100, int(float(sys.argv[1]) * 1000)))' "$SECS")
+	if fio --name=limit --filename="$file" --size="$FIO_SIZE" --ioengine=io_uring --direct=1 \
+		--rw="$rw" --bs="$bytes" --iodepth="$qd" --numjobs="$jobs" --group_reporting \
+		--time_based --runtime="${ms}ms" --percentile_list=50:90:99:99.9 \
+		--output-format=json --output="$tmp/fio.json" >"$tmp/err" 2>&1; then
+		out=$(python3 - "$tmp/fio.json" "$bytes" "$jobs" "$rw" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+d = j["read"] if "read" in sys.argv[4] else j["write"]
+p = d["clat_ns"]["percentile"]
+def pct(k):
+    for key, v in p.items():
+        if abs(float(key) - k) < 1e-6:
+            return v / 1e3
+    return 0
+print(json.dumps({"mode": "fio-" + sys.argv[4], "page_bytes": int(sys.argv[2]),
+                  "procs": int(sys.argv[3]), "threads": 1, "ops_per_s": d["iops"],
+                  "gb_per_s": d["bw_bytes"] / 1e9, "p50_us": pct(50), "p90_us": pct(90),
+                  "p99_us": pct(99), "p999_us": pct(99.9), "seconds": j["job_runtime"] / 1e3}))
+EOF
+)
+		record "$fig" "$rep" "$out"
+		echo "    $(echo "$out" | python3 -c "$summary")"
+	else
+		fail "$fig fio $rw bs $bs jobs $jobs qd $qd: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
+	fi
+}
+
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 case $load_start in
 0.[0-4]*) ;;
 *) echo "bench: warning: load average $load_start before the run; figures will be noisy" >&2 ;;
 esac
-start=$(date +%s)
+
+fstype=$(stat -f -c %T "$DISK_DIR" 2>/dev/null || echo unknown)
+case $fstype in
+tmpfs | ramfs) echo "bench: warning: $DISK_DIR is on $fstype; fio and the disk tier need a real file system (KVB_BENCH_DISK_DIR)" >&2 ;;
+esac
+FIO_SIZE=$(python3 -c 'import sys
+u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+s = sys.argv[1]
+print(4 * (int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s)))' "$DPOOL")
+
+# ---- servers ----
+start_broker main --pool "$POOL"
+msock=$sock
+peers=1
+if [ ! -x "$B/bin/kvbbench-peers" ]; then
+	fail "peers: $B/bin/kvbbench-peers not built (make $B/bin/kvbbench-peers, needs hiredis and libmemcached)"
+	peers=0
+fi
+rport=$(free_port)
+mport=$(free_port)
+redis=0
+memc=0
+if [ "$peers" = 1 ] && command -v redis-server >/dev/null; then
+	rcmd="redis-server --port $rport --bind 127.0.0.1 --unixsocket $tmp/redis.sock --unixsocketperm 700 --save '' --appendonly no --dir $tmp"
+	redis-server --port "$rport" --bind 127.0.0.1 --unixsocket "$tmp/redis.sock" \
+		--unixsocketperm 700 --save '' --appendonly no --dir "$tmp" \
+		--logfile "$tmp/redis.log" --daemonize no &
+	pids="$pids $!"
+	if wait_for port_open "$rport"; then
+		redis=1
+		meta cmd_redis "$rcmd"
+		meta redis_version "$(redis-server --version | sed 's/ sha=.*//')"
+	else
+		fail "redis-server did not come up: $(tail -n 3 "$tmp/redis.log" | tr '\n' ' ')"
+	fi
+else
+	[ "$peers" = 1 ] && fail "redis-server not installed (sh tools/deps.sh bench)"
+fi
+if [ "$peers" = 1 ] && command -v memcached >/dev/null; then
+	user=""
+	[ "$(id -u)" -eq 0 ] && user="-u root"
+	# -I above the largest page; -m above every working set; the default 4 threads.
+	mcmd="memcached -l 127.0.0.1 -p $mport -U 0 -m 2048 -I 8m -t 4 $user"
+	# shellcheck disable=SC2086
+	$mcmd >"$tmp/memcached.log" 2>&1 &
+	pids="$pids $!"
+	if wait_for port_open "$mport"; then
+		memc=1
+		meta cmd_memcached "$mcmd"
+		meta memcached_version "$(memcached -V)"
+	else
+		fail "memcached did not come up: $(tail -n 3 "$tmp/memcached.log" | tr '\n' ' ')"
+	fi
+else
+	[ "$peers" = 1 ] && fail "memcached not installed (sh tools/deps.sh bench)"
+fi
+
+# ---- the plan: count the runs for the progress line ----
+all_procs=$PROCS
+case " $PROCS " in *" $NCPU "*) ;; *) all_procs="$PROCS $NCPU" ;; esac
+np_n=$(echo "$PROCS" | wc -w)
+pg_n=$(echo "$PAGES" | wc -w)
+mode_n=$(echo "$KVB_MODES" | wc -w)
+per_rep=$(($(echo "$all_procs" | wc -w) * pg_n + np_n * pg_n * (mode_n + 6 + 2) + np_n * 5 + 5 + pg_n))
+total_runs=$((per_rep * REPS))
+disk=0
+if "$B/bin/kvbrokerd" --help 2>&1 | grep -q -- '--disk'; then
+	disk=1
+	total_runs=$((total_runs + REPS * 2 * (4 * np_n + 2)))
+fi
+
 rep=1
 while [ "$rep" -le "$REPS" ]; do
 	echo "bench: repetition $rep of $REPS"
-	for np in $PROCS; do
-		run nop 64K "$np"
-		run lookup 64K "$np" --batch 1024
-		for pg in $PAGES; do
-			for m in $MODES; do
-				run "$m" "$pg" "$np"
-			done
+	for pg in $PAGES; do
+		for np in $all_procs; do
+			kvb memcpy "$rep" kvbbench --page "$pg" --procs "$np" --ws "$WS" memcpy
 		done
 	done
+	for np in $PROCS; do
+		for pg in $PAGES; do
+			for m in $KVB_MODES; do
+				kvb "kvb-$m" "$rep" kvbbench --socket "$msock" --page "$pg" --procs "$np" --ws "$WS" "$m"
+			done
+			for m in get set; do
+				if [ "$redis" = 1 ]; then
+					kvb "redis-tcp-$m" "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
+					kvb "redis-unix-$m" "$rep" kvbbench-peers --server "$tmp/redis.sock" --page "$pg" --procs "$np" --ws "$WS" "redis-$m"
+				fi
+				proto=ascii
+				[ "$m" = set ] && proto=binary
+				[ "$memc" = 1 ] &&
+					kvb "memcached-$m" "$rep" kvbbench-peers --server "127.0.0.1:$mport" --proto "$proto" --page "$pg" --procs "$np" --ws "$WS" "memc-$m"
+			done
+			fio_run fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
+			fio_run fio-write "$rep" randwrite "$pg" "$np" "$DISK_DIR/fio.dat"
+		done
+		if [ "$np" = 1 ]; then
+			# How an engine loads a request's pages: 8 GETs per kvb_submit.
+			for pg in $PAGES; do
+				kvb kvb-get-qd8 "$rep" kvbbench --socket "$msock" --page "$pg" --ws "$WS" --qd 8 get
+			done
+		fi
+		kvb nop-poll "$rep" kvbbench --socket "$msock" --procs "$np" nop
+		# 1 ms between ops: longer than the broker's 200 us poll window, so every op wakes it.
+		kvb nop-sleep "$rep" kvbbench --socket "$msock" --procs "$np" --gap-us 1000 nop
+		kvb lookup-1 "$rep" kvbbench --socket "$msock" --procs "$np" --page 64K --pages 4096 --batch 1 --dist uniform lookup
+		kvb lookup-1024 "$rep" kvbbench --socket "$msock" --procs "$np" --page 64K --pages 4096 --batch 1024 lookup
+		kvb engine "$rep" kvbbench --socket "$msock" --procs "$np" --layout kimi --prefixes 8 \
+			--prefix-pages 4 --branches 4 --branch-pages 2 --suffix-pages 2 engine
+	done
+	# The smallest round trip each peer has: a GET of a 32-byte value.
+	[ "$memc" = 1 ] &&
+		kvb memcached-probe "$rep" kvbbench-peers --server "127.0.0.1:$mport" --page 32 --pages 1024 memc-get
+	[ "$redis" = 1 ] &&
+		kvb redis-probe "$rep" kvbbench-peers --server "127.0.0.1:$rport" --page 32 --pages 1024 redis-get
+	kvb mix "$rep" kvbbench --socket "$msock" --page 64K --ws "$WS" --dist zipf --mix get=80,put=10,lookup=5,acquire=5 mix
+	kvb mla-kvbroker "$rep" kvbbench --socket "$msock" --procs 8 --pages 16 mla-tp
+	kvb mla-private "$rep" kvbbench --procs 8 --pages 16 --private mla-tp
 	rep=$((rep + 1))
 done
-elapsed=$(($(date +%s) - start))
-load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+"$B/bin/kvbctl" --socket "$msock" status >"$B/bench/broker-status.txt" 2>&1 || true
+# Nothing of ours runs while the disk tier and the start-up are measured.
+stop_servers
 
-if kill -0 "$pid" 2>/dev/null; then
-	"$B/bin/kvbctl" --socket "$sock" status >"$B/bench/broker-status.txt" 2>&1 || true
-	kill -TERM "$pid"
-	brc=0
-	wait "$pid" || brc=$?
-	pid=""
-	[ "$brc" -eq 0 ] || echo "broker exited with status $brc after SIGTERM" >>"$fails"
-else
-	echo "kvbrokerd died during the run; last log lines: $(tail -n 5 "$log" | tr '\n' ' ')" \
-		>>"$fails"
+# ---- disk tier: a second broker with a small pool and the disk behind it ----
+if [ "$disk" = 1 ]; then
+	dsize=$(python3 -c 'import sys
+u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+s = sys.argv[1]
+v = int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s)
+print("%dM" % (8 * v >> 20))' "$DPOOL")
+	dws=$(python3 -c 'import sys
+u = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+s = sys.argv[1]
+v = int(float(s[:-1]) * u[s[-1]]) if s[-1] in u else int(s)
+print("%dM" % (4 * v >> 20))' "$DPOOL")
+	meta disk_ws "$dws"
+	if start_broker disk --pool "$DPOOL" --disk "$DISK_DIR/kvb.cache" --disk-size "$dsize"; then
+		dsock=$sock
+		rep=1
+		while [ "$rep" -le "$REPS" ]; do
+			for pg in 1M 4.5M; do
+				for np in $PROCS; do
+					kvb disk-put "$rep" kvbbench --socket "$dsock" --page "$pg" --procs "$np" --ws "$dws" put
+					kvb disk-get "$rep" kvbbench --socket "$dsock" --page "$pg" --procs "$np" --ws "$dws" --warmup 4 get
+					fio_run disk-fio-write "$rep" randwrite "$pg" "$np" "$DISK_DIR/fio.dat"
+					fio_run disk-fio-read "$rep" randread "$pg" "$np" "$DISK_DIR/fio.dat"
+				done
+				# Queue depth 4: 4 GETs per kvb_submit against fio at iodepth 4.
+				kvb disk-get-qd4 "$rep" kvbbench --socket "$dsock" --page "$pg" --ws "$dws" --warmup 4 --qd 4 get
+				fio_run disk-fio-read-qd4 "$rep" randread "$pg" 1 "$DISK_DIR/fio.dat" 4
+			done
+			rep=$((rep + 1))
+		done
+		"$B/bin/kvbctl" --socket "$dsock" status >"$B/bench/disk-broker-status.txt" 2>&1 || true
+	else
+		fail "disk tier: kvbrokerd --disk did not start: $(tail -n 3 "$tmp/disk.log" | tr '\n' ' ')"
+	fi
+	stop_servers
+	# The disk tier's own script: its figures at its queue depth and the warm-restart scan.
+	if [ -f tools/bench-disk.sh ]; then
+		echo "bench: tools/bench-disk.sh"
+		quickenv=""
+		[ "$QUICK" = 1 ] && quickenv="KVB_BENCH_SECONDS=1 KVB_BENCH_POOL=128M KVB_BENCH_DISK_SIZE=1G"
+		hrc=0
+		# Its knobs share names with ours: it gets its own defaults, not our values.
+		# shellcheck disable=SC2086
+		env -u KVB_BENCH_SECONDS -u KVB_BENCH_POOL -u KVB_BENCH_PAGES -u KVB_BENCH_QD \
+			-u KVB_BENCH_DISK_SIZE KVB_BENCH_DISK_DIR="$DISK_DIR" $quickenv \
+			sh tools/bench-disk.sh "$B" >"$extra/disk-own.md" 2>"$tmp/hook.err" || hrc=$?
+		[ "$hrc" -eq 0 ] ||
+			fail "tools/bench-disk.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+	fi
+fi
+meta disk_tier "$disk"
+
+# ---- start-up figures of the NUMA work, when its script exists ----
+if [ -f tools/bench-startup.sh ]; then
+	# Its pool size: KVB_BENCH_STARTUP_SIZE, else 1G quick, else 16G or what memory allows.
+	ssize=${KVB_BENCH_STARTUP_SIZE:-$(awk -v q="$QUICK" '/^MemAvailable/ {
+		g = int($2 / 1048576) - 4; if (g > 16) g = 16; if (g < 1 || q == 1) g = 1
+		printf "%dG", g }' /proc/meminfo)}
+	echo "bench: tools/bench-startup.sh $B $ssize"
+	hrc=0
+	KVB_BENCH_QUICK=$QUICK sh tools/bench-startup.sh "$B" "$ssize" >"$extra/startup.md" \
+		2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
+elapsed=$(($(date +%s) - t_start))
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 mem=$(awk '/^MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
 llc=$(lscpu 2>/dev/null | sed -n 's/^L3 cache:[[:space:]]*//p' | head -n 1)
-machine="$(nproc) CPUs, ${cpu:-unknown CPU}, ${mem} RAM, L3 ${llc:-unknown}, Linux $(uname -r);"
-machine="$machine load average $load_start before the run, $load_end after it"
-machine="$machine (the run itself keeps about 2 busy)"
-cmd="KVB_BENCH_SECONDS=$SECS KVB_BENCH_REPS=$REPS KVB_BENCH_POOL=$POOL sh tools/bench.sh $B"
+dev=$(df -P "$DISK_DIR" | awk 'NR == 2 { print $1 }')
+meta machine "$NCPU CPUs, ${cpu:-unknown CPU}, ${mem} RAM, L3 ${llc:-unknown}, Linux $(uname -r)"
+meta disk "$DISK_DIR on $dev ($fstype)"
+meta load "load average $load_start before the run, $load_end after it"
+meta date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+meta elapsed "$elapsed"
+meta reps "$REPS"
+meta ncpu "$NCPU"
+meta secs "$SECS"
+meta quick "$QUICK"
+meta ws "$WS"
+meta pool "$POOL"
+meta dpool "$DPOOL"
+cmdline="sh tools/bench.sh $B"
+[ "$QUICK" = 1 ] && cmdline="KVB_BENCH_QUICK=1 $cmdline"
+for v in KVB_BENCH_SECONDS KVB_BENCH_REPS KVB_BENCH_PAGES KVB_BENCH_PROCS KVB_BENCH_POOL \
+	KVB_BENCH_WS KVB_BENCH_DISK_DIR KVB_BENCH_DISK_POOL KVB_BENCH_MODES; do
+	eval "val=\${$v:-}"
+	# shellcheck disable=SC2154
+	[ -n "$val" ] && cmdline="$v='$val' $cmdline"
+done
+meta command "$cmdline"
+meta make "make bench$([ "$QUICK" = 1 ] && echo " QUICK=1")"
 
-python3 - "$res" "$fails" "$OUT" "$machine" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$cmd" \
-	"$broker_cmd" "$elapsed" "$REPS" "$SECS" <<'EOF'
-import json, statistics, sys
+cleanup
+trap - EXIT
+mkdir -p "$PLOTS"
+python3 tools/bench-report.py "$res" "$fails" "$meta" "$extra" "$OUT" "$PLOTS"
 
-res, fails, out, machine, date, cmd, broker_cmd, elapsed, reps, secs = sys.argv[1:11]
-rows = [json.loads(l) for l in open(res) if l.strip()]
-failures = [l.strip() for l in open(fails) if l.strip()]
-groups = {}
-for r in rows:
-    groups.setdefault((r["mode"], r["page_bytes"], r["procs"]), []).append(r)
-
-def med(g, f):
-    return statistics.median(r[f] for r in g)
-
-def rng(g, f):
-    v = [r[f] for r in g]
-    return min(v), max(v)
-
-def page(b):
-    for u, n in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= n:
-            return ("%g %s" % (b / n, u))
-    return "%d B" % b
-
-def num(x):
-    if x >= 1e6:
-        return "%.2f M" % (x / 1e6)
-    if x >= 1e4:
-        return "%.1f k" % (x / 1e3)
-    if x >= 100:
-        return "%.0f" % x
-    return "%.3g" % x
-
-base = {pb: med(g, "gb_per_s") for (m, pb, p), g in groups.items() if m == "memcpy" and p == 1}
-order = ["memcpy", "put", "get", "get-user", "acquire"]
-what = {
-    "nop": "NOP round trip",
-    "lookup": "LOOKUP, 1024 keys per call",
-    "memcpy": "memcpy baseline",
-    "put": "PUT from registered buffer",
-    "get": "GET into registered buffer",
-    "get-user": "GET into malloc'd buffer",
-    "acquire": "ACQUIRE + copy out + RELEASE",
-}
-
-L = []
-L.append("# kvbroker benchmarks\n")
-L.append("""What these figures are: every row is one `kvbbench` mode run against one `kvbrokerd`
-that `tools/bench.sh` started for the occasion, repeated %s times (interleaved, so drift of the
-machine spreads across all rows) for %s s each; the table gives the median and, in brackets,
-the range of the repetitions. This machine's run-to-run noise is 10-30%%, so compare medians and
-read the ranges.
-
-- **memcpy baseline**: one process copying page-sized blocks between two private buffers of
-  128 MiB or more (four times the last-level cache), so every copy is cold memory to cold
-  memory. Every "x memcpy" ratio divides by the single-process memcpy median of the same page
-  size from this same run.
-- **get**: `kvb_get` into a buffer from `kvb_buf_alloc_host` - the broker copies from the pool
-  into the client's registered memory. **get-user**: `kvb_get` into plain `malloc` memory - the
-  library acquires the page, copies it from its read-only pool mapping and releases it.
-  **acquire**: `kvb_acquire`, copy every byte of the page out to a private buffer, `kvb_release`.
-  **put**: `kvb_put` of new keys from a registered buffer; once the pool is full each PUT
-  evicts the coldest page on demand, which is part of what is timed. The broker prefaults its
-  pool at start-up (`--no-prefault` turns that off), so PUTs never pay first-touch faults.
-- Reads walk a working set of at least 128 MiB of stored pages, pre-populated and checked
-  resident before timing; destinations cycle through a buffer of the same size.
-- **nop**: `kvb_nop` round trip through the shared-memory rings, busy-polled.
-  **lookup**: `kvb_lookup` of 1024 stored keys per call; throughput in keys per second.
-- Latency: every operation timed with `CLOCK_MONOTONIC`, all processes' histograms merged;
-  ops/s and GB/s (10^9 bytes of page data per second) are summed over processes.
-- With 2 processes on this 2-CPU machine the clients compete with the broker's own polling
-  thread for the CPUs, so 2-process figures show contention as much as scaling.
-""" % (reps, secs))
-L.append("Machine: %s.  \nDate: %s.  \nCommand: `%s` (what `make bench` runs; %s s in all).  \n"
-         "Broker: `%s`.\n" % (machine, date, cmd, elapsed, broker_cmd))
-
-L.append("## Data path (GB/s)\n")
-L.append("| figure | page | procs | GB/s median [range] | x memcpy | ops/s | p50 us | p99 us "
-         "| p99.9 us |")
-L.append("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-keys = sorted({(pb, p) for (m, pb, p) in groups if m in order})
-for pb, p in keys:
-    for m in order:
-        g = groups.get((m, pb, p))
-        if not g:
-            continue
-        lo, hi = rng(g, "gb_per_s")
-        gb = med(g, "gb_per_s")
-        ratio = "%.2f" % (gb / base[pb]) if base.get(pb) else "-"
-        L.append("| %s | %s | %d | %.2f [%.2f-%.2f] | %s | %s | %.1f | %.1f | %.1f |" % (
-            what[m], page(pb), p, gb, lo, hi, ratio, num(med(g, "ops_per_s")),
-            med(g, "p50_us"), med(g, "p99_us"), med(g, "p999_us")))
-L.append("")
-
-L.append("## Small operations\n")
-L.append("| figure | procs | rate median [range] | p50 us | p90 us | p99 us | p99.9 us |")
-L.append("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-for m, f, unit in (("nop", "ops_per_s", "ops/s"), ("lookup", "keys_per_s", "keys/s")):
-    for p in sorted({p for (mm, pb, p) in groups if mm == m}):
-        g = [r for (mm, pb, pp), gg in groups.items() if mm == m and pp == p for r in gg]
-        lo, hi = rng(g, f)
-        L.append("| %s | %d | %s %s [%s-%s] | %.2f | %.2f | %.2f | %.2f |" % (
-            what[m], p, num(med(g, f)), unit, num(lo), num(hi), med(g, "p50_us"),
-            med(g, "p90_us"), med(g, "p99_us"), med(g, "p999_us")))
-L.append("")
-
-L.append("## Targets of issue 2\n")
-L.append("| target | measured (median) | met |")
-L.append("| --- | --- | --- |")
-def target(name, value, ok):
-    L.append("| %s | %s | %s |" % (name, value, "yes" if ok else "**no**"))
-g = groups.get(("nop", 65536, 1))
-if g:
-    v = med(g, "p50_us")
-    target("NOP round trip p50 <= 1 us (1 process)", "%.2f us" % v, v <= 1.0)
-for m in ("get", "get-user", "acquire"):
-    for pb in sorted(base):
-        g = groups.get((m, pb, 1))
-        if g:
-            r = med(g, "gb_per_s") / base[pb]
-            target("%s at %s >= 80%% of memcpy (1 process)" % (what[m], page(pb)),
-                   "%.0f%% (%.2f of %.2f GB/s)" % (100 * r, med(g, "gb_per_s"), base[pb]),
-                   r >= 0.8)
-g = groups.get(("lookup", 65536, 1))
-if g:
-    v = med(g, "keys_per_s")
-    target("batched LOOKUP >= 10 M keys/s (1 process)", "%.1f M keys/s" % (v / 1e6), v >= 1e7)
-L.append("")
-
-if failures:
-    L.append("## Failed runs\n")
-    L.extend("- `%s`" % f.replace("`", "'") for f in failures)
-    L.append("")
-L.append("Raw results of this run: `%s` (one JSON object per measurement).\n" % res)
-open(out, "w").write("\n".join(L))
-print("bench: wrote %s (%d measurements, %d failures)" % (out, len(rows), len(failures)))
-EOF
-
-if [ "$nfail" -ne 0 ] || [ -s "$fails" ]; then
+if [ -s "$fails" ]; then
 	echo "bench: some runs failed, see $OUT" >&2
 	exit 1
 fi

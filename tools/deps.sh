@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 # Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
-# as root (apt-get), otherwise prints the exact command and fails.
+# as root (apt-get), otherwise prints the exact command and fails. `deps.sh bench` checks the
+# packages only `make bench` needs instead (the peers it compares with, fio, gnuplot).
 set -eu
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev libisal-dev python3
 	clang libclang-rt-dev util-linux"
@@ -11,6 +12,13 @@ need="$need libmicrohttpd-dev libncurses-dev"
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
 done
+if [ "${1:-}" = bench ]; then
+	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
+	missing=""
+	for p in $need; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
+	done
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
 	echo "kvbroker needs:$missing" >&2
