@@ -242,7 +242,7 @@ FB := build/fuzz
 FUZZ_MAIN := $(filter-out tests/fuzz/fuzz_broker.c,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS := $(patsubst tests/fuzz/%.c,$(FB)/%,$(FUZZ_MAIN))
 FUZZ_CFLAGS := -g -O1 -std=gnu11 -fsanitize=fuzzer-no-link,address,undefined \
-	-fno-sanitize-recover=all -fno-omit-frame-pointer -pthread -Iinclude -Iproto -Ibroker \
+	-fno-sanitize-recover=all -fno-omit-frame-pointer -pthread -Iinclude -Iproto -Icommon -Ibroker \
 	-D_GNU_SOURCE -DKVB_FUZZ
 fobj = $(patsubst %.c,$(FB)/obj/%.o,$(1))
 HAVE_FUZZ = $(shell echo 'int LLVMFuzzerTestOneInput(const char *d, long n){return 0;}' | \
@@ -253,7 +253,7 @@ $(FB)/obj/%.o: %.c $(DEPS_STAMP)
 	@$(if $(Q),echo "  FUZZCC  $<")
 	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) $(PKG_CFLAGS) -MMD -MP -c $< -o $@
 
-$(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(call fobj,$(PROTO_SRC) $(BROKER_SRC) tests/fuzz/fuzz_broker.c)
+$(FB)/fuzz_%: $(FB)/obj/tests/fuzz/fuzz_%.o $(call fobj,$(PROTO_SRC) $(BROKER_SRC) $(COMMON_SRC) tests/fuzz/fuzz_broker.c)
 	@$(if $(Q),echo "  FUZZLD  $@")
 	$(Q)$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LIBS)
 

@@ -106,15 +106,17 @@ struct fuzz_broker *fuzz_broker(void)
 	fb.b.cfg.max_inflight = 4096;
 	fb.b.listen_fd = fb.b.sigfd = fb.b.spare_fd = -1;
 	snprintf(name, sizeof(name), "/kvbfuzz-%d", (int)getpid());
-	if (pool_open(&fb.b.pool, name, 8u << 20, 1))
+	/* A memfd pool: nothing outlives the fuzzer, even when it crashes. */
+	if (pool_open(&fb.b.pool, name + 1, 8u << 20, 1))
 		fuzz_fail("pool_open");
-	/* Unlink now: the fds and the mapping keep it, and a crash leaves nothing behind. */
-	shm_unlink(fb.b.pool.arena[0].name);
 	if (store_init(&fb.b.store, &fb.b.pool, 1u << 20, 1.0, 0.9))
 		fuzz_fail("store_init");
-	fb.b.copy = copy_host_create();
+	/* Every copy inline, no GPU: an input's outcome must not depend on thread timing. */
+	fb.b.cfg.copy_threads = 1;
+	fb.b.cfg.copy_inline = UINT64_MAX;
+	fb.b.cfg.gpu = 0;
 	fb.b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (!fb.b.copy || fb.b.epfd < 0)
+	if (fb.b.epfd < 0 || xfer_init(&fb.b))
 		fuzz_fail("set-up");
 	layout_a(&l);
 	if (ns_open(&fb.b.nst, &fb.b.store, &l, 0, &n))
