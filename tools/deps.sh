@@ -4,21 +4,18 @@
 # as root (apt-get), otherwise prints the exact command and fails. `deps.sh bench` checks the
 # packages only `make bench` needs instead (the peers it compares with, fio, gnuplot).
 set -eu
-need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev libisal-dev python3
-	clang libclang-rt-dev util-linux"
+# Build and test: the libraries, clang's libFuzzer (make test runs each fuzzer briefly),
+# setpriv (util-linux) for the foreign-uid tests, libmicrohttpd (--metrics-listen) and ncurses
+# (kvbctl top).
+need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev
+	libisal-dev libmicrohttpd-dev libncurses-dev python3 clang libclang-rt-dev util-linux"
+if [ "${1:-}" = bench ]; then
+	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
+fi
 missing=""
-# kvbrokerd --metrics-listen, kvbctl top
-need="$need libmicrohttpd-dev libncurses-dev"
 for p in $need; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
 done
-if [ "${1:-}" = bench ]; then
-	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
-	missing=""
-	for p in $need; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing="$missing $p"
-	done
-fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
 	echo "kvbroker needs:$missing" >&2
