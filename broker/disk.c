@@ -48,8 +48,8 @@
  * flock(LOCK_EX | LOCK_NB), retried for up to LOCK_WAIT_MS. A broker SIGKILLed a moment ago
  * still holds the lock after it was reaped: its io_uring is torn down by a kernel worker, which
  * waits for the I/O in flight and only then drops the ring's references to the registered
- * files (t_rel_disk_crash, restarting at once, met it on 5 of 25 restarts, for 2-18 ms). -1 with errno
- * when the lock stays taken: a live broker uses the path.
+ * files (t_rel_disk_crash, restarting at once, met it on 5 of 25 restarts, for 2-18 ms).
+ * -1 with errno when the lock stays taken: a live broker uses the path.
  */
 #define LOCK_WAIT_MS 3000
 static int lock_path(const struct disk_path *p)
