@@ -59,7 +59,6 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
  */
 int pool_prefault(struct pool *p);
 
-
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);
 
