@@ -310,7 +310,8 @@ static void remove_files(void)
 int main(int argc, char **argv)
 {
 	int cycles = (int)rel_pick(3, 5, 20), nfault = 0, inflight_min = 1 << 30, inflight_max = 0;
-	uint64_t torn = 0, corrupt = 0, errors = 0, hits = 0, newest = 0, checked = 0, pages = 0;
+	uint64_t torn = 0, corrupt = 0, errors = 0, werrors = 0, hits = 0, newest = 0, checked = 0,
+		 pages = 0;
 	int recovered_min = 1 << 30, recovered_max = 0;
 	double get_max = 0;
 	char tmp[PATH_MAX], *d;
@@ -365,8 +366,7 @@ int main(int argc, char **argv)
 
 			CHECKF(p == (uint64_t)want,
 			       "restart %d: the scan indexed %llu pages, the file holds %d "
-			       "complete "
-			       "newest slots",
+			       "complete newest slots",
 			       cyc, (unsigned long long)p, want);
 			CHECKF(harness_stat_has(json, "disk.warm") && strstr(json, "\"warm\":true"),
 			       "restart %d did not adopt the cache (log %s)", cyc, logpath);
@@ -416,6 +416,7 @@ int main(int argc, char **argv)
 			       "cycle %d: no demotion in flight after 20 s (log %s)", cyc, logpath);
 			rel_sleep_ms(1);
 		}
+		werrors += harness_stat(c, "disk.errors");
 		sh->killed = 1;
 		rel_kill(b);
 		kvb_close(c);
@@ -431,14 +432,16 @@ int main(int argc, char **argv)
 	}
 	rel_figure(
 		"%d SIGKILLs during demotion (%d-%d page writes in flight at the kill; %d "
-		"cycles with injected write/read errors, %llu errors counted), %llu PUTs and "
+		"runs with injected faults: %llu write errors before the kills, %llu read "
+		"errors in the checks), %llu PUTs and "
 		"%llu DELETEs; after the restarts %llu pages recovered (%d-%d per restart, torn "
 		"%llu, corrupt %llu discarded), %llu GETs: %llu served, all byte-exact (%llu the "
 		"newest version), 0 corrupt; slowest GET %.1f ms",
-		cycles, inflight_min, inflight_max, nfault, (unsigned long long)errors,
-		(unsigned long long)sh->puts, (unsigned long long)sh->deletes,
-		(unsigned long long)pages, recovered_min, recovered_max, (unsigned long long)torn,
-		(unsigned long long)corrupt, (unsigned long long)checked, (unsigned long long)hits,
-		(unsigned long long)newest, get_max);
+		cycles, inflight_min, inflight_max, nfault, (unsigned long long)werrors,
+		(unsigned long long)errors, (unsigned long long)sh->puts,
+		(unsigned long long)sh->deletes, (unsigned long long)pages, recovered_min,
+		recovered_max, (unsigned long long)torn, (unsigned long long)corrupt,
+		(unsigned long long)checked, (unsigned long long)hits, (unsigned long long)newest,
+		get_max);
 	return H_PASS;
 }
