@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -200,10 +201,11 @@ static uint32_t crc32c(const void *p, size_t len)
 }
 
 /*
- * Reads the cache file with the broker stopped and judges every 4 KiB block on its own, without
- * the broker's scan logic (no jumping over slots): a slot counts when its header checks (magic,
- * crc, version, this cache's id, a length of one of our namespaces) and its payload's crc32c
- * matches. Per key the highest generation wins. Returns how many keys have a complete slot.
+ * Reads the cache file with the broker dead and its I/O landed (it takes the broker's lock, see
+ * below) and judges every 4 KiB block on its own, without the broker's scan logic (no jumping
+ * over slots): a slot counts when its header checks (magic, crc, version, this cache's id, a
+ * length of one of our namespaces) and its payload's crc32c matches. Per key the highest
+ * generation wins. Returns how many keys have a complete slot.
  */
 static int oracle(void)
 {
@@ -214,6 +216,10 @@ static int oracle(void)
 	off_t size;
 
 	CHECK(fd >= 0);
+	/* The broker's lock: a SIGKILLed broker's ring lets go of the file only once its writes in
+	 * flight landed (the kernel tears it down after the process was reaped). Read before that,
+	 * and the file changes under the oracle. */
+	CHECK(flock(fd, LOCK_EX) == 0);
 	size = lseek(fd, 0, SEEK_END);
 	CHECK(pread(fd, &sup, sizeof(sup), 0) == (ssize_t)sizeof(sup));
 	CHECK(sup.magic == SUPER_MAGIC &&
