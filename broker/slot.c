@@ -72,8 +72,10 @@ enum slot_verdict slot_hdr_check(const void *p, const uint8_t cache_id[16], uint
 	struct slot_hdr h;
 
 	memcpy(&h, p, sizeof(h));
+	/* A magic a few bits off is a header with flipped bits, not payload: count it torn. */
 	if (h.magic != SLOT_MAGIC)
-		return SLOT_EMPTY;
+		return __builtin_popcountll(h.magic ^ SLOT_MAGIC) <= SLOT_MAGIC_FLIPS ? SLOT_TORN
+										      : SLOT_EMPTY;
 	if (h.hdr_crc != slot_crc32c(&h, offsetof(struct slot_hdr, hdr_crc)))
 		return SLOT_TORN;
 	if (h.version != SLOT_VERSION || h.hdr_size != sizeof(h) || h.flags ||

@@ -16,6 +16,9 @@
 #define SLOT_VERSION 1
 #define SLOT_MAGIC 0x31544f4c5342564bull  /* "KVBSLOT1" little-endian */
 #define SUPER_MAGIC 0x314b53494442564bull /* "KVBDISK1" little-endian */
+/* A block whose first 8 bytes are at most this many bits from SLOT_MAGIC is a damaged header
+ * (counted torn), not payload: random data lands that close with odds of 2^-44 per block. */
+#define SLOT_MAGIC_FLIPS 4
 
 /* The superblock, in the first block of every path (fields little-endian, as the host). */
 struct slot_super {
@@ -70,7 +73,7 @@ void slot_hdr_seal(struct slot_hdr *h);
 enum slot_verdict {
 	SLOT_EMPTY = 0, /* no header here (never written, or payload bytes) */
 	SLOT_VALID = 1, /* header intact and of this cache */
-	SLOT_TORN = 2,	/* a header whose bytes do not check: a write cut short */
+	SLOT_TORN = 2,	/* a header whose bytes do not check: a write cut short, flipped bits */
 	SLOT_STALE = 3, /* an intact header of another cache format: ignored */
 };
 

@@ -4,10 +4,12 @@
 
 Seeds are valid or nearly valid inputs, so the fuzzer starts deep inside the parsers instead of
 at their first check. The wire layouts mirror proto/wire.h (static_asserted there); run
-`python3 tests/fuzz/mkseeds.py` after changing them and commit the result.
+`python3 tests/fuzz/mkseeds.py` after changing them and commit the result
+(`python3 tests/fuzz/mkseeds.py slot` writes only fuzz_slot's, from broker/slot.h's layout).
 """
 import os
 import struct
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MSG_MAGIC = 0x4B56424D
@@ -65,7 +67,60 @@ def ring(order, base, arg, rounds):
     return out
 
 
+# ---- slot: the disk format (broker/slot.h) ----
+SLOT_MAGIC = 0x31544F4C5342564B
+SUPER_MAGIC = 0x314B53494442564B
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
+
+
+def slot_hdr(cache_id, gen, ns_ident, key, payload, version=1, flags=0):
+    h = struct.pack("<QHHI16sQ32s32sII12s", SLOT_MAGIC, version, 128, flags, cache_id, gen,
+                    ns_ident, key, len(payload), crc32c(payload), b"")
+    return h + struct.pack("<I", crc32c(h))
+
+
+def slot_super(cache_id, npaths=1, index=0, path_bytes=64 << 20):
+    s = struct.pack("<QHHIIIQQ16sQ12s", SUPER_MAGIC, 1, 0, npaths, index, 0, path_bytes,
+                    1 << 20, cache_id, 1764400000, b"")
+    return s + struct.pack("<I", crc32c(s))
+
+
+def slot_seeds():
+    """fuzz_slot: [0] selector; header: id, max_len, flip bit, block, payload."""
+    cid = bytes(range(16))
+    payload = bytes((i * 7) & 0xFF for i in range(4096))
+
+    def hdr_input(h, max_len=1 << 20, bit=77, pay=payload, cache=cid):
+        return b"\0" + cache + struct.pack("<IH", max_len, bit) + h.ljust(4096, b"\0") + pay
+
+    good = slot_hdr(cid, 42, b"n" * 32, b"k" * 32, payload)
+    put("slot", "hdr-valid", hdr_input(good))
+    put("slot", "hdr-valid-nopayload", hdr_input(good, pay=b""))
+    put("slot", "hdr-too-long", hdr_input(good, max_len=4095))
+    put("slot", "hdr-other-cache", hdr_input(good, cache=b"\xff" * 16))
+    put("slot", "hdr-version2", hdr_input(slot_hdr(cid, 1, b"n" * 32, b"k" * 32, payload, 2)))
+    put("slot", "hdr-torn", hdr_input(good[:64] + b"\0" * 64))
+    put("slot", "hdr-magic-flip", hdr_input(bytes([good[0] ^ 4]) + good[1:]))
+    put("slot", "hdr-empty", hdr_input(b""))
+    put("slot", "super-valid", b"\1" + struct.pack("<H", 5) + slot_super(cid))
+    put("slot", "super-4paths", b"\1" + struct.pack("<H", 600) + slot_super(cid, 4, 3, 1 << 30))
+    put("slot", "super-bad-crc", b"\1\0\0" + slot_super(cid)[:76] + b"\0\0\0\0")
+    put("slot", "crc-vector", b"\2123456789")
+
+
 def main():
+    if sys.argv[1:] == ["slot"]:
+        slot_seeds()
+        return
+    slot_seeds()
     lay_a = layout()
     lay_b = layout(b"fuzz/b", 1, 4, ((b"kv", 3, 64), (b"idx", 2, 32)))
     # ---- ctl ----
