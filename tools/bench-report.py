@@ -167,7 +167,7 @@ with the range in brackets. This machine's run-to-run noise is 10-30%%: read the
   machine kvbroker's loop thread busy-polls a CPU while clients are active (200 us window):
   with 2 and 4 client processes, clients, broker and servers all compete for 2 CPUs.
 """ % (meta.get("reps"), meta.get("secs"), meta.get("ws")))
-L.append("To reproduce: `make bench` (all of this, 15-25 minutes on a quiet 2-CPU machine) or "
+L.append("To reproduce: `make bench` (all of this, about 35 minutes here including the disk and start-up sections) or "
          "`make bench QUICK=1` (a smoke run of every path in a few minutes); the knobs are in "
          "the header of `tools/bench.sh`, every measurement's raw JSON in the file named at the "
          "end.\n")
