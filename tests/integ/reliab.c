@@ -117,9 +117,10 @@ int rel_fd_count(pid_t pid, char *list, size_t len)
 	return n;
 }
 
-long rel_rss_kb(pid_t pid)
+long rel_status_kb(pid_t pid, const char *field)
 {
 	char p[64], line[256];
+	size_t n = strlen(field);
 	FILE *f;
 	long kb = -1;
 
@@ -128,7 +129,8 @@ long rel_rss_kb(pid_t pid)
 	if (!f)
 		return -1;
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+		if (!strncmp(line, field, n) && line[n] == ':' &&
+		    sscanf(line + n + 1, "%ld kB", &kb) == 1)
 			break;
 	fclose(f);
 	return kb;

@@ -32,8 +32,8 @@ void rel_figure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Open fds of pid (-1 on error); with list, also "fd -> target" lines into list (len bytes). */
 int rel_fd_count(pid_t pid, char *list, size_t len);
-/* VmRSS of pid in KiB, -1 on error. */
-long rel_rss_kb(pid_t pid);
+/* A "<field>: N kB" line of /proc/<pid>/status (VmRSS, RssAnon), in KiB; -1 on error. */
+long rel_status_kb(pid_t pid, const char *field);
 /* Names under /dev/shm that contain text. */
 int rel_shm_count(const char *text);
 

@@ -36,23 +36,6 @@ struct shared {
 
 static struct shared *sh;
 
-static long rss_anon_kb(pid_t pid)
-{
-	char p[64], line[256];
-	FILE *f;
-	long kb = -1;
-
-	snprintf(p, sizeof(p), "/proc/%d/status", (int)pid);
-	f = fopen(p, "re");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "RssAnon: %ld kB", &kb) == 1)
-			break;
-	fclose(f);
-	return kb;
-}
-
 static void layout(struct kvb_layout *l)
 {
 	harness_layout(l, "test/overload", KVB_LAYOUT_MLA, 16, 1, 0, 1, 256); /* 4 KiB */
@@ -262,7 +245,7 @@ int main(int argc, char **argv)
 		n1++;
 	}
 	r1 = (double)n1 / ((double)(t - t0) / 1e9);
-	rss0 = rss_anon_kb(b->pid);
+	rss0 = rel_status_kb(b->pid, "RssAnon");
 
 	harness_log("overload: %d flooders, 2 stalled clients, %u s", NFLOOD, secs);
 	stalled_client(&st1);
@@ -273,7 +256,7 @@ int main(int argc, char **argv)
 		harness_gate_wait(&sh->ready, 10000);
 	t0 = harness_now_ns();
 	while (harness_now_ns() - t0 < (uint64_t)secs * 1000000000ull) {
-		long kb = rss_anon_kb(b->pid);
+		long kb = rel_status_kb(b->pid, "RssAnon");
 
 		rss_max = kb > rss_max ? kb : rss_max;
 		rel_sleep_ms(50);
@@ -290,7 +273,7 @@ int main(int argc, char **argv)
 		CHECK_RC(kvb_get(c, ns, k, page, pb), (long long)pb);
 		CHECK(harness_verify(page, pb, &k, SEED, "after the flood") == 0);
 	}
-	rss1 = rss_anon_kb(b->pid);
+	rss1 = rel_status_kb(b->pid, "RssAnon");
 	CHECK(harness_broker_alive(b));
 	CHECK_EQ(sh->errors, 0);
 	CHECK_GT(sh->busy, 0);

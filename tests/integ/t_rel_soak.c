@@ -249,14 +249,14 @@ int main(int argc, char **argv)
 	t0 = harness_now_ms();
 	while ((el = harness_now_ms() - t0) < (uint64_t)secs * 1000) {
 		if (rss_early < 0 && el >= (uint64_t)secs * 100) {
-			rss_early = rel_rss_kb(b->pid);
+			rss_early = rel_status_kb(b->pid, "VmRSS");
 			fd_early = rel_fd_count(b->pid, NULL, 0);
 		}
 		CHECKF(harness_broker_alive(b), "the broker died during the soak");
 		CHECKF(sh->mismatches == 0, "a read did not match its key");
 		rel_sleep_ms(100);
 	}
-	rss_end = rel_rss_kb(b->pid);
+	rss_end = rel_status_kb(b->pid, "VmRSS");
 	fd_end = rel_fd_count(b->pid, NULL, 0);
 	sh->stop = 1;
 	CHECK_EQ(harness_wait(w, NCLI, 30000, NULL), 0);
