@@ -7,12 +7,15 @@
 #define KVB_BROKER_BROKER_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
+#include "clock.h"
 #include "copy.h"
 #include "list.h"
 #include "ns.h"
 #include "numa_topo.h"
+#include "ops.h"
 #include "pool.h"
 #include "ring.h"
 #include "store.h"
@@ -24,6 +27,7 @@
 #define SESSION_MAX_NS 64	  /* namespaces one client may open */
 #define SESSION_HELLO_TIMEOUT 5.0 /* seconds a connection may stay silent before HELLO */
 #define CONN_SPARE 64		  /* connections beyond --max-clients (kvbctl, handshakes) */
+#define SESSION_DRAIN_WARN 5.0	  /* seconds a dead session may drain before it is logged */
 
 struct config {
 	char socket_path[108];
@@ -82,13 +86,21 @@ struct sbuf {
 	struct gpu_map *gm;
 };
 
+/* A view; refs: the session's table plus each op using it (ops.c decodes it once). */
 struct sview {
+	uint32_t refs;
 	struct ns *ns;
 	uint32_t nparts;
 	struct kvb_view_part parts[];
 };
 
-/* What one client's ops did, for kvbctl clients/top: struct counters credited to it. */
+static inline void sview_put(struct sview *v)
+{
+	if (!--v->refs)
+		free(v);
+}
+
+/* What one client's ops did, for kvbctl clients/top: credited when each op completes. */
 struct session_counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
 };
@@ -131,6 +143,11 @@ struct session {
 	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
 	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
 	int dead;	   /* destroyed, waiting in the graveyard until the epoll batch is done */
+	struct list live;    /* its ops taken from the SQ and not completed (struct op slink) */
+	uint32_t nops;	     /* on that list */
+	struct waitq yieldq; /* its long ops' next steps, run at its next turn (fair rounds) */
+	double dead_at;	     /* when it was destroyed (the drain log) */
+	int drain_logged;
 };
 
 struct broker {
@@ -140,7 +157,8 @@ struct broker {
 	struct ns_table nst;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
-	struct list parked;	  /* PUTs waiting for a PUT of the same key (xfer.c) */
+	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
+	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
 	struct tier *tier; /* NULL without --disk */
 	struct counters ctr;
@@ -180,51 +198,37 @@ int peer_pidfd(int fd, pid_t pid, const char **how);
 
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */
 int session_accept(struct broker *b);
+/* The lists of a new session (calloc'd): its ops, its yield queue. */
+void session_init(struct session *s);
 void session_destroy(struct broker *b, struct session *s, const char *why);
+/* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
+int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id);
 void session_reap(struct broker *b);
 /* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT. */
 void session_expire(struct broker *b, double now);
 int session_on_msg(struct broker *b, struct session *s);
-/* Consumes up to max SQEs; returns SQEs handled, or -1 when the session was destroyed. */
+/*
+ * One turn of a session: its yielded ops' next steps, then SQEs, up to max SQEs and about
+ * OPS_ROUND_WORK units of work. Returns ops run (0: idle), or -1 when the session was
+ * destroyed.
+ */
 int session_poll(struct broker *b, struct session *s, uint32_t max);
 
 /*
- * Completes an op that ops_exec deferred: posts its CQE into the slot reserved for it. On a
+ * Completes an op that ops_submit deferred: posts its CQE into the slot reserved for it. On a
  * dead session the CQE is dropped; the session is freed (its buffers unmapped) only after its
  * last in-flight op completed. Every deferred op must end here exactly once.
  */
 void session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe);
 
 /*
- * ops.c: executes one SQE copied out of the ring. Returns OPS_DONE with *cqe filled, or
- * OPS_DEFERRED when the op continues asynchronously (a disk read, a copy on another engine)
- * and will end with session_complete(); until then it may use the session's buffers and views
- * but must not start new work for a session that died meanwhile (s->dead).
+ * xfer.c: an op's page copy as a copy-engine job: op->segs (view ops) or op->seg1, the client
+ * side on device op->dev, for a PUT (dir COPY_TO_POOL: op->pg is WRITING, the writer's pin
+ * held; committed or aborted when the copy ends) or a GET (COPY_FROM_POOL: op->pg pinned,
+ * unpinned when the copy ends). Returns OPS_DONE with op->cqe set, or OPS_DEFERRED: the
+ * engine completes the op (ops_complete) from xfer_poll.
  */
-enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
-int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
-/*
- * Runs a parked op again (tier.c: the read or the RAM it waited for is there) and completes it
- * with session_complete() unless it deferred again. An op of a session that died meanwhile is
- * completed (dropped) without running. Request counters are not counted twice.
- */
-void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
-/* Drops every lease a session holds (client gone). */
-void ops_release_all(struct broker *b, struct session *s);
-
-/*
- * xfer.c: page copies as copy-engine jobs. xfer_start copies segs (n of them, the client side
- * on device dev) for a PUT (dir COPY_TO_POOL: pg is WRITING, the writer's pin held; committed
- * or aborted when the copy ends) or a GET (COPY_FROM_POOL: pg pinned by the caller, unpinned
- * when the copy ends). Returns OPS_DONE with *cqe filled, or OPS_DEFERRED (session_complete
- * follows). xfer_park_put makes a PUT of a WRITING page wait for its writer; xfer_existed fills
- * the CQE of a PUT whose key is stored. xfer_poll completes what the engines finished.
- */
-int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *pg, int32_t dev,
-	       uint32_t dir, const struct copy_seg *segs, uint32_t nsegs, struct kvb_cqe *cqe);
-int xfer_park_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct page *pg,
-		  struct kvb_cqe *cqe);
-void xfer_existed(struct broker *b, struct ns *n, struct kvb_cqe *cqe);
+int xfer_start(struct broker *b, struct op *op, uint32_t dir);
 uint32_t xfer_poll(struct broker *b);
 /* The loop is about to sleep: engines with copies in flight must ring their eventfds. */
 void xfer_arm(struct broker *b);
@@ -238,16 +242,6 @@ struct cJSON *xfer_stats_json(const struct broker *b);
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
 struct cJSON;
-/*
- * stats_clients.c: per-client counters. The loop snapshots the global counters (stats_snap)
- * before it runs a session's SQEs and credits the session with the difference
- * (stats_account): an op that completes inside that window is that client's. An op that
- * completes later (deferred: disk, copy engines) must credit what it counts at completion to
- * its session's c itself.
- */
-void stats_snap(const struct broker *b, struct session_counters *c);
-void stats_account(const struct broker *b, struct session *s,
-		   const struct session_counters *before);
 /* stats_clients.c: count[ns] = attached clients that opened ns. */
 void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
 /* stats_clients.c: page bytes PUTs did not store because the page was there, all namespaces. */
@@ -264,6 +258,5 @@ struct cJSON *stats_map_json(const struct broker *b);
 #define LOOP_COPY 32u /* a copy engine's completion eventfd (xfer.c) */
 /* loop.c */
 int loop_run(struct broker *b);
-double now_sec(void);
 
 #endif /* KVB_BROKER_BROKER_H */

@@ -97,7 +97,12 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 {
 	struct host_engine *h = (struct host_engine *)e;
 
-	if (!h->nthreads || j->bytes <= h->inline_max) {
+	/*
+	 * Inline only when it is short in bytes and in segments: a view job of a million
+	 * one-byte segments is tens of milliseconds of memcpy calls, which would hold the loop
+	 * (and every other client) that long (t_fairness).
+	 */
+	if (!h->nthreads || (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS)) {
 		run_segs(j);
 		j->res = 0;
 		return COPY_DONE;

@@ -26,38 +26,27 @@
 
 #define POLL_EPOLL_EVERY 32
 /*
- * ... and at least this often (seconds) while busy: a round can copy ROUND_BYTES per client, so
- * 32 rounds with big pages took hundreds of ms, and control requests and hang-ups waited that
+ * ... and at least this often (seconds) while busy: a round can do OPS_ROUND_WORK per client, so
+ * 32 rounds with big pages took tens of ms, and control requests and hang-ups waited that
  * long (t_rel_ctl_latency).
  */
 #define POLL_EPOLL_GAP 0.001
-#define POLL_BATCH 64	/* SQEs per session per round: fairness between clients */
+#define POLL_BATCH 64	/* SQEs per session per round (and OPS_ROUND_WORK work units) */
 #define EVICT_BATCH 256 /* pages per watermark round */
-
-double now_sec(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint32_t poll_sessions(struct broker *b)
 {
 	struct list *pos, *tmp;
 	uint32_t work = xfer_poll(b); /* completed copies count as work: they post CQEs */
 
+	/* Woken ops first (the one resume path): they were taken from their SQs earlier. */
+	work += ops_poll(b);
 	list_for_each_safe (pos, tmp, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
-		struct session_counters before;
-		int n;
+		int n = session_poll(b, s, POLL_BATCH);
 
-		stats_snap(b, &before);
-		n = session_poll(b, s, POLL_BATCH);
-		if (n > 0) {
+		if (n > 0)
 			work += (uint32_t)n;
-			stats_account(b, s, &before); /* kvbctl clients/top */
-		}
 	}
 	return work;
 }
@@ -153,7 +142,7 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 int loop_run(struct broker *b)
 {
 	struct epoll_event evs[64];
-	double last = now_sec(), window = b->cfg.poll_us * 1e-6, last_ep = last, now;
+	double last = clock_now(), window = b->cfg.poll_us * 1e-6, last_ep = last, now;
 	uint32_t round = 0;
 
 	while (!b->stop) {
@@ -161,10 +150,10 @@ int loop_run(struct broker *b)
 
 		/* Disk completions count as activity: parked ops ran, new I/O may follow. */
 		if (poll_sessions(b) + tier_poll(b)) {
-			last = now = now_sec();
+			last = now = clock_now();
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
-		} else if ((now = now_sec()) - last < window) {
+		} else if ((now = clock_now()) - last < window) {
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((timeout = prepare_sleep(b)) > 0) {
@@ -175,12 +164,12 @@ int loop_run(struct broker *b)
 			continue;
 		}
 		n = epoll_wait(b->epfd, evs, 64, timeout);
-		last_ep = now_sec();
+		last_ep = clock_now();
 		if (sleeping) {
 			wake_all(b);
 			/* Only a real event restarts the poll window, not a nap's timeout. */
 			if (n > 0)
-				last = now_sec();
+				last = clock_now();
 		}
 		if (n < 0 && errno != EINTR) {
 			log_error("epoll_wait: %d", errno);
@@ -189,7 +178,7 @@ int loop_run(struct broker *b)
 		for (int i = 0; i < n; i++)
 			on_event(b, &evs[i]);
 		if (sleeping || !(round % (POLL_EPOLL_EVERY * 1024)))
-			session_expire(b, now_sec());
+			session_expire(b, clock_now());
 		session_reap(b);
 		store_evict_watermark(&b->store, EVICT_BATCH);
 		if (b->metrics)

@@ -550,10 +550,10 @@ static int start_pool(struct broker *b)
 			      .numa = b->cfg.numa,
 			      .hugepage = b->cfg.hugepage,
 			      .prefault = b->cfg.prefault};
-	double t = now_sec();
+	double t = clock_now();
 	int err = pool_create(&b->pool, &pc);
 
-	b->startup.reserve_s = now_sec() - t;
+	b->startup.reserve_s = clock_now() - t;
 	if (err) {
 		log_error("pool (%llu MiB, --numa %s): %s%s", (unsigned long long)(pc.size >> 20),
 			  pc.numa, strerror(-err),
@@ -566,9 +566,9 @@ static int start_pool(struct broker *b)
 	log_info("pool: reserved %llu MiB in %u arena(s) in %.3f s",
 		 (unsigned long long)(b->pool.total >> 20), b->pool.narenas, b->startup.reserve_s);
 	if (b->cfg.prefault) {
-		t = now_sec();
+		t = clock_now();
 		err = pool_prefault(&b->pool);
-		b->startup.prefault_s = now_sec() - t;
+		b->startup.prefault_s = clock_now() - t;
 		if (err) {
 			log_error("pool: prefault: %s: the machine cannot hold the pool",
 				  strerror(-err));
@@ -594,7 +594,7 @@ int main(int argc, char **argv)
 	list_init(&b.sessions);
 	list_init(&b.graveyard);
 	b.listen_fd = b.epfd = b.sigfd = -1;
-	b.start_time = now_sec();
+	b.start_time = clock_now();
 	/*
 	 * Not dumpable: processes of our uid can then neither ptrace us nor reopen our fds through
 	 * /proc/<pid>/fd, which would hand them a writable pool.
@@ -625,6 +625,7 @@ int main(int argc, char **argv)
 		log_error("store: %s", strerror(-err));
 		goto out_pool;
 	}
+	ops_init(&b); /* after store_init: it hooks the store's page-wake */
 	b.sigfd = setup_signals();
 	b.epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (b.sigfd < 0 || b.epfd < 0) {
@@ -633,9 +634,9 @@ int main(int argc, char **argv)
 		goto out_store;
 	}
 	/* [pin] The copy engines start; a CUDA engine registers the pool with the driver. */
-	t = now_sec();
+	t = clock_now();
 	err = xfer_init(&b);
-	b.startup.pin_s = now_sec() - t;
+	b.startup.pin_s = clock_now() - t;
 	if (err) {
 		log_error("copy engines: %s", strerror(-err));
 		goto out_store;
@@ -672,7 +673,7 @@ int main(int argc, char **argv)
 		err = -errno;
 		goto out_sock;
 	}
-	b.startup.ready_s = now_sec() - b.start_time;
+	b.startup.ready_s = clock_now() - b.start_time;
 	log_info(
 		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
 		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "

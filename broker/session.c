@@ -68,6 +68,22 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 	return 0;
 }
 
+void session_init(struct session *s)
+{
+	list_init(&s->link);
+	list_init(&s->live);
+	waitq_init(&s->yieldq);
+}
+
+int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id)
+{
+	/* Host and GPU buffers alike: --max-bufs is the client's, whatever the memory. */
+	for (*id = 0; *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS && s->bufs[*id].base;
+	     (*id)++)
+		;
+	return *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS ? 0 : -EMFILE;
+}
+
 int session_accept(struct broker *b)
 {
 	const char *how = NULL;
@@ -117,11 +133,11 @@ int session_accept(struct broker *b)
 	s->uid = cr.uid;
 	s->gid = cr.gid;
 	s->id = ++b->next_id;
-	s->accepted_at = now_sec();
+	s->accepted_at = clock_now();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->node = -1;
 	s->pidfd = peer_pidfd(fd, cr.pid, &how);
-	list_init(&s->link);
+	session_init(s);
 	err = ep_add(b, fd, s, TAG_SOCK);
 	if (!err && s->pidfd >= 0)
 		err = ep_add(b, s->pidfd, s, TAG_PID);
@@ -173,7 +189,10 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	 * it was unmapped and never unmapped under a copy.
 	 */
 	s->dead = 1;
+	s->dead_at = clock_now();
 	list_add_tail(&b->graveyard, &s->link);
+	/* Its parked ops complete now, unrun; those a copy engine or the disk holds finish. */
+	ops_session_dead(b, s);
 }
 
 /* Unmaps a host buffer, or closes a GPU buffer's handle (copy_cuda.c); no op may use it. */
@@ -195,7 +214,8 @@ static void session_free(struct broker *b, struct session *s)
 		if (s->bufs[i].base)
 			buf_release(b, s, &s->bufs[i]);
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
-		free(s->views[i]);
+		if (s->views[i])
+			sview_put(s->views[i]);
 	free(s);
 }
 
@@ -223,15 +243,50 @@ void session_expire(struct broker *b, double now)
 	}
 }
 
+/* A session draining too long: what its ops wait for, in the log (once). */
+static void drain_log(struct session *s, double now)
+{
+	char what[512];
+	size_t len = 0;
+	uint32_t shown = 0;
+	struct list *pos;
+
+	what[0] = '\0';
+	list_for_each (pos, &s->live) {
+		const struct op *op = list_entry(pos, struct op, slink);
+		int n;
+
+		if (shown++ == 4)
+			break;
+		n = snprintf(what + len, sizeof(what) - len, "%sop %u (%s, %.1f s)",
+			     shown > 1 ? "; " : "", op->sqe.opcode,
+			     op->waits ? op->waits : "running", now - op->since);
+		if (n < 0 || (size_t)n >= sizeof(what) - len)
+			break;
+		len += (size_t)n;
+	}
+	log_warn("client %u (%s, pid %d): gone %.1f s ago and still draining: %u ops in flight: "
+		 "%s%s",
+		 s->id, s->name[0] ? s->name : "?", (int)s->pid, now - s->dead_at, s->inflight,
+		 what, s->nops > 4 ? "; ..." : "");
+}
+
 void session_reap(struct broker *b)
 {
 	struct list *pos, *tmp;
+	double now = 0;
 
 	list_for_each_safe (pos, tmp, &b->graveyard) {
 		struct session *s = list_entry(pos, struct session, link);
 
-		if (s->inflight)
+		if (s->inflight) {
+			if (!s->drain_logged && (now ? now : (now = clock_now())) - s->dead_at >
+							    SESSION_DRAIN_WARN) {
+				s->drain_logged = 1;
+				drain_log(s, now);
+			}
 			continue;
+		}
 		list_del(pos);
 		session_free(b, s);
 	}
@@ -488,9 +543,7 @@ static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf
 		return -ENOMEM;
 	if ((uint64_t)st.st_size < m->len)
 		return -EFAULT;
-	for (*id = 0; *id < b->cfg.max_bufs && s->bufs[*id].base; (*id)++)
-		;
-	if (*id == b->cfg.max_bufs)
+	if (session_buf_slot(b, s, id))
 		return -EMFILE;
 	p = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
@@ -525,6 +578,7 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 	v = malloc(sizeof(*v) + vc.nparts * sizeof(v->parts[0]));
 	if (!v)
 		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
+	v->refs = 1;
 	v->ns = n;
 	v->nparts = vc.nparts;
 	memcpy(v->parts, body + sizeof(vc), vc.nparts * sizeof(v->parts[0]));
@@ -622,7 +676,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		memcpy(&id, body, sizeof(id));
 		if (id.id >= SESSION_MAX_VIEWS || !s->views[id.id])
 			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-		free(s->views[id.id]);
+		sview_put(s->views[id.id]); /* ops using it keep it until they complete */
 		s->views[id.id] = NULL;
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
@@ -695,18 +749,22 @@ out:
 	return 0;
 }
 
-/* Page bytes one session may move per loop round before the next session's turn. */
-#define ROUND_BYTES (8u << 20)
-
 int session_poll(struct broker *b, struct session *s, uint32_t max)
 {
 	int64_t avail, space;
-	uint64_t moved;
-	uint32_t n, i, posted = 0;
+	uint64_t work = 0;
+	uint32_t n, i, posted = 0, ran = 0;
 
 	if (!s->region)
 		return 0;
 	s->stalled = 0;
+	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
+	if (!list_empty(&s->yieldq.ops)) {
+		work = ops_run_yielded(b, s, OPS_ROUND_WORK);
+		ran = 1;
+		if (work >= OPS_ROUND_WORK)
+			return 1;
+	}
 	avail = kvb_ring_avail(&s->sq);
 	if (avail <= 0) {
 		if (avail < 0) {
@@ -714,7 +772,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 			session_destroy(b, s, "impossible submission-queue tail");
 			return -1;
 		}
-		return 0;
+		return (int)ran;
 	}
 	space = kvb_ring_space(&s->cq);
 	if (space < 0) {
@@ -734,32 +792,33 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	s->stalled = !n;
 	if (n > max)
 		n = max;
-	moved = b->ctr.bytes_in + b->ctr.bytes_out;
-	for (i = 0; i < n; i++) {
+	/*
+	 * Fair rounds: the turn ends when its ops did about OPS_ROUND_WORK units of work (keys
+	 * looked up, segments built, bytes copied inline), so no client's legal ops hold the
+	 * others up for more than about a millisecond per round.
+	 */
+	for (i = 0; i < n && work < OPS_ROUND_WORK; i++) {
 		struct kvb_sqe sqe;
 		struct kvb_cqe cqe;
+		uint64_t w;
 
 		/*
 		 * One copy out of shared memory; only the copy is validated and used. The CQE
 		 * is built privately too: the client can scribble on its slot at any time.
 		 */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
-		if (ops_exec(b, s, &sqe, &cqe) == OPS_DEFERRED)
+		if (ops_submit(b, s, &sqe, &cqe, &w) == OPS_DEFERRED)
 			s->inflight++;
 		else
 			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
-		/* Inline copies run on this thread: bound what one client moves per round. */
-		if (b->ctr.bytes_in + b->ctr.bytes_out - moved >= ROUND_BYTES) {
-			i++;
-			break;
-		}
+		work += w;
 	}
 	if (!i)
-		return 0;
+		return (int)ran;
 	kvb_ring_consume(&s->sq, i);
 	if (posted) {
 		kvb_ring_publish(&s->cq, posted);
 		cq_doorbell(s);
 	}
-	return (int)i;
+	return (int)(i + ran);
 }

@@ -13,6 +13,7 @@
 #include "list.h"
 #include "pool.h"
 
+struct waitq;
 #define STORE_MAX_CLASSES 64
 #define STORE_MAX_NS 1024
 #define STORE_SLOT_BITS 20 /* slots per slab < 2^20 */
@@ -39,6 +40,7 @@ struct page {
 	struct page *hnext; /* index chain */
 	struct list lru;    /* global LRU: on it iff READY, unpinned, linked */
 	struct list clru;   /* its class's LRU, same condition */
+	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */
 };
 
 struct slab {
@@ -93,6 +95,13 @@ struct store {
 	 */
 	int (*demote)(void *arg, struct page *pg);
 	void *demote_arg;
+	/*
+	 * [page-wake] Every change of a page's state that someone may wait for (commit, abort,
+	 * demotion done, freed) calls wake(wake_arg, pg) when pg->waiters is set: ops.c moves
+	 * its waiters to the run queue (never runs them from inside the store).
+	 */
+	void (*wake)(void *arg, struct page *pg);
+	void *wake_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 };
 

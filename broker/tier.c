@@ -35,14 +35,16 @@
  * completed (tier_park_alloc): PUTs then run at the disk's write speed instead of losing data.
  * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped.
  *
- * Promotion (ops.c -> tier_park). A GET, ACQUIRE or PREFETCH of a page that is on disk and not
- * READY in RAM parks its op (a private copy of the SQE) on the slot, allocates a RAM slot
- * (WRITING, so never served) and reads the payload into it; ops for the same page meanwhile
- * join the same read. When the read completed and the payload's crc32c matches the one in the
- * header, the page is committed READY (clean) and every parked op runs again from the start
- * (ops_resume), finding it in RAM. A failed or short read, or a checksum mismatch (counted as
- * corrupt), aborts the RAM slot and forgets the disk copy: the parked ops run again and miss.
- * Never a partial or wrong page.
+ * Promotion (ops.c -> tier_promote). A GET, ACQUIRE or PREFETCH that found no READY page in
+ * RAM (RAM first: the disk index is not consulted on a RAM hit) and whose page is on disk
+ * allocates a RAM slot (WRITING, so never served), reads the payload into it and parks its op
+ * on that page (pg->waiters, ops.c); ops for the same page meanwhile, PUTs of the key
+ * included, park on it too (a GET joins the read). When the read completed and the payload's
+ * crc32c matches the one in the header, the page is committed READY (clean); a failed or
+ * short read, or a checksum mismatch (counted as corrupt), aborts the RAM slot and forgets the
+ * disk copy. Either state change wakes every op parked on the page ([page-wake], store.h):
+ * they run again through the one resume path (ops_poll) and find the page in RAM, or miss
+ * (a PUT then stores it). Never a partial or wrong page.
  *
  * Failure. Every I/O error is counted; after TIER_FAIL_AFTER in a row the tier is marked failed:
  * no more demotions (evictions drop again) and no more promotions (disk pages are misses); the
@@ -85,7 +87,6 @@ enum { TIER_OK = 0, TIER_FAILED = 1 };
 struct dslot {
 	struct dslot *hnext;
 	struct list log;     /* its path's log, oldest first */
-	struct list waiters; /* ops parked on its read */
 	struct page *pg;     /* RAM page written from or read into while I/O is in flight */
 	kvb_key key;
 	uint64_t off; /* of the header block in its path */
@@ -103,13 +104,6 @@ struct dslot {
 	int32_t err;  /* first error of the I/O in flight */
 };
 
-/* An op waiting for a read, or for RAM or ring room. */
-struct twait {
-	struct list link;
-	struct session *s;
-	struct kvb_sqe sqe;
-};
-
 struct tlog {
 	uint64_t start, end; /* slot area */
 	uint64_t head;	     /* next slot goes here (or at start, if it does not fit) */
@@ -124,7 +118,7 @@ struct dns_ent {
 
 struct tier_stats {
 	uint64_t reads, writes, read_bytes, write_bytes, errors, corrupt, torn, dropped, demotions,
-		promotions, joined, parked, scan_bytes;
+		promotions, joined, parked, scan_bytes, index_lookups;
 	double scan_seconds;
 };
 
@@ -146,7 +140,7 @@ struct tier {
 	uint32_t qd;		/* page I/Os in flight at most */
 	uint32_t errors_in_row;
 	uint64_t gen;
-	struct list wait; /* ops waiting for RAM or ring room */
+	struct waitq wait; /* ops waiting for RAM or ring room, woken at each completion */
 	struct tier_stats st;
 #ifdef KVB_TEST_HOOKS
 	uint32_t fault_w, fault_r, nw, nr; /* fail every Nth write / read (KVB_DISK_FAULTS) */
@@ -258,6 +252,7 @@ static struct dslot *lookup(struct tier *t, const struct ns *n, const kvb_key *k
 
 	if (!t || t->state != TIER_OK)
 		return NULL;
+	t->st.index_lookups++;
 	dns = dns_of(t, n, 0);
 	return dns < 0 ? NULL : dfind(t, (uint32_t)dns, key);
 }
@@ -341,48 +336,6 @@ static void log_add(struct tier *t, struct dslot *d)
 	t->bytes_used += stride_of(d);
 }
 
-/* ---- parked ops ---- */
-
-static int park(struct list *on, struct session *s, const struct kvb_sqe *sqe)
-{
-	struct twait *w = malloc(sizeof(*w));
-
-	if (!w)
-		return 0;
-	w->s = s;
-	w->sqe = *sqe;
-	list_add_tail(on, &w->link);
-	return 1;
-}
-
-/* Moves every entry of from to the empty list to. */
-static void list_move_all(struct list *to, struct list *from)
-{
-	list_init(to);
-	if (list_empty(from))
-		return;
-	*to = *from;
-	to->next->prev = to;
-	to->prev->next = to;
-	list_init(from);
-}
-
-/* Runs every op of a list again (those that must wait again park on fresh lists). */
-static void resume_all(struct tier *t, struct list *from)
-{
-	struct list todo;
-
-	/* Move the list aside: ops that park again must not be visited twice. */
-	list_move_all(&todo, from);
-	while (!list_empty(&todo)) {
-		struct twait *w = list_entry(todo.next, struct twait, link);
-
-		list_del(&w->link);
-		ops_resume(t->b, w->s, &w->sqe);
-		free(w);
-	}
-}
-
 /* ---- I/O completion ---- */
 
 static void fail_tier(struct tier *t, const char *why)
@@ -442,7 +395,6 @@ static void read_done(struct tier *t, struct dslot *d)
 {
 	struct page *pg = d->pg;
 	int ok = !d->err, err = d->err;
-	struct list waiters;
 
 	t->reads--;
 	if (count_io(t, err))
@@ -470,13 +422,15 @@ static void read_done(struct tier *t, struct dslot *d)
 	} else {
 		store_abort(&t->b->store, pg);
 	}
-	/* The parked ops run once the slot is settled: they find the page in RAM, or miss. */
-	list_move_all(&waiters, &d->waiters);
+	/*
+	 * The commit or abort above woke the ops parked on the page ([page-wake]); they run
+	 * at the loop's next ops_poll, once the slot is settled: they find the page in RAM, or
+	 * miss.
+	 */
 	if (d->dead)
 		free(d);
 	else if (!ok)
 		forget(t, d, 0); /* a copy that cannot be read is no copy */
-	resume_all(t, &waiters);
 }
 
 static void on_cqe(void *arg, uint64_t ud, int32_t res)
@@ -541,7 +495,6 @@ static int demote(void *arg, struct page *pg)
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -EBUSY;
-	list_init(&d->waiters);
 	d->key = pg->key;
 	d->off = off;
 	d->gen = ++t->gen;
@@ -572,43 +525,46 @@ static int demote(void *arg, struct page *pg)
 	return 1;
 }
 
-int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, const struct ns *n)
+int tier_promote(struct broker *b, struct op *op, struct page *pg)
 {
 	struct tier *t = b->tier;
+	const struct ns *n = op->n;
 	struct dslot *d;
-	struct page *pg;
-	kvb_key key;
 	int err;
 
 	if (!t)
 		return 0;
-	memcpy(key.b, sqe->key, sizeof(key.b));
-	d = lookup(t, n, &key);
+	d = lookup(t, n, &op->key);
 	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
 	if (!d || d->len != n->page_bytes)
 		return 0;
-	pg = store_find(&b->store, n->id, &key);
-	if (pg && pg->state == PAGE_READY)
-		return 0;
-	if (d->state == DS_READING) {
+	if (pg) {
+		/* WRITING: our own promotion's page is joined; a PUT's is not served until done. */
+		if (d->state != DS_READING || d->pg != pg)
+			return 0;
+		if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
+			op->cqe.res = 0; /* out of memory: a miss */
+			return 0;
+		}
 		t->st.joined++;
-		return park(&d->waiters, s, sqe);
+		return 1;
 	}
-	if (pg)
-		return 0; /* being PUT again after a DELETE raced: not served until complete */
 	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
 		t->st.parked++;
-		return park(&t->wait, s, sqe);
+		ops_park(b, op, &t->wait, "room in the disk queue");
+		return 1;
 	}
-	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
+	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
 	if (err == -ENOSPC && t->writes + t->reads) {
 		t->st.parked++;
-		return park(&t->wait, s, sqe);
+		ops_park(b, op, &t->wait, "RAM for a promotion (demotions in flight)");
+		return 1;
 	}
 	if (err)
 		return 0;
-	if (!park(&d->waiters, s, sqe)) {
+	if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
 		store_abort(&b->store, pg);
+		op->cqe.res = 0;
 		return 0;
 	}
 	d->state = DS_READING;
@@ -621,14 +577,15 @@ int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, co
 	return 1;
 }
 
-int tier_park_alloc(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+int tier_park_alloc(struct broker *b, struct op *op)
 {
 	struct tier *t = b->tier;
 
 	if (!t || t->state != TIER_OK || !(t->writes + t->reads))
 		return 0;
 	t->st.parked++;
-	return park(&t->wait, s, sqe);
+	ops_park(b, op, &t->wait, "RAM (demotions in flight)");
+	return 1;
 }
 
 int tier_has(struct broker *b, const struct ns *n, const kvb_key *key)
@@ -662,7 +619,7 @@ uint32_t tier_poll(struct broker *b)
 	n = disk_reap(&t->d, REAP_MAX, 0, on_cqe, t);
 	if (n) {
 		/* I/O completed: RAM or ring room may be free for the ops that waited. */
-		resume_all(t, &t->wait);
+		ops_wake(b, &t->wait);
 		err = disk_submit(&t->d);
 	}
 	if (err)
@@ -744,7 +701,6 @@ static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct s
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return;
-	list_init(&d->waiters);
 	memcpy(d->key.b, h->key, sizeof(d->key.b));
 	d->off = off;
 	d->gen = h->gen;
@@ -886,7 +842,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 {
 	uint64_t max_len = slab_bytes, room = slot_stride(max_len), region = SCAN_REGION;
 	struct scan_buf bufs[2] = {{0}, {0}};
-	double t0 = now_sec();
+	double t0 = clock_now();
 	int err = 0;
 
 	if (region < room)
@@ -902,7 +858,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 	for (int i = 0; i < 2; i++)
 		if (bufs[i].mem != MAP_FAILED)
 			munmap(bufs[i].mem, room + region);
-	t->st.scan_seconds = now_sec() - t0;
+	t->st.scan_seconds = clock_now() - t0;
 	if (err) {
 		log_error("disk: scan: %s", strerror(-err));
 		return err;
@@ -967,7 +923,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 	if (!t)
 		return err;
 	t->b = b;
-	list_init(&t->wait);
+	waitq_init(&t->wait);
 	for (uint32_t i = 0; i < STORE_MAX_NS; i++)
 		t->ns2dns[i] = -1;
 	t->qd = c->qd;
@@ -1027,7 +983,7 @@ void tier_close(struct broker *b)
 	struct tier *t = b->tier;
 	struct store *s = &b->store;
 	uint64_t before, written;
-	double t0 = now_sec();
+	double t0 = clock_now();
 
 	if (!t)
 		return;
@@ -1042,13 +998,15 @@ void tier_close(struct broker *b)
 			break;
 		if (t->writes + t->reads)
 			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
-		resume_all(t, &t->wait);
+		ops_wake(b, &t->wait);
+		ops_poll(b);
 	}
 	written = t->st.demotions - before;
 	if (written)
 		log_info("disk: wrote %llu pages at shutdown in %.2f s",
-			 (unsigned long long)written, now_sec() - t0);
-	resume_all(t, &t->wait);
+			 (unsigned long long)written, clock_now() - t0);
+	ops_wake(b, &t->wait);
+	ops_poll(b);
 	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
 		 "%llu corrupt, %llu dropped",
 		 state_name(t), (unsigned long long)t->count, (unsigned long long)t->st.demotions,
@@ -1096,6 +1054,7 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddNumberToObject(o, "scan_bytes", (double)st->scan_bytes);
 	cJSON_AddNumberToObject(o, "joined", (double)st->joined);
 	cJSON_AddNumberToObject(o, "parked", (double)st->parked);
+	cJSON_AddNumberToObject(o, "index_lookups", (double)st->index_lookups);
 	cJSON_AddNumberToObject(o, "queue_depth", t ? t->qd : 0);
 	cJSON_AddNumberToObject(o, "reads_inflight", t ? t->reads : 0);
 	cJSON_AddNumberToObject(o, "writes_inflight", t ? t->writes : 0);
