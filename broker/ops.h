@@ -71,8 +71,8 @@ struct op {
  * yield between them, so that no client holds the loop for more than that.
  */
 #define OPS_WORK_BYTES 256u
-#define OPS_ROUND_WORK 16384u
-#define OPS_STEP_WORK 8192u
+#define OPS_ROUND_WORK 4096u
+#define OPS_STEP_WORK 2048u
 
 /* The loop: initialises the run queue. */
 void ops_init(struct broker *b);
