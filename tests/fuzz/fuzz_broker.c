@@ -54,6 +54,31 @@ static int session_fds(void)
 	return n;
 }
 
+/*
+ * Shared mappings ("rw-s": rings, buffers, the pool), counted from /proc/self/maps. The
+ * sanitizers' and libFuzzer's own mappings are private, so the count is steady between inputs
+ * unless a session's teardown left one behind.
+ */
+static int shared_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		fuzz_fail("fopen /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		const char *perm = strchr(line, ' ');
+
+		n += perm && strlen(perm) > 4 && perm[4] == 's';
+		/* A long line (a long path) continues: skip the rest of it. */
+		while (!strchr(line, '\n') && fgets(line, sizeof(line), f))
+			;
+	}
+	fclose(f);
+	return n;
+}
+
 static void layout_a(struct kvb_layout *l)
 {
 	memset(l, 0, sizeof(*l));
@@ -129,6 +154,7 @@ struct fuzz_broker *fuzz_broker(void)
 	fb.ns_b = n->id;
 	fb.pb_b = n->page_bytes;
 	fb.fd_probe = session_fds();
+	fb.map_probe = shared_maps();
 	ready = 1;
 	return &fb;
 }
@@ -198,6 +224,8 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		if (s->bufs[i].base == MAP_FAILED)
 			fuzz_fail("mmap buf");
 		s->bufs[i].len = FUZZ_BUF_LEN;
+		/* Host memory, as buf_reg() registers it: 0 would be CUDA device 0. */
+		s->bufs[i].dev = COPY_HOST;
 		s->buf_bytes += FUZZ_BUF_LEN;
 	}
 	/* View 0: the five parts of ns b, token-interleaved in buffer 1 (stride 256 B). */
@@ -243,8 +271,13 @@ void fuzz_session_end(struct fuzz_broker *fb, struct session *s, int alive)
 		fuzz_fail("pages left pinned after the session ended");
 	if (b->nconns || b->nsessions)
 		fuzz_fail("session counts");
+	/* Nothing is in flight once the input is done: no dead session may wait to be freed. */
+	if (!list_empty(&b->graveyard))
+		fuzz_fail("a dead session was left in the graveyard");
 	if (session_fds() != fb->fd_probe)
 		fuzz_fail("file descriptor leaked");
+	if (shared_maps() != fb->map_probe)
+		fuzz_fail("mapping leaked (a ring or buffer was not unmapped)");
 	/* A fresh store for the next input, so that every crash reproduces from its input alone. */
 	store_fini(&b->store);
 	if (store_init(&b->store, &b->pool, 1u << 20, 1.0, 0.9) ||
