@@ -73,6 +73,11 @@ static int lock_path(const struct disk_path *p)
 	return rc;
 }
 
+int disk_tmpfs_file(mode_t mode, long f_type)
+{
+	return S_ISREG(mode) && f_type == TMPFS_MAGIC;
+}
+
 /* Opens one path read-write, preallocated to bytes (files) or checked against it (devices). */
 static int path_open(struct disk_path *p, uint64_t bytes)
 {
@@ -117,7 +122,7 @@ static int path_open(struct disk_path *p, uint64_t bytes)
 		goto err;
 	}
 	/* tmpfs: the page cache is the memory, O_DIRECT would only add a copy's worth of work. */
-	if (sf.f_type == TMPFS_MAGIC) {
+	if (disk_tmpfs_file(st.st_mode, (long)sf.f_type)) {
 		log_warn("disk %s: on tmpfs: buffered I/O, not O_DIRECT", p->name);
 		p->fd = fd;
 		return 0;
