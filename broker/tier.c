@@ -1016,6 +1016,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		 t->d.fixed_bufs ? "on" : "off");
 	return 0;
 err_close:
+	disk_undo(&t->d);
 	disk_close(&t->d);
 err_free:
 	tier_free(t);
