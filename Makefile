@@ -14,6 +14,22 @@
 #   make install      PREFIX=/usr/local DESTDIR=
 #   V=1 shows commands; MODE=debug|asan|tsan selects the build flavour.
 
+# The Debian packages come first: pkg-config computes flags from them below while this file is
+# parsed (LIBS := ...), before any rule could run, so tools/deps.sh runs here, at parse time,
+# whenever its stamp is missing or older than the script (every goal but clean; its output goes
+# to the terminal). A rule would run too late: the first make on a fresh machine linked without
+# the libraries and only the second worked.
+DEPS_STAMP := build/.deps-ok
+ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+ifneq ($(shell [ $(DEPS_STAMP) -nt tools/deps.sh ] && echo fresh),fresh)
+DEPS_RC := $(shell sh tools/deps.sh >&2; echo $$?)
+ifneq ($(DEPS_RC),0)
+$(error tools/deps.sh failed (exit $(DEPS_RC)); install what it lists, then run make again)
+endif
+$(shell mkdir -p $(dir $(DEPS_STAMP)) && touch $(DEPS_STAMP))
+endif
+endif
+
 MODE ?= release
 PREFIX ?= /usr/local
 DESTDIR ?=
@@ -70,7 +86,6 @@ endif
 
 # kvbctl top (ncurses) and kvbrokerd --metrics-listen (libmicrohttpd).
 PKGS += libmicrohttpd ncursesw
-DEPS_STAMP := build/.deps-ok
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 override CFLAGS += $(PKG_CFLAGS)
@@ -115,7 +130,7 @@ FAKE_CUDA := $(if $(HAVE_CUDA),$(B)/tests/fake/libcuda.so.1)
 
 all: $(PROGS) $(LIB_A) $(LIB_SO) $(UNIT_BINS) $(INTEG_BINS) $(BROKERD_HOOKS) $(FAKE_CUDA)
 
-# Every target needs the Debian packages: check once, install when root, else say what to run.
+# Every target needs the Debian packages (installed at parse time, above); `make deps` alone too.
 $(DEPS_STAMP): tools/deps.sh
 	$(Q)sh tools/deps.sh
 	$(Q)mkdir -p $(@D) && touch $@

@@ -73,14 +73,50 @@ static int lock_path(const struct disk_path *p)
 	return rc;
 }
 
+/*
+ * A failed start gives back what it took: a file it created is removed, a file it found is cut
+ * back to the size it had (fallocate grew it, perhaps until the file system was full). Block
+ * devices are left as they are.
+ */
+static void disk_undo_path(struct disk_path *p)
+{
+	if (p->created) {
+		if (unlink(p->name) < 0)
+			log_warn("disk %s: removing the file this start created: %s", p->name,
+				 strerror(errno));
+		else
+			log_info("disk %s: removed (created by this failed start)", p->name);
+	} else if (p->regular && truncate(p->name, (off_t)p->eof) < 0) {
+		log_warn("disk %s: cutting it back to %llu bytes: %s", p->name,
+			 (unsigned long long)p->eof, strerror(errno));
+	}
+	p->created = p->regular = 0;
+}
+
+void disk_undo(struct disk *d)
+{
+	for (uint32_t i = 0; i < d->npaths; i++)
+		disk_undo_path(&d->path[i]);
+}
+
+int disk_tmpfs_file(mode_t mode, long f_type)
+{
+	return S_ISREG(mode) && f_type == TMPFS_MAGIC;
+}
+
 /* Opens one path read-write, preallocated to bytes (files) or checked against it (devices). */
 static int path_open(struct disk_path *p, uint64_t bytes)
 {
 	struct statfs sf;
 	struct stat st;
-	int fd, dfd;
+	int fd, dfd, err;
 
-	fd = open(p->name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	/* Created here or found: a failed start removes only what it created (disk_undo). */
+	fd = open(p->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		p->created = 1;
+	else if (errno == EEXIST)
+		fd = open(p->name, O_RDWR | O_CLOEXEC);
 	if (fd < 0 || fstat(fd, &st) < 0 || fstatfs(fd, &sf) < 0) {
 		log_error("disk %s: %s", p->name, strerror(errno));
 		goto err;
@@ -99,6 +135,8 @@ static int path_open(struct disk_path *p, uint64_t bytes)
 		p->eof = p->bytes;
 	} else if (S_ISREG(st.st_mode)) {
 		p->eof = (uint64_t)st.st_size;
+		p->regular = 1;
+		/* A fallocate that fails (ENOSPC) keeps what it allocated: disk_undo gives it back. */
 		if (fallocate(fd, 0, 0, (off_t)bytes) < 0 &&
 		    (errno != EOPNOTSUPP || (p->eof < bytes && ftruncate(fd, (off_t)bytes) < 0))) {
 			log_error("disk %s: reserving %llu bytes: %s", p->name,
@@ -117,7 +155,7 @@ static int path_open(struct disk_path *p, uint64_t bytes)
 		goto err;
 	}
 	/* tmpfs: the page cache is the memory, O_DIRECT would only add a copy's worth of work. */
-	if (sf.f_type == TMPFS_MAGIC) {
+	if (disk_tmpfs_file(st.st_mode, (long)sf.f_type)) {
 		log_warn("disk %s: on tmpfs: buffered I/O, not O_DIRECT", p->name);
 		p->fd = fd;
 		return 0;
@@ -137,9 +175,11 @@ static int path_open(struct disk_path *p, uint64_t bytes)
 	p->direct = 1;
 	return 0;
 err:
+	err = -errno;
 	if (fd >= 0)
 		close(fd);
-	return -errno;
+	disk_undo_path(p);
+	return err;
 }
 
 /* Reads (or, write != 0, writes) the superblock block of a path, synchronously (start-up). */
@@ -348,6 +388,7 @@ int disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p, ui
 	}
 	return 0;
 err:
+	disk_undo(d);
 	disk_close(d);
 	return err;
 }

@@ -10,6 +10,7 @@
 
 #include <liburing.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "pool.h"
 #include "slot.h"
@@ -24,6 +25,8 @@ struct disk_path {
 	uint64_t bytes;	     /* bytes of it the cache uses, superblock included */
 	uint64_t eof;	     /* file size found at open: a slot past it was cut short */
 	int formatted;	     /* a fresh superblock was written at this start */
+	int created;	     /* this start created the file (a failed start removes it) */
+	int regular;	     /* a regular file (a failed start cuts it back to eof) */
 	const char *why_new; /* why it was formatted (for the log) */
 };
 
@@ -65,6 +68,22 @@ struct disk {
 int disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p, uint64_t slab_bytes,
 	      uint32_t nhdrs);
 void disk_close(struct disk *d);
+
+/*
+ * After a failed start, before disk_close: removes the files this start created and cuts the
+ * files it found back to their size at open, so that a --disk-size larger than the free space
+ * leaves the file system as it was (disk_open does this itself when it fails).
+ */
+void disk_undo(struct disk *d);
+
+/*
+ * 1 when a path of this st_mode, on a file system of this statfs f_type, gets buffered I/O by
+ * choice: a regular file on tmpfs, where the page cache is the memory. A block device always
+ * goes O_DIRECT: its node lives on devtmpfs, whose f_type is tmpfs's too, and the file system
+ * that holds a device node says nothing about the device (path_open took /dev/nvme0n1 for
+ * tmpfs: page-cache double buffering, write errors reported late or never).
+ */
+int disk_tmpfs_file(mode_t mode, long f_type);
 
 /* Header block i, for a header being written. */
 static inline void *disk_hdr(struct disk *d, uint32_t i)

@@ -5,6 +5,8 @@
  * A cache is one or more paths (files or block devices), each used as its own circular log:
  *
  *     offset 0          superblock (struct slot_super, 80 bytes in a 4 KiB block)
+ *     offset 4 KiB      probe block: a failed tier's recovery probe writes and reads it back
+ *                       (tier.c); never data, any contents
  *     offset 1 MiB      slot, slot, slot, ...  (written at the log head, wrapping at the end)
  *
  *     slot at off:      [off, off + 4 KiB)            struct slot_hdr (128 bytes, rest zero)

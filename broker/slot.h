@@ -13,6 +13,7 @@
 
 #define SLOT_BLOCK 4096u	 /* O_DIRECT unit: headers, offsets and lengths are multiples */
 #define SLOT_DATA_OFF (1u << 20) /* first slot of a path: the superblock has the first MiB */
+#define SLOT_PROBE_OFF 4096u	 /* the block after the superblock: tier.c probes it */
 #define SLOT_VERSION 1
 #define SLOT_MAGIC 0x31544f4c5342564bull  /* "KVBSLOT1" little-endian */
 #define SUPER_MAGIC 0x314b53494442564bull /* "KVBDISK1" little-endian */

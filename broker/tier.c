@@ -50,6 +50,16 @@
  * no more demotions (evictions drop again) and no more promotions (disk pages are misses); the
  * broker keeps serving from RAM.
  *
+ * Recovery. A failed tier is probed after a back-off (TIER_PROBE_FIRST, doubling with every
+ * failed probe up to TIER_PROBE_MAX), once no I/O is in flight: on each path a block of a fresh
+ * pattern is written to the probe block (SLOT_PROBE_OFF, inside the superblock's MiB, never
+ * data) and read back, linked. When every path wrote and read it back intact, the tier is ok
+ * again: demotions and promotions resume, and the slots indexed before the failure are served
+ * again (each read is still checked against its payload crc, so a slot the failure damaged is
+ * a miss, never a wrong page). A tier that fails again within TIER_STABLE of recovering keeps
+ * its back-off (a flapping device is probed ever less often); later failures start afresh.
+ * The probe runs through the ring like any I/O, so a device that hangs never blocks the loop.
+ *
  * Warm restart. On paths whose superblocks match, each path is read sequentially in large
  * chunks and every 4 KiB block is checked for a slot header; a valid header whose payload crc
  * matches becomes a slot ON DISK (of two copies of a key, the higher generation wins). Torn
@@ -72,6 +82,7 @@
 #include "broker.h"
 #include "log.h"
 #include "slot.h"
+#include "text.h"
 #include "tier.h"
 
 #define TIER_FAIL_AFTER 8	/* consecutive I/O errors that fail the tier */
@@ -79,9 +90,13 @@
 #define SCAN_CHUNK (4u << 20)	/* bytes per read while scanning */
 #define SCAN_REGION (32u << 20) /* bytes per scan buffer: one is read while the other is parsed */
 #define REAP_MAX 256		/* completions per tier_poll */
+#define TIER_PROBE_FIRST 1.0	/* seconds from a failure to the first probe */
+#define TIER_PROBE_MAX 60.0	/* longest back-off between two probes */
+#define TIER_STABLE 600.0	/* ok this long after a recovery: the next failure starts afresh */
 
 enum { DS_WRITING = 1, DS_ONDISK = 2, DS_READING = 3 };
-enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_MASK = 3 };
+/* ud of an I/O: a dslot (or, for probes, the tier) | what; both are malloc'd, 16-byte aligned. */
+enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_PROBE_W = 4, UD_PROBE_R = 5, UD_MASK = 7 };
 enum { TIER_OK = 0, TIER_FAILED = 1 };
 
 struct dslot {
@@ -142,8 +157,18 @@ struct tier {
 	uint64_t gen;
 	struct waitq wait; /* ops waiting for RAM or ring room, woken at each completion */
 	struct tier_stats st;
+	/* recovery of a failed tier (see the essay) */
+	double failed_at, recovered_at, probe_at, backoff;
+	uint8_t *probe_mem;	 /* SLOT_BLOCK written, then one read back per path */
+	uint32_t probe_pending;	 /* probe CQEs still owed */
+	int32_t probe_err;	 /* first error of the probe in flight */
+	uint64_t probe_seq;	 /* probes started: the pattern of each is new */
+	uint64_t recoveries;	 /* failed -> ok */
+	uint64_t probe_failures; /* probes that found the device still failing */
 #ifdef KVB_TEST_HOOKS
-	uint32_t fault_w, fault_r, nw, nr; /* fail every Nth write / read (KVB_DISK_FAULTS) */
+	/* KVB_DISK_FAULTS: fail every Nth write / read, only the first `until` of each when set,
+	 * and the first `probes` probes */
+	uint32_t fault_w, fault_r, nw, nr, fault_until, fault_probes;
 #endif
 };
 
@@ -340,11 +365,101 @@ static void log_add(struct tier *t, struct dslot *d)
 
 static void fail_tier(struct tier *t, const char *why)
 {
+	double now = clock_now();
+
 	if (t->state == TIER_FAILED)
 		return;
 	t->state = TIER_FAILED;
 	t->fail_why = why;
-	log_error("disk: tier failed (%s): serving from RAM only from now on", why);
+	t->failed_at = now;
+	/* A device that failed again soon after it recovered keeps its back-off. */
+	if (!t->backoff || now - t->recovered_at > TIER_STABLE)
+		t->backoff = TIER_PROBE_FIRST;
+	t->probe_at = now + t->backoff;
+	log_error("disk: tier failed (%s): serving from RAM only; probing the disk again in "
+		  "%.0f s",
+		  why, t->backoff);
+}
+
+/* ---- recovery: the probe ---- */
+
+/* Writes a fresh pattern to every path's probe block, each linked to its read-back. */
+static void probe_start(struct tier *t)
+{
+	uint64_t *w = (uint64_t *)(void *)t->probe_mem;
+	uint32_t n = 0;
+
+	t->probe_seq++;
+	t->probe_err = 0;
+	for (uint32_t i = 0; i < SLOT_BLOCK / 8; i++)
+		w[i] = t->probe_seq * 0x9e3779b97f4a7c15ull ^ i;
+	memcpy(t->probe_mem, "KVBPROBE", 8);
+	for (uint32_t p = 0; p < t->d.npaths; p++) {
+		uint8_t *back = t->probe_mem + (uint64_t)(p + 1) * SLOT_BLOCK;
+
+		memset(back, 0, SLOT_BLOCK);
+		/* Room for both SQEs: submit what is prepared and try again once. */
+		if (disk_space(&t->d) < 2)
+			disk_submit(&t->d);
+		if (disk_space(&t->d) < 2) {
+			t->probe_err = -EBUSY;
+			break;
+		}
+		disk_prep(&t->d, 1, p, SLOT_PROBE_OFF, t->probe_mem, SLOT_BLOCK,
+			  (uint64_t)(uintptr_t)t | UD_PROBE_W, IOSQE_IO_LINK);
+		disk_prep(&t->d, 0, p, SLOT_PROBE_OFF, back, SLOT_BLOCK,
+			  (uint64_t)(uintptr_t)t | UD_PROBE_R, 0);
+		n += 2;
+	}
+	t->probe_pending = n;
+	if (disk_submit(&t->d) && !t->probe_err)
+		t->probe_err = -EIO;
+	log_debug("disk: probe %llu of the failed tier", (unsigned long long)t->probe_seq);
+}
+
+/* Every probe CQE is in: the tier is ok again, or the next probe waits twice as long. */
+static void probe_done(struct tier *t)
+{
+	double now = clock_now();
+	int err = t->probe_err;
+
+	for (uint32_t p = 0; !err && p < t->d.npaths; p++)
+		if (memcmp(t->probe_mem, t->probe_mem + (uint64_t)(p + 1) * SLOT_BLOCK, SLOT_BLOCK))
+			err = -EIO; /* read back other bytes than written */
+	if (!err) {
+		t->state = TIER_OK;
+		t->fail_why = NULL;
+		t->errors_in_row = 0;
+		t->recoveries++;
+		t->recovered_at = now;
+		log_info("disk: tier recovered after %.1f s: probe write and read-back ok on %u "
+			 "path(s); demotions and promotions resume",
+			 now - t->failed_at, t->d.npaths);
+		return;
+	}
+	t->probe_failures++;
+	t->backoff = t->backoff * 2 < TIER_PROBE_MAX ? t->backoff * 2 : TIER_PROBE_MAX;
+	t->probe_at = now + t->backoff;
+	/* One line per probe, at most one a minute once the back-off has grown. */
+	log_warn("disk: probe %llu of the failed tier: %s; next in %.0f s",
+		 (unsigned long long)t->probe_seq, strerror(-err), t->backoff);
+}
+
+static void probe_cqe(struct tier *t, unsigned what, int32_t res)
+{
+#ifdef KVB_TEST_HOOKS
+	if (what == UD_PROBE_W && t->probe_seq <= t->fault_probes)
+		res = -EIO;
+	if (what == UD_PROBE_W && t->fault_w && ++t->nw % t->fault_w == 0 &&
+	    (!t->fault_until || t->nw <= t->fault_until))
+		res = -EIO;
+#else
+	(void)what;
+#endif
+	if (res != (int32_t)SLOT_BLOCK && !t->probe_err)
+		t->probe_err = res < 0 ? res : -EIO;
+	if (!--t->probe_pending)
+		probe_done(t);
 }
 
 /* Counts an I/O's outcome; returns 1 when its error deserves a log line (rate-limited). */
@@ -438,14 +553,20 @@ static void on_cqe(void *arg, uint64_t ud, int32_t res)
 	struct tier *t = arg;
 	struct dslot *d = (struct dslot *)(uintptr_t)(ud & ~(uint64_t)UD_MASK);
 	unsigned what = (unsigned)(ud & UD_MASK);
-	int32_t want = what == UD_HEADER ? (int32_t)SLOT_BLOCK
-					 : (int32_t)(stride_of(d) - SLOT_BLOCK);
+	int32_t want;
 
+	if (what == UD_PROBE_W || what == UD_PROBE_R) {
+		probe_cqe(t, what, res);
+		return;
+	}
+	want = what == UD_HEADER ? (int32_t)SLOT_BLOCK : (int32_t)(stride_of(d) - SLOT_BLOCK);
 #ifdef KVB_TEST_HOOKS
 	/* Fault injection (test builds only): the I/O happened, its result is replaced. */
-	if (what == UD_PAYLOAD && t->fault_w && ++t->nw % t->fault_w == 0)
+	if (what == UD_PAYLOAD && t->fault_w && ++t->nw % t->fault_w == 0 &&
+	    (!t->fault_until || t->nw <= t->fault_until))
 		res = -EIO;
-	if (what == UD_READ && t->fault_r && ++t->nr % t->fault_r == 0) {
+	if (what == UD_READ && t->fault_r && ++t->nr % t->fault_r == 0 &&
+	    (!t->fault_until || t->nr <= t->fault_until)) {
 		/* Alternately an error and a short read that left garbage behind it. */
 		res = (t->nr / t->fault_r) % 2 ? -EIO : want / 2;
 		if (res > 0)
@@ -624,6 +745,10 @@ uint32_t tier_poll(struct broker *b)
 	}
 	if (err)
 		fail_tier(t, "the ring refused a submission");
+	/* A failed tier is probed once its back-off ran out and its last I/O completed. */
+	if (t->state == TIER_FAILED && !t->probe_pending && !(t->writes + t->reads) &&
+	    clock_now() >= t->probe_at)
+		probe_start(t);
 	return n;
 }
 
@@ -880,18 +1005,33 @@ static const char *state_name(const struct tier *t)
 }
 
 #ifdef KVB_TEST_HOOKS
-/* KVB_DISK_FAULTS="write=N,read=M": every Nth page write, every Mth read fails (test builds). */
+/*
+ * KVB_DISK_FAULTS="write=N,read=M,until=K,probes=P" (test builds; any subset, any order): every
+ * Nth page write (probe writes included) and every Mth read fails; with until, only among the
+ * first K writes and K reads (the device then heals); the first P recovery probes fail.
+ */
 static void faults_parse(struct tier *t)
 {
 	const char *f = getenv("KVB_DISK_FAULTS");
 
-	if (!f)
-		return;
-	sscanf(f, "write=%u,read=%u", &t->fault_w, &t->fault_r);
-	if (!t->fault_w)
-		sscanf(f, "read=%u", &t->fault_r);
-	log_warn("disk: fault injection: every %u-th write, every %u-th read fails", t->fault_w,
-		 t->fault_r);
+	while (f && *f) {
+		unsigned v = 0;
+
+		if (sscanf(f, "write=%u", &v) == 1)
+			t->fault_w = v;
+		else if (sscanf(f, "read=%u", &v) == 1)
+			t->fault_r = v;
+		else if (sscanf(f, "until=%u", &v) == 1)
+			t->fault_until = v;
+		else if (sscanf(f, "probes=%u", &v) == 1)
+			t->fault_probes = v;
+		f = strchr(f, ',');
+		f = f ? f + 1 : NULL;
+	}
+	if (t->fault_w || t->fault_r || t->fault_probes)
+		log_warn("disk: fault injection: every %u-th write, every %u-th read fails (until "
+			 "%u), the first %u probes fail",
+			 t->fault_w, t->fault_r, t->fault_until, t->fault_probes);
 }
 #endif
 
@@ -907,6 +1047,7 @@ static void tier_free(struct tier *t)
 		}
 	}
 	index_fini(&t->seed);
+	free(t->probe_mem);
 	free(t->buckets);
 	free(t->free_hdrs);
 	free(t->dns);
@@ -933,7 +1074,8 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		nb *= 2;
 	t->buckets = calloc(nb, sizeof(*t->buckets));
 	t->mask = nb - 1;
-	if (!t->dns || !t->free_hdrs || !t->buckets || index_init(&t->seed, 1))
+	if (!t->dns || !t->free_hdrs || !t->buckets || index_init(&t->seed, 1) ||
+	    posix_memalign((void **)&t->probe_mem, SLOT_BLOCK, (DISK_MAX_PATHS + 1) * SLOT_BLOCK))
 		goto err_free;
 	for (uint32_t i = 0; i < c->qd; i++)
 		t->free_hdrs[t->nfree_hdrs++] = i;
@@ -972,6 +1114,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		 t->d.fixed_bufs ? "on" : "off");
 	return 0;
 err_close:
+	disk_undo(&t->d);
 	disk_close(&t->d);
 err_free:
 	tier_free(t);
@@ -994,9 +1137,10 @@ void tier_close(struct broker *b)
 		uint32_t n = store_evict_watermark(s, REAP_MAX);
 
 		disk_submit(&t->d);
-		if (!n && !(t->writes + t->reads))
+		/* A probe in flight reads into probe_mem: it must land before that is freed. */
+		if (!n && !(t->writes + t->reads + t->probe_pending))
 			break;
-		if (t->writes + t->reads)
+		if (t->writes + t->reads + t->probe_pending)
 			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
 		ops_wake(b, &t->wait);
 		ops_poll(b);
@@ -1031,9 +1175,19 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddStringToObject(o, "state", state_name(t));
 	if (t && t->fail_why)
 		cJSON_AddStringToObject(o, "failed_because", t->fail_why);
+	if (t && t->state == TIER_FAILED)
+		cJSON_AddNumberToObject(o, "next_probe_s",
+					t->probe_at > clock_now() ? t->probe_at - clock_now() : 0);
+	cJSON_AddNumberToObject(o, "recoveries", t ? (double)t->recoveries : 0);
+	cJSON_AddNumberToObject(o, "probe_failures", t ? (double)t->probe_failures : 0);
 	cJSON_AddBoolToObject(o, "direct", t && t->d.direct);
 	for (uint32_t i = 0; t && i < t->d.npaths; i++) {
-		cJSON_AddItemToArray(paths, cJSON_CreateString(t->d.path[i].name));
+		const struct disk_path *p = &t->d.path[i];
+		char name[3 * sizeof(p->name) + 1];
+
+		/* The stats document is valid UTF-8 throughout (protocol.md §7). */
+		text_utf8(name, sizeof(name), p->name, sizeof(p->name));
+		cJSON_AddItemToArray(paths, cJSON_CreateString(name));
 		total += t->log[i].end - t->log[i].start;
 	}
 	cJSON_AddItemToObject(o, "paths", paths);

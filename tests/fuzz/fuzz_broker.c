@@ -54,6 +54,31 @@ static int session_fds(void)
 	return n;
 }
 
+/*
+ * Shared mappings ("rw-s": rings, buffers, the pool), counted from /proc/self/maps. The
+ * sanitizers' and libFuzzer's own mappings are private, so the count is steady between inputs
+ * unless a session's teardown left one behind.
+ */
+static int shared_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		fuzz_fail("fopen /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		const char *perm = strchr(line, ' ');
+
+		n += perm && strlen(perm) > 4 && perm[4] == 's';
+		/* A long line (a long path) continues: skip the rest of it. */
+		while (!strchr(line, '\n') && fgets(line, sizeof(line), f))
+			;
+	}
+	fclose(f);
+	return n;
+}
+
 static void layout_a(struct kvb_layout *l)
 {
 	memset(l, 0, sizeof(*l));
@@ -111,6 +136,7 @@ struct fuzz_broker *fuzz_broker(void)
 		fuzz_fail("pool_open");
 	if (store_init(&fb.b.store, &fb.b.pool, 1u << 20, 1.0, 0.9))
 		fuzz_fail("store_init");
+	ops_init(&fb.b);
 	/* Every copy inline, no GPU: an input's outcome must not depend on thread timing. */
 	fb.b.cfg.copy_threads = 1;
 	fb.b.cfg.copy_inline = UINT64_MAX;
@@ -129,6 +155,7 @@ struct fuzz_broker *fuzz_broker(void)
 	fb.ns_b = n->id;
 	fb.pb_b = n->page_bytes;
 	fb.fd_probe = session_fds();
+	fb.map_probe = shared_maps();
 	ready = 1;
 	return &fb;
 }
@@ -141,7 +168,7 @@ static struct session *session_new(struct fuzz_broker *fb)
 		fuzz_fail("calloc");
 	s->sock = s->pidfd = s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->id = ++fb->b.next_id;
-	list_init(&s->link);
+	session_init(s);
 	list_add_tail(&fb->b.sessions, &s->link);
 	fb->b.nconns++;
 	return s;
@@ -198,12 +225,15 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		if (s->bufs[i].base == MAP_FAILED)
 			fuzz_fail("mmap buf");
 		s->bufs[i].len = FUZZ_BUF_LEN;
+		/* Host memory, as buf_reg() registers it: 0 would be CUDA device 0. */
+		s->bufs[i].dev = COPY_HOST;
 		s->buf_bytes += FUZZ_BUF_LEN;
 	}
 	/* View 0: the five parts of ns b, token-interleaved in buffer 1 (stride 256 B). */
 	v = calloc(1, sizeof(*v) + nb->nparts * sizeof(v->parts[0]));
 	if (!v)
 		fuzz_fail("calloc view");
+	v->refs = 1;
 	v->ns = nb;
 	v->nparts = nb->nparts;
 	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
@@ -243,12 +273,18 @@ void fuzz_session_end(struct fuzz_broker *fb, struct session *s, int alive)
 		fuzz_fail("pages left pinned after the session ended");
 	if (b->nconns || b->nsessions)
 		fuzz_fail("session counts");
+	/* Nothing is in flight once the input is done: no dead session may wait to be freed. */
+	if (!list_empty(&b->graveyard))
+		fuzz_fail("a dead session was left in the graveyard");
 	if (session_fds() != fb->fd_probe)
 		fuzz_fail("file descriptor leaked");
+	if (shared_maps() != fb->map_probe)
+		fuzz_fail("mapping leaked (a ring or buffer was not unmapped)");
 	/* A fresh store for the next input, so that every crash reproduces from its input alone. */
 	store_fini(&b->store);
 	if (store_init(&b->store, &b->pool, 1u << 20, 1.0, 0.9) ||
 	    store_class_get(&b->store, fb->pb_a) != ns_get(&b->nst, fb->ns_a)->cls ||
 	    store_class_get(&b->store, fb->pb_b) != ns_get(&b->nst, fb->ns_b)->cls)
 		fuzz_fail("store reset");
+	ops_init(b);
 }

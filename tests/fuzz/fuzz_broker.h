@@ -4,7 +4,8 @@
  * libFuzzer process, so the fuzz targets drive the broker's own session_poll(), ops_exec() and
  * session_on_msg() rather than a model of them. One thread; no event loop runs: each target
  * calls the session functions the loop would call, and then checks the invariants a hostile
- * client must never break (every lease and pin released at teardown, no fd leaked).
+ * client must never break (every lease and pin released at teardown, no fd or mapping leaked,
+ * no dead session left unfreed).
  */
 #ifndef KVB_TESTS_FUZZ_BROKER_H
 #define KVB_TESTS_FUZZ_BROKER_H
@@ -22,7 +23,8 @@ struct fuzz_broker {
 	struct broker b;
 	uint32_t ns_a, ns_b;
 	uint64_t pb_a, pb_b;
-	int fd_probe; /* session-kind fds open after set-up: a leak raises the count */
+	int fd_probe;  /* session-kind fds open after set-up: a leak raises the count */
+	int map_probe; /* shared mappings after set-up: a leaked ring or buffer raises it */
 };
 
 /* The process-wide broker, created on first use (pool is an unlinked shm object). */

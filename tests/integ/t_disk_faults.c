@@ -6,7 +6,11 @@
  *      a short read that left garbage in the RAM slot): every PUT succeeds, every GET returns
  *      the exact page or a miss, and errors are counted;
  *   2. every write fails: after repeated errors the tier is marked failed and the broker goes
- *      on serving from RAM (PUTs still succeed, recent pages read back).
+ *      on serving from RAM (PUTs still succeed, recent pages read back); the recovery probes
+ *      fail too, so it stays failed;
+ *   3. the first 8 writes fail, then the device heals: the tier fails, its first probe (after
+ *      1 s) is made to fail, the second (2 s later) succeeds and the tier is ok again: pages
+ *      PUT after the recovery are demoted and promoted back exact.
  */
 #include <libgen.h>
 #include <stdio.h>
@@ -96,6 +100,65 @@ static void run(const char *faults, int phase)
 	free(page);
 }
 
+/* Phase 3: a failed tier comes back by itself once the device works again. */
+static void recover(void)
+{
+	struct harness_broker *b;
+	struct kvb_layout l;
+	kvb_client *c;
+	uint32_t ns;
+	uint8_t *page = malloc(PAGE);
+	uint64_t t0, demoted;
+	char *json = NULL;
+	int ok = 0;
+
+	CHECK(page != NULL);
+	unlink(cache);
+	CHECK_OK(setenv("KVB_DISK_FAULTS", "write=1,until=8,probes=1", 1));
+	b = harness_broker_start("--pool", "64M", "--disk", cache, "--disk-size", "256M");
+	c = harness_connect(b, "t_disk_faults", 0);
+	harness_layout(&l, "test/faults", KVB_LAYOUT_MLA, 64, 1, 0, 16, 1024);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	for (int i = 0; i < NPAGES; i++) {
+		keys[i] = harness_key(SEED + 3, (uint64_t)i);
+		harness_fill(page, PAGE, &keys[i], SEED);
+		CHECK_RC(kvb_put(c, ns, keys[i], page, PAGE), 0);
+	}
+	CHECK(harness_broker_log_has(b, "tier failed"));
+	t0 = harness_now_ms();
+	while (!ok && harness_now_ms() - t0 < 15000) {
+		free(json);
+		json = harness_stats(c);
+		ok = strstr(json, "\"state\":\"ok\"") != NULL;
+		if (!ok)
+			usleep(50 * 1000);
+	}
+	CHECKF(ok, "the tier did not recover within 15 s: %s", json);
+	harness_log("tier recovered %llu ms after the PUTs",
+		    (unsigned long long)(harness_now_ms() - t0));
+	CHECK_EQ(harness_stat_u64(json, "disk.recoveries"), 1);
+	CHECK_EQ(harness_stat_u64(json, "disk.probe_failures"), 1);
+	demoted = harness_stat_u64(json, "disk.demotions");
+	free(json);
+	CHECK(harness_broker_log_has(b, "tier recovered"));
+	/* Demotions and promotions work again. */
+	for (int i = 0; i < NPAGES; i++) {
+		keys[i] = harness_key(SEED + 4, (uint64_t)i);
+		harness_fill(page, PAGE, &keys[i], SEED);
+		CHECK_RC(kvb_put(c, ns, keys[i], page, PAGE), 0);
+	}
+	CHECK_GT(harness_stat(c, "disk.demotions"), demoted);
+	for (int i = 0; i < NPAGES; i++) {
+		CHECK_RC(kvb_get(c, ns, keys[i], page, PAGE), PAGE);
+		CHECK(harness_verify(page, PAGE, &keys[i], SEED, "page after the recovery") == 0);
+	}
+	CHECK_GT(harness_stat(c, "disk.promotions"), 0);
+	kvb_close(c);
+	CHECK(harness_broker_alive(b));
+	harness_broker_stop(b);
+	free(page);
+}
+
 int main(int argc, char **argv)
 {
 	char dir[PATH_MAX], hooks[PATH_MAX + 32], *d;
@@ -112,5 +175,6 @@ int main(int argc, char **argv)
 	atexit(remove_cache);
 	run("write=3,read=2", 1);
 	run("write=1", 2);
+	recover();
 	return H_PASS;
 }
