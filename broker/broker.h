@@ -84,17 +84,21 @@ struct counters {
 struct sbuf {
 	void *base;
 	uint64_t len;
+	uint64_t lead; /* host: bytes mapped before base (BUF_REG_FD at an unaligned offset) */
 	int32_t dev; /* COPY_HOST or a CUDA device index */
 	uint8_t closing;
 	struct gpu_map *gm;
 };
 
-/* A view; refs: the session's table plus each op using it (ops.c decodes it once). */
+/*
+ * A view; parts[p].page_stride is never 0 here (VIEW_CREATE's parts get tpp * stride).
+ * refs: the session's table plus each op using it (ops.c decodes it once).
+ */
 struct sview {
 	uint32_t refs;
 	struct ns *ns;
 	uint32_t nparts;
-	struct kvb_view_part parts[];
+	struct kvb_view_part2 parts[];
 };
 
 static inline void sview_put(struct sview *v)
