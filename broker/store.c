@@ -253,7 +253,7 @@ static int evict(struct store *s, struct page *pg)
 			return 0;
 		}
 	}
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	s->st.evictions++;
 	slot_free(s, pg);
 	return 1;
@@ -297,7 +297,9 @@ static struct page *slot_take(struct store *s, int ci, const struct store_pref *
 
 struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 {
-	return index_find(&s->ix, ns, key);
+	struct ixnode *n = index_find(&s->ix, ns, key);
+
+	return n ? list_entry(n, struct page, ixn) : NULL;
 }
 
 /* Evicts every evictable page of a slab; the slab is freed when nothing pinned remains. */
@@ -340,7 +342,7 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->clean = 0;
 	pg->demoting = 0;
 	pg->waiters = NULL;
-	index_insert(&s->ix, pg);
+	index_insert(&s->ix, &pg->ixn);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
 	s->st.pinned++;
@@ -383,7 +385,7 @@ void store_commit(struct store *s, struct page *pg)
 
 void store_abort(struct store *s, struct page *pg)
 {
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	pg->unlinked = 1;
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);
@@ -402,7 +404,7 @@ void store_drop(struct store *s, struct page *pg)
 {
 	if (pg->unlinked)
 		return;
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	if (pg->pins)
 		pg->unlinked = 1;
 	else
@@ -433,7 +435,7 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 	if (ok) {
 		pg->clean = 1;
 		if (pg->pins == 1 && !pg->unlinked) {
-			index_remove(&s->ix, pg);
+			index_remove(&s->ix, &pg->ixn);
 			pg->unlinked = 1; /* freed by the unpin below */
 		}
 	}

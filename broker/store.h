@@ -26,8 +26,14 @@ enum page_state {
 };
 
 struct page {
-	kvb_key key;
-	uint32_t ns;
+	union {
+		struct ixnode ixn; /* its entry in the store's index: chain, key, namespace */
+		struct {
+			struct ixnode *ixn_next_;
+			kvb_key key;
+			uint32_t ns;
+		};
+	};
 	uint32_t id;	  /* slab << STORE_SLOT_BITS | slot */
 	uint32_t gen;	  /* from store->gen at allocation, 0 when free: stale lease ids fail */
 	uint32_t pins;	  /* leases + in-flight copies; > 0 means not evictable */
@@ -37,7 +43,6 @@ struct page {
 	uint8_t clean;	  /* a complete copy is on disk: evicting it loses nothing */
 	uint8_t demoting; /* being written to disk: READY, pinned by the tier */
 	uint16_t resv;
-	struct page *hnext; /* index chain */
 	struct list lru;    /* global LRU: on it iff READY, unpinned, linked */
 	struct list clru;   /* its class's LRU, same condition */
 	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */

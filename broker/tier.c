@@ -100,15 +100,20 @@ enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_PROBE_W = 4, UD_PROBE_R = 
 enum { TIER_OK = 0, TIER_FAILED = 1 };
 
 struct dslot {
-	struct dslot *hnext;
-	struct list log;     /* its path's log, oldest first */
-	struct page *pg;     /* RAM page written from or read into while I/O is in flight */
-	kvb_key key;
+	union {
+		struct ixnode ixn; /* its entry in the tier's index: chain, key, dns (index.h) */
+		struct {
+			struct ixnode *ixn_next_;
+			kvb_key key;
+			uint32_t dns;
+		};
+	};
+	struct list log; /* its path's log, oldest first */
+	struct page *pg; /* RAM page written from or read into while I/O is in flight */
 	uint64_t off; /* of the header block in its path */
 	uint64_t gen;
 	uint32_t len; /* payload bytes */
 	uint32_t crc; /* payload crc32c */
-	uint16_t dns;
 	uint8_t path;
 	uint8_t state;
 	uint8_t indexed;
@@ -144,9 +149,8 @@ struct tier {
 	const char *fail_why;
 	struct tlog log[DISK_MAX_PATHS];
 	uint32_t next_path;
-	struct index seed; /* only its secret: the same keyed hash as the RAM index */
-	struct dslot **buckets;
-	uint64_t mask, count, bytes_used;
+	struct index ix; /* (dns, key) -> slot ON DISK or READING: index.c, as the store's */
+	uint64_t bytes_used;
 	struct dns_ent *dns;
 	uint32_t ndns;
 	int32_t ns2dns[STORE_MAX_NS];
@@ -209,65 +213,25 @@ static int dns_ident(struct tier *t, const uint8_t ident[32])
 
 /* ---- the index: (dns, key) -> slot ON DISK or READING ---- */
 
-static struct dslot **bucket(struct tier *t, uint32_t dns, const kvb_key *key)
-{
-	return &t->buckets[index_hash(&t->seed, dns, key) & t->mask];
-}
-
 static struct dslot *dfind(struct tier *t, uint32_t dns, const kvb_key *key)
 {
-	for (struct dslot *d = *bucket(t, dns, key); d; d = d->hnext)
-		if (d->dns == dns && !memcmp(d->key.b, key->b, sizeof(key->b)))
-			return d;
-	return NULL;
-}
+	struct ixnode *n = index_find(&t->ix, dns, key);
 
-/* Doubles the bucket array past load 2 (best effort: a failed malloc only costs speed). */
-static void dgrow(struct tier *t)
-{
-	uint64_t n = (t->mask + 1) * 2;
-	struct dslot **nb = calloc(n, sizeof(*nb));
-
-	if (!nb)
-		return;
-	for (uint64_t i = 0; i <= t->mask; i++) {
-		for (struct dslot *d = t->buckets[i], *next; d; d = next) {
-			struct dslot **b = &nb[index_hash(&t->seed, d->dns, &d->key) & (n - 1)];
-
-			next = d->hnext;
-			d->hnext = *b;
-			*b = d;
-		}
-	}
-	free(t->buckets);
-	t->buckets = nb;
-	t->mask = n - 1;
+	return n ? list_entry(n, struct dslot, ixn) : NULL;
 }
 
 static void dinsert(struct tier *t, struct dslot *d)
 {
-	struct dslot **b;
-
-	if (t->count >= 2 * (t->mask + 1))
-		dgrow(t);
-	b = bucket(t, d->dns, &d->key);
-	d->hnext = *b;
-	*b = d;
+	index_insert(&t->ix, &d->ixn);
 	d->indexed = 1;
-	t->count++;
 }
 
 static void dremove(struct tier *t, struct dslot *d)
 {
-	struct dslot **p = bucket(t, d->dns, &d->key);
-
 	if (!d->indexed)
 		return;
-	while (*p != d)
-		p = &(*p)->hnext;
-	*p = d->hnext;
+	index_remove(&t->ix, &d->ixn);
 	d->indexed = 0;
-	t->count--;
 }
 
 /* The slot of (n, key) on disk, or NULL (also when the tier failed). */
@@ -621,7 +585,7 @@ static int demote(void *arg, struct page *pg)
 	d->gen = ++t->gen;
 	d->len = (uint32_t)n->page_bytes;
 	d->crc = slot_crc32c(store_addr(&b->store, pg), n->page_bytes);
-	d->dns = (uint16_t)dns;
+	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
 	d->state = DS_WRITING;
 	d->pg = pg;
@@ -831,7 +795,7 @@ static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct s
 	d->gen = h->gen;
 	d->len = h->len;
 	d->crc = h->payload_crc;
-	d->dns = (uint16_t)dns;
+	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
 	d->state = DS_ONDISK;
 	old = dfind(t, d->dns, &d->key);
@@ -992,7 +956,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 		 "namespaces, %llu torn, %llu corrupt slots discarded",
 		 (double)t->st.scan_bytes / (1 << 30), t->st.scan_seconds,
 		 t->st.scan_seconds > 0 ? (double)t->st.scan_bytes / t->st.scan_seconds / 1e9 : 0.0,
-		 (unsigned long long)t->count, t->ndns, (unsigned long long)t->st.torn,
+		 (unsigned long long)t->ix.count, t->ndns, (unsigned long long)t->st.torn,
 		 (unsigned long long)t->st.corrupt);
 	return 0;
 }
@@ -1046,9 +1010,8 @@ static void tier_free(struct tier *t)
 			free(d);
 		}
 	}
-	index_fini(&t->seed);
+	index_fini(&t->ix);
 	free(t->probe_mem);
-	free(t->buckets);
 	free(t->free_hdrs);
 	free(t->dns);
 	free(t);
@@ -1058,7 +1021,6 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 {
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_DISK};
 	struct tier *t = calloc(1, sizeof(*t));
-	uint64_t nb = 1024;
 	int err = -ENOMEM;
 
 	if (!t)
@@ -1070,11 +1032,8 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 	t->qd = c->qd;
 	t->dns = calloc(TIER_MAX_DNS, sizeof(*t->dns));
 	t->free_hdrs = calloc(c->qd, sizeof(*t->free_hdrs));
-	while (nb < c->size / (256u << 10))
-		nb *= 2;
-	t->buckets = calloc(nb, sizeof(*t->buckets));
-	t->mask = nb - 1;
-	if (!t->dns || !t->free_hdrs || !t->buckets || index_init(&t->seed, 1) ||
+	/* One bucket per 256 KiB of disk, grown past load 2 like the store's. */
+	if (!t->dns || !t->free_hdrs || index_init(&t->ix, c->size / (256u << 10)) ||
 	    posix_memalign((void **)&t->probe_mem, SLOT_BLOCK, (DISK_MAX_PATHS + 1) * SLOT_BLOCK))
 		goto err_free;
 	for (uint32_t i = 0; i < c->qd; i++)
@@ -1153,7 +1112,7 @@ void tier_close(struct broker *b)
 	ops_poll(b);
 	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
 		 "%llu corrupt, %llu dropped",
-		 state_name(t), (unsigned long long)t->count, (unsigned long long)t->st.demotions,
+		 state_name(t), (unsigned long long)t->ix.count, (unsigned long long)t->st.demotions,
 		 (unsigned long long)t->st.promotions, (unsigned long long)t->st.errors,
 		 (unsigned long long)t->st.corrupt, (unsigned long long)t->st.dropped);
 	b->store.demote = NULL;
@@ -1193,7 +1152,7 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddItemToObject(o, "paths", paths);
 	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
 	cJSON_AddNumberToObject(o, "bytes_used", t ? (double)t->bytes_used : 0);
-	cJSON_AddNumberToObject(o, "pages", t ? (double)t->count : 0);
+	cJSON_AddNumberToObject(o, "pages", t ? (double)t->ix.count : 0);
 	cJSON_AddNumberToObject(o, "reads", (double)st->reads);
 	cJSON_AddNumberToObject(o, "writes", (double)st->writes);
 	cJSON_AddNumberToObject(o, "read_bytes", (double)st->read_bytes);
