@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "copy.h"
 #include "list.h"
+#include "loop.h"
 #include "ns.h"
 #include "numa_topo.h"
 #include "ops.h"
@@ -29,6 +30,7 @@
 #define CONN_SPARE 64		  /* handshakes (no HELLO yet) at once: the oldest makes room */
 #define LOG_GAP 10.0		  /* seconds between two refusal/expiry lines of one kind */
 #define SESSION_DRAIN_WARN 5.0	  /* seconds a dead session may drain before it is logged */
+#define SESSION_POLL_BATCH 64	  /* SQEs per session per round (and OPS_ROUND_WORK units) */
 
 struct config {
 	char socket_path[108];
@@ -114,6 +116,8 @@ struct session_counters {
 
 struct session {
 	struct list link;
+	struct broker *b;
+	struct loop_fd on_sock, on_sq, on_pid; /* its fds in the loop (the session is the arg) */
 	int sock;
 	int pidfd; /* the connecting process, -1 when none (peer.c [pidfd]) */
 	uint32_t id;
@@ -180,8 +184,10 @@ struct broker {
 	uint64_t leases; /* leases held by all clients */
 	int listen_fd;
 	int spare_fd; /* kept open so that accept can refuse a peer when fds run out */
-	int epfd;
+	struct loop loop;
+	struct loop_fd on_listen, on_signal, on_copy[2];
 	int sigfd;
+	double expired_at; /* the last handshake and idle expiry (rounds.c) */
 	double start_time;
 	struct {		   /* seconds each start-up phase took (log, stats "startup") */
 		double reserve_s;  /* arenas created, bound, reserved, sealed */
@@ -190,15 +196,9 @@ struct broker {
 		double ready_s;	   /* from start to listening, everything included */
 	} startup;
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
-	int stop;
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
+	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */
 };
-
-/* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
-#define TAG_SOCK 1u
-#define TAG_SQ 2u
-#define TAG_PID 3u /* the peer's pidfd: readable once that process exited */
-#define TAG_MASK 7u
 
 /*
  * peer.c: a pidfd (FD_CLOEXEC) of the process that connected on accepted socket fd, whose
@@ -208,8 +208,18 @@ int peer_pidfd(int fd, pid_t pid, const char **how);
 
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */
 int session_accept(struct broker *b);
-/* The lists of a new session (calloc'd): its ops, its yield queue. */
-void session_init(struct session *s);
+/* A new session (calloc'd) of b: its lists, its loop handlers. */
+void session_init(struct broker *b, struct session *s);
+/* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
+void session_on_listen(void *arg);
+/* rounds.c: one turn of every session; returns ops run. */
+uint32_t session_poll_all(struct broker *b);
+/*
+ * rounds.c: announces sleep on every SQ. Returns 0 when some SQ got entries meanwhile (don't
+ * sleep), else the epoll timeout in ms. session_wake_all() takes the announcement back.
+ */
+int session_prepare_sleep(struct broker *b);
+void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 /* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
 int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id);
@@ -262,12 +272,7 @@ void stats_client_json(struct cJSON *o, const struct session *s);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
 
-/* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
-#define LOOP_LISTEN 8u
-#define LOOP_SIGNAL 16u
-#define LOOP_DISK 24u /* the disk ring's eventfd (tier.c) */
-#define LOOP_COPY 32u /* a copy engine's completion eventfd (xfer.c) */
-/* loop.c */
-int loop_run(struct broker *b);
+/* rounds.c: the loop's hooks for this broker (main.c). */
+void rounds_hooks(struct broker *b, struct loop_hooks *h);
 
 #endif /* KVB_BROKER_BROKER_H */

@@ -84,11 +84,87 @@ static int throttle_ok(struct throttle *t, uint64_t *quiet)
 			log_warn(fmt, __VA_ARGS__);                                                \
 	} while (0)
 
-static int ep_add(struct broker *b, int fd, struct session *s, unsigned tag)
+/* The loop's callbacks for a session's fds; a destroyed session waits for the batch's end. */
+static void on_sock(void *arg)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(uintptr_t)s | tag};
+	struct session *s = arg;
 
-	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+	if (!s->dead)
+		session_on_msg(s->b, s);
+}
+
+static void on_pid(void *arg)
+{
+	struct session *s = arg;
+
+	/* Its process is gone, even if the socket lives on in a child it forked. */
+	if (!s->dead)
+		session_destroy(s->b, s,
+				s->control_only || !s->hello_done ? NULL : "process exited");
+}
+
+static void on_sq(void *arg)
+{
+	struct session *s = arg;
+	uint64_t v;
+
+	/* SQ doorbell: drain it; the rings are polled right after. */
+	if (!s->dead && read(s->sq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_debug("client %u: sq doorbell read: %d", s->id, errno);
+}
+
+void session_on_listen(void *arg)
+{
+	for (int i = 0; i < 64 && session_accept(arg) > 0; i++)
+		;
+}
+
+uint32_t session_poll_all(struct broker *b)
+{
+	struct list *pos, *tmp;
+	uint32_t work = 0;
+
+	list_for_each_safe (pos, tmp, &b->sessions) {
+		int n = session_poll(b, list_entry(pos, struct session, link), SESSION_POLL_BATCH);
+
+		if (n > 0)
+			work += (uint32_t)n;
+	}
+	return work;
+}
+
+/*
+ * A client whose full CQ stalls its SQ rings no doorbell when it reaps, so while one is
+ * stalled the loop naps 1 ms at a time instead of a second.
+ */
+int session_prepare_sleep(struct broker *b)
+{
+	struct list *pos;
+	int timeout = 1000;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->region)
+			continue;
+		if (s->stalled)
+			timeout = 1;
+		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
+			return 0;
+	}
+	return timeout;
+}
+
+void session_wake_all(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->region)
+			kvb_flag_clear(s->sq.flags, KVB_SQ_NEED_WAKEUP);
+	}
 }
 
 /* May this peer attach? Same uid, root, or a member of the group named at start-up. */
@@ -111,8 +187,12 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 	return 0;
 }
 
-void session_init(struct session *s)
+void session_init(struct broker *b, struct session *s)
 {
+	s->b = b;
+	s->on_sock = (struct loop_fd){on_sock, s};
+	s->on_sq = (struct loop_fd){on_sq, s};
+	s->on_pid = (struct loop_fd){on_pid, s};
 	list_init(&s->link);
 	list_init(&s->live);
 	waitq_init(&s->yieldq);
@@ -201,10 +281,10 @@ int session_accept(struct broker *b)
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->node = -1;
 	s->pidfd = peer_pidfd(fd, cr.pid, &how);
-	session_init(s);
-	err = ep_add(b, fd, s, TAG_SOCK);
+	session_init(b, s);
+	err = loop_add(&b->loop, fd, &s->on_sock);
 	if (!err && s->pidfd >= 0)
-		err = ep_add(b, s->pidfd, s, TAG_PID);
+		err = loop_add(&b->loop, s->pidfd, &s->on_pid);
 	if (err) {
 		if (s->pidfd >= 0)
 			close(s->pidfd);
@@ -234,7 +314,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		 * The client holds a dup of this eventfd, so closing ours would not take it out of
 		 * the epoll set: a later doorbell would name a freed session. Remove it first.
 		 */
-		epoll_ctl(b->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
+		loop_del(&b->loop, s->sq_efd);
 		close(s->sq_efd);
 	}
 	if (s->cq_efd >= 0)
@@ -553,7 +633,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	s->sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	s->cq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (s->sq_efd < 0 || s->cq_efd < 0 || ep_add(b, s->sq_efd, s, TAG_SQ)) {
+	if (s->sq_efd < 0 || s->cq_efd < 0 || loop_add(&b->loop, s->sq_efd, &s->on_sq)) {
 		err = -ENOMEM;
 		goto out;
 	}

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "broker.h"
-#include "metrics_http.h"
 #include "text.h"
 
 static void num(cJSON *o, const char *k, double v)
@@ -213,8 +212,8 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));
 	cJSON_AddItemToObject(root, "map", stats_map_json(b));
-	if (b->metrics)
-		cJSON_AddStringToObject(root, "metrics_listen", metrics_http_addr(b->metrics));
+	if (b->metrics_addr[0])
+		cJSON_AddStringToObject(root, "metrics_listen", b->metrics_addr);
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;

@@ -160,6 +160,7 @@ struct tier {
 	uint32_t errors_in_row;
 	uint64_t gen;
 	struct waitq wait; /* ops waiting for RAM or ring room, woken at each completion */
+	struct loop_fd on_event; /* the ring's eventfd in the loop */
 	struct tier_stats st;
 	/* recovery of a failed tier (see the essay) */
 	double failed_at, recovered_at, probe_at, backoff;
@@ -716,10 +717,12 @@ uint32_t tier_poll(struct broker *b)
 	return n;
 }
 
-void tier_event(struct broker *b)
+/* The ring's eventfd was readable: completions are reaped by tier_poll in the next round. */
+static void on_disk_event(void *arg)
 {
-	if (b->tier)
-		disk_ack_event(&b->tier->d);
+	struct tier *t = arg;
+
+	disk_ack_event(&t->d);
 }
 
 /* ---- warm restart ---- */
@@ -1019,7 +1022,6 @@ static void tier_free(struct tier *t)
 
 int tier_open(struct broker *b, const struct disk_cfg *c)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_DISK};
 	struct tier *t = calloc(1, sizeof(*t));
 	int err = -ENOMEM;
 
@@ -1060,10 +1062,10 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		if (err)
 			goto err_close;
 	}
-	if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, t->d.efd, &ev) < 0) {
-		err = -errno;
+	t->on_event = (struct loop_fd){on_disk_event, t};
+	err = loop_add(&b->loop, t->d.efd, &t->on_event);
+	if (err)
 		goto err_close;
-	}
 	b->tier = t;
 	b->store.demote = demote;
 	b->store.demote_arg = b;

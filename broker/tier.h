@@ -22,7 +22,7 @@ struct cJSON;
 /*
  * main.c: opens the paths, adopts or formats the cache (rebuilding the index from the slot
  * headers when it adopts one), hooks demotion into the store and the ring's eventfd into the
- * loop's epoll set (data LOOP_DISK). Sets b->tier. 0 or a negative errno.
+ * loop. Sets b->tier. 0 or a negative errno.
  */
 int tier_open(struct broker *b, const struct disk_cfg *c);
 
@@ -33,11 +33,8 @@ int tier_open(struct broker *b, const struct disk_cfg *c);
  */
 void tier_close(struct broker *b);
 
-/* loop.c: submits prepared I/O and reaps completions without blocking; returns how many. */
+/* rounds.c: submits prepared I/O and reaps completions without blocking; returns how many. */
 uint32_t tier_poll(struct broker *b);
-
-/* loop.c: the ring's eventfd was readable. */
-void tier_event(struct broker *b);
 
 /*
  * ops.c, GET/ACQUIRE/PREFETCH of (op->n, op->key) that found no READY page in RAM (pg: the

@@ -111,13 +111,17 @@ void xfer_arm(struct broker *b)
 			e[i]->arm(e[i]);
 }
 
-static int ep_add_copy(struct broker *b, const struct copy_engine *e)
+static void on_copy(void *arg)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_COPY};
+	xfer_poll(arg); /* a completion eventfd: what finished completes its ops */
+}
 
+static int ep_add_copy(struct broker *b, const struct copy_engine *e, struct loop_fd *h)
+{
 	if (e->efd < 0)
 		return 0;
-	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, e->efd, &ev) < 0 ? -errno : 0;
+	*h = (struct loop_fd){on_copy, b};
+	return loop_add(&b->loop, e->efd, h);
 }
 
 int xfer_init(struct broker *b)
@@ -129,14 +133,14 @@ int xfer_init(struct broker *b)
 		return -ENOMEM;
 	if (b->cfg.copy_delay_us || b->cfg.copy_fail_every)
 		copy_host_test(b->copy, b->cfg.copy_delay_us, b->cfg.copy_fail_every);
-	err = ep_add_copy(b, b->copy);
+	err = ep_add_copy(b, b->copy, &b->on_copy[0]);
 	if (err)
 		return err;
 	if (b->cfg.gpu)
 		b->gpu = copy_cuda_open(b);
 	else
 		log_info("GPU copies off: --no-gpu");
-	return b->gpu ? ep_add_copy(b, b->gpu) : 0;
+	return b->gpu ? ep_add_copy(b, b->gpu, &b->on_copy[1]) : 0;
 }
 
 void xfer_fini(struct broker *b)

@@ -141,8 +141,8 @@ struct fuzz_broker *fuzz_broker(void)
 	fb.b.cfg.copy_threads = 1;
 	fb.b.cfg.copy_inline = UINT64_MAX;
 	fb.b.cfg.gpu = 0;
-	fb.b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (fb.b.epfd < 0 || xfer_init(&fb.b))
+	fb.b.loop.epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (fb.b.loop.epfd < 0 || xfer_init(&fb.b))
 		fuzz_fail("set-up");
 	layout_a(&l);
 	if (ns_open(&fb.b.nst, &fb.b.store, &l, 0, &n))
@@ -168,7 +168,7 @@ static struct session *session_new(struct fuzz_broker *fb)
 		fuzz_fail("calloc");
 	s->sock = s->pidfd = s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->id = ++fb->b.next_id;
-	session_init(s);
+	session_init(&fb->b, s);
 	list_add_tail(&fb->b.sessions, &s->link);
 	fb->b.nconns++;
 	return s;

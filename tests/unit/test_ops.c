@@ -140,7 +140,7 @@ static int setup(void **state)
 	assert_int_equal(ns_open(&f->b.nst, &f->b.store, &l, 0, &f->n), 0);
 	f->s = calloc(1, sizeof(*f->s));
 	assert_non_null(f->s);
-	session_init(f->s);
+	session_init(&f->b, f->s);
 	f->s->id = 1;
 	f->s->ns_opened[f->n->id / 8] |= (uint8_t)(1u << (f->n->id % 8));
 	f->mem = calloc(16, PB);

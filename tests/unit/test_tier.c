@@ -207,8 +207,8 @@ static void start(uint64_t page, uint64_t disk, uint32_t qd)
 	F.b.cfg.slab_bytes = MiB;
 	F.b.cfg.max_leases = 64;
 	F.b.copy = &inline_engine;
-	F.b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	assert_true(F.b.epfd >= 0);
+	F.b.loop.epfd = epoll_create1(EPOLL_CLOEXEC);
+	assert_true(F.b.loop.epfd >= 0);
 	if (!D.img[0]) {
 		D.npaths = 1;
 		D.bytes[0] = disk;
@@ -229,7 +229,7 @@ static void start(uint64_t page, uint64_t disk, uint32_t qd)
 	F.pb = page;
 	F.s = calloc(1, sizeof(*F.s));
 	assert_non_null(F.s);
-	session_init(F.s);
+	session_init(&F.b, F.s);
 	F.s->ns_opened[F.n->id / 8] |= (uint8_t)(1u << (F.n->id % 8));
 	F.mem = calloc(4, page);
 	assert_non_null(F.mem);
@@ -246,7 +246,7 @@ static void stop(int keep_image)
 	ns_table_fini(&F.b.nst);
 	store_fini(&F.b.store);
 	pool_close(&F.b.pool);
-	close(F.b.epfd);
+	close(F.b.loop.epfd);
 	if (!keep_image) {
 		free(D.img[0]);
 		D.img[0] = NULL;
