@@ -20,12 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "copy.h"
+#include "log.h"
 
 #define HOST_MAX_THREADS 64
+#define WORKER_NICE 5 /* workers' nice value, relative to 0 */
 
 struct host_engine {
 	struct copy_engine e;
@@ -53,6 +56,12 @@ static void *worker(void *arg)
 	struct host_engine *h = arg;
 	uint64_t one = 1;
 
+	/*
+	 * A little below the loop: where no core is idle, the loop (which serves every client's
+	 * small ops) and the clients come before one client's bulk copy (t_fairness).
+	 */
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), WORKER_NICE) < 0)
+		log_debug("copy worker: setpriority: %s", strerror(errno));
 	pthread_mutex_lock(&h->lock);
 	for (;;) {
 		struct copy_job *j;
