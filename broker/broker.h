@@ -28,7 +28,6 @@
 #define SESSION_MAX_NS 64	  /* namespaces one client may open */
 #define SESSION_HELLO_TIMEOUT 5.0 /* seconds a connection may stay silent before HELLO */
 #define CONN_SPARE 64		  /* handshakes (no HELLO yet) at once: the oldest makes room */
-#define LOG_GAP 10.0		  /* seconds between two refusal/expiry lines of one kind */
 #define SESSION_DRAIN_WARN 5.0	  /* seconds a dead session may drain before it is logged */
 #define SESSION_POLL_BATCH 64	  /* SQEs per session per round (and OPS_ROUND_WORK units) */
 
@@ -227,7 +226,10 @@ void session_reap(struct broker *b);
 /* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT, and control connections
  * silent for --control-idle seconds. */
 void session_expire(struct broker *b, double now);
-int session_on_msg(struct broker *b, struct session *s);
+/* ctl.c: one control datagram of s; < 0 when the session was destroyed. */
+int ctl_on_msg(struct broker *b, struct session *s);
+/* Unmaps a host buffer or closes a GPU buffer's handle; no op may be using it. */
+void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb);
 /*
  * One turn of a session: its yielded ops' next steps, then SQEs, up to max SQEs and about
  * OPS_ROUND_WORK units of work. Returns ops run (0: idle), or -1 when the session was
