@@ -86,7 +86,7 @@ struct sbuf {
 	void *base;
 	uint64_t len;
 	uint64_t lead; /* host: bytes mapped before base (BUF_REG_FD at an unaligned offset) */
-	int32_t dev; /* COPY_HOST or a CUDA device index */
+	int32_t dev;   /* COPY_HOST or a CUDA device index */
 	uint8_t closing;
 	struct gpu_map *gm;
 };
@@ -150,10 +150,10 @@ struct session {
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;
-	double active_at;  /* its last control message (control connections expire idle) */
-	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
-	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
-	int dead;	   /* destroyed, waiting in the graveyard until the epoll batch is done */
+	double active_at;    /* its last control message (control connections expire idle) */
+	int stalled;	     /* SQEs waiting, but its CQ is full: the client must reap first */
+	uint32_t inflight;   /* ops consumed whose CQE is still owed (each holds a CQ slot) */
+	int dead;	     /* destroyed, waiting in the graveyard until the epoll batch is done */
 	struct list live;    /* its ops taken from the SQ and not completed (struct op slink) */
 	uint32_t nops;	     /* on that list */
 	struct waitq yieldq; /* its long ops' next steps, run at its next turn (fair rounds) */

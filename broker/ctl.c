@@ -168,8 +168,8 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	rep.client_id = s->id;
 	if (m->flags & KVB_HELLOF_CONTROL) {
 		if (b->ncontrol >= b->cfg.max_control) {
-			log_throttled(&tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
-				      s->name, (int)s->pid, b->ncontrol,
+			log_throttled(&tt_refused, "client %u ('%s', pid %d): refused: %u %s",
+				      s->id, s->name, (int)s->pid, b->ncontrol,
 				      "control connections (--max-control)");
 			b->ctr.refused++;
 			reply(s, h, -EUSERS, NULL, 0, NULL, 0);
@@ -351,7 +351,8 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 		    : NULL;
 	if (!n)
 		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-	if (vc.nparts != n->nparts || vc.flags || vc.resv || blen != hlen + (uint64_t)vc.nparts * plen)
+	if (vc.nparts != n->nparts || vc.flags || vc.resv ||
+	    blen != hlen + (uint64_t)vc.nparts * plen)
 		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 	for (id = 0; id < SESSION_MAX_VIEWS && s->views[id]; id++)
 		;
@@ -375,8 +376,8 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 			struct kvb_view_part op;
 
 			memcpy(&op, body + hlen + (size_t)p * plen, sizeof(op));
-			*vp = (struct kvb_view_part2){.buf = op.buf, .stride = op.stride,
-						      .base = op.base};
+			*vp = (struct kvb_view_part2){
+				.buf = op.buf, .stride = op.stride, .base = op.base};
 		}
 		/* A page's tokens end (tpp - 1) * stride + bpt after its first: < 2^64. */
 		span = (uint64_t)(tpp - 1) * vp->stride + n->part_bpt[p];
@@ -543,9 +544,9 @@ int ctl_on_msg(struct broker *b, struct session *s)
 	}
 	memcpy(&h, buf, sizeof(h));
 	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ||
-			    h.type == KVB_MSG_BUF_REG_FD
-		    ? 1
-		    : 0)) {
+				    h.type == KVB_MSG_BUF_REG_FD
+			    ? 1
+			    : 0)) {
 		why = "unexpected file descriptors";
 		err = -1;
 		goto out;

@@ -42,7 +42,7 @@ int log_throttle_ok(struct log_throttle *t, double gap, unsigned long long *quie
 		if (!log_throttle_ok((tt), LOG_GAP, &q_))                                          \
 			break;                                                                     \
 		if (q_)                                                                            \
-			log_warn(fmt " (and %llu more in %.0f s, not logged)", __VA_ARGS__, q_,     \
+			log_warn(fmt " (and %llu more in %.0f s, not logged)", __VA_ARGS__, q_,    \
 				 LOG_GAP);                                                         \
 		else                                                                               \
 			log_warn(fmt, __VA_ARGS__);                                                \

@@ -697,7 +697,8 @@ int main(int argc, char **argv)
 			log_error("--metrics-listen %s: %s", b.cfg.metrics_listen, strerror(-err));
 			goto out_sock;
 		}
-		snprintf(b.metrics_addr, sizeof(b.metrics_addr), "%s", metrics_http_addr(b.metrics));
+		snprintf(b.metrics_addr, sizeof(b.metrics_addr), "%s",
+			 metrics_http_addr(b.metrics));
 		log_info("metrics: http://%s/metrics", b.metrics_addr);
 		metrics_http_tick(&b);
 	}

@@ -717,8 +717,7 @@ static int op_run(struct broker *b, struct op *op)
 }
 
 /* Decodes an SQE into op, once: its shape, then the namespace or view it names. */
-static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		      struct op *op)
+static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct op *op)
 {
 	op->b = b;
 	op->s = s;
@@ -749,8 +748,8 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 	op->n = session_ns(b, s, sqe->ns);
 }
 
-int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-	       struct kvb_cqe *cqe, uint64_t *work)
+int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
+	       uint64_t *work)
 {
 	struct op *op = calloc(1, sizeof(*op));
 	int r;

@@ -47,12 +47,11 @@ struct op {
 	double since;	   /* taken from the SQ (drain log) */
 	struct page *pg;   /* the page a PUT writes or a GET copies from, while it is held */
 	int32_t dev;	   /* COPY_HOST or the CUDA device of the client side */
-	uint8_t parked;	 /* on a waitq, the run queue or its session's yield queue */
-	uint8_t as_get;	 /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
-	int8_t hit;	 /* 1 found, 0 missed, -1 no lookup (counted at completion) */
-	uint8_t dedup;	 /* PUT: the key was stored */
-	uint8_t checked; /* the source or destination was validated */
-	/* resumable work: LOOKUP keys done, view parts whose segments are built */
+	uint8_t parked;	   /* on a waitq, the run queue or its session's yield queue */
+	uint8_t as_get;	   /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
+	int8_t hit;	   /* 1 found, 0 missed, -1 no lookup (counted at completion) */
+	uint8_t dedup;	   /* PUT: the key was stored */
+	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
 	uint32_t cursor, lead;
 	uint8_t leading;
 	uint64_t bytes_in, bytes_out; /* page bytes moved, counted at completion */
@@ -82,8 +81,8 @@ void ops_init(struct broker *b);
  * or OPS_DEFERRED: the op holds a CQ slot and ends with session_complete(). *work gets what it
  * cost.
  */
-int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-	       struct kvb_cqe *cqe, uint64_t *work);
+int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
+	       uint64_t *work);
 
 /* session.c: runs the session's yielded ops, up to budget work units; returns units spent. */
 uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget);

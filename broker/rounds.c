@@ -13,7 +13,7 @@
 #include "broker.h"
 #include "metrics_http.h"
 
-#define EVICT_BATCH 256	   /* pages per watermark round */
+#define EVICT_BATCH 256	  /* pages per watermark round */
 #define EXPIRE_EVERY 0.25 /* seconds between expiry checks while busy */
 
 static uint32_t broker_poll(void *arg)

@@ -173,8 +173,7 @@ void session_init(struct broker *b, struct session *s)
 int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id)
 {
 	/* Host and GPU buffers alike: --max-bufs is the client's, whatever the memory. */
-	for (*id = 0; *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS && s->bufs[*id].base;
-	     (*id)++)
+	for (*id = 0; *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
 		;
 	return *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS ? 0 : -EMFILE;
 }
@@ -413,8 +412,8 @@ void session_reap(struct broker *b)
 		struct session *s = list_entry(pos, struct session, link);
 
 		if (s->inflight) {
-			if (!s->drain_logged && (now ? now : (now = clock_now())) - s->dead_at >
-							    SESSION_DRAIN_WARN) {
+			if (!s->drain_logged &&
+			    (now ? now : (now = clock_now())) - s->dead_at > SESSION_DRAIN_WARN) {
 				s->drain_logged = 1;
 				drain_log(s, now);
 			}

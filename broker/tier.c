@@ -110,7 +110,7 @@ struct dslot {
 	};
 	struct list log; /* its path's log, oldest first */
 	struct page *pg; /* RAM page written from or read into while I/O is in flight */
-	uint64_t off; /* of the header block in its path */
+	uint64_t off;	 /* of the header block in its path */
 	uint64_t gen;
 	uint32_t len; /* payload bytes */
 	uint32_t crc; /* payload crc32c */
@@ -159,7 +159,7 @@ struct tier {
 	uint32_t qd;		/* page I/Os in flight at most */
 	uint32_t errors_in_row;
 	uint64_t gen;
-	struct waitq wait; /* ops waiting for RAM or ring room, woken at each completion */
+	struct waitq wait;	 /* ops waiting for RAM or ring room, woken at each completion */
 	struct loop_fd on_event; /* the ring's eventfd in the loop */
 	struct tier_stats st;
 	/* recovery of a failed tier (see the essay) */
@@ -1114,9 +1114,10 @@ void tier_close(struct broker *b)
 	ops_poll(b);
 	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
 		 "%llu corrupt, %llu dropped",
-		 state_name(t), (unsigned long long)t->ix.count, (unsigned long long)t->st.demotions,
-		 (unsigned long long)t->st.promotions, (unsigned long long)t->st.errors,
-		 (unsigned long long)t->st.corrupt, (unsigned long long)t->st.dropped);
+		 state_name(t), (unsigned long long)t->ix.count,
+		 (unsigned long long)t->st.demotions, (unsigned long long)t->st.promotions,
+		 (unsigned long long)t->st.errors, (unsigned long long)t->st.corrupt,
+		 (unsigned long long)t->st.dropped);
 	b->store.demote = NULL;
 	disk_close(&t->d);
 	tier_free(t);

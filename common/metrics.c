@@ -402,8 +402,8 @@ char *metrics_text(const cJSON *st)
 		const cJSON *ops = sdoc_obj(st, "ops");
 
 		single(&m, ops, "parked", "kvbroker_ops_parked", "gauge",
-		       "Ops waiting now: for a page being written or promoted, RAM, disk queue room, "
-		       "or their session's next turn.");
+		       "Ops waiting now: for a page being written or promoted, RAM, room in the "
+		       "disk queue, or their session's next turn.");
 		single(&m, ops, "inflight", "kvbroker_ops_inflight", "gauge",
 		       "Ops taken from the rings and not completed yet.");
 		single(&m, ops, "sessions_draining", "kvbroker_sessions_draining", "gauge",

@@ -60,7 +60,8 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 2 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, SQEF_GET */
+/* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET */
+#define KVB_ABI_MINOR 2
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */

@@ -31,7 +31,7 @@
 #define P99_SLACK_US 15000
 
 static struct harness_broker *br;
-static volatile int *stop; /* shared: the flooders run until it is set */
+static volatile int *stop;  /* shared: the flooders run until it is set */
 static uint64_t *flood_ops; /* shared: ops each flooder completed */
 
 static int cmp_u64(const void *a, const void *b)

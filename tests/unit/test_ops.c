@@ -125,8 +125,8 @@ static int setup(void **state)
 	list_init(&f->b.graveyard);
 	f->b.cfg.max_leases = 64;
 	f->b.cfg.max_bufs = 8;
-	f->eng.e = (struct copy_engine){.name = "fake", .efd = -1, .submit = fake_submit,
-					.poll = fake_poll};
+	f->eng.e = (struct copy_engine){
+		.name = "fake", .efd = -1, .submit = fake_submit, .poll = fake_poll};
 	f->b.copy = &f->eng.e;
 	memset(&l, 0, sizeof(l));
 	strcpy(l.model, "test/ops");
@@ -551,10 +551,12 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_ops_put_parked_on_writer_commit, setup,
 						teardown),
-		cmocka_unit_test_setup_teardown(test_ops_put_parked_on_writer_abort, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ops_put_parked_on_writer_abort, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_ops_page_changes_wake, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_ops_lookup_yields_in_steps, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_ops_view_ops_and_dead_session, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ops_view_ops_and_dead_session, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_ops_long_view_yields_and_cancels, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_ops_kvb_get_pair_is_one_get, setup, teardown),

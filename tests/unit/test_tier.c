@@ -94,10 +94,10 @@ void __wrap_disk_close(struct disk *d)
 	free(d->hdrs);
 }
 
-int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem,
-		     uint32_t len, uint64_t ud, unsigned flags);
-int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem,
-		     uint32_t len, uint64_t ud, unsigned flags)
+int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, uint32_t len,
+		     uint64_t ud, unsigned flags);
+int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, uint32_t len,
+		     uint64_t ud, unsigned flags)
 {
 	(void)d;
 	(void)flags; /* the payload write and its header are done in order: link or not */
