@@ -217,6 +217,8 @@ TEST_LDFLAGS_ops := -Wl,--wrap=session_complete
 TIER_WRAPS := disk_open disk_close disk_prep disk_submit disk_reap disk_ack_event disk_space \
 	session_complete
 TEST_LDFLAGS_tier := $(foreach f,$(TIER_WRAPS),-Wl,--wrap=$(f))
+# test_copy_host holds the window between poll()'s read of the eventfd and its lock open.
+TEST_LDFLAGS_copy_host := -Wl,--wrap=read
 
 $(B)/tests/test_%: $(B)/obj/tests/unit/test_%.o $(BROKER_A) $(LIB_A)
 	@mkdir -p $(@D)

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include "broker.h"
 #include "copy_cuda.h"
@@ -102,6 +103,18 @@ uint32_t xfer_poll(struct broker *b)
 	return n;
 }
 
+uint32_t xfer_event(struct broker *b)
+{
+	struct copy_engine *e[2] = {b->copy, b->gpu};
+	uint64_t v;
+
+	for (int i = 0; i < 2; i++)
+		if (e[i] && e[i]->efd >= 0 && read(e[i]->efd, &v, sizeof(v)) < 0) {
+			/* EAGAIN: the other engine rang */
+		}
+	return xfer_poll(b);
+}
+
 void xfer_arm(struct broker *b)
 {
 	struct copy_engine *e[2] = {b->copy, b->gpu};
@@ -113,7 +126,7 @@ void xfer_arm(struct broker *b)
 
 static void on_copy(void *arg)
 {
-	xfer_poll(arg); /* a completion eventfd: what finished completes its ops */
+	xfer_event(arg); /* a completion eventfd: what finished completes its ops */
 }
 
 static int ep_add_copy(struct broker *b, const struct copy_engine *e, struct loop_fd *h)

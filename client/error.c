@@ -60,12 +60,15 @@ const char *kvb_strerror(int err)
 		return "too many open files in the system";
 	case ETIMEDOUT:
 		return "timed out";
+	case ESHUTDOWN:
+		return "the client was closed (kvb_close) while this call waited";
 	case EOPNOTSUPP:
 		return "not supported (control-only client, or GPU memory CUDA cannot export)";
 	case ENODEV:
 		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
 		       "off, "
-		       "or the device is not one the broker sees";
+		       "or the device is not one the broker sees (kvb_connect: no PCI device with "
+		       "that gpu_busid on the broker's machine)";
 	case EBUSY:
 		return "resource busy (still in use by a view or an operation)";
 	case EEXIST:

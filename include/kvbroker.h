@@ -13,6 +13,9 @@
  * Thread-safety: a kvb_client may be shared by threads; every call takes the client's lock, so
  * calls on one client are serialized, except that kvb_reap() drops the lock while it sleeps
  * (one thread may reap while others submit). For parallel I/O open one client per thread.
+ * kvb_close() may be called while other threads wait in kvb_reap(): they wake and return
+ * -ESHUTDOWN, and kvb_close() returns once they have left; a call in progress in another
+ * thread finishes first. No call on the client may start after kvb_close() was called.
  *
  * Errors every call on a client may return besides its own: -ECONNRESET the broker went away
  * (and every later call fails the same way), -EBADF a namespace, buffer or view this client did
@@ -93,7 +96,8 @@ struct kvb_opts {
 	const char *socket_path; /* NULL: $KVB_SOCKET, then the default path */
 	const char *name;	 /* shown by kvbctl; NULL: the program name */
 	const char *gpu_busid;	 /* PCI bus id of this client's GPU, as cudaDeviceGetPCIBusId()
-				    writes it ("0000:3B:00.0"); NULL: none */
+				    writes it ("0000:3B:00.0"); NULL: none. One the broker's
+				    machine does not list is refused (-ENODEV), not ignored */
 	uint32_t sq_entries;	 /* power of two up to 4096; 0: 256 */
 	uint32_t flags;		 /* KVB_CONNECT_* */
 	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
@@ -120,12 +124,17 @@ enum kvb_tier {
  * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EAGAIN a broker is starting there (it
  * listens only once its pool is ready, which for a large pool takes seconds: retry),
  * -EACCES refused by the broker's credential check, -EPROTO version mismatch, -EINVAL bad
- * opts (or a malformed gpu_busid), -ENAMETOOLONG socket path, -EUSERS the broker's
- * --max-clients reached, -ETIMEDOUT no answer, -ENOMEM.
+ * opts (or a malformed gpu_busid), -ENODEV gpu_busid names no PCI device on the broker's
+ * machine (a broker that cannot see any, without sysfs, accepts it and places by CPU node),
+ * -ENAMETOOLONG socket path, -EUSERS the broker's --max-clients (or, for a
+ * KVB_CONNECT_CONTROL client, --max-control) reached, -ETIMEDOUT no answer, -ENOMEM.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 
-/* Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op. */
+/*
+ * Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op.
+ * Threads asleep in kvb_reap() on it are woken and return -ESHUTDOWN (see Thread-safety).
+ */
 void kvb_close(kvb_client *c);
 
 /* A static, human-readable string for a negative errno returned by this API. */
@@ -436,8 +445,9 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
- * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
- * -ECONNRESET when the broker went away.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time,
+ * -ECONNRESET when the broker went away, or -ESHUTDOWN when another thread called kvb_close()
+ * meanwhile (then this thread must not touch the client again).
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
 

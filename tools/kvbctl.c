@@ -285,7 +285,7 @@ static const char *clip(const char *s, size_t w, char *buf, size_t len)
 {
 	size_t n = 0, k;
 
-	while (s[n] && n < len - 1) {
+	while (n < len - 1 && s[n]) {
 		k = text_utf8_seq((const unsigned char *)s + n, strlen(s + n));
 		if (!k || n + k > w || n + k > len - 1)
 			break;
