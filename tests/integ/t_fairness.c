@@ -12,7 +12,9 @@
  * a shared 2-vCPU machine, where the busy-polling loop, a copy worker and two clients share two
  * cores with whatever else runs, and a p99 is a scheduler tick or two: a flood's p50 within
  * P50_FACTOR of the quiet p50 plus P50_SLACK_US, its p99 within 2x the quiet p99 plus
- * P99_SLACK_US. Before the fix the p50s were 95 ms and 149 ms.
+ * P99_SLACK_US. Before the fix the p50s were 95 ms and 149 ms. Under the sanitizers (KVB_SCALE
+ * small) every unit of work costs 5-20x more, and so does a turn: the slack is 10x, and the
+ * figures are printed all the same.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "reliab.h"
 
 #define ITERS 1500
 #define SEED 3131
@@ -182,6 +185,7 @@ static struct figures next_to(int (*flood)(int, void *), int idx, const char *wh
 int main(int argc, char **argv)
 {
 	struct figures quiet, lk, vw;
+	double slack = rel_scale() == REL_SMALL ? 10 : 1;
 	struct kvb_layout l;
 	kvb_client *c;
 	uint32_t ns, buf;
@@ -208,13 +212,13 @@ int main(int argc, char **argv)
 	       "view flood p50 %.0f p99 %.0f us (%.1fx)\n",
 	       quiet.p50_us, quiet.p99_us, lk.p50_us, lk.p99_us, lk.p99_us / quiet.p99_us,
 	       vw.p50_us, vw.p99_us, vw.p99_us / quiet.p99_us);
-	CHECKF(lk.p50_us <= P50_FACTOR * quiet.p50_us + P50_SLACK_US,
+	CHECKF(lk.p50_us <= P50_FACTOR * quiet.p50_us + slack * P50_SLACK_US,
 	       "LOOKUP flood: p50 %.0f us against %.0f us quiet", lk.p50_us, quiet.p50_us);
-	CHECKF(vw.p50_us <= P50_FACTOR * quiet.p50_us + P50_SLACK_US,
+	CHECKF(vw.p50_us <= P50_FACTOR * quiet.p50_us + slack * P50_SLACK_US,
 	       "view flood: p50 %.0f us against %.0f us quiet", vw.p50_us, quiet.p50_us);
-	CHECKF(lk.p99_us <= 2 * quiet.p99_us + P99_SLACK_US,
+	CHECKF(lk.p99_us <= 2 * quiet.p99_us + slack * P99_SLACK_US,
 	       "LOOKUP flood: p99 %.0f us against %.0f us quiet", lk.p99_us, quiet.p99_us);
-	CHECKF(vw.p99_us <= 2 * quiet.p99_us + P99_SLACK_US,
+	CHECKF(vw.p99_us <= 2 * quiet.p99_us + slack * P99_SLACK_US,
 	       "view flood: p99 %.0f us against %.0f us quiet", vw.p99_us, quiet.p99_us);
 	kvb_close(c);
 	harness_broker_stop(br);
