@@ -15,7 +15,9 @@
  *   - unregistering every buffer of an allocation closes its handle;
  *   - a broker forced onto the kernel path (--gpu-path kernel) moves pages with it;
  *   - --max-bufs holds for GPU buffers as for host ones (regression: GPU registrations
- *     scanned the session's slots themselves, up to the compiled-in maximum).
+ *     scanned the session's slots themselves, up to the compiled-in maximum);
+ *   - GPU copies, which always complete later, are credited to their client (regression: the
+ *     per-client counters missed every deferred op).
  *
  * The test re-executes itself with LD_LIBRARY_PATH naming the fake (the dynamic loader reads
  * it at start-up only); the brokers it starts inherit it. Skipped (77) without the CUDA
@@ -202,6 +204,9 @@ int main(int argc, char **argv)
 		for (int t = 0; t < TPP; t++)
 			CHECK_EQ(page[((size_t)l * TPP + t) * BPT + 7], byte_of(0, l, t, 7));
 	CHECK(harness_broker_log_has(br, "fake-cuda: ipc open"));
+	/* GPU copies always complete later: still counted for their client (regression). */
+	CHECK_EQ(harness_stat(c, "client_list[name=gpu-storer].puts"), NPAGES);
+	CHECK_EQ(harness_stat(c, "client_list[name=gpu-storer].bytes_in"), NPAGES * pb);
 
 	harness_log("kvb_put/kvb_get of device pointers inside a registered GPU buffer");
 	{
