@@ -470,7 +470,6 @@ static int op_put(struct broker *b, struct op *op)
 			return op_fail(op, err);
 		op->pg = pg;
 		op->seg1 = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
-		op->work += n->page_bytes / OPS_WORK_BYTES;
 	}
 	if (op->v) {
 		err = view_build(op, store_addr(&b->store, op->pg), 1);
@@ -518,7 +517,6 @@ static int op_get(struct broker *b, struct op *op)
 		store_pin(&b->store, pg);
 		op->pg = pg;
 		op->seg1 = (struct copy_seg){dst, store_addr(&b->store, pg), n->page_bytes};
-		op->work += n->page_bytes / OPS_WORK_BYTES;
 	}
 	if (op->v) {
 		err = view_build(op, store_addr(&b->store, op->pg), 0);

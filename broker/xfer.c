@@ -86,10 +86,13 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		op->waits = op->dev == COPY_HOST ? "a host copy" : "a GPU copy";
 		return OPS_DEFERRED;
 	}
-	if (r < 0)
+	if (r < 0) {
 		op->job.res = r;
-	else
+	} else {
 		b->xs.inline_jobs++;
+		/* Fair rounds: a copy on the loop thread is work of this turn (ops.h). */
+		op->work += op->job.bytes / OPS_WORK_BYTES;
+	}
 	xfer_finish(b, op);
 	return OPS_DONE;
 }
