@@ -36,7 +36,8 @@ const char *kvb_strerror(int err)
 	case EACCES:
 		return "refused by the broker's credential check (or socket permissions)";
 	case EPERM:
-		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL; a memfd made without "
+		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL; a memfd made "
+		       "without "
 		       "MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
 	case EMEDIUMTYPE:
 		return "host fd is not a tmpfs file (memfd or /dev/shm); disk files and hugetlbfs "
