@@ -61,7 +61,8 @@ const char *kvb_strerror(int err)
 	case ETIMEDOUT:
 		return "timed out";
 	case EOPNOTSUPP:
-		return "not supported (control-only client, or GPU memory CUDA cannot export)";
+		return "not supported (control-only client, GPU memory CUDA cannot export, or a "
+		       "broker too old for the call)";
 	case ENODEV:
 		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
 		       "off, "
