@@ -373,6 +373,7 @@ static void op_end(struct broker *b, struct op *op)
 	if (op->v)
 		sview_put(op->v);
 	free(op->segs);
+	free(op->fds);
 	list_del(&op->slink);
 	op->s->nops--;
 	free(op);

@@ -59,7 +59,8 @@ struct op {
 	struct copy_seg seg1;	      /* a plain op's one segment */
 	struct copy_seg *segs;	      /* view ops: heap, nsegs built so far */
 	uint32_t nsegs, segs_cap;
-	struct copy_job job; /* its copy, while an engine runs it */
+	struct copy_fdseg *fds; /* KVB_BUF_FDCOPY: the file side of each segment (xfer.c) */
+	struct copy_job job;	/* its copy, while an engine runs it */
 };
 
 /*

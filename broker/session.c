@@ -318,7 +318,11 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 /* Unmaps a host buffer, or closes a GPU buffer's handle (copy_cuda.c); no op may use it. */
 void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 {
-	if (sb->dev == COPY_HOST) {
+	if (sb->fdb) {
+		fdcopy_buf_close(sb);
+		s->buf_bytes -= sb->len;
+		s->nfdbufs--;
+	} else if (sb->dev == COPY_HOST) {
 		munmap((uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
 		s->buf_bytes -= sb->lead + sb->len;
 	} else {

@@ -79,6 +79,16 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 				    .segs = op->segs ? op->segs : &op->seg1};
 	for (uint32_t i = 0; i < op->job.nsegs; i++)
 		op->job.bytes += op->job.segs[i].len;
+	/* KVB_BUF_FDCOPY buffers: each segment's file side, kept with the op (fdcopy.c). */
+	if (op->dev == COPY_HOST && op->s->nfdbufs) {
+		op->fds = malloc((size_t)op->job.nsegs * sizeof(*op->fds));
+		if (!op->fds) {
+			op->job.res = -ENOMEM;
+			xfer_finish(b, op);
+			return OPS_DONE;
+		}
+		fdcopy_resolve(op->s, &op->job, op->fds);
+	}
 	/* A GPU buffer only exists while its engine does (gpu_buf_reg): e is never NULL here. */
 	r = e ? e->submit(e, &op->job) : -ENODEV;
 	if (r == COPY_QUEUED) {

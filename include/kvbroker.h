@@ -166,7 +166,7 @@ enum kvb_dtype {
 	KVB_DTYPE_FP8_E5M2 = 5,	    /* torch.float8_e5m2 */
 	KVB_DTYPE_FP8_E4M3FNUZ = 6, /* AMD's e4m3fnuz */
 	KVB_DTYPE_INT8 = 7,
-	KVB_DTYPE_UINT8 = 8,   /* raw bytes, e.g. a packed fp8 value-plus-scale cache */
+	KVB_DTYPE_UINT8 = 8,	/* raw bytes, e.g. a packed fp8 value-plus-scale cache */
 	KVB_DTYPE_FP4_E2M1 = 9, /* packed two per byte (nvfp4/mxfp4 payloads) */
 	KVB_DTYPE__COUNT,
 };
@@ -239,8 +239,9 @@ kvb_key kvb_key_chain_eagle(const kvb_key *parent, const uint32_t *tokens, size_
 
 /*
  * Stores a page of exactly page_bytes from src. Returns 0 when stored, 1 when the key was already
- * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() is copied by the broker
- * directly; any other src goes through a staging buffer (one extra memcpy).
+ * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() (or inside the addr range
+ * of kvb_buf_register_host_fd(), or a registered GPU buffer) is copied by the broker directly;
+ * any other src goes through a staging buffer (one extra memcpy).
  * Errors: -EINVAL length or ns, -ENOSPC pool full of leased pages, -ECONNRESET broker gone.
  */
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len);
@@ -300,7 +301,8 @@ void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
 
 /* kvb_buf_register_host_fd() flags */
-#define KVB_BUF_SEAL (1u << 0) /* add F_SEAL_SHRINK to the fd when it lacks it */
+#define KVB_BUF_SEAL (1u << 0)	 /* add F_SEAL_SHRINK to the fd when it lacks it */
+#define KVB_BUF_FDCOPY (1u << 1) /* unsealed is fine: the broker copies with pread/pwrite */
 
 /*
  * Registers [offset, offset + len) of a host-memory file the caller owns (a memfd, e.g.
@@ -316,13 +318,29 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
  * /dev/shm) that can never shrink: sealed F_SEAL_SHRINK. With KVB_BUF_SEAL the library adds
  * the seal when it is missing (other seals are left as they are: the caller may still write
  * and grow the file); a memfd made without MFD_ALLOW_SEALING, like every /dev/shm file, cannot
- * be sealed, and such a file is refused. A sealed file cannot be truncated below its size by
- * anyone afterwards (ftruncate fails with EPERM), for the life of the file.
+ * be sealed, and such a file is refused unless KVB_BUF_FDCOPY is given. A sealed file cannot
+ * be truncated below its size by anyone afterwards (ftruncate fails with EPERM), for the life
+ * of the file.
+ *
+ * KVB_BUF_FDCOPY accepts an unsealed tmpfs file (SGLang 0.5.23's alloc_shm memfd, made without
+ * MFD_ALLOW_SEALING, or its unlinked /dev/shm file): the broker then never maps it and moves
+ * the bytes with pread/pwrite on the file (through its own open of it), which cannot fault
+ * whatever the caller does to the file. Everything else is as for a sealed file (buf+off ops,
+ * views, pointers inside addr), one kernel copy per op instead of a memcpy (see docs/design.md
+ * for the cost). If the caller shrinks the file under the range an op touches, the op fails
+ * with -EFAULT: a PUT stores nothing (a LOOKUP misses), a GET may have written part of the
+ * page into the file before it failed. A GET never writes past the file's current end (it
+ * fails -EFAULT instead of growing the file). A file that is sealed (or, with KVB_BUF_SEAL as
+ * well, can be sealed) is mapped as without the flag, so KVB_BUF_SEAL | KVB_BUF_FDCOPY takes
+ * the fastest path the file allows. The fd must be open O_RDWR and not O_APPEND (-EBADF).
+ * Such buffers are host memory: a view mixing them with GPU buffers is -EINVAL, like any
+ * host buffer.
  * Errors: -EINVAL len 0, offset + len overflows, unknown flags, fd not a file; -EPERM the file
- * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed);
- * -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose pages
- * under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the broker's
- * --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
+ * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed),
+ * and KVB_BUF_FDCOPY was not given; -EBADF (KVB_BUF_FDCOPY, unsealed) fd not open O_RDWR, or
+ * O_APPEND; -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose
+ * pages under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the
+ * broker's --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
  */
 int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
 			     uint32_t flags, uint32_t *buf);
@@ -381,8 +399,8 @@ struct kvb_view_part2 {
  * below the part's bytes_per_token_layer, a page_stride that makes pages overlap, non-zero
  * flags/resv; -EBADF an unknown namespace or buffer; -EMFILE too many views.
  */
-int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts,
-		     size_t nparts, uint32_t flags, uint32_t *view);
+int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
+		     uint32_t flags, uint32_t *view);
 
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
@@ -445,9 +463,11 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
- * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time,
- * -ECONNRESET when the broker went away, or -ESHUTDOWN when another thread called kvb_close()
- * meanwhile (then this thread must not touch the client again).
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED.
+ * Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, -ECONNRESET when
+ * the broker went away, or -ESHUTDOWN when another thread called kvb_close() meanwhile (then
+ * this thread must not touch the client again). With a kvb_completion_fd(), the call that
+ * leaves nothing to reap re-arms that fd.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
 

@@ -180,6 +180,10 @@ def main():
         (0, 0, [sqe(PUT, 0, k2, 0, 0, flags=1, ud=1), sqe(GET, 0, k2, 0, 3, flags=1, ud=2, lf=1, lc=1),
                 sqe(PREFETCH, 1, k2, ud=3)]),
     ]))
+    put("ring", "view2-page-stride", ring(1, 7, b"", [
+        (0, 0, [sqe(PUT, 0, k2, 1, 2, flags=1, ud=1), sqe(GET, 0, k2, 1, 5, flags=1, ud=2),
+                sqe(GET, 0, k2, 1, 0, flags=1, ud=3, lf=0, lc=1)]),
+    ]))
     put("ring", "bad-tail", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (100, 0, [sqe(NOP)])]))
     put("ring", "bad-cq-head", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (0, 1000, [sqe(NOP)])]))
     put("ring", "acquire-many", ring(2, 0x7FFFFFFF, b"", [
