@@ -23,7 +23,8 @@
 #define SESSION_MAX_VIEWS 256
 #define SESSION_MAX_NS 64	  /* namespaces one client may open */
 #define SESSION_HELLO_TIMEOUT 5.0 /* seconds a connection may stay silent before HELLO */
-#define CONN_SPARE 64		  /* connections beyond --max-clients (kvbctl, handshakes) */
+#define CONN_SPARE 64		  /* handshakes (no HELLO yet) at once: the oldest makes room */
+#define LOG_GAP 10.0		  /* seconds between two refusal/expiry lines of one kind */
 
 struct config {
 	char socket_path[108];
@@ -33,6 +34,8 @@ struct config {
 	double high_wm, low_wm;
 	uint32_t poll_us;
 	uint32_t max_clients;
+	uint32_t max_control; /* --max-control: control-only connections (kvbctl) */
+	double control_idle; /* --control-idle: seconds a silent control connection lives, 0 ever */
 	uint32_t max_leases;
 	uint32_t arg_size;
 	uint64_t max_buf_bytes; /* host memory one client may register */
@@ -65,7 +68,7 @@ struct xfer_stats {
 struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
-		refused;
+		refused, expired;
 };
 
 /*
@@ -128,6 +131,7 @@ struct session {
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;
+	double active_at;  /* its last control message (control connections expire idle) */
 	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
 	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
 	int dead;	   /* destroyed, waiting in the graveyard until the epoll batch is done */
@@ -147,6 +151,8 @@ struct broker {
 	struct list sessions;
 	struct list graveyard;
 	uint32_t nsessions; /* ring clients (control connections not counted) */
+	uint32_t ncontrol;  /* control-only connections past HELLO */
+	uint32_t npending;  /* connections that have not sent HELLO yet */
 	uint32_t nconns;    /* every connection */
 	uint32_t next_id;
 	uint64_t leases; /* leases held by all clients */
@@ -182,7 +188,8 @@ int peer_pidfd(int fd, pid_t pid, const char **how);
 int session_accept(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 void session_reap(struct broker *b);
-/* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT. */
+/* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT, and control connections
+ * silent for --control-idle seconds. */
 void session_expire(struct broker *b, double now);
 int session_on_msg(struct broker *b, struct session *s);
 /* Consumes up to max SQEs; returns SQEs handled, or -1 when the session was destroyed. */

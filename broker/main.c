@@ -77,6 +77,10 @@ static void usage(FILE *f)
 		"is\n"
 		"                         HOST:PORT or PORT (loopback), e.g. 127.0.0.1:9464\n"
 		"  --max-clients N        attached clients (default 1024)\n"
+		"  --max-control N        control-only connections such as kvbctl, apart from\n"
+		"                         --max-clients (default 64)\n"
+		"  --control-idle SECS    close control connections silent this long (default\n"
+		"                         120; 0: never)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
@@ -181,7 +185,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXSQ,
 		O_MAXBUFS,
 		O_MAXNS,
-		O_MAXINFL
+		O_MAXINFL,
+		O_MAXCTL,
+		O_CTLIDLE
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -216,6 +222,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"max-bufs", required_argument, NULL, O_MAXBUFS},
 		{"max-ns", required_argument, NULL, O_MAXNS},
 		{"max-inflight", required_argument, NULL, O_MAXINFL},
+		{"max-control", required_argument, NULL, O_MAXCTL},
+		{"control-idle", required_argument, NULL, O_CTLIDLE},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -225,6 +233,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 	memset(c, 0, sizeof(*c));
 	c->poll_us = 200;
 	c->max_clients = 1024;
+	c->max_control = 64;
+	c->control_idle = 120;
 	c->max_leases = 65536;
 	c->arg_size = 1u << 20;
 	c->max_buf_bytes = ram_bytes();
@@ -287,6 +297,18 @@ static int parse_args(int argc, char **argv, struct config *c)
 			if (parse_u32(optarg, &c->max_clients) || !c->max_clients)
 				goto bad;
 			break;
+		case O_MAXCTL:
+			if (parse_u32(optarg, &c->max_control) || !c->max_control)
+				goto bad;
+			break;
+		case O_CTLIDLE: {
+			uint32_t secs;
+
+			if (parse_u32(optarg, &secs))
+				goto bad;
+			c->control_idle = secs;
+			break;
+		}
 		case O_MAXL:
 			if (parse_u32(optarg, &c->max_leases))
 				goto bad;
@@ -509,9 +531,9 @@ static int epoll_add(int epfd, int fd, uint64_t data)
  * would be refused. Raise the soft limit to what --max-clients needs, up to the hard limit, and
  * say so when even that is short (t_rel_overload: fd_limit).
  */
-static void raise_nofile(uint32_t max_clients)
+static void raise_nofile(uint32_t max_clients, uint32_t max_control)
 {
-	rlim_t want = ((rlim_t)max_clients + CONN_SPARE) * 4 + 64;
+	rlim_t want = ((rlim_t)max_clients + max_control + CONN_SPARE) * 4 + 64;
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
@@ -600,7 +622,7 @@ int main(int argc, char **argv)
 	 * /proc/<pid>/fd, which would hand them a writable pool.
 	 */
 	prctl(PR_SET_DUMPABLE, 0);
-	raise_nofile(b.cfg.max_clients);
+	raise_nofile(b.cfg.max_clients, b.cfg.max_control);
 	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	/* First, before any work: a second broker on this socket stops here. */

@@ -16,8 +16,17 @@
  * socket, and a recycled pid can never be mistaken for the client. Anything
  * the client controls (messages, fds, ring indices, SQE bytes) is validated before use, and a
  * violation that makes the channel untrustworthy (a malformed datagram, an impossible ring
- * index) ends only this session, with the reason logged. Teardown releases, from broker-private
- * bookkeeping alone, every lease, buffer mapping, view and fd the session held.
+ * index) ends only this session, with the reason logged.
+ *
+ * Limits, each answered -EUSERS at HELLO (a refusal the client can tell from a lost broker):
+ * ring clients --max-clients, control-only connections --max-control, apart, so that idle
+ * kvbctl-style connections never lock engines out. Control connections silent for
+ * --control-idle seconds are closed. Handshakes (accepted, no HELLO yet) are at most CONN_SPARE:
+ * a new one closes the oldest, so silent connects cannot lock anyone out; each has
+ * SESSION_HELLO_TIMEOUT to say HELLO. Refusal and expiry log lines are throttled (LOG_GAP).
+ *
+ * Teardown releases, from broker-private bookkeeping alone, every lease, buffer mapping, view
+ * and fd the session held.
  *
  * Loop thread only.
  */
@@ -40,6 +49,39 @@
 #include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
+
+/* One log line per kind per LOG_GAP seconds; the next says how many were not logged. */
+struct throttle {
+	double at;
+	uint64_t quiet;
+};
+static struct throttle tt_refused, tt_hello, tt_idle;
+
+static int throttle_ok(struct throttle *t, uint64_t *quiet)
+{
+	double now = now_sec();
+
+	if (t->at && now - t->at < LOG_GAP) {
+		t->quiet++;
+		return 0;
+	}
+	*quiet = t->quiet;
+	t->quiet = 0;
+	t->at = now;
+	return 1;
+}
+
+#define log_throttled(tt, fmt, ...)                                                                \
+	do {                                                                                       \
+		uint64_t q_ = 0;                                                                   \
+		if (!throttle_ok(&(tt), &q_))                                                      \
+			break;                                                                     \
+		if (q_)                                                                            \
+			log_warn(fmt " (and %llu more in %.0f s, not logged)", __VA_ARGS__,        \
+				 (unsigned long long)q_, LOG_GAP);                                 \
+		else                                                                               \
+			log_warn(fmt, __VA_ARGS__);                                                \
+	} while (0)
 
 static int ep_add(struct broker *b, int fd, struct session *s, unsigned tag)
 {
@@ -87,25 +129,46 @@ int session_accept(struct broker *b)
 		if (fd >= 0)
 			close(fd);
 		b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		log_warn("refused a connection: out of file descriptors");
+		log_throttled(tt_refused, "refused a connection: %s", "out of file descriptors");
 		b->ctr.refused++;
 		return fd >= 0 ? 1 : 0;
 	}
 	if (fd < 0)
 		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
-	/* Refused peers still count as progress for the caller's accept loop. */
-	if (b->nconns >= b->cfg.max_clients + CONN_SPARE) {
-		log_warn("refused a connection: %u connections open", b->nconns);
+	/*
+	 * Refused peers still count as progress for the caller's accept loop. A backstop only:
+	 * each kind of connection is bounded below (handshakes here, the rest at HELLO).
+	 */
+	if (b->nconns >= b->cfg.max_clients + b->cfg.max_control + CONN_SPARE) {
+		log_throttled(tt_refused, "refused a connection: %u connections open", b->nconns);
 		b->ctr.refused++;
 		close(fd);
 		return 1;
 	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || !peer_allowed(b, fd, &cr)) {
-		log_warn("refused connection from pid %d uid %d: not the broker's uid or group",
-			 (int)cr.pid, (int)cr.uid);
+		log_throttled(tt_refused, "refused pid %d uid %d: not the broker's uid or group",
+			      (int)cr.pid, (int)cr.uid);
 		b->ctr.refused++;
 		close(fd);
 		return 1;
+	}
+	/* Too many handshakes: the oldest silent one makes room (a client says HELLO at once). */
+	if (b->npending >= CONN_SPARE) {
+		struct list *pos;
+
+		list_for_each (pos, &b->sessions) {
+			struct session *o = list_entry(pos, struct session, link);
+
+			if (!o->hello_done) {
+				log_throttled(tt_hello,
+					      "client %u (pid %d): closed: no HELLO in time (%u "
+					      "handshakes pending)",
+					      o->id, (int)o->pid, b->npending);
+				b->ctr.expired++;
+				session_destroy(b, o, NULL);
+				break;
+			}
+		}
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
@@ -117,7 +180,7 @@ int session_accept(struct broker *b)
 	s->uid = cr.uid;
 	s->gid = cr.gid;
 	s->id = ++b->next_id;
-	s->accepted_at = now_sec();
+	s->accepted_at = s->active_at = now_sec();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->node = -1;
 	s->pidfd = peer_pidfd(fd, cr.pid, &how);
@@ -134,6 +197,7 @@ int session_accept(struct broker *b)
 	}
 	list_add_tail(&b->sessions, &s->link);
 	b->nconns++;
+	b->npending++;
 	log_debug("client %u: connected, pid %d uid %d, pidfd %s", s->id, (int)s->pid, (int)s->uid,
 		  s->pidfd >= 0 ? how : "none");
 	return 1;
@@ -162,7 +226,11 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
 	close(s->sock);		 /* also leaves the epoll set */
 	list_del(&s->link);
-	if (s->hello_done && !s->control_only)
+	if (!s->hello_done)
+		b->npending--;
+	else if (s->control_only)
+		b->ncontrol--;
+	else
 		b->nsessions--;
 	b->nconns--;
 	b->ctr.disconnects++;
@@ -218,7 +286,19 @@ void session_expire(struct broker *b, double now)
 
 		if (!s->hello_done && now - s->accepted_at > SESSION_HELLO_TIMEOUT) {
 			b->ctr.protocol_errors++;
-			session_destroy(b, s, "no HELLO in time");
+			b->ctr.expired++;
+			log_throttled(tt_hello, "client %u (pid %d): closed: no HELLO in time",
+				      s->id, (int)s->pid);
+			session_destroy(b, s, NULL);
+		} else if (s->control_only && b->cfg.control_idle > 0 &&
+			   now - s->active_at > b->cfg.control_idle) {
+			b->ctr.expired++;
+			log_throttled(tt_idle,
+				      "client %u (%s, pid %d): closed: control connection idle for "
+				      "%.0f s (--control-idle)",
+				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
+				      now - s->active_at);
+			session_destroy(b, s, NULL);
 		}
 	}
 }
@@ -388,13 +468,25 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	rep.abi_minor = KVB_ABI_MINOR;
 	rep.client_id = s->id;
 	if (m->flags & KVB_HELLOF_CONTROL) {
+		if (b->ncontrol >= b->cfg.max_control) {
+			log_throttled(tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
+				      s->name, (int)s->pid, b->ncontrol,
+				      "control connections (--max-control)");
+			b->ctr.refused++;
+			reply(s, h, -EUSERS, NULL, 0, NULL, 0);
+			return -EUSERS;
+		}
 		s->control_only = 1;
 		s->hello_done = 1;
+		b->npending--;
+		b->ncontrol++;
 		return reply(s, h, 0, &rep, sizeof(rep), NULL, 0) ? -EPROTO : 0;
 	}
 	if (b->nsessions >= b->cfg.max_clients) {
-		log_warn("client %u: refused: %u clients attached (--max-clients)", s->id,
-			 b->nsessions);
+		log_throttled(tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
+			      s->name, (int)s->pid, b->nsessions,
+			      "clients attached (--max-clients)");
+		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
 	}
@@ -427,6 +519,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	err = reply(s, h, 0, &rep, sizeof(rep), fds, (uint32_t)nfds);
 	if (!err) {
 		s->hello_done = 1;
+		b->npending--;
 		b->nsessions++;
 		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s",
 			 s->id, s->name, (int)s->pid, (int)s->uid, sq, s->node,
@@ -669,6 +762,7 @@ int session_on_msg(struct broker *b, struct session *s)
 		err = -1;
 		goto out;
 	}
+	s->active_at = now_sec();
 	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC) || kvb_msg_check(buf, (size_t)n) ||
 	    (((struct kvb_msg_hdr *)buf)->flags & KVB_MSGF_REPLY)) {
 		why = "malformed control message";
@@ -682,7 +776,10 @@ int session_on_msg(struct broker *b, struct session *s)
 		goto out;
 	}
 	err = dispatch(b, s, &h, buf + sizeof(h), (size_t)n - sizeof(h), nfds ? fds[0] : -1);
-	if (err < 0)
+	/* A refusal at a limit was answered and logged (throttled): no violation, no line. */
+	if (err == -EUSERS)
+		violation = 0;
+	else if (err < 0)
 		why = err == -EPROTO ? "protocol violation on the control socket" : strerror(-err);
 out:
 	for (int i = 0; i < nfds; i++)

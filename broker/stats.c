@@ -126,6 +126,7 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "disconnects", (double)c->disconnects);
 	num(o, "protocol_errors", (double)c->protocol_errors);
 	num(o, "refused", (double)c->refused);
+	num(o, "expired", (double)c->expired);
 	return o;
 }
 
@@ -172,6 +173,8 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
 	cJSON_AddItemToObject(root, "disk", tier_json(b));
 	num(root, "clients", b->nsessions);
+	num(root, "control_clients", b->ncontrol);
+	num(root, "handshakes", b->npending);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
 	cJSON_AddItemToObject(root, "counters", counters_json(b));

@@ -50,7 +50,8 @@ const char *kvb_strerror(int err)
 	case EMFILE:
 		return "too many namespaces, buffers or views";
 	case EUSERS:
-		return "too many clients attached to the broker";
+		return "too many clients attached to the broker (--max-clients; --max-control for "
+		       "control connections)";
 	case ENFILE:
 		return "too many open files in the system";
 	case ETIMEDOUT:

@@ -352,7 +352,9 @@ static void counters(struct mbuf *m, const cJSON *c)
 		{"protocol_errors", "kvbroker_protocol_errors_total", "counter",
 		 "Sessions ended for a protocol violation."},
 		{"refused", "kvbroker_refused_connections_total", "counter",
-		 "Connections refused (credentials, connection cap, out of fds)."},
+		 "Connections refused (credentials, --max-clients, --max-control, out of fds)."},
+		{"expired", "kvbroker_expired_connections_total", "counter",
+		 "Connections closed for silence (no HELLO in time, idle control connections)."},
 	};
 
 	if (!c)
@@ -387,6 +389,8 @@ char *metrics_text(const cJSON *st)
 		pool_bytes(&m, st, disk);
 	disk_metrics(&m, disk, dstate);
 	single(&m, st, "clients", "kvbroker_clients", "gauge", "Attached ring clients.");
+	single(&m, st, "control_clients", "kvbroker_control_clients", "gauge",
+	       "Control-only connections (kvbctl).");
 	single(&m, st, "leases", "kvbroker_leases", "gauge", "Leases held by all clients.");
 	if (sdoc_arr(st, "namespaces")) {
 		family(&m, "kvbroker_namespaces", "gauge", "Namespaces (model, layout, tenant).");

@@ -122,6 +122,7 @@ struct fuzz_broker *fuzz_broker(void)
 	list_init(&fb.b.sessions);
 	list_init(&fb.b.graveyard);
 	fb.b.cfg.max_clients = 16;
+	fb.b.cfg.max_control = 16;
 	fb.b.cfg.max_leases = 64;
 	fb.b.cfg.arg_size = 16384;
 	fb.b.cfg.max_buf_bytes = 4u << 20;
@@ -170,6 +171,7 @@ static struct session *session_new(struct fuzz_broker *fb)
 	list_init(&s->link);
 	list_add_tail(&fb->b.sessions, &s->link);
 	fb->b.nconns++;
+	fb->b.npending++; /* accepted, no HELLO yet, as session_accept() leaves it */
 	return s;
 }
 
@@ -215,6 +217,7 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
 		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
 	s->hello_done = 1;
+	fb->b.npending--;
 	fb->b.nsessions++;
 	open_ns(s, fb->ns_a);
 	open_ns(s, fb->ns_b);
@@ -269,7 +272,7 @@ void fuzz_session_end(struct fuzz_broker *fb, struct session *s, int alive)
 		fuzz_fail("leases left after the session ended");
 	if (b->store.st.pinned)
 		fuzz_fail("pages left pinned after the session ended");
-	if (b->nconns || b->nsessions)
+	if (b->nconns || b->nsessions || b->ncontrol || b->npending)
 		fuzz_fail("session counts");
 	/* Nothing is in flight once the input is done: no dead session may wait to be freed. */
 	if (!list_empty(&b->graveyard))
