@@ -49,6 +49,7 @@
 #include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
+#include "text.h"
 
 /* One log line per kind per LOG_GAP seconds; the next says how many were not logged. */
 struct throttle {
@@ -553,8 +554,15 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	}
 	rep.ns = n->id;
 	rep.page_bytes = n->page_bytes;
-	log_debug("client %u: namespace %u '%s' page %llu bytes", s->id, n->id, n->layout.model,
-		  (unsigned long long)n->page_bytes);
+	if (log_min_level <= LOG_DEBUG) {
+		char model[sizeof(n->layout.model)];
+
+		/* Client bytes in a log line: no newline may forge a line. */
+		memcpy(model, n->layout.model, sizeof(model));
+		model[sizeof(model) - 1] = '\0';
+		log_debug("client %u: namespace %u '%s' page %llu bytes", s->id, n->id,
+			  text_printable(model), (unsigned long long)n->page_bytes);
+	}
 	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
 }
 

@@ -9,10 +9,23 @@
 
 #include "broker.h"
 #include "metrics_http.h"
+#include "text.h"
 
 static void num(cJSON *o, const char *k, double v)
 {
 	cJSON_AddNumberToObject(o, k, v);
+}
+
+/*
+ * A string a client chose (model, name, GPU bus id), as valid UTF-8: the document must be
+ * (json.load and every strict parser refuse it otherwise); invalid bytes become U+FFFD. cJSON
+ * escapes the control characters.
+ */
+static void add_text(cJSON *o, const char *key, const char *s, size_t n)
+{
+	char buf[3 * 256 + 1];
+
+	cJSON_AddStringToObject(o, key, text_utf8(buf, sizeof(buf), s, n < 256 ? n : 256));
 }
 
 static cJSON *pool_json(const struct broker *b)
@@ -79,7 +92,7 @@ static cJSON *ns_json(const struct broker *b)
 		uint64_t pages = b->store.ns_pages[n->id];
 
 		num(o, "id", n->id);
-		cJSON_AddStringToObject(o, "model", l->model);
+		add_text(o, "model", l->model, sizeof(l->model));
 		cJSON_AddStringToObject(o, "kind", l->kind == KVB_LAYOUT_MLA ? "mla" : "mha");
 		num(o, "tokens_per_page", l->tokens_per_page);
 		num(o, "tp_size", l->tp_size);
@@ -146,12 +159,12 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "id", s->id);
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
-		cJSON_AddStringToObject(o, "name", s->name);
+		add_text(o, "name", s->name, sizeof(s->name));
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
 		num(o, "namespaces", s->nns);
 		num(o, "node", s->node);
-		cJSON_AddStringToObject(o, "gpu", s->gpu);
+		add_text(o, "gpu", s->gpu, sizeof(s->gpu));
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;

@@ -80,6 +80,7 @@
 #include "broker.h"
 #include "log.h"
 #include "slot.h"
+#include "text.h"
 #include "tier.h"
 
 #define TIER_FAIL_AFTER 8	/* consecutive I/O errors that fail the tier */
@@ -1223,7 +1224,12 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddNumberToObject(o, "probe_failures", t ? (double)t->probe_failures : 0);
 	cJSON_AddBoolToObject(o, "direct", t && t->d.direct);
 	for (uint32_t i = 0; t && i < t->d.npaths; i++) {
-		cJSON_AddItemToArray(paths, cJSON_CreateString(t->d.path[i].name));
+		const struct disk_path *p = &t->d.path[i];
+		char name[3 * sizeof(p->name) + 1];
+
+		/* The stats document is valid UTF-8 throughout (protocol.md §7). */
+		text_utf8(name, sizeof(name), p->name, sizeof(p->name));
+		cJSON_AddItemToArray(paths, cJSON_CreateString(name));
 		total += t->log[i].end - t->log[i].start;
 	}
 	cJSON_AddItemToObject(o, "paths", paths);

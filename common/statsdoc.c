@@ -6,6 +6,18 @@
 #include <string.h>
 
 #include "statsdoc.h"
+#include "text.h"
+
+void sdoc_printable(cJSON *o)
+{
+	for (cJSON *c = o ? o->child : NULL; c; c = c->next) {
+		if (c->string)
+			text_printable(c->string);
+		if (cJSON_IsString(c) && c->valuestring)
+			text_printable(c->valuestring);
+		sdoc_printable(c);
+	}
+}
 
 double sdoc_num(const cJSON *o, const char *name)
 {

@@ -16,6 +16,13 @@ const char *sdoc_str(const cJSON *o, const char *name);	 /* "" when absent */
 const cJSON *sdoc_arr(const cJSON *o, const char *name); /* NULL when absent */
 const cJSON *sdoc_obj(const cJSON *o, const char *name); /* NULL when absent */
 
+/*
+ * For a terminal: every string (and member name) in the document, in place, through
+ * text_printable(): strings come from clients (model and client names) and from files
+ * (--stats-file), and must not carry control characters or ESC sequences to the operator.
+ */
+void sdoc_printable(cJSON *o);
+
 /* The "disk" object when the broker has a disk tier that is not off, else NULL. */
 const cJSON *sdoc_disk(const cJSON *root);
 

@@ -30,6 +30,7 @@
 #include "kvbctl.h"
 #include "kvbroker.h"
 #include "metrics.h"
+#include "text.h"
 
 const char *ctl_prog = "kvbctl";
 
@@ -276,6 +277,25 @@ static double ns_saved(const cJSON *ns)
 		       : sdoc_num(ns, "dedup") * sdoc_num(ns, "page_bytes");
 }
 
+/*
+ * s cut to at most w bytes at a character boundary, for a %-W.Ws column: printf counts bytes
+ * and would cut a UTF-8 sequence in two (invalid output, a terminal's odd glyph).
+ */
+static const char *clip(const char *s, size_t w, char *buf, size_t len)
+{
+	size_t n = 0, k;
+
+	while (n < len - 1 && s[n]) {
+		k = text_utf8_seq((const unsigned char *)s + n, strlen(s + n));
+		if (!k || n + k > w || n + k > len - 1)
+			break;
+		n += k;
+	}
+	memcpy(buf, s, n);
+	buf[n] = '\0';
+	return buf;
+}
+
 /* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */
 static void print_disk(const cJSON *root)
 {
@@ -368,11 +388,11 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 		cJSON_ArrayForEach(ns, nss)
 		{
 			double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
-			char e[32];
+			char e[32], mb[32];
 
 			printf("%4.0f  %-24.24s %-4s %6.0f %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
-			       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
-			       sdoc_num(ns, "tokens_per_page"),
+			       sdoc_num(ns, "id"), clip(sdoc_str(ns, "model"), 24, mb, sizeof(mb)),
+			       sdoc_str(ns, "kind"), sdoc_num(ns, "tokens_per_page"),
 			       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
 			       sdoc_num(ns, "pages"),
 			       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
@@ -432,14 +452,15 @@ static void print_clients(const cJSON *root)
 	       "name", "ns", "leases", "ops", "puts", "gets", "in", "out");
 	cJSON_ArrayForEach(cl, list)
 	{
-		char nsb[64], a[32], b[32];
+		char nsb[64], a[32], b[32], nm[32];
 
 		printf("%6.0f %8.0f %6.0f  %-24.24s %-12.12s %7.0f %12.0f %10.0f %10.0f %10s "
 		       "%10s\n",
 		       sdoc_num(cl, "id"), sdoc_num(cl, "pid"), sdoc_num(cl, "uid"),
-		       sdoc_str(cl, "name"), ctl_ns_list(cl, nsb, sizeof(nsb)),
-		       sdoc_num(cl, "leases"), sdoc_num(cl, "ops"), sdoc_num(cl, "puts"),
-		       sdoc_num(cl, "gets"), fmt_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
+		       clip(sdoc_str(cl, "name"), 24, nm, sizeof(nm)),
+		       ctl_ns_list(cl, nsb, sizeof(nsb)), sdoc_num(cl, "leases"),
+		       sdoc_num(cl, "ops"), sdoc_num(cl, "puts"), sdoc_num(cl, "gets"),
+		       fmt_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
 		       fmt_bytes(sdoc_num(cl, "bytes_out"), b, sizeof(b)));
 	}
 }
@@ -460,7 +481,7 @@ static void print_ns(const cJSON *root)
 	cJSON_ArrayForEach(ns, nss)
 	{
 		double h = sdoc_num(ns, "hits"), m = sdoc_num(ns, "misses");
-		char tp[16];
+		char tp[16], mb[32];
 
 		snprintf(tp, sizeof(tp), "%.0f/%.0f", sdoc_num(ns, "tp_rank"),
 			 sdoc_num(ns, "tp_size"));
@@ -469,10 +490,11 @@ static void print_ns(const cJSON *root)
 			snprintf(tp, sizeof(tp), "%.0f", sdoc_num(ns, "tp_size"));
 		printf("%4.0f  %-24.24s %-4s %6.0f %5s %5.0f %7.0f %10s %8.0f %10s %8s %8.0f %8.0f "
 		       "%8.0f %10s\n",
-		       sdoc_num(ns, "id"), sdoc_str(ns, "model"), sdoc_str(ns, "kind"),
-		       sdoc_num(ns, "tokens_per_page"), tp, sdoc_num(ns, "components"),
-		       sdoc_num(ns, "clients"), fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
-		       sdoc_num(ns, "pages"), fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+		       sdoc_num(ns, "id"), clip(sdoc_str(ns, "model"), 24, mb, sizeof(mb)),
+		       sdoc_str(ns, "kind"), sdoc_num(ns, "tokens_per_page"), tp,
+		       sdoc_num(ns, "components"), sdoc_num(ns, "clients"),
+		       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)), sdoc_num(ns, "pages"),
+		       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
 		       fmt_pct(h, h + m, c, sizeof(c)), h, sdoc_num(ns, "puts"),
 		       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), d, sizeof(d)));
 	}
@@ -728,6 +750,9 @@ int main(int argc, char **argv)
 			goto out;
 	}
 	ensure_shape(root);
+	/* Tables go to a terminal; JSON is escaped by cJSON, metrics escape their labels. */
+	if (!o.json && strcmp(cmd, "metrics"))
+		sdoc_printable(root);
 
 	if (!strcmp(cmd, "status"))
 		ret = o.json ? ctl_print_json(root)

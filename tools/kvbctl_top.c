@@ -227,6 +227,7 @@ int ctl_top(struct ctl *x, double interval)
 			root = NULL;
 			if (x->c && ctl_fetch(x, &root, 1) < 0)
 				ctl_disconnect(x);
+			sdoc_printable(root); /* client names reach the screen */
 			if (!x->c) {
 				cJSON_Delete(prev);
 				prev = NULL;
