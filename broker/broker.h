@@ -233,6 +233,13 @@ int xfer_park_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe
 		  struct kvb_cqe *cqe);
 void xfer_existed(struct broker *b, struct ns *n, struct kvb_cqe *cqe);
 uint32_t xfer_poll(struct broker *b);
+/*
+ * The loop saw a copy engine's eventfd readable: drains both eventfds whatever is in flight,
+ * then polls. An engine's poll() drains only while it has jobs in flight, and a completion
+ * that rings after the poll that took it (a CUDA host callback after its event) must not leave
+ * a level-triggered eventfd readable: the idle loop would spin on it.
+ */
+uint32_t xfer_event(struct broker *b);
 /* The loop is about to sleep: engines with copies in flight must ring their eventfds. */
 void xfer_arm(struct broker *b);
 /* Engines up (host always, CUDA when asked and present) / down (waits for their jobs). */

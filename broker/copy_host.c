@@ -84,7 +84,7 @@ static void *worker(void *arg)
 		pthread_mutex_lock(&h->lock);
 		*h->done_tail = j;
 		h->done_tail = &j->next;
-		/* Wakes the loop: poll() reads the eventfd before it takes the done queue. */
+		/* Wakes the loop; poll() drains the eventfd and takes the queue under this lock. */
 		if (write(h->e.efd, &one, sizeof(one)) < 0) {
 			/* EAGAIN only (counter saturated): the loop is already due to wake. */
 		}
@@ -121,11 +121,17 @@ static uint32_t host_poll(struct copy_engine *e)
 
 	if (!e->inflight)
 		return 0;
-	/* Drain first: a completion pushed after this read rings the eventfd again. */
+	/*
+	 * Drain under the lock the workers push and ring under: the eventfd then says exactly
+	 * whether the done queue holds jobs we have not taken. Drained before taking the lock, a
+	 * completion could ring between the read and the lock and be taken by this very poll,
+	 * leaving the eventfd readable with nothing in flight, and the level-triggered loop
+	 * spinning on it (100% CPU while idle; test_copy_host).
+	 */
+	pthread_mutex_lock(&h->lock);
 	if (read(e->efd, &v, sizeof(v)) < 0) {
 		/* EAGAIN: nothing rang; the done queue may still hold work from before. */
 	}
-	pthread_mutex_lock(&h->lock);
 	j = h->done_head;
 	h->done_head = NULL;
 	h->done_tail = &h->done_head;

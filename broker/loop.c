@@ -131,7 +131,7 @@ static void on_event(struct broker *b, const struct epoll_event *ev)
 		return;
 	}
 	if (ev->data.u64 == LOOP_COPY) {
-		xfer_poll(b);
+		xfer_event(b);
 		return;
 	}
 	if (s->dead)

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include "broker.h"
 #include "copy_cuda.h"
@@ -198,6 +199,18 @@ uint32_t xfer_poll(struct broker *b)
 	if (b->gpu)
 		n += b->gpu->poll(b->gpu);
 	return n;
+}
+
+uint32_t xfer_event(struct broker *b)
+{
+	struct copy_engine *e[2] = {b->copy, b->gpu};
+	uint64_t v;
+
+	for (int i = 0; i < 2; i++)
+		if (e[i] && e[i]->efd >= 0 && read(e[i]->efd, &v, sizeof(v)) < 0) {
+			/* EAGAIN: the other engine rang */
+		}
+	return xfer_poll(b);
 }
 
 void xfer_arm(struct broker *b)

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MIT
+/*
+ * test_copy_host.c - the host copy engine's poll contract (copy.h): once poll() has completed
+ * every queued job, the engine's eventfd is not readable. Regression: poll() drained the eventfd
+ * before it took the done-queue lock, so a job that finished in between was completed by that
+ * poll while its ring stayed: the level-triggered loop then woke at once, forever, with nothing
+ * in flight (an idle broker at 100% CPU). read() is wrapped (--wrap=read) to hold that window
+ * open: right after poll()'s read of the eventfd it waits (up to 300 ms) for the worker to ring
+ * it. The broken engine then takes the job and leaves the ring; the fixed one reads under the
+ * lock, so the worker cannot ring until poll() is past it, and the next poll() takes both.
+ * Also: many jobs through two workers, every one completed exactly once, the eventfd quiet at
+ * the end.
+ */
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "copy.h"
+
+static int window_fd = -1; /* read() of this fd holds the window open, once */
+
+ssize_t __real_read(int fd, void *buf, size_t len);
+ssize_t __wrap_read(int fd, void *buf, size_t len);
+ssize_t __wrap_read(int fd, void *buf, size_t len)
+{
+	ssize_t n = __real_read(fd, buf, len);
+
+	if (fd >= 0 && fd == window_fd) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+
+		window_fd = -1;
+		poll(&p, 1, 300); /* the worker rings meanwhile, unless poll() holds the lock */
+	}
+	return n;
+}
+
+static int ndone;
+
+static void done(struct copy_job *j)
+{
+	(void)j;
+	ndone++;
+}
+
+static int readable(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+
+	return poll(&p, 1, 0) == 1;
+}
+
+/* Polls until every job completed (or 5 s); returns the polls it took. */
+static int drain(struct copy_engine *e)
+{
+	int polls = 0;
+
+	for (int i = 0; i < 5000 && e->inflight; i++, polls++) {
+		struct pollfd p = {.fd = e->efd, .events = POLLIN};
+
+		poll(&p, 1, 1);
+		e->poll(e);
+	}
+	return polls;
+}
+
+static void test_copy_host_ring_taken_with_its_job(void **state)
+{
+	static uint8_t src[1 << 16], dst[1 << 16];
+	struct copy_seg seg = {dst, src, sizeof(src)};
+	struct copy_job j = {.done = done, .dev = COPY_HOST, .nsegs = 1, .bytes = sizeof(src)};
+	struct copy_engine *e = copy_host_create(1, 0);
+
+	(void)state;
+	assert_non_null(e);
+	j.segs = &seg;
+	ndone = 0;
+	/* The job sleeps 50 ms on its worker: poll()'s read comes first, the ring in the window. */
+	copy_host_test(e, 50000, 0);
+	memset(src, 0x5a, sizeof(src));
+	assert_int_equal(e->submit(e, &j), COPY_QUEUED);
+	window_fd = e->efd;
+	e->poll(e);
+	drain(e);
+	assert_int_equal(ndone, 1);
+	assert_int_equal(e->inflight, 0);
+	assert_int_equal(dst[100], 0x5a);
+	assert_false(readable(e->efd)); /* readable: the idle loop would spin */
+	e->destroy(e);
+}
+
+static void test_copy_host_many_jobs_quiet_after(void **state)
+{
+	static uint8_t src[64][4096], dst[64][4096];
+	static struct copy_seg segs[64];
+	static struct copy_job jobs[64];
+	struct copy_engine *e = copy_host_create(2, 0);
+
+	(void)state;
+	assert_non_null(e);
+	for (int round = 0; round < 50; round++) {
+		ndone = 0;
+		for (int i = 0; i < 64; i++) {
+			segs[i] = (struct copy_seg){dst[i], src[i], sizeof(src[i])};
+			jobs[i] = (struct copy_job){.done = done,
+						    .dev = COPY_HOST,
+						    .nsegs = 1,
+						    .bytes = sizeof(src[i]),
+						    .segs = &segs[i]};
+			memset(src[i], round + i, sizeof(src[i]));
+			assert_int_equal(e->submit(e, &jobs[i]), COPY_QUEUED);
+			if (i % 8 == 7)
+				e->poll(e); /* polls race the workers' pushes */
+		}
+		drain(e);
+		assert_int_equal(ndone, 64);
+		assert_int_equal(e->inflight, 0);
+		for (int i = 0; i < 64; i++)
+			assert_int_equal(dst[i][4095], (uint8_t)(round + i));
+		assert_false(readable(e->efd));
+	}
+	e->destroy(e);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_copy_host_ring_taken_with_its_job),
+		cmocka_unit_test(test_copy_host_many_jobs_quiet_after),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
