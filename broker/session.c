@@ -481,7 +481,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->hello_done = 1;
 		b->npending--;
 		b->ncontrol++;
-		return reply(s, h, 0, &rep, sizeof(rep), NULL, 0) ? -EPROTO : 0;
+		return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
 	}
 	if (b->nsessions >= b->cfg.max_clients) {
 		log_throttled(tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
@@ -785,9 +785,13 @@ int session_on_msg(struct broker *b, struct session *s)
 	}
 	err = dispatch(b, s, &h, buf + sizeof(h), (size_t)n - sizeof(h), nfds ? fds[0] : -1);
 	/* A refusal at a limit was answered and logged (throttled): no violation, no line. */
-	if (err == -EUSERS)
+	if (err == -EUSERS) {
 		violation = 0;
-	else if (err < 0)
+	} else if (err == -EPIPE || err == -ECONNRESET || err == -ENOTCONN) {
+		/* Its reply found the peer gone (SIGKILLed mid-request): a hang-up, no violation. */
+		violation = 0;
+		why = s->control_only || !s->hello_done ? NULL : "hang-up";
+	} else if (err < 0)
 		why = err == -EPROTO ? "protocol violation on the control socket" : strerror(-err);
 out:
 	for (int i = 0; i < nfds; i++)
