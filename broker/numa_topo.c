@@ -256,8 +256,15 @@ int numa_pci_node(const char *sysfs, const char *busid)
 	id[o] = '\0';
 	snprintf(path, sizeof(path), "%s/bus/pci/devices/%s/numa_node", sysfs ? sysfs : "/sys", id);
 	f = fopen(path, "re");
-	if (!f)
-		return -1;
+	if (!f) {
+		/* No such device among those this machine lists: -ENODEV (a typo, another host's
+		 * id). No PCI list at all (no sysfs in a sandbox): unknown, not wrong. */
+		snprintf(path, sizeof(path), "%s/bus/pci/devices/%s", sysfs ? sysfs : "/sys", id);
+		if (access(path, F_OK) == 0)
+			return -1;
+		snprintf(path, sizeof(path), "%s/bus/pci/devices", sysfs ? sysfs : "/sys");
+		return access(path, F_OK) == 0 ? -ENODEV : -1;
+	}
 	if (fscanf(f, "%d", &node) != 1 || node < 0)
 		node = -1;
 	fclose(f);

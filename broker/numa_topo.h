@@ -75,8 +75,9 @@ int numa_bind_memory(void *base, uint64_t len, int node, int interleave, const s
 /*
  * The NUMA node of a PCI device from <sysfs>/bus/pci/devices/<busid>/numa_node ("/sys" when
  * sysfs is NULL). busid as CUDA prints it ("0000:3B:00.0", also with an 8-digit domain);
- * case does not matter. Returns the node, -1 when the device is unknown or has no node,
- * -EINVAL for a malformed bus id.
+ * case does not matter. Returns the node; -1 when the device has no node, or when there is no
+ * PCI device list to look in; -ENODEV when the list has no such device; -EINVAL for a
+ * malformed bus id.
  */
 int numa_pci_node(const char *sysfs, const char *busid);
 

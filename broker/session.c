@@ -421,8 +421,8 @@ static int hello_place(struct broker *b, struct session *s, const struct kvb_msg
 	if (m->gpu_busid[0]) {
 		int g = numa_pci_node(NULL, m->gpu_busid);
 
-		if (g == -EINVAL)
-			return -EINVAL;
+		if (g == -EINVAL || g == -ENODEV)
+			return g; /* kvbroker.h: kvb_opts.gpu_busid */
 		if (g >= 0)
 			node = g;
 		memcpy(s->gpu, m->gpu_busid, sizeof(s->gpu));
@@ -454,8 +454,20 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		reply(s, h, -EPROTO, NULL, 0, NULL, 0);
 		return -EPROTO;
 	}
-	if ((m->flags & ~(KVB_HELLOF_CONTROL | KVB_HELLOF_PLACE)) || m->resv ||
-	    ((m->flags & KVB_HELLOF_PLACE) && hello_place(b, s, m, blen))) {
+	if ((m->flags & ~(KVB_HELLOF_CONTROL | KVB_HELLOF_PLACE)) || m->resv) {
+		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+		return -EPROTO;
+	}
+	err = m->flags & KVB_HELLOF_PLACE ? hello_place(b, s, m, blen) : 0;
+	if (err == -ENODEV) {
+		/* A refusal, not a violation: the id is well formed, the device is not here. */
+		log_throttled(tt_refused, "client %u (pid %d): refused: no PCI device %.*s here",
+			      s->id, (int)s->pid, (int)sizeof(m->gpu_busid), m->gpu_busid);
+		b->ctr.refused++;
+		reply(s, h, -ENODEV, NULL, 0, NULL, 0);
+		return -ENODEV;
+	}
+	if (err) {
 		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 		return -EPROTO;
 	}
@@ -785,7 +797,7 @@ int session_on_msg(struct broker *b, struct session *s)
 	}
 	err = dispatch(b, s, &h, buf + sizeof(h), (size_t)n - sizeof(h), nfds ? fds[0] : -1);
 	/* A refusal at a limit was answered and logged (throttled): no violation, no line. */
-	if (err == -EUSERS) {
+	if (err == -EUSERS || err == -ENODEV) {
 		violation = 0;
 	} else if (err == -EPIPE || err == -ECONNRESET || err == -ENOTCONN) {
 		/* Its reply found the peer gone (SIGKILLed mid-request): a hang-up, no violation. */

@@ -61,7 +61,8 @@ const char *kvb_strerror(int err)
 	case ENODEV:
 		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
 		       "off, "
-		       "or the device is not one the broker sees";
+		       "or the device is not one the broker sees (kvb_connect: no PCI device with "
+		       "that gpu_busid on the broker's machine)";
 	case EBUSY:
 		return "resource busy (still in use by a view or an operation)";
 	case EEXIST:

@@ -93,7 +93,8 @@ struct kvb_opts {
 	const char *socket_path; /* NULL: $KVB_SOCKET, then the default path */
 	const char *name;	 /* shown by kvbctl; NULL: the program name */
 	const char *gpu_busid;	 /* PCI bus id of this client's GPU, as cudaDeviceGetPCIBusId()
-				    writes it ("0000:3B:00.0"); NULL: none */
+				    writes it ("0000:3B:00.0"); NULL: none. One the broker's
+				    machine does not list is refused (-ENODEV), not ignored */
 	uint32_t sq_entries;	 /* power of two up to 4096; 0: 256 */
 	uint32_t flags;		 /* KVB_CONNECT_* */
 	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
@@ -120,8 +121,10 @@ enum kvb_tier {
  * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EAGAIN a broker is starting there (it
  * listens only once its pool is ready, which for a large pool takes seconds: retry),
  * -EACCES refused by the broker's credential check, -EPROTO version mismatch, -EINVAL bad
- * opts (or a malformed gpu_busid), -ENAMETOOLONG socket path, -EUSERS the broker's
- * --max-clients reached, -ETIMEDOUT no answer, -ENOMEM.
+ * opts (or a malformed gpu_busid), -ENODEV gpu_busid names no PCI device on the broker's
+ * machine (a broker that cannot see any, without sysfs, accepts it and places by CPU node),
+ * -ENAMETOOLONG socket path, -EUSERS the broker's --max-clients (or, for a
+ * KVB_CONNECT_CONTROL client, --max-control) reached, -ETIMEDOUT no answer, -ENOMEM.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 

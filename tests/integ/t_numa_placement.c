@@ -157,6 +157,19 @@ int main(int argc, char **argv)
 		CHECK_RC(kvb_connect(&o, &c), -EINVAL);
 		o.gpu_busid = "0000:00:00.0-and-far-too-long-to-fit";
 		CHECK_RC(kvb_connect(&o, &c), -EINVAL);
+		/* Well formed, but no such device here: refused with words, not ignored. */
+		o.gpu_busid = "0000:fe:1f.7";
+		if (access("/sys/bus/pci/devices", F_OK) == 0 &&
+		    access("/sys/bus/pci/devices/0000:fe:1f.7", F_OK) != 0) {
+			kvb_client *pr = harness_connect(b, "probe", 0);
+			uint64_t pe = harness_stat(pr, "counters.protocol_errors");
+
+			CHECK_RC(kvb_connect(&o, &c), -ENODEV);
+			CHECK(strstr(kvb_strerror(-ENODEV), "gpu_busid") != NULL);
+			CHECK(harness_broker_log_has(b, "no PCI device 0000:fe:1f.7"));
+			CHECK_EQ(harness_stat(pr, "counters.protocol_errors"), pe);
+			kvb_close(pr);
+		}
 		o.gpu_busid = NULL;
 		o.flags = KVB_CONNECT_NUMA_NODE;
 		o.numa_node = -2;

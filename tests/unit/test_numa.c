@@ -285,10 +285,15 @@ static void test_numa_pci_node_from_sysfs(void **state)
 	assert_int_equal(numa_pci_node(root, "0000:3B:00.0"), 1);     /* as CUDA writes it */
 	assert_int_equal(numa_pci_node(root, "00000000:3b:00.0"), 1); /* as nvidia-smi does */
 	assert_int_equal(numa_pci_node(root, "0000:5e:00.0"), -1);    /* no node */
-	assert_int_equal(numa_pci_node(root, "0000:af:00.0"), -1);    /* no such device */
+	/* No such device (the list exists): refused, not taken for "no node". */
+	assert_int_equal(numa_pci_node(root, "0000:af:00.0"), -ENODEV);
 	assert_int_equal(numa_pci_node(root, "../../../etc/pa"), -EINVAL);
 	assert_int_equal(numa_pci_node(root, "0000:3b:00.0/x"), -EINVAL);
 	assert_int_equal(numa_pci_node(root, ""), -EINVAL);
+
+	/* No PCI device list at all (no sysfs): unknown, not refused. */
+	snprintf(path, sizeof(path), "%s/nosys", root);
+	assert_int_equal(numa_pci_node(path, "0000:af:00.0"), -1);
 
 	snprintf(path, sizeof(path), "rm -rf '%s'", root);
 	assert_int_equal(system(path), 0);
