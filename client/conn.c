@@ -89,10 +89,25 @@ static void client_destroy(struct kvb_client *c)
 
 void kvb_close(kvb_client *c)
 {
+	uint64_t one = 1;
+
 	if (!c)
 		return;
-	/* Wait for a call another thread may still be inside (closing under it is its bug). */
+	/*
+	 * Wait for a call another thread is inside (taking the lock), then make the client fatal
+	 * and wake every thread asleep in kvb_reap(): the poller through the doorbell it polls,
+	 * the others through the condition variable. Each returns -ESHUTDOWN; the client is freed
+	 * only after the last has left (each wait gives the lock up, so they can).
+	 */
 	pthread_mutex_lock(&c->lock);
+	c->fatal = -ESHUTDOWN;
+	while (c->nreapers) {
+		pthread_cond_broadcast(&c->reaped);
+		if (c->cq_efd >= 0 && write(c->cq_efd, &one, sizeof(one)) < 0) {
+			/* EAGAIN: the counter is already set, the poller is awake */
+		}
+		pthread_cond_wait(&c->reaped, &c->lock);
+	}
 	pthread_mutex_unlock(&c->lock);
 	client_destroy(c);
 }

@@ -56,6 +56,8 @@ const char *kvb_strerror(int err)
 		return "too many open files in the system";
 	case ETIMEDOUT:
 		return "timed out";
+	case ESHUTDOWN:
+		return "the client was closed (kvb_close) while this call waited";
 	case EOPNOTSUPP:
 		return "not supported (control-only client, or GPU memory CUDA cannot export)";
 	case ENODEV:

@@ -11,10 +11,13 @@
  * client meanwhile), so that a completion thread blocked in kvb_reap() does not stall the
  * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
  * functions that take a client. Only kvb_key_chain(), kvb_version() and kvb_strerror() are
- * lock-free (they touch no client). kvb_close() must not race with any other call.
+ * lock-free (they touch no client). kvb_close() waits for a call in progress, then makes the
+ * client fatal (-ESHUTDOWN) and wakes every thread asleep in kvb_reap(); it frees the client
+ * only once nreapers is 0. A call started after kvb_close() returned is the caller's bug.
  *
  * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
- * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once.
+ * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once; -ESHUTDOWN
+ * while kvb_close() runs.
  */
 #ifndef KVB_CLIENT_INTERNAL_H
 #define KVB_CLIENT_INTERNAL_H
@@ -119,6 +122,7 @@ struct kvb_client {
 	int poller;	       /* a kvb_reap() thread is in poll() without the lock */
 	int kick_poller;       /* its wake-up was taken by another thread: ring again at leave */
 	pthread_cond_t reaped; /* other reapers wait here for the poller or a drain */
+	uint32_t nreapers;     /* threads inside kvb_reap(): kvb_close() waits for them */
 	int broker_waking;     /* we rang the sq doorbell and no CQE has come since (ring.c) */
 
 	struct kvbc_ns *ns;

@@ -599,6 +599,7 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 	err = kvbc_enter(c);
 	if (err)
 		return err;
+	c->nreapers++; /* kvb_close() frees the client only once we left */
 	if (timeout_ms >= 0)
 		deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	for (;;) {
@@ -634,6 +635,11 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 		pthread_cond_broadcast(&c->reaped);
 	err = (int)ready;
 out:
+	/* Closed meanwhile: say so even with completions in hand, so the caller stops here. */
+	if (c->fatal == -ESHUTDOWN)
+		err = -ESHUTDOWN;
+	if (--c->nreapers == 0 && c->fatal == -ESHUTDOWN)
+		pthread_cond_broadcast(&c->reaped); /* kvb_close() waits for the last of us */
 	kvbc_leave(c);
 	return err;
 }

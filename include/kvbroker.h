@@ -13,6 +13,9 @@
  * Thread-safety: a kvb_client may be shared by threads; every call takes the client's lock, so
  * calls on one client are serialized, except that kvb_reap() drops the lock while it sleeps
  * (one thread may reap while others submit). For parallel I/O open one client per thread.
+ * kvb_close() may be called while other threads wait in kvb_reap(): they wake and return
+ * -ESHUTDOWN, and kvb_close() returns once they have left; a call in progress in another
+ * thread finishes first. No call on the client may start after kvb_close() was called.
  *
  * Errors every call on a client may return besides its own: -ECONNRESET the broker went away
  * (and every later call fails the same way), -EBADF a namespace, buffer or view this client did
@@ -128,7 +131,10 @@ enum kvb_tier {
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 
-/* Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op. */
+/*
+ * Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op.
+ * Threads asleep in kvb_reap() on it are woken and return -ESHUTDOWN (see Thread-safety).
+ */
 void kvb_close(kvb_client *c);
 
 /* A static, human-readable string for a negative errno returned by this API. */
@@ -294,8 +300,9 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
- * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
- * -ECONNRESET when the broker went away.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time,
+ * -ECONNRESET when the broker went away, or -ESHUTDOWN when another thread called kvb_close()
+ * meanwhile (then this thread must not touch the client again).
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
 
