@@ -6,9 +6,12 @@
 set -eu
 # Build and test: the libraries, clang's libFuzzer (make test runs each fuzzer briefly),
 # setpriv (util-linux) for the foreign-uid tests, libmicrohttpd (--metrics-listen) and ncurses
-# (kvbctl top).
+# (kvbctl top); what CI runs besides (.ci/run: make lint needs clang-format and cppcheck, and
+# fails without them); Python 3 with venv and headers for the Python package's tests (a venv
+# under build/, a C extension); e2fsprogs (mkfs.ext4) for t_disk_nospace; git to clone.
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev
-	libisal-dev libmicrohttpd-dev libncurses-dev python3 clang libclang-rt-dev util-linux"
+	libisal-dev libmicrohttpd-dev libncurses-dev python3 clang libclang-rt-dev util-linux
+	clang-format cppcheck python3-venv python3-dev e2fsprogs git"
 if [ "${1:-}" = bench ]; then
 	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
 fi
