@@ -1,0 +1,149 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# fresh-check.sh [ROOT] - proves the README's two commands on a machine as new as one can be
+# made here: a minimal Debian of this host's release (debootstrap --variant=minbase: no
+# compiler, no -dev packages, no Python, no git), a fresh `git clone` of this tree's HEAD in it,
+# and there, as root, `make demo` and then `make test`, each run once, the way a new user types
+# them. Both must pass the first time. A manual check, not part of make test: run it in every
+# session that touches the build, tools/deps.sh or the README, and say so in the notes.
+#
+#   sudo sh tools/fresh-check.sh                 # chroot in /var/tmp/kvb-fresh, removed after
+#   KVB_FRESH_KEEP=1 sudo sh tools/fresh-check.sh  # keep it for a look (chroot /var/tmp/...)
+#
+# Needs root on the host (debootstrap, chroot, mounts) and the Debian mirror (the chroot's
+# apt-get; debootstrap's downloads are cached in /var/cache/kvb-fresh/debs). Nothing is removed
+# from or installed into the host but debootstrap itself. The chroot runs in a private mount
+# namespace (unshare -m): its /proc, /sys, /dev, /dev/shm (a fresh tmpfs) and /tmp (tmpfs)
+# vanish with it and never reach the host's mount table, so removing ROOT afterwards cannot
+# touch the host's /dev or /sys (checked anyway before rm -rf).
+#
+# What is not as on a new machine, and said in the report: the kernel is the host's (io_uring,
+# loop devices, NUMA, hugepages are what the host has: tests that need what it lacks skip, and
+# the report lists every SKIP line); /dev is the host's (t_disk_blockdev and t_disk_nospace use
+# loop devices); there is no CUDA toolkit in the chroot, so the build is the -nocuda one and the
+# GPU tests that need it skip. The clone is of HEAD: uncommitted changes are not checked.
+#
+# Output: build/fresh-check/{debootstrap,demo,test}.log and report.txt in this tree (a copy of
+# the report on stdout). Exit 0 when both commands passed.
+set -eu
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${1:-/var/tmp/kvb-fresh}
+CACHE=/var/cache/kvb-fresh/debs
+OUT=$here/build/fresh-check
+KEEP=${KVB_FRESH_KEEP:-0}
+. /etc/os-release
+SUITE=${KVB_FRESH_SUITE:-$VERSION_CODENAME}
+MIRROR=${KVB_FRESH_MIRROR:-http://deb.debian.org/debian}
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "fresh-check: needs root (debootstrap, chroot, mounts)" >&2
+	exit 1
+fi
+case $ROOT in
+/ | /usr* | /etc* | /dev* | /proc* | /sys* | /root | /home | /work*)
+	echo "fresh-check: refusing ROOT $ROOT" >&2
+	exit 1
+	;;
+esac
+mkdir -p "$OUT" "$CACHE"
+
+# Mounts under ROOT in the host's namespace: there must never be any (ours are private).
+mounted_under() {
+	awk -v r="$ROOT" '$5 == r || index($5, r "/") == 1 { n++ } END { print n + 0 }' \
+		/proc/self/mountinfo
+}
+
+remove_root() {
+	[ -d "$ROOT" ] || return 0
+	if [ "$(mounted_under)" != 0 ]; then
+		echo "fresh-check: $ROOT has mounts in the host namespace; not removing it" >&2
+		return 1
+	fi
+	if [ ! -f "$ROOT/.kvb-fresh" ]; then
+		echo "fresh-check: $ROOT exists and is not a fresh-check chroot; not removing it" >&2
+		return 1
+	fi
+	rm -rf "$ROOT"
+}
+
+now() { date +%s; }
+
+t0=$(now)
+command -v debootstrap >/dev/null || {
+	echo "fresh-check: installing debootstrap on the host"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+}
+remove_root
+commit=$(git -C "$here" rev-parse --short HEAD)
+dirty=$(git -C "$here" status --porcelain | head -n 1)
+
+echo "fresh-check: debootstrap $SUITE (minbase) into $ROOT"
+mkdir -p "$ROOT"
+touch "$ROOT/.kvb-fresh"
+if ! debootstrap --variant=minbase --cache-dir="$CACHE" "$SUITE" "$ROOT" "$MIRROR" \
+	>"$OUT/debootstrap.log" 2>&1; then
+	tail -n 20 "$OUT/debootstrap.log" >&2
+	exit 1
+fi
+t1=$(now)
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# What a new user has: the tree, cloned. (Host git: the minbase chroot has none yet.)
+git clone -q --no-local "$here" "$ROOT/root/kvbroker"
+printf '%s\n' "$commit" >"$ROOT/root/kvbroker.commit"
+
+# Inside: make demo, then make test, each timed, in a private mount namespace.
+cat >"$ROOT/root/fresh-run.sh" <<'EOF'
+#!/bin/sh
+cd /root/kvbroker
+s=$(date +%s)
+make demo >/root/demo.log 2>&1
+echo "demo $? $(($(date +%s) - s))" >/root/results
+s=$(date +%s)
+make test >/root/test.log 2>&1
+echo "test $? $(($(date +%s) - s))" >>/root/results
+EOF
+echo "fresh-check: make demo, then make test, in the chroot (commit $commit)"
+unshare -m --propagation private sh -c '
+	set -e
+	R=$1
+	mount -t proc proc "$R/proc"
+	mount --rbind /sys "$R/sys"
+	mount --rbind /dev "$R/dev"
+	mount -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"
+	mount -t tmpfs -o mode=1777 tmpfs "$R/tmp"
+	chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		nice -n 10 sh /root/fresh-run.sh
+' fresh "$ROOT"
+t2=$(now)
+cp "$ROOT/root/demo.log" "$OUT/demo.log"
+cp "$ROOT/root/test.log" "$OUT/test.log"
+
+demo_rc=$(awk '$1 == "demo" { print $2 }' "$ROOT/root/results")
+demo_s=$(awk '$1 == "demo" { print $3 }' "$ROOT/root/results")
+test_rc=$(awk '$1 == "test" { print $2 }' "$ROOT/root/results")
+test_s=$(awk '$1 == "test" { print $3 }' "$ROOT/root/results")
+verdict() { [ "$1" = 0 ] && echo PASS || echo "FAIL (exit $1)"; }
+{
+	echo "fresh-check of kvbroker $commit${dirty:+ (HEAD; the worktree has uncommitted changes, not checked)}"
+	echo "machine: debootstrap --variant=minbase $SUITE, host kernel $(uname -r), as root"
+	echo "debootstrap: $((t1 - t0)) s; both commands: $((t2 - t1)) s"
+	echo "make demo (first run: installs the packages, builds, runs the demo): $(verdict "$demo_rc") in ${demo_s} s"
+	echo "make test (second command): $(verdict "$test_rc") in ${test_s} s"
+	grep -E '^[0-9]+ passed' "$OUT/test.log" | tail -n 1 | sed 's/^/  suite: /'
+	grep -E '^(PASS|FAIL) +fuzz_' "$OUT/test.log" | sed 's/^/  /'
+	echo "  skipped here (the host's kernel or devices, or no CUDA toolkit):"
+	grep -E -A1 '^SKIP' "$OUT/test.log" | grep -v '^--' | sed 's/^/    /' || echo "    none"
+	grep -E '^(FAIL|TIMEOUT)' "$OUT/test.log" | sed 's/^/  /' || true
+	grep -q 'undefined reference' "$OUT/demo.log" && echo "  demo.log: undefined references (link before the packages)"
+	echo "logs: $OUT/{debootstrap,demo,test}.log"
+} >"$OUT/report.txt"
+cat "$OUT/report.txt"
+if [ "$KEEP" = 1 ]; then
+	echo "fresh-check: kept $ROOT (remove it with: rm -rf $ROOT, after checking it has no mounts)"
+else
+	remove_root
+fi
+[ "$demo_rc" = 0 ] && [ "$test_rc" = 0 ]
