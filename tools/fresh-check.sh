@@ -4,7 +4,8 @@
 # fresh-check.sh [ROOT] - proves the README's two commands on a machine as new as one can be
 # made here: a minimal Debian of this host's release (debootstrap --variant=minbase: no
 # compiler, no -dev packages, no Python, no git), a fresh `git clone` of this tree's HEAD in it,
-# and there, as root, `make demo` and then `make test`, each run once, the way a new user types
+# and there, as root, `apt-get install make` (the README's one prerequisite: a Makefile cannot
+# install make), then `make demo` and `make test`, each run once, the way a new user types
 # them. Both must pass the first time. A manual check, not part of make test: run it in every
 # session that touches the build, tools/deps.sh or the README, and say so in the notes.
 #
@@ -96,10 +97,15 @@ printf '%s\n' "$commit" >"$ROOT/root/kvbroker.commit"
 # Inside: make demo, then make test, each timed, in a private mount namespace.
 cat >"$ROOT/root/fresh-run.sh" <<'EOF'
 #!/bin/sh
+# The one prerequisite the README names: make itself (a Makefile cannot install it).
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/root/make.log 2>&1
+apt-get install -y -qq --no-install-recommends make >>/root/make.log 2>&1
+echo "make-install $? 0" >/root/results
 cd /root/kvbroker
 s=$(date +%s)
 make demo >/root/demo.log 2>&1
-echo "demo $? $(($(date +%s) - s))" >/root/results
+echo "demo $? $(($(date +%s) - s))" >>/root/results
 s=$(date +%s)
 make test >/root/test.log 2>&1
 echo "test $? $(($(date +%s) - s))" >>/root/results
@@ -134,8 +140,10 @@ verdict() { [ "$1" = 0 ] && echo PASS || echo "FAIL (exit $1)"; }
 	echo "make test (second command): $(verdict "$test_rc") in ${test_s} s"
 	grep -E '^[0-9]+ passed' "$OUT/test.log" | tail -n 1 | sed 's/^/  suite: /'
 	grep -E '^(PASS|FAIL) +fuzz_' "$OUT/test.log" | sed 's/^/  /'
+	echo "apt-get install make: $(verdict "$(awk '$1 == "make-install" { print $2 }' "$ROOT/root/results")")"
 	echo "  skipped here (the host's kernel or devices, or no CUDA toolkit):"
-	grep -E -A1 '^SKIP' "$OUT/test.log" | grep -v '^--' | sed 's/^/    /' || echo "    none"
+	skips=$(grep -E -A1 '^SKIP' "$OUT/test.log" | grep -v '^--' || true)
+	[ -n "$skips" ] && printf '%s\n' "$skips" | sed 's/^/    /' || echo "    none"
 	grep -E '^(FAIL|TIMEOUT)' "$OUT/test.log" | sed 's/^/  /' || true
 	grep -q 'undefined reference' "$OUT/demo.log" && echo "  demo.log: undefined references (link before the packages)"
 	echo "logs: $OUT/{debootstrap,demo,test}.log"
