@@ -27,6 +27,7 @@
 #include "instance.h"
 #include "copy_cuda.h"
 #include "log.h"
+#include "plan.h"
 #include "parse.h"
 #include "proto.h"
 #include "metrics_http.h"
@@ -446,11 +447,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->low_wm = low / 100.0;
 	if (!c->pool_bytes)
 		c->pool_bytes = default_pool();
-	if (!c->slab_bytes) {
-		v = c->pool_bytes / 32;
-		v = v < (8u << 20) ? (8u << 20) : v > (64u << 20) ? (64u << 20) : v;
-		c->slab_bytes = v & ~((1ull << 20) - 1);
-	}
+	if (!c->slab_bytes)
+		c->slab_bytes = plan_default_slab(c->pool_bytes); /* kvbctl plan assumes the same */
 	if (c->slab_bytes > c->pool_bytes) {
 		fprintf(stderr, "kvbrokerd: --slab larger than --pool\n");
 		return -EINVAL;

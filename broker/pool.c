@@ -124,19 +124,29 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 	return 0;
 }
 
+/* Appends the arenas of plan to p as a new partition. */
 static int arenas_create(struct pool *p, const char *name, const struct numa_plan *plan,
 			 enum hp_mode mode, int reserve)
 {
+	struct pool_part *pt = &p->part[p->nparts];
 	int err = 0;
 
+	if (p->nparts == POOL_MAX_PARTS || p->narenas + plan->n > POOL_MAX_ARENAS)
+		return -E2BIG;
+	pt->first = p->narenas;
+	pt->narenas = 0;
+	pt->size = 0;
+	p->nparts++;
 	p->interleave = plan->interleave;
 	for (uint32_t i = 0; i < plan->n && !err; i++) {
-		struct pool_arena *a = &p->arena[i];
+		struct pool_arena *a = &p->arena[p->narenas];
 
 		a->fd = -1;
 		a->node = plan->node[i];
 		a->size = plan->size[i];
-		if (snprintf(a->name, sizeof(a->name), "%s.%u", name, i) >= (int)sizeof(a->name)) {
+		a->part = p->nparts - 1;
+		if (snprintf(a->name, sizeof(a->name), "%s.%u", name, p->narenas) >=
+		    (int)sizeof(a->name)) {
 			err = -ENAMETOOLONG;
 			break;
 		}
@@ -149,6 +159,8 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 		if (a->base) { /* pool_close undoes even a half-made arena */
 			p->narenas++;
 			p->total += a->size;
+			pt->narenas++;
+			pt->size += a->size;
 		} else if (a->fd >= 0) {
 			close(a->fd);
 		}
@@ -168,19 +180,23 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
 			 p->topo.skipped, NUMA_NODES_MAX);
-	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. */
-	err = numa_plan_make(&p->topo, cfg->numa, cfg->size, HP_2M, &plan);
-	if (err)
-		return err;
-	err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
-	if (err)
-		return err;
+	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. Each
+	 * tenant partition is planned over the nodes like a pool of its own [tenant-part]. */
+	for (uint32_t i = 0; i < (cfg->nparts > 1 ? cfg->nparts : 1); i++) {
+		err = numa_plan_make(&p->topo, cfg->numa, cfg->nparts > 1 ? cfg->part_size[i]
+									 : cfg->size,
+				     HP_2M, &plan);
+		if (!err)
+			err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
+		if (err)
+			return err;
+	}
 	for (uint32_t i = 0; i < p->narenas; i++) {
 		const struct pool_arena *a = &p->arena[i];
 
-		log_info("pool: arena %u: %llu MiB on node %d%s, %s pages (%s)", i,
+		log_info("pool: arena %u: %llu MiB on node %d%s, partition %u, %s pages (%s)", i,
 			 (unsigned long long)(a->size >> 20), a->node,
-			 p->interleave ? " (interleaved over all nodes)" : "",
+			 p->interleave ? " (interleaved over all nodes)" : "", a->part,
 			 hugepage_name(a->page_size), hugepage_backing_name(a->backing));
 	}
 	return 0;
@@ -229,7 +245,7 @@ static void *prefault_thread(void *arg)
 
 int pool_prefault(struct pool *p)
 {
-	struct prefault_job jobs[KVB_MAX_ARENAS * PREFAULT_MAX_THREADS];
+	static struct prefault_job jobs[POOL_MAX_ARENAS * PREFAULT_MAX_THREADS];
 	uint32_t njobs = 0;
 	int err = 0;
 
@@ -290,5 +306,6 @@ void pool_close(struct pool *p)
 		close(a->fd);
 	}
 	p->narenas = 0;
+	p->nparts = 0;
 	p->total = 0;
 }

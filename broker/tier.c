@@ -1058,7 +1058,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 	faults_parse(t);
 #endif
 	if (t->d.warm) {
-		err = scan(t, b->cfg.slab_bytes);
+		err = scan(t, b->store.max_page);
 		if (err)
 			goto err_close;
 	}
