@@ -83,8 +83,23 @@ static void usage(FILE *f)
 		"  --control-idle SECS    close control connections silent this long (default\n"
 		"                         120; 0: never)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
+		"  --max-lease-bytes SIZE|N%%\n"
+		"                         page bytes one client may hold leased (default 12%%\n"
+		"                         of its tenant's pool): -EDQUOT past it\n"
+		"  --max-pinned PCT       leases of all clients pin at most this much of a pool\n"
+		"                         (partition), so a PUT always finds room (default 50):\n"
+		"                         -EBUSY past it\n"
+		"  --lease-lifetime SECS  a client holding a lease longer is disconnected\n"
+		"                         (default 600; 0: never)\n"
+		"  --tenants none|uid|gid isolate clients by uid or primary gid: own namespaces,\n"
+		"                         own pool partition (memfds), own eviction (default none)\n"
+		"  --tenant ID=SIZE|N%%    a tenant's (user or group, name or number) share\n"
+		"                         of the pool; repeatable\n"
+		"  --tenant-share SIZE|N%% the share of each tenant not listed (default: the rest\n"
+		"                         of the pool in 4 shares), taken at its first attach\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
-		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
+		"  --max-buf-bytes SIZE   host memory one client may register (default: a quarter\n"
+		"                         of RAM, at most 64G)\n"
 		"  --max-sq-entries N     ring depth one client may ask for, a power of two;\n"
 		"                         larger asks are clamped (default 4096)\n"
 		"  --max-bufs N           registered buffers per client (default 256, at most "
@@ -188,7 +203,13 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXNS,
 		O_MAXINFL,
 		O_MAXCTL,
-		O_CTLIDLE
+		O_CTLIDLE,
+		O_TENANTS,
+		O_TENANT,
+		O_TENANT_SHARE,
+		O_MAXLB,
+		O_MAXPIN,
+		O_LEASE_LIFE
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -225,6 +246,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"max-inflight", required_argument, NULL, O_MAXINFL},
 		{"max-control", required_argument, NULL, O_MAXCTL},
 		{"control-idle", required_argument, NULL, O_CTLIDLE},
+		{"tenants", required_argument, NULL, O_TENANTS},
+		{"tenant", required_argument, NULL, O_TENANT},
+		{"tenant-share", required_argument, NULL, O_TENANT_SHARE},
+		{"max-lease-bytes", required_argument, NULL, O_MAXLB},
+		{"max-pinned", required_argument, NULL, O_MAXPIN},
+		{"lease-lifetime", required_argument, NULL, O_LEASE_LIFE},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -237,8 +264,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_control = 64;
 	c->control_idle = 120;
 	c->max_leases = 65536;
+	c->max_lease_frac = 0.125; /* a client pins at most an eighth of its tenant's pool */
+	c->max_pinned = 0.5;	   /* leases pin at most half of a partition: PUTs find room */
+	c->lease_lifetime = 600;
 	c->arg_size = 1u << 20;
-	c->max_buf_bytes = ram_bytes();
+	/* Registered buffers are mapped, not charged to us (the client faults its own in:
+	 * kvb_buf_alloc_host), but each is address space and page tables here: a quarter of
+	 * the machine per client, at most 64 GiB, unless the operator says otherwise. */
+	c->max_buf_bytes = ram_bytes() / 4 < (64ull << 30) ? ram_bytes() / 4 : (64ull << 30);
 	c->max_sq = KVB_SQ_MAX;
 	c->max_bufs = SESSION_MAX_BUFS;
 	c->max_ns = SESSION_MAX_NS;
@@ -302,6 +335,52 @@ static int parse_args(int argc, char **argv, struct config *c)
 			if (parse_u32(optarg, &c->max_control) || !c->max_control)
 				goto bad;
 			break;
+		case O_TENANTS:
+			if (tenant_parse_mode(optarg, &c->tenants.mode))
+				goto bad;
+			break;
+		case O_TENANT:
+			if (c->tenants.nlisted == POOL_MAX_PARTS)
+				goto bad;
+			c->tenants.listed_arg[c->tenants.nlisted++] = optarg;
+			break;
+		case O_TENANT_SHARE:
+			if (tenant_parse_share(optarg, &c->tenants))
+				goto bad;
+			break;
+		case O_MAXLB: {
+			size_t n = strlen(optarg);
+			uint32_t pct;
+
+			if (n > 1 && optarg[n - 1] == '%') {
+				optarg[n - 1] = '\0';
+				if (parse_u32(optarg, &pct) || !pct || pct > 100)
+					goto bad;
+				c->max_lease_frac = pct / 100.0;
+				c->max_lease_bytes = 0;
+			} else if (parse_size(optarg, &c->max_lease_bytes) || !c->max_lease_bytes) {
+				goto bad;
+			} else {
+				c->max_lease_frac = 0;
+			}
+			break;
+		}
+		case O_MAXPIN: {
+			uint32_t pct;
+
+			if (parse_u32(optarg, &pct) || !pct || pct > 100)
+				goto bad;
+			c->max_pinned = pct / 100.0;
+			break;
+		}
+		case O_LEASE_LIFE: {
+			uint32_t secs;
+
+			if (parse_u32(optarg, &secs))
+				goto bad;
+			c->lease_lifetime = secs;
+			break;
+		}
 		case O_CTLIDLE: {
 			uint32_t secs;
 
@@ -580,9 +659,15 @@ static int start_pool(struct broker *b)
 			      .hugepage = b->cfg.hugepage,
 			      .prefault = b->cfg.prefault};
 	double t = clock_now();
-	int err = pool_create(&b->pool, &pc);
+	int err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);
 
+	if (err)
+		return err;
+	err = pool_create(&b->pool, &pc);
 	b->startup.reserve_s = clock_now() - t;
+	if (!err && b->cfg.tenants.mode != TENANTS_NONE)
+		log_info("tenants by %s: %u partitions", tenant_mode_name(b->cfg.tenants.mode),
+			 b->pool.nparts);
 	if (err) {
 		log_error("pool (%llu MiB, --numa %s): %s%s", (unsigned long long)(pc.size >> 20),
 			  pc.numa, strerror(-err),

@@ -277,6 +277,9 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	ops_release_all(b, s);
+	if (s->tenant_bound)
+		tenant_detach(&b->tt, s->part);
+	s->tenant_bound = 0;
 	if (s->region)
 		munmap(s->region, s->region_size);
 	s->region = NULL;
@@ -340,6 +343,7 @@ static void session_free(struct broker *b, struct session *s)
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
 		if (s->views[i])
 			sview_put(s->views[i]);
+	free(s->stats_doc);
 	free(s);
 }
 
@@ -375,6 +379,22 @@ void session_expire(struct broker *b, double now)
 				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
 				      now - s->active_at);
 			session_destroy(b, s, NULL);
+		} else if (s->nleases && b->cfg.lease_lifetime > 0) {
+			/* [lease-limits] A lease held this long is a client that stopped: its
+			 * session ends, its leases go, and its library unmaps the pool. */
+			double oldest = now;
+
+			for (uint32_t i = 0; i < s->nleases; i++)
+				if (s->lease_at[i] < oldest)
+					oldest = s->lease_at[i];
+			if (now - oldest > b->cfg.lease_lifetime) {
+				b->ctr.expired++;
+				log_warn("client %u (%s, pid %d): a lease held for %.0f s "
+					 "(--lease-lifetime %.0f): disconnected",
+					 s->id, s->name[0] ? s->name : "?", (int)s->pid, now - oldest,
+					 b->cfg.lease_lifetime);
+				session_destroy(b, s, "lease lifetime exceeded");
+			}
 		}
 	}
 }
