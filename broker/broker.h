@@ -239,6 +239,9 @@ uint32_t session_poll_all(struct broker *b);
 int session_prepare_sleep(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
+/* Before session_destroy of a client we end on purpose: tells its library to unmap the pool
+ * (KVB_SQ_REVOKED). */
+void session_revoke(struct session *s);
 /* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
 int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id);
 void session_reap(struct broker *b);

@@ -541,7 +541,7 @@ static int op_get(struct broker *b, struct op *op)
  * nothing more against the pinned cap (it is pinned already).
  */
 static int lease_push(struct broker *b, struct session *s, const struct page *pg,
-		      uint64_t bytes)
+		      uint64_t bytes, int as_get)
 {
 	const struct store_part *pt = &b->store.part[store_part_of(&b->store, pg)];
 	uint64_t limit = b->cfg.max_lease_bytes;
@@ -551,6 +551,9 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 		limit = (uint64_t)(b->cfg.max_lease_frac * (double)pt->bytes_total);
 	if (limit < bytes)
 		limit = bytes; /* one lease is always possible */
+	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
+	if (as_get)
+		limit += b->store.max_page;
 	if (s->nleases >= b->cfg.max_leases || s->lease_bytes + bytes > limit)
 		return -EDQUOT;
 	if (!pg->pins && pt->pinned_bytes + bytes > (uint64_t)(b->cfg.max_pinned *
@@ -613,7 +616,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return op_fail(op, -ENOENT);
 	}
 	op->hit = 1;
-	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes);
+	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
 	if (err)
 		return op_fail(op, err);
 	store_pin(&b->store, pg);

@@ -271,6 +271,13 @@ int session_accept(struct broker *b)
 	return 1;
 }
 
+void session_revoke(struct session *s)
+{
+	/* The broker is the only writer of this word; a client's own writes do not matter. */
+	if (s->region)
+		kvb_store_release(s->sq.flags, kvb_load_relaxed(s->sq.flags) | KVB_SQ_REVOKED);
+}
+
 void session_destroy(struct broker *b, struct session *s, const char *why)
 {
 	if (why)
@@ -393,6 +400,7 @@ void session_expire(struct broker *b, double now)
 					 "(--lease-lifetime %.0f): disconnected",
 					 s->id, s->name[0] ? s->name : "?", (int)s->pid, now - oldest,
 					 b->cfg.lease_lifetime);
+				session_revoke(s);
 				session_destroy(b, s, "lease lifetime exceeded");
 			}
 		}

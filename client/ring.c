@@ -71,6 +71,7 @@ static int set_fatal(struct kvb_client *c, int err)
 {
 	if (!c->fatal) {
 		c->fatal = err;
+		kvbc_pool_revoke(c);
 		pthread_cond_broadcast(&c->reaped); /* waiting reapers must see it */
 	}
 	return c->fatal;

@@ -296,6 +296,13 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 
 /* sq flags (broker writes): the broker sleeps; ring the sq doorbell after publishing. */
 #define KVB_SQ_NEED_WAKEUP (1u << 0)
+/*
+ * ABI 1.3: the broker ended this session while it lives on (kvbctl drop, --lease-lifetime):
+ * leased pages may be reused for others' data, so the library unmaps the pool at once and a
+ * stale lease pointer faults. Without it (a broker that died) the mapping stays: the pages
+ * there are no one's but ours any more, and leases keep reading.
+ */
+#define KVB_SQ_REVOKED (1u << 1)
 /* cq flags (client writes): the client sleeps; ring the cq doorbell after posting. */
 #define KVB_CQ_NEED_WAKEUP (1u << 0)
 
