@@ -26,7 +26,8 @@ const char *kvb_strerror(int err)
 	case EFAULT:
 		return "buffer range outside the registered buffer";
 	case EBADF:
-		return "unknown buffer, view, lease or namespace for this client";
+		return "unknown buffer, view, lease or namespace for this client (or a host fd "
+		       "not open O_RDWR, or O_APPEND, given with KVB_BUF_FDCOPY)";
 	case EDQUOT:
 		return "too many leases held by this client";
 	case ECONNRESET:
@@ -36,7 +37,12 @@ const char *kvb_strerror(int err)
 	case EACCES:
 		return "refused by the broker's credential check (or socket permissions)";
 	case EPERM:
-		return "operation not permitted";
+		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL to seal it, or "
+		       "KVB_BUF_FDCOPY to have the broker copy with pread/pwrite: a memfd made "
+		       "without MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
+	case EMEDIUMTYPE:
+		return "host fd is not a tmpfs file (memfd or /dev/shm); disk files and hugetlbfs "
+		       "are refused";
 	case EPROTO:
 		return "protocol error (ABI version mismatch or malformed message from the broker)";
 	case EBADMSG:
@@ -59,7 +65,8 @@ const char *kvb_strerror(int err)
 	case ESHUTDOWN:
 		return "the client was closed (kvb_close) while this call waited";
 	case EOPNOTSUPP:
-		return "not supported (control-only client, or GPU memory CUDA cannot export)";
+		return "not supported (control-only client, GPU memory CUDA cannot export, or a "
+		       "broker too old for the call)";
 	case ENODEV:
 		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
 		       "off, "

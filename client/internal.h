@@ -10,10 +10,11 @@
  * which drops the lock while it sleeps in poll() (and only then: it touches nothing of the
  * client meanwhile), so that a completion thread blocked in kvb_reap() does not stall the
  * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
- * functions that take a client. Only kvb_key_chain(), kvb_version() and kvb_strerror() are
- * lock-free (they touch no client). kvb_close() waits for a call in progress, then makes the
- * client fatal (-ESHUTDOWN) and wakes every thread asleep in kvb_reap(); it frees the client
- * only once nreapers is 0. A call started after kvb_close() returned is the caller's bug.
+ * functions that take a client. Only kvb_key_chain(), kvb_key_chain_eagle(), kvb_version() and
+ * kvb_strerror() are lock-free (they touch no client). kvb_close() waits for a call in progress,
+ * then makes the client fatal (-ESHUTDOWN) and wakes every thread asleep in kvb_reap(); it frees
+ * the client only once nreapers is 0. A call started after kvb_close() returned is the caller's
+ * bug.
  *
  * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
  * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once; -ESHUTDOWN
@@ -64,6 +65,7 @@ struct kvbc_slot {
 struct kvbc_ns {
 	uint32_t id;
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
+	uint32_t tpp;	 /* tokens_per_page */
 	uint64_t page_bytes;
 };
 
@@ -77,6 +79,7 @@ struct kvbc_buf {
 	size_t len; /* mapped and registered bytes */
 	uint32_t id;
 	int gpu;
+	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
 };
 
 struct kvbc_arena {
@@ -124,6 +127,11 @@ struct kvb_client {
 	pthread_cond_t reaped; /* other reapers wait here for the poller or a drain */
 	uint32_t nreapers;     /* threads inside kvb_reap(): kvb_close() waits for them */
 	int broker_waking;     /* we rang the sq doorbell and no CQE has come since (ring.c) */
+	/* kvb_completion_fd() (ring.c [CFD]); the fds are valid only while cfd_on. */
+	int cfd_on;   /* created: KVB_CQ_NEED_WAKEUP stays set for the client's life */
+	int cfd;      /* epoll instance over cq_efd and note_efd: what the caller polls */
+	int note_efd; /* eventfd, non-zero exactly while the done queue is not empty */
+	int note_set; /* what we last made note_efd's counter: 1 non-zero, 0 zero */
 
 	struct kvbc_ns *ns;
 	uint32_t nns;
