@@ -36,7 +36,11 @@ const char *kvb_strerror(int err)
 	case EACCES:
 		return "refused by the broker's credential check (or socket permissions)";
 	case EPERM:
-		return "operation not permitted";
+		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL; a memfd made without "
+		       "MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
+	case EMEDIUMTYPE:
+		return "host fd is not a tmpfs file (memfd or /dev/shm); disk files and hugetlbfs "
+		       "are refused";
 	case EPROTO:
 		return "protocol error (ABI version mismatch or malformed message from the broker)";
 	case EBADMSG:

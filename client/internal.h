@@ -61,6 +61,7 @@ struct kvbc_slot {
 struct kvbc_ns {
 	uint32_t id;
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
+	uint32_t tpp;	 /* tokens_per_page */
 	uint64_t page_bytes;
 };
 
@@ -74,6 +75,7 @@ struct kvbc_buf {
 	size_t len; /* mapped and registered bytes */
 	uint32_t id;
 	int gpu;
+	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
 };
 
 struct kvbc_arena {
@@ -120,6 +122,11 @@ struct kvb_client {
 	int kick_poller;       /* its wake-up was taken by another thread: ring again at leave */
 	pthread_cond_t reaped; /* other reapers wait here for the poller or a drain */
 	int broker_waking;     /* we rang the sq doorbell and no CQE has come since (ring.c) */
+	/* kvb_completion_fd() (ring.c [CFD]); the fds are valid only while cfd_on. */
+	int cfd_on;   /* created: KVB_CQ_NEED_WAKEUP stays set for the client's life */
+	int cfd;      /* epoll instance over cq_efd and note_efd: what the caller polls */
+	int note_efd; /* eventfd, non-zero exactly while the done queue is not empty */
+	int note_set; /* what we last made note_efd's counter: 1 non-zero, 0 zero */
 
 	struct kvbc_ns *ns;
 	uint32_t nns;

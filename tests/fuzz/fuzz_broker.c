@@ -207,7 +207,11 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	v->ns = nb;
 	v->nparts = nb->nparts;
 	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
-		v->parts[p] = (struct kvb_view_part){.buf = 1, .base = off, .stride = 256};
+		v->parts[p] = (struct kvb_view_part2){
+			.buf = 1,
+			.base = off,
+			.stride = 256,
+			.page_stride = 256ull * nb->layout.tokens_per_page};
 	s->views[0] = v;
 	return s;
 }
