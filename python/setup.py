@@ -65,6 +65,12 @@ ext = Extension(
     extra_link_args=["-pthread"],
     libraries=["crypto", "dl"],
     py_limited_api=True,
+    # The library's sources and headers: an edit there rebuilds the extension.
+    depends=[os.path.relpath(p, HERE) for p in _lib_sources()
+             + glob.glob(os.path.join(ROOT, "include", "*.h"))
+             + glob.glob(os.path.join(ROOT, "proto", "*.h"))
+             + glob.glob(os.path.join(ROOT, "client", "*.h"))
+             + glob.glob(os.path.join(HERE, "csrc", "*.h"))],
 )
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt}, options={"bdist_wheel": {"py_limited_api": "cp311"}})
