@@ -300,7 +300,7 @@ $(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_
 # here, not by the deps every other target needs.
 bench: $(PROGS)
 	$(Q)sh tools/deps.sh bench
-	$(Q)$(MAKE) --no-print-directory $(KVBPEERS)
+	$(Q)$(MAKE) --no-print-directory $(KVBPEERS) python
 	$(Q)KVB_BENCH_QUICK=$(QUICK) sh tools/bench.sh $(B)
 
 bench-disk: $(PROGS)
