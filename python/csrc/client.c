@@ -477,9 +477,11 @@ static PyObject *client_reap(PyObject *self, PyObject *args, PyObject *kw)
 	Py_BEGIN_ALLOW_THREADS
 	pthread_mutex_lock(&cl->batch_lock);
 	got = cl->nstash < (size_t)max ? cl->nstash : (size_t)max;
-	memcpy(out, cl->stash, got * sizeof(*out));
-	memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
-	cl->nstash -= got;
+	if (got) { /* the caller's completions a batch reaped come first */
+		memcpy(out, cl->stash, got * sizeof(*out));
+		memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
+		cl->nstash -= got;
+	}
 	if (got < (size_t)max) {
 		size_t want = got >= (size_t)min ? 0 : (size_t)min - got;
 
