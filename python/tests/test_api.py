@@ -469,3 +469,35 @@ def test_identity_separates_namespaces(client: kvb.Client) -> None:
     assert other.id != a.id and pp.id != a.id and pp.id != other.id
     assert dp.id == a.id  # DP replicas share
     assert a.layout is base and a.client is client
+
+
+def test_disk_tier_tiers_and_prefetch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from conftest import Broker
+
+    b = Broker(tmp_path, "--pool", "32M", "--disk", str(tmp_path / "cache"),
+               "--disk-size", "128M")
+    try:
+        with kvb.connect(b.socket) as c:
+            lay = kvb.Layout("test/py-disk", kvb.MLA, 16, [kvb.Component("kv", 4, 1024)])
+            ns = c.ns_open(lay)
+            keys = kvb.page_keys(list(range(16 * 600)), 16)
+            buf = c.alloc_host(ns.page_bytes)
+            assert all(ns.put_many(keys, [buf] * len(keys)))
+            deadline = time.monotonic() + 10
+            while True:  # demotion runs in the background
+                hits, tiers = ns.lookup_tiers(keys)
+                if kvb.TIER_DISK in tiers or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert hits == len(keys) and kvb.TIER_DISK in tiers
+            cold = [k for k, t in zip(keys, tiers, strict=True) if t == kvb.TIER_DISK][:8]
+            before = c.stats()["disk"]["promotions"]
+            ns.prefetch(cold)
+            assert ns.lookup_tiers(cold)[1] == [kvb.TIER_RAM] * len(cold)
+            assert c.stats()["disk"]["promotions"] >= before + len(cold)
+            out = bytearray(ns.page_bytes)
+            assert ns.get_into(cold[0], out)
+    finally:
+        b.stop()
