@@ -534,8 +534,8 @@ static PyObject *client_locate(PyObject *self, PyObject *obj)
 static PyMethodDef client_methods[] = {
 	{"close", client_close, METH_NOARGS,
 	 "close() -> None\n--\n\nDetaches from the broker (idempotent). Waits for calls other "
-	 "threads have in flight.\nRaises BufferError, leaving the client open, while a lease's "
-	 "memory is still referenced."},
+	 "threads have in flight\n(a reap() without a timeout among them). Raises BufferError, "
+	 "leaving the client open,\nwhile a lease's memory is still referenced."},
 	{"__enter__", client_enter, METH_NOARGS, "Returns the client."},
 	{"__exit__", client_exit, METH_VARARGS, "Closes the client."},
 	{"nop", client_nop, METH_NOARGS,
@@ -575,7 +575,8 @@ static PyMethodDef client_methods[] = {
 	 "reap(max=64, min=1, timeout_ms=-1) -> list\n--\n\nUp to max completions of submit()'s "
 	 "ops, as (user_data, res, flags, lease)\ntuples, waiting (GIL released) until min "
 	 "arrived or timeout_ms passed (then\nwhat has come, maybe []). res < 0 is a negative "
-	 "errno."},
+	 "errno. Reapers take turns: while\none waits, put_many()/get_many() of other threads on "
+	 "this client wait too."},
 	{"locate", client_locate, METH_O,
 	 "locate(obj) -> tuple[int, int, int] | None\n--\n\n(buffer id, offset, nbytes) when "
 	 "obj's memory lies inside a buffer registered on\nthis client, else None: what an Op "
