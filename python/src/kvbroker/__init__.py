@@ -140,7 +140,8 @@ class Client(_kvbroker.Client):
 
     def reap(self, max: int = 64, min: int = 1, timeout_ms: int = -1) -> list[Completion]:
         """Up to max completions of submitted ops, waiting for min of them (GIL released);
-        after timeout_ms what has come (maybe none).
+        after timeout_ms what has come (maybe none). Reapers take turns: while one waits,
+        batches (put_many, get_many, views') of other threads on this client wait too.
         """
         return [Completion(*t) for t in super().reap(max, min, timeout_ms)]
 
