@@ -36,7 +36,7 @@
 PyTypeObject *kvbpy_HostBufferType, *kvbpy_GpuBufferType, *kvbpy_LeaseType;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_reg reg; /* on cl's list while registered (reg.next != NULL) */
 	void *map;	      /* our own mapping, or NULL */
@@ -49,14 +49,14 @@ typedef struct {
 } hostbuf;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_reg reg;
 	PyObject *owner;
 } gpubuf;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_lease_node node; /* on cl's list while held */
 	struct kvb_lease l;
@@ -86,9 +86,12 @@ static int unregister_id(kvbpy_client *cl, struct kvbpy_reg *r, int raise)
 		cl->busy++;
 	}
 	kvbpy_reg_del(r);
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_unregister(cl->c, r->id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_unregister(cl->c, r->id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0 && raise) {
 		kvbpy_raise(err);
@@ -143,34 +146,37 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 	size = ((size_t)n + pg - 1) & ~(pg - 1);
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	int fd = memfd_create("kvbroker-py", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
 
-	if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		err = -errno;
-	} else {
-		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
+		int fd = memfd_create("kvbroker-py", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+		if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 			err = -errno;
-		else
-			err = kvb_buf_register_host_fd(cl->c, fd, 0, size, p, 0, &id);
-		if (err < 0 && p != MAP_FAILED) {
-			munmap(p, size);
-			p = MAP_FAILED;
+		} else {
+			p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (p == MAP_FAILED)
+				err = -errno;
+			else
+				err = kvb_buf_register_host_fd(cl->c, fd, 0, size, p, 0, &id);
+			if (err < 0 && p != MAP_FAILED) {
+				munmap(p, size);
+				p = MAP_FAILED;
+			}
 		}
-	}
-	if (fd >= 0)
-		close(fd);
-	if (err == -EOPNOTSUPP) {
-		/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
-		void *q = kvb_buf_alloc_host(cl->c, size, &id);
+		if (fd >= 0)
+			close(fd);
+		if (err == -EOPNOTSUPP) {
+			/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
+			void *q = kvb_buf_alloc_host(cl->c, size, &id);
 
-		err = q ? 0 : -ENOMEM;
-		p = q ? q : MAP_FAILED;
-		lib = 1;
+			err = q ? 0 : -ENOMEM;
+			p = q ? q : MAP_FAILED;
+			lib = 1;
+		}
+		PyEval_RestoreThread(ts_);
 	}
-	Py_END_ALLOW_THREADS
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
@@ -258,10 +264,13 @@ PyObject *kvbpy_register_host_fd(PyObject *self, PyObject *args, PyObject *kw)
 	addr = b->data;
 	if (kvbpy_enter(cl) < 0)
 		goto err;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_register_host_fd(cl->c, fd, off, (size_t)n, addr, seal ? KVB_BUF_SEAL : 0,
-				       &id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_register_host_fd(cl->c, fd, off, (size_t)n, addr,
+					       seal ? KVB_BUF_SEAL : 0, &id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -310,7 +319,7 @@ static PyObject *hostbuf_unregister(PyObject *self, PyObject *unused)
 	}
 	if (unregister_id(b->cl, &b->reg, 1) < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void hostbuf_dealloc(PyObject *self)
@@ -402,8 +411,7 @@ static PyMethodDef hostbuf_methods[] = {
 static PyGetSetDef hostbuf_getset[] = {
 	{"id", hostbuf_get_id, NULL, "The broker's buffer id (for Op.buf).", NULL},
 	{"nbytes", hostbuf_get_nbytes, NULL, "Usable bytes.", NULL},
-	{"address", hostbuf_get_address, NULL, "Address of the first byte in this process.",
-	 NULL},
+	{"address", hostbuf_get_address, NULL, "Address of the first byte in this process.", NULL},
 	{"registered", hostbuf_get_registered, NULL, "True until unregister() or client close.",
 	 NULL},
 	{NULL, NULL, NULL, NULL, NULL},
@@ -455,7 +463,8 @@ PyObject *kvbpy_register_gpu(PyObject *self, PyObject *args, PyObject *kw)
 		if (PyErr_Occurred())
 			return NULL;
 		if (nb < 0) {
-			PyErr_SetString(PyExc_TypeError, "register_gpu(ptr, nbytes): nbytes needed");
+			PyErr_SetString(PyExc_TypeError,
+					"register_gpu(ptr, nbytes): nbytes needed");
 			return NULL;
 		}
 	} else {
@@ -484,9 +493,12 @@ PyObject *kvbpy_register_gpu(PyObject *self, PyObject *args, PyObject *kw)
 	}
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_register_gpu(cl->c, (void *)(uintptr_t)p, (size_t)nb, &id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_register_gpu(cl->c, (void *)(uintptr_t)p, (size_t)nb, &id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
@@ -511,7 +523,7 @@ static PyObject *gpubuf_unregister(PyObject *self, PyObject *unused)
 	(void)unused;
 	if (unregister_id(((gpubuf *)self)->cl, &((gpubuf *)self)->reg, 1) < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void gpubuf_dealloc(PyObject *self)
@@ -644,7 +656,7 @@ static PyObject *lease_release(PyObject *self, PyObject *unused)
 		Py_CLEAR(o->mv);
 	}
 	if (!lease_held(o))
-		Py_RETURN_NONE;
+		return Py_NewRef(Py_None);
 	if (o->exports) {
 		PyErr_SetString(PyExc_BufferError,
 				"cannot release: the lease's data is still referenced");
@@ -653,14 +665,17 @@ static PyObject *lease_release(PyObject *self, PyObject *unused)
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
 	lease_unlink(o);
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_release(cl->c, &o->l);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_release(cl->c, &o->l);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	o->l.data = NULL;
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void lease_dealloc(PyObject *self)
@@ -673,9 +688,12 @@ static void lease_dealloc(PyObject *self)
 		lease_unlink(o);
 		if (cleanup_ok(cl)) {
 			cl->busy++;
-			Py_BEGIN_ALLOW_THREADS
-			kvb_release(cl->c, &o->l);
-			Py_END_ALLOW_THREADS
+			{
+				PyThreadState *ts_ = PyEval_SaveThread();
+
+				kvb_release(cl->c, &o->l);
+				PyEval_RestoreThread(ts_);
+			}
 			kvbpy_leave(cl);
 		}
 	}
