@@ -501,3 +501,28 @@ def test_disk_tier_tiers_and_prefetch(tmp_path) -> None:  # type: ignore[no-unty
             assert ns.get_into(cold[0], out)
     finally:
         b.stop()
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    import inspect
+
+    import kvbroker.aio
+
+    missing = []
+    for mod in (kvb, kvbroker.aio):
+        names = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(mod, name)
+            if isinstance(obj, int | str | dict):
+                continue  # constants
+            if not (obj.__doc__ or "").strip():
+                missing.append(f"{mod.__name__}.{name}")
+            if inspect.isclass(obj) and not issubclass(obj, BaseException):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") or attr in ("count", "index"):
+                        continue
+                    if not callable(member) and not inspect.isdatadescriptor(member):
+                        continue  # dataclass field defaults: documented in the class
+                    if not (getattr(member, "__doc__", None) or "").strip():
+                        missing.append(f"{mod.__name__}.{name}.{attr}")
+    assert not missing, missing
