@@ -182,12 +182,9 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 		return kvbpy_raise(err);
 	b = hostbuf_alloc(cl);
 	if (!b) {
-		if (lib) {
-			kvb_buf_unregister(cl->c, id);
-		} else {
-			kvb_buf_unregister(cl->c, id);
+		kvb_buf_unregister(cl->c, id); /* unmaps it too when it is the library's */
+		if (!lib)
 			munmap(p, size);
-		}
 		return NULL;
 	}
 	b->data = p;
