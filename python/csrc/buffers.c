@@ -182,7 +182,8 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 		return kvbpy_raise(err);
 	b = hostbuf_alloc(cl);
 	if (!b) {
-		kvb_buf_unregister(cl->c, id); /* unmaps it too when it is the library's */
+		if (cl->c) /* (out of memory; GC may have run close() meanwhile) */
+			kvb_buf_unregister(cl->c, id); /* unmaps it too when it is the library's */
 		if (!lib)
 			munmap(p, size);
 		return NULL;
@@ -501,7 +502,8 @@ PyObject *kvbpy_register_gpu(PyObject *self, PyObject *args, PyObject *kw)
 		return kvbpy_raise(err);
 	g = PyObject_New(gpubuf, kvbpy_GpuBufferType);
 	if (!g) {
-		kvb_buf_unregister(cl->c, id);
+		if (cl->c)
+			kvb_buf_unregister(cl->c, id);
 		return NULL;
 	}
 	g->cl = (kvbpy_client *)Py_NewRef(self);
@@ -608,7 +610,8 @@ PyObject *kvbpy_lease_new(kvbpy_client *cl, const struct kvb_lease *l)
 	if (!o) {
 		struct kvb_lease tmp = *l;
 
-		kvb_release(cl->c, &tmp);
+		if (cl->c && !kvbpy_forked(cl))
+			kvb_release(cl->c, &tmp);
 		return NULL;
 	}
 	o->cl = (kvbpy_client *)Py_NewRef((PyObject *)cl);

@@ -108,7 +108,8 @@ PyObject *kvbpy_view_new(kvbpy_ns *ns, PyObject *parts)
 	v = PyObject_New(view, kvbpy_ViewType);
 	if (!v) {
 		Py_DECREF(bufs);
-		kvb_view_destroy(cl->c, id);
+		if (cl->c)
+			kvb_view_destroy(cl->c, id);
 		return NULL;
 	}
 	v->ns = (kvbpy_ns *)Py_NewRef((PyObject *)ns);
