@@ -205,19 +205,19 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 
 PyObject *kvbpy_register_host_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = {"fd", "nbytes", "offset", "seal", "mapped", NULL};
+	static char *kwl[] = {"fd", "nbytes", "offset", "seal", "mapped", "fdcopy", NULL};
 	kvbpy_client *cl = (kvbpy_client *)self;
 	unsigned long long off = 0;
 	PyObject *mapped = Py_None;
 	Py_ssize_t n;
-	int fd, seal = 0, err;
+	int fd, seal = 0, fdcopy = 0, err;
 	uint32_t id = 0;
 	struct stat st;
 	hostbuf *b;
 	void *addr;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "in|K$pO:register_host_fd", kwl, &fd, &n, &off,
-					 &seal, &mapped))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "in|K$pOp:register_host_fd", kwl, &fd, &n, &off,
+					 &seal, &mapped, &fdcopy))
 		return NULL;
 	if (n <= 0 || off > (unsigned long long)INT64_MAX - (unsigned long long)n) {
 		PyErr_SetString(PyExc_ValueError, "register_host_fd: nbytes must be >= 1");
@@ -265,8 +265,9 @@ PyObject *kvbpy_register_host_fd(PyObject *self, PyObject *args, PyObject *kw)
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvb_buf_register_host_fd(cl->c, fd, off, (size_t)n, addr,
-					       seal ? KVB_BUF_SEAL : 0, &id);
+		err = kvb_buf_register_host_fd(
+			cl->c, fd, off, (size_t)n, addr,
+			(seal ? KVB_BUF_SEAL : 0) | (fdcopy ? KVB_BUF_FDCOPY : 0), &id);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);

@@ -582,12 +582,16 @@ static PyMethodDef client_methods[] = {
 	 "zero-copy. Writable buffer protocol."},
 	{"register_host_fd", (PyCFunction)(void (*)(void))kvbpy_register_host_fd,
 	 METH_VARARGS | METH_KEYWORDS,
-	 "register_host_fd(fd, nbytes, offset=0, *, seal=False, mapped=None) -> HostBuffer\n--\n\n"
+	 "register_host_fd(fd, nbytes, offset=0, *, seal=False, mapped=None, fdcopy=False) -> "
+	 "HostBuffer\n--\n\n"
 	 "Registers [offset, offset + nbytes) of a tmpfs memfd this process owns (SGLang's shm\n"
 	 "host pool). mapped: an object whose memory is those bytes mapped MAP_SHARED here (a\n"
 	 "tensor or buffer over the engine's own mapping): put/get of memory inside it is then\n"
 	 "zero-copy; None maps the range anew. seal=True adds F_SEAL_SHRINK when missing\n"
-	 "(without it an unsealed fd is refused, EPERM)."},
+	 "(without it an unsealed fd is refused, EPERM). fdcopy=True accepts a file that cannot\n"
+	 "be sealed (SGLang's memfd without MFD_ALLOW_SEALING, /dev/shm files): the broker then\n"
+	 "copies with pread/pwrite on it (one kernel copy), never mapping it; seal=True as well\n"
+	 "takes the mapped path whenever the file allows."},
 	{"register_gpu", (PyCFunction)(void (*)(void))kvbpy_register_gpu,
 	 METH_VARARGS | METH_KEYWORDS,
 	 "register_gpu(memory, nbytes=None) -> GpuBuffer\n--\n\nRegisters GPU memory: a CUDA "

@@ -293,6 +293,41 @@ def test_register_host_fd(client: kvb.Client, ns: kvb.Namespace, tmp_path) -> No
         os.close(fd)
 
 
+def test_register_unsealable_fd_with_fdcopy(client: kvb.Client, ns: kvb.Namespace) -> None:
+    import mmap
+    import os
+
+    fd = os.memfd_create("sglang-like")  # no MFD_ALLOW_SEALING: can never be sealed
+    try:
+        os.ftruncate(fd, 4 * ns.page_bytes)
+        with pytest.raises(kvb.Error) as ei:
+            client.register_host_fd(fd, 4 * ns.page_bytes, seal=True)
+        assert ei.value.errno == 1  # EPERM: cannot be sealed
+        engine_map = mmap.mmap(fd, 4 * ns.page_bytes)
+        mv = memoryview(engine_map)
+        try:
+            buf = client.register_host_fd(fd, 4 * ns.page_bytes, seal=True, fdcopy=True,
+                                          mapped=mv)
+        except kvb.Error as e:
+            if e.errno == 22:
+                pytest.skip("library without KVB_BUF_FDCOPY")
+            raise
+        keys = fresh_keys(2)
+        mv[: ns.page_bytes] = page(ns, 21)
+        assert ns.put(keys[0], mv[: ns.page_bytes])  # the broker preads the file
+        assert ns.put_many([keys[1]], [mv[: ns.page_bytes]]) == [True]
+        assert ns.get_into(keys[0], mv[ns.page_bytes:2 * ns.page_bytes])  # and pwrites it
+        assert ns.get_many([keys[1]], [mv[2 * ns.page_bytes:3 * ns.page_bytes]]) == [True]
+        assert bytes(mv[ns.page_bytes:2 * ns.page_bytes]) == page(ns, 21)
+        assert bytes(mv[2 * ns.page_bytes:3 * ns.page_bytes]) == page(ns, 21)
+        buf.unregister()
+        del buf
+        mv.release()
+        engine_map.close()
+    finally:
+        os.close(fd)
+
+
 def test_batches(client: kvb.Client, ns: kvb.Namespace) -> None:
     n = 12
     keys = fresh_keys(n)
