@@ -576,8 +576,8 @@ def test_everything_raises_after_close(broker) -> None:  # type: ignore[no-untyp
     for call in (lambda: ns.put(k, buf), lambda: ns.get(k), lambda: ns.lookup([k]),
                  lambda: ns.delete(k), lambda: ns.acquire(k), lambda: ns.prefetch([k]),
                  lambda: ns.put_many([k], [buf]), lambda: c.alloc_host(4096),
-                 lambda: c.ns_open(SMALL), lambda: c.stats(), lambda: c.reap(1, 0, 0),
-                 lambda: c.submit([kvb.Op(kvb.OP_NOP)]), lambda: c.completion_fd()):
+                 lambda: c.ns_open(SMALL), c.stats, lambda: c.reap(1, 0, 0),
+                 lambda: c.submit([kvb.Op(kvb.OP_NOP)]), c.completion_fd):
         with pytest.raises(kvb.ClientClosed):
             call()
     buf.unregister()  # no-ops now
