@@ -94,9 +94,12 @@ BACKEND = {"backend_name": "kvbroker", "module_path": "kvbroker.sglang",
 def mla_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
                   layers: int = 3, page: int = 16, tokens: int = 256,
                   kv_lora_rank: int = 512, rope: int = 64,
-                  dtype: torch.dtype = torch.bfloat16) -> MLATokenToKVPoolHost:
+                  dtype: torch.dtype = torch.bfloat16,
+                  host_tokens: int | None = None) -> MLATokenToKVPoolHost:
     """SGLang's MLA host pool on the CPU, built as SGLang builds it from a device pool
-    (hybrid_pool_assembler._build_mha_mla_host_pool), the device pool on "cpu" too."""
+    (hybrid_pool_assembler._build_mha_mla_host_pool), the device pool on "cpu" too.
+    host_tokens: the host pool's size (SGLang's host_token_capacity); default twice the
+    device pool's (--hicache-ratio 2)."""
     dev = MLATokenToKVPool(size=tokens, page_size=page, dtype=dtype, kv_lora_rank=kv_lora_rank,
                            qk_rope_head_dim=rope, layer_num=layers, device="cpu",
                            enable_memory_saver=False, start_layer=0, end_layer=layers)
@@ -105,7 +108,7 @@ def mla_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
         page_size=page, layout=layout, pin_memory=False, device="cpu",
         allocator_type=allocator, device_capacity_tokens=dev.size,
         start_layer=dev.start_layer, end_layer=dev.end_layer, target_layer_num=dev.layer_num,
-        override_kv_cache_dim=dev.kv_cache_dim)
+        override_kv_cache_dim=dev.kv_cache_dim, host_token_capacity=host_tokens)
 
 
 def mha_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
