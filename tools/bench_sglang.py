@@ -84,8 +84,8 @@ def main() -> int:
     zc_pool, st_pool = kimi_pool("shm", n), kimi_pool("default", n)
     S.fill(zc_pool, 1)
     st_pool.kv_buffer.copy_(zc_pool.kv_buffer)
-    zc = S.kvbroker_backend(zc_pool, a.socket, mla=True, model="bench/Kimi-K2.5")
-    st = S.kvbroker_backend(st_pool, a.socket, mla=True, model="bench/Kimi-K2.5",
+    zc = S.kvbroker_backend(zc_pool, a.socket, mla=True, model="bench/Kimi-K2.5-bench")
+    st = S.kvbroker_backend(st_pool, a.socket, mla=True, model="bench/Kimi-K2.5-bench",
                             client_name="bench-staging")
     if not zc.zero_copy:
         print("bench_sglang: the shm pool did not get the zero-copy path", file=sys.stderr)
@@ -105,7 +105,7 @@ def main() -> int:
 
     tmpdir = tempfile.mkdtemp(prefix="hicache-bench-", dir=a.tmpfs)
     fpool = st_pool  # its pages 0..n-1 hold the same bytes; n..2n-1 are overwritten anyway
-    hf = HiCacheFile(S.storage_config(mla=True, model="bench/Kimi-K2.5",
+    hf = HiCacheFile(S.storage_config(mla=True, model="bench/Kimi-K2.5-bench",
                                       file_storage_path=tmpdir))
     for i in range(n):
         assert hf.set(keys[i], fpool.get_data_page(i * PAGE))
