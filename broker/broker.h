@@ -78,7 +78,7 @@ struct sbuf {
 	void *base;
 	uint64_t len;
 	uint64_t lead; /* host: bytes mapped before base (BUF_REG_FD at an unaligned offset) */
-	int32_t dev; /* COPY_HOST or a CUDA device index */
+	int32_t dev;   /* COPY_HOST or a CUDA device index */
 	uint8_t closing;
 	struct gpu_map *gm;
 };

@@ -554,7 +554,8 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 		    : NULL;
 	if (!n)
 		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-	if (vc.nparts != n->nparts || vc.flags || vc.resv || blen != hlen + (uint64_t)vc.nparts * plen)
+	if (vc.nparts != n->nparts || vc.flags || vc.resv ||
+	    blen != hlen + (uint64_t)vc.nparts * plen)
 		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 	for (id = 0; id < SESSION_MAX_VIEWS && s->views[id]; id++)
 		;
@@ -577,8 +578,8 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 			struct kvb_view_part op;
 
 			memcpy(&op, body + hlen + (size_t)p * plen, sizeof(op));
-			*vp = (struct kvb_view_part2){.buf = op.buf, .stride = op.stride,
-						      .base = op.base};
+			*vp = (struct kvb_view_part2){
+				.buf = op.buf, .stride = op.stride, .base = op.base};
 		}
 		/* A page's tokens end (tpp - 1) * stride + bpt after its first: < 2^64. */
 		span = (uint64_t)(tpp - 1) * vp->stride + n->part_bpt[p];
@@ -744,9 +745,9 @@ int session_on_msg(struct broker *b, struct session *s)
 	}
 	memcpy(&h, buf, sizeof(h));
 	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ||
-			    h.type == KVB_MSG_BUF_REG_FD
-		    ? 1
-		    : 0)) {
+				    h.type == KVB_MSG_BUF_REG_FD
+			    ? 1
+			    : 0)) {
 		why = "unexpected file descriptors";
 		err = -1;
 		goto out;

@@ -340,8 +340,8 @@ out:
  * Sends VIEW_CREATE2 to an ABI 1.2 broker; an older one gets VIEW_CREATE when no part needs
  * a page stride of its own (0, or tokens_per_page * stride, which is what VIEW_CREATE means).
  */
-int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts,
-		     size_t nparts, uint32_t flags, uint32_t *view)
+int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
+		     uint32_t flags, uint32_t *view)
 {
 	struct kvb_msg_view_create2 *msg;
 	const struct kvbc_ns *n;

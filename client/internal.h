@@ -10,8 +10,9 @@
  * which drops the lock while it sleeps in poll() (and only then: it touches nothing of the
  * client meanwhile), so that a completion thread blocked in kvb_reap() does not stall the
  * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
- * functions that take a client. Only kvb_key_chain(), kvb_version() and kvb_strerror() are
- * lock-free (they touch no client). kvb_close() must not race with any other call.
+ * functions that take a client. Only kvb_key_chain(), kvb_key_chain_eagle(), kvb_version() and
+ * kvb_strerror() are lock-free (they touch no client). kvb_close() must not race with any other
+ * call.
  *
  * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
  * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once.

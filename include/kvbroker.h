@@ -157,7 +157,7 @@ enum kvb_dtype {
 	KVB_DTYPE_FP8_E5M2 = 5,	    /* torch.float8_e5m2 */
 	KVB_DTYPE_FP8_E4M3FNUZ = 6, /* AMD's e4m3fnuz */
 	KVB_DTYPE_INT8 = 7,
-	KVB_DTYPE_UINT8 = 8,   /* raw bytes, e.g. a packed fp8 value-plus-scale cache */
+	KVB_DTYPE_UINT8 = 8,	/* raw bytes, e.g. a packed fp8 value-plus-scale cache */
 	KVB_DTYPE_FP4_E2M1 = 9, /* packed two per byte (nvfp4/mxfp4 payloads) */
 	KVB_DTYPE__COUNT,
 };
@@ -230,8 +230,9 @@ kvb_key kvb_key_chain_eagle(const kvb_key *parent, const uint32_t *tokens, size_
 
 /*
  * Stores a page of exactly page_bytes from src. Returns 0 when stored, 1 when the key was already
- * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() is copied by the broker
- * directly; any other src goes through a staging buffer (one extra memcpy).
+ * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() (or inside the addr range
+ * of kvb_buf_register_host_fd(), or a registered GPU buffer) is copied by the broker directly;
+ * any other src goes through a staging buffer (one extra memcpy).
  * Errors: -EINVAL length or ns, -ENOSPC pool full of leased pages, -ECONNRESET broker gone.
  */
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len);
@@ -372,8 +373,8 @@ struct kvb_view_part2 {
  * below the part's bytes_per_token_layer, a page_stride that makes pages overlap, non-zero
  * flags/resv; -EBADF an unknown namespace or buffer; -EMFILE too many views.
  */
-int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts,
-		     size_t nparts, uint32_t flags, uint32_t *view);
+int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
+		     uint32_t flags, uint32_t *view);
 
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
@@ -436,8 +437,10 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
- * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
- * -ECONNRESET when the broker went away.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED.
+ * Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or -ECONNRESET when
+ * the broker went away. With a kvb_completion_fd(), the call that leaves nothing to reap
+ * re-arms that fd.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
 

@@ -73,4 +73,5 @@ ext = Extension(
              + glob.glob(os.path.join(HERE, "csrc", "*.h"))],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt}, options={"bdist_wheel": {"py_limited_api": "cp311"}})
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt},
+      options={"bdist_wheel": {"py_limited_api": "cp311"}})

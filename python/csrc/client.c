@@ -477,9 +477,11 @@ static PyObject *client_reap(PyObject *self, PyObject *args, PyObject *kw)
 	Py_BEGIN_ALLOW_THREADS
 	pthread_mutex_lock(&cl->batch_lock);
 	got = cl->nstash < (size_t)max ? cl->nstash : (size_t)max;
-	memcpy(out, cl->stash, got * sizeof(*out));
-	memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
-	cl->nstash -= got;
+	if (got) { /* the caller's completions a batch reaped come first */
+		memcpy(out, cl->stash, got * sizeof(*out));
+		memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
+		cl->nstash -= got;
+	}
 	if (got < (size_t)max) {
 		size_t want = got >= (size_t)min ? 0 : (size_t)min - got;
 
@@ -532,8 +534,8 @@ static PyObject *client_locate(PyObject *self, PyObject *obj)
 static PyMethodDef client_methods[] = {
 	{"close", client_close, METH_NOARGS,
 	 "close() -> None\n--\n\nDetaches from the broker (idempotent). Waits for calls other "
-	 "threads have in flight.\nRaises BufferError, leaving the client open, while a lease's "
-	 "memory is still referenced."},
+	 "threads have in flight\n(a reap() without a timeout among them). Raises BufferError, "
+	 "leaving the client open,\nwhile a lease's memory is still referenced."},
 	{"__enter__", client_enter, METH_NOARGS, "Returns the client."},
 	{"__exit__", client_exit, METH_VARARGS, "Closes the client."},
 	{"nop", client_nop, METH_NOARGS,
@@ -573,7 +575,8 @@ static PyMethodDef client_methods[] = {
 	 "reap(max=64, min=1, timeout_ms=-1) -> list\n--\n\nUp to max completions of submit()'s "
 	 "ops, as (user_data, res, flags, lease)\ntuples, waiting (GIL released) until min "
 	 "arrived or timeout_ms passed (then\nwhat has come, maybe []). res < 0 is a negative "
-	 "errno."},
+	 "errno. Reapers take turns: while\none waits, put_many()/get_many() of other threads on "
+	 "this client wait too."},
 	{"locate", client_locate, METH_O,
 	 "locate(obj) -> tuple[int, int, int] | None\n--\n\n(buffer id, offset, nbytes) when "
 	 "obj's memory lies inside a buffer registered on\nthis client, else None: what an Op "

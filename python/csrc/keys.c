@@ -79,13 +79,18 @@ int kvbpy_keys(PyObject *obj, kvb_key **keys, size_t *n, kvb_key **owned, Py_buf
 		return -1;
 	}
 	for (Py_ssize_t i = 0; i < len; i++) {
-		PyObject *k = PySequence_GetItem(obj, i);
+		/* Lists and tuples lend their items (the GIL keeps them alive): no refcounting. */
+		int borrowed = PyList_Check(obj) || PyTuple_Check(obj);
+		PyObject *k = PyList_Check(obj)	   ? PyList_GetItem(obj, i)
+			      : PyTuple_Check(obj) ? PyTuple_GetItem(obj, i)
+						   : PySequence_GetItem(obj, i);
 		int rc;
 
 		if (!k)
 			goto err;
 		rc = kvbpy_key(k, &(*owned)[i]);
-		Py_DECREF(k);
+		if (!borrowed)
+			Py_DECREF(k);
 		if (rc < 0)
 			goto err;
 	}

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def build_dir() -> Path:
     env = os.environ.get("KVB_BUILD_DIR")
     if env:
-        return (ROOT / env).resolve() if not os.path.isabs(env) else Path(env)
+        return Path(env).resolve()  # relative to the working directory
     for name in ("build/release", "build/release-nocuda"):
         if (ROOT / name / "bin" / "kvbrokerd").exists():
             return ROOT / name

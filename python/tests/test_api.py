@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import SMALL, fresh_keys, page
 
 import kvbroker as kvb
+from conftest import SMALL, fresh_keys, page
 
 
 def test_import_pulls_in_no_numpy_or_torch() -> None:
@@ -132,7 +132,7 @@ def test_bad_sizes_and_keys(ns: kvb.Namespace) -> None:
     with pytest.raises(TypeError):
         ns.put("a str is not a key", bytes(ns.page_bytes))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        ns.put(k, 12345)  # type: ignore[arg-type]
+        ns.put(k, 12345)
     with pytest.raises(ValueError):
         ns.get_into(k, np.zeros((64, 128), np.uint8)[:, ::2])  # not contiguous
 
@@ -170,7 +170,7 @@ def test_delete(ns: kvb.Namespace) -> None:
 def test_prefetch(ns: kvb.Namespace) -> None:
     keys = fresh_keys(3)
     ns.put(keys[0], page(ns, 4))
-    assert ns.prefetch(keys) is None  # missing keys are skipped, not errors
+    ns.prefetch(keys)  # missing keys are skipped, not errors
 
 
 def test_nop(client: kvb.Client) -> None:
@@ -200,7 +200,7 @@ def test_lease_refuses_release_while_referenced(ns: kvb.Namespace) -> None:
     ns.put(k, page(ns, 10))
     lease = ns.acquire(k)
     assert lease is not None
-    arr = np.frombuffer(lease, np.uint8)
+    arr = np.frombuffer(memoryview(lease), np.uint8)
     with pytest.raises(BufferError):
         lease.release()
     del arr
@@ -301,7 +301,7 @@ def test_batches(client: kvb.Client, ns: kvb.Namespace) -> None:
     for i in range(n):
         arr[i] = i
     mv = memoryview(buf)
-    srcs = [mv[i * ns.page_bytes:(i + 1) * ns.page_bytes] for i in range(n)]
+    srcs: list[object] = [mv[i * ns.page_bytes:(i + 1) * ns.page_bytes] for i in range(n)]
     srcs[3] = bytes([3]) * ns.page_bytes  # unregistered members go the synchronous way
     assert ns.put_many(keys, srcs) == [True] * n
     assert ns.put_many(keys[:2], srcs[:2]) == [False, False]
@@ -469,3 +469,35 @@ def test_identity_separates_namespaces(client: kvb.Client) -> None:
     assert other.id != a.id and pp.id != a.id and pp.id != other.id
     assert dp.id == a.id  # DP replicas share
     assert a.layout is base and a.client is client
+
+
+def test_disk_tier_tiers_and_prefetch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from conftest import Broker
+
+    b = Broker(tmp_path, "--pool", "32M", "--disk", str(tmp_path / "cache"),
+               "--disk-size", "128M")
+    try:
+        with kvb.connect(b.socket) as c:
+            lay = kvb.Layout("test/py-disk", kvb.MLA, 16, [kvb.Component("kv", 4, 1024)])
+            ns = c.ns_open(lay)
+            keys = kvb.page_keys(list(range(16 * 600)), 16)
+            buf = c.alloc_host(ns.page_bytes)
+            assert all(ns.put_many(keys, [buf] * len(keys)))
+            deadline = time.monotonic() + 10
+            while True:  # demotion runs in the background
+                hits, tiers = ns.lookup_tiers(keys)
+                if kvb.TIER_DISK in tiers or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert hits == len(keys) and kvb.TIER_DISK in tiers
+            cold = [k for k, t in zip(keys, tiers, strict=True) if t == kvb.TIER_DISK][:8]
+            before = c.stats()["disk"]["promotions"]
+            ns.prefetch(cold)
+            assert ns.lookup_tiers(cold)[1] == [kvb.TIER_RAM] * len(cold)
+            assert c.stats()["disk"]["promotions"] >= before + len(cold)
+            out = bytearray(ns.page_bytes)
+            assert ns.get_into(cold[0], out)
+    finally:
+        b.stop()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL, Broker, fresh_keys, page
 
 import kvbroker as kvb
+from conftest import SMALL, Broker, fresh_keys, page
 
 
 def test_broker_killed_mid_batch_raises(tmp_path: Path) -> None:
@@ -82,10 +82,10 @@ def test_fork_child_raises_parent_unharmed(client: kvb.Client, ns: kvb.Namespace
         os.write(w, bytes([code]))
         os._exit(0)
     os.close(w)
-    code = os.read(r, 1)
+    got = os.read(r, 1)
     os.close(r)
     os.waitpid(pid, 0)
-    assert code == b"\x00"
+    assert got == b"\x00"
     for _ in range(10):  # the parent's rings are intact
         client.nop()
     assert ns.get(k) == page(ns, 3)

@@ -60,8 +60,13 @@ static uint8_t *map(int fd, size_t len)
 static int op1(kvb_client *c, uint32_t opcode, uint32_t flags, uint32_t buf, kvb_key key,
 	       uint64_t off)
 {
-	struct kvb_op op = {.opcode = opcode, .flags = flags, .ns = ns, .buf = buf, .key = key,
-			    .off = off, .user_data = 77};
+	struct kvb_op op = {.opcode = opcode,
+			    .flags = flags,
+			    .ns = ns,
+			    .buf = buf,
+			    .key = key,
+			    .off = off,
+			    .user_data = 77};
 	struct kvb_completion cqe;
 
 	CHECK_RC(kvb_submit(c, &op, 1), 1);
@@ -261,8 +266,7 @@ static void not_tmpfs(kvb_client *c, const char *dir)
 	fd = memfd_create("t_buf_fd_huge", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING);
 	if (fd >= 0 && ftruncate(fd, 2u << 20) == 0) {
 		(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
-		CHECK_RC(kvb_buf_register_host_fd(c, fd, 0, 2u << 20, NULL, 0, &buf),
-			 -EMEDIUMTYPE);
+		CHECK_RC(kvb_buf_register_host_fd(c, fd, 0, 2u << 20, NULL, 0, &buf), -EMEDIUMTYPE);
 	} else {
 		harness_log("no hugetlbfs memfd here: that case skipped");
 	}

@@ -95,9 +95,9 @@ static void basics(int cfd)
 
 struct waiter {
 	int cfd;
-	int want;	 /* completions to see */
-	int got, bad;	 /* what it saw */
-	int timeouts;	 /* epoll_wait() deadlines missed: lost wake-ups */
+	int want;     /* completions to see */
+	int got, bad; /* what it saw */
+	int timeouts; /* epoll_wait() deadlines missed: lost wake-ups */
 	uint64_t wakeups;
 };
 
@@ -187,8 +187,7 @@ static void many(int cfd, uint8_t *page)
 }
 
 /* GETs into a registered buffer, each of which completes late. */
-static void late(int cfd, uint8_t *hbuf, uint32_t hid, const kvb_key *keys, int n,
-		 const char *what)
+static void late(int cfd, uint8_t *hbuf, uint32_t hid, const kvb_key *keys, int n, const char *what)
 {
 	struct kvb_op *ops = calloc((size_t)n, sizeof(*ops));
 	struct waiter w;
@@ -196,8 +195,11 @@ static void late(int cfd, uint8_t *hbuf, uint32_t hid, const kvb_key *keys, int 
 
 	CHECK(ops != NULL);
 	for (int i = 0; i < n; i++)
-		ops[i] = (struct kvb_op){.opcode = KVB_OP_GET, .ns = ns, .buf = hid,
-					 .key = keys[i], .off = (uint64_t)(i % 8) * PB,
+		ops[i] = (struct kvb_op){.opcode = KVB_OP_GET,
+					 .ns = ns,
+					 .buf = hid,
+					 .key = keys[i],
+					 .off = (uint64_t)(i % 8) * PB,
 					 .user_data = (uint64_t)i};
 	start_waiter(&t, &w, cfd, n);
 	/* Eight at a time: the buffer holds eight pages. */

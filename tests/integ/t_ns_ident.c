@@ -135,6 +135,19 @@ int main(int argc, char **argv)
 	n = open2(c, &mla, &id);
 	CHECK_NE(n, base);
 	CHECK_RC(kvb_get(c, n, k, page, PB), -ENOENT);
+	{
+		char *js = harness_stats(c), path[64];
+
+		snprintf(path, sizeof(path), "namespaces[id=%u].pp_size", n);
+		CHECK_EQ(harness_stat_u64(js, path), 2);
+		snprintf(path, sizeof(path), "namespaces[id=%u].pp_rank", n);
+		CHECK_EQ(harness_stat_u64(js, path), 1);
+		snprintf(path, sizeof(path), "namespaces[id=%u].cp_size", def);
+		CHECK_EQ(harness_stat_u64(js, path), 1);
+		CHECK(strstr(js, "\"dtype\":[\"bf16\"]") != NULL);
+		CHECK(strstr(js, "\"dtype\":[\"unspec\"]") != NULL);
+		free(js);
+	}
 	id = bf16();
 	id.cp_size = 2;
 	id.cp_rank = 1;

@@ -21,10 +21,10 @@
 
 #include "harness.h"
 
-#define PS 16		/* tokens per page = SGLang page_size = vLLM block_size */
+#define PS 16 /* tokens per page = SGLang page_size = vLLM block_size */
 #define LAYERS 4
-#define T 128		/* head_num * head_dim * dtype size: bytes per token per layer */
-#define NPAGES 8	/* pages (blocks) each host buffer holds */
+#define T 128	 /* head_num * head_dim * dtype size: bytes per token per layer */
+#define NPAGES 8 /* pages (blocks) each host buffer holds */
 #define NPARTS (2 * LAYERS)
 #define PB (2 * LAYERS * PS * T) /* 16 KiB */
 #define SENTINEL 0xee
@@ -128,8 +128,8 @@ static void write_page(struct host *h, const kvb_key *k, uint64_t s)
  * Checks that slots [s, s + PS) of layers [lf, lf + lc) (lc 0: all) hold the page and that every
  * other byte of the buffers is still SENTINEL.
  */
-static void check_host(const struct host *h, const kvb_key *k, uint64_t s, uint32_t lf,
-		       uint32_t lc, const char *what)
+static void check_host(const struct host *h, const kvb_key *k, uint64_t s, uint32_t lf, uint32_t lc,
+		       const char *what)
 {
 	uint8_t page[PB];
 	uint64_t want = 0, seen = 0;
@@ -162,9 +162,12 @@ static void async_ops(kvb_client *c, struct host *src, struct host *dst, const k
 
 	for (uint32_t p = 0; p < NPAGES; p++) {
 		write_page(src, &keys[p], (uint64_t)p * PS);
-		ops[p] = (struct kvb_op){.opcode = KVB_OP_PUT, .flags = KVB_OPF_VIEW,
-					 .buf = src->view, .key = keys[p],
-					 .off = (uint64_t)p * PS, .user_data = p};
+		ops[p] = (struct kvb_op){.opcode = KVB_OP_PUT,
+					 .flags = KVB_OPF_VIEW,
+					 .buf = src->view,
+					 .key = keys[p],
+					 .off = (uint64_t)p * PS,
+					 .user_data = p};
 	}
 	CHECK_RC(kvb_submit(c, ops, NPAGES), NPAGES);
 	while (got < NPAGES) {
@@ -178,9 +181,12 @@ static void async_ops(kvb_client *c, struct host *src, struct host *dst, const k
 	clear(dst);
 	/* Pages land reversed: page p into slot (NPAGES - 1 - p) * PS. */
 	for (uint32_t p = 0; p < NPAGES; p++)
-		ops[p] = (struct kvb_op){.opcode = KVB_OP_GET, .flags = KVB_OPF_VIEW,
-					 .buf = dst->view, .key = keys[p],
-					 .off = (uint64_t)(NPAGES - 1 - p) * PS, .user_data = p};
+		ops[p] = (struct kvb_op){.opcode = KVB_OP_GET,
+					 .flags = KVB_OPF_VIEW,
+					 .buf = dst->view,
+					 .key = keys[p],
+					 .off = (uint64_t)(NPAGES - 1 - p) * PS,
+					 .user_data = p};
 	CHECK_RC(kvb_submit(c, ops, NPAGES), NPAGES);
 	for (got = 0; got < NPAGES;) {
 		int n = kvb_reap(c, out, NPAGES, 1, 10000);
@@ -198,7 +204,8 @@ static void async_ops(kvb_client *c, struct host *src, struct host *dst, const k
 			for (uint32_t l = 0; l < LAYERS; l++)
 				for (uint32_t t = 0; t < PS; t++)
 					memcpy(page + canon(cc, l, t),
-					       at(dst, cc, l, (uint64_t)(NPAGES - 1 - p) * PS + t), T);
+					       at(dst, cc, l, (uint64_t)(NPAGES - 1 - p) * PS + t),
+					       T);
 		harness_fill(want, PB, &keys[p], SEED);
 		CHECK(!memcmp(page, want, PB));
 	}
@@ -231,7 +238,8 @@ int main(int argc, char **argv)
 	write_page(&a, &k1, 3 * PS);
 	CHECK_RC(kvb_view_put(c, a.view, k1, 3 * PS), 0);
 	CHECK_RC(kvb_get(c, ns, k1, page, PB), PB);
-	CHECK(harness_verify(page, PB, &k1, SEED, "canonical page of a page_first_direct PUT") == 0);
+	CHECK(harness_verify(page, PB, &k1, SEED, "canonical page of a page_first_direct PUT") ==
+	      0);
 
 	/* GETs scatter it into the other layouts, and back into page_first_direct elsewhere. */
 	clear(&v);
@@ -285,7 +293,8 @@ int main(int argc, char **argv)
 
 		memset(bad, 0, sizeof(bad));
 		for (int p = 0; p < NPARTS; p++)
-			bad[p] = (struct kvb_view_part2){.buf = a.id[0], .stride = T,
+			bad[p] = (struct kvb_view_part2){.buf = a.id[0],
+							 .stride = T,
 							 .base = (uint64_t)p * PB,
 							 .page_stride = (PS - 1) * T + T};
 		CHECK_OK(kvb_view_create2(c, ns, bad, NPARTS, 0, &id)); /* pages just touch */

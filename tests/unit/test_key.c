@@ -285,16 +285,17 @@ static void test_key_eagle_vectors(void **state)
 
 static void test_key_eagle_python(void **state)
 {
-	static const char script[] = "import hashlib, sys\n"
-				     "prior = None\n"
-				     "for line in sys.argv[1:]:\n"
-				     "    t = [int(x) for x in line.split(',') if x]\n"
-				     "    h = hashlib.sha256()\n"
-				     "    if prior: h.update(bytes.fromhex(prior))\n"
-				     "    for a, b in zip(t, t[1:]):\n"
-				     "        h.update(a.to_bytes(4, 'little') + b.to_bytes(4, 'little'))\n"
-				     "    prior = h.hexdigest()\n"
-				     "    print(prior)\n";
+	static const char script[] =
+		"import hashlib, sys\n"
+		"prior = None\n"
+		"for line in sys.argv[1:]:\n"
+		"    t = [int(x) for x in line.split(',') if x]\n"
+		"    h = hashlib.sha256()\n"
+		"    if prior: h.update(bytes.fromhex(prior))\n"
+		"    for a, b in zip(t, t[1:]):\n"
+		"        h.update(a.to_bytes(4, 'little') + b.to_bytes(4, 'little'))\n"
+		"    prior = h.hexdigest()\n"
+		"    print(prior)\n";
 	static const size_t npos[4] = {64, 1, 130, 7};
 	char path[] = "/tmp/kvb_test_eagle_XXXXXX";
 	uint32_t toks[131];

@@ -108,7 +108,8 @@ class Completion(NamedTuple):
 class ViewPart(NamedTuple):
     """Where one (component, layer) of a view lives: token slot s at ``buf + base +
     (s // tokens_per_page) * page_stride + (s % tokens_per_page) * stride`` (page_stride 0:
-    tokens_per_page * stride)."""
+    tokens_per_page * stride).
+    """
 
     buf: HostBuffer | GpuBuffer | int
     stride: int
@@ -139,7 +140,9 @@ class Client(_kvbroker.Client):
 
     def reap(self, max: int = 64, min: int = 1, timeout_ms: int = -1) -> list[Completion]:
         """Up to max completions of submitted ops, waiting for min of them (GIL released);
-        after timeout_ms what has come (maybe none)."""
+        after timeout_ms what has come (maybe none). Reapers take turns: while one waits,
+        batches (put_many, get_many, views') of other threads on this client wait too.
+        """
         return [Completion(*t) for t in super().reap(max, min, timeout_ms)]
 
     def __repr__(self) -> str:

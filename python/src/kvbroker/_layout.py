@@ -88,7 +88,7 @@ class Layout:
     """
 
     model: str
-    kind: str
+    kind: str | int
     tokens_per_page: int
     components: Sequence[Component]
     tp_size: int = 1
@@ -152,6 +152,6 @@ class Layout:
         def size(n: int) -> int:
             return n if n > 1 else 0
 
-        return (self.model, _KINDS[self.kind], self.tokens_per_page, self.tp_size, self.tp_rank,
-                comps, self.page_format, size(self.pp_size), self.pp_rank, size(self.cp_size),
-                self.cp_rank, size(self.dp_size), self.dp_rank)
+        return (self.model, _KINDS[str(self.kind)], self.tokens_per_page, self.tp_size,
+                self.tp_rank, comps, self.page_format, size(self.pp_size), self.pp_rank,
+                size(self.cp_size), self.cp_rank, size(self.dp_size), self.dp_rank)

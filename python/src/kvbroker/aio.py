@@ -7,7 +7,10 @@ flight on one client. Ops need registered memory (HostBuffer, GpuBuffer, or memo
 them: the broker addresses it by buffer id and offset); any other memory runs the
 synchronous call in the loop's default executor instead, with the GIL released there too.
 
-Use it from the thread that runs the loop; one AsyncClient per client and loop.
+Use it from the thread that runs the loop; one AsyncClient per client and loop. Give it a
+client of its own when other threads run put_many()/get_many()/views' batches: a batch that
+reaps an AsyncClient op's completion keeps it for reap() (nothing is lost), but the
+completion fd does not see it, so the loop would only notice it at its next wake-up.
 """
 
 from __future__ import annotations
