@@ -27,26 +27,27 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests"))
-import sglang_support as S  # noqa: E402 - first: imports SGLang
+import sglang_support as S  # first: imports SGLang (see there)
 
-import torch  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import HiCacheFile  # noqa: E402
-from sglang.srt.mem_cache.utils import get_hash_str  # noqa: E402
+# isort: split
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+from sglang.srt.mem_cache.utils import get_hash_str
 
 PAGE = 64
 LAYERS = 61
 
 
-def kimi_pool(alloc: str, npages: int):
+def kimi_pool(alloc: str, npages: int) -> Any:
     """SGLang's MLA host pool with room for 2 * npages Kimi-K2.5 pages."""
     return S.mla_host_pool("page_first_direct", alloc, layers=LAYERS, page=PAGE,
                            tokens=4 * PAGE, kv_lora_rank=512, rope=64,
@@ -174,7 +175,7 @@ def main() -> int:
     zc.close()
     st.close()
 
-    ratio = [g / m for g, m in zip(res["zc_get"], res["memcpy"])]
+    ratio = [g / m for g, m in zip(res["zc_get"], res["memcpy"], strict=True)]
     ex50 = statistics.median(res["zc_ex_p50"]) * 1e6
     ex50s = statistics.median(res["zc_ex1ms_p50"]) * 1e6
     L = []

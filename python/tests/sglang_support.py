@@ -21,7 +21,7 @@ import time
 import types
 from typing import Any
 
-IMPORT_SECONDS: float = 0.0
+_IMPORT = {"seconds": 0.0}
 
 
 def _torchvision_stand_in() -> None:
@@ -39,7 +39,7 @@ def _torchvision_stand_in() -> None:
     def unavailable(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("torchvision is not installed (CPU test venv)")
 
-    mods = {}
+    mods: dict[str, Any] = {}
     for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional"):
         m = types.ModuleType(name)
         m.__spec__ = importlib.machinery.ModuleSpec(name, None)
@@ -54,9 +54,8 @@ def _torchvision_stand_in() -> None:
 
 def import_sglang() -> float:
     """Imports the SGLang modules the tests use; returns the seconds it took (once)."""
-    global IMPORT_SECONDS
-    if IMPORT_SECONDS:
-        return IMPORT_SECONDS
+    if _IMPORT["seconds"]:
+        return _IMPORT["seconds"]
     t = time.monotonic()
     # get_hash_str JIT-builds a C++ extension with torch's cpp_extension: ninja from the venv.
     bindir = os.path.dirname(sys.executable)
@@ -66,19 +65,19 @@ def import_sglang() -> float:
 
     warnings.filterwarnings("ignore", module="sglang|transformers|gguf|requests")
     _torchvision_stand_in()
-    import sglang.srt.managers.cache_controller  # noqa: F401
-    import sglang.srt.mem_cache.hicache_storage  # noqa: F401
-    import sglang.srt.mem_cache.memory_pool  # noqa: F401
-    import sglang.srt.mem_cache.pool_host.mha  # noqa: F401
-    import sglang.srt.mem_cache.pool_host.mla  # noqa: F401
-    import sglang.srt.mem_cache.storage.backend_factory  # noqa: F401
+    import sglang.srt.managers.cache_controller
+    import sglang.srt.mem_cache.hicache_storage
+    import sglang.srt.mem_cache.memory_pool
+    import sglang.srt.mem_cache.pool_host.mha
+    import sglang.srt.mem_cache.pool_host.mla
+    import sglang.srt.mem_cache.storage.backend_factory
     import sglang.srt.mem_cache.utils  # noqa: F401
 
-    IMPORT_SECONDS = time.monotonic() - t
-    return IMPORT_SECONDS
+    _IMPORT["seconds"] = time.monotonic() - t
+    return _IMPORT["seconds"]
 
 
-import_sglang()
+IMPORT_SECONDS = import_sglang()
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
@@ -87,7 +86,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-BACKEND = {"backend_name": "kvbroker", "module_path": "kvbroker.sglang",
+BACKEND: dict[str, Any] = {"backend_name": "kvbroker", "module_path": "kvbroker.sglang",
            "class_name": "KVBrokerStorage", "interface_v1": 1}
 
 

@@ -9,6 +9,10 @@ ships, answers the same call sequence with the same hits and misses.
 
 from __future__ import annotations
 
+import sglang_support as S  # first: imports SGLang (see there)
+
+# isort: split
+
 import logging
 import os
 import time
@@ -16,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sglang_support as S  # first: imports SGLang (see there)
 import torch
-from conftest import Broker
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_hash_str
 
 import kvbroker as kvb
+from conftest import Broker
 from kvbroker.sglang import KVBrokerStorage, model_ns_name, pool_geometry
 
 PAGE = 16
@@ -36,7 +39,8 @@ def hkeys(n: int, salt: int = 0) -> list[str]:
     _seq[0] += 1
     tokens = [(_seq[0] * 1000003 + salt * 7919 + os.getpid() + i) % 150000
               for i in range(n * PAGE)]
-    return get_hash_str(tokens, None, page_size=PAGE)
+    keys: list[str] = get_hash_str(tokens, None, page_size=PAGE)
+    return keys
 
 
 def pool_of(kind: str, layout: str, alloc: str = "shm", **kw: Any) -> Any:
@@ -45,18 +49,23 @@ def pool_of(kind: str, layout: str, alloc: str = "shm", **kw: Any) -> Any:
 
 
 def backend(pool: Any, broker: Broker, kind: str, model: str, **kw: Any) -> KVBrokerStorage:
-    return S.kvbroker_backend(pool, broker.socket, mla=kind == "mla", model=model, **kw)
+    b: KVBrokerStorage = S.kvbroker_backend(pool, broker.socket, mla=kind == "mla",
+                                            model=model, **kw)
+    return b
 
 
 def sgpage(pool: Any, p: int) -> torch.Tensor:
     """SGLang's own flat page (get_data_page) as bytes: random bf16 bytes hold NaNs, which
     torch.equal would call different."""
-    return pool.get_data_page(p * PAGE, flat=True).view(torch.uint8)
+    t: torch.Tensor = pool.get_data_page(p * PAGE, flat=True).view(torch.uint8)
+    return t
 
 
 def canon(b: KVBrokerStorage, pages: list[int]) -> list[torch.Tensor]:
     flat = b.mem_pool_host.kv_buffer.view(-1).view(torch.uint8)
-    return [b.geometry.canonical(flat, p * PAGE).clone() for p in pages]
+    geo = b.geometry
+    assert geo is not None
+    return [geo.canonical(flat, p * PAGE).clone() for p in pages]
 
 
 def test_factory_dynamic_loads_backend(broker: Broker) -> None:
@@ -95,10 +104,10 @@ def test_roundtrip_byte_exact(broker: Broker, kind: str, layout: str, alloc: str
     assert b.batch_exists(keys) == 5
     pool.kv_buffer.zero_()
     assert b.batch_get_v1(keys, S.indices(pages, PAGE)) == [True] * 5
-    assert all(torch.equal(a, w) for a, w in zip(canon(b, pages), want))
+    assert all(torch.equal(a, w) for a, w in zip(canon(b, pages), want, strict=True))
     # and in SGLang's own terms: get_data_page gives back what it gave before
     assert all(torch.equal(sgpage(pool, p), w)
-               for p, w in zip(pages, sg_want))
+               for p, w in zip(pages, sg_want, strict=True))
     # pages of other slots stayed untouched (zero)
     assert not sgpage(pool, 0).any()
     b.close()
@@ -138,7 +147,7 @@ def test_pages_move_between_layouts(broker: Broker) -> None:
         dst = pool_of("mla", layout, alloc)
         b = backend(dst, broker, "mla", "xl/model")
         assert b.batch_get_v1(keys, S.indices([0, 1, 3], PAGE)) == [True] * 3
-        assert all(torch.equal(x, w) for x, w in zip(canon(b, [0, 1, 3]), want))
+        assert all(torch.equal(x, w) for x, w in zip(canon(b, [0, 1, 3]), want, strict=True))
         b.close()
     a.close()
 
@@ -165,7 +174,7 @@ def test_keys_are_get_hash_str_including_eagle(broker: Broker) -> None:
     assert b.batch_exists(eagle) == 4 and b.batch_exists(plain) == 0
     pool.kv_buffer.zero_()
     assert b.batch_get_v1(eagle, S.indices([1, 2, 3, 4], PAGE)) == [True] * 4
-    assert all(torch.equal(x, w) for x, w in zip(canon(b, [1, 2, 3, 4]), want))
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, [1, 2, 3, 4]), want, strict=True))
     b.close()
 
 
@@ -186,8 +195,8 @@ def test_mha_ranks_never_share(broker: Broker) -> None:
     p1.kv_buffer.zero_()
     assert b0.batch_get_v1(keys, S.indices([3, 4], PAGE)) == [True, True]
     assert b1.batch_get_v1(keys, S.indices([3, 4], PAGE)) == [True, True]
-    assert all(torch.equal(x, w) for x, w in zip(canon(b0, [3, 4]), w0))
-    assert all(torch.equal(x, w) for x, w in zip(canon(b1, [3, 4]), w1))
+    assert all(torch.equal(x, w) for x, w in zip(canon(b0, [3, 4]), w0, strict=True))
+    assert all(torch.equal(x, w) for x, w in zip(canon(b1, [3, 4]), w1, strict=True))
     b0.close()
     b1.close()
 
@@ -205,7 +214,7 @@ def test_second_job_finds_first_jobs_pages(broker: Broker) -> None:
     job2 = backend(q, broker, "mla", "/other/path/to/Kimi/", client_name="job2")
     assert job2.batch_exists(keys) == 4
     assert job2.batch_get_v1(keys, S.indices([5, 6, 7, 8], PAGE)) == [True] * 4
-    assert all(torch.equal(x, w) for x, w in zip(canon(job2, [5, 6, 7, 8]), want))
+    assert all(torch.equal(x, w) for x, w in zip(canon(job2, [5, 6, 7, 8]), want, strict=True))
     job2.close()
 
 
@@ -224,20 +233,20 @@ def test_same_hits_and_misses_as_hicachefile(broker: Broker, tmp_path: Path) -> 
     k = backend(pk, broker, "mla", "ref/model")
 
     def file_set(ks: list[str], pages: list[int]) -> bool:
-        return f.batch_set(ks, [pf.get_data_page(p * PAGE) for p in pages])
+        return bool(f.batch_set(ks, [pf.get_data_page(p * PAGE) for p in pages]))
 
     def file_get(ks: list[str], pages: list[int]) -> list[bool]:
         out = f.batch_get(ks, [pf.get_dummy_flat_data_page() for _ in ks])
-        for r, p in zip(out, pages):
+        for r, p in zip(out, pages, strict=True):
             if r is not None:
                 pf.set_from_flat_data_page(p * PAGE, r)
         return [r is not None for r in out]
 
-    seq = [("exists", keys), ("set", keys[:3], [1, 2, 3]), ("exists", keys),
-           ("exists", keys[:2]), ("exists", keys[1:]), ("get", keys[:4], [10, 11, 12, 13]),
-           ("set", keys[3:5], [4, 5]), ("exists", keys), ("exists", other + keys),
-           ("set", other[1:], [6, 7]), ("exists", other), ("exists", other[1:]),
-           ("get", other, [14, 15, 16]), ("get", keys, [20, 21, 22, 23, 24, 25])]
+    seq: list[tuple[Any, ...]] = [("exists", keys), ("set", keys[:3], [1, 2, 3]), ("exists", keys),
+        ("exists", keys[:2]), ("exists", keys[1:]), ("get", keys[:4], [10, 11, 12, 13]),
+        ("set", keys[3:5], [4, 5]), ("exists", keys), ("exists", other + keys),
+        ("set", other[1:], [6, 7]), ("exists", other), ("exists", other[1:]),
+        ("get", other, [14, 15, 16]), ("get", keys, [20, 21, 22, 23, 24, 25])]
     for op in seq:
         if op[0] == "exists":
             assert f.batch_exists(op[1]) == k.batch_exists(op[1]), op
@@ -269,10 +278,10 @@ def test_v0_calls_page_first(broker: Broker) -> None:
     assert b.batch_set(keys, [pool.get_data_page(p * PAGE) for p in (2, 3)])
     want = canon(b, [2, 3])
     assert b.batch_get_v1(keys, S.indices([8, 9], PAGE)) == [True, True]
-    assert all(torch.equal(x, w) for x, w in zip(canon(b, [8, 9]), want))
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, [8, 9]), want, strict=True))
     out = pool.get_dummy_flat_data_page()
     assert b.get(keys[1], out) is out
-    assert torch.equal(out.view(torch.uint8), sgpage(pool, 3))
+    assert out is not None and torch.equal(out.view(torch.uint8), sgpage(pool, 3))
     b.close()
 
 
@@ -344,7 +353,7 @@ def test_broker_killed_then_restarted(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert b.batch_exists(keys) == 3
         assert b.batch_get_v1(keys, S.indices([4, 5, 6], PAGE)) == [True] * 3
-        assert all(torch.equal(x, w) for x, w in zip(canon(b, [4, 5, 6]), want))
+        assert all(torch.equal(x, w) for x, w in zip(canon(b, [4, 5, 6]), want, strict=True))
         assert b.zero_copy and b.stats.totals["reconnects"] == 1
         b.close()
     finally:

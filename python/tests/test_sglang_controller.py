@@ -11,6 +11,10 @@ a ParallelContext override stand in for SGLang's launcher.
 
 from __future__ import annotations
 
+import sglang_support as S  # first: imports SGLang (see there)
+
+# isort: split
+
 import os
 import socket
 import threading
@@ -18,16 +22,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import sglang_support as S  # first: imports SGLang
 import torch
 import torch.distributed as dist
-from conftest import Broker
 from sglang.srt.managers.cache_controller import HiCacheController
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 from sglang.srt.mem_cache.utils import get_hash_str
 from sglang.srt.runtime_context import get_parallel
 
+from conftest import Broker
 from kvbroker.sglang import KVBrokerStorage
 
 PAGE = 16
@@ -94,7 +97,7 @@ def test_controller_backup_then_prefetch(gloo: Any, broker: Broker) -> None:
         assert completed == npages * PAGE
         rpool = reader.mem_pool_host
         got = [rpool.get_data_page(int(i), flat=True).view(torch.uint8) for i in dst[::PAGE]]
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
         # SGLang's own metrics poll sees the traffic
         m = reader.storage_backend.get_stats()
         assert sum(m.prefetch_pgs) == npages

@@ -10,16 +10,19 @@ and kvbroker client after the fork, as an SGLang rank does.
 
 from __future__ import annotations
 
+import sglang_support as S  # first: imports SGLang (see there)
+
+# isort: split
+
 import hashlib
 import multiprocessing as mp
 from typing import Any
 
-import sglang_support as S  # first: imports SGLang
 import torch
-from conftest import Broker
 from sglang.srt.mem_cache.utils import get_hash_str
 
 import kvbroker as kvb
+from conftest import Broker
 
 PAGE = 16
 TP = 4
@@ -47,7 +50,7 @@ def _rank(rank: int, sock: str, keys: list[str], barrier: Any, q: Any) -> None:
         q.put((rank, writer, hits, got, digests, b.layout.model, None))
         barrier.wait(30)
         b.close()
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
+    except BaseException as e:
         q.put((rank, None, None, None, None, None, repr(e)))
 
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""kvbroker.sglang: kvbroker as SGLang HiCache's storage tier (L3), for sglang==0.5.23.
+r"""kvbroker.sglang: kvbroker as SGLang HiCache's storage tier (L3), for sglang==0.5.23.
 
 SGLang loads it through its dynamic backend::
 
@@ -57,7 +57,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import (
@@ -70,7 +70,7 @@ import kvbroker as kvb
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVBrokerStorage", "model_ns_name", "pool_geometry", "PoolGeometry"]
+__all__ = ["KVBrokerStorage", "PoolGeometry", "model_ns_name", "pool_geometry"]
 
 _LAYOUTS = ("page_first_direct", "layer_first", "page_first")
 
@@ -87,7 +87,8 @@ _TORCH_DTYPES = {
 def model_ns_name(name: str) -> str:
     """The namespace model name of an engine's model name (the rule in engine-pages.md):
     last path component, lowercase, at most 63 bytes ("moonshotai/Kimi-K2.5" ->
-    "kimi-k2.5")."""
+    "kimi-k2.5").
+    """
     base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
     if len(base.encode()) <= 63:
         return base
@@ -126,9 +127,9 @@ class PoolGeometry:
 
     def parts(self, buf: Any) -> list[kvb.ViewPart]:
         """The ViewParts of a view over buf (component-major, as the broker wants them)."""
-        return [kvb.ViewPart(buf, self.stride, c * self.comp_stride + l * self.layer_stride,
+        return [kvb.ViewPart(buf, self.stride, c * self.comp_stride + i * self.layer_stride,
                              self.page_stride)
-                for c in range(len(self.components)) for l in range(self.num_layers)]
+                for c in range(len(self.components)) for i in range(self.num_layers)]
 
     def page_offset(self, slot: int) -> int:
         """Byte offset of token slot `slot` (a page's first token) in part (0, 0)."""
@@ -137,7 +138,8 @@ class PoolGeometry:
 
     def canonical(self, flat_u8: torch.Tensor, slot: int) -> torch.Tensor:
         """A [component][layer][token][bytes] uint8 view of the page at `slot` of the pool
-        whose bytes are flat_u8 (no copy; .contiguous() gives the stored bytes)."""
+        whose bytes are flat_u8 (no copy; .contiguous() gives the stored bytes).
+        """
         return flat_u8.as_strided(
             (len(self.components), self.num_layers, self.tokens_per_page,
              self.bytes_per_token_layer),
@@ -148,7 +150,8 @@ class PoolGeometry:
 def pool_geometry(pool: Any) -> PoolGeometry:
     """The geometry of an SGLang 0.5.23 MLA or MHA host pool (MLATokenToKVPoolHost,
     MHATokenToKVPoolHost) in one of the three generic layouts; ValueError for anything else
-    (page_first_kv_split, page_head, page_unified, split K/V buffers...)."""
+    (page_first_kv_split, page_head, page_unified, split K/V buffers...).
+    """
     layout = getattr(pool, "layout", None)
     kv = getattr(pool, "kv_buffer", None)
     if layout not in _LAYOUTS:
@@ -159,6 +162,7 @@ def pool_geometry(pool: Any) -> PoolGeometry:
     es = kv.element_size()
     st = [s * es for s in kv.stride()]
     P = pool.page_size
+    g: tuple[str, tuple[str, ...], int, int, int, int, int, int]
     if hasattr(pool, "kv_lora_rank"):  # MLA: one latent row per token and layer
         L = kv.shape[1] if layout == "page_first_direct" else \
             kv.shape[0] if layout == "layer_first" else kv.shape[1]
@@ -186,7 +190,7 @@ def pool_geometry(pool: Any) -> PoolGeometry:
     return PoolGeometry(kind, layout, comps, L, P, row, cs, ls, ts, ps, kv.numel() * es)
 
 
-def _logical_dtype(pool: Any, cfg: dict) -> str:
+def _logical_dtype(pool: Any, cfg: dict[str, Any]) -> str:
     if cfg.get("dtype"):
         return str(cfg["dtype"])
     name = _TORCH_DTYPES.get(pool.dtype)
@@ -217,7 +221,8 @@ def _adopt_memfd(pool: Any, old_fd: int) -> int:
     new fd (owned by the caller). CUDA-pinned pools are unregistered and registered again
     around the switch (cudaHostRegister pins physical pages, which the switch replaces).
     Must run before the pool carries traffic: register_mem_pool_host checks the pool is
-    empty."""
+    empty.
+    """
     kv = pool.kv_buffer
     addr = kv.data_ptr()
     size = os.fstat(old_fd).st_size
@@ -231,7 +236,7 @@ def _adopt_memfd(pool: Any, old_fd: int) -> int:
             ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(tmp)), addr, size)
         ranges = getattr(kv, "_sglang_cuda_host_registered_ranges", None) \
             if getattr(pool, "pin_memory", False) and torch.cuda.is_available() else None
-        cudart = torch.cuda.cudart() if ranges else None
+        cudart: Any = torch.cuda.cudart() if ranges else None  # type: ignore[no-untyped-call]
         for ptr, _ in ranges or ():
             cudart.cudaHostUnregister(ptr)
         got = _libc.mmap(addr, size, mmap.PROT_READ | mmap.PROT_WRITE,
@@ -249,7 +254,7 @@ def _adopt_memfd(pool: Any, old_fd: int) -> int:
         raise
 
 
-def _keys(keys: List[str]) -> list[bytes]:
+def _keys(keys: list[str]) -> list[bytes]:
     """SGLang's hex page hashes as 32-byte kvbroker keys (ValueError on a malformed one)."""
     blob = bytes.fromhex("".join(keys))
     if len(blob) != 32 * len(keys):
@@ -259,7 +264,8 @@ def _keys(keys: List[str]) -> list[bytes]:
 
 class _Stats:
     """What get_stats() hands SGLang: per-operation page counts and GB/s since the last
-    call (SGLang's StorageMetrics), plus running totals for logs and tests."""
+    call (SGLang's StorageMetrics), plus running totals for logs and tests.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -282,30 +288,30 @@ class _Stats:
                 self.totals[k] += v
 
 
-class KVBrokerStorage(HiCacheStorage):
+class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
     """SGLang HiCacheStorage backed by the node's kvbrokerd (see the module docstring)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
         self.storage_config = storage_config
         self.cfg = dict(storage_config.extra_config or {})
-        self.socket: Optional[str] = self.cfg.get("socket") or None
+        self.socket: str | None = self.cfg.get("socket") or None
         self.client_name = str(self.cfg.get("client_name")
                                or f"sglang-tp{storage_config.tp_rank}")
         self.retry_interval = float(self.cfg.get("retry_interval_s", 2.0))
         self.required = bool(self.cfg.get("required", False))
         self.is_mla = bool(storage_config.is_mla_model)
         self.mem_pool_host: Any = None
-        self.geometry: Optional[PoolGeometry] = None
+        self.geometry: PoolGeometry | None = None
         self.zero_copy = False
         self.stats = _Stats()
         self._lock = threading.Lock()
         self._gen = 0
-        self._client: Optional[kvb.Client] = None
-        self._ns: Optional[kvb.Namespace] = None
-        self._view: Optional[kvb.View] = None
-        self._staging: Optional[tuple[kvb.HostBuffer, torch.Tensor, int]] = None
-        self._fd: Optional[int] = None  # the fd the broker copies to and from
-        self._own_fd: Optional[int] = None  # a memfd this backend made (shm_adopt)
+        self._client: kvb.Client | None = None
+        self._ns: kvb.Namespace | None = None
+        self._view: kvb.View | None = None
+        self._staging: tuple[kvb.HostBuffer, torch.Tensor, int] | None = None
+        self._fd: int | None = None  # the fd the broker copies to and from
+        self._own_fd: int | None = None  # a memfd this backend made (shm_adopt)
         self._retry_at = 0.0
         self._down_logged = False
         self._closed = False
@@ -321,6 +327,12 @@ class KVBrokerStorage(HiCacheStorage):
             self._down_logged = True
             self._retry_at = time.monotonic() + self.retry_interval
 
+    def _g(self) -> PoolGeometry:
+        """The registered pool's geometry (register_mem_pool_host sets it)."""
+        if self.geometry is None:
+            raise RuntimeError("kvbroker: no host pool registered")
+        return self.geometry
+
     def _where(self) -> str:
         return self.socket or os.environ.get("KVB_SOCKET") or "the default socket"
 
@@ -328,7 +340,8 @@ class KVBrokerStorage(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Takes the host pool: its geometry fixes the namespace, and with the shm allocator
-        its memfd becomes the broker's zero-copy buffer."""
+        its memfd becomes the broker's zero-copy buffer.
+        """
         super().register_mem_pool_host(mem_pool_host)
         self.geometry = pool_geometry(mem_pool_host)
         self.layout = self._layout()
@@ -345,20 +358,21 @@ class KVBrokerStorage(HiCacheStorage):
                 "kvbroker: host pool is not shared memory (start SGLang with extra config "
                 "\"allocator\": \"shm\" for zero copy); pages go through a staging buffer: "
                 "one extra memcpy of %.1f MB per 128-page batch",
-                self.geometry.page_bytes * 128 / 1e6)
+                self._g().page_bytes * 128 / 1e6)
         if self._client is not None:
             try:
                 self._open_ns(self._client)
             except kvb.Error as e:
                 self._broken(e)
         logger.info("kvbroker: %s namespace %r, %s, %d-token pages of %d bytes, %s",
-                    self.layout.kind, self.layout.model, self.geometry.layout,
-                    self.geometry.tokens_per_page, self.geometry.page_bytes,
+                    self.layout.kind, self.layout.model, self._g().layout,
+                    self._g().tokens_per_page, self._g().page_bytes,
                     "zero copy (registered memfd)" if self._fd is not None else "staging copy")
 
-    def _usable_fd(self, fd: int) -> Optional[int]:
+    def _usable_fd(self, fd: int) -> int | None:
         """An fd the broker accepts for this pool: SGLang's own when it is sealable, else a
-        sealable memfd the pool is moved onto (shm_adopt); None when neither works."""
+        sealable memfd the pool is moved onto (shm_adopt); None when neither works.
+        """
         try:
             import fcntl
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
@@ -383,11 +397,11 @@ class KVBrokerStorage(HiCacheStorage):
             return None
         logger.info("kvbroker: SGLang's shm memfd has no MFD_ALLOW_SEALING; host pool moved "
                     "onto a sealable memfd at the same address (%.1f MB)",
-                    self.geometry.nbytes / 1e6)
+                    self._g().nbytes / 1e6)
         return self._own_fd
 
     def _layout(self) -> kvb.Layout:
-        sc, g = self.storage_config, self.geometry
+        sc, g = self.storage_config, self._g()
         name = self.cfg.get("namespace")
         if not name:
             name = model_ns_name(str(self.cfg.get("model") or sc.model_name or "model"))
@@ -405,7 +419,7 @@ class KVBrokerStorage(HiCacheStorage):
 
     def _open_ns(self, client: kvb.Client) -> None:
         """Namespace, buffer and view on a (new) client; sets the handles ops use."""
-        g = self.geometry
+        g = self._g()
         ns = client.ns_open(self.layout)
         view = staging = None
         if self._fd is not None:
@@ -422,9 +436,10 @@ class KVBrokerStorage(HiCacheStorage):
             self._ns, self._view, self._staging = ns, view, staging
             self._gen += 1
 
-    def _handles(self) -> Optional[tuple[int, kvb.Namespace, Any, Any]]:
+    def _handles(self) -> tuple[int, kvb.Namespace, Any, Any] | None:
         """The live (generation, namespace, view, staging), reconnecting when the broker was
-        gone and retry_interval_s has passed; None while there is no broker."""
+        gone and retry_interval_s has passed; None while there is no broker.
+        """
         with self._lock:
             if self._ns is not None:
                 return self._gen, self._ns, self._view, self._staging
@@ -455,11 +470,14 @@ class KVBrokerStorage(HiCacheStorage):
             self.stats.add(reconnects=1)
         self._down_logged = False
         with self._lock:
+            if self._ns is None:  # dropped again by another thread meanwhile
+                return None
             return self._gen, self._ns, self._view, self._staging
 
-    def _broken(self, e: BaseException, gen: Optional[int] = None) -> None:
+    def _broken(self, e: BaseException, gen: int | None = None) -> None:
         """An op failed: a broker gone or stuck drops the session (the next call after
-        retry_interval_s reconnects); other errors only count."""
+        retry_interval_s reconnects); other errors only count.
+        """
         self.stats.add(errors=1)
         gone = isinstance(e, (kvb.BrokerGone, kvb.NoBroker, kvb.Timeout, kvb.ClientClosed,
                               kvb.ForkedClient)) or \
@@ -482,16 +500,17 @@ class KVBrokerStorage(HiCacheStorage):
 
     # ---- the v1 zero-copy interface (interface_v1) ----
 
-    def _slots(self, keys: List[str], host_indices: torch.Tensor) -> list[int]:
-        P = self.geometry.tokens_per_page
+    def _slots(self, keys: list[str], host_indices: torch.Tensor) -> list[int]:
+        P = self._g().tokens_per_page
         if host_indices.numel() < len(keys) * P:
             raise ValueError(f"{host_indices.numel()} host indices for {len(keys)} pages")
         return host_indices[::P][: len(keys)].tolist()
 
-    def batch_exists(self, keys: List[str],
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
+    def batch_exists(self, keys: list[str],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """How many leading keys are stored (one broker round trip); 0 without a broker.
-        Every MLA rank asks the same namespace, so every rank gets the same answer."""
+        Every MLA rank asks the same namespace, so every rank gets the same answer.
+        """
         if not keys:
             return 0
         h = self._handles()
@@ -504,10 +523,11 @@ class KVBrokerStorage(HiCacheStorage):
             self._broken(e, h[0])
             return 0
 
-    def batch_get_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Loads pages into the host pool at host_indices; per key True when the page is
-        there in full. Never raises: a failure is a miss."""
+        there in full. Never raises: a failure is a miss.
+        """
         n = len(keys)
         if n == 0:
             return []
@@ -523,18 +543,19 @@ class KVBrokerStorage(HiCacheStorage):
                 got = list(view.get_many(kb, slots))
             else:
                 got = self._staged_get(ns, staging, kb, slots)
-        except Exception as e:  # noqa: BLE001 - never into SGLang's threads
+        except Exception as e:
             self._broken(e, gen)
             return [False] * n
         hits = sum(got)
         self.stats.add(get_pages=n, get_hits=hits)
-        self.stats.op("get", hits, hits * self.geometry.page_bytes, time.perf_counter() - t0)
+        self.stats.op("get", hits, hits * self._g().page_bytes, time.perf_counter() - t0)
         return got
 
-    def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
-                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> List[bool]:
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Stores the host pool's pages at host_indices; True per page stored or already
-        there (another rank, instance or job stored it). Never raises."""
+        there (another rank, instance or job stored it). Never raises.
+        """
         n = len(keys)
         if n == 0:
             return []
@@ -554,21 +575,21 @@ class KVBrokerStorage(HiCacheStorage):
             logger.warning("kvbroker: pool full of leased pages: %s", e)
             self.stats.add(errors=1)
             return [False] * n
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._broken(e, gen)
             return [False] * n
         self.stats.add(set_pages=n, set_stored=sum(stored))
-        self.stats.op("set", n, n * self.geometry.page_bytes, time.perf_counter() - t0)
+        self.stats.op("set", n, n * self._g().page_bytes, time.perf_counter() - t0)
         return [True] * n
 
     def _flat(self) -> torch.Tensor:
-        kv = self.mem_pool_host.kv_buffer
+        kv: torch.Tensor = self.mem_pool_host.kv_buffer
         return kv.view(-1).view(torch.uint8)
 
     def _staged_put(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
                     slots: list[int]) -> list[bool]:
         hb, st, cap = staging
-        g, flat, pb = self.geometry, self._flat(), self.geometry.page_bytes
+        g, flat, pb = self._g(), self._flat(), self._g().page_bytes
         mv = memoryview(hb)
         out: list[bool] = []
         for i in range(0, len(kb), cap):
@@ -583,7 +604,7 @@ class KVBrokerStorage(HiCacheStorage):
     def _staged_get(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
                     slots: list[int]) -> list[bool]:
         hb, st, cap = staging
-        g, flat, pb = self.geometry, self._flat(), self.geometry.page_bytes
+        g, flat, pb = self._g(), self._flat(), self._g().page_bytes
         mv = memoryview(hb)
         out: list[bool] = []
         for i in range(0, len(kb), cap):
@@ -601,7 +622,7 @@ class KVBrokerStorage(HiCacheStorage):
 
     def _to_canonical(self, page: torch.Tensor) -> torch.Tensor:
         """A flat page of get_data_page() (host layout order) as canonical bytes."""
-        g = self.geometry
+        g = self._g()
         u8 = page.contiguous().view(-1).view(torch.uint8)
         if g.layout != "page_first":
             return u8
@@ -610,7 +631,7 @@ class KVBrokerStorage(HiCacheStorage):
         return u8.view(C, P, L, B).transpose(1, 2).contiguous().view(-1)
 
     def _from_canonical(self, data: torch.Tensor, out: torch.Tensor) -> None:
-        g = self.geometry
+        g = self._g()
         dst = out.view(-1).view(torch.uint8)
         if g.layout != "page_first":
             dst.copy_(data)
@@ -619,53 +640,58 @@ class KVBrokerStorage(HiCacheStorage):
             g.bytes_per_token_layer
         dst.view(C, P, L, B).copy_(data.view(C, L, P, B).transpose(1, 2))
 
-    def get(self, key: str, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> torch.Tensor | None:
+    def get(self, key: str, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> torch.Tensor | None:
         """One page into target_location (a flat page as get_dummy_flat_data_page());
-        None when not stored or no broker."""
+        None when not stored or no broker.
+        """
         r = self.batch_get([key], [target_location])
         return r[0]
 
-    def batch_get(self, keys: List[str], target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> List[torch.Tensor | None]:
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+        """get() of many pages; None for each page not stored (all None without a broker)."""
         h = self._handles()
         if h is None or self.geometry is None:
             return [None] * len(keys)
         out: list[torch.Tensor | None] = []
-        buf = torch.empty(self.geometry.page_bytes, dtype=torch.uint8)
+        buf = torch.empty(self._g().page_bytes, dtype=torch.uint8)
         try:
-            for k, t in zip(keys, target_locations or [None] * len(keys)):
+            for k, t in zip(keys, target_locations or [None] * len(keys), strict=True):
                 if t is None or not h[1].get_into(bytes.fromhex(k), buf.numpy()):
                     out.append(None)
                     continue
                 self._from_canonical(buf, t)
                 out.append(t)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._broken(e, h[0])
             return [None] * len(keys)
         return out
 
-    def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
-            target_sizes: Optional[Any] = None) -> bool:
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
         """Stores one flat page (get_data_page(flat=True)); True when stored or already
-        there."""
+        there.
+        """
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: List[str], values: Optional[Any] = None,
-                  target_locations: Optional[Any] = None,
-                  target_sizes: Optional[Any] = None) -> bool:
+    def batch_set(self, keys: list[str], values: Any | None = None,
+                  target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        """set() of many pages; True when every page was stored or already there."""
         h = self._handles()
         if h is None or self.geometry is None or values is None:
             return False
         try:
-            for k, v in zip(keys, values):
+            for k, v in zip(keys, values, strict=True):
                 h[1].put(bytes.fromhex(k), self._to_canonical(v).numpy())
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._broken(e, h[0])
             return False
         return True
 
     def exists(self, key: str) -> bool:
+        """Whether one page is stored (False without a broker)."""
         return self.batch_exists([key]) == 1
 
     # ---- the rest of HiCacheStorage ----
@@ -673,13 +699,15 @@ class KVBrokerStorage(HiCacheStorage):
     def clear(self) -> bool:
         """Leaves the broker's pool alone: its pages are shared with other ranks, instances
         and jobs, so one engine's flush must not drop them (the broker evicts by LRU).
-        Returns True so SGLang's flush goes on."""
+        Returns True so SGLang's flush goes on.
+        """
         logger.info("kvbroker: clear() keeps the shared pool (drop pages with kvbctl)")
         return True
 
     def get_stats(self) -> Any:
         """SGLang's StorageMetrics since the last call (it polls every scheduler tick: this
-        swaps four lists and asks nothing of the broker)."""
+        swaps four lists and asks nothing of the broker).
+        """
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         m = StorageMetrics()
@@ -693,7 +721,8 @@ class KVBrokerStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Drops the session; the host pool (and a memfd this backend moved it onto) stays
-        valid for SGLang."""
+        valid for SGLang.
+        """
         with self._lock:
             self._closed = True
             client, self._client = self._client, None
