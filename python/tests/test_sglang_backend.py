@@ -78,6 +78,28 @@ def test_factory_dynamic_loads_backend(broker: Broker) -> None:
     b.close()
 
 
+def test_shm_pool_moved_to_sealable_memfd(broker: Broker) -> None:
+    """SGLang's memfd (no MFD_ALLOW_SEALING) is replaced under the same addresses by a sealed
+    one, the old file's pages are punched out (the pool is not held twice), and SGLang's
+    tensor keeps its bytes."""
+    import fcntl
+
+    pool = pool_of("mla", "layer_first", "shm")
+    old = pool.fd
+    assert fcntl.fcntl(old, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL  # unsealable, as shipped
+    S.fill(pool, 17)
+    before = pool.kv_buffer.view(torch.uint8).clone()
+    addr = pool.kv_buffer.data_ptr()
+    assert os.fstat(old).st_blocks > 0
+    b = backend(pool, broker, "mla", "adopt/model")
+    assert b.zero_copy and b._own_fd is not None and b._own_fd != old
+    assert fcntl.fcntl(b._own_fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+    assert pool.kv_buffer.data_ptr() == addr
+    assert torch.equal(pool.kv_buffer.view(torch.uint8), before)
+    assert os.fstat(old).st_blocks == 0
+    b.close()
+
+
 def test_model_name_rule() -> None:
     assert model_ns_name("moonshotai/Kimi-K2.5") == "kimi-k2.5"
     assert model_ns_name("/models/Kimi-K2.5/") == "kimi-k2.5"

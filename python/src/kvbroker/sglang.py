@@ -727,5 +727,10 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             self._closed = True
             client, self._client = self._client, None
             self._ns = self._view = self._staging = None
+            own, self._own_fd = self._own_fd, None
         if client is not None:
             client.close()
+        if own is not None:  # the pool stays mapped; the fd only served registrations
+            os.close(own)
+            if self._fd == own:
+                self._fd = None
