@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import os
 import shutil
 import statistics
 import sys
@@ -79,6 +80,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     n = a.pages
+    load0 = Path("/proc/loadavg").read_text().split()[:3]
 
     tokens = list(range(100000, 100000 + n * PAGE))
     keys = get_hash_str(tokens, None, page_size=PAGE)
@@ -187,7 +189,9 @@ def main() -> int:
              "medians [min-max]. memcpy: one thread, page by page, from a private buffer "
              "into the same host pages. HiCacheFile: SGLang's file backend in a directory "
              f"on {a.tmpfs} (tmpfs), driven as HiCacheController drives a v0 backend. "
-             f"Importing SGLang's modules took {S.IMPORT_SECONDS:.1f} s.\n")
+             f"Importing SGLang's modules took {S.IMPORT_SECONDS:.1f} s. Load average "
+             f"{' '.join(load0)} before, {' '.join(Path('/proc/loadavg').read_text().split()[:3])} "
+             f"after ({os.cpu_count()} CPUs): the copies compete with whatever else runs.\n")
     L.append("| what | GB/s | vs memcpy |")
     L.append("|---|---|---|")
     mm = statistics.median(res["memcpy"])
