@@ -85,12 +85,15 @@ def main() -> int:
     tokens = list(range(100000, 100000 + n * PAGE))
     keys = get_hash_str(tokens, None, page_size=PAGE)
     zc_pool, st_pool = kimi_pool("shm", n), kimi_pool("default", n)
+    fc_pool = kimi_pool("shm", n)
     S.fill(zc_pool, 1)
     st_pool.kv_buffer.copy_(zc_pool.kv_buffer)
+    fc = S.kvbroker_backend(fc_pool, a.socket, mla=True, model="bench/Kimi-K2.5-bench",
+                            client_name="bench-fdcopy", shm_adopt=False)
     zc = S.kvbroker_backend(zc_pool, a.socket, mla=True, model="bench/Kimi-K2.5-bench")
     st = S.kvbroker_backend(st_pool, a.socket, mla=True, model="bench/Kimi-K2.5-bench",
                             client_name="bench-staging")
-    if not zc.zero_copy:
+    if not zc.zero_copy or not fc._fdcopy:
         print("bench_sglang: the shm pool did not get the zero-copy path", file=sys.stderr)
         return 1
     pb = zc.geometry.page_bytes
@@ -114,7 +117,7 @@ def main() -> int:
         assert hf.set(keys[i], fpool.get_data_page(i * PAGE))
 
     res: dict[str, list[float]] = {k: [] for k in (
-        "memcpy", "zc_get", "st_get", "file_get", "zc_set", "zc_ex_p50", "zc_ex_p99",
+        "memcpy", "zc_get", "fc_get", "st_get", "file_get", "zc_set", "zc_ex_p50", "zc_ex_p99",
         "file_ex_p50", "file_ex_p99", "zc_ex1ms_p50", "zc_ex1ms_p99")}
     failed = []
     for _ in range(a.reps):
@@ -128,6 +131,12 @@ def main() -> int:
         res["zc_get"].append(n * pb / (time.perf_counter() - t) / 1e9)
         if got != [True] * n:
             failed.append("zero-copy batch_get_v1 missed")
+
+        t = time.perf_counter()
+        got = fc.batch_get_v1(keys, dst_idx)
+        res["fc_get"].append(n * pb / (time.perf_counter() - t) / 1e9)
+        if got != [True] * n:
+            failed.append("pread/pwrite batch_get_v1 missed")
 
         t = time.perf_counter()
         got = st.batch_get_v1(keys, dst_idx)
@@ -175,6 +184,7 @@ def main() -> int:
         failed.append("zero-copy batch_get_v1 bytes differ")
     shutil.rmtree(tmpdir, ignore_errors=True)
     zc.close()
+    fc.close()
     st.close()
 
     ratio = [g / m for g, m in zip(res["zc_get"], res["memcpy"], strict=True)]
@@ -197,6 +207,8 @@ def main() -> int:
     mm = statistics.median(res["memcpy"])
     for label, k in (("memcpy, same bytes and destination", "memcpy"),
                      ("kvbroker batch_get_v1, shm allocator (zero copy)", "zc_get"),
+                     ("kvbroker batch_get_v1, shm allocator, shm_adopt off (broker "
+                      "pread/pwrite of SGLang's memfd)", "fc_get"),
                      ("kvbroker batch_get_v1, default allocator (staging copy)", "st_get"),
                      ("HiCacheFile on tmpfs, batch_get + set_from_flat_data_page", "file_get"),
                      ("kvbroker batch_set_v1 of new pages, zero copy", "zc_set")):

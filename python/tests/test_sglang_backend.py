@@ -100,6 +100,22 @@ def test_shm_pool_moved_to_sealable_memfd(broker: Broker) -> None:
     b.close()
 
 
+@pytest.mark.parametrize("layout", ["page_first_direct", "page_first"])
+def test_unsealable_memfd_without_adopt_is_broker_pread(broker: Broker, layout: str) -> None:
+    """shm_adopt off (or a pool already in use): SGLang's own unsealable memfd is registered
+    with fdcopy, the broker moves bytes with pread/pwrite; still byte-exact, still one copy."""
+    pool = pool_of("mha", layout, "shm")
+    S.fill(pool, 23)
+    b = backend(pool, broker, "mha", f"fdcopy/{layout}", shm_adopt=False)
+    assert b.zero_copy and b._fdcopy and b._own_fd is None
+    keys = hkeys(3)
+    want = canon(b, [1, 2, 3])
+    assert b.batch_set_v1(keys, S.indices([1, 2, 3], PAGE)) == [True] * 3
+    assert b.batch_get_v1(keys, S.indices([5, 6, 7], PAGE)) == [True] * 3
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, [5, 6, 7]), want, strict=True))
+    b.close()
+
+
 def test_model_name_rule() -> None:
     assert model_ns_name("moonshotai/Kimi-K2.5") == "kimi-k2.5"
     assert model_ns_name("/models/Kimi-K2.5/") == "kimi-k2.5"

@@ -311,6 +311,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self._view: kvb.View | None = None
         self._staging: tuple[kvb.HostBuffer, torch.Tensor, int] | None = None
         self._fd: int | None = None  # the fd the broker copies to and from
+        self._fdcopy = False  # _fd is SGLang's unsealable memfd: broker pread/pwrite
         self._own_fd: int | None = None  # a memfd this backend made (shm_adopt)
         self._retry_at = 0.0
         self._down_logged = False
@@ -367,38 +368,44 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         logger.info("kvbroker: %s namespace %r, %s, %d-token pages of %d bytes, %s",
                     self.layout.kind, self.layout.model, self._g().layout,
                     self._g().tokens_per_page, self._g().page_bytes,
-                    "zero copy (registered memfd)" if self._fd is not None else "staging copy")
+                    "staging copy" if self._fd is None else
+                    "zero copy (registered memfd, broker pread/pwrite)" if self._fdcopy else
+                    "zero copy (registered memfd)")
 
     def _usable_fd(self, fd: int) -> int | None:
-        """An fd the broker accepts for this pool: SGLang's own when it is sealable, else a
-        sealable memfd the pool is moved onto (shm_adopt); None when neither works.
+        """The fd the broker is to copy to and from for this pool: SGLang's own when it is
+        sealable; else a sealable memfd the pool is moved onto (shm_adopt: the broker maps
+        it, the fastest path); else SGLang's unsealable fd itself, which the broker reads and
+        writes with pread/pwrite instead of mapping it (_fdcopy: slower, still one copy).
         """
+        import fcntl
+
+        self._fdcopy = False
         try:
-            import fcntl
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-            if not seals & fcntl.F_SEAL_SEAL:
+            if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
                 return fd
         except OSError:
             pass
-        if not self.cfg.get("shm_adopt", True):
-            logger.warning("kvbroker: SGLang's shm fd cannot be sealed and shm_adopt is off")
-            return None
         pool = self.mem_pool_host
-        busy = hasattr(pool, "available_size") and pool.available_size() != pool.size
-        if busy:
-            logger.warning("kvbroker: host pool already in use: not moving it to a sealable "
-                           "memfd; staging copy instead")
-            return None
-        try:
-            self._own_fd = _adopt_memfd(pool, fd)
-        except Exception as e:
-            logger.warning("kvbroker: could not move the host pool onto a sealable memfd "
-                           "(%s); staging copy instead", e)
-            return None
-        logger.info("kvbroker: SGLang's shm memfd has no MFD_ALLOW_SEALING; host pool moved "
-                    "onto a sealable memfd at the same address (%.1f MB)",
-                    self._g().nbytes / 1e6)
-        return self._own_fd
+        why = None
+        if not self.cfg.get("shm_adopt", True):
+            why = "shm_adopt is off"
+        elif hasattr(pool, "available_size") and pool.available_size() != pool.size:
+            why = "the host pool is already in use"
+        else:
+            try:
+                self._own_fd = _adopt_memfd(pool, fd)
+            except Exception as e:  # noqa: BLE001 - any failure leaves SGLang's mapping as it was
+                why = f"moving it failed ({e})"
+        if why is None:
+            logger.info("kvbroker: SGLang's shm memfd has no MFD_ALLOW_SEALING; host pool "
+                        "moved onto a sealable memfd at the same address (%.1f MB)",
+                        self._g().nbytes / 1e6)
+            return self._own_fd
+        logger.warning("kvbroker: SGLang's shm memfd cannot be sealed and %s: the broker "
+                       "copies it with pread/pwrite (about 0.6-0.7x of the mapped path)", why)
+        self._fdcopy = True
+        return fd
 
     def _layout(self) -> kvb.Layout:
         sc, g = self.storage_config, self._g()
@@ -424,10 +431,21 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         view = staging = None
         if self._fd is not None:
             kv = self.mem_pool_host.kv_buffer
-            buf = client.register_host_fd(self._fd, g.nbytes, 0, seal=True, mapped=kv)
-            view = ns.view(g.parts(buf))
-            self.zero_copy = True
-        else:
+            try:
+                buf = client.register_host_fd(self._fd, g.nbytes, 0, seal=True, mapped=kv,
+                                              fdcopy=self._fdcopy)
+            except kvb.Error as e:
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF,
+                                   errno.EMEDIUMTYPE):
+                    raise
+                logger.warning("kvbroker: the broker refused the host pool's fd (%s): "
+                               "staging copy instead", e.strerror)
+                self._fd = None
+                self.zero_copy = False
+            else:
+                view = ns.view(g.parts(buf))
+                self.zero_copy = True
+        if self._fd is None:
             npages = max(1, min(128, int(self.cfg.get("staging_mb", 64)) * 2**20
                                 // g.page_bytes))
             hb = client.alloc_host(npages * g.page_bytes)
