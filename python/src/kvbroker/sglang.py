@@ -395,7 +395,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         else:
             try:
                 self._own_fd = _adopt_memfd(pool, fd)
-            except Exception as e:  # noqa: BLE001 - any failure leaves SGLang's mapping as it was
+            except Exception as e:
                 why = f"moving it failed ({e})"
         if why is None:
             logger.info("kvbroker: SGLang's shm memfd has no MFD_ALLOW_SEALING; host pool "
