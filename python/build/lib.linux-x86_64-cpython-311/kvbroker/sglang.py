@@ -349,10 +349,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         fd = getattr(mem_pool_host, "fd", None)
         if fd is None and self.cfg.get("allocator") == "shm":
             logger.warning("kvbroker: allocator=shm but the host pool has no fd")
-        if fd is not None and self._client is not None:
-            self._fd = self._usable_fd(fd)
-        elif fd is not None:
-            # No broker yet: try sealing SGLang's fd later; adopt only now, while empty.
+        if fd is not None:  # even without a broker yet: the pool can only be moved while empty
             self._fd = self._usable_fd(fd)
         if self._fd is None:
             logger.warning(
@@ -363,8 +360,13 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         if self._client is not None:
             try:
                 self._open_ns(self._client)
-            except kvb.Error as e:
+            except (kvb.BrokerGone, kvb.NoBroker, kvb.Timeout) as e:
                 self._broken(e)
+            except kvb.Error as e:
+                # The broker is there and refuses this layout (a page larger than it takes,
+                # too many namespaces...): a configuration error, not an outage.
+                raise RuntimeError(f"kvbroker: the broker refuses namespace {self.layout}: "
+                                   f"{e.strerror}") from e
         logger.info("kvbroker: %s namespace %r, %s, %d-token pages of %d bytes, %s",
                     self.layout.kind, self.layout.model, self._g().layout,
                     self._g().tokens_per_page, self._g().page_bytes,
@@ -395,7 +397,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         else:
             try:
                 self._own_fd = _adopt_memfd(pool, fd)
-            except Exception as e:  # noqa: BLE001 - any failure leaves SGLang's mapping as it was
+            except Exception as e:
                 why = f"moving it failed ({e})"
         if why is None:
             logger.info("kvbroker: SGLang's shm memfd has no MFD_ALLOW_SEALING; host pool "
