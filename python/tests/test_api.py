@@ -561,3 +561,26 @@ def test_every_public_name_has_a_docstring() -> None:
                     if not (getattr(member, "__doc__", None) or "").strip():
                         missing.append(f"{mod.__name__}.{name}.{attr}")
     assert not missing, missing
+
+
+def test_everything_raises_after_close(broker) -> None:  # type: ignore[no-untyped-def]
+    c = kvb.connect(broker.socket, sq_entries=64)
+    ns = c.ns_open(SMALL)
+    buf = c.alloc_host(ns.page_bytes)
+    (k,) = fresh_keys(1)
+    assert ns.put(k, buf)
+    lease = ns.acquire(k)
+    assert lease is not None
+    c.close()
+    assert not buf.registered and lease is not None and not lease.held
+    for call in (lambda: ns.put(k, buf), lambda: ns.get(k), lambda: ns.lookup([k]),
+                 lambda: ns.delete(k), lambda: ns.acquire(k), lambda: ns.prefetch([k]),
+                 lambda: ns.put_many([k], [buf]), lambda: c.alloc_host(4096),
+                 lambda: c.ns_open(SMALL), c.stats, lambda: c.reap(1, 0, 0),
+                 lambda: c.submit([kvb.Op(kvb.OP_NOP)]), c.completion_fd):
+        with pytest.raises(kvb.ClientClosed):
+            call()
+    buf.unregister()  # no-ops now
+    lease.release()
+    with pytest.raises(kvb.Error):
+        kvb.connect(broker.socket, sq_entries=3)  # not a power of two
