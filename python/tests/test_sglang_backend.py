@@ -306,6 +306,51 @@ def test_same_hits_and_misses_as_hicachefile(broker: Broker, tmp_path: Path) -> 
     k.close()
 
 
+def test_v2_extra_pool_same_as_hicachefile(broker: Broker, tmp_path: Path) -> None:
+    """An extra host pool (a draft MHA pool, registered with register_mem_host_pool_v2) goes
+    through batch_set_v2/batch_exists_v2/batch_get_v2 with HiCacheFile's answers, both hit
+    policies, and its bytes come back."""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    keys = hkeys(4)
+    main_f, main_k = pool_of("mla", "page_first_direct", "default"), \
+        pool_of("mla", "page_first_direct", "default")
+    dr_f, dr_k = pool_of("mha", "layer_first", "default"), pool_of("mha", "layer_first",
+                                                                    "default")
+    S.fill(main_f, 31)
+    main_k.kv_buffer.copy_(main_f.kv_buffer)
+    S.fill(dr_f, 32)
+    dr_k.kv_buffer.copy_(dr_f.kv_buffer)
+    f = HiCacheFile(S.storage_config(mla=True, model="v2/model",
+                                     file_storage_path=str(tmp_path)))
+    k = backend(main_k, broker, "mla", "v2/model")
+    f.register_mem_host_pool_v2(dr_f, PoolName.DRAFT)
+    k.register_mem_host_pool_v2(dr_k, PoolName.DRAFT)
+    pages = [1, 2, 3, 4]
+    assert f.batch_set(keys, [main_f.get_data_page(p * PAGE) for p in pages])
+    assert k.batch_set_v1(keys, S.indices(pages, PAGE)) == [True] * 4
+
+    def draft(ks: list[str], pgs: list[int], policy: Any = PoolHitPolicy.ALL_PAGES) -> Any:
+        return PoolTransfer(name=PoolName.DRAFT, host_indices=S.indices(pgs, PAGE), keys=ks,
+                            hit_policy=policy)
+
+    for be in (f, k):  # draft pages for the first two and the last page only
+        assert be.batch_set_v2([draft(keys[:2], [1, 2])]) == {PoolName.DRAFT: [True, True]}
+        assert be.batch_set_v2([draft(keys[3:], [4])]) == {PoolName.DRAFT: [True]}
+    for transfers in ([draft(keys, pages)], [draft(keys[3:], [4], PoolHitPolicy.TRAILING_PAGES)],
+                      [draft(keys[:1], [1], PoolHitPolicy.TRAILING_PAGES)], []):
+        a, b = f.batch_exists_v2(keys, transfers), k.batch_exists_v2(keys, transfers)
+        assert (a.kv_hit_pages, a.extra_pool_hit_pages, a.restorable_prefix_pages) == \
+            (b.kv_hit_pages, b.extra_pool_hit_pages, b.restorable_prefix_pages), transfers
+    dr_f.kv_buffer.zero_()
+    dr_k.kv_buffer.zero_()
+    t = [draft(keys, [10, 11, 12, 13])]
+    assert f.batch_get_v2(t) == k.batch_get_v2(t) == {PoolName.DRAFT: [True, True, False, True]}
+    assert torch.equal(dr_f.kv_buffer.view(torch.uint8), dr_k.kv_buffer.view(torch.uint8))
+    assert dr_k.kv_buffer[:, :, 10 * PAGE:12 * PAGE].any()
+    k.close()
+
+
 def test_v0_calls_page_first(broker: Broker) -> None:
     """v0 set/get move flat pages in the host layout's own order (page_first is
     [token][layer]) and store canonical bytes: a v1 read of a v0 write agrees."""
