@@ -27,8 +27,13 @@ straight between its pool and that memory once the fd is registered. SGLang 0.5.
 the memfd without MFD_ALLOW_SEALING, and the broker only accepts fds sealed against
 shrinking (a shrunk file would SIGBUS it), so at registration this backend moves the host
 pool onto a sealable memfd of its own at the same address (``"shm_adopt"``, on by default;
-see _adopt_memfd). Without an fd it falls back to copying each page through a registered
-staging buffer and says so in the log: one extra memcpy per page.
+see _adopt_memfd). When the pool cannot be moved (already in use, or shm_adopt off) the
+broker is given SGLang's own memfd to pread/pwrite (fdcopy: still one copy, a kernel one).
+Without an fd it falls back to copying each page through a registered staging buffer and
+says so in the log: one extra memcpy per page.
+
+Extra pools (register_mem_host_pool_v2: indexer, draft, state sidecars) get a namespace each
+and move through the v2 calls with HiCacheFile's hit policies (see batch_exists_v2).
 
 Failure: no broker at start-up is one warning and SGLang runs without L3 (``"required":
 true`` makes it a start-up error instead); a broker that dies mid-run makes the calls return
