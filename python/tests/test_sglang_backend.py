@@ -116,6 +116,44 @@ def test_unsealable_memfd_without_adopt_is_broker_pread(broker: Broker, layout: 
     b.close()
 
 
+@pytest.mark.parametrize("alloc", ["shm", "default"])
+def test_prefetch_and_backup_threads_at_once(broker: Broker, alloc: str) -> None:
+    """SGLang's prefetch thread loads while its backup thread stores, on one backend (the
+    staging path shares one buffer): every page still byte-exact."""
+    import threading
+
+    pool = pool_of("mha", "page_first_direct", alloc, tokens=512)
+    S.fill(pool, 41)
+    b = backend(pool, broker, "mha", f"threads/{alloc}", staging_mb=1)
+    old, new = hkeys(6), hkeys(6)
+    assert b.batch_set_v1(old, S.indices(list(range(1, 7)), PAGE)) == [True] * 6
+    want_old, want_new = canon(b, list(range(1, 7))), canon(b, list(range(7, 13)))
+    errs: list[str] = []
+
+    def getter() -> None:
+        for _ in range(20):
+            if b.batch_get_v1(old, S.indices(list(range(20, 26)), PAGE)) != [True] * 6:
+                errs.append("get missed")
+
+    def setter() -> None:
+        for _ in range(20):
+            if b.batch_set_v1(new, S.indices(list(range(7, 13)), PAGE)) != [True] * 6:
+                errs.append("set failed")
+
+    ts = [threading.Thread(target=getter), threading.Thread(target=setter)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errs
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, list(range(20, 26))), want_old,
+                                                  strict=True))
+    assert b.batch_get_v1(new, S.indices(list(range(30, 36)), PAGE)) == [True] * 6
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, list(range(30, 36))), want_new,
+                                                  strict=True))
+    b.close()
+
+
 def test_model_name_rule() -> None:
     assert model_ns_name("moonshotai/Kimi-K2.5") == "kimi-k2.5"
     assert model_ns_name("/models/Kimi-K2.5/") == "kimi-k2.5"

@@ -310,6 +310,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self.zero_copy = False
         self.stats = _Stats()
         self._lock = threading.Lock()
+        # The staging buffer is one: SGLang's prefetch and backup threads take turns on it.
+        self._staging_lock = threading.Lock()
         self._gen = 0
         self._client: kvb.Client | None = None
         self._ns: kvb.Namespace | None = None
@@ -568,7 +570,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             if view is not None:
                 got = list(view.get_many(kb, slots))
             else:
-                got = self._staged_get(ns, staging, kb, slots)
+                with self._staging_lock:
+                    got = self._staged_get(ns, staging, kb, slots)
         except Exception as e:
             self._broken(e, gen)
             return [False] * n
@@ -596,7 +599,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             if view is not None:
                 stored = view.put_many(kb, slots)
             else:
-                stored = self._staged_put(ns, staging, kb, slots)
+                with self._staging_lock:
+                    stored = self._staged_put(ns, staging, kb, slots)
         except kvb.PoolFull as e:
             logger.warning("kvbroker: pool full of leased pages: %s", e)
             self.stats.add(errors=1)
