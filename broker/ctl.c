@@ -295,10 +295,13 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	b->store.ns_part[n->id] = (uint8_t)s->part;
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
-		if (s->nns >= b->cfg.max_ns)
+		if (s->nns >= b->cfg.max_ns) {
+			ns_release(&b->nst, &b->store, n->id); /* made for nothing: goes again */
 			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
+		}
 		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 		s->nns++;
+		n->opens++; /* until the session's last op completed [ns-free] */
 	}
 	rep.ns = n->id;
 	rep.page_bytes = n->page_bytes;

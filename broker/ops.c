@@ -46,11 +46,31 @@
 /* The most segments one view op may build: 1,024 layers x 1,024 strided tokens (24 MiB). */
 #define OPS_MAX_SEGS (1u << 20)
 
+/* [ns-free] A namespace no session has open lost its last page: it goes. */
+static void ops_ns_empty(void *arg, uint32_t id)
+{
+	struct broker *b = arg;
+
+	if (ns_release(&b->nst, &b->store, id))
+		tier_ns_forget(b, id);
+}
+
+void ops_ns_close(struct broker *b, uint32_t id)
+{
+	struct ns *n = ns_get(&b->nst, id);
+
+	if (n && n->opens)
+		n->opens--;
+	ops_ns_empty(b, id);
+}
+
 void ops_init(struct broker *b)
 {
 	waitq_init(&b->runq);
 	b->store.wake = ops_page_changed; /* [page-wake] */
 	b->store.wake_arg = b;
+	b->store.ns_empty = ops_ns_empty;
+	b->store.ns_empty_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)

@@ -350,6 +350,10 @@ static void session_free(struct broker *b, struct session *s)
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
 		if (s->views[i])
 			sview_put(s->views[i]);
+	/* After its last op and view: nothing of it refers to its namespaces now [ns-free]. */
+	for (uint32_t id = 0; s->nns && id < STORE_MAX_NS; id++)
+		if (s->ns_opened[id / 8] & (1u << (id % 8)))
+			ops_ns_close(b, id);
 	free(s->stats_doc);
 	free(s);
 }

@@ -112,9 +112,15 @@ static cJSON *ns_json(const struct broker *b)
 
 	for (uint32_t i = 0; i < b->nst.count; i++) {
 		const struct ns *n = b->nst.ns[i];
-		const struct kvb_layout *l = &n->layout;
-		cJSON *o = cJSON_CreateObject();
-		uint64_t pages = b->store.ns_pages[n->id];
+		const struct kvb_layout *l;
+		cJSON *o;
+		uint64_t pages;
+
+		if (!n)
+			continue; /* freed [ns-free] */
+		l = &n->layout;
+		o = cJSON_CreateObject();
+		pages = b->store.ns_pages[n->id];
 
 		num(o, "id", n->id);
 		add_text(o, "model", l->model, sizeof(l->model));
@@ -235,6 +241,7 @@ char *stats_json(const struct broker *b)
 	num(root, "handshakes", b->npending);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
+	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));

@@ -385,8 +385,8 @@ static void slot_free(struct store *s, struct page *pg)
 	s->st.pages--;
 	part_of(s, pg)->bytes_used -= c->slot_bytes;
 	part_of(s, pg)->pages--;
-	if (pg->ns < STORE_MAX_NS)
-		s->ns_pages[pg->ns]--;
+	if (pg->ns < STORE_MAX_NS && !--s->ns_pages[pg->ns] && s->ns_empty)
+		s->ns_empty(s->ns_empty_arg, pg->ns);
 	pg->state = PAGE_FREE;
 	pg->unlinked = 0;
 	pg->gen = 0;

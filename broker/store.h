@@ -15,7 +15,7 @@
 
 struct waitq;
 #define STORE_MAX_CLASSES 64
-#define STORE_MAX_NS 1024
+#define STORE_MAX_NS 8192 /* namespaces alive at once; ids of freed ones are reused */
 #define STORE_SLOT_BITS 20 /* slots per slab < 2^20 */
 #define STORE_MAX_SLABS ((1u << (32 - STORE_SLOT_BITS)) - 1) /* slab ids fit in the rest */
 #define STORE_SLOT_ALIGN 4096u
@@ -134,6 +134,9 @@ struct store {
 	 */
 	void (*wake)(void *arg, struct page *pg);
 	void *wake_arg;
+	/* [ns-free] The last page of namespace ns left RAM (ns_pages[ns] is 0 now). */
+	void (*ns_empty)(void *arg, uint32_t ns);
+	void *ns_empty_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 };
 

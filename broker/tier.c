@@ -1082,6 +1082,16 @@ err_free:
 	return err;
 }
 
+void tier_ns_forget(struct broker *b, uint32_t id)
+{
+	struct tier *t = b->tier;
+
+	if (!t || id >= STORE_MAX_NS || t->ns2dns[id] < 0)
+		return;
+	t->dns[t->ns2dns[id]].ns = -1;
+	t->ns2dns[id] = -1;
+}
+
 void tier_close(struct broker *b)
 {
 	struct tier *t = b->tier;
