@@ -502,8 +502,7 @@ static int on_drop(struct broker *b, struct session *s, const struct kvb_msg_hdr
 		if (t->id != m->id || !t->hello_done)
 			continue;
 		log_warn("client %u (%s, pid %d): dropped by client %u (pid %d, uid %d)", t->id,
-			 t->name[0] ? t->name : "?", (int)t->pid, s->id, (int)s->pid,
-			 (int)s->uid);
+			 t->name[0] ? t->name : "?", (int)t->pid, s->id, (int)s->pid, (int)s->uid);
 		session_revoke(t);
 		session_destroy(b, t, "dropped by the operator (kvbctl drop)");
 		return reply(s, h, 0, NULL, 0, NULL, 0);

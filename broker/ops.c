@@ -560,24 +560,25 @@ static int op_get(struct broker *b, struct op *op)
  * past --lease-lifetime ends its session (rounds.c). A page this client already leases costs
  * nothing more against the pinned cap (it is pinned already).
  */
-static int lease_push(struct broker *b, struct session *s, const struct page *pg,
-		      uint64_t bytes, int as_get)
+static int lease_push(struct broker *b, struct session *s, const struct page *pg, uint64_t bytes,
+		      int as_get)
 {
 	const struct store_part *pt = &b->store.part[store_part_of(&b->store, pg)];
 	uint64_t limit = b->cfg.max_lease_bytes;
 	uint64_t id = store_lease_id(pg);
 
+	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
 	if (!limit)
 		limit = (uint64_t)(b->cfg.max_lease_frac * (double)pt->bytes_total);
-	if (limit < bytes)
+	if (limit && limit < bytes)
 		limit = bytes; /* one lease is always possible */
 	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
-	if (as_get)
+	if (limit && as_get)
 		limit += b->store.max_page;
-	if (s->nleases >= b->cfg.max_leases || s->lease_bytes + bytes > limit)
+	if (s->nleases >= b->cfg.max_leases || (limit && s->lease_bytes + bytes > limit))
 		return -EDQUOT;
-	if (!pg->pins && pt->pinned_bytes + bytes > (uint64_t)(b->cfg.max_pinned *
-								(double)pt->bytes_total))
+	if (b->cfg.max_pinned > 0 && !pg->pins &&
+	    pt->pinned_bytes + bytes > (uint64_t)(b->cfg.max_pinned * (double)pt->bytes_total))
 		return -EBUSY;
 	if (s->nleases == s->cap_leases) {
 		uint32_t cap = s->cap_leases ? 2 * s->cap_leases : 64;

@@ -183,9 +183,8 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. Each
 	 * tenant partition is planned over the nodes like a pool of its own [tenant-part]. */
 	for (uint32_t i = 0; i < (cfg->nparts > 1 ? cfg->nparts : 1); i++) {
-		err = numa_plan_make(&p->topo, cfg->numa, cfg->nparts > 1 ? cfg->part_size[i]
-									 : cfg->size,
-				     HP_2M, &plan);
+		err = numa_plan_make(&p->topo, cfg->numa,
+				     cfg->nparts > 1 ? cfg->part_size[i] : cfg->size, HP_2M, &plan);
 		if (!err)
 			err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
 		if (err)

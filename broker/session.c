@@ -402,8 +402,8 @@ void session_expire(struct broker *b, double now)
 				b->ctr.expired++;
 				log_warn("client %u (%s, pid %d): a lease held for %.0f s "
 					 "(--lease-lifetime %.0f): disconnected",
-					 s->id, s->name[0] ? s->name : "?", (int)s->pid, now - oldest,
-					 b->cfg.lease_lifetime);
+					 s->id, s->name[0] ? s->name : "?", (int)s->pid,
+					 now - oldest, b->cfg.lease_lifetime);
 				session_revoke(s);
 				session_destroy(b, s, "lease lifetime exceeded");
 			}

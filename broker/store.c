@@ -126,7 +126,8 @@ static void ext_free(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 		ar->ext[i - 1].len += len;
 		if (i < ar->next && off + len == ar->ext[i].off) {
 			ar->ext[i - 1].len += ar->ext[i].len;
-			memmove(&ar->ext[i], &ar->ext[i + 1], (ar->next - i - 1) * sizeof(*ar->ext));
+			memmove(&ar->ext[i], &ar->ext[i + 1],
+				(ar->next - i - 1) * sizeof(*ar->ext));
 			ar->next--;
 		}
 		return;

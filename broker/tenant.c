@@ -84,7 +84,9 @@ int tenant_parse_share(const char *arg, struct tenant_cfg *c)
 uint32_t tenant_key(int mode, uid_t uid, gid_t gid)
 {
 	/* + 1: key 0 is "no tenants", whose identities every existing cache already holds. */
-	return mode == TENANTS_UID ? (uint32_t)uid + 1 : mode == TENANTS_GID ? (uint32_t)gid + 1 : 0;
+	return mode == TENANTS_UID   ? (uint32_t)uid + 1
+	       : mode == TENANTS_GID ? (uint32_t)gid + 1
+				     : 0;
 }
 
 /* The uid or gid an entry names: a number or a user (group) name. */
@@ -155,7 +157,8 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 				return -EINVAL;
 			}
 		}
-		tt->t[n] = (struct tenant){.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1};
+		tt->t[n] = (struct tenant){
+			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1};
 		pc->part_size[n++] = bytes;
 		used += bytes;
 	}

@@ -31,6 +31,10 @@
 
 #include "internal.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 /* The staging buffer grows in steps of this, so pages of similar sizes share one allocation. */
 #define STAGING_STEP (1ull << 20)
 
@@ -73,6 +77,19 @@ int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b)
 	if (p == MAP_FAILED) {
 		err = kvbc_errno();
 		goto err_close;
+	}
+	/*
+	 * Fault it in here: a shared page is charged to the memory cgroup of whoever touches it
+	 * first, and that must be this process, not the broker's first GET into it. Also, a
+	 * buffer the machine cannot back fails now (-ENOMEM), not as a SIGBUS later.
+	 */
+	if (madvise(p, size, MADV_POPULATE_WRITE) < 0) {
+		if (errno != EINVAL) { /* EINVAL: a kernel before 5.14 */
+			err = -ENOMEM;
+			goto err_unmap;
+		}
+		for (size_t off = 0; off < size; off += 4096)
+			((volatile uint8_t *)p)[off] = 0;
 	}
 	reg.len = size;
 	err = kvbc_ctl(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), fd, &r);

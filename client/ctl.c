@@ -292,7 +292,8 @@ static int stats_paged(kvb_client *c, char **json)
 		if (err < 0)
 			goto err_free;
 		if (r.res <= 0 || (m.offset && (size_t)r.res != total) ||
-		    m.offset + r.body_len > (size_t)r.res || (!r.body_len && m.offset < (size_t)r.res)) {
+		    m.offset + r.body_len > (size_t)r.res ||
+		    (!r.body_len && m.offset < (size_t)r.res)) {
 			err = r.res < 0 ? r.res : -EPROTO;
 			kvbc_reply_free(&r);
 			goto err_free;

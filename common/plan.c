@@ -38,8 +38,8 @@
 
 uint64_t plan_default_slab(uint64_t pool_bytes)
 {
-	uint64_t v = pool_bytes / 32, min = (pool_bytes + PLAN_SLABS_DEFAULT_MAX - 1) /
-					  PLAN_SLABS_DEFAULT_MAX;
+	uint64_t v = pool_bytes / 32,
+		 min = (pool_bytes + PLAN_SLABS_DEFAULT_MAX - 1) / PLAN_SLABS_DEFAULT_MAX;
 
 	v = v < (8u << 20) ? (8u << 20) : v > (64u << 20) ? (64u << 20) : v;
 	if (v < min)

@@ -600,7 +600,7 @@ static int print_part(const cJSON *root, const char *name)
 	return ret;
 }
 
-static const char *const commands[] = {"status", "clients", "ns",  "map",
+static const char *const commands[] = {"status",  "clients", "ns",   "map",
 				       "metrics", "top",     "plan", "drop"};
 
 /* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */

@@ -180,6 +180,7 @@ static void open_ns(struct session *s, uint32_t id)
 {
 	s->ns_opened[id / 8] |= (uint8_t)(1u << (id % 8));
 	s->nns++;
+	ns_get(&s->b->nst, id)->opens++; /* as on_ns_open counts it [ns-free] */
 }
 
 struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, uint32_t base)

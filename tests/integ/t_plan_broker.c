@@ -30,8 +30,8 @@ static uint64_t plan_pages(const char *pool)
 
 static void one_pool(const char *pool, uint64_t pool_bytes)
 {
-	struct harness_broker *b =
-		harness_broker_start("--pool", pool, "--no-prefault", "--copy-inline", "0");
+	struct harness_broker *b = harness_broker_start("--pool", pool, "--no-prefault",
+							"--copy-inline", "0");
 	kvb_client *c = harness_connect(b, "t_plan_broker", 0);
 	uint64_t want = plan_pages(pool), held, ideal;
 	struct kvb_layout l;

@@ -28,10 +28,10 @@
 
 #define UID_A 4242
 #define UID_B 4243
-#define NA 8	       /* A's pages */
+#define NA 8 /* A's pages */
 #define SEED_A 100
 #define SEED_B 200
-#define POISON 100     /* index of the key B plants before A stores it */
+#define POISON 100	/* index of the key B plants before A stores it */
 #define PAGE (1u << 20) /* 16 layers x 1 KiB x 64 tokens */
 
 static void layout(struct kvb_layout *l)
@@ -90,8 +90,8 @@ static int scan_maps(uint64_t seed, uint64_t n, uint8_t *buf)
 
 		if (getenv("TT_DEBUG"))
 			fprintf(stderr, "map: %s", line);
-		if (!strstr(line, "/memfd:") ||
-		    sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r' || perms[1] == 'w')
+		if (!strstr(line, "/memfd:") || sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 ||
+		    perms[0] != 'r' || perms[1] == 'w')
 			continue;
 		for (uint64_t i = 0; i < n; i++) {
 			kvb_key k = harness_key(seed, i);

@@ -140,12 +140,12 @@ static void test_plan_explicit_model_slot_rounding(void **state)
  */
 static void test_plan_pool_packs(void **state)
 {
-	static const uint64_t pages[] = {4096,	    5000,     16384,	 100000,   1u << 20,
-					 3u << 20,  4497408,  5u << 20,	 7u << 20, 9u << 20,
+	static const uint64_t pages[] = {4096,	    5000,      16384,	 100000,   1u << 20,
+					 3u << 20,  4497408,   5u << 20, 7u << 20, 9u << 20,
 					 12u << 20, 15u << 20, 16u << 20};
-	static const uint64_t pools[] = {64ull << 20,  66ull << 20,  100ull << 20, 250ull << 20,
-					 1ull << 30,   3ull << 30,   10ull << 30,  100ull << 30,
-					 300ull << 30, 1ull << 40,   2ull << 40};
+	static const uint64_t pools[] = {64ull << 20,  66ull << 20, 100ull << 20, 250ull << 20,
+					 1ull << 30,   3ull << 30,  10ull << 30,  100ull << 30,
+					 300ull << 30, 1ull << 40,  2ull << 40};
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++) {
