@@ -210,6 +210,8 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "id", s->id);
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
+		num(o, "partition", s->part); /* its tenant's [tenant-part] */
+		num(o, "lease_bytes", (double)s->lease_bytes);
 		add_text(o, "name", s->name, sizeof(s->name));
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
