@@ -158,7 +158,8 @@ class MiniEngine:
             self.kvs.append(kv)
         self.worker, self.kv = self.workers[0], self.kvs[0]
         self.computed_tokens = 0  # tokens this engine computed itself (not loaded)
-        self.bad: list[str] = []  # requests whose computed prefix held wrong bytes
+        self.bad: list[str] = []
+        self.last_stats: Any = None  # requests whose computed prefix held wrong bytes
         self.invalid_reports: list[set[int]] = []
         self.outputs: dict[str, list[int]] = {}
 
@@ -219,7 +220,8 @@ class MiniEngine:
 
     def step(self, kill: Any = None) -> Any:
         out = self.sched.schedule()
-        w = self.worker
+        if kill is not None:  # after the lookups, before the loads
+            kill()
         work = []
         for r in out.scheduled_new_reqs:
             work.append((r.req_id, r.num_computed_tokens, out.num_scheduled_tokens[r.req_id]))
@@ -230,8 +232,6 @@ class MiniEngine:
             w.bind_connector_metadata(out.kv_connector_metadata)
             w.start_load_kv(None)
         for li, name in enumerate(self.layers):
-            if kill is not None and li == len(self.layers) // 2:
-                kill()
             for w in self.workers:
                 w.wait_for_layer_load(name)
             self.compute(li, name, work)
@@ -254,6 +254,7 @@ class MiniEngine:
             w.clear_connector_metadata()
         if invalid:
             self.invalid_reports.append(set(invalid))
+        self.last_stats = stats
         self.computed_tokens += sum(n for _, _, n in work)
         req_ids = [r for r, _, _ in work]
         sampled = []

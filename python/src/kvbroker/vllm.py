@@ -476,7 +476,8 @@ class _Worker:
         self.load_left: dict[tuple[int, int], int] = {}
         self.load_errors: set[int] = set()
         self.finished_sending: set[str] = set()
-        self.stats = KVBrokerStats()
+        self.stats = KVBrokerStats()  # this interval's, handed to vLLM and reset
+        self.stats_total: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
         self.registered = False
         self.lock = threading.Lock()
 
@@ -650,7 +651,7 @@ class _Worker:
         else:
             self.pump.add(ops)
             self._drive_loads(None)
-        self.stats.data["load_s"] += time.perf_counter() - t0
+        self._inc("load_s", time.perf_counter() - t0)
 
     def _copy_loads(self, ops: list[Any]) -> None:
         try:
@@ -669,24 +670,24 @@ class _Worker:
         self.load_left[(pi, ci)] -= 1
         if res < 0:
             self.load_errors.add(block)
-            self.stats.data["load_errors"] += 1
+            self._inc("load_errors", 1)
         elif ci == 0:
-            self.stats.data["loaded_pages"] += 1
-            self.stats.data["loaded_bytes"] += self.link.ns[pi].page_bytes if self.link.ns \
-                else 0
+            self._inc("loaded_pages", 1)
+            self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
 
     def _fail_loads(self, loads: list[_Transfer]) -> None:
         for tr in loads:
             for ids in tr.block_ids:
                 self.load_errors.update(ids)
-            self.stats.data["load_errors"] += len(tr.keys)
-        self.stats.data["broker_down"] += 1
+            self._inc("load_errors", len(tr.keys))
+        self._inc("broker_down", 1)
 
     def _fail_pending_loads(self) -> None:
         for pi, ci, block in self.load_ops.values():
             self.load_errors.add(block)
             self.load_left[(pi, ci)] -= 1
-        self.stats.data["load_errors"] += len(self.load_ops)
+        self._inc("load_errors", len(self.load_ops))
         self.load_ops.clear()
 
     def _drive_loads(self, until: tuple[int, int] | None) -> None:
@@ -719,7 +720,7 @@ class _Worker:
         ci = next(i for i, (f, n) in enumerate(self.chunks[pi]) if f <= li < f + n)
         t0 = time.perf_counter()
         self._drive_loads((pi, ci))
-        self.stats.data["load_s"] += time.perf_counter() - t0
+        self._inc("load_s", time.perf_counter() - t0)
 
     def finish_loads(self) -> None:
         if not self.load_ops:
@@ -728,7 +729,7 @@ class _Worker:
         last = [(pi, len(self.chunks[pi]) - 1) for pi in range(len(self.plans))]
         for u in last:
             self._drive_loads(u)
-        self.stats.data["load_s"] += time.perf_counter() - t0
+        self._inc("load_s", time.perf_counter() - t0)
 
     # -- stores -------------------------------------------------------------------------------
 
@@ -747,7 +748,7 @@ class _Worker:
             return
         client = self.link.get()
         if client is None or self.pump is None:
-            self.stats.data["broker_down"] += 1
+            self._inc("broker_down", 1)
             return
         if self.cuda:
             # The step's kernels wrote these blocks asynchronously; the broker reads them
@@ -778,18 +779,22 @@ class _Worker:
         except (kvb.Error, OSError, TimeoutError) as e:
             self.link.fail(e)
             self.pump = None
-            self.stats.data["store_errors"] += 1
-        self.stats.data["store_s"] += time.perf_counter() - t0
+            self._inc("store_errors", 1)
+        self._inc("store_s", time.perf_counter() - t0)
 
     def _count_store(self, pi: int, res: int) -> None:
         if res < 0:
-            self.stats.data["store_errors"] += 1
+            self._inc("store_errors", 1)
         elif res == 1:
-            self.stats.data["existed_pages"] += 1
+            self._inc("existed_pages", 1)
         else:
-            self.stats.data["stored_pages"] += 1
-            self.stats.data["stored_bytes"] += self.link.ns[pi].page_bytes if self.link.ns \
-                else 0
+            self._inc("stored_pages", 1)
+            self._inc("stored_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
+
+    def _inc(self, key: str, value: float) -> None:
+        self.stats.data[key] += value
+        self.stats_total[key] += value
 
     def take_errors(self) -> set[int]:
         errs, self.load_errors = self.load_errors, set()
