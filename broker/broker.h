@@ -77,15 +77,17 @@ struct counters {
 struct sbuf {
 	void *base;
 	uint64_t len;
-	int32_t dev; /* COPY_HOST or a CUDA device index */
+	uint64_t lead; /* host: bytes mapped before base (BUF_REG_FD at an unaligned offset) */
+	int32_t dev;   /* COPY_HOST or a CUDA device index */
 	uint8_t closing;
 	struct gpu_map *gm;
 };
 
+/* A view; parts[p].page_stride is never 0 here (VIEW_CREATE's parts get tpp * stride). */
 struct sview {
 	struct ns *ns;
 	uint32_t nparts;
-	struct kvb_view_part parts[];
+	struct kvb_view_part2 parts[];
 };
 
 /* What one client's ops did, for kvbctl clients/top: struct counters credited to it. */

@@ -7,6 +7,12 @@
  * token per layer), the model padded to 64 bytes, and for MHA only tp_size and tp_rank. The
  * layout was validated (kvb_layout_check), so unused bytes are zero and the encoding is unique.
  * Ids are small table indices handed to clients; the identity is what decides sharing.
+ *
+ * ABI 1.2 identity fields (struct kvb_ns_ident) extend the encoding only when they are not the
+ * default, so every namespace an ABI 1.1 client opened, and every page the disk tier holds for
+ * one, keeps its identity: "kvb-ns-v1" encoding as above, then "kvb-ns-id2", the four dtypes,
+ * the 32-byte page format, pp_size, pp_rank, cp_size, cp_rank (sizes of 0 made 1). The data-
+ * parallel rank and size are not encoded: replicas compute the same bytes for a prefix.
  */
 #include <errno.h>
 #include <openssl/evp.h>
@@ -31,11 +37,14 @@ static uint8_t *put_bytes(uint8_t *p, const void *src, size_t n)
 	return p + n;
 }
 
-void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32])
+void ns_identity2(const struct kvb_layout *l, const struct kvb_ns_ident *id, uint32_t tenant,
+		  uint8_t out[32])
 {
 	static const char tag[] = "kvb-ns-v1";
+	static const char tag2[] = "kvb-ns-id2";
 	uint8_t buf[sizeof(tag) + 4 * 4 + KVB_MAX_COMPONENTS * (KVB_COMP_NAME_MAX + 8) +
-		    KVB_MODEL_MAX + 8];
+		    KVB_MODEL_MAX + 8 + sizeof(tag2) + KVB_MAX_COMPONENTS * 4 +
+		    KVB_PAGE_FORMAT_MAX + 4 * 4];
 	uint8_t *p = buf;
 
 	p = put_bytes(p, tag, sizeof(tag));
@@ -53,7 +62,25 @@ void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32])
 		p = put32(p, l->tp_size);
 		p = put32(p, l->tp_rank);
 	}
+	if (!kvb_ident_is_default(id)) {
+		struct kvb_ns_ident n;
+
+		kvb_ident_norm(id, &n);
+		p = put_bytes(p, tag2, sizeof(tag2));
+		for (uint32_t i = 0; i < KVB_MAX_COMPONENTS; i++)
+			p = put32(p, n.dtype[i]);
+		p = put_bytes(p, n.page_format, sizeof(n.page_format));
+		p = put32(p, n.pp_size);
+		p = put32(p, n.pp_rank);
+		p = put32(p, n.cp_size);
+		p = put32(p, n.cp_rank);
+	}
 	EVP_Digest(buf, (size_t)(p - buf), out, NULL, EVP_sha256(), NULL);
+}
+
+void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32])
+{
+	ns_identity2(l, NULL, tenant, out);
 }
 
 static void ns_free(struct ns *n)
@@ -96,15 +123,23 @@ static int ns_parts(struct ns *n)
 int ns_open(struct ns_table *t, struct store *s, const struct kvb_layout *l, uint32_t tenant,
 	    struct ns **out)
 {
+	return ns_open2(t, s, l, NULL, tenant, out);
+}
+
+int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
+	     const struct kvb_ns_ident *ident, uint32_t tenant, struct ns **out)
+{
 	uint8_t id[32];
 	uint64_t page_bytes;
 	struct ns *n;
 	int cls, err;
 
 	err = kvb_layout_check(l, &page_bytes);
+	if (!err && ident)
+		err = kvb_ident_check(l, ident);
 	if (err)
 		return err;
-	ns_identity(l, tenant, id);
+	ns_identity2(l, ident, tenant, id);
 	for (uint32_t i = 0; i < t->count; i++) {
 		if (!memcmp(t->ns[i]->ident, id, sizeof(id))) {
 			*out = t->ns[i];
@@ -120,6 +155,7 @@ int ns_open(struct ns_table *t, struct store *s, const struct kvb_layout *l, uin
 	if (!n)
 		return -ENOMEM;
 	n->layout = *l;
+	kvb_ident_norm(ident, &n->idf);
 	memcpy(n->ident, id, sizeof(id));
 	n->page_bytes = page_bytes;
 	n->cls = cls;

@@ -21,6 +21,7 @@ struct ns {
 	int cls; /* store size class of its pages */
 	uint64_t page_bytes;
 	struct kvb_layout layout; /* as first opened (tp fields of the first MLA rank) */
+	struct kvb_ns_ident idf;  /* identity fields as first opened, sizes of 0 made 1 */
 	uint8_t ident[32];
 	uint32_t nparts;      /* (component, layer) parts of a page */
 	uint64_t *part_off;   /* byte offset of each part inside a page */
@@ -37,6 +38,9 @@ struct ns_table {
 
 /* Canonical identity of a layout for a tenant. The layout must have passed kvb_layout_check. */
 void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32]);
+/* The same with ABI 1.2 identity fields (checked by kvb_ident_check; NULL: the default). */
+void ns_identity2(const struct kvb_layout *l, const struct kvb_ns_ident *id, uint32_t tenant,
+		  uint8_t out[32]);
 
 /*
  * Finds the namespace of a (checked) layout and tenant or creates it, taking its page class
@@ -44,6 +48,9 @@ void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32]);
  */
 int ns_open(struct ns_table *t, struct store *s, const struct kvb_layout *l, uint32_t tenant,
 	    struct ns **out);
+/* ns_open() with identity fields (validated here: -EINVAL); NULL is the default identity. */
+int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
+	     const struct kvb_ns_ident *ident, uint32_t tenant, struct ns **out);
 
 static inline struct ns *ns_get(const struct ns_table *t, uint32_t id)
 {

@@ -74,19 +74,32 @@ static uint8_t *buf_range(struct session *s, uint32_t id, uint64_t off, uint64_t
 }
 
 /*
- * The client address of token slot `slot` of view part vp, after checking that the page's
- * tokens_per_page slots lie inside the part's buffer. NULL with *err set otherwise.
+ * Offset of token slot t of view part vp from its buffer's start: base + (t / tpp) * page_stride
+ * + (t % tpp) * stride (page_stride was normalised at view creation: never 0). 0 on overflow.
  */
-static uint8_t *view_part(struct session *s, const struct kvb_view_part *vp, uint64_t slot,
+static int view_off(const struct kvb_view_part2 *vp, uint64_t t, uint32_t tpp, uint64_t *off)
+{
+	uint64_t a, b;
+
+	return !__builtin_mul_overflow(t / tpp, vp->page_stride, &a) &&
+	       !__builtin_mul_overflow(t % tpp, (uint64_t)vp->stride, &b) &&
+	       !__builtin_add_overflow(a, b, &a) && !__builtin_add_overflow(a, vp->base, off);
+}
+
+/*
+ * The client address of token slot `slot` of view part vp, after checking that the page's
+ * tokens_per_page slots lie inside the part's buffer. NULL with *err set otherwise. Slot
+ * addresses grow with the slot (view creation made page_stride >= (tpp - 1) * stride + bpt),
+ * so the first and the last token bound the range.
+ */
+static uint8_t *view_part(struct session *s, const struct kvb_view_part2 *vp, uint64_t slot,
 			  uint32_t tpp, uint32_t bpt, int32_t *dev, int *err)
 {
-	uint64_t first, span;
+	uint64_t first, last, span;
 
-	/* Bytes from the buffer's start to slot, and from slot to the end of its last token. */
-	if (__builtin_mul_overflow((uint64_t)vp->stride, slot, &first) ||
-	    __builtin_add_overflow(first, vp->base, &first) ||
-	    __builtin_mul_overflow((uint64_t)vp->stride, (uint64_t)(tpp - 1), &span) ||
-	    __builtin_add_overflow(span, (uint64_t)bpt, &span)) {
+	if (__builtin_add_overflow(slot, (uint64_t)(tpp - 1), &last) ||
+	    !view_off(vp, slot, tpp, &first) || !view_off(vp, last, tpp, &last) ||
+	    __builtin_add_overflow(last - first, (uint64_t)bpt, &span)) {
 		*err = -EFAULT;
 		return NULL;
 	}
@@ -140,21 +153,34 @@ static int view_segs(struct session *s, const struct sview *v, uint8_t *page, ui
 	if (err)
 		return err;
 	for (uint32_t p = 0; p < v->nparts; p++) {
-		const struct kvb_view_part *vp = &v->parts[p];
+		const struct kvb_view_part2 *vp = &v->parts[p];
 		uint32_t bpt = n->part_bpt[p];
+		uint32_t r = (uint32_t)(slot % tpp);
 		int32_t dev;
-		uint8_t *cl;
+		uint8_t *cl, *run;
 
 		if (lcount && (n->part_layer[p] < lfirst || n->part_layer[p] >= lfirst + lcount))
 			continue;
 		cl = view_part(s, vp, slot, tpp, bpt, &dev, &err);
 		if (!cl)
 			return err;
-		for (uint32_t t = 0; t < tpp; t++, cl += vp->stride) {
+		/*
+		 * view_part checked the whole run. Within a page, slots are stride apart; at a page
+		 * boundary the next slot is page_stride past the page's slot 0 (run).
+		 */
+		run = cl - (uint64_t)r * vp->stride;
+		for (uint32_t t = 0; t < tpp; t++) {
 			uint8_t *pg = page + n->part_off[p] + (uint64_t)t * bpt;
 
 			cnt = to_page ? copy_seg_add(segs, cnt, pg, cl, bpt)
 				      : copy_seg_add(segs, cnt, cl, pg, bpt);
+			if (++r == tpp) {
+				r = 0;
+				run += vp->page_stride;
+				cl = run;
+			} else {
+				cl += vp->stride;
+			}
 		}
 	}
 	return cnt ? (int)cnt : -EINVAL;

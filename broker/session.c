@@ -180,8 +180,8 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 static void buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 {
 	if (sb->dev == COPY_HOST) {
-		munmap(sb->base, sb->len);
-		s->buf_bytes -= sb->len;
+		munmap((uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
+		s->buf_bytes -= sb->lead + sb->len;
 	} else {
 		gpu_map_put(b->gpu, sb->gm);
 	}
@@ -444,11 +444,11 @@ out:
 }
 
 static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-		      const struct kvb_layout *l)
+		      const struct kvb_layout *l, const struct kvb_ns_ident *id)
 {
 	struct kvb_msg_ns_reply rep = {0};
 	struct ns *n;
-	int err = ns_open(&b->nst, &b->store, l, 0, &n);
+	int err = ns_open2(&b->nst, &b->store, l, id, 0, &n);
 
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
@@ -465,58 +465,97 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
 }
 
-static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg *m, int fd,
-		   uint32_t *id)
+/*
+ * Maps [off, off + len) of a client's host-memory file (BUF_REG, BUF_REG_FD): the pages that
+ * enclose it, read-write, shared. Only a tmpfs file that can never shrink: no later truncation
+ * can make our copies fault (the caller's own writes and growth are harmless). hugetlbfs files
+ * can have holes punched despite the seal, disk files can lose pages: refused.
+ */
+static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t off, uint64_t len,
+			uint32_t *id)
 {
+	long pg = sysconf(_SC_PAGESIZE);
+	uint64_t page = pg > 0 ? (uint64_t)pg : 4096, lead, end, maplen;
 	struct statfs sfs;
 	struct stat st;
 	void *p;
 	int seals;
 
-	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
+	if (!len || fd < 0 || __builtin_add_overflow(off, len, &end))
 		return -EINVAL;
-	/*
-	 * Only a tmpfs memfd that can never shrink: no later truncation can make our copies
-	 * fault. (hugetlbfs memfds can have holes punched despite the seal: refused.)
-	 */
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return -EINVAL;
+	if (fstatfs(fd, &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
+		return -EMEDIUMTYPE;
 	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0 || fstatfs(fd, &sfs) < 0 ||
-	    sfs.f_type != TMPFS_MAGIC)
-		return -EINVAL;
-	/* Each client's registrations are bounded, so none can exhaust our address space. */
-	if (m->len > b->cfg.max_buf_bytes - s->buf_bytes)
-		return -ENOMEM;
-	if ((uint64_t)st.st_size < m->len)
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPERM;
+	/* The seal holds the size from here on: checking it now is final. */
+	if (st.st_size < 0 || end > (uint64_t)st.st_size)
 		return -EFAULT;
+	lead = off & (page - 1);
+	maplen = lead + len;
+	/* Each client's registrations are bounded, so none can exhaust our address space. */
+	if (maplen > b->cfg.max_buf_bytes - s->buf_bytes)
+		return -ENOMEM;
 	for (*id = 0; *id < b->cfg.max_bufs && s->bufs[*id].base; (*id)++)
 		;
 	if (*id == b->cfg.max_bufs)
 		return -EMFILE;
-	p = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(off - lead));
 	if (p == MAP_FAILED)
 		return -errno;
-	s->bufs[*id] = (struct sbuf){.base = p, .len = m->len, .dev = COPY_HOST};
-	s->buf_bytes += m->len;
+	s->bufs[*id] = (struct sbuf){
+		.base = (uint8_t *)p + lead, .len = len, .lead = lead, .dev = COPY_HOST};
+	s->buf_bytes += maplen;
 	return 0;
 }
 
-static int on_view_create(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-			  const uint8_t *body, size_t blen)
+static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg *m, int fd,
+		   uint32_t *id)
 {
-	struct kvb_msg_view_create vc;
+	int err;
+
+	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
+		return -EINVAL;
+	/* ABI 1.0/1.1 clients were told -EINVAL for every unacceptable memfd: keep that. */
+	err = buf_map_host(b, s, fd, 0, m->len, id);
+	return err == -EPERM || err == -EMEDIUMTYPE ? -EINVAL : err;
+}
+
+static int buf_reg_fd(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_fd *m,
+		      int fd, uint32_t *id)
+{
+	if (m->flags || m->resv)
+		return -EINVAL;
+	return buf_map_host(b, s, fd, m->off, m->len, id);
+}
+
+/*
+ * VIEW_CREATE and VIEW_CREATE2: one part per (component, layer) of a namespace this session
+ * opened. Strides must cover a token's bytes and page strides a page's tokens, so that slot
+ * addresses grow with the slot and pages never overlap (ops.c bounds a page by its first and
+ * last token on that promise). Buffers are checked again at each op: they may be unregistered.
+ */
+static int on_view_create(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+			  const uint8_t *body, size_t blen, int v2)
+{
+	struct kvb_msg_view_create2 vc = {0};
+	size_t hlen = v2 ? sizeof(struct kvb_msg_view_create2) : sizeof(struct kvb_msg_view_create);
+	size_t plen = v2 ? sizeof(struct kvb_view_part2) : sizeof(struct kvb_view_part);
 	struct kvb_msg_id rep = {0};
 	struct sview *v;
 	struct ns *n;
-	uint32_t id;
+	uint32_t id, tpp;
 
-	memcpy(&vc, body, sizeof(vc));
+	memcpy(&vc, body, hlen);
 	n = vc.ns < STORE_MAX_NS && (s->ns_opened[vc.ns / 8] & (1u << (vc.ns % 8)))
 		    ? ns_get(&b->nst, vc.ns)
 		    : NULL;
 	if (!n)
 		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-	if (vc.nparts != n->nparts ||
-	    blen != sizeof(vc) + (uint64_t)vc.nparts * sizeof(struct kvb_view_part))
+	if (vc.nparts != n->nparts || vc.flags || vc.resv ||
+	    blen != hlen + (uint64_t)vc.nparts * plen)
 		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 	for (id = 0; id < SESSION_MAX_VIEWS && s->views[id]; id++)
 		;
@@ -527,15 +566,29 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
 	v->ns = n;
 	v->nparts = vc.nparts;
-	memcpy(v->parts, body + sizeof(vc), vc.nparts * sizeof(v->parts[0]));
+	tpp = n->layout.tokens_per_page;
 	for (uint32_t p = 0; p < v->nparts; p++) {
-		const struct kvb_view_part *vp = &v->parts[p];
+		struct kvb_view_part2 *vp = &v->parts[p];
+		uint64_t span;
+		int err;
 
-		/* Buffers are checked again at each op: they may be unregistered later. */
-		int err = vp->stride < n->part_bpt[p]				  ? -EINVAL
-			  : vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF
-										  : 0;
+		if (v2) {
+			memcpy(vp, body + hlen + (size_t)p * plen, sizeof(*vp));
+		} else {
+			struct kvb_view_part op;
 
+			memcpy(&op, body + hlen + (size_t)p * plen, sizeof(op));
+			*vp = (struct kvb_view_part2){
+				.buf = op.buf, .stride = op.stride, .base = op.base};
+		}
+		/* A page's tokens end (tpp - 1) * stride + bpt after its first: < 2^64. */
+		span = (uint64_t)(tpp - 1) * vp->stride + n->part_bpt[p];
+		if (!vp->page_stride)
+			vp->page_stride = (uint64_t)tpp * vp->stride;
+		err = vp->stride < n->part_bpt[p] || vp->page_stride < span || vp->flags || vp->resv
+			      ? -EINVAL
+		      : vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF
+									      : 0;
 		if (err) {
 			free(v);
 			return reply(s, h, err, NULL, 0, NULL, 0);
@@ -582,15 +635,28 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	switch (h->type) {
 	case KVB_MSG_NS_OPEN: {
 		struct kvb_layout l;
+		struct kvb_ns_ident ident;
 
 		memcpy(&l, body, sizeof(l));
-		return on_ns_open(b, s, h, &l);
+		/* ABI 1.2: the identity fields follow the layout; without them, the default. */
+		if (blen >= KVB_MSG_NS_OPEN_V2_SIZE)
+			memcpy(&ident, body + sizeof(l), sizeof(ident));
+		return on_ns_open(b, s, h, &l, blen >= KVB_MSG_NS_OPEN_V2_SIZE ? &ident : NULL);
 	}
 	case KVB_MSG_BUF_REG: {
 		struct kvb_msg_buf_reg m;
 
 		memcpy(&m, body, sizeof(m));
 		err = buf_reg(b, s, &m, fd, &bid);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
+	}
+	case KVB_MSG_BUF_REG_FD: {
+		struct kvb_msg_buf_reg_fd m;
+
+		memcpy(&m, body, sizeof(m));
+		err = buf_reg_fd(b, s, &m, fd, &bid);
 		id = (struct kvb_msg_id){bid, 0};
 		return err ? reply(s, h, err, NULL, 0, NULL, 0)
 			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
@@ -617,7 +683,9 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		}
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_VIEW_CREATE:
-		return on_view_create(b, s, h, body, blen);
+		return on_view_create(b, s, h, body, blen, 0);
+	case KVB_MSG_VIEW_CREATE2:
+		return on_view_create(b, s, h, body, blen, 1);
 	case KVB_MSG_VIEW_DESTROY:
 		memcpy(&id, body, sizeof(id));
 		if (id.id >= SESSION_MAX_VIEWS || !s->views[id.id])
@@ -676,7 +744,10 @@ int session_on_msg(struct broker *b, struct session *s)
 		goto out;
 	}
 	memcpy(&h, buf, sizeof(h));
-	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ? 1 : 0)) {
+	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ||
+				    h.type == KVB_MSG_BUF_REG_FD
+			    ? 1
+			    : 0)) {
 		why = "unexpected file descriptors";
 		err = -1;
 		goto out;

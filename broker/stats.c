@@ -65,6 +65,25 @@ static cJSON *startup_json(const struct broker *b)
 	return o;
 }
 
+/* ABI 1.2 identity fields of a namespace (defaults for one an ABI 1.1 client opened). */
+static void ident_json(cJSON *o, const struct ns *n)
+{
+	static const char *const names[KVB_DTYPE__COUNT] = {
+		"unspec",   "fp16",	    "bf16", "fp32",  "fp8_e4m3",
+		"fp8_e5m2", "fp8_e4m3fnuz", "int8", "uint8", "fp4_e2m1"};
+	cJSON *dt = cJSON_AddArrayToObject(o, "dtype");
+
+	for (uint32_t i = 0; i < n->layout.ncomponents && i < KVB_MAX_COMPONENTS; i++)
+		cJSON_AddItemToArray(dt, cJSON_CreateString(n->idf.dtype[i] < KVB_DTYPE__COUNT
+								    ? names[n->idf.dtype[i]]
+								    : "?"));
+	cJSON_AddStringToObject(o, "page_format", n->idf.page_format);
+	num(o, "pp_size", n->idf.pp_size);
+	num(o, "pp_rank", n->idf.pp_rank);
+	num(o, "cp_size", n->idf.cp_size);
+	num(o, "cp_rank", n->idf.cp_rank);
+}
+
 static cJSON *ns_json(const struct broker *b)
 {
 	cJSON *arr = cJSON_CreateArray();
@@ -85,6 +104,7 @@ static cJSON *ns_json(const struct broker *b)
 		num(o, "tp_size", l->tp_size);
 		num(o, "tp_rank", l->tp_rank);
 		num(o, "components", l->ncomponents);
+		ident_json(o, n);
 		num(o, "page_bytes", (double)n->page_bytes);
 		num(o, "pages", (double)pages);
 		num(o, "bytes", (double)(pages * b->store.cls[n->cls].slot_bytes));

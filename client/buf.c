@@ -12,6 +12,11 @@
  * (cuda.c) are on the same list, so kvb_put()/kvb_get() of a device pointer inside one is a
  * broker DMA; they are never mapped here, so never unmapped.
  *
+ * A buffer registered by fd (kvb_buf_register_host_fd) is the caller's file, which the library
+ * neither maps nor unmaps: it seals the fd on request, sends it with BUF_REG_FD and remembers
+ * the caller's address of the range, if given, for the pointer lookup; without one the entry
+ * only carries the id (addr NULL never matches a lookup).
+ *
  * The staging buffer is an ordinary host buffer the library owns for kvb_put() from unregistered
  * memory; it is not in the list (the caller never sees its id) and only grows.
  *
@@ -113,7 +118,7 @@ struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len)
 		struct kvbc_buf *b = *pp;
 		uintptr_t base = (uintptr_t)b->addr;
 
-		if (a < base || len > b->len || a - base > b->len - len)
+		if (!b->addr || a < base || len > b->len || a - base > b->len - len)
 			continue;
 		if (pp != &c->bufs) {
 			*pp = b->next;
@@ -155,7 +160,7 @@ void kvbc_buf_free_all(struct kvb_client *c)
 	while (b) {
 		struct kvbc_buf *next = b->next;
 
-		if (!b->gpu)
+		if (!b->gpu && !b->foreign)
 			munmap(b->addr, b->len);
 		free(b);
 		b = next;
@@ -191,6 +196,66 @@ out:
 	return addr;
 }
 
+int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
+			     uint32_t flags, uint32_t *buf)
+{
+	struct kvb_msg_buf_reg_fd reg = {.off = offset, .len = len};
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	struct kvbc_buf *b;
+	uint64_t end;
+	int err, seals;
+
+	if (!buf || !len || fd < 0 || (flags & ~KVB_BUF_SEAL) ||
+	    __builtin_add_overflow(offset, (uint64_t)len, &end) ||
+	    (addr && (uintptr_t)addr > UINTPTR_MAX - len))
+		return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	if (c->broker_minor < 2) {
+		err = -EOPNOTSUPP;
+		goto out;
+	}
+	/*
+	 * Seal on request. A file that has no seals at all (a disk file: F_GET_SEALS fails) is
+	 * left to the broker, which names what is wrong with it (-EMEDIUMTYPE).
+	 */
+	seals = fcntl(fd, F_GET_SEALS);
+	if ((flags & KVB_BUF_SEAL) && seals >= 0 && !(seals & F_SEAL_SHRINK) &&
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		/* EPERM: F_SEAL_SEAL is set (a memfd made without MFD_ALLOW_SEALING). */
+		err = errno == EPERM ? -EPERM : kvbc_errno();
+		goto out;
+	}
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		err = -ENOMEM;
+		goto out;
+	}
+	err = kvbc_ctl(c, KVB_MSG_BUF_REG_FD, &reg, sizeof(reg), fd, &r);
+	if (err < 0) {
+		free(b);
+		goto out;
+	}
+	err = kvbc_reply_body(&r, &id, sizeof(id));
+	kvbc_reply_free(&r);
+	if (err) {
+		free(b);
+		goto out;
+	}
+	b->addr = addr;
+	b->len = len;
+	b->id = id.id;
+	b->foreign = 1;
+	b->next = c->bufs;
+	c->bufs = b;
+	*buf = id.id;
+out:
+	kvbc_leave(c);
+	return err;
+}
+
 int kvb_buf_unregister(kvb_client *c, uint32_t buf)
 {
 	struct kvbc_buf **pp, *b = NULL;
@@ -213,7 +278,7 @@ int kvb_buf_unregister(kvb_client *c, uint32_t buf)
 	if (err)
 		goto out; /* still registered (e.g. a view uses it): keep the mapping */
 	*pp = b->next;
-	if (!b->gpu)
+	if (!b->gpu && !b->foreign)
 		munmap(b->addr, b->len);
 	free(b);
 out:
@@ -265,6 +330,83 @@ int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *part
 	*view = id.id;
 	err = 0;
 out_reply:
+	kvbc_reply_free(&r);
+out:
+	kvbc_leave(c);
+	return err;
+}
+
+/*
+ * Sends VIEW_CREATE2 to an ABI 1.2 broker; an older one gets VIEW_CREATE when no part needs
+ * a page stride of its own (0, or tokens_per_page * stride, which is what VIEW_CREATE means).
+ */
+int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
+		     uint32_t flags, uint32_t *view)
+{
+	struct kvb_msg_view_create2 *msg;
+	const struct kvbc_ns *n;
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	size_t len;
+	int err, v2;
+
+	if (!parts || !view || flags || nparts == 0 || nparts > KVB_MAX_VIEW_PARTS)
+		return -EINVAL;
+	for (size_t i = 0; i < nparts; i++)
+		if (parts[i].flags || parts[i].resv)
+			return -EINVAL;
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	n = kvbc_ns_find(c, ns);
+	if (!n) {
+		err = -EBADF;
+		goto out;
+	}
+	if (nparts != n->nparts) {
+		err = -EINVAL;
+		goto out;
+	}
+	v2 = c->broker_minor >= 2;
+	if (!v2) {
+		struct kvb_view_part *old = malloc(nparts * sizeof(*old));
+
+		for (size_t i = 0; old && i < nparts; i++) {
+			const struct kvb_view_part2 *p = &parts[i];
+
+			if (p->page_stride && p->page_stride != (uint64_t)n->tpp * p->stride) {
+				free(old);
+				err = -EOPNOTSUPP;
+				goto out;
+			}
+			old[i] = (struct kvb_view_part){
+				.buf = p->buf, .stride = p->stride, .base = p->base};
+		}
+		if (!old) {
+			err = -ENOMEM;
+			goto out;
+		}
+		kvbc_leave(c);
+		err = kvb_view_create(c, ns, old, nparts, view);
+		free(old);
+		return err;
+	}
+	len = sizeof(*msg) + nparts * sizeof(*parts);
+	msg = calloc(1, len);
+	if (!msg) {
+		err = -ENOMEM;
+		goto out;
+	}
+	msg->ns = ns;
+	msg->nparts = (uint32_t)nparts;
+	memcpy(msg + 1, parts, nparts * sizeof(*parts));
+	err = kvbc_ctl(c, KVB_MSG_VIEW_CREATE2, msg, len, -1, &r);
+	free(msg);
+	if (err < 0)
+		goto out;
+	err = kvbc_reply_body(&r, &id, sizeof(id));
+	if (!err)
+		*view = id.id;
 	kvbc_reply_free(&r);
 out:
 	kvbc_leave(c);

@@ -36,7 +36,12 @@ const char *kvb_strerror(int err)
 	case EACCES:
 		return "refused by the broker's credential check (or socket permissions)";
 	case EPERM:
-		return "operation not permitted";
+		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL; a memfd made "
+		       "without "
+		       "MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
+	case EMEDIUMTYPE:
+		return "host fd is not a tmpfs file (memfd or /dev/shm); disk files and hugetlbfs "
+		       "are refused";
 	case EPROTO:
 		return "protocol error (ABI version mismatch or malformed message from the broker)";
 	case EBADMSG:
@@ -56,7 +61,8 @@ const char *kvb_strerror(int err)
 	case ETIMEDOUT:
 		return "timed out";
 	case EOPNOTSUPP:
-		return "not supported (control-only client, or GPU memory CUDA cannot export)";
+		return "not supported (control-only client, GPU memory CUDA cannot export, or a "
+		       "broker too old for the call)";
 	case ENODEV:
 		return "no GPU copies: no CUDA driver or device here, the broker has GPU copies "
 		       "off, "

@@ -10,8 +10,9 @@
  * which drops the lock while it sleeps in poll() (and only then: it touches nothing of the
  * client meanwhile), so that a completion thread blocked in kvb_reap() does not stall the
  * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
- * functions that take a client. Only kvb_key_chain(), kvb_version() and kvb_strerror() are
- * lock-free (they touch no client). kvb_close() must not race with any other call.
+ * functions that take a client. Only kvb_key_chain(), kvb_key_chain_eagle(), kvb_version() and
+ * kvb_strerror() are lock-free (they touch no client). kvb_close() must not race with any other
+ * call.
  *
  * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
  * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once.
@@ -61,6 +62,7 @@ struct kvbc_slot {
 struct kvbc_ns {
 	uint32_t id;
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
+	uint32_t tpp;	 /* tokens_per_page */
 	uint64_t page_bytes;
 };
 
@@ -74,6 +76,7 @@ struct kvbc_buf {
 	size_t len; /* mapped and registered bytes */
 	uint32_t id;
 	int gpu;
+	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
 };
 
 struct kvbc_arena {
@@ -120,6 +123,11 @@ struct kvb_client {
 	int kick_poller;       /* its wake-up was taken by another thread: ring again at leave */
 	pthread_cond_t reaped; /* other reapers wait here for the poller or a drain */
 	int broker_waking;     /* we rang the sq doorbell and no CQE has come since (ring.c) */
+	/* kvb_completion_fd() (ring.c [CFD]); the fds are valid only while cfd_on. */
+	int cfd_on;   /* created: KVB_CQ_NEED_WAKEUP stays set for the client's life */
+	int cfd;      /* epoll instance over cq_efd and note_efd: what the caller polls */
+	int note_efd; /* eventfd, non-zero exactly while the done queue is not empty */
+	int note_set; /* what we last made note_efd's counter: 1 non-zero, 0 zero */
 
 	struct kvbc_ns *ns;
 	uint32_t nns;

@@ -51,3 +51,33 @@ kvb_key kvb_key_chain(const kvb_key *parent, const uint32_t *tokens, size_t ntok
 	SHA256_Final(key.b, &ctx);
 	return key;
 }
+
+/*
+ * EAGLE (bigram) keys: SGLang hashes position i of a bigram page as the pair (t[i], t[i+1]),
+ * two little-endian u32s, so npos positions read npos + 1 tokens. Pairs are built in a small
+ * stack buffer and hashed a chunk at a time: no allocation, no failure path.
+ */
+kvb_key kvb_key_chain_eagle(const kvb_key *parent, const uint32_t *tokens, size_t npos)
+{
+	SHA256_CTX ctx;
+	uint32_t pairs[128];
+	kvb_key key;
+
+	if (!tokens)
+		npos = 0;
+	SHA256_Init(&ctx);
+	if (parent)
+		SHA256_Update(&ctx, parent->b, sizeof(parent->b));
+	for (size_t i = 0; i < npos;) {
+		size_t n = npos - i < 64 ? npos - i : 64;
+
+		for (size_t j = 0; j < n; j++) {
+			pairs[2 * j] = htole32(tokens[i + j]);
+			pairs[2 * j + 1] = htole32(tokens[i + j + 1]);
+		}
+		SHA256_Update(&ctx, pairs, n * 2 * sizeof(pairs[0]));
+		i += n;
+	}
+	SHA256_Final(key.b, &ctx);
+	return key;
+}

@@ -52,8 +52,16 @@ static int ns_reserve(struct kvb_client *c)
 
 int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes)
 {
+	return kvb_ns_open2(c, l, NULL, ns, page_bytes);
+}
+
+int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_ident *id,
+		 uint32_t *ns, size_t *page_bytes)
+{
+	uint8_t msg[KVB_MSG_NS_OPEN_V2_SIZE];
 	struct kvb_msg_ns_reply rep;
 	struct kvbc_reply r;
+	size_t mlen = sizeof(*l);
 	uint64_t pb;
 	int err;
 
@@ -61,16 +69,30 @@ int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t 
 		return -EINVAL;
 	/* The broker checks again; checking here spares a round trip and names the error. */
 	err = kvb_layout_check(l, &pb);
+	if (!err && id)
+		err = kvb_ident_check(l, id);
 	if (err)
 		return err;
+	memcpy(msg, l, sizeof(*l));
 	err = kvbc_enter(c);
 	if (err)
 		return err;
+	/*
+	 * An ABI 1.1 broker would read the layout and drop the identity after it, merging
+	 * namespaces that must stay apart: it gets the default identity only, as the short form.
+	 */
+	if (id && c->broker_minor >= 2) {
+		memcpy(msg + sizeof(*l), id, sizeof(*id));
+		mlen = sizeof(msg);
+	} else if (!kvb_ident_is_default(id)) {
+		err = -EOPNOTSUPP;
+		goto out;
+	}
 	/* Room first: once the broker has answered, remembering the namespace must not fail. */
 	err = ns_reserve(c);
 	if (err)
 		goto out;
-	err = kvbc_ctl(c, KVB_MSG_NS_OPEN, l, sizeof(*l), -1, &r);
+	err = kvbc_ctl(c, KVB_MSG_NS_OPEN, msg, mlen, -1, &r);
 	if (err < 0)
 		goto out;
 	err = kvbc_reply_body(&r, &rep, sizeof(rep));
@@ -85,6 +107,7 @@ int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t 
 		c->ns[c->nns++] = (struct kvbc_ns){
 			.id = rep.ns,
 			.nparts = kvb_layout_parts(l),
+			.tpp = l->tokens_per_page,
 			.page_bytes = pb,
 		};
 	}

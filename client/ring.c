@@ -27,6 +27,18 @@
  * the lock held; kvb_reap() sleeps without it (internal.h), and whoever drains CQEs that a
  * sleeping reaper waits for writes the cq eventfd itself to wake it.
  *
+ * The completion fd [CFD] (kvb_completion_fd) is an epoll instance over two eventfds: the cq
+ * doorbell, which the broker writes after posting while KVB_CQ_NEED_WAKEUP is set, and a note
+ * eventfd of our own, kept non-zero exactly while the done queue holds completions. Once it
+ * exists the flag stays set for good, so every batch the broker posts makes the doorbell
+ * readable; whoever takes CQEs off the ring puts async ones in the done queue and sets the
+ * note. So at every moment one of the two is readable while a completion waits: it is either
+ * still in the CQ (doorbell rung after it was published, [W1]) or in the done queue (note set),
+ * and a thread that reads the doorbell's counter (cq_sleep) always drains the CQ after that
+ * read, before it gives up the lock. kvb_reap() re-arms: when it leaves the done queue empty it
+ * clears the note, reads the doorbell and drains the CQ once more, so the fd stops polling
+ * readable only when nothing is left and the next CQE rings the doorbell again.
+ *
  * Posting. SQEs are written into the slots past our private tail and published with one
  * store-release of the tail per batch [R1]; the sq eventfd is written only when the broker has
  * set KVB_SQ_NEED_WAKEUP [W1]. When the SQ is full we drain the CQ (the broker frees SQ slots
@@ -39,6 +51,8 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -96,6 +110,11 @@ int kvbc_ring_setup(struct kvb_client *c)
 
 void kvbc_ring_teardown(struct kvb_client *c)
 {
+	if (c->cfd_on) {
+		close(c->cfd);
+		close(c->note_efd);
+		c->cfd_on = 0;
+	}
 	free(c->slots);
 	free(c->free_list);
 	free(c->doneq);
@@ -205,6 +224,13 @@ static int cq_drain(struct kvb_client *c)
 	if (queued) {
 		pthread_cond_broadcast(&c->reaped);
 		c->kick_poller |= c->poller;
+		if (c->cfd_on && !c->note_set) {
+			uint64_t one = 1;
+
+			/* [CFD]: the done queue is not empty. A full counter is still non-zero. */
+			(void)!write(c->note_efd, &one, sizeof(one));
+			c->note_set = 1;
+		}
 	}
 	return (int)avail;
 }
@@ -300,7 +326,7 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 	kvb_flag_set(c->cq.flags, KVB_CQ_NEED_WAKEUP);
 	kvb_fence_full();
 	if (kvb_load_acquire(c->cq.tail) != c->cq.local) {
-		if (!c->sleepers)
+		if (!c->sleepers && !c->cfd_on)
 			kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP);
 		return 0;
 	}
@@ -314,8 +340,8 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 	rc = poll(pfd, 2, timeout);
 	if (unlock)
 		pthread_mutex_lock(&c->lock);
-	if (--c->sleepers == 0)
-		kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+	if (--c->sleepers == 0 && !c->cfd_on)
+		kvb_flag_clear(c->cq.flags, KVB_CQ_NEED_WAKEUP); /* [CFD] keeps it set */
 	if (c->fatal)
 		return c->fatal; /* perhaps found by another thread while we slept */
 	if (rc > 0 && pfd[1].revents) {
@@ -588,6 +614,66 @@ static int reap_wait(struct kvb_client *c, uint64_t deadline)
 	return err && err != ETIMEDOUT ? -err : 0; /* the caller re-checks its deadline */
 }
 
+/*
+ * [CFD] The done queue just became empty: clear the note, take the doorbell's counter, then
+ * drain what the CQ holds, in that order: a CQE whose doorbell write we consumed was published
+ * before that write, so this drain finds it (and sets the note again when it is async).
+ */
+static void cfd_rearm(struct kvb_client *c)
+{
+	uint64_t v;
+
+	if (c->note_set) {
+		(void)!read(c->note_efd, &v, sizeof(v));
+		c->note_set = 0;
+	}
+	efd_drain(c);
+	(void)cq_drain(c);
+}
+
+int kvb_completion_fd(kvb_client *c)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+	int err, efd = -1, ep = -1;
+
+	err = kvbc_enter(c);
+	if (err)
+		return err;
+	if (c->cfd_on) {
+		err = c->cfd;
+		goto out;
+	}
+	efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	ep = epoll_create1(EPOLL_CLOEXEC);
+	if (efd < 0 || ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, c->cq_efd, &ev) < 0 ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, efd, &ev) < 0) {
+		err = kvbc_errno();
+		if (efd >= 0)
+			close(efd);
+		if (ep >= 0)
+			close(ep);
+		goto out;
+	}
+	c->cfd = ep;
+	c->note_efd = efd;
+	c->note_set = 0;
+	c->cfd_on = 1;
+	/* [W1] as a sleeper: the flag, a full fence, then whatever was posted before it. */
+	kvb_flag_set(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+	kvb_fence_full();
+	err = cq_drain(c);
+	if (err >= 0 && c->doneq_tail != c->doneq_head && !c->note_set) {
+		uint64_t one = 1;
+
+		(void)!write(c->note_efd, &one, sizeof(one));
+		c->note_set = 1;
+	}
+	err = err < 0 ? err : c->cfd;
+out:
+	kvbc_leave(c);
+	return err;
+}
+
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms)
 {
 	uint64_t deadline = 0;
@@ -632,6 +718,8 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 	/* Completions left behind may be what another reaper waits for. */
 	if (c->doneq_tail != c->doneq_head)
 		pthread_cond_broadcast(&c->reaped);
+	else if (c->cfd_on)
+		cfd_rearm(c);
 	err = (int)ready;
 out:
 	kvbc_leave(c);

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define KVB_VERSION_MAJOR 0
-#define KVB_VERSION_MINOR 1
+#define KVB_VERSION_MINOR 2
 #define KVB_VERSION_PATCH 0
 
 /* Returns (major << 16) | (minor << 8) | patch of the library actually linked. */
@@ -140,6 +140,78 @@ const char *kvb_strerror(int err);
 int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes);
 
 /*
+ * ---- namespace identity beyond the layout (library 0.2, broker ABI 1.2) ----
+ *
+ * What else decides whether two processes' pages are the same bytes. Two ranks share a
+ * namespace, and so each other's pages, only when the layout and every identity field below
+ * agree, except where a field is documented as not part of the identity.
+ */
+
+/* Element types of a component's KV (struct kvb_ns_ident.dtype[]). Numbers are stable. */
+enum kvb_dtype {
+	KVB_DTYPE_UNSPEC = 0, /* not stated: what every ABI 1.1 namespace is */
+	KVB_DTYPE_FP16 = 1,
+	KVB_DTYPE_BF16 = 2,
+	KVB_DTYPE_FP32 = 3,
+	KVB_DTYPE_FP8_E4M3 = 4,	    /* OCP e4m3fn (torch.float8_e4m3fn) */
+	KVB_DTYPE_FP8_E5M2 = 5,	    /* torch.float8_e5m2 */
+	KVB_DTYPE_FP8_E4M3FNUZ = 6, /* AMD's e4m3fnuz */
+	KVB_DTYPE_INT8 = 7,
+	KVB_DTYPE_UINT8 = 8,	/* raw bytes, e.g. a packed fp8 value-plus-scale cache */
+	KVB_DTYPE_FP4_E2M1 = 9, /* packed two per byte (nvfp4/mxfp4 payloads) */
+	KVB_DTYPE__COUNT,
+};
+
+#define KVB_PAGE_FORMAT_MAX 32
+
+/*
+ * struct kvb_ns_ident: the identity fields a struct kvb_layout has no room for. All-zero is the
+ * default identity, the one kvb_ns_open() and every ABI 1.1 client get: a size of 0 means 1.
+ *
+ * - dtype[i] is comp[i]'s element type (entries from ncomponents on must be 0). fp16 and bf16
+ *   pages of one byte size are different data: they never share a namespace. UNSPEC is its
+ *   own identity (it is not "any"): an engine that starts stating its dtype starts a new cache.
+ * - page_format names the byte order of a page as the engine PUTs and GETs it whole through
+ *   kvb_put()/kvb_get() (e.g. "sglang:page_first"); "" (the default) is the broker's canonical
+ *   order [component][layer][token][bytes], which is what views always produce, whatever the
+ *   engine's own memory layout: two engines that move pages only through views should leave
+ *   it "" and share. NUL-terminated printable ASCII, zero after the NUL.
+ * - pp_size/pp_rank: pipeline stage (its layers). Identity for MHA and MLA.
+ * - cp_size/cp_rank: attention context parallelism (each rank holds a disjoint slice of every
+ *   page's tokens: SGLang's attn-CP, or decode-CP/DCP folded as cp_rank = that rank). Identity
+ *   for MHA and MLA.
+ * - dp_size/dp_rank: attention data parallelism. NOT part of the identity: the KV of a prefix
+ *   does not depend on which DP replica computed it, so DP replicas on one node share pages
+ *   (as SGLang's own HiCache storage keys do). With DP attention, tp_size and tp_rank of the
+ *   layout are the attention-TP group's (rank within the group), as SGLang reports them. The
+ *   broker validates them (rank < size) and shows them in kvbctl clients.
+ * - MLA namespaces remain shared across TP ranks only: tp_size/tp_rank are not part of an
+ *   MLA identity, everything else here (but dp) is.
+ */
+struct kvb_ns_ident {
+	uint32_t dtype[KVB_MAX_COMPONENTS];    /* enum kvb_dtype of comp[i] */
+	char page_format[KVB_PAGE_FORMAT_MAX]; /* "" canonical; see above */
+	uint32_t pp_size;		       /* 0 or 1: no pipeline parallelism */
+	uint32_t pp_rank;		       /* < pp_size */
+	uint32_t cp_size;		       /* 0 or 1: no attention context parallelism */
+	uint32_t cp_rank;		       /* < cp_size */
+	uint32_t dp_size;		       /* 0 or 1: no attention data parallelism */
+	uint32_t dp_rank;		       /* < dp_size; not identity */
+	uint32_t flags;			       /* must be 0 */
+	uint32_t resv[5];		       /* must be 0 */
+};
+
+/*
+ * kvb_ns_open() with identity fields. id NULL, or the default identity (all zero), is exactly
+ * kvb_ns_open(): the same namespace an ABI 1.1 client opens, and it works with any broker.
+ * Errors: as kvb_ns_open(), and -EINVAL a malformed id (rank >= size, unknown dtype, dtype set
+ * for a component the layout does not have, bad page_format, non-zero flags or resv),
+ * -EOPNOTSUPP a non-default id and a broker older than ABI 1.2 (it cannot keep them apart).
+ */
+int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_ident *id,
+		 uint32_t *ns, size_t *page_bytes);
+
+/*
  * key = SHA-256(parent->b || le32(tokens[0]) || ... ) , or without parent for the first page.
  * Bit for bit SGLang HiCache's get_hash_str(). tokens may be NULL when ntokens is 0.
  * Pure function, thread-safe.
@@ -147,9 +219,20 @@ int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t 
 kvb_key kvb_key_chain(const kvb_key *parent, const uint32_t *tokens, size_t ntokens);
 
 /*
+ * The key of an EAGLE (bigram) page, bit for bit SGLang HiCache's get_hash_str() of a bigram
+ * token key: key = SHA-256(parent->b || le32(t[0]) || le32(t[1]) || le32(t[1]) || le32(t[2])
+ * || ... || le32(t[n-1]) || le32(t[n])), 8 bytes per position i in [0, npos): the pair
+ * (tokens[i], tokens[i + 1]). tokens holds npos + 1 ids: the page's npos tokens and the first
+ * token after the page (SGLang's bigram key keeps that one extra id). npos 0 hashes the parent
+ * alone (tokens may be NULL). Pure function, thread-safe.
+ */
+kvb_key kvb_key_chain_eagle(const kvb_key *parent, const uint32_t *tokens, size_t npos);
+
+/*
  * Stores a page of exactly page_bytes from src. Returns 0 when stored, 1 when the key was already
- * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() is copied by the broker
- * directly; any other src goes through a staging buffer (one extra memcpy).
+ * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() (or inside the addr range
+ * of kvb_buf_register_host_fd(), or a registered GPU buffer) is copied by the broker directly;
+ * any other src goes through a staging buffer (one extra memcpy).
  * Errors: -EINVAL length or ns, -ENOSPC pool full of leased pages, -ECONNRESET broker gone.
  */
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len);
@@ -208,6 +291,34 @@ void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
  */
 int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
 
+/* kvb_buf_register_host_fd() flags */
+#define KVB_BUF_SEAL (1u << 0) /* add F_SEAL_SHRINK to the fd when it lacks it */
+
+/*
+ * Registers [offset, offset + len) of a host-memory file the caller owns (a memfd, e.g.
+ * SGLang's "allocator": "shm" host pool), so that the broker copies straight between its pool
+ * and that memory: async ops with buf + off, views over it, and kvb_put()/kvb_get() of pointers
+ * inside [addr, addr + len) when addr is given. The broker maps the file itself (the pages
+ * enclosing the range: offset need not be page-aligned) and keeps its own reference; the
+ * caller keeps fd and may close it at once. addr is where the caller has the same bytes
+ * mapped MAP_SHARED in this process (NULL: nowhere the library should look; then only buf+off
+ * ops and views reach the buffer); the library trusts it and maps nothing itself.
+ *
+ * The broker must never fault on client memory, so the file must be a tmpfs file (memfd or
+ * /dev/shm) that can never shrink: sealed F_SEAL_SHRINK. With KVB_BUF_SEAL the library adds
+ * the seal when it is missing (other seals are left as they are: the caller may still write
+ * and grow the file); a memfd made without MFD_ALLOW_SEALING, like every /dev/shm file, cannot
+ * be sealed, and such a file is refused. A sealed file cannot be truncated below its size by
+ * anyone afterwards (ftruncate fails with EPERM), for the life of the file.
+ * Errors: -EINVAL len 0, offset + len overflows, unknown flags, fd not a file; -EPERM the file
+ * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed);
+ * -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose pages
+ * under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the broker's
+ * --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
+ */
+int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
+			     uint32_t flags, uint32_t *buf);
+
 /*
  * Unregisters a buffer (and unmaps it when it came from kvb_buf_alloc_host). Copies in flight
  * on it complete first, in the broker.
@@ -229,6 +340,41 @@ struct kvb_view_part {
 int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *parts, size_t nparts,
 		    uint32_t *view);
 int kvb_view_destroy(kvb_client *c, uint32_t view);
+
+/*
+ * Views over paged memory (broker ABI 1.2). Token slot s of a part is at
+ *
+ *   buf + base + (s / tokens_per_page) * page_stride + (s % tokens_per_page) * stride
+ *
+ * so a page's tokens are contiguous runs of stride, and pages are page_stride apart:
+ * page_stride 0 means tokens_per_page * stride (a plain kvb_view_part). This covers host
+ * layouts whose K and V, or whose layers, of one page lie in separate ranges: SGLang's
+ * page_first_direct [2][page][layer][token][head*dim] (K part of layer l: base l * ps * T,
+ * stride T, page_stride L * ps * T, the V parts a further page_num * L * ps * T on) and
+ * vLLM's [block][2][token][head*dim] (page_stride 2 * block_size * T), besides layer_first and
+ * page_first, which plain views already express. Non-zero page_stride must be at least
+ * (tokens_per_page - 1) * stride + bytes_per_token_layer, so pages never overlap.
+ * flags and resv must be 0.
+ */
+struct kvb_view_part2 {
+	uint32_t buf;	      /* registered buffer id */
+	uint32_t stride;      /* bytes between token slots within a page */
+	uint64_t base;	      /* byte offset of slot 0 in buf */
+	uint64_t page_stride; /* bytes between pages; 0: tokens_per_page * stride */
+	uint32_t flags;	      /* must be 0 */
+	uint32_t resv;	      /* must be 0 */
+};
+
+/*
+ * kvb_view_create() with page strides. Works with any broker when every page_stride is 0
+ * (or equal to tokens_per_page * stride); otherwise -EOPNOTSUPP from a broker older than
+ * ABI 1.2. flags must be 0.
+ * Errors (both): -EINVAL nparts is not the namespace's (component, layer) count, a stride
+ * below the part's bytes_per_token_layer, a page_stride that makes pages overlap, non-zero
+ * flags/resv; -EBADF an unknown namespace or buffer; -EMFILE too many views.
+ */
+int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
+		     uint32_t flags, uint32_t *view);
 
 /*
  * Page ops on a view. layer_first/layer_count restrict a GET to layers [first, first+count) of
@@ -291,10 +437,36 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
- * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED. Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or
- * -ECONNRESET when the broker went away.
+ * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED.
+ * Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, or -ECONNRESET when
+ * the broker went away. With a kvb_completion_fd(), the call that leaves nothing to reap
+ * re-arms that fd.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
+
+/*
+ * A file descriptor that polls readable (POLLIN / EPOLLIN, level-triggered) while completions
+ * of kvb_submit()'s ops wait to be reaped, for an event loop (asyncio's loop.add_reader(),
+ * LMCache's event_fd()) that must not block in kvb_reap(). The contract:
+ *
+ *   - Readable whenever at least one completion is ready for kvb_reap(), including ones that
+ *     arrive late (asynchronous copies, disk promotions): no wake-up is lost, whichever
+ *     thread or call (synchronous calls included) happened to take them off the ring.
+ *   - Never read() it or write it (it is an epoll instance: read() fails). When it polls
+ *     readable, call kvb_reap(c, out, max, 0, 0) until it returns 0; the call that finds
+ *     nothing left re-arms the fd, after which it polls readable again only once a new
+ *     completion arrives. It may poll readable once more with nothing to reap (a wake-up
+ *     meant for a synchronous call); kvb_reap() then returns 0 and re-arms it.
+ *   - Add it to any epoll set, poll() or select() it, from any thread; several waiters all
+ *     see it readable. It stays readable while completions wait, however many.
+ *
+ * The first call creates it; later calls return the same fd. It belongs to the client: do not
+ * close it; kvb_close() does. While it exists the broker writes the client's completion
+ * doorbell after every batch of completions (an eventfd write, about a microsecond), which a
+ * client without one avoids while it spins. Errors: -EMFILE/-ENFILE/-ENOMEM creating it, and
+ * those of every call (-ECONNRESET, -EOPNOTSUPP on a control client).
+ */
+int kvb_completion_fd(kvb_client *c);
 
 /* The broker's statistics as a JSON document; free *json with free(). */
 int kvb_stats_json(kvb_client *c, char **json);

@@ -93,6 +93,10 @@ int64_t kvb_msg_body_min(uint16_t type)
 		return sizeof(struct kvb_msg_id);
 	case KVB_MSG_VIEW_CREATE:
 		return sizeof(struct kvb_msg_view_create);
+	case KVB_MSG_BUF_REG_FD:
+		return sizeof(struct kvb_msg_buf_reg_fd);
+	case KVB_MSG_VIEW_CREATE2:
+		return sizeof(struct kvb_msg_view_create2);
 	case KVB_MSG_STATS:
 		return 0;
 	default:
@@ -193,6 +197,74 @@ int kvb_layout_check(const struct kvb_layout *l, uint64_t *page_bytes)
 	if (page_bytes)
 		*page_bytes = per_token * l->tokens_per_page;
 	return 0;
+}
+
+/* A page format: printable ASCII, NUL-terminated, zero after the NUL; "" allowed. */
+static int format_ok(const char *s, size_t max)
+{
+	size_t n = strnlen(s, max);
+
+	if (n == max)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < 0x21 || s[i] > 0x7e)
+			return 0;
+	while (++n < max)
+		if (s[n])
+			return 0;
+	return 1;
+}
+
+static int rank_ok(uint32_t size, uint32_t rank)
+{
+	return rank < (size ? size : 1);
+}
+
+int kvb_ident_check(const struct kvb_layout *l, const struct kvb_ns_ident *id)
+{
+	if (id->flags)
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(id->resv) / sizeof(id->resv[0]); i++)
+		if (id->resv[i])
+			return -EINVAL;
+	for (uint32_t i = 0; i < KVB_MAX_COMPONENTS; i++) {
+		if (id->dtype[i] >= KVB_DTYPE__COUNT)
+			return -EINVAL;
+		/* A type for a component that does not exist would split identities for nothing. */
+		if (i >= l->ncomponents && id->dtype[i])
+			return -EINVAL;
+	}
+	if (!format_ok(id->page_format, sizeof(id->page_format)))
+		return -EINVAL;
+	if (!rank_ok(id->pp_size, id->pp_rank) || !rank_ok(id->cp_size, id->cp_rank) ||
+	    !rank_ok(id->dp_size, id->dp_rank))
+		return -EINVAL;
+	return 0;
+}
+
+void kvb_ident_norm(const struct kvb_ns_ident *id, struct kvb_ns_ident *out)
+{
+	if (id)
+		*out = *id;
+	else
+		memset(out, 0, sizeof(*out));
+	out->pp_size += !out->pp_size;
+	out->cp_size += !out->cp_size;
+	out->dp_size += !out->dp_size;
+}
+
+int kvb_ident_is_default(const struct kvb_ns_ident *id)
+{
+	struct kvb_ns_ident n, d;
+
+	if (!id)
+		return 1;
+	kvb_ident_norm(id, &n);
+	kvb_ident_norm(NULL, &d);
+	/* dp is not identity: a replica's pages are the same bytes as any other replica's. */
+	n.dp_size = d.dp_size;
+	n.dp_rank = d.dp_rank;
+	return !memcmp(&n, &d, sizeof(n));
 }
 
 int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)

@@ -40,6 +40,19 @@ int kvb_layout_check(const struct kvb_layout *l, uint64_t *page_bytes);
 uint32_t kvb_layout_parts(const struct kvb_layout *l);
 
 /*
+ * Validates an identity against its (checked) layout: flags and reserved words zero, dtypes
+ * known and only for existing components, page_format well-formed, ranks below sizes (a size
+ * of 0 means 1). 0 or -EINVAL.
+ */
+int kvb_ident_check(const struct kvb_layout *l, const struct kvb_ns_ident *id);
+
+/* *out = *id (NULL: the default identity) with sizes of 0 made 1. */
+void kvb_ident_norm(const struct kvb_ns_ident *id, struct kvb_ns_ident *out);
+
+/* Is id (NULL allowed) the default identity, ignoring dp (which is not identity)? */
+int kvb_ident_is_default(const struct kvb_ns_ident *id);
+
+/*
  * Static shape of an SQE copied out of the ring: opcode known, flags known and allowed for the
  * opcode, reserved fields zero, layer range and batch fields consistent with arg_size.
  * Returns 0 or -EINVAL. Broker state (ns, buf, view, lease) is checked by the broker.

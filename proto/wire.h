@@ -21,6 +21,13 @@
  *      VIEW_DESTROY{view}          -> <- {}
  *      STATS{}                     -> <- {json text}
  *      BUF_REG_GPU{uuid, handle, range} (+ fd for cuMem memory) -> <- {buf}
+ *      BUF_REG_FD{offset, len} + fd  -> <- {buf}                       (ABI 1.2)
+ *      VIEW_CREATE2{ns, parts2[]}  -> <- {view}                        (ABI 1.2)
+ *      NS_OPEN{layout, ident}      -> <- {ns, page_bytes}              (ABI 1.2)
+ *
+ *    A client sends an ABI 1.2 message only to a broker whose HELLO reply reported minor >= 2:
+ *    an older broker would reject the new types, and would read an NS_OPEN's layout and
+ *    silently ignore the identity after it (merging namespaces that must stay apart).
  *
  *    A message whose length, type or fields do not validate is answered with -EPROTO/-EINVAL;
  *    a HELLO with a different ABI major is answered with -EPROTO and the socket closed.
@@ -53,7 +60,7 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 1 /* 1: BUF_REG_GPU */
+#define KVB_ABI_MINOR 2 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity */
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -79,6 +86,8 @@ enum kvb_msg_type {
 	KVB_MSG_VIEW_DESTROY = 6,
 	KVB_MSG_STATS = 7,
 	KVB_MSG_BUF_REG_GPU = 8,
+	KVB_MSG_BUF_REG_FD = 9,	   /* ABI 1.2 */
+	KVB_MSG_VIEW_CREATE2 = 10, /* ABI 1.2 */
 	KVB_MSG__COUNT,
 };
 
@@ -145,9 +154,18 @@ struct kvb_msg_hello_reply {
 };
 static_assert(sizeof(struct kvb_msg_hello_reply) == 24 + 16 * KVB_MAX_ARENAS, "hello reply");
 
-/* NS_OPEN: body is struct kvb_layout verbatim (it is fixed-width by construction). */
+/*
+ * NS_OPEN: body is struct kvb_layout verbatim (it is fixed-width by construction). ABI 1.2:
+ * struct kvb_ns_ident may follow it (body of exactly layout + ident); without it the identity
+ * is the default one. A client sends the ident only when it is not the default.
+ */
 static_assert(sizeof(struct kvb_layout) == 64 + 5 * 4 + KVB_MAX_COMPONENTS * 24 + 16, "layout");
 static_assert(offsetof(struct kvb_layout, comp) == 84, "layout comp");
+static_assert(sizeof(struct kvb_ns_ident) == 96, "ns ident");
+static_assert(offsetof(struct kvb_ns_ident, page_format) == 16, "ns ident format");
+static_assert(offsetof(struct kvb_ns_ident, pp_size) == 48, "ns ident pp");
+static_assert(offsetof(struct kvb_ns_ident, flags) == 72, "ns ident flags");
+#define KVB_MSG_NS_OPEN_V2_SIZE (sizeof(struct kvb_layout) + sizeof(struct kvb_ns_ident))
 
 struct kvb_msg_ns_reply {
 	uint32_t ns;
@@ -189,6 +207,20 @@ static_assert(offsetof(struct kvb_msg_buf_reg_gpu, alloc_base) == 80, "buf reg g
 #define KVB_BUF_GPU_IPC 2
 #define KVB_BUF_GPU_FD 3
 
+/*
+ * BUF_REG_FD (ABI 1.2): [off, off + len) of a host-memory file the client owns; one fd travels
+ * with it. The broker accepts only a tmpfs file sealed F_SEAL_SHRINK (-EMEDIUMTYPE, -EPERM),
+ * with off + len <= its size (-EFAULT), and maps the enclosing pages. The client seals the
+ * fd first when the caller asked (KVB_BUF_SEAL is the client's business: flags is 0 here).
+ */
+struct kvb_msg_buf_reg_fd {
+	uint64_t off;	/* byte offset in the file, any alignment */
+	uint64_t len;	/* bytes, >= 1 */
+	uint32_t flags; /* 0 */
+	uint32_t resv;	/* 0 */
+};
+static_assert(sizeof(struct kvb_msg_buf_reg_fd) == 24, "buf reg fd");
+
 /* BUF_UNREG, VIEW_DESTROY; also the reply of BUF_REG and VIEW_CREATE. */
 struct kvb_msg_id {
 	uint32_t id;
@@ -203,6 +235,17 @@ struct kvb_msg_view_create {
 };
 static_assert(sizeof(struct kvb_msg_view_create) == 8, "view create");
 static_assert(sizeof(struct kvb_view_part) == 16, "view part");
+
+/* VIEW_CREATE2 (ABI 1.2): header then nparts x struct kvb_view_part2 (page strides). */
+struct kvb_msg_view_create2 {
+	uint32_t ns;
+	uint32_t nparts;
+	uint32_t flags; /* 0 */
+	uint32_t resv;	/* 0 */
+};
+static_assert(sizeof(struct kvb_msg_view_create2) == 16, "view create2");
+static_assert(sizeof(struct kvb_view_part2) == 32, "view part2");
+static_assert(offsetof(struct kvb_view_part2, page_stride) == 16, "view part2 page_stride");
 
 /* ---- ring region ---- */
 

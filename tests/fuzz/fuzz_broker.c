@@ -198,6 +198,8 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		if (s->bufs[i].base == MAP_FAILED)
 			fuzz_fail("mmap buf");
 		s->bufs[i].len = FUZZ_BUF_LEN;
+		/* Host memory: without it the buffer reads as GPU 0 and is never unmapped. */
+		s->bufs[i].dev = COPY_HOST;
 		s->buf_bytes += FUZZ_BUF_LEN;
 	}
 	/* View 0: the five parts of ns b, token-interleaved in buffer 1 (stride 256 B). */
@@ -207,8 +209,29 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	v->ns = nb;
 	v->nparts = nb->nparts;
 	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
-		v->parts[p] = (struct kvb_view_part){.buf = 1, .base = off, .stride = 256};
+		v->parts[p] = (struct kvb_view_part2){.buf = 1,
+						      .base = off,
+						      .stride = 256,
+						      .page_stride = 256ull *
+								     nb->layout.tokens_per_page};
 	s->views[0] = v;
+	/*
+	 * View 1 (ABI 1.2 page strides): the same parts in buffer 0, one token record of 256 B
+	 * per slot and pages 1 KiB further apart than their tokens, so that an op whose slot is
+	 * not page-aligned crosses a page boundary of the client's layout.
+	 */
+	v = calloc(1, sizeof(*v) + nb->nparts * sizeof(v->parts[0]));
+	if (!v)
+		fuzz_fail("calloc view");
+	v->ns = nb;
+	v->nparts = nb->nparts;
+	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
+		v->parts[p] = (struct kvb_view_part2){
+			.buf = 0,
+			.base = off,
+			.stride = 256,
+			.page_stride = 256ull * nb->layout.tokens_per_page + 1024};
+	s->views[1] = v;
 	return s;
 }
 

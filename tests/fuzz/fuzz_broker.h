@@ -30,7 +30,8 @@ struct fuzz_broker *fuzz_broker(void);
 
 /*
  * A ring client of sq_entries (clamped to a power of two in 8..64) with both namespaces open,
- * two registered buffers and view 0 over buffer 1 on FUZZ_NS_B. Its rings start at index base.
+ * two registered host buffers, and on FUZZ_NS_B view 0 over buffer 1 and view 1 (page strides)
+ * over buffer 0. Its rings start at index base.
  */
 struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, uint32_t base);
 

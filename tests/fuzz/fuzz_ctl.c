@@ -2,8 +2,9 @@
 /*
  * fuzz_ctl.c - libFuzzer target over the control channel: a sequence of datagrams (with or
  * without a memfd attached) sent on a real SOCK_SEQPACKET socketpair to the broker's own
- * session_on_msg(), which validates, dispatches (HELLO, NS_OPEN, BUF_REG, BUF_UNREG,
- * VIEW_CREATE, VIEW_DESTROY, STATS) and replies.
+ * session_on_msg(), which validates, dispatches (HELLO, NS_OPEN with and without the ABI 1.2
+ * identity, BUF_REG, BUF_REG_FD, BUF_UNREG, VIEW_CREATE, VIEW_CREATE2, VIEW_DESTROY, STATS) and
+ * replies.
  *
  * Input: records of [u8 flags][u16 len][len bytes of datagram]; flags bit 0 attaches a memfd
  * whose size follows as a u32 before the datagram (clamped to 1 MiB), bits 1-3 seal it

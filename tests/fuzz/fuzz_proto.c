@@ -8,11 +8,15 @@
  * must be safe to use the way its callers use it - an accepted region header places every ring
  * and the argument area inside the region; an accepted LOOKUP SQE keeps keys and tier bytes
  * inside the argument area and apart; an accepted layout's page size is what its components
- * add up to and within KVB_MAX_PAGE_BYTES; an accepted message's length is its datagram's.
+ * add up to and within KVB_MAX_PAGE_BYTES; an accepted message's length is its datagram's; an
+ * accepted identity (kvb_ident_check, ABI 1.2) has every rank below its size, known dtypes
+ * only for existing components, a terminated page format, and when it is the default it
+ * hashes to the ABI 1.1 identity of its layout (ns_identity2 == ns_identity).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "ns.h"
 #include "proto.h"
 
 static void fail(const char *what)
@@ -86,6 +90,31 @@ static void layout(const uint8_t *p, size_t n)
 		fail("accepted layout with a wrong page size");
 }
 
+static void ident(const uint8_t *p, size_t n)
+{
+	struct kvb_layout l = {0};
+	struct kvb_ns_ident id = {0}, nm;
+	uint8_t a[32], b[32];
+
+	memcpy(&l, p, n < sizeof(l) ? n : sizeof(l));
+	if (n > sizeof(l))
+		memcpy(&id, p + sizeof(l), n - sizeof(l) < sizeof(id) ? n - sizeof(l) : sizeof(id));
+	if (kvb_layout_check(&l, NULL) || kvb_ident_check(&l, &id))
+		return;
+	kvb_ident_norm(&id, &nm);
+	if (nm.pp_rank >= nm.pp_size || nm.cp_rank >= nm.cp_size || nm.dp_rank >= nm.dp_size)
+		fail("accepted an identity with a rank past its size");
+	if (!memchr(id.page_format, 0, sizeof(id.page_format)))
+		fail("accepted an unterminated page format");
+	for (uint32_t i = 0; i < KVB_MAX_COMPONENTS; i++)
+		if (id.dtype[i] >= KVB_DTYPE__COUNT || (i >= l.ncomponents && id.dtype[i]))
+			fail("accepted a bad dtype");
+	ns_identity2(&l, &id, 0, a);
+	ns_identity(&l, 0, b);
+	if (kvb_ident_is_default(&id) != !memcmp(a, b, sizeof(a)))
+		fail("default identity and ABI 1.1 identity disagree");
+}
+
 static void msg(const uint8_t *p, size_t n)
 {
 	struct kvb_msg_hdr h;
@@ -108,7 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1)
 		return 0;
-	switch (data[0] % 4) {
+	switch (data[0] % 5) {
 	case 0:
 		msg(data + 1, size - 1);
 		break;
@@ -120,6 +149,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 3:
 		sqe(data + 1, size - 1);
+		break;
+	case 4:
+		ident(data + 1, size - 1);
 		break;
 	}
 	return 0;

@@ -14,7 +14,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 MSG_MAGIC = 0x4B56424D
 REGION_MAGIC = 0x4B564252
-HELLO, NS_OPEN, BUF_REG, BUF_UNREG, VIEW_CREATE, VIEW_DESTROY, STATS = range(1, 8)
+HELLO, NS_OPEN, BUF_REG, BUF_UNREG, VIEW_CREATE, VIEW_DESTROY, STATS, BUF_REG_GPU = range(1, 9)
+BUF_REG_FD, VIEW_CREATE2 = 9, 10  # ABI 1.2
 NOP, PUT, GET, ACQUIRE, RELEASE, DELETE, LOOKUP, PREFETCH = range(8)
 
 
@@ -31,6 +32,13 @@ def msg(mtype, body, seq=1, flags=0):
 
 def hello(sq=8, flags=0, abi=1):
     return struct.pack("<HHIII32s", abi, 0, flags, sq, 0, b"fuzz")
+
+
+def ident(dtypes=(2,), fmt=b"", pp=(0, 0), cp=(0, 0), dp=(0, 0)):
+    """struct kvb_ns_ident (96 bytes): dtype[4], page_format[32], pp/cp/dp size+rank, flags, resv[5]."""
+    d = list(dtypes) + [0] * (4 - len(dtypes))
+    return struct.pack("<4I32s6II5I", *d, fmt, pp[0], pp[1], cp[0], cp[1], dp[0], dp[1], 0,
+                       0, 0, 0, 0, 0)
 
 
 def comp(name, layers, bpt):
@@ -140,6 +148,25 @@ def main():
         rec(msg(HELLO, hello())) + rec(msg(BUF_REG, struct.pack("<QII", 4096, 1, 0), 2), 4096, 0))
     put("ctl", "two-fds", rec(msg(HELLO, hello())) + rec(msg(STATS, b"", 2), 4096, 1, True))
     put("ctl", "bad-abi", rec(msg(HELLO, hello(8, 0, 2))))
+    # ABI 1.2: NS_OPEN with identity, BUF_REG_FD at an unaligned offset, VIEW_CREATE2.
+    put("ctl", "hello-ns-ident",
+        rec(msg(HELLO, hello())) + rec(msg(NS_OPEN, lay_a + ident((2,), b"sglang:page_first",
+                                                                   (2, 1), (2, 0), (4, 3)), 2))
+        + rec(msg(NS_OPEN, lay_a + ident((1,)), 3)) + rec(msg(STATS, b"", 4)))
+    put("ctl", "hello-bufregfd",
+        rec(msg(HELLO, hello()))
+        + rec(msg(BUF_REG_FD, struct.pack("<QQII", 100, 8192, 0, 0), 2), 65536, 1)
+        + rec(msg(BUF_REG_FD, struct.pack("<QQII", 65000, 8192, 0, 0), 3), 65536, 1)
+        + rec(msg(BUF_UNREG, struct.pack("<II", 0, 0), 4)))
+    put("ctl", "bufregfd-unsealed",
+        rec(msg(HELLO, hello())) + rec(msg(BUF_REG_FD, struct.pack("<QQII", 0, 4096, 0, 0), 2), 4096, 0))
+    parts2 = b"".join(struct.pack("<IIQQII", 0, 256, o, 256 * 4 * 2, 0, 0)
+                      for o in (0, 64, 128, 192, 224))
+    put("ctl", "hello-view2",
+        rec(msg(HELLO, hello())) + rec(msg(NS_OPEN, lay_b, 2))
+        + rec(msg(BUF_REG, struct.pack("<QII", 65536, 1, 0), 3), 65536, 1)
+        + rec(msg(VIEW_CREATE2, struct.pack("<IIII", 1, 5, 0, 0) + parts2, 4))
+        + rec(msg(VIEW_DESTROY, struct.pack("<II", 0, 0), 5)) + rec(msg(STATS, b"", 6)))
     # ---- ring ---- keys: PUT from buf 0 into ns 0 (a) and a view PUT on ns 1 (b)
     k1, k2 = bytes(range(32)), bytes(range(1, 33))
     arg = k1 + k2 + b"\0" * 64
@@ -153,6 +180,10 @@ def main():
         (0, 0, [sqe(PUT, 0, k2, 0, 0, flags=1, ud=1), sqe(GET, 0, k2, 0, 3, flags=1, ud=2, lf=1, lc=1),
                 sqe(PREFETCH, 1, k2, ud=3)]),
     ]))
+    put("ring", "view2-page-stride", ring(1, 7, b"", [
+        (0, 0, [sqe(PUT, 0, k2, 1, 2, flags=1, ud=1), sqe(GET, 0, k2, 1, 5, flags=1, ud=2),
+                sqe(GET, 0, k2, 1, 0, flags=1, ud=3, lf=0, lc=1)]),
+    ]))
     put("ring", "bad-tail", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (100, 0, [sqe(NOP)])]))
     put("ring", "bad-cq-head", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (0, 1000, [sqe(NOP)])]))
     put("ring", "acquire-many", ring(2, 0x7FFFFFFF, b"", [
@@ -164,6 +195,8 @@ def main():
     put("proto", "msg-reply", b"\0" + msg(HELLO, struct.pack("<iI", 0, 0), 1, 1))
     put("proto", "layout-a", b"\1" + lay_a)
     put("proto", "layout-b", b"\1" + lay_b)
+    put("proto", "ident-default", b"\4" + lay_a + ident(()))
+    put("proto", "ident-bf16-pp", b"\4" + lay_b + ident((2, 4), b"vllm:nhd", (4, 2), (1, 0), (2, 1)))
     hdr = struct.pack("<IHHIIIIIIIIIIIIII", REGION_MAGIC, 1, 0, 1, 64, 8, 16, 64, 128, 132, 192,
                       256, 260, 320, 832, 4096, 4096)
     put("proto", "region", b"\2" + struct.pack("<Q", 8192) + hdr)

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
  * test_ns.c - namespace identity (MLA shared across TP ranks, MHA per rank, tenants and every
- * layout field separate), the namespace table, and page part offsets of multi-component layouts.
+ * layout field separate), the namespace table, and page part offsets of multi-component layouts;
+ * the ABI 1.2 identity fields (struct kvb_ns_ident): the default keeps every 1.1 identity (a
+ * golden value: pages on disk are found by it), dtype, page format, pp and cp separate, dp and
+ * (for MLA) tp do not, and malformed fields are refused.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -14,6 +17,7 @@
 #include <cmocka.h>
 
 #include "ns.h"
+#include "proto.h"
 
 static struct kvb_layout mla(uint32_t tp_size, uint32_t tp_rank)
 {
@@ -75,6 +79,112 @@ static void test_ns_identity_rules(void **state)
 	assert_false(same(&a, 0, &d, 0));
 }
 
+static int same2(const struct kvb_layout *a, const struct kvb_ns_ident *ia,
+		 const struct kvb_layout *b, const struct kvb_ns_ident *ib)
+{
+	uint8_t x[32], y[32];
+
+	ns_identity2(a, ia, 0, x);
+	ns_identity2(b, ib, 0, y);
+	return !memcmp(x, y, sizeof(x));
+}
+
+static void test_ns_ident_fields(void **state)
+{
+	/*
+	 * ns_identity(mla(8, 0), tenant 0) as ABI 1.0 defined it: sha256("kvb-ns-v1" NUL, le32(tenant,
+	 * kind, tpp, ncomponents) name[16] le32(layers, bpt) model[64]), checked with Python.
+	 */
+	static const char golden[] =
+		"6a88e28252a8cb3172fc5b18e9bf14c1457849dc5791e0106e13b1a946259cb3";
+	struct kvb_layout a = mla(8, 0), b = mla(8, 5), h0 = mla(8, 0), h1 = mla(8, 1);
+	struct kvb_ns_ident z = {0}, i, j;
+	uint8_t x[32];
+	char hex[65];
+
+	(void)state;
+	ns_identity(&a, 0, x);
+	for (int k = 0; k < 32; k++)
+		snprintf(hex + 2 * k, 3, "%02x", x[k]);
+	assert_string_equal(hex, golden);
+	/* The default, however spelled, is the 1.1 identity; dp never matters. */
+	assert_true(same2(&a, NULL, &a, &z));
+	i = z;
+	i.pp_size = i.cp_size = i.dp_size = 1;
+	assert_true(same2(&a, NULL, &a, &i));
+	i.dp_size = 4;
+	i.dp_rank = 3;
+	assert_true(same2(&a, NULL, &a, &i));
+	assert_true(kvb_ident_is_default(&i));
+	/* dtype: fp16 and bf16 differ, and stating one differs from not stating it. */
+	i = z;
+	i.dtype[0] = KVB_DTYPE_FP16;
+	j = z;
+	j.dtype[0] = KVB_DTYPE_BF16;
+	assert_false(kvb_ident_is_default(&i));
+	assert_false(same2(&a, &i, &a, &j));
+	assert_false(same2(&a, &i, &a, NULL));
+	/* MLA stays shared across TP ranks with any identity; dp replicas share too. */
+	j = i;
+	j.dp_size = 2;
+	j.dp_rank = 1;
+	assert_true(same2(&a, &i, &b, &j));
+	/* pp rank, pp size, cp rank, page format separate, MLA included. */
+	j = i;
+	j.pp_size = 2;
+	assert_false(same2(&a, &i, &a, &j));
+	i.pp_size = 2;
+	j.pp_rank = 1;
+	assert_false(same2(&a, &i, &a, &j));
+	j = i;
+	j.cp_size = 2;
+	j.cp_rank = 1;
+	assert_false(same2(&a, &i, &a, &j));
+	j = i;
+	strcpy(j.page_format, "sglang:page_first");
+	assert_false(same2(&a, &i, &a, &j));
+	/* MHA: tp ranks still separate with identity fields. */
+	h0.kind = h1.kind = KVB_LAYOUT_MHA;
+	assert_false(same2(&h0, &i, &h1, &i));
+	assert_true(same2(&h0, &i, &h0, &i));
+
+	/* Validation. */
+	assert_int_equal(kvb_ident_check(&a, &z), 0);
+	assert_int_equal(kvb_ident_check(&a, &i), 0);
+	j = z;
+	j.pp_rank = 1; /* pp_size 0 means 1 */
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.cp_size = 2;
+	j.cp_rank = 2;
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.dp_size = 1;
+	j.dp_rank = 1;
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.dtype[1] = KVB_DTYPE_BF16; /* a has one component */
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.dtype[0] = KVB_DTYPE__COUNT;
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.flags = 1;
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.resv[4] = 1;
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	strcpy(j.page_format, "has space");
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	j.page_format[5] = 'x'; /* garbage after the NUL */
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+	j = z;
+	memset(j.page_format, 'a', sizeof(j.page_format)); /* not terminated */
+	assert_int_equal(kvb_ident_check(&a, &j), -EINVAL);
+}
+
 static void test_ns_table_and_parts(void **state)
 {
 	static struct ns_table t;
@@ -122,6 +232,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ns_identity_rules),
+		cmocka_unit_test(test_ns_ident_fields),
 		cmocka_unit_test(test_ns_table_and_parts),
 	};
 

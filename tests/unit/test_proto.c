@@ -223,6 +223,9 @@ static void test_proto_msg_body_min(void **state)
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_VIEW_CREATE), sizeof(struct kvb_msg_view_create));
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_VIEW_DESTROY), sizeof(struct kvb_msg_id));
 	assert_int_equal(kvb_msg_body_min(KVB_MSG_STATS), 0);
+	assert_int_equal(kvb_msg_body_min(KVB_MSG_BUF_REG_FD), sizeof(struct kvb_msg_buf_reg_fd));
+	assert_int_equal(kvb_msg_body_min(KVB_MSG_VIEW_CREATE2),
+			 sizeof(struct kvb_msg_view_create2));
 	assert_int_equal(kvb_msg_body_min(0), -1);
 	assert_int_equal(kvb_msg_body_min(KVB_MSG__COUNT), -1);
 	assert_int_equal(kvb_msg_body_min(0xffff), -1);
