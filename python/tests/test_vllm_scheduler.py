@@ -14,17 +14,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import vllm_support as vs  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorRole,
     SupportsHMA,
     supports_hma,
 )
 
-import kvbroker as kvb  # noqa: E402
-from kvbroker.vllm import KVBrokerConnector, namespace_layouts  # noqa: E402
+import kvbroker as kvb
+import vllm_support as vs
+from kvbroker.vllm import KVBrokerConnector, namespace_layouts
 
 BS = 16
 

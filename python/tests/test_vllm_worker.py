@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-import vllm_support as vs  # noqa: E402
-from conftest import Broker  # noqa: E402
+import vllm_support as vs
+from conftest import Broker
 
 BS = 16
 

@@ -111,11 +111,29 @@ class _GroupPlan:
     layout: kvb.Layout
 
 
+def model_ns_name(name: str) -> str:
+    """The namespace model name of an engine's model name, the rule both engines follow
+    (engine-pages.md; SGLang's side is kvbroker.sglang.model_ns_name): last path component,
+    lowercase, at most 63 bytes ("moonshotai/Kimi-K2.5" and "/models/Kimi-K2.5/" ->
+    "kimi-k2.5")."""
+    base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
+    if len(base.encode()) <= 63:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:16]
+    return base.encode()[:46].decode(errors="ignore") + "-" + digest
+
+
 def _model_name(vllm_config: VllmConfig, extra: dict[str, Any]) -> str:
-    name = extra.get("model") or extra.get("namespace")
+    if extra.get("namespace"):
+        return str(extra["namespace"])  # verbatim
+    name = extra.get("model")
     if not name:
-        name = os.path.basename(str(vllm_config.model_config.model).rstrip("/")) or "model"
-    return str(name)[:63]
+        mc = vllm_config.model_config
+        served = getattr(mc, "served_model_name", None)
+        if isinstance(served, (list, tuple)):
+            served = served[0] if served else None
+        name = served or mc.model
+    return model_ns_name(str(name))
 
 
 def _dtype_and_format(vllm_config: VllmConfig, spec: AttentionSpec) -> tuple[str, str]:
@@ -166,7 +184,11 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
             name, kvb.MLA if mla else kvb.MHA, spec.block_size,
             [kvb.Component(c, nlayers, b) for c, b, _ in comps],
             tp_size=1 if mla else tp_size, tp_rank=0 if mla else tp_rank, dtype=dtype,
-            pp_size=int(par.pipeline_parallel_size), pp_rank=pp_rank, page_format=page_format)
+            pp_size=int(par.pipeline_parallel_size), pp_rank=pp_rank, page_format=page_format,
+            # DP replicas of MLA hold the same pages; MHA states its DP group (not identity
+            # for the broker, but what SGLang states too).
+            dp_size=1 if mla else int(par.data_parallel_size),
+            dp_rank=0 if mla else int(par.data_parallel_rank))
         plans.append(_GroupPlan(gid, tuple(group.layer_names), mla, comps, layout))
     if not plans:
         raise ValueError("kvbroker: no prefix-cacheable KV cache group")
@@ -175,23 +197,30 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
     return plans
 
 
-def _salt_parent(request: Request) -> bytes | None:
-    """The chain's parent for requests whose KV depends on more than their tokens.
-
-    A cache salt or a LoRA adapter changes the KV of the same tokens; SGLang's chain has no
-    such requests, so a distinct parent keeps them apart (and private) without a key suffix.
-    """
-    salt = getattr(request, "cache_salt", None)
-    lora = getattr(request, "lora_request", None)
-    if not salt and lora is None:
+def storage_namespace_seed(extra_key: str | None, cache_salt: str | None) -> bytes | None:
+    """The parent of a chain's first page for requests namespaced by a salt, byte for byte
+    SGLang 0.5.23's mem_cache.utils.storage_namespace_seed (so a salted request finds what a
+    SGLang request with the same cache_salt stored): None without either part."""
+    if extra_key is None and cache_salt is None:
         return None
-    h = hashlib.sha256(b"kvbroker.vllm salt\0")
-    if salt:
-        h.update(str(salt).encode())
-    h.update(b"\0")
-    if lora is not None:
-        h.update(str(getattr(lora, "lora_name", lora)).encode())
+    h = hashlib.sha256(b"sglang-cache-namespace-v1")
+    for part in (extra_key, cache_salt):
+        if part is None:
+            h.update(b"\x00")
+            continue
+        enc = part.encode("utf-8")
+        h.update(b"\x01" + len(enc).to_bytes(8, "little") + enc)
     return h.digest()
+
+
+def _salt_parent(request: Request) -> bytes | None:
+    """The chain's parent for requests whose KV depends on more than their tokens: a cache
+    salt (SGLang's seed, shared) or a LoRA adapter (an extra key only vLLM uses: the same
+    adapter name in SGLang is not known to be the same weights)."""
+    lora = getattr(request, "lora_request", None)
+    extra_key = None if lora is None else \
+        "vllm-lora:" + str(getattr(lora, "lora_name", None) or getattr(lora, "name", lora))
+    return storage_namespace_seed(extra_key, getattr(request, "cache_salt", None))
 
 
 def _owner(key: bytes, n: int) -> int:
@@ -214,7 +243,8 @@ class _Transfer:
 @dataclass
 class KVBrokerMetadata(KVConnectorMetadata):
     """What the workers move in one step: pages to load, pages to store, requests whose
-    blocks vLLM keeps until their finishing stores are done."""
+    blocks vLLM keeps until their finishing stores are done.
+    """
 
     loads: list[_Transfer] = field(default_factory=list)
     saves: list[_Transfer] = field(default_factory=list)
@@ -339,7 +369,7 @@ class _Link:
         if c is not None:
             try:
                 c.close()
-            except Exception:  # noqa: BLE001 - a dead broker may fail the close too
+            except Exception:
                 pass
 
     def close(self) -> None:
@@ -376,7 +406,8 @@ class _Part:
 def _token_geometry(t: torch.Tensor, block_size: int, num_blocks: int,
                     bpt: int) -> tuple[int, int, int]:
     """(byte offset of block 0, token stride, block stride) of a [blocks, tokens, ...] tensor
-    whose per-token bytes are contiguous; raises ValueError for anything else (HND)."""
+    whose per-token bytes are contiguous; raises ValueError for anything else (HND).
+    """
     es = t.element_size()
     if t.dim() < 2:
         raise ValueError(f"KV tensor of shape {tuple(t.shape)}")
@@ -418,7 +449,8 @@ class _Pump:
 
     def step(self, block: bool) -> list[Any]:
         """Submits what fits, reaps what came (waiting for one when block). Raises
-        kvb.Error when the broker fails, TimeoutError when it stops answering."""
+        kvb.Error when the broker fails, TimeoutError when it stops answering.
+        """
         if self.queue:
             batch = list(self.queue) if len(self.queue) <= 1024 else \
                 [self.queue[i] for i in range(1024)]
@@ -531,7 +563,8 @@ class _Worker:
     def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
         """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
         over the old storage is re-pointed at the same offsets of the new one, so vLLM's
-        references (attention layers, the runner's list) keep working, now zero-copy."""
+        references (attention layers, the runner's list) keep working, now zero-copy.
+        """
         try:
             fd = os.memfd_create("kvbroker-vllm-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         except (AttributeError, OSError) as e:
@@ -692,7 +725,8 @@ class _Worker:
 
     def _drive_loads(self, until: tuple[int, int] | None) -> None:
         """Pumps load ops: until the layer group `until` (and those before it) is done, or
-        (None) only what completes without waiting."""
+        (None) only what completes without waiting.
+        """
         pump = self.pump
         if pump is None:
             return
@@ -878,7 +912,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
             )
             if model_parallel_is_initialized():
                 return int(get_tensor_model_parallel_rank())
-        except Exception:  # noqa: BLE001 - no distributed state (tests, single process)
+        except Exception:
             pass
         return 0
 
@@ -893,7 +927,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
             )
             if model_parallel_is_initialized():
                 return int(get_pipeline_model_parallel_rank())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return 0
 
