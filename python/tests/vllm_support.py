@@ -60,7 +60,7 @@ def write_model(tmp: Path) -> Path:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": HEADS,
         "head_dim": HEAD_DIM, "num_hidden_layers": NUM_LAYERS, "vocab_size": 1024,
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
+        "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
     return d
 
 
@@ -77,7 +77,8 @@ def make_config(tmp: Path, socket: str, *, block_size: int = 16, extra: dict[str
     kt = KVTransferConfig(kv_connector="KVBrokerConnector",
                           kv_connector_module_path="kvbroker.vllm", kv_role=kv_role,
                           kv_connector_extra_config={"socket": socket, "model": "tiny-test",
-                                                     "reconnect_s": 0.0, **(extra or {})})
+                                                     "reconnect_s": 0.0, "lookup_wait_ms": 5000,
+                                                     **(extra or {})})
     return VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                       kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
 

@@ -41,11 +41,17 @@ kv_connector_extra_config keys (all optional):
   zero_copy     false: never register or move vLLM's memory, copy through a buffer (true)
   save_prompt   false: store only at request end (true: prompt blocks as they are computed)
   keep_load_failure_policy  true: leave kv_load_failure_policy as configured (false)
+  early_lookup  false: no LOOKUP at admission (on_new_request), only in the match (true)
+  lookup_wait_ms     how long the match waits for an early LOOKUP still running before it
+                     asks vLLM to come back next step (2)
+  lookup_max_age_ms  an early answer older than this is asked again (500)
   tp_rank / tp_size  override the tensor-parallel rank/size (tests; default: vLLM's)
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import hashlib
 import logging
 import mmap
@@ -335,6 +341,7 @@ class _Link:
         self.ns: list[kvb.Namespace] = []
         self._next_try = 0.0
         self.down_events = 0
+        self.lock = threading.RLock()
 
     def get(self) -> kvb.Client | None:
         if self.client is not None:
@@ -487,6 +494,7 @@ class _Worker:
         self.views: list[kvb.View | None] = []
         self.bufs: list[Any] = []
         self.staging: Any = None
+        self.staging_t: torch.Tensor | None = None
         self.copy_mode = False
         self.cuda = False
         # layer name -> (plan index, layer index)
@@ -614,40 +622,61 @@ class _Worker:
         self.copy_mode = any(v is None for v in self.views)
         if self.copy_mode:
             self.staging = client.alloc_host(max(ns.page_bytes for ns in self.link.ns))
+            self.staging_t = None
 
     # -- copies without a view (the fallback) -------------------------------------------------
 
-    def _page_tensors(self, pi: int, block: int) -> list[torch.Tensor]:
+    def _page_parts(self, pi: int, block: int) -> list[tuple[_Part, int, torch.Tensor | None]]:
+        """(part, address of the block's first token, strided tensor or None) per part: a
+        CPU part whose tokens lie back to back is one range for memmove (no torch kernel,
+        no OpenMP threads woken for 100 KiB), anything else a torch copy."""
         out = []
         bs = self.block_size
         for pt in self.parts[pi]:
+            off = pt.base + block * pt.page_stride
+            if not pt.region.cuda and pt.stride == pt.nbytes:
+                out.append((pt, pt.region.ptr + off, None))
+                continue
             assert pt.region.u8 is not None
-            out.append(torch.as_strided(pt.region.u8, (bs, pt.nbytes), (pt.stride, 1),
-                                        pt.base + block * pt.page_stride))
+            out.append((pt, 0, torch.as_strided(pt.region.u8, (bs, pt.nbytes),
+                                                 (pt.stride, 1), off)))
         return out
+
+    def _staging_tensor(self) -> torch.Tensor:
+        if self.staging_t is None:
+            self.staging_t = torch.frombuffer(self.staging, dtype=torch.uint8)
+        return self.staging_t
 
     def _copy_put(self, pi: int, key: bytes, block: int) -> bool:
         ns = self.link.ns[pi]
-        st = torch.frombuffer(self.staging, dtype=torch.uint8)
+        base = self.staging.address
+        n = self.block_size
         off = 0
-        for src in self._page_tensors(pi, block):
-            n = src.numel()
-            st[off:off + n].view(src.shape).copy_(src)
-            off += n
+        for pt, addr, t in self._page_parts(pi, block):
+            size = n * pt.nbytes
+            if t is None:
+                ctypes.memmove(base + off, addr, size)
+            else:
+                self._staging_tensor()[off:off + size].view(t.shape).copy_(t)
+            off += size
         return ns.put(key, memoryview(self.staging)[: ns.page_bytes])
 
     def _copy_get(self, pi: int, key: bytes, block: int, first: int, count: int) -> bool:
         ns = self.link.ns[pi]
         if not ns.get_into(key, memoryview(self.staging)[: ns.page_bytes]):
             return False
-        st = torch.frombuffer(self.staging, dtype=torch.uint8)
+        base = self.staging.address
         nl = len(self.plans[pi].layer_names)
+        n = self.block_size
         off = 0
-        for i, dst in enumerate(self._page_tensors(pi, block)):
-            n = dst.numel()
-            if first <= i % nl < first + count:
-                dst.copy_(st[off:off + n].view(dst.shape))
-            off += n
+        for i, (pt, addr, t) in enumerate(self._page_parts(pi, block)):
+            size = n * pt.nbytes
+            if count == 0 or first <= i % nl < first + count:
+                if t is None:
+                    ctypes.memmove(addr, base + off, size)
+                else:
+                    t.copy_(self._staging_tensor()[off:off + size].view(t.shape))
+            off += size
         return True
 
     # -- loads --------------------------------------------------------------------------------
@@ -667,7 +696,10 @@ class _Worker:
         bs = self.block_size
         # Layer group by layer group, so the first layers' pages arrive first.
         for pi in range(len(self.plans)):
-            for ci, (first, count) in enumerate(self.chunks[pi]):
+            # The copy path fetches whole pages: splitting them into layer groups would
+            # fetch each page once per group.
+            chunks = [(0, 0)] if self.copy_mode else self.chunks[pi]
+            for ci, (first, count) in enumerate(chunks):
                 for tr in meta.loads:
                     for key, block in zip(tr.keys, tr.block_ids[pi]):
                         ud += 1
@@ -856,6 +888,7 @@ class _ReqState:
     hit_blocks: int = 0  # leading blocks the broker had at the last lookup
     stored_blocks: int = 0  # leading blocks stored or known stored
     skip: bool = False
+    early: concurrent.futures.Future[tuple[int, int, float]] | None = None
 
 
 class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
@@ -891,6 +924,9 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         self._saves: list[_Transfer] = []
         self._finishing: list[str] = []
         self._stats = KVBrokerStats()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.lookup_wait_s = float(self.extra.get("lookup_wait_ms", 2.0)) / 1e3
+        self.lookup_max_age_s = float(self.extra.get("lookup_max_age_ms", 500.0)) / 1e3
         if role == KVConnectorRole.WORKER:
             self._worker = _Worker(self)
             self._link = self._worker.link
@@ -900,6 +936,9 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
             plans0 = namespace_layouts(vllm_config, kv_cache_config, 0, self.tp_size)
             self._link = _Link(self.socket, "vllm-scheduler", plans0, self.reconnect_s)
             self._link.get()
+            if self.extra.get("early_lookup", True):
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="kvb-lookup")
 
     @staticmethod
     def _vllm_tp_rank(role: KVConnectorRole) -> int:
@@ -955,21 +994,39 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return st.keys[:nblocks]
 
     def _lookup(self, keys: list[bytes]) -> int:
-        client = self._link.get()
-        if client is None:
-            self._stats.data["broker_down"] += 1
-            return 0
-        try:
-            hits = len(keys)
-            for ns in self._link.ns:
-                hits = min(hits, ns.lookup(keys[:hits]))
-                if not hits:
-                    break
-            return hits
-        except (kvb.Error, OSError) as e:
-            self._link.fail(e)
-            self._stats.data["broker_down"] += 1
-            return 0
+        with self._link.lock:  # the early-lookup thread shares the link
+            client = self._link.get()
+            if client is None:
+                self._stats.data["broker_down"] += 1
+                return 0
+            try:
+                hits = len(keys)
+                for ns in self._link.ns:
+                    hits = min(hits, ns.lookup(keys[:hits]))
+                    if not hits:
+                        break
+                return hits
+            except (kvb.Error, OSError) as e:
+                self._link.fail(e)
+                self._stats.data["broker_down"] += 1
+                return 0
+
+    def on_new_request(self, request: Request) -> None:
+        """Computes the request's keys and starts its LOOKUP when vLLM admits it
+        (Scheduler.add_request), on a helper thread: by the time the scheduler asks
+        get_num_new_matched_tokens the answer is usually there, so the scheduler's loop
+        pays neither the hashing nor the broker's round trip."""
+        if not self.load_enabled or self._pool is None:
+            return
+        st = self._state(request)
+        nfull = (request.num_tokens - 1) // self.block_size
+        if st.skip or nfull <= 0:
+            return
+        keys = self._keys(st, nfull)
+        st.early = self._pool.submit(self._timed_lookup, keys)
+
+    def _timed_lookup(self, keys: list[bytes]) -> tuple[int, int, float]:
+        return len(keys), self._lookup(keys), time.monotonic()
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -983,7 +1040,21 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         if nfull * bs <= num_computed_tokens:
             return 0, False
         keys = self._keys(st, nfull)
-        hits = self._lookup(keys)
+        hits = -1
+        fut, st.early = st.early, None
+        if fut is not None:
+            # The early LOOKUP: used when it covers these keys and is fresh (pages come and
+            # go; an old answer would miss pages stored since). If it is still running, wait
+            # a little, then tell vLLM to ask again next step rather than stall the loop.
+            try:
+                n, h, t_done = fut.result(timeout=self.lookup_wait_s)
+                if n >= nfull and time.monotonic() - t_done <= self.lookup_max_age_s:
+                    hits = min(h, nfull)
+            except concurrent.futures.TimeoutError:
+                st.early = fut
+                return None, False
+        if hits < 0:
+            hits = self._lookup(keys)
         st.hit_blocks = hits
         st.stored_blocks = max(st.stored_blocks, hits)
         self._stats.data["lookups"] += 1
@@ -1151,4 +1222,6 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None:
             self._worker.close()
         else:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
             self._link.close()
