@@ -8,8 +8,8 @@
   worker  the worker-role connector storing (wait_for_save) and loading (start_load_kv +
           wait_for_layer_load per layer) MLA pages between CPU KV tensors (zero-copy: the
           tensors moved into a registered memfd, the broker copies) and the broker, and the
-          copy path (zero_copy=false); against memcpy (one memmove, one thread) of the same bytes in the
-          same process and run.
+          copy path (zero_copy=false); against memcpy (one memmove, one thread) of the same
+          bytes in the same process and run.
 
 usage: bench_vllm.py --socket SOCK [--reps N] [--quick]
 """
@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests")
 
 t_import = time.perf_counter()
 import torch  # noqa: E402
-import vllm_support as vs  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 import kvbroker as kvb  # noqa: E402
+import vllm_support as vs  # noqa: E402
 from kvbroker.vllm import KVBrokerMetadata, _Transfer, namespace_layouts  # noqa: E402
 
 IMPORT_S = time.perf_counter() - t_import
@@ -84,7 +84,7 @@ def bench_match(tmp: Path, sock: str, bs: int, n: int, early: bool,
     return pct(times, 0.5), pct(times, 0.99), statistics.median(ktimes), int(got or 0)
 
 
-def bench_worker(tmp: Path, sock: str, zero_copy: bool, reps: int, nblocks: int,
+def bench_worker(tmp: Path, sock: str, zero_copy: bool, *, reps: int, nblocks: int,
                  layers: int) -> dict[str, float]:
     bs = 64
     vc = vs.make_config(tmp, sock, block_size=bs,
@@ -175,7 +175,7 @@ def main() -> None:
     print("| path | store GB/s | load GB/s | memcpy GB/s | load / memcpy |")
     print("|---|---|---|---|---|")
     for zc in (True, False):
-        r = bench_worker(tmp, a.socket, zc, a.reps, nblocks, layers)
+        r = bench_worker(tmp, a.socket, zc, reps=a.reps, nblocks=nblocks, layers=layers)
         name = "zero-copy (memfd view, the broker copies)" if zc else "copy path (zero_copy=false)"
         print(f"| {name} | {r['save']:.2f} | {r['load']:.2f} | {r['memcpy']:.2f} | "
               f"{r['load'] / r['memcpy']:.2f} |")

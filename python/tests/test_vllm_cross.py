@@ -10,18 +10,20 @@ same through SGLang's real backend and host pools.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
 pytest.importorskip("vllm")
 
-import torch  # noqa: E402
-import vllm_support as vs  # noqa: E402
-from conftest import Broker  # noqa: E402
+import torch
 
-import kvbroker as kvb  # noqa: E402
-from kvbroker.vllm import model_ns_name, namespace_layouts, storage_namespace_seed  # noqa: E402
+import kvbroker as kvb
+import vllm_support as vs
+from conftest import Broker
+from kvbroker.vllm import model_ns_name, namespace_layouts, storage_namespace_seed
 
 BS = 16
 

@@ -9,11 +9,14 @@ can only show up as load errors that vLLM recomputes, never as garbage.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
 pytest.importorskip("vllm")
 
 import vllm_support as vs
@@ -39,7 +42,7 @@ def test_save_then_load_byte_exact(tmp_path: Path, broker: Broker, mla: bool, la
     a = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
     a.run([vs.make_request("a", prompt, BS, max_tokens=3)])
     assert a.bad == [] and a.computed_tokens == len(prompt) + 2
-    assert a.worker._worker.copy_mode is (not zero_copy)
+    assert vs.wk(a.worker).copy_mode is (not zero_copy)
 
     b = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
     # Same prefix, then its own tokens: 20 blocks load, only the rest is computed.
@@ -58,13 +61,13 @@ def test_mla_tp_stores_spread_every_rank_loads(tmp_path: Path, broker: Broker) -
     prompt = _prompt(7, 16)
     a = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra, tp_size=4)
     a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
-    stored = [w._worker.stats_total["stored_pages"] for w in a.workers]
+    stored = [vs.wk(w).stats_total["stored_pages"] for w in a.workers]
     # One namespace for all ranks; each page stored once, by one rank, spread over all.
     assert sum(stored) == 16 and all(n > 0 for n in stored), stored
     b = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra, tp_size=4)
     b.run([vs.make_request("b", prompt, BS, max_tokens=2)])
     assert b.bad == [] and b.computed_tokens == len(prompt) + 1 - 16 * BS
-    assert all(w._worker.stats_total["loaded_pages"] == 16 for w in b.workers)
+    assert all(vs.wk(w).stats_total["loaded_pages"] == 16 for w in b.workers)
 
 
 def test_generated_blocks_stored_at_finish(tmp_path: Path, broker: Broker) -> None:
@@ -74,7 +77,7 @@ def test_generated_blocks_stored_at_finish(tmp_path: Path, broker: Broker) -> No
     # 58 + 40 generated tokens: KV for 97 tokens -> 6 full blocks, 3 of them prompt-only.
     req = vs.make_request("a", prompt, BS, max_tokens=40)
     a.run([req])
-    assert a.worker._worker.stats_total["stored_pages"] == 6
+    assert vs.wk(a.worker).stats_total["stored_pages"] == 6
     assert a.bad == []
 
 
@@ -141,8 +144,9 @@ def test_stats_and_prometheus(tmp_path: Path, broker: Broker) -> None:
     assert red["loaded_bytes"] > 0
     reg = CollectorRegistry()
 
-    def counter(*args, **kw):
-        return Counter(*args, registry=reg, **kw)
+    def counter(*args: Any, **kw: Any) -> Counter:
+        kw["registry"] = reg
+        return Counter(*args, **kw)
 
     prom = KVBrokerConnector.build_prom_metrics(
         b.vc, {Gauge: Gauge, Counter: counter, Histogram: Histogram}, ["model_name", "engine"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -47,6 +47,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from kvbroker.vllm import KVBrokerConnector, _Worker
+
 MLA_DIM = 576  # DeepSeek-V3 / Kimi-K2.5: kv_lora_rank 512 + rope 64
 NUM_LAYERS = 4
 HEADS, HEAD_DIM = 2, 16
@@ -66,7 +68,8 @@ def write_model(tmp: Path) -> Path:
 
 def make_config(tmp: Path, socket: str, *, block_size: int = 16, extra: dict[str, Any] | None
                 = None, max_num_batched_tokens: int = 256, max_model_len: int = 8192,
-                kv_role: str = "kv_both") -> VllmConfig:
+                kv_role: Literal["kv_producer", "kv_both", "kv_consumer"] = "kv_both",
+                ) -> VllmConfig:
     model = write_model(tmp)
     mc = ModelConfig(model=str(model), skip_tokenizer_init=True, dtype="bfloat16",
                      max_model_len=max_model_len, seed=42)
@@ -104,15 +107,20 @@ def make_scheduler(vc: VllmConfig, kcc: KVCacheConfig) -> Scheduler:
                      block_size=vc.cache_config.block_size, log_stats=True)
 
 
-_hasher_ready = False
+_hasher_ready: list[bool] = []
+
+
+def wk(conn: KVBrokerConnector) -> _Worker:
+    """The worker-role state of a connector (what the tests inspect)."""
+    assert conn._worker is not None
+    return conn._worker
 
 
 def make_request(req_id: str, tokens: list[int], block_size: int, max_tokens: int = 4,
                  cache_salt: str | None = None) -> Request:
-    global _hasher_ready
     if not _hasher_ready:
         init_none_hash(sha256)
-        _hasher_ready = True
+        _hasher_ready.append(True)
     return Request(request_id=req_id, prompt_token_ids=list(tokens),
                    sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
                    pooling_params=None, cache_salt=cache_salt,
@@ -146,13 +154,14 @@ class MiniEngine:
         self.layout = layout
         # One worker-role connector per TP rank, each over its own KV tensors (MLA: every
         # rank holds the same latent KV).
-        self.workers = []
+        self.workers: list[KVBrokerConnector] = []
         self.kvs: list[dict[str, torch.Tensor]] = []
         for rank in range(tp_size):
             wextra = dict(extra, tp_rank=rank, tp_size=tp_size)
             wvc = make_config(tmp, socket, block_size=block_size, extra=wextra,
                               max_num_batched_tokens=max_num_batched_tokens)
-            w = KVConnectorFactory.create_connector(wvc, KVConnectorRole.WORKER, self.kcc)
+            w = cast(KVBrokerConnector,
+                     KVConnectorFactory.create_connector(wvc, KVConnectorRole.WORKER, self.kcc))
             kv = self._alloc()
             w.register_kv_caches(kv)
             self.workers.append(w)
@@ -227,27 +236,29 @@ class MiniEngine:
         for r in out.scheduled_new_reqs:
             work.append((r.req_id, r.num_computed_tokens, out.num_scheduled_tokens[r.req_id]))
         c = out.scheduled_cached_reqs
-        for req_id, ncomp in zip(c.req_ids, c.num_computed_tokens):
+        for req_id, ncomp in zip(c.req_ids, c.num_computed_tokens, strict=True):
             work.append((req_id, ncomp, out.num_scheduled_tokens[req_id]))
+        meta = out.kv_connector_metadata
+        assert meta is not None
         for w in self.workers:
-            w.bind_connector_metadata(out.kv_connector_metadata)
-            w.start_load_kv(None)
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(cast(Any, None))  # the connector reads its metadata only
         for li, name in enumerate(self.layers):
             for w in self.workers:
                 w.wait_for_layer_load(name)
             self.compute(li, name, work)
-            for w, kv in zip(self.workers, self.kvs):
-                w.save_kv_layer(name, kv[name], None)
+            for w, kv in zip(self.workers, self.kvs, strict=True):
+                w.save_kv_layer(name, kv[name], cast(Any, None))
         sending: set[str] | None = None
         recving: set[str] | None = None
         invalid: set[int] = set()
         stats = None
         for w in self.workers:
             w.wait_for_save()
-            s, r = w.get_finished(out.finished_req_ids)
+            snd, rcv = w.get_finished(out.finished_req_ids)
             # vLLM's KVOutputAggregator: a request is done when every worker said so.
-            sending = set(s or ()) if sending is None else sending & set(s or ())
-            recving = set(r or ()) if recving is None else recving & set(r or ())
+            sending = set(snd or ()) if sending is None else sending & set(snd or ())
+            recving = set(rcv or ()) if recving is None else recving & set(rcv or ())
             invalid |= w.get_block_ids_with_load_errors()
             st = w.get_kv_connector_stats()
             if st is not None:

@@ -51,6 +51,7 @@ kv_connector_extra_config keys (all optional):
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -61,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -121,7 +122,8 @@ def model_ns_name(name: str) -> str:
     """The namespace model name of an engine's model name, the rule both engines follow
     (engine-pages.md; SGLang's side is kvbroker.sglang.model_ns_name): last path component,
     lowercase, at most 63 bytes ("moonshotai/Kimi-K2.5" and "/models/Kimi-K2.5/" ->
-    "kimi-k2.5")."""
+    "kimi-k2.5").
+    """
     base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
     if len(base.encode()) <= 63:
         return base
@@ -160,7 +162,8 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
     groups (HMA: e.g. an indexer cache) get "<model>/g<id>". MLA groups carry no TP identity
     (every rank holds the same latent KV), MHA groups carry the TP rank and size.
     """
-    extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+    ktc = vllm_config.kv_transfer_config
+    extra = (ktc.kv_connector_extra_config if ktc is not None else None) or {}
     par = vllm_config.parallel_config
     if tp_size is None:
         tp_size = int(par.tensor_parallel_size)
@@ -206,7 +209,8 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
 def storage_namespace_seed(extra_key: str | None, cache_salt: str | None) -> bytes | None:
     """The parent of a chain's first page for requests namespaced by a salt, byte for byte
     SGLang 0.5.23's mem_cache.utils.storage_namespace_seed (so a salted request finds what a
-    SGLang request with the same cache_salt stored): None without either part."""
+    SGLang request with the same cache_salt stored): None without either part.
+    """
     if extra_key is None and cache_salt is None:
         return None
     h = hashlib.sha256(b"sglang-cache-namespace-v1")
@@ -222,7 +226,8 @@ def storage_namespace_seed(extra_key: str | None, cache_salt: str | None) -> byt
 def _salt_parent(request: Request) -> bytes | None:
     """The chain's parent for requests whose KV depends on more than their tokens: a cache
     salt (SGLang's seed, shared) or a LoRA adapter (an extra key only vLLM uses: the same
-    adapter name in SGLang is not known to be the same weights)."""
+    adapter name in SGLang is not known to be the same weights).
+    """
     lora = getattr(request, "lora_request", None)
     extra_key = None if lora is None else \
         "vllm-lora:" + str(getattr(lora, "lora_name", None) or getattr(lora, "name", lora))
@@ -271,14 +276,17 @@ class KVBrokerStats(KVConnectorStats):
             self.data.setdefault(k, 0)
 
     def reset(self) -> None:
+        """Zeroes every counter."""
         self.data = {k: 0 for k in _STAT_KEYS}
 
     def aggregate(self, other: KVConnectorStats) -> KVBrokerStats:
+        """Adds another interval's (or worker's) counters into these."""
         for k, v in other.data.items():
             self.data[k] = self.data.get(k, 0) + v
         return self
 
     def reduce(self) -> dict[str, int | float]:
+        """The counters for vLLM's log line, with GB/s where time was spent."""
         d = dict(self.data)
         if d["load_s"] > 0:
             d["load_GBps"] = round(d["loaded_bytes"] / d["load_s"] / 1e9, 2)
@@ -287,13 +295,14 @@ class KVBrokerStats(KVConnectorStats):
         return d
 
     def is_empty(self) -> bool:
+        """True when nothing was counted."""
         return not any(self.data.values())
 
 
 class KVBrokerPromMetrics(KVConnectorPromMetrics):
     """vllm:kvbroker_* counters, one child per engine."""
 
-    _COUNTERS = {
+    _COUNTERS: ClassVar[dict[str, str]] = {
         "hit_tokens": "Prompt tokens found in kvbroker",
         "lookup_tokens": "Prompt tokens looked up in kvbroker",
         "loaded_pages": "Pages loaded from kvbroker",
@@ -374,10 +383,8 @@ class _Link:
     def _drop(self) -> None:
         c, self.client, self.ns = self.client, None, []
         if c is not None:
-            try:
+            with contextlib.suppress(Exception):  # a dead broker may fail the close too
                 c.close()
-            except Exception:
-                pass
 
     def close(self) -> None:
         self._drop()
@@ -599,7 +606,7 @@ class _Worker:
             return
         bufs: dict[int, Any] = {}
         for r in self.regions:
-            buf = None
+            buf: Any = None
             if self.zero_copy:
                 try:
                     if r.cuda:
@@ -629,8 +636,9 @@ class _Worker:
     def _page_parts(self, pi: int, block: int) -> list[tuple[_Part, int, torch.Tensor | None]]:
         """(part, address of the block's first token, strided tensor or None) per part: a
         CPU part whose tokens lie back to back is one range for memmove (no torch kernel,
-        no OpenMP threads woken for 100 KiB), anything else a torch copy."""
-        out = []
+        no OpenMP threads woken for 100 KiB), anything else a torch copy.
+        """
+        out: list[tuple[_Part, int, torch.Tensor | None]] = []
         bs = self.block_size
         for pt in self.parts[pi]:
             off = pt.base + block * pt.page_stride
@@ -691,7 +699,7 @@ class _Worker:
             self._fail_loads(meta.loads)
             return
         t0 = time.perf_counter()
-        ops = []
+        ops: list[Any] = []
         ud = 0
         bs = self.block_size
         # Layer group by layer group, so the first layers' pages arrive first.
@@ -701,7 +709,7 @@ class _Worker:
             chunks = [(0, 0)] if self.copy_mode else self.chunks[pi]
             for ci, (first, count) in enumerate(chunks):
                 for tr in meta.loads:
-                    for key, block in zip(tr.keys, tr.block_ids[pi]):
+                    for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
                         ud += 1
                         self.load_ops[ud] = (pi, ci, block)
                         self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
@@ -808,7 +816,7 @@ class _Worker:
         mine = [(pi, key, block)
                 for tr in saves
                 for pi in range(len(self.plans))
-                for key, block in zip(tr.keys, tr.block_ids[pi])
+                for key, block in zip(tr.keys, tr.block_ids[pi], strict=True)
                 if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
         if not mine:
             return
@@ -949,7 +957,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
                 get_tensor_model_parallel_rank,
                 model_parallel_is_initialized,
             )
-            if model_parallel_is_initialized():
+            if model_parallel_is_initialized():  # type: ignore[no-untyped-call]
                 return int(get_tensor_model_parallel_rank())
         except Exception:
             pass
@@ -964,7 +972,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
                 get_pipeline_model_parallel_rank,
                 model_parallel_is_initialized,
             )
-            if model_parallel_is_initialized():
+            if model_parallel_is_initialized():  # type: ignore[no-untyped-call]
                 return int(get_pipeline_model_parallel_rank())
         except Exception:
             pass
@@ -1015,7 +1023,8 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         """Computes the request's keys and starts its LOOKUP when vLLM admits it
         (Scheduler.add_request), on a helper thread: by the time the scheduler asks
         get_num_new_matched_tokens the answer is usually there, so the scheduler's loop
-        pays neither the hashing nor the broker's round trip."""
+        pays neither the hashing nor the broker's round trip.
+        """
         if not self.load_enabled or self._pool is None:
             return
         st = self._state(request)
@@ -1030,6 +1039,9 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
+        """Tokens past num_computed_tokens the broker holds (whole blocks, leaving one
+        token to compute); None: the early LOOKUP is still out, ask again next step.
+        """
         st = self._state(request)
         st.local_tokens = num_computed_tokens
         if st.skip or not self.load_enabled:
@@ -1067,6 +1079,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
+        """Plans the load of the matched blocks into the blocks vLLM just allocated."""
         st = self._state(request)
         if num_external_tokens <= 0:
             return
@@ -1102,6 +1115,9 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return _Transfer(st.request.request_id, keys, ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        """The step's loads, stores (prompt blocks computed by this step, finishing
+        requests' blocks) and finishing requests, for the workers.
+        """
         meta = KVBrokerMetadata(self._loads, self._saves, self._finishing)
         self._loads, self._saves, self._finishing = [], [], []
         if self.save_enabled and self.save_prompt and self._link.client is not None:
@@ -1109,7 +1125,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
             computed = {r.req_id: r.num_computed_tokens
                         for r in scheduler_output.scheduled_new_reqs}
             cached = scheduler_output.scheduled_cached_reqs
-            computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+            computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
             for req_id, n in scheduler_output.num_scheduled_tokens.items():
                 st = self._reqs.get(req_id)
                 if st is None or st.skip:
@@ -1124,10 +1140,14 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """request_finished_all_groups for the single-group (non-HMA) path."""
         return self.request_finished_all_groups(request, (block_ids,))
 
     def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...],
                                     ) -> tuple[bool, dict[str, Any] | None]:
+        """Stores the request's computed full blocks not stored yet; True keeps vLLM's
+        blocks until every worker reported the stores done (get_finished).
+        """
         st = self._reqs.pop(request.request_id, None)
         if st is None or st.skip or not self.save_enabled or self._link.client is None:
             return False, None
@@ -1142,6 +1162,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return True, None
 
     def get_kv_connector_stats(self) -> KVBrokerStats | None:
+        """The interval's counters (None when there were none); resets them."""
         src = self._worker.stats if self._worker is not None else self._stats
         if src.is_empty():
             return None
@@ -1152,35 +1173,42 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
                                  ) -> KVConnectorStats | None:
+        """KVBrokerStats over aggregated counters (vLLM's logging side)."""
         return KVBrokerStats(dict(data)) if data is not None else KVBrokerStats()
 
     @classmethod
     def build_prom_metrics(cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
                            per_engine_labelvalues: dict[int, list[object]]) -> Any:
+        """The vllm:kvbroker_* Prometheus counters."""
         return KVBrokerPromMetrics(vllm_config, metric_types, labelnames,
                                    per_engine_labelvalues)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """NHD: a token's K (or V) bytes of a layer in one range, what views need."""
         # Views need each token's K (or V) bytes of a layer in one range: NHD.
         return "NHD"
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """True with layer-group loads: wait_for_layer_load must run between layers."""
         # wait_for_layer_load runs between layers; a captured graph would skip it.
         return int(extra_config.get("layer_groups", 4)) > 1
 
     @property
     def requires_kv_delivery(self) -> bool:
+        """False: a store that did not happen is a future miss, nothing more."""
         return False  # a store that did not happen is a future miss, nothing more
 
     # ---------------------------------------------------------------- worker side -----------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Describes vLLM's KV tensors to the broker (views over registered memory)."""
         assert self._worker is not None
         self._worker.register(kv_caches)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Submits this step's loads, layer group by layer group."""
         if self._worker is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
@@ -1188,16 +1216,19 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.start_load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        """Waits until the layer's group of pages has landed (or failed)."""
         if self._worker is not None:
             self._worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        """Nothing per layer: a page is stored whole, in wait_for_save."""
         # A page is stored whole (every layer at once, so no reader sees half of one):
         # the stores run in wait_for_save, after the last layer.
         return
 
     def wait_for_save(self) -> None:
+        """Finishes the step's loads and runs its stores (synchronously)."""
         if self._worker is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
@@ -1207,18 +1238,21 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:
+        """Finishing requests whose stores this worker has done."""
         if self._worker is None or not self._worker.finished_sending:
             return None, None
         done, self._worker.finished_sending = self._worker.finished_sending, set()
         return done, None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks whose load missed or failed this step: vLLM recomputes them."""
         if self._worker is None:
             return set()
         self._worker.finish_loads()
         return self._worker.take_errors()
 
     def shutdown(self) -> None:
+        """Closes the broker connection (and the KV memfds' descriptors)."""
         if self._worker is not None:
             self._worker.close()
         else:
