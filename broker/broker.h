@@ -73,6 +73,9 @@ struct counters {
  * device address of its first byte in the broker's context of CUDA device dev (never
  * dereferenced on the host), opened from the client's handle (gm, copy_cuda.c).
  * closing: unregistered while ops were in flight; released when the session's last completes.
+ * fdb: an unsealed file registered with KVB_BUF_FDCOPY (fdcopy.c): base is then an address
+ * range reserved PROT_NONE (never dereferenced: ops compute segments in it as usual and the
+ * copy engine moves the bytes with pread/pwrite on the file at the matching offsets).
  */
 struct sbuf {
 	void *base;
@@ -81,6 +84,7 @@ struct sbuf {
 	int32_t dev;   /* COPY_HOST or a CUDA device index */
 	uint8_t closing;
 	struct gpu_map *gm;
+	struct fdbuf *fdb; /* NULL: mapped (or GPU) */
 };
 
 /* A view; parts[p].page_stride is never 0 here (VIEW_CREATE's parts get tpp * stride). */
@@ -127,6 +131,7 @@ struct session {
 	uint32_t nleases, cap_leases;
 	uint64_t buf_bytes; /* registered host memory */
 	uint32_t nclosing;  /* buffers unregistered while ops were in flight (sbuf.closing) */
+	uint32_t nfdbufs;   /* buffers with sbuf.fdb (jobs need fdcopy_resolve) */
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;
@@ -236,6 +241,16 @@ void xfer_fini(struct broker *b);
 /* The "copy" member of the STATS document. */
 struct cJSON;
 struct cJSON *xfer_stats_json(const struct broker *b);
+
+/*
+ * fdcopy.c: KVB_BUF_FDCOPY buffers. fdcopy_buf_open fills *sb for [off, off + len) of the
+ * unsealed tmpfs file fd (the caller checked type, range and budget; fd stays the caller's);
+ * fdcopy_buf_close undoes it. fdcopy_resolve gives a host job of session s whose segments
+ * reach such buffers its fds (room for job->nsegs entries; left NULL when none does).
+ */
+int fdcopy_buf_open(int fd, uint64_t off, uint64_t len, struct sbuf *sb);
+void fdcopy_buf_close(struct sbuf *sb);
+void fdcopy_resolve(const struct session *s, struct copy_job *job, struct copy_fdseg *room);
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);

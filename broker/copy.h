@@ -25,8 +25,11 @@
  * engine may check again (the CUDA one does: an out-of-range DMA poisons a context).
  *
  * Segments: dst and src are addresses in the broker, except that the client side of a job with
- * dev >= 0 is a device address (CUdeviceptr) in the broker's context of CUDA device dev. An
- * engine may merge segments in place (nsegs shrinks).
+ * dev >= 0 is a device address (CUdeviceptr) in the broker's context of CUDA device dev, and
+ * that a host job may carry fds: then segment i whose fds[i].fd >= 0 has its client side in
+ * a file (a KVB_BUF_FDCOPY buffer, fdcopy.c): its pointer there is a placeholder, never
+ * dereferenced, and the bytes move with pread/pwrite at fds[i].off. An engine may merge
+ * segments in place (nsegs shrinks), except in a job with fds.
  */
 #ifndef KVB_BROKER_COPY_H
 #define KVB_BROKER_COPY_H
@@ -46,6 +49,15 @@ enum copy_dir {
 
 #define COPY_HOST (-1) /* job->dev: the client side is host memory */
 
+/* The file behind one segment's client side (fdcopy.c); fd -1: ordinary memory. */
+struct copy_fdseg {
+	int32_t fd;	/* the broker's own descriptor of the client's file */
+	uint32_t flags; /* COPY_FD_SHARED */
+	uint64_t off;	/* file offset of the segment's client side */
+};
+/* fd is the client's own open file description: it may turn O_APPEND on (checked per write). */
+#define COPY_FD_SHARED 1u
+
 enum { COPY_DONE = 0, COPY_QUEUED = 1 };
 
 struct copy_job {
@@ -57,6 +69,7 @@ struct copy_job {
 	uint32_t nsegs;
 	uint64_t bytes; /* sum of the segments' lengths */
 	struct copy_seg *segs;
+	struct copy_fdseg *fds; /* NULL, or one per segment (host jobs only) */
 };
 
 struct copy_engine {
@@ -99,5 +112,12 @@ struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
  */
 void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
 #define COPY_HOST_INLINE_DEFAULT (4ull << 20)
+
+/*
+ * Runs a host job that has fds (fdcopy.c): memcpy for memory segments, preadv/pwritev for file
+ * ones. Returns 0 or -errno: -EFAULT when the file no longer holds the range (shrunk, or
+ * O_APPEND turned on). Any thread; touches nothing but the job and its files.
+ */
+int fdcopy_run(const struct copy_job *j);
 
 #endif /* KVB_BROKER_COPY_H */

@@ -650,7 +650,8 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 	CUresult r;
 	int err;
 
-	if (j->dev < 0 || (uint32_t)j->dev >= c->ndev || j->dir > COPY_FROM_POOL)
+	/* File segments (KVB_BUF_FDCOPY) are host memory: ops never pair them with a device. */
+	if (j->dev < 0 || (uint32_t)j->dev >= c->ndev || j->dir > COPY_FROM_POOL || j->fds)
 		return -EINVAL;
 	d = &c->dev[j->dev];
 	s = &d->s[j->dir];

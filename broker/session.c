@@ -179,7 +179,11 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 /* Unmaps a host buffer, or closes a GPU buffer's handle (copy_cuda.c); no op may use it. */
 static void buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 {
-	if (sb->dev == COPY_HOST) {
+	if (sb->fdb) {
+		fdcopy_buf_close(sb);
+		s->buf_bytes -= sb->len;
+		s->nfdbufs--;
+	} else if (sb->dev == COPY_HOST) {
 		munmap((uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
 		s->buf_bytes -= sb->lead + sb->len;
 	} else {
@@ -469,17 +473,18 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
  * Maps [off, off + len) of a client's host-memory file (BUF_REG, BUF_REG_FD): the pages that
  * enclose it, read-write, shared. Only a tmpfs file that can never shrink: no later truncation
  * can make our copies fault (the caller's own writes and growth are harmless). hugetlbfs files
- * can have holes punched despite the seal, disk files can lose pages: refused.
+ * can have holes punched despite the seal, disk files can lose pages: refused. An unsealed
+ * tmpfs file is taken only with KVB_BUF_REG_FD_FDCOPY, and then never mapped (fdcopy.c).
  */
 static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t off, uint64_t len,
-			uint32_t *id)
+			uint32_t flags, uint32_t *id)
 {
 	long pg = sysconf(_SC_PAGESIZE);
 	uint64_t page = pg > 0 ? (uint64_t)pg : 4096, lead, end, maplen;
 	struct statfs sfs;
 	struct stat st;
 	void *p;
-	int seals;
+	int seals, fdcopy;
 
 	if (!len || fd < 0 || __builtin_add_overflow(off, len, &end))
 		return -EINVAL;
@@ -488,12 +493,13 @@ static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t of
 	if (fstatfs(fd, &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
 		return -EMEDIUMTYPE;
 	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+	fdcopy = seals < 0 || !(seals & F_SEAL_SHRINK);
+	if (fdcopy && !(flags & KVB_BUF_REG_FD_FDCOPY))
 		return -EPERM;
-	/* The seal holds the size from here on: checking it now is final. */
+	/* The seal holds the size from here on: checking it now is final (fdcopy: checked again). */
 	if (st.st_size < 0 || end > (uint64_t)st.st_size)
 		return -EFAULT;
-	lead = off & (page - 1);
+	lead = fdcopy ? 0 : off & (page - 1);
 	maplen = lead + len;
 	/* Each client's registrations are bounded, so none can exhaust our address space. */
 	if (maplen > b->cfg.max_buf_bytes - s->buf_bytes)
@@ -502,6 +508,15 @@ static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t of
 		;
 	if (*id == b->cfg.max_bufs)
 		return -EMFILE;
+	if (fdcopy) {
+		int err = fdcopy_buf_open(fd, off, len, &s->bufs[*id]);
+
+		if (!err) {
+			s->buf_bytes += len;
+			s->nfdbufs++;
+		}
+		return err;
+	}
 	p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(off - lead));
 	if (p == MAP_FAILED)
 		return -errno;
@@ -519,16 +534,16 @@ static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf
 	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
 		return -EINVAL;
 	/* ABI 1.0/1.1 clients were told -EINVAL for every unacceptable memfd: keep that. */
-	err = buf_map_host(b, s, fd, 0, m->len, id);
+	err = buf_map_host(b, s, fd, 0, m->len, 0, id);
 	return err == -EPERM || err == -EMEDIUMTYPE ? -EINVAL : err;
 }
 
 static int buf_reg_fd(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_fd *m,
 		      int fd, uint32_t *id)
 {
-	if (m->flags || m->resv)
+	if ((m->flags & ~KVB_BUF_REG_FD_FDCOPY) || m->resv)
 		return -EINVAL;
-	return buf_map_host(b, s, fd, m->off, m->len, id);
+	return buf_map_host(b, s, fd, m->off, m->len, m->flags, id);
 }
 
 /*

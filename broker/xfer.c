@@ -150,7 +150,9 @@ int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *p
 	       uint32_t dir, const struct copy_seg *segs, uint32_t nsegs, struct kvb_cqe *cqe)
 {
 	struct copy_engine *e = dev == COPY_HOST ? b->copy : b->gpu;
-	struct xfer *x = malloc(sizeof(*x) + (size_t)nsegs * sizeof(*segs));
+	/* KVB_BUF_FDCOPY buffers: room for each segment's file side after the segments. */
+	size_t fdroom = dev == COPY_HOST && s->nfdbufs ? sizeof(struct copy_fdseg) : 0;
+	struct xfer *x = malloc(sizeof(*x) + (size_t)nsegs * (sizeof(*segs) + fdroom));
 	int r;
 
 	if (!x) {
@@ -175,6 +177,8 @@ int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *p
 	memcpy(x->job.segs, segs, (size_t)nsegs * sizeof(*segs));
 	for (uint32_t i = 0; i < nsegs; i++)
 		x->job.bytes += segs[i].len;
+	if (fdroom)
+		fdcopy_resolve(s, &x->job, (struct copy_fdseg *)(x->job.segs + nsegs));
 	/* A GPU buffer only exists while its engine does (gpu_buf_reg): e is never NULL here. */
 	r = e ? e->submit(e, &x->job) : -ENODEV;
 	if (r == COPY_QUEUED) {

@@ -206,7 +206,7 @@ int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len,
 	uint64_t end;
 	int err, seals;
 
-	if (!buf || !len || fd < 0 || (flags & ~KVB_BUF_SEAL) ||
+	if (!buf || !len || fd < 0 || (flags & ~(KVB_BUF_SEAL | KVB_BUF_FDCOPY)) ||
 	    __builtin_add_overflow(offset, (uint64_t)len, &end) ||
 	    (addr && (uintptr_t)addr > UINTPTR_MAX - len))
 		return -EINVAL;
@@ -219,15 +219,19 @@ int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len,
 	}
 	/*
 	 * Seal on request. A file that has no seals at all (a disk file: F_GET_SEALS fails) is
-	 * left to the broker, which names what is wrong with it (-EMEDIUMTYPE).
+	 * left to the broker, which names what is wrong with it (-EMEDIUMTYPE). An unsealable
+	 * file with KVB_BUF_FDCOPY goes to the broker unsealed: it copies with pread/pwrite.
 	 */
 	seals = fcntl(fd, F_GET_SEALS);
 	if ((flags & KVB_BUF_SEAL) && seals >= 0 && !(seals & F_SEAL_SHRINK) &&
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0 &&
+	    !(errno == EPERM && (flags & KVB_BUF_FDCOPY))) {
 		/* EPERM: F_SEAL_SEAL is set (a memfd made without MFD_ALLOW_SEALING). */
 		err = errno == EPERM ? -EPERM : kvbc_errno();
 		goto out;
 	}
+	if (flags & KVB_BUF_FDCOPY)
+		reg.flags = KVB_BUF_REG_FD_FDCOPY;
 	b = calloc(1, sizeof(*b));
 	if (!b) {
 		err = -ENOMEM;

@@ -26,7 +26,8 @@ const char *kvb_strerror(int err)
 	case EFAULT:
 		return "buffer range outside the registered buffer";
 	case EBADF:
-		return "unknown buffer, view, lease or namespace for this client";
+		return "unknown buffer, view, lease or namespace for this client (or a host fd "
+		       "not open O_RDWR, or O_APPEND, given with KVB_BUF_FDCOPY)";
 	case EDQUOT:
 		return "too many leases held by this client";
 	case ECONNRESET:
@@ -36,9 +37,9 @@ const char *kvb_strerror(int err)
 	case EACCES:
 		return "refused by the broker's credential check (or socket permissions)";
 	case EPERM:
-		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL; a memfd made "
-		       "without "
-		       "MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
+		return "host fd not sealed with F_SEAL_SHRINK (pass KVB_BUF_SEAL to seal it, or "
+		       "KVB_BUF_FDCOPY to have the broker copy with pread/pwrite: a memfd made "
+		       "without MFD_ALLOW_SEALING, or a /dev/shm file, cannot be sealed)";
 	case EMEDIUMTYPE:
 		return "host fd is not a tmpfs file (memfd or /dev/shm); disk files and hugetlbfs "
 		       "are refused";

@@ -292,7 +292,8 @@ void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf);
 
 /* kvb_buf_register_host_fd() flags */
-#define KVB_BUF_SEAL (1u << 0) /* add F_SEAL_SHRINK to the fd when it lacks it */
+#define KVB_BUF_SEAL (1u << 0)	 /* add F_SEAL_SHRINK to the fd when it lacks it */
+#define KVB_BUF_FDCOPY (1u << 1) /* unsealed is fine: the broker copies with pread/pwrite */
 
 /*
  * Registers [offset, offset + len) of a host-memory file the caller owns (a memfd, e.g.
@@ -308,13 +309,29 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
  * /dev/shm) that can never shrink: sealed F_SEAL_SHRINK. With KVB_BUF_SEAL the library adds
  * the seal when it is missing (other seals are left as they are: the caller may still write
  * and grow the file); a memfd made without MFD_ALLOW_SEALING, like every /dev/shm file, cannot
- * be sealed, and such a file is refused. A sealed file cannot be truncated below its size by
- * anyone afterwards (ftruncate fails with EPERM), for the life of the file.
+ * be sealed, and such a file is refused unless KVB_BUF_FDCOPY is given. A sealed file cannot
+ * be truncated below its size by anyone afterwards (ftruncate fails with EPERM), for the life
+ * of the file.
+ *
+ * KVB_BUF_FDCOPY accepts an unsealed tmpfs file (SGLang 0.5.23's alloc_shm memfd, made without
+ * MFD_ALLOW_SEALING, or its unlinked /dev/shm file): the broker then never maps it and moves
+ * the bytes with pread/pwrite on the file (through its own open of it), which cannot fault
+ * whatever the caller does to the file. Everything else is as for a sealed file (buf+off ops,
+ * views, pointers inside addr), one kernel copy per op instead of a memcpy (see docs/design.md
+ * for the cost). If the caller shrinks the file under the range an op touches, the op fails
+ * with -EFAULT: a PUT stores nothing (a LOOKUP misses), a GET may have written part of the
+ * page into the file before it failed. A GET never writes past the file's current end (it
+ * fails -EFAULT instead of growing the file). A file that is sealed (or, with KVB_BUF_SEAL as
+ * well, can be sealed) is mapped as without the flag, so KVB_BUF_SEAL | KVB_BUF_FDCOPY takes
+ * the fastest path the file allows. The fd must be open O_RDWR and not O_APPEND (-EBADF).
+ * Such buffers are host memory: a view mixing them with GPU buffers is -EINVAL, like any
+ * host buffer.
  * Errors: -EINVAL len 0, offset + len overflows, unknown flags, fd not a file; -EPERM the file
- * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed);
- * -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose pages
- * under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the broker's
- * --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
+ * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed),
+ * and KVB_BUF_FDCOPY was not given; -EBADF (KVB_BUF_FDCOPY, unsealed) fd not open O_RDWR, or
+ * O_APPEND; -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose
+ * pages under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the
+ * broker's --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
  */
 int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
 			     uint32_t flags, uint32_t *buf);

@@ -209,16 +209,19 @@ static_assert(offsetof(struct kvb_msg_buf_reg_gpu, alloc_base) == 80, "buf reg g
 
 /*
  * BUF_REG_FD (ABI 1.2): [off, off + len) of a host-memory file the client owns; one fd travels
- * with it. The broker accepts only a tmpfs file sealed F_SEAL_SHRINK (-EMEDIUMTYPE, -EPERM),
- * with off + len <= its size (-EFAULT), and maps the enclosing pages. The client seals the
- * fd first when the caller asked (KVB_BUF_SEAL is the client's business: flags is 0 here).
+ * with it. The broker accepts only a tmpfs file (-EMEDIUMTYPE) with off + len <= its size
+ * (-EFAULT). Sealed F_SEAL_SHRINK: it maps the enclosing pages. Unsealed: -EPERM, unless
+ * flags has KVB_BUF_REG_FD_FDCOPY; then it copies with pread/pwrite on the file and maps
+ * nothing (the fd must be open O_RDWR, not O_APPEND: -EBADF). The client seals the fd first
+ * when the caller asked (KVB_BUF_SEAL is the client's business, not on the wire).
  */
 struct kvb_msg_buf_reg_fd {
 	uint64_t off;	/* byte offset in the file, any alignment */
 	uint64_t len;	/* bytes, >= 1 */
-	uint32_t flags; /* 0 */
+	uint32_t flags; /* KVB_BUF_REG_FD_* */
 	uint32_t resv;	/* 0 */
 };
+#define KVB_BUF_REG_FD_FDCOPY 1u /* an unsealed file is fine: copy by pread/pwrite */
 static_assert(sizeof(struct kvb_msg_buf_reg_fd) == 24, "buf reg fd");
 
 /* BUF_UNREG, VIEW_DESTROY; also the reply of BUF_REG and VIEW_CREATE. */

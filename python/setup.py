@@ -53,6 +53,8 @@ def _cuda_flags() -> tuple[list[str], list[str]]:
 
 
 cuda_macros, cuda_args = _cuda_flags()
+# CI=true makes warnings errors, as the Makefile does for the C tree.
+werror = ["-Werror"] if os.environ.get("CI") else []
 ext = Extension(
     "kvbroker._kvbroker",
     sources=sorted(glob.glob("csrc/*.c", root_dir=HERE)),
@@ -61,7 +63,7 @@ ext = Extension(
     + [(m, "1") for m in cuda_macros],
     extra_compile_args=["-std=gnu11", "-pthread", "-fvisibility=hidden", "-O2",
                         "-Wall", "-Wextra", "-Wno-unused-parameter",
-                        "-Wno-missing-field-initializers"] + cuda_args,
+                        "-Wno-missing-field-initializers"] + cuda_args + werror,
     extra_link_args=["-pthread"],
     libraries=["crypto", "dl"],
     py_limited_api=True,

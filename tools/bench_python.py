@@ -163,7 +163,7 @@ def main() -> int:
     print(f"| (keys as one joined bytes object) | {cell('py_lookup_bytes', '%.3g')} keys/s | "
           f"| {100 * lkb:.0f}% | {verdict(lkb >= 0.5)} |")
     print(f"| NOP round trip p50 <= 2 us above C | {cell('py_nop', '%.2f')} us | "
-          f"{cell('c_nop', '%.2f')} us | +{nop_d:.2f} us | {verdict(nop_d <= 2.0)} |")
+          f"{cell('c_nop', '%.2f')} us | {nop_d:+.2f} us | {verdict(nop_d <= 2.0)} |")
     print()
     return 0
 

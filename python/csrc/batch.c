@@ -36,8 +36,7 @@ static int stash_push(kvbpy_client *cl, const struct kvb_completion *c)
 	return 0;
 }
 
-int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res,
-		    uint32_t *flags)
+int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res, uint32_t *flags)
 {
 	struct kvb_completion comp[REAP_MAX];
 	size_t sent = 0, done = 0, want;

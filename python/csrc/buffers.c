@@ -36,7 +36,7 @@
 PyTypeObject *kvbpy_HostBufferType, *kvbpy_GpuBufferType, *kvbpy_LeaseType;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_reg reg; /* on cl's list while registered (reg.next != NULL) */
 	void *map;	      /* our own mapping, or NULL */
@@ -49,14 +49,14 @@ typedef struct {
 } hostbuf;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_reg reg;
 	PyObject *owner;
 } gpubuf;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	struct kvbpy_lease_node node; /* on cl's list while held */
 	struct kvb_lease l;
@@ -86,9 +86,12 @@ static int unregister_id(kvbpy_client *cl, struct kvbpy_reg *r, int raise)
 		cl->busy++;
 	}
 	kvbpy_reg_del(r);
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_unregister(cl->c, r->id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_unregister(cl->c, r->id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0 && raise) {
 		kvbpy_raise(err);
@@ -143,45 +146,46 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 	size = ((size_t)n + pg - 1) & ~(pg - 1);
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	int fd = memfd_create("kvbroker-py", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
 
-	if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		err = -errno;
-	} else {
-		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
+		int fd = memfd_create("kvbroker-py", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+		if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 			err = -errno;
-		else
-			err = kvb_buf_register_host_fd(cl->c, fd, 0, size, p, 0, &id);
-		if (err < 0 && p != MAP_FAILED) {
-			munmap(p, size);
-			p = MAP_FAILED;
+		} else {
+			p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			if (p == MAP_FAILED)
+				err = -errno;
+			else
+				err = kvb_buf_register_host_fd(cl->c, fd, 0, size, p, 0, &id);
+			if (err < 0 && p != MAP_FAILED) {
+				munmap(p, size);
+				p = MAP_FAILED;
+			}
 		}
-	}
-	if (fd >= 0)
-		close(fd);
-	if (err == -EOPNOTSUPP) {
-		/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
-		void *q = kvb_buf_alloc_host(cl->c, size, &id);
+		if (fd >= 0)
+			close(fd);
+		if (err == -EOPNOTSUPP) {
+			/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
+			void *q = kvb_buf_alloc_host(cl->c, size, &id);
 
-		err = q ? 0 : -ENOMEM;
-		p = q ? q : MAP_FAILED;
-		lib = 1;
+			err = q ? 0 : -ENOMEM;
+			p = q ? q : MAP_FAILED;
+			lib = 1;
+		}
+		PyEval_RestoreThread(ts_);
 	}
-	Py_END_ALLOW_THREADS
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
 	b = hostbuf_alloc(cl);
 	if (!b) {
-		if (lib) {
-			kvb_buf_unregister(cl->c, id);
-		} else {
-			kvb_buf_unregister(cl->c, id);
+		if (cl->c) /* (out of memory; GC may have run close() meanwhile) */
+			kvb_buf_unregister(cl->c, id); /* unmaps it too when it is the library's */
+		if (!lib)
 			munmap(p, size);
-		}
 		return NULL;
 	}
 	b->data = p;
@@ -201,19 +205,19 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 
 PyObject *kvbpy_register_host_fd(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = {"fd", "nbytes", "offset", "seal", "mapped", NULL};
+	static char *kwl[] = {"fd", "nbytes", "offset", "seal", "mapped", "fdcopy", NULL};
 	kvbpy_client *cl = (kvbpy_client *)self;
 	unsigned long long off = 0;
 	PyObject *mapped = Py_None;
 	Py_ssize_t n;
-	int fd, seal = 0, err;
+	int fd, seal = 0, fdcopy = 0, err;
 	uint32_t id = 0;
 	struct stat st;
 	hostbuf *b;
 	void *addr;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "in|K$pO:register_host_fd", kwl, &fd, &n, &off,
-					 &seal, &mapped))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "in|K$pOp:register_host_fd", kwl, &fd, &n, &off,
+					 &seal, &mapped, &fdcopy))
 		return NULL;
 	if (n <= 0 || off > (unsigned long long)INT64_MAX - (unsigned long long)n) {
 		PyErr_SetString(PyExc_ValueError, "register_host_fd: nbytes must be >= 1");
@@ -258,10 +262,14 @@ PyObject *kvbpy_register_host_fd(PyObject *self, PyObject *args, PyObject *kw)
 	addr = b->data;
 	if (kvbpy_enter(cl) < 0)
 		goto err;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_register_host_fd(cl->c, fd, off, (size_t)n, addr, seal ? KVB_BUF_SEAL : 0,
-				       &id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_register_host_fd(
+			cl->c, fd, off, (size_t)n, addr,
+			(seal ? KVB_BUF_SEAL : 0) | (fdcopy ? KVB_BUF_FDCOPY : 0), &id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -310,7 +318,7 @@ static PyObject *hostbuf_unregister(PyObject *self, PyObject *unused)
 	}
 	if (unregister_id(b->cl, &b->reg, 1) < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void hostbuf_dealloc(PyObject *self)
@@ -402,8 +410,7 @@ static PyMethodDef hostbuf_methods[] = {
 static PyGetSetDef hostbuf_getset[] = {
 	{"id", hostbuf_get_id, NULL, "The broker's buffer id (for Op.buf).", NULL},
 	{"nbytes", hostbuf_get_nbytes, NULL, "Usable bytes.", NULL},
-	{"address", hostbuf_get_address, NULL, "Address of the first byte in this process.",
-	 NULL},
+	{"address", hostbuf_get_address, NULL, "Address of the first byte in this process.", NULL},
 	{"registered", hostbuf_get_registered, NULL, "True until unregister() or client close.",
 	 NULL},
 	{NULL, NULL, NULL, NULL, NULL},
@@ -455,7 +462,8 @@ PyObject *kvbpy_register_gpu(PyObject *self, PyObject *args, PyObject *kw)
 		if (PyErr_Occurred())
 			return NULL;
 		if (nb < 0) {
-			PyErr_SetString(PyExc_TypeError, "register_gpu(ptr, nbytes): nbytes needed");
+			PyErr_SetString(PyExc_TypeError,
+					"register_gpu(ptr, nbytes): nbytes needed");
 			return NULL;
 		}
 	} else {
@@ -484,15 +492,19 @@ PyObject *kvbpy_register_gpu(PyObject *self, PyObject *args, PyObject *kw)
 	}
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_buf_register_gpu(cl->c, (void *)(uintptr_t)p, (size_t)nb, &id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_buf_register_gpu(cl->c, (void *)(uintptr_t)p, (size_t)nb, &id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
 	g = PyObject_New(gpubuf, kvbpy_GpuBufferType);
 	if (!g) {
-		kvb_buf_unregister(cl->c, id);
+		if (cl->c)
+			kvb_buf_unregister(cl->c, id);
 		return NULL;
 	}
 	g->cl = (kvbpy_client *)Py_NewRef(self);
@@ -511,7 +523,7 @@ static PyObject *gpubuf_unregister(PyObject *self, PyObject *unused)
 	(void)unused;
 	if (unregister_id(((gpubuf *)self)->cl, &((gpubuf *)self)->reg, 1) < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void gpubuf_dealloc(PyObject *self)
@@ -599,7 +611,8 @@ PyObject *kvbpy_lease_new(kvbpy_client *cl, const struct kvb_lease *l)
 	if (!o) {
 		struct kvb_lease tmp = *l;
 
-		kvb_release(cl->c, &tmp);
+		if (cl->c && !kvbpy_forked(cl))
+			kvb_release(cl->c, &tmp);
 		return NULL;
 	}
 	o->cl = (kvbpy_client *)Py_NewRef((PyObject *)cl);
@@ -644,7 +657,7 @@ static PyObject *lease_release(PyObject *self, PyObject *unused)
 		Py_CLEAR(o->mv);
 	}
 	if (!lease_held(o))
-		Py_RETURN_NONE;
+		return Py_NewRef(Py_None);
 	if (o->exports) {
 		PyErr_SetString(PyExc_BufferError,
 				"cannot release: the lease's data is still referenced");
@@ -653,14 +666,17 @@ static PyObject *lease_release(PyObject *self, PyObject *unused)
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
 	lease_unlink(o);
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_release(cl->c, &o->l);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_release(cl->c, &o->l);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	o->l.data = NULL;
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void lease_dealloc(PyObject *self)
@@ -673,9 +689,12 @@ static void lease_dealloc(PyObject *self)
 		lease_unlink(o);
 		if (cleanup_ok(cl)) {
 			cl->busy++;
-			Py_BEGIN_ALLOW_THREADS
-			kvb_release(cl->c, &o->l);
-			Py_END_ALLOW_THREADS
+			{
+				PyThreadState *ts_ = PyEval_SaveThread();
+
+				kvb_release(cl->c, &o->l);
+				PyEval_RestoreThread(ts_);
+			}
 			kvbpy_leave(cl);
 		}
 	}

@@ -79,7 +79,7 @@ static int path_arg(PyObject *o, PyObject **keep, const char **out)
 
 static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = {"socket",	    "name",	  "gpu_busid", "numa_node",
+	static char *kwl[] = {"socket",	    "name",    "gpu_busid", "numa_node",
 			      "sq_entries", "control", NULL};
 	kvbpy_client *cl = (kvbpy_client *)self;
 	PyObject *sock = NULL, *name = NULL, *busid = NULL, *numa = Py_None;
@@ -115,9 +115,12 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 	if (control)
 		o.flags |= KVB_CONNECT_CONTROL;
 	o.sq_entries = sq;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_connect(&o, &c);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_connect(&o, &c);
+		PyEval_RestoreThread(ts_);
+	}
 	Py_XDECREF(ks);
 	Py_XDECREF(kn);
 	Py_XDECREF(kb);
@@ -149,9 +152,10 @@ static int check_exports(kvbpy_client *cl)
 		}
 	for (struct kvbpy_reg *r = cl->regs.next; r != &cl->regs; r = r->next)
 		if (r->lib_exports && *r->lib_exports) {
-			PyErr_SetString(PyExc_BufferError,
-					"cannot close: a host buffer owned by the client library is "
-					"still referenced");
+			PyErr_SetString(
+				PyExc_BufferError,
+				"cannot close: a host buffer owned by the client library is "
+				"still referenced");
 			return -1;
 		}
 	return 0;
@@ -172,9 +176,12 @@ static int client_detach(kvbpy_client *cl)
 		return 0; /* another thread is closing it */
 	cl->closing = 1;
 	while (cl->busy) {
-		Py_BEGIN_ALLOW_THREADS
-		usleep(200);
-		Py_END_ALLOW_THREADS
+		{
+			PyThreadState *ts_ = PyEval_SaveThread();
+
+			usleep(200);
+			PyEval_RestoreThread(ts_);
+		}
 	}
 	if (check_exports(cl) < 0) {
 		cl->closing = 0;
@@ -192,9 +199,12 @@ static int client_detach(kvbpy_client *cl)
 	}
 	cl->c = NULL;
 	cl->cfd = -1;
-	Py_BEGIN_ALLOW_THREADS
-	kvb_close(c);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		kvb_close(c);
+		PyEval_RestoreThread(ts_);
+	}
 	cl->closing = 0;
 	return 0;
 }
@@ -218,7 +228,7 @@ static PyObject *client_close(PyObject *self, PyObject *unused)
 	(void)unused;
 	if (client_detach((kvbpy_client *)self) < 0)
 		return NULL;
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static PyObject *client_enter(PyObject *self, PyObject *unused)
@@ -252,13 +262,16 @@ static PyObject *client_nop(PyObject *self, PyObject *unused)
 	(void)unused;
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_nop(cl->c);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_nop(cl->c);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static PyObject *client_stats_json(PyObject *self, PyObject *unused)
@@ -271,9 +284,12 @@ static PyObject *client_stats_json(PyObject *self, PyObject *unused)
 	(void)unused;
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_stats_json(cl->c, &json);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_stats_json(cl->c, &json);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
@@ -336,9 +352,12 @@ static PyObject *client_ns_open(PyObject *self, PyObject *layout)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto err;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_ns_open2(cl->c, &l, &id, &nsid, &pb);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_ns_open2(cl->c, &l, &id, &nsid, &pb);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -369,9 +388,12 @@ static PyObject *client_completion_fd(PyObject *self, PyObject *unused)
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
 	if (cl->cfd < 0) {
-		Py_BEGIN_ALLOW_THREADS
-		fd = kvb_completion_fd(cl->c);
-		Py_END_ALLOW_THREADS
+		{
+			PyThreadState *ts_ = PyEval_SaveThread();
+
+			fd = kvb_completion_fd(cl->c);
+			PyEval_RestoreThread(ts_);
+		}
 		if (fd >= 0)
 			cl->cfd = fd;
 	} else {
@@ -423,9 +445,12 @@ static PyObject *client_submit(PyObject *self, PyObject *ops)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto err;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_submit(cl->c, v, (size_t)n);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_submit(cl->c, v, (size_t)n);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	free(v);
 	if (err < 0)
@@ -474,27 +499,31 @@ static PyObject *client_reap(PyObject *self, PyObject *args, PyObject *kw)
 		free(out);
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	pthread_mutex_lock(&cl->batch_lock);
-	got = cl->nstash < (size_t)max ? cl->nstash : (size_t)max;
-	if (got) { /* the caller's completions a batch reaped come first */
-		memcpy(out, cl->stash, got * sizeof(*out));
-		memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
-		cl->nstash -= got;
-	}
-	if (got < (size_t)max) {
-		size_t want = got >= (size_t)min ? 0 : (size_t)min - got;
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvb_reap(cl->c, out + got, (size_t)max - got, want, got >= (size_t)min ? 0 : tmo);
-		if (err >= 0) {
-			got += (size_t)err;
-			err = 0;
-		} else if (err == -ETIMEDOUT) {
-			err = 0; /* what has come is returned; the rest stays queued */
+		pthread_mutex_lock(&cl->batch_lock);
+		got = cl->nstash < (size_t)max ? cl->nstash : (size_t)max;
+		if (got) { /* the caller's completions a batch reaped come first */
+			memcpy(out, cl->stash, got * sizeof(*out));
+			memmove(cl->stash, cl->stash + got, (cl->nstash - got) * sizeof(*out));
+			cl->nstash -= got;
 		}
+		if (got < (size_t)max) {
+			size_t want = got >= (size_t)min ? 0 : (size_t)min - got;
+
+			err = kvb_reap(cl->c, out + got, (size_t)max - got, want,
+				       got >= (size_t)min ? 0 : tmo);
+			if (err >= 0) {
+				got += (size_t)err;
+				err = 0;
+			} else if (err == -ETIMEDOUT) {
+				err = 0; /* what has come is returned; the rest stays queued */
+			}
+		}
+		pthread_mutex_unlock(&cl->batch_lock);
+		PyEval_RestoreThread(ts_);
 	}
-	pthread_mutex_unlock(&cl->batch_lock);
-	Py_END_ALLOW_THREADS
 	kvbpy_leave(cl);
 	if (err < 0 && !got) {
 		free(out);
@@ -523,7 +552,8 @@ static PyObject *client_locate(PyObject *self, PyObject *obj)
 		return NULL;
 	r = kvbpy_reg_find(cl, (uintptr_t)m.ptr, m.len);
 	if (r)
-		res = Py_BuildValue("(IKn)", r->id, (unsigned long long)((uintptr_t)m.ptr - r->addr),
+		res = Py_BuildValue("(IKn)", r->id,
+				    (unsigned long long)((uintptr_t)m.ptr - r->addr),
 				    (Py_ssize_t)m.len);
 	else
 		res = Py_NewRef(Py_None);
@@ -552,12 +582,16 @@ static PyMethodDef client_methods[] = {
 	 "zero-copy. Writable buffer protocol."},
 	{"register_host_fd", (PyCFunction)(void (*)(void))kvbpy_register_host_fd,
 	 METH_VARARGS | METH_KEYWORDS,
-	 "register_host_fd(fd, nbytes, offset=0, *, seal=False, mapped=None) -> HostBuffer\n--\n\n"
+	 "register_host_fd(fd, nbytes, offset=0, *, seal=False, mapped=None, fdcopy=False) -> "
+	 "HostBuffer\n--\n\n"
 	 "Registers [offset, offset + nbytes) of a tmpfs memfd this process owns (SGLang's shm\n"
 	 "host pool). mapped: an object whose memory is those bytes mapped MAP_SHARED here (a\n"
 	 "tensor or buffer over the engine's own mapping): put/get of memory inside it is then\n"
 	 "zero-copy; None maps the range anew. seal=True adds F_SEAL_SHRINK when missing\n"
-	 "(without it an unsealed fd is refused, EPERM)."},
+	 "(without it an unsealed fd is refused, EPERM). fdcopy=True accepts a file that cannot\n"
+	 "be sealed (SGLang's memfd without MFD_ALLOW_SEALING, /dev/shm files): the broker then\n"
+	 "copies with pread/pwrite on it (one kernel copy), never mapping it; seal=True as well\n"
+	 "takes the mapped path whenever the file allows."},
 	{"register_gpu", (PyCFunction)(void (*)(void))kvbpy_register_gpu,
 	 METH_VARARGS | METH_KEYWORDS,
 	 "register_gpu(memory, nbytes=None) -> GpuBuffer\n--\n\nRegisters GPU memory: a CUDA "

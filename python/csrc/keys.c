@@ -122,8 +122,9 @@ static int tokens_get(PyObject *obj, const uint32_t **ids, size_t *n, uint32_t *
 		if (!strchr("bhilqBHILQ", *f) || f[1] ||
 		    (view->itemsize != 4 && view->itemsize != 8)) {
 			PyBuffer_Release(view);
-			PyErr_SetString(PyExc_TypeError,
-					"tokens: a buffer of 32- or 64-bit integers, or a sequence");
+			PyErr_SetString(
+				PyExc_TypeError,
+				"tokens: a buffer of 32- or 64-bit integers, or a sequence");
 			return -1;
 		}
 		len = view->len / view->itemsize;
@@ -155,8 +156,7 @@ static int tokens_get(PyObject *obj, const uint32_t **ids, size_t *n, uint32_t *
 				free(*owned);
 				*owned = NULL;
 				PyBuffer_Release(view);
-				PyErr_SetString(PyExc_OverflowError,
-						"token id outside [0, 2**32)");
+				PyErr_SetString(PyExc_OverflowError, "token id outside [0, 2**32)");
 				return -1;
 			}
 			(*owned)[i] = (uint32_t)x;
@@ -249,9 +249,12 @@ static PyObject *chain_one(PyObject *args, PyObject *kw, int eagle)
 				"an EAGLE page of n positions needs n + 1 token ids");
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	k = eagle ? kvb_key_chain_eagle(pp, ids, n - 1) : kvb_key_chain(pp, ids, n);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		k = eagle ? kvb_key_chain_eagle(pp, ids, n - 1) : kvb_key_chain(pp, ids, n);
+		PyEval_RestoreThread(ts_);
+	}
 	tokens_put(owned, &v, hv);
 	return key_bytes(&k);
 }
@@ -299,15 +302,18 @@ static PyObject *chain_pages(PyObject *args, PyObject *kw, int eagle)
 		tokens_put(owned, &v, hv);
 		return PyErr_NoMemory();
 	}
-	Py_BEGIN_ALLOW_THREADS
-	for (size_t i = 0; i < npages; i++) {
-		const uint32_t *t = ids + i * (size_t)tpp;
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
 
-		out[i] = eagle ? kvb_key_chain_eagle(pp, t, (size_t)tpp)
-			       : kvb_key_chain(pp, t, (size_t)tpp);
-		pp = &out[i];
+		for (size_t i = 0; i < npages; i++) {
+			const uint32_t *t = ids + i * (size_t)tpp;
+
+			out[i] = eagle ? kvb_key_chain_eagle(pp, t, (size_t)tpp)
+				       : kvb_key_chain(pp, t, (size_t)tpp);
+			pp = &out[i];
+		}
+		PyEval_RestoreThread(ts_);
 	}
-	Py_END_ALLOW_THREADS
 	tokens_put(owned, &v, hv);
 	list = PyList_New((Py_ssize_t)npages);
 	for (size_t i = 0; list && i < npages; i++) {

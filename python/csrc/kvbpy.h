@@ -77,18 +77,18 @@ struct kvbpy_lease_node {
 };
 
 typedef struct {
-	PyObject_HEAD
-	kvb_client *c;	 /* NULL: not connected or closed */
-	unsigned gen;	 /* kvbpy_fork_gen at connect */
-	int control;	 /* KVB_CONNECT_CONTROL */
-	int closing;	 /* close() waits for busy == 0 */
-	long busy;	 /* calls running without the GIL */
-	struct kvbpy_reg regs;		     /* list head of registered buffers */
-	struct kvbpy_lease_node leases;	     /* list head of live leases */
-	pthread_mutex_t batch_lock;	     /* one submit/reap round at a time (batch.c) */
-	struct kvb_completion *stash;	     /* the caller's completions a batch reaped */
+	PyObject ob_base;
+	kvb_client *c;			/* NULL: not connected or closed */
+	unsigned gen;			/* kvbpy_fork_gen at connect */
+	int control;			/* KVB_CONNECT_CONTROL */
+	int closing;			/* close() waits for busy == 0 */
+	long busy;			/* calls running without the GIL */
+	struct kvbpy_reg regs;		/* list head of registered buffers */
+	struct kvbpy_lease_node leases; /* list head of live leases */
+	pthread_mutex_t batch_lock;	/* one submit/reap round at a time (batch.c) */
+	struct kvb_completion *stash;	/* the caller's completions a batch reaped */
 	size_t nstash, stash_cap;
-	int cfd;			     /* kvb_completion_fd(), -1 until asked */
+	int cfd; /* kvb_completion_fd(), -1 until asked */
 } kvbpy_client;
 
 /*
@@ -143,8 +143,7 @@ int kvbpy_keys(PyObject *obj, kvb_key **keys, size_t *n, kvb_key **owned, Py_buf
  * reaps meanwhile are stashed for reap(). Returns 0, or the negative errno that broke the batch
  * (broker gone, ring protocol).
  */
-int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res,
-		    uint32_t *flags);
+int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res, uint32_t *flags);
 #define KVBPY_TAG (1ull << 63) /* user_data of the module's own batch ops */
 
 /* Client methods that live in buffers.c. */
@@ -157,7 +156,7 @@ PyObject *kvbpy_lease_new(kvbpy_client *cl, const struct kvb_lease *l);
 
 /* Namespace object (ns.c). */
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_client *cl;
 	PyObject *layout;
 	uint32_t id;

@@ -35,7 +35,8 @@ static int torch_like(kvbpy_client *cl, PyObject *obj, struct kvbpy_mem *m)
 	nb = PyLong_AsLongLong(v);
 	Py_DECREF(v);
 	if (nb < 0)
-		return PyErr_Occurred() ? -1 : (PyErr_SetString(PyExc_ValueError, "nbytes < 0"), -1);
+		return PyErr_Occurred() ? -1
+					: (PyErr_SetString(PyExc_ValueError, "nbytes < 0"), -1);
 	v = PyObject_CallMethod(obj, "is_contiguous", NULL);
 	if (!v)
 		return -1;

@@ -10,6 +10,7 @@
  * calls return None/False for it.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kvbpy.h"

@@ -59,9 +59,12 @@ static PyObject *ns_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 		kvbpy_mem_release(&m);
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_put(cl->c, ns->id, k, m.ptr, m.len);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_put(cl->c, ns->id, k, m.ptr, m.len);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	kvbpy_mem_release(&m);
 	if (err < 0)
@@ -87,9 +90,12 @@ static int get_into(kvbpy_ns *ns, const kvb_key *k, PyObject *obj)
 		kvbpy_mem_release(&m);
 		return -1;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_get(cl->c, ns->id, *k, m.ptr, ns->page_bytes);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_get(cl->c, ns->id, *k, m.ptr, ns->page_bytes);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	kvbpy_mem_release(&m);
 	if (err == -ENOENT)
@@ -139,14 +145,17 @@ static PyObject *ns_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 		Py_DECREF(b);
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_get(cl->c, ns->id, k, p, ns->page_bytes);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_get(cl->c, ns->id, k, p, ns->page_bytes);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		Py_DECREF(b);
 		if (err == -ENOENT)
-			Py_RETURN_NONE;
+			return Py_NewRef(Py_None);
 		return kvbpy_raise(err);
 	}
 	return b;
@@ -170,9 +179,12 @@ static PyObject *lookup_common(kvbpy_ns *ns, PyObject *keys, int tiers)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto out;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_lookup_tiers(cl->c, ns->id, kv, n, &hits, t);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_lookup_tiers(cl->c, ns->id, kv, n, &hits, t);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -221,15 +233,18 @@ static PyObject *ns_delete(PyObject *self, PyObject *key)
 
 	if (kvbpy_key(key, &k) < 0 || kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_delete(cl->c, ns->id, k);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_delete(cl->c, ns->id, k);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err == -ENOENT)
-		Py_RETURN_FALSE;
+		return Py_NewRef(Py_False);
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_TRUE;
+	return Py_NewRef(Py_True);
 }
 
 static PyObject *ns_acquire(PyObject *self, PyObject *key)
@@ -242,12 +257,15 @@ static PyObject *ns_acquire(PyObject *self, PyObject *key)
 
 	if (kvbpy_key(key, &k) < 0 || kvbpy_enter(cl) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_acquire(cl->c, ns->id, k, &l);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_acquire(cl->c, ns->id, k, &l);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err == -ENOENT)
-		Py_RETURN_NONE;
+		return Py_NewRef(Py_None);
 	if (err < 0)
 		return kvbpy_raise(err);
 	return kvbpy_lease_new(cl, &l);
@@ -348,41 +366,44 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto out;
-	Py_BEGIN_ALLOW_THREADS
 	{
-		int32_t *rr = calloc(b.nops + 1, sizeof(*rr));
-		uint32_t *ff = calloc(b.nops + 1, sizeof(*ff));
+		PyThreadState *ts_ = PyEval_SaveThread();
 
-		if (!rr || !ff) {
-			err = -ENOMEM;
-		} else {
-			err = kvbpy_batch_run(cl, b.ops, b.nops, rr, ff);
-			for (size_t j = 0; !err && j < b.nops; j++) {
-				b.res[b.idx[j]] = rr[j];
-				b.flags[b.idx[j]] = ff[j];
-			}
-		}
-		free(rr);
-		free(ff);
-		/* Members outside registered memory: the synchronous calls. */
-		for (size_t i = 0, j = 0; !err && i < b.n; i++) {
-			if (j < b.nops && b.idx[j] == i) {
-				j++;
-				continue;
-			}
-			if (put) {
-				int r = kvb_put(cl->c, ns->id, b.keys[i], b.mem[i].ptr,
-						b.mem[i].len);
+		{
+			int32_t *rr = calloc(b.nops + 1, sizeof(*rr));
+			uint32_t *ff = calloc(b.nops + 1, sizeof(*ff));
 
-				b.res[i] = r < 0 ? r : 0;
-				b.flags[i] = r == 1 ? KVB_CQEF_EXISTED : 0;
+			if (!rr || !ff) {
+				err = -ENOMEM;
 			} else {
-				b.res[i] = kvb_get(cl->c, ns->id, b.keys[i], b.mem[i].ptr,
-						   ns->page_bytes);
+				err = kvbpy_batch_run(cl, b.ops, b.nops, rr, ff);
+				for (size_t j = 0; !err && j < b.nops; j++) {
+					b.res[b.idx[j]] = rr[j];
+					b.flags[b.idx[j]] = ff[j];
+				}
+			}
+			free(rr);
+			free(ff);
+			/* Members outside registered memory: the synchronous calls. */
+			for (size_t i = 0, j = 0; !err && i < b.n; i++) {
+				if (j < b.nops && b.idx[j] == i) {
+					j++;
+					continue;
+				}
+				if (put) {
+					int r = kvb_put(cl->c, ns->id, b.keys[i], b.mem[i].ptr,
+							b.mem[i].len);
+
+					b.res[i] = r < 0 ? r : 0;
+					b.flags[i] = r == 1 ? KVB_CQEF_EXISTED : 0;
+				} else {
+					b.res[i] = kvb_get(cl->c, ns->id, b.keys[i], b.mem[i].ptr,
+							   ns->page_bytes);
+				}
 			}
 		}
+		PyEval_RestoreThread(ts_);
 	}
-	Py_END_ALLOW_THREADS
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -436,9 +457,12 @@ static PyObject *ns_prefetch(PyObject *self, PyObject *keys)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto out;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvbpy_batch_run(cl, b.ops, b.n, b.res, b.flags);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvbpy_batch_run(cl, b.ops, b.n, b.res, b.flags);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);

@@ -19,7 +19,7 @@
 PyTypeObject *kvbpy_ViewType;
 
 typedef struct {
-	PyObject_HEAD
+	PyObject ob_base;
 	kvbpy_ns *ns;
 	PyObject *bufs; /* tuple: the buffers of the parts */
 	uint32_t id;
@@ -67,13 +67,15 @@ PyObject *kvbpy_view_new(kvbpy_ns *ns, PyObject *parts)
 			goto err;
 		ok = PyArg_ParseTuple(t, "OI|KK:ViewPart", &buf, &stride, &base, &pstride);
 		if (ok) {
-			idv = PyLong_Check(buf) ? Py_NewRef(buf) : PyObject_GetAttrString(buf, "id");
+			idv = PyLong_Check(buf) ? Py_NewRef(buf)
+						: PyObject_GetAttrString(buf, "id");
 			ok = idv != NULL;
 			if (ok) {
 				unsigned long x = PyLong_AsUnsignedLong(idv);
 
 				Py_DECREF(idv);
-				ok = !(x == (unsigned long)-1 && PyErr_Occurred()) && x <= UINT32_MAX;
+				ok = !(x == (unsigned long)-1 && PyErr_Occurred()) &&
+				     x <= UINT32_MAX;
 				pv[i].buf = (uint32_t)x;
 			}
 			if (ok)
@@ -91,9 +93,12 @@ PyObject *kvbpy_view_new(kvbpy_ns *ns, PyObject *parts)
 	}
 	if (kvbpy_enter(cl) < 0)
 		goto err;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_view_create2(cl->c, ns->id, pv, (size_t)n, 0, &id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_view_create2(cl->c, ns->id, pv, (size_t)n, 0, &id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -103,7 +108,8 @@ PyObject *kvbpy_view_new(kvbpy_ns *ns, PyObject *parts)
 	v = PyObject_New(view, kvbpy_ViewType);
 	if (!v) {
 		Py_DECREF(bufs);
-		kvb_view_destroy(cl->c, id);
+		if (cl->c)
+			kvb_view_destroy(cl->c, id);
 		return NULL;
 	}
 	v->ns = (kvbpy_ns *)Py_NewRef((PyObject *)ns);
@@ -134,21 +140,24 @@ static PyObject *view_destroy(PyObject *self, PyObject *unused)
 
 	(void)unused;
 	if (!v->alive)
-		Py_RETURN_NONE;
+		return Py_NewRef(Py_None);
 	if (!cl->c) { /* closed: the broker dropped it */
 		v->alive = 0;
-		Py_RETURN_NONE;
+		return Py_NewRef(Py_None);
 	}
 	if (kvbpy_enter(cl) < 0)
 		return NULL;
 	v->alive = 0;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_view_destroy(cl->c, v->id);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_view_destroy(cl->c, v->id);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static void view_dealloc(PyObject *self)
@@ -159,9 +168,12 @@ static void view_dealloc(PyObject *self)
 
 	if (v->alive && cl->c && !cl->closing && !kvbpy_forked(cl)) {
 		cl->busy++;
-		Py_BEGIN_ALLOW_THREADS
-		kvb_view_destroy(cl->c, v->id);
-		Py_END_ALLOW_THREADS
+		{
+			PyThreadState *ts_ = PyEval_SaveThread();
+
+			kvb_view_destroy(cl->c, v->id);
+			PyEval_RestoreThread(ts_);
+		}
 		kvbpy_leave(cl);
 	}
 	Py_DECREF(v->bufs);
@@ -205,9 +217,12 @@ static PyObject *view_put(PyObject *self, PyObject *args)
 	if (!PyArg_ParseTuple(args, "OK:put", &key, &slot) || kvbpy_key(key, &k) < 0 ||
 	    view_enter(v) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_view_put(v->ns->cl->c, v->id, k, slot);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_view_put(v->ns->cl->c, v->id, k, slot);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(v->ns->cl);
 	if (err < 0)
 		return kvbpy_raise(err);
@@ -227,15 +242,18 @@ static PyObject *view_get(PyObject *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OK|O:get", kwl, &key, &slot, &layers) ||
 	    kvbpy_key(key, &k) < 0 || layers_arg(layers, &lf, &lc) < 0 || view_enter(v) < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvb_view_get(v->ns->cl->c, v->id, k, slot, lf, lc);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvb_view_get(v->ns->cl->c, v->id, k, slot, lf, lc);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(v->ns->cl);
 	if (err == -ENOENT)
-		Py_RETURN_FALSE;
+		return Py_NewRef(Py_False);
 	if (err < 0)
 		return kvbpy_raise(err);
-	Py_RETURN_TRUE;
+	return Py_NewRef(Py_True);
 }
 
 /* put_many(keys, slots) / get_many(keys, slots, layers=None): one submit/reap round. */
@@ -252,8 +270,7 @@ static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *l
 	size_t n = 0;
 	int hv = 0, err;
 
-	if (layers_arg(layers, &lf, &lc) < 0 ||
-	    kvbpy_keys(keys, &kv, &n, &owned, &kview, &hv) < 0)
+	if (layers_arg(layers, &lf, &lc) < 0 || kvbpy_keys(keys, &kv, &n, &owned, &kview, &hv) < 0)
 		return NULL;
 	ns_ = PySequence_Size(slots);
 	if (ns_ < 0)
@@ -289,9 +306,12 @@ static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *l
 	}
 	if (view_enter(v) < 0)
 		goto out;
-	Py_BEGIN_ALLOW_THREADS
-	err = kvbpy_batch_run(cl, ops, n, res, flags);
-	Py_END_ALLOW_THREADS
+	{
+		PyThreadState *ts_ = PyEval_SaveThread();
+
+		err = kvbpy_batch_run(cl, ops, n, res, flags);
+		PyEval_RestoreThread(ts_);
+	}
 	kvbpy_leave(cl);
 	if (err < 0) {
 		kvbpy_raise(err);
@@ -379,8 +399,9 @@ static PyMethodDef view_methods[] = {
 	{"get_many", FC(view_get_many), METH_VARARGS | METH_KEYWORDS,
 	 "get_many(keys, slots, layers=None) -> list[bool]\n--\n\nget() of many pages in one "
 	 "submit/reap round (GIL released)."},
-	{"destroy", view_destroy, METH_NOARGS, "destroy() -> None\n--\n\nDrops the view "
-					       "(idempotent)."},
+	{"destroy", view_destroy, METH_NOARGS,
+	 "destroy() -> None\n--\n\nDrops the view "
+	 "(idempotent)."},
 	{"__enter__", view_self, METH_NOARGS, "Returns the view."},
 	{"__exit__", view_exit, METH_VARARGS, "Destroys the view."},
 	{NULL, NULL, 0, NULL},

@@ -293,6 +293,41 @@ def test_register_host_fd(client: kvb.Client, ns: kvb.Namespace, tmp_path) -> No
         os.close(fd)
 
 
+def test_register_unsealable_fd_with_fdcopy(client: kvb.Client, ns: kvb.Namespace) -> None:
+    import mmap
+    import os
+
+    fd = os.memfd_create("sglang-like")  # no MFD_ALLOW_SEALING: can never be sealed
+    try:
+        os.ftruncate(fd, 4 * ns.page_bytes)
+        with pytest.raises(kvb.Error) as ei:
+            client.register_host_fd(fd, 4 * ns.page_bytes, seal=True)
+        assert ei.value.errno == 1  # EPERM: cannot be sealed
+        engine_map = mmap.mmap(fd, 4 * ns.page_bytes)
+        mv = memoryview(engine_map)
+        try:
+            buf = client.register_host_fd(fd, 4 * ns.page_bytes, seal=True, fdcopy=True,
+                                          mapped=mv)
+        except kvb.Error as e:
+            if e.errno == 22:
+                pytest.skip("library without KVB_BUF_FDCOPY")
+            raise
+        keys = fresh_keys(2)
+        mv[: ns.page_bytes] = page(ns, 21)
+        assert ns.put(keys[0], mv[: ns.page_bytes])  # the broker preads the file
+        assert ns.put_many([keys[1]], [mv[: ns.page_bytes]]) == [True]
+        assert ns.get_into(keys[0], mv[ns.page_bytes:2 * ns.page_bytes])  # and pwrites it
+        assert ns.get_many([keys[1]], [mv[2 * ns.page_bytes:3 * ns.page_bytes]]) == [True]
+        assert bytes(mv[ns.page_bytes:2 * ns.page_bytes]) == page(ns, 21)
+        assert bytes(mv[2 * ns.page_bytes:3 * ns.page_bytes]) == page(ns, 21)
+        buf.unregister()
+        del buf
+        mv.release()
+        engine_map.close()
+    finally:
+        os.close(fd)
+
+
 def test_batches(client: kvb.Client, ns: kvb.Namespace) -> None:
     n = 12
     keys = fresh_keys(n)
@@ -501,3 +536,51 @@ def test_disk_tier_tiers_and_prefetch(tmp_path) -> None:  # type: ignore[no-unty
             assert ns.get_into(cold[0], out)
     finally:
         b.stop()
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    import inspect
+
+    import kvbroker.aio
+
+    missing = []
+    for mod in (kvb, kvbroker.aio):
+        names = getattr(mod, "__all__", None) or [n for n in dir(mod) if not n.startswith("_")]
+        for name in names:
+            obj = getattr(mod, name)
+            if isinstance(obj, int | str | dict):
+                continue  # constants
+            if not (obj.__doc__ or "").strip():
+                missing.append(f"{mod.__name__}.{name}")
+            if inspect.isclass(obj) and not issubclass(obj, BaseException):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") or attr in ("count", "index"):
+                        continue
+                    if not callable(member) and not inspect.isdatadescriptor(member):
+                        continue  # dataclass field defaults: documented in the class
+                    if not (getattr(member, "__doc__", None) or "").strip():
+                        missing.append(f"{mod.__name__}.{name}.{attr}")
+    assert not missing, missing
+
+
+def test_everything_raises_after_close(broker) -> None:  # type: ignore[no-untyped-def]
+    c = kvb.connect(broker.socket, sq_entries=64)
+    ns = c.ns_open(SMALL)
+    buf = c.alloc_host(ns.page_bytes)
+    (k,) = fresh_keys(1)
+    assert ns.put(k, buf)
+    lease = ns.acquire(k)
+    assert lease is not None
+    c.close()
+    assert not buf.registered and lease is not None and not lease.held
+    for call in (lambda: ns.put(k, buf), lambda: ns.get(k), lambda: ns.lookup([k]),
+                 lambda: ns.delete(k), lambda: ns.acquire(k), lambda: ns.prefetch([k]),
+                 lambda: ns.put_many([k], [buf]), lambda: c.alloc_host(4096),
+                 lambda: c.ns_open(SMALL), c.stats, lambda: c.reap(1, 0, 0),
+                 lambda: c.submit([kvb.Op(kvb.OP_NOP)]), c.completion_fd):
+        with pytest.raises(kvb.ClientClosed):
+            call()
+    buf.unregister()  # no-ops now
+    lease.release()
+    with pytest.raises(kvb.Error):
+        kvb.connect(broker.socket, sq_entries=3)  # not a power of two

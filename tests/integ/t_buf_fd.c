@@ -170,7 +170,7 @@ static void unaligned_offset(kvb_client *c)
 	CHECK_RC(kvb_buf_register_host_fd(c, fd, FILE_LEN, 1, NULL, 0, &buf), -EFAULT);
 	CHECK_RC(kvb_buf_register_host_fd(c, fd, UINT64_MAX - 10, 100, NULL, 0, &buf), -EINVAL);
 	CHECK_RC(kvb_buf_register_host_fd(c, fd, 0, 0, NULL, 0, &buf), -EINVAL);
-	CHECK_RC(kvb_buf_register_host_fd(c, fd, 0, PB, NULL, 2, &buf), -EINVAL);
+	CHECK_RC(kvb_buf_register_host_fd(c, fd, 0, PB, NULL, 1u << 7, &buf), -EINVAL);
 	CHECK_RC(kvb_buf_register_host_fd(c, -1, 0, PB, NULL, 0, &buf), -EINVAL);
 	munmap(m, FILE_LEN);
 	close(fd);

@@ -73,6 +73,7 @@ struct kvbb_cfg {
 	uint32_t qd; /* get, put: ops per kvb_submit, all reaped before the next */
 	uint64_t warmup;
 	int read_sum; /* acquire: sum instead of copy */
+	int host_buf; /* get, put, mix: KVBB_BUF_* (where the registered buffer comes from) */
 	double timeout;
 	unsigned gap_us; /* sleep between ops, untimed: lets the broker fall asleep */
 	enum kvbb_dist dist;
@@ -112,6 +113,14 @@ struct kvbb_slot {
 	uint64_t hist[NKIND][H_BUCKETS];
 };
 
+/*
+ * --host-buf: the registered host buffer of get/put/mix. ALLOC: kvb_buf_alloc_host (the
+ * library's sealed memfd); MEMFD: our own memfd, sealed, kvb_buf_register_host_fd (the broker
+ * maps it); FDCOPY: a memfd made as SGLang 0.5.23's alloc_shm makes it (unsealable),
+ * registered with KVB_BUF_FDCOPY (the broker copies with pread/pwrite).
+ */
+enum { KVBB_BUF_ALLOC = 0, KVBB_BUF_MEMFD, KVBB_BUF_FDCOPY };
+
 /* A thread's state. */
 struct kvbb_w {
 	const struct kvbb_cfg *cfg;
@@ -121,6 +130,7 @@ struct kvbb_w {
 	uint32_t ns, bufid;
 	uint8_t *buf;	/* registered or private destination/source ring */
 	int buf_reg;	/* buf came from kvb_buf_alloc_host (kvb_close unmaps it) */
+	size_t buf_own; /* > 0: buf is our own memfd mapping of this many bytes (--host-buf) */
 	uint8_t *src;	/* memcpy source, private pool */
 	uint64_t slots; /* pages that fit in buf */
 	uint64_t start; /* this thread's first working-set page */

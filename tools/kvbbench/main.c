@@ -195,6 +195,10 @@ static void usage(FILE *f)
 		"                    before the next (latency is per batch; default 1)\n"
 		"  --read sum|copy   acquire: sum the page as uint64 or copy it out (default "
 		"copy)\n"
+		"  --host-buf B      get, put, mix: the registered buffer: alloc "
+		"(kvb_buf_alloc_host,\n"
+		"                    default), memfd (own sealed memfd, registered by fd: mapped)\n"
+		"                    or fdcopy (SGLang's unsealable memfd, KVB_BUF_FDCOPY)\n"
 		"  --prefixes N      engine: system prompts (default 16)\n"
 		"  --prefix-pages N  engine: pages per system prompt (default 8)\n"
 		"  --branches N      engine: conversation branches under each prompt (default 4)\n"
@@ -311,6 +315,7 @@ enum {
 	O_JSON,
 	O_PROTO,
 	O_QD,
+	O_HOST_BUF,
 };
 
 static int parse_args(int argc, char **argv)
@@ -343,6 +348,7 @@ static int parse_args(int argc, char **argv)
 		{"progress", no_argument, NULL, O_PROGRESS},
 		{"json", no_argument, NULL, O_JSON},
 		{"proto", required_argument, NULL, O_PROTO},
+		{"host-buf", required_argument, NULL, O_HOST_BUF},
 		{"qd", required_argument, NULL, O_QD},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
@@ -438,6 +444,19 @@ static int parse_args(int argc, char **argv)
 			break;
 		case O_BATCH:
 			cfg.batch = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case O_HOST_BUF:
+			if (!strcmp(optarg, "alloc")) {
+				cfg.host_buf = KVBB_BUF_ALLOC;
+			} else if (!strcmp(optarg, "memfd")) {
+				cfg.host_buf = KVBB_BUF_MEMFD;
+			} else if (!strcmp(optarg, "fdcopy")) {
+				cfg.host_buf = KVBB_BUF_FDCOPY;
+			} else {
+				fprintf(stderr,
+					"kvbbench: --host-buf takes alloc, memfd or fdcopy\n");
+				return -1;
+			}
 			break;
 		case O_READ:
 			if (strcmp(optarg, "sum") && strcmp(optarg, "copy")) {

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -176,10 +177,48 @@ static int setup_conn(struct kvbb_w *w, char *err, size_t errlen)
 	return setup_conn_as(w, layout_of(w->cfg), err, errlen);
 }
 
+/* --host-buf memfd / fdcopy: a memfd of our own, registered by fd, mapped here. */
+static int own_memfd(struct kvbb_w *w, size_t len, char *err, size_t errlen)
+{
+	int fdcopy = w->cfg->host_buf == KVBB_BUF_FDCOPY, rc;
+	int fd = memfd_create("kvbbench", MFD_CLOEXEC | (fdcopy ? 0 : MFD_ALLOW_SEALING));
+	void *p;
+
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "memfd of %zu bytes: %s", len, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+	if (p == MAP_FAILED) {
+		rc = -errno;
+		snprintf(err, errlen, "mmap of the memfd: %s", strerror(errno));
+		close(fd);
+		return rc;
+	}
+	rc = kvb_buf_register_host_fd(w->c, fd, 0, len, p, fdcopy ? KVB_BUF_FDCOPY : KVB_BUF_SEAL,
+				      &w->bufid);
+	close(fd);
+	if (rc) {
+		snprintf(err, errlen, "kvb_buf_register_host_fd: %s", kvb_strerror(rc));
+		munmap(p, len);
+		return rc;
+	}
+	w->buf = p;
+	w->buf_reg = 1;
+	w->buf_own = len;
+	memset(w->buf, 0x3c, len);
+	return 0;
+}
+
 static int alloc_reg(struct kvbb_w *w, char *err, size_t errlen)
 {
 	size_t len = w->slots * w->cfg->page_bytes;
 
+	if (w->cfg->host_buf != KVBB_BUF_ALLOC)
+		return own_memfd(w, len, err, errlen);
 	w->buf = kvb_buf_alloc_host(w->c, len, &w->bufid);
 	if (!w->buf) {
 		snprintf(err, errlen, "kvb_buf_alloc_host of %zu bytes failed", len);
@@ -250,7 +289,9 @@ static void teardown(struct kvbb_w *w)
 {
 	kvb_close(w->c); /* also unmaps a buffer from kvb_buf_alloc_host */
 	w->c = NULL;
-	if (!w->buf_reg)
+	if (w->buf_own)
+		munmap(w->buf, w->buf_own); /* the broker let go of it at kvb_close */
+	else if (!w->buf_reg)
 		free(w->buf);
 	w->buf = NULL;
 	free(w->src);

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import (
+    CQEF_EXISTED,
     OP_GET,
     OP_NOP,
     OP_PUT,
@@ -35,6 +36,8 @@ from . import (
     Timeout,
     strerror,
 )
+
+__all__ = ["AsyncClient", "error_of"]
 
 _TYPES: dict[int, type[Error]] = {
     _errno.ECONNRESET: BrokerGone,
@@ -122,7 +125,7 @@ class AsyncClient:
         c = await self._one(Op(OP_PUT, ns=ns.id, buf=loc[0], key=key, off=loc[1]))
         if c.res < 0:
             raise error_of(c.res)
-        return not c.flags & 1
+        return not c.flags & CQEF_EXISTED
 
     async def get_into(self, ns: Namespace, key: bytes, out: Any) -> bool:
         """:meth:`Namespace.get_into`, awaited: False when the page is not stored."""
