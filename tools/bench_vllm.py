@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -36,7 +37,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 
 import kvbroker as kvb  # noqa: E402
 import vllm_support as vs  # noqa: E402
-from kvbroker.vllm import KVBrokerMetadata, _Transfer, namespace_layouts  # noqa: E402
+from kvbroker.vllm import (  # noqa: E402
+    KVBrokerConnector,
+    KVBrokerMetadata,
+    _Transfer,
+    namespace_layouts,
+)
 
 IMPORT_S = time.perf_counter() - t_import
 
@@ -52,7 +58,8 @@ def bench_match(tmp: Path, sock: str, bs: int, n: int, early: bool,
                                                          "early_lookup": early},
                         max_model_len=40000)
     kcc = vs.make_kv_cache_config(bs, 4096, mla=True, num_layers=2)
-    conn = KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc)
+    conn = cast(KVBrokerConnector,
+                KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc))
     tokens = [(i * 7919 + bs) % 150000 for i in range(32768)]
     keys = kvb.page_keys(tokens, bs)
     with kvb.connect(sock) as c:
@@ -62,7 +69,7 @@ def bench_match(tmp: Path, sock: str, bs: int, n: int, early: bool,
             ns.put(k, page)
     times = []
     ktimes = []
-    got = 0
+    got: int | None = 0
     for i in range(n):
         req = vs.make_request(f"m{i}", tokens, bs)
         if early:
@@ -91,7 +98,8 @@ def bench_worker(tmp: Path, sock: str, zero_copy: bool, *, reps: int, nblocks: i
                         extra={"model": "bench-worker", "zero_copy": zero_copy,
                                "layer_groups": 4})
     kcc = vs.make_kv_cache_config(bs, nblocks, mla=True, num_layers=layers)
-    w = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kcc)
+    w = cast(KVBrokerConnector,
+             KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, kcc))
     names = list(kcc.kv_cache_groups[0].layer_names)
     raw = torch.randint(0, 255, (layers, nblocks, bs, vs.MLA_DIM * 2), dtype=torch.uint8)
     kv = {n: raw[i].view(torch.bfloat16) for i, n in enumerate(names)}
@@ -115,12 +123,12 @@ def bench_worker(tmp: Path, sock: str, zero_copy: bool, *, reps: int, nblocks: i
         w.clear_connector_metadata()
         w.bind_connector_metadata(KVBrokerMetadata(loads=[tr]))
         t0 = time.perf_counter()
-        w.start_load_kv(None)
+        w.start_load_kv(cast(Any, None))  # the connector reads its metadata only
         for n in names:
             w.wait_for_layer_load(n)
         w.wait_for_save()
         errs = w.get_block_ids_with_load_errors()
-        existed = w._worker.stats_total["existed_pages"]
+        existed = vs.wk(w).stats_total["existed_pages"]
         out["load"].append(time.perf_counter() - t0)
         w.clear_connector_metadata()
         if errs or existed:

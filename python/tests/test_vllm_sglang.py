@@ -21,12 +21,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("vllm")
 pytest.importorskip("sglang")
 
+# isort: off
 import sglang_support as S  # SGLang first (see there)
+
+# isort: on
+
 import torch
-import vllm_support as vs
-from conftest import Broker
 from sglang.srt.mem_cache.utils import get_hash_str
 
+import vllm_support as vs
+from conftest import Broker
 from kvbroker.sglang import KVBrokerStorage
 from test_vllm_cross import canonical_page
 
@@ -45,6 +49,7 @@ def _pool(mla: bool) -> Any:
 
 def _canon(b: KVBrokerStorage, page: int) -> torch.Tensor:
     flat = b.mem_pool_host.kv_buffer.view(-1).view(torch.uint8)
+    assert b.geometry is not None
     return b.geometry.canonical(flat, page * BS)
 
 
