@@ -116,6 +116,44 @@ def test_unsealable_memfd_without_adopt_is_broker_pread(broker: Broker, layout: 
     b.close()
 
 
+@pytest.mark.parametrize("alloc", ["shm", "default"])
+def test_prefetch_and_backup_threads_at_once(broker: Broker, alloc: str) -> None:
+    """SGLang's prefetch thread loads while its backup thread stores, on one backend (the
+    staging path shares one buffer): every page still byte-exact."""
+    import threading
+
+    pool = pool_of("mha", "page_first_direct", alloc, tokens=512)
+    S.fill(pool, 41)
+    b = backend(pool, broker, "mha", f"threads/{alloc}", staging_mb=1)
+    old, new = hkeys(6), hkeys(6)
+    assert b.batch_set_v1(old, S.indices(list(range(1, 7)), PAGE)) == [True] * 6
+    want_old, want_new = canon(b, list(range(1, 7))), canon(b, list(range(7, 13)))
+    errs: list[str] = []
+
+    def getter() -> None:
+        for _ in range(20):
+            if b.batch_get_v1(old, S.indices(list(range(20, 26)), PAGE)) != [True] * 6:
+                errs.append("get missed")
+
+    def setter() -> None:
+        for _ in range(20):
+            if b.batch_set_v1(new, S.indices(list(range(7, 13)), PAGE)) != [True] * 6:
+                errs.append("set failed")
+
+    ts = [threading.Thread(target=getter), threading.Thread(target=setter)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errs
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, list(range(20, 26))), want_old,
+                                                  strict=True))
+    assert b.batch_get_v1(new, S.indices(list(range(30, 36)), PAGE)) == [True] * 6
+    assert all(torch.equal(x, w) for x, w in zip(canon(b, list(range(30, 36))), want_new,
+                                                  strict=True))
+    b.close()
+
+
 def test_model_name_rule() -> None:
     assert model_ns_name("moonshotai/Kimi-K2.5") == "kimi-k2.5"
     assert model_ns_name("/models/Kimi-K2.5/") == "kimi-k2.5"
@@ -303,6 +341,51 @@ def test_same_hits_and_misses_as_hicachefile(broker: Broker, tmp_path: Path) -> 
     assert torch.equal(page.view(torch.uint8), sgpage(pf, 1))
     assert k.get(other[0], pk.get_dummy_flat_data_page()) is None
     assert f.get(other[0], pf.get_dummy_flat_data_page()) is None
+    k.close()
+
+
+def test_v2_extra_pool_same_as_hicachefile(broker: Broker, tmp_path: Path) -> None:
+    """An extra host pool (a draft MHA pool, registered with register_mem_host_pool_v2) goes
+    through batch_set_v2/batch_exists_v2/batch_get_v2 with HiCacheFile's answers, both hit
+    policies, and its bytes come back."""
+    from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+
+    keys = hkeys(4)
+    main_f, main_k = pool_of("mla", "page_first_direct", "default"), \
+        pool_of("mla", "page_first_direct", "default")
+    dr_f, dr_k = pool_of("mha", "layer_first", "default"), pool_of("mha", "layer_first",
+                                                                    "default")
+    S.fill(main_f, 31)
+    main_k.kv_buffer.copy_(main_f.kv_buffer)
+    S.fill(dr_f, 32)
+    dr_k.kv_buffer.copy_(dr_f.kv_buffer)
+    f = HiCacheFile(S.storage_config(mla=True, model="v2/model",
+                                     file_storage_path=str(tmp_path)))
+    k = backend(main_k, broker, "mla", "v2/model")
+    f.register_mem_host_pool_v2(dr_f, PoolName.DRAFT)
+    k.register_mem_host_pool_v2(dr_k, PoolName.DRAFT)
+    pages = [1, 2, 3, 4]
+    assert f.batch_set(keys, [main_f.get_data_page(p * PAGE) for p in pages])
+    assert k.batch_set_v1(keys, S.indices(pages, PAGE)) == [True] * 4
+
+    def draft(ks: list[str], pgs: list[int], policy: Any = PoolHitPolicy.ALL_PAGES) -> Any:
+        return PoolTransfer(name=PoolName.DRAFT, host_indices=S.indices(pgs, PAGE), keys=ks,
+                            hit_policy=policy)
+
+    for be in (f, k):  # draft pages for the first two and the last page only
+        assert be.batch_set_v2([draft(keys[:2], [1, 2])]) == {PoolName.DRAFT: [True, True]}
+        assert be.batch_set_v2([draft(keys[3:], [4])]) == {PoolName.DRAFT: [True]}
+    for transfers in ([draft(keys, pages)], [draft(keys[3:], [4], PoolHitPolicy.TRAILING_PAGES)],
+                      [draft(keys[:1], [1], PoolHitPolicy.TRAILING_PAGES)], []):
+        a, b = f.batch_exists_v2(keys, transfers), k.batch_exists_v2(keys, transfers)
+        assert (a.kv_hit_pages, a.extra_pool_hit_pages, a.restorable_prefix_pages) == \
+            (b.kv_hit_pages, b.extra_pool_hit_pages, b.restorable_prefix_pages), transfers
+    dr_f.kv_buffer.zero_()
+    dr_k.kv_buffer.zero_()
+    t = [draft(keys, [10, 11, 12, 13])]
+    assert f.batch_get_v2(t) == k.batch_get_v2(t) == {PoolName.DRAFT: [True, True, False, True]}
+    assert torch.equal(dr_f.kv_buffer.view(torch.uint8), dr_k.kv_buffer.view(torch.uint8))
+    assert dr_k.kv_buffer[:, :, 10 * PAGE:12 * PAGE].any()
     k.close()
 
 

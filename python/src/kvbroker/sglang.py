@@ -27,8 +27,13 @@ straight between its pool and that memory once the fd is registered. SGLang 0.5.
 the memfd without MFD_ALLOW_SEALING, and the broker only accepts fds sealed against
 shrinking (a shrunk file would SIGBUS it), so at registration this backend moves the host
 pool onto a sealable memfd of its own at the same address (``"shm_adopt"``, on by default;
-see _adopt_memfd). Without an fd it falls back to copying each page through a registered
-staging buffer and says so in the log: one extra memcpy per page.
+see _adopt_memfd). When the pool cannot be moved (already in use, or shm_adopt off) the
+broker is given SGLang's own memfd to pread/pwrite (fdcopy: still one copy, a kernel one).
+Without an fd it falls back to copying each page through a registered staging buffer and
+says so in the log: one extra memcpy per page.
+
+Extra pools (register_mem_host_pool_v2: indexer, draft, state sidecars) get a namespace each
+and move through the v2 calls with HiCacheFile's hit policies (see batch_exists_v2).
 
 Failure: no broker at start-up is one warning and SGLang runs without L3 (``"required":
 true`` makes it a start-up error instead); a broker that dies mid-run makes the calls return
@@ -305,6 +310,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self.zero_copy = False
         self.stats = _Stats()
         self._lock = threading.Lock()
+        # The staging buffer is one: SGLang's prefetch and backup threads take turns on it.
+        self._staging_lock = threading.Lock()
         self._gen = 0
         self._client: kvb.Client | None = None
         self._ns: kvb.Namespace | None = None
@@ -313,6 +320,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self._fd: int | None = None  # the fd the broker copies to and from
         self._fdcopy = False  # _fd is SGLang's unsealable memfd: broker pread/pwrite
         self._own_fd: int | None = None  # a memfd this backend made (shm_adopt)
+        self._extra: dict[str, Any] = {}  # v2 pool name -> (session gen, Namespace, Layout)
         self._retry_at = 0.0
         self._down_logged = False
         self._closed = False
@@ -562,7 +570,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             if view is not None:
                 got = list(view.get_many(kb, slots))
             else:
-                got = self._staged_get(ns, staging, kb, slots)
+                with self._staging_lock:
+                    got = self._staged_get(ns, staging, kb, slots)
         except Exception as e:
             self._broken(e, gen)
             return [False] * n
@@ -590,7 +599,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             if view is not None:
                 stored = view.put_many(kb, slots)
             else:
-                stored = self._staged_put(ns, staging, kb, slots)
+                with self._staging_lock:
+                    stored = self._staged_put(ns, staging, kb, slots)
         except kvb.PoolFull as e:
             logger.warning("kvbroker: pool full of leased pages: %s", e)
             self.stats.add(errors=1)
@@ -713,6 +723,141 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
     def exists(self, key: str) -> bool:
         """Whether one page is stored (False without a broker)."""
         return self.batch_exists([key]) == 1
+
+    # ---- the v2 calls: extra host pools (indexer, draft, state sidecars) ----
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """An extra pool SGLang moves with the KV pages (PoolTransfer.name). Each gets a
+        namespace of its own (the model's, with one component named after the pool) holding
+        SGLang's flat page bytes (get_data_page) under the KV page's key; "kv" is the main
+        pool and its namespace.
+        """
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        self._extra.pop(str(host_pool_name), None)
+
+    def _extra_ns(self, name: str) -> kvb.Namespace | None:
+        """The namespace of extra pool `name` on the live client (None without a broker)."""
+        h = self._handles()
+        if h is None:
+            return None
+        extra = self._extra
+        got = extra.get(name)
+        if got is not None and got[0] == h[0]:
+            return got[1]  # type: ignore[no-any-return]
+        pool = getattr(self, "registered_pools", {})[name]
+        page = pool.get_dummy_flat_data_page()
+        nbytes = page.numel() * page.element_size()
+        tpp = self._g().tokens_per_page
+        comp = name if len(name.encode()) < 16 else \
+            name.encode()[:6].decode(errors="ignore") + "-" + \
+            hashlib.sha256(name.encode()).hexdigest()[:8]
+        base = self.layout
+        # As HiCacheFile keys them: with a rank-replicated (MLA) model every pool is shared
+        # by the ranks (rank 0 writes them all) except Mamba state, which is TP-sharded.
+        shared = self.is_mla and name != "mamba"
+        fmt = f"sglang:{getattr(pool, 'layout', '')}"[:31]
+        lay = kvb.Layout(model=base.model, kind=kvb.MLA if shared else kvb.MHA,
+                         tokens_per_page=tpp,
+                         components=[kvb.Component(comp, 1, max(1, nbytes // tpp))],
+                         tp_size=base.tp_size, tp_rank=base.tp_rank,
+                         dtype=_TORCH_DTYPES.get(pool.dtype),
+                         pp_size=base.pp_size, pp_rank=base.pp_rank, cp_size=base.cp_size,
+                         cp_rank=base.cp_rank, page_format=fmt)
+        if lay.page_bytes != nbytes:
+            raise ValueError(f"extra pool {name}: {nbytes}-byte pages do not split into "
+                             f"{tpp} tokens")
+        ns = self._client.ns_open(lay) if self._client is not None else None
+        if ns is None:
+            return None
+        extra[name] = (h[0], ns, lay)
+        return ns
+
+    def _is_kv(self, name: Any) -> bool:
+        return str(name) in ("kv", "__default__")
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: Any = None,
+                        extra_info: Any = None) -> Any:
+        """HiCacheFile's semantics: the longest KV prefix stored, cut by each extra pool's
+        hit policy (ALL_PAGES: every page of the prefix; TRAILING_PAGES: the last
+        len(transfer.keys) pages of it).
+        """
+        from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolTransferResult
+
+        kv_pages = self.batch_exists(keys, extra_info)
+        hit_count: dict[str, int] = {"kv": kv_pages} if kv_pages else {}
+        restorable = list(range(1, kv_pages + 1))
+        for t in pool_transfers or []:
+            if not restorable:
+                break
+            name = str(t.name)
+            try:
+                ns = self._extra_ns(name)
+                present = [False] * kv_pages
+                if ns is not None and kv_pages:
+                    _, tiers = ns.lookup_tiers(_keys(keys[:kv_pages]))
+                    present = [x != kvb.TIER_NONE for x in tiers]
+            except Exception as e:
+                self._broken(e)
+                present = [False] * kv_pages
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = next((i for i in range(kv_pages) if not present[i]), kv_pages)
+                ok = set(range(1, boundary + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(t.keys) if t.keys else 1)
+                ok = {n for n in range(1, kv_pages + 1)
+                      if all(present[max(0, n - trailing):n])}
+                boundary = max(ok, default=0)
+            else:
+                raise ValueError(f"Unsupported pool hit policy: {t.hit_policy}")
+            if boundary:
+                hit_count[name] = boundary
+            restorable = [n for n in restorable if n in ok]
+        return PoolTransferResult(restorable[-1] if restorable else 0, hit_count, restorable)
+
+    def _io_v2(self, transfers: Any, write: bool) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        for t in transfers:
+            name, keys = str(t.name), list(t.keys or [])
+            if self._is_kv(name):
+                fn = self.batch_set_v1 if write else self.batch_get_v1
+                out[t.name] = fn(keys, t.host_indices) if keys else []
+                continue
+            pool = getattr(self, "registered_pools", {}).get(name)
+            ps = getattr(pool, "page_size", 1) or 1
+            idx = t.host_indices
+            if pool is None or idx is None or idx.numel() != len(keys) * ps:
+                out[t.name] = [False] * len(keys)
+                continue
+            try:
+                ns = self._extra_ns(name)
+                if ns is None:
+                    out[t.name] = [False] * len(keys)
+                    continue
+                res = []
+                for k, i in zip(_keys(keys), idx[::ps].tolist(), strict=True):
+                    if write:
+                        page = pool.get_data_page(i, flat=True).contiguous()
+                        ns.put(k, page.view(torch.uint8).numpy())
+                        res.append(True)
+                    else:
+                        page = pool.get_dummy_flat_data_page()
+                        ok = ns.get_into(k, page.view(torch.uint8).numpy())
+                        if ok:
+                            pool.set_from_flat_data_page(i, page)
+                        res.append(bool(ok))
+                out[t.name] = res
+            except Exception as e:
+                self._broken(e)
+                out[t.name] = [False] * len(keys)
+        return out
+
+    def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        """Loads each PoolTransfer's pages (the KV pool through batch_get_v1)."""
+        return self._io_v2(transfers, write=False)
+
+    def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+        """Stores each PoolTransfer's pages (the KV pool through batch_set_v1)."""
+        return self._io_v2(transfers, write=True)
 
     # ---- the rest of HiCacheStorage ----
 
