@@ -78,6 +78,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
 
 import kvbroker as kvb
+from kvbroker._layout import model_ns_name
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -88,7 +89,13 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-__all__ = ["KVBrokerConnector", "KVBrokerMetadata", "KVBrokerStats", "namespace_layouts"]
+__all__ = [
+    "KVBrokerConnector",
+    "KVBrokerMetadata",
+    "KVBrokerStats",
+    "model_ns_name",
+    "namespace_layouts",
+]
 
 logger = logging.getLogger("kvbroker.vllm")
 
@@ -116,19 +123,6 @@ class _GroupPlan:
     # (component name, bytes per token and layer, which half of an MHA layer: 0 K, 1 V, -1 MLA)
     components: tuple[tuple[str, int, int], ...]
     layout: kvb.Layout
-
-
-def model_ns_name(name: str) -> str:
-    """The namespace model name of an engine's model name, the rule both engines follow
-    (engine-pages.md; SGLang's side is kvbroker.sglang.model_ns_name): last path component,
-    lowercase, at most 63 bytes ("moonshotai/Kimi-K2.5" and "/models/Kimi-K2.5/" ->
-    "kimi-k2.5").
-    """
-    base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
-    if len(base.encode()) <= 63:
-        return base
-    digest = hashlib.sha256(base.encode()).hexdigest()[:16]
-    return base.encode()[:46].decode(errors="ignore") + "-" + digest
 
 
 def _model_name(vllm_config: VllmConfig, extra: dict[str, Any]) -> str:
