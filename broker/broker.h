@@ -7,12 +7,16 @@
 #define KVB_BROKER_BROKER_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
+#include "clock.h"
 #include "copy.h"
 #include "list.h"
+#include "loop.h"
 #include "ns.h"
 #include "numa_topo.h"
+#include "ops.h"
 #include "pool.h"
 #include "ring.h"
 #include "store.h"
@@ -24,7 +28,8 @@
 #define SESSION_MAX_NS 64	  /* namespaces one client may open */
 #define SESSION_HELLO_TIMEOUT 5.0 /* seconds a connection may stay silent before HELLO */
 #define CONN_SPARE 64		  /* handshakes (no HELLO yet) at once: the oldest makes room */
-#define LOG_GAP 10.0		  /* seconds between two refusal/expiry lines of one kind */
+#define SESSION_DRAIN_WARN 5.0	  /* seconds a dead session may drain before it is logged */
+#define SESSION_POLL_BATCH 64	  /* SQEs per session per round (and OPS_ROUND_WORK units) */
 
 struct config {
 	char socket_path[108];
@@ -90,20 +95,32 @@ struct sbuf {
 	struct fdbuf *fdb; /* NULL: mapped (or GPU) */
 };
 
-/* A view; parts[p].page_stride is never 0 here (VIEW_CREATE's parts get tpp * stride). */
+/*
+ * A view; parts[p].page_stride is never 0 here (VIEW_CREATE's parts get tpp * stride).
+ * refs: the session's table plus each op using it (ops.c decodes it once).
+ */
 struct sview {
+	uint32_t refs;
 	struct ns *ns;
 	uint32_t nparts;
 	struct kvb_view_part2 parts[];
 };
 
-/* What one client's ops did, for kvbctl clients/top: struct counters credited to it. */
+static inline void sview_put(struct sview *v)
+{
+	if (!--v->refs)
+		free(v);
+}
+
+/* What one client's ops did, for kvbctl clients/top: credited when each op completes. */
 struct session_counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, bytes_in, bytes_out;
 };
 
 struct session {
 	struct list link;
+	struct broker *b;
+	struct loop_fd on_sock, on_sq, on_pid; /* its fds in the loop (the session is the arg) */
 	int sock;
 	int pidfd; /* the connecting process, -1 when none (peer.c [pidfd]) */
 	uint32_t id;
@@ -138,10 +155,15 @@ struct session {
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;
-	double active_at;  /* its last control message (control connections expire idle) */
-	int stalled;	   /* SQEs waiting, but its CQ is full: the client must reap first */
-	uint32_t inflight; /* ops consumed whose CQE is still owed (each holds a CQ slot) */
-	int dead;	   /* destroyed, waiting in the graveyard until the epoll batch is done */
+	double active_at;    /* its last control message (control connections expire idle) */
+	int stalled;	     /* SQEs waiting, but its CQ is full: the client must reap first */
+	uint32_t inflight;   /* ops consumed whose CQE is still owed (each holds a CQ slot) */
+	int dead;	     /* destroyed, waiting in the graveyard until the epoll batch is done */
+	struct list live;    /* its ops taken from the SQ and not completed (struct op slink) */
+	uint32_t nops;	     /* on that list */
+	struct waitq yieldq; /* its long ops' next steps, run at its next turn (fair rounds) */
+	double dead_at;	     /* when it was destroyed (the drain log) */
+	int drain_logged;
 };
 
 struct broker {
@@ -151,7 +173,8 @@ struct broker {
 	struct ns_table nst;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
-	struct list parked;	  /* PUTs waiting for a PUT of the same key (xfer.c) */
+	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
+	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
 	struct tier *tier; /* NULL without --disk */
 	struct counters ctr;
@@ -165,8 +188,10 @@ struct broker {
 	uint64_t leases; /* leases held by all clients */
 	int listen_fd;
 	int spare_fd; /* kept open so that accept can refuse a peer when fds run out */
-	int epfd;
+	struct loop loop;
+	struct loop_fd on_listen, on_signal, on_copy[2];
 	int sigfd;
+	double expired_at; /* the last handshake and idle expiry (rounds.c) */
 	double start_time;
 	struct {		   /* seconds each start-up phase took (log, stats "startup") */
 		double reserve_s;  /* arenas created, bound, reserved, sealed */
@@ -175,15 +200,9 @@ struct broker {
 		double ready_s;	   /* from start to listening, everything included */
 	} startup;
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
-	int stop;
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
+	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */
 };
-
-/* epoll tags in the low bits of a session pointer (sessions are 8-byte aligned). */
-#define TAG_SOCK 1u
-#define TAG_SQ 2u
-#define TAG_PID 3u /* the peer's pidfd: readable once that process exited */
-#define TAG_MASK 7u
 
 /*
  * peer.c: a pidfd (FD_CLOEXEC) of the process that connected on accepted socket fd, whose
@@ -193,52 +212,51 @@ int peer_pidfd(int fd, pid_t pid, const char **how);
 
 /* session.c: session_accept returns 1 when a connection was taken, 0 when none waits. */
 int session_accept(struct broker *b);
+/* A new session (calloc'd) of b: its lists, its loop handlers. */
+void session_init(struct broker *b, struct session *s);
+/* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
+void session_on_listen(void *arg);
+/* rounds.c: one turn of every session; returns ops run. */
+uint32_t session_poll_all(struct broker *b);
+/*
+ * rounds.c: announces sleep on every SQ. Returns 0 when some SQ got entries meanwhile (don't
+ * sleep), else the epoll timeout in ms. session_wake_all() takes the announcement back.
+ */
+int session_prepare_sleep(struct broker *b);
+void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
+/* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
+int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id);
 void session_reap(struct broker *b);
 /* Ends connections that sent no HELLO within SESSION_HELLO_TIMEOUT, and control connections
  * silent for --control-idle seconds. */
 void session_expire(struct broker *b, double now);
-int session_on_msg(struct broker *b, struct session *s);
-/* Consumes up to max SQEs; returns SQEs handled, or -1 when the session was destroyed. */
+/* ctl.c: one control datagram of s; < 0 when the session was destroyed. */
+int ctl_on_msg(struct broker *b, struct session *s);
+/* Unmaps a host buffer or closes a GPU buffer's handle; no op may be using it. */
+void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb);
+/*
+ * One turn of a session: its yielded ops' next steps, then SQEs, up to max SQEs and about
+ * OPS_ROUND_WORK units of work. Returns ops run (0: idle), or -1 when the session was
+ * destroyed.
+ */
 int session_poll(struct broker *b, struct session *s, uint32_t max);
 
 /*
- * Completes an op that ops_exec deferred: posts its CQE into the slot reserved for it. On a
+ * Completes an op that ops_submit deferred: posts its CQE into the slot reserved for it. On a
  * dead session the CQE is dropped; the session is freed (its buffers unmapped) only after its
  * last in-flight op completed. Every deferred op must end here exactly once.
  */
 void session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe);
 
 /*
- * ops.c: executes one SQE copied out of the ring. Returns OPS_DONE with *cqe filled, or
- * OPS_DEFERRED when the op continues asynchronously (a disk read, a copy on another engine)
- * and will end with session_complete(); until then it may use the session's buffers and views
- * but must not start new work for a session that died meanwhile (s->dead).
+ * xfer.c: an op's page copy as a copy-engine job: op->segs (view ops) or op->seg1, the client
+ * side on device op->dev, for a PUT (dir COPY_TO_POOL: op->pg is WRITING, the writer's pin
+ * held; committed or aborted when the copy ends) or a GET (COPY_FROM_POOL: op->pg pinned,
+ * unpinned when the copy ends). Returns OPS_DONE with op->cqe set, or OPS_DEFERRED: the
+ * engine completes the op (ops_complete) from xfer_poll.
  */
-enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
-int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe);
-/*
- * Runs a parked op again (tier.c: the read or the RAM it waited for is there) and completes it
- * with session_complete() unless it deferred again. An op of a session that died meanwhile is
- * completed (dropped) without running. Request counters are not counted twice.
- */
-void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
-/* Drops every lease a session holds (client gone). */
-void ops_release_all(struct broker *b, struct session *s);
-
-/*
- * xfer.c: page copies as copy-engine jobs. xfer_start copies segs (n of them, the client side
- * on device dev) for a PUT (dir COPY_TO_POOL: pg is WRITING, the writer's pin held; committed
- * or aborted when the copy ends) or a GET (COPY_FROM_POOL: pg pinned by the caller, unpinned
- * when the copy ends). Returns OPS_DONE with *cqe filled, or OPS_DEFERRED (session_complete
- * follows). xfer_park_put makes a PUT of a WRITING page wait for its writer; xfer_existed fills
- * the CQE of a PUT whose key is stored. xfer_poll completes what the engines finished.
- */
-int xfer_start(struct broker *b, struct session *s, struct ns *n, struct page *pg, int32_t dev,
-	       uint32_t dir, const struct copy_seg *segs, uint32_t nsegs, struct kvb_cqe *cqe);
-int xfer_park_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct page *pg,
-		  struct kvb_cqe *cqe);
-void xfer_existed(struct broker *b, struct ns *n, struct kvb_cqe *cqe);
+int xfer_start(struct broker *b, struct op *op, uint32_t dir);
 uint32_t xfer_poll(struct broker *b);
 /*
  * The loop saw a copy engine's eventfd readable: drains both eventfds whatever is in flight,
@@ -269,16 +287,6 @@ void fdcopy_resolve(const struct session *s, struct copy_job *job, struct copy_f
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
 struct cJSON;
-/*
- * stats_clients.c: per-client counters. The loop snapshots the global counters (stats_snap)
- * before it runs a session's SQEs and credits the session with the difference
- * (stats_account): an op that completes inside that window is that client's. An op that
- * completes later (deferred: disk, copy engines) must credit what it counts at completion to
- * its session's c itself.
- */
-void stats_snap(const struct broker *b, struct session_counters *c);
-void stats_account(const struct broker *b, struct session *s,
-		   const struct session_counters *before);
 /* stats_clients.c: count[ns] = attached clients that opened ns. */
 void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
 /* stats_clients.c: page bytes PUTs did not store because the page was there, all namespaces. */
@@ -288,13 +296,7 @@ void stats_client_json(struct cJSON *o, const struct session *s);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
 
-/* loop.c: epoll data of the two fds that are not sessions' (session pointers are >= 4096). */
-#define LOOP_LISTEN 8u
-#define LOOP_SIGNAL 16u
-#define LOOP_DISK 24u /* the disk ring's eventfd (tier.c) */
-#define LOOP_COPY 32u /* a copy engine's completion eventfd (xfer.c) */
-/* loop.c */
-int loop_run(struct broker *b);
-double now_sec(void);
+/* rounds.c: the loop's hooks for this broker (main.c). */
+void rounds_hooks(struct broker *b, struct loop_hooks *h);
 
 #endif /* KVB_BROKER_BROKER_H */

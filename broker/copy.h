@@ -112,6 +112,7 @@ struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
  */
 void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
 #define COPY_HOST_INLINE_DEFAULT (4ull << 20)
+#define COPY_HOST_INLINE_SEGS 16384u /* more segments go to a worker, whatever the bytes */
 
 /*
  * Runs a host job that has fds (fdcopy.c): memcpy for memory segments, preadv/pwritev for file

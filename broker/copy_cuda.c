@@ -1059,10 +1059,9 @@ int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_re
 	dev = cuda_dev_find(b->gpu, m->uuid);
 	if (dev < 0)
 		return dev;
-	for (*id = 0; *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
-		;
-	if (*id == SESSION_MAX_BUFS)
-		return -EMFILE;
+	err = session_buf_slot(b, s, id); /* --max-bufs counts GPU buffers too */
+	if (err)
+		return err;
 	err = cuda_map_get(b->gpu, s->id, dev, m, fd, &gm, &dptr);
 	if (err)
 		return err;

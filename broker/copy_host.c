@@ -23,12 +23,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "copy.h"
+#include "log.h"
 
 #define HOST_MAX_THREADS 64
+#define WORKER_NICE 5 /* workers' nice value, relative to 0 */
 
 struct host_engine {
 	struct copy_engine e;
@@ -60,6 +63,12 @@ static void *worker(void *arg)
 	struct host_engine *h = arg;
 	uint64_t one = 1;
 
+	/*
+	 * A little below the loop: where no core is idle, the loop (which serves every client's
+	 * small ops) and the clients come before one client's bulk copy (t_fairness).
+	 */
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), WORKER_NICE) < 0)
+		log_debug("copy worker: setpriority: %s", strerror(errno));
 	pthread_mutex_lock(&h->lock);
 	for (;;) {
 		struct copy_job *j;
@@ -108,7 +117,13 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 	 */
 	int file_write = j->fds && j->dir == COPY_FROM_POOL;
 
-	if (!h->nthreads || (j->bytes <= h->inline_max && !file_write)) {
+	/*
+	 * Inline only when it is short in bytes and in segments (a view job of a million
+	 * one-byte segments is tens of milliseconds of memcpy calls, which would hold the loop
+	 * and every other client that long: t_fairness), and writes no client file.
+	 */
+	if (!h->nthreads ||
+	    (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS && !file_write)) {
 		j->res = run_segs(j);
 		return COPY_DONE;
 	}

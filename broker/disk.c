@@ -456,6 +456,11 @@ int disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, u
 	return 0;
 }
 
+uint32_t disk_space(struct disk *d)
+{
+	return io_uring_sq_space_left(&d->ring);
+}
+
 int disk_submit(struct disk *d)
 {
 	int n;

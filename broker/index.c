@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * index.c - chained hash table of page records; see index.h. Lookups compare the namespace and
+ * index.c - the chained, intrusive hash table of the store and the disk tier; see index.h. Lookups compare the namespace and
  * all 32 key bytes: a hash collision never returns another page.
  */
 #include <errno.h>
@@ -9,7 +9,6 @@
 #include <sys/random.h>
 
 #include "index.h"
-#include "store.h"
 
 int index_init(struct index *ix, uint64_t expected)
 {
@@ -34,59 +33,59 @@ void index_fini(struct index *ix)
 	ix->buckets = NULL;
 }
 
-struct page *index_find(const struct index *ix, uint32_t ns, const kvb_key *key)
+struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
-	struct page *pg = ix->buckets[index_hash(ix, ns, key) & ix->mask];
+	struct ixnode *n = ix->buckets[index_hash(ix, ns, key) & ix->mask];
 
-	for (; pg; pg = pg->hnext)
-		if (pg->ns == ns && !memcmp(pg->key.b, key->b, sizeof(key->b)))
-			return pg;
+	for (; n; n = n->next)
+		if (n->ns == ns && !memcmp(n->key.b, key->b, sizeof(key->b)))
+			return n;
 	return NULL;
 }
 
 static void index_grow(struct index *ix)
 {
-	uint64_t n = (ix->mask + 1) * 2;
-	struct page **nb = calloc(n, sizeof(*nb));
+	uint64_t nb = (ix->mask + 1) * 2;
+	struct ixnode **b = calloc(nb, sizeof(*b));
 
-	if (!nb)
+	if (!b)
 		return; /* longer chains, still correct */
 	for (uint64_t i = 0; i <= ix->mask; i++) {
-		struct page *pg = ix->buckets[i], *next;
+		struct ixnode *n = ix->buckets[i], *next;
 
-		for (; pg; pg = next) {
-			uint64_t b = index_hash(ix, pg->ns, &pg->key) & (n - 1);
+		for (; n; n = next) {
+			uint64_t h = index_hash(ix, n->ns, &n->key) & (nb - 1);
 
-			next = pg->hnext;
-			pg->hnext = nb[b];
-			nb[b] = pg;
+			next = n->next;
+			n->next = b[h];
+			b[h] = n;
 		}
 	}
 	free(ix->buckets);
-	ix->buckets = nb;
-	ix->mask = n - 1;
+	ix->buckets = b;
+	ix->mask = nb - 1;
 }
 
-void index_insert(struct index *ix, struct page *pg)
+void index_insert(struct index *ix, struct ixnode *n)
 {
-	uint64_t b;
+	uint64_t h;
 
 	if (ix->count >= 2 * (ix->mask + 1))
 		index_grow(ix);
-	b = index_hash(ix, pg->ns, &pg->key) & ix->mask;
-	pg->hnext = ix->buckets[b];
-	ix->buckets[b] = pg;
+	h = index_hash(ix, n->ns, &n->key) & ix->mask;
+	n->next = ix->buckets[h];
+	ix->buckets[h] = n;
 	ix->count++;
 }
 
-void index_remove(struct index *ix, struct page *pg)
+void index_remove(struct index *ix, struct ixnode *n)
 {
-	struct page **pp = &ix->buckets[index_hash(ix, pg->ns, &pg->key) & ix->mask];
+	struct ixnode **pp = &ix->buckets[index_hash(ix, n->ns, &n->key) & ix->mask];
 
-	for (; *pp; pp = &(*pp)->hnext) {
-		if (*pp == pg) {
-			*pp = pg->hnext;
-			pg->hnext = NULL;
+	for (; *pp; pp = &(*pp)->next) {
+		if (*pp == n) {
+			*pp = n->next;
+			n->next = NULL;
 			ix->count--;
 			return;
 		}

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * index.h - hash table from (namespace, key) to page record. Chained through page->hnext; the
- * bucket array doubles when the load passes 2 (a full rehash: sized up front from the pool so
- * that it stays rare).
+ * index.h - the broker's one hash table: (namespace, key) -> entry, intrusive. The store indexes
+ * its page records with it (namespace ids), the disk tier its slots (namespace identities by
+ * index): both embed a struct ixnode and get back what they put in. Chained through
+ * ixnode.next; the bucket array doubles when the load passes 2 (a full rehash: sized up front
+ * from the pool or the disk so that it stays rare).
  *
  * Keys come from clients, and nothing proves that a key is the SHA-256 of real tokens: a
  * hostile client could choose keys that share a bucket and turn every lookup into a walk of one
@@ -17,10 +19,18 @@
 
 #include "kvbroker.h"
 
-struct page;
+/*
+ * An entry, embedded in what is indexed (struct page, the tier's struct dslot), which reach its
+ * fields under their own names through an anonymous union (see struct page).
+ */
+struct ixnode {
+	struct ixnode *next;
+	kvb_key key;
+	uint32_t ns; /* namespace id (store) or identity index (tier) */
+};
 
 struct index {
-	struct page **buckets;
+	struct ixnode **buckets;
 	uint64_t mask;
 	uint64_t count;
 	uint64_t seed[6]; /* secret, from getrandom() */
@@ -46,9 +56,10 @@ static inline uint64_t index_hash(const struct index *ix, uint32_t ns, const kvb
 	return h ^ (h >> 33);
 }
 
-struct page *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);
+struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);
 /* Inserts; the caller has checked that (ns, key) is absent. Never fails (growth is best effort). */
-void index_insert(struct index *ix, struct page *pg);
-void index_remove(struct index *ix, struct page *pg);
+void index_insert(struct index *ix, struct ixnode *n);
+/* Removes n, which must be in ix. */
+void index_remove(struct index *ix, struct ixnode *n);
 
 #endif /* KVB_BROKER_INDEX_H */

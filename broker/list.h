@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * list.h - intrusive circular doubly-linked lists (the kernel's list_head), used for the LRU
- * lists, slab lists and the session list. A node not on any list points at itself.
+ * lists, slab lists, the session list and the request engine's wait lists. A node not on any list points at itself.
  */
 #ifndef KVB_BROKER_LIST_H
 #define KVB_BROKER_LIST_H
@@ -45,6 +45,34 @@ static inline void list_del(struct list *n)
 static inline int list_linked(const struct list *n)
 {
 	return n->next != n;
+}
+
+/* Moves every entry of from (which ends empty) to the tail of to, in order. */
+static inline void list_splice_tail(struct list *to, struct list *from)
+{
+	struct list *first = from->next, *last = from->prev;
+
+	if (first == from)
+		return;
+	first->prev = to->prev;
+	to->prev->next = first;
+	last->next = to;
+	to->prev = last;
+	list_init(from);
+}
+
+/* Moves every entry of from (which ends empty) to the head of to, in order. */
+static inline void list_splice_head(struct list *to, struct list *from)
+{
+	struct list *first = from->next, *last = from->prev;
+
+	if (first == from)
+		return;
+	last->next = to->next;
+	to->next->prev = last;
+	to->next = first;
+	first->prev = to;
+	list_init(from);
 }
 
 #define list_entry(ptr, type, member) ((type *)(void *)((char *)(ptr)-offsetof(type, member)))

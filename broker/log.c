@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 
 int log_min_level = LOG_INFO;
@@ -48,4 +49,18 @@ void log_msg(int level, const char *fmt, ...)
 	/* Nothing sensible to do when stderr is gone. */
 	if (write(STDERR_FILENO, line, n) < 0)
 		return;
+}
+
+int log_throttle_ok(struct log_throttle *t, double gap, unsigned long long *quiet)
+{
+	double now = clock_now();
+
+	if (t->at && now - t->at < gap) {
+		t->quiet++;
+		return 0;
+	}
+	*quiet = t->quiet;
+	t->quiet = 0;
+	t->at = now;
+	return 1;
 }

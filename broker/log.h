@@ -25,4 +25,27 @@ void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
 
+/* One line per kind per gap seconds (LOG_GAP); the next one says how many were not logged. */
+struct log_throttle {
+	double at;
+	unsigned long long quiet;
+};
+
+/* 1 when a line of this kind may go now (*quiet: how many were held back), else 0. */
+int log_throttle_ok(struct log_throttle *t, double gap, unsigned long long *quiet);
+
+#define LOG_GAP 10.0 /* seconds between two refusal/expiry lines of one kind */
+
+#define log_throttled(tt, fmt, ...)                                                                \
+	do {                                                                                       \
+		unsigned long long q_ = 0;                                                         \
+		if (!log_throttle_ok((tt), LOG_GAP, &q_))                                          \
+			break;                                                                     \
+		if (q_)                                                                            \
+			log_warn(fmt " (and %llu more in %.0f s, not logged)", __VA_ARGS__, q_,    \
+				 LOG_GAP);                                                         \
+		else                                                                               \
+			log_warn(fmt, __VA_ARGS__);                                                \
+	} while (0)
+
 #endif /* KVB_BROKER_LOG_H */

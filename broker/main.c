@@ -518,11 +518,20 @@ static int listen_socket(const char *path, const struct config *c)
 	return fd;
 }
 
-static int epoll_add(int epfd, int fd, uint64_t data)
+/* The signalfd is readable: SIGHUP is a no-op, the others stop the loop. */
+static void on_signal(void *arg)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = data};
+	struct broker *b = arg;
+	struct signalfd_siginfo si;
 
-	return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+	while (read(b->sigfd, &si, sizeof(si)) == sizeof(si)) {
+		if (si.ssi_signo == SIGHUP) {
+			log_info("SIGHUP: logs go to stderr, nothing to reopen");
+			continue;
+		}
+		log_info("signal %u from pid %u: draining and exiting", si.ssi_signo, si.ssi_pid);
+		b->loop.stop = 1;
+	}
 }
 
 /*
@@ -572,10 +581,10 @@ static int start_pool(struct broker *b)
 			      .numa = b->cfg.numa,
 			      .hugepage = b->cfg.hugepage,
 			      .prefault = b->cfg.prefault};
-	double t = now_sec();
+	double t = clock_now();
 	int err = pool_create(&b->pool, &pc);
 
-	b->startup.reserve_s = now_sec() - t;
+	b->startup.reserve_s = clock_now() - t;
 	if (err) {
 		log_error("pool (%llu MiB, --numa %s): %s%s", (unsigned long long)(pc.size >> 20),
 			  pc.numa, strerror(-err),
@@ -588,9 +597,9 @@ static int start_pool(struct broker *b)
 	log_info("pool: reserved %llu MiB in %u arena(s) in %.3f s",
 		 (unsigned long long)(b->pool.total >> 20), b->pool.narenas, b->startup.reserve_s);
 	if (b->cfg.prefault) {
-		t = now_sec();
+		t = clock_now();
 		err = pool_prefault(&b->pool);
-		b->startup.prefault_s = now_sec() - t;
+		b->startup.prefault_s = clock_now() - t;
 		if (err) {
 			log_error("pool: prefault: %s: the machine cannot hold the pool",
 				  strerror(-err));
@@ -606,6 +615,7 @@ static int start_pool(struct broker *b)
 int main(int argc, char **argv)
 {
 	static struct broker b;
+	struct loop_hooks hooks;
 	struct list *pos, *tmp;
 	pid_t owner;
 	double t;
@@ -615,8 +625,8 @@ int main(int argc, char **argv)
 		return 2;
 	list_init(&b.sessions);
 	list_init(&b.graveyard);
-	b.listen_fd = b.epfd = b.sigfd = -1;
-	b.start_time = now_sec();
+	b.listen_fd = b.loop.epfd = b.sigfd = -1;
+	b.start_time = clock_now();
 	/*
 	 * Not dumpable: processes of our uid can then neither ptrace us nor reopen our fds through
 	 * /proc/<pid>/fd, which would hand them a writable pool.
@@ -647,17 +657,18 @@ int main(int argc, char **argv)
 		log_error("store: %s", strerror(-err));
 		goto out_pool;
 	}
+	ops_init(&b); /* after store_init: it hooks the store's page-wake */
 	b.sigfd = setup_signals();
-	b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (b.sigfd < 0 || b.epfd < 0) {
+	rounds_hooks(&b, &hooks);
+	if (b.sigfd < 0 || loop_init(&b.loop, b.cfg.poll_us * 1e-6, &hooks)) {
 		log_error("start-up: out of resources");
 		err = -ENOMEM;
 		goto out_store;
 	}
 	/* [pin] The copy engines start; a CUDA engine registers the pool with the driver. */
-	t = now_sec();
+	t = clock_now();
 	err = xfer_init(&b);
-	b.startup.pin_s = now_sec() - t;
+	b.startup.pin_s = clock_now() - t;
 	if (err) {
 		log_error("copy engines: %s", strerror(-err));
 		goto out_store;
@@ -686,15 +697,19 @@ int main(int argc, char **argv)
 			log_error("--metrics-listen %s: %s", b.cfg.metrics_listen, strerror(-err));
 			goto out_sock;
 		}
-		log_info("metrics: http://%s/metrics", metrics_http_addr(b.metrics));
+		snprintf(b.metrics_addr, sizeof(b.metrics_addr), "%s",
+			 metrics_http_addr(b.metrics));
+		log_info("metrics: http://%s/metrics", b.metrics_addr);
 		metrics_http_tick(&b);
 	}
-	if (epoll_add(b.epfd, b.listen_fd, LOOP_LISTEN) ||
-	    epoll_add(b.epfd, b.sigfd, LOOP_SIGNAL)) {
-		err = -errno;
+	b.on_listen = (struct loop_fd){session_on_listen, &b};
+	b.on_signal = (struct loop_fd){on_signal, &b};
+	err = loop_add(&b.loop, b.listen_fd, &b.on_listen);
+	if (!err)
+		err = loop_add(&b.loop, b.sigfd, &b.on_signal);
+	if (err)
 		goto out_sock;
-	}
-	b.startup.ready_s = now_sec() - b.start_time;
+	b.startup.ready_s = clock_now() - b.start_time;
 	log_info(
 		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
 		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
@@ -704,7 +719,7 @@ int main(int argc, char **argv)
 		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
 		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
 		b.cfg.copy_threads, b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
-	err = loop_run(&b);
+	err = loop_run(&b.loop);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
 	xfer_fini(&b);	/* in-flight copies finish, their dead sessions' counts drop to 0 */
@@ -718,8 +733,7 @@ out_sock:
 	close(b.listen_fd);
 	unlink(b.cfg.socket_path);
 out_store:
-	if (b.epfd >= 0)
-		close(b.epfd);
+	loop_fini(&b.loop);
 	if (b.sigfd >= 0)
 		close(b.sigfd);
 	xfer_fini(&b);

@@ -171,7 +171,7 @@ const char *metrics_http_addr(const struct metrics_http *m)
 void metrics_http_tick(struct broker *b)
 {
 	struct metrics_http *m = b->metrics;
-	double now = now_sec();
+	double now = clock_now();
 	char *js, *old;
 
 	if (!m || (m->snap && now - m->published < PUBLISH_EVERY))

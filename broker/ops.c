@@ -1,47 +1,56 @@
 // SPDX-License-Identifier: MIT
 /*
- * ops.c - executes page operations for a session: one SQE in, one CQE out.
+ * ops.c - the request engine: every page operation, from its SQE to its counted completion.
  *
- * The SQE was copied out of shared memory and its static shape checked (kvb_sqe_check) by the
- * caller; here every reference into broker state is checked against this session's own
- * bookkeeping: the namespace must be one it opened, the buffer or view one it registered, and
- * every byte range must lie inside the registered length, computed without overflow. A lease id
- * is only honoured when this session holds it and the slot's generation still matches.
+ * Life cycle of a request (docs/design.md has it as a table):
  *
- * Copies go through the copy engine as jobs (xfer.c) with the page pinned, so neither eviction
- * nor a DELETE can free the slot underneath a copy; PUT and GET may complete later
- * (OPS_DEFERRED) when the engine queued the copy. Loop thread only.
+ *   SQE --ops_submit: copied once, checked, decoded (key, namespace or view)--> running
+ *   running --op_run--> done: CQE now (posted with the batch by session_poll)
+ *           |        \-> parked on a waitq: a page being written or promoted (pg->waiters,
+ *           |            woken by store.c at commit, abort or free), RAM or disk queue room
+ *           |            (the tier's wait, woken at each disk completion), or its own session's
+ *           |            yield queue (a long op's next step, run at the session's next turn)
+ *           |        \-> copying: a copy engine holds it (xfer.c), done() completes it
+ *   parked --ops_wake: onto the run queue--> ops_poll --op_run again (same op, same decode)
+ *   done --ops_complete / inline: counted once (global, namespace, client), CQE posted
+ *
+ * Every op is one heap struct op from the ring to its completion, on its session's list of ops
+ * in flight (so teardown and the drain log can name them), and on at most one wait list at a
+ * time. An op never counts anything while it runs: it records its outcome (hit or miss, dedup,
+ * bytes moved) and op_account() counts it exactly once when it completes, however it completed
+ * (inline, after a copy, after waiting, cancelled), so a parked op that runs again is not
+ * counted twice and a deferred one is not missed. Running again re-validates everything that
+ * could have changed while it waited (buffers, the page's state) against the session's current
+ * state; what cannot change (the key, the namespace, the view, held by a reference) is decoded
+ * once.
+ *
+ * The SQE's references are checked against this session's own bookkeeping: the namespace must
+ * be one it opened, the buffer or view one it registered, and every byte range must lie inside
+ * the registered length, computed without overflow. A lease id is only honoured when this
+ * session holds it and the slot's generation still matches. RAM comes first: the disk tier is
+ * asked only when RAM has no READY page (a miss, or a page still being written).
+ *
+ * Fair rounds: each op reports the work it did (ops.h, OPS_ROUND_WORK); a LOOKUP of many keys
+ * or a view op of many segments runs in steps and yields between them. Loop thread only.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "broker.h"
+#include "clock.h"
+#include "log.h"
 #include "proto.h"
 #include "tier.h"
 
-/* cqe->res of an op the disk tier parked: ops_exec returns OPS_DEFERRED (never posted). */
-#define OPS_PARKED INT32_MIN
+/* The most segments one view op may build: 1,024 layers x 1,024 strided tokens (24 MiB). */
+#define OPS_MAX_SEGS (1u << 20)
 
-/* Scratch segment list, reused across ops (loop thread only). */
-static struct copy_seg *segs;
-static uint32_t segs_cap;
-
-static int segs_reserve(uint64_t n)
+void ops_init(struct broker *b)
 {
-	struct copy_seg *ns;
-
-	if (n <= segs_cap)
-		return 0;
-	/* 1M segments (24 MiB) covers 1,024 layers x 1,024 strided tokens. */
-	if (n > (1u << 20))
-		return -E2BIG;
-	ns = realloc(segs, n * sizeof(*segs));
-	if (!ns)
-		return -ENOMEM;
-	segs = ns;
-	segs_cap = (uint32_t)n;
-	return 0;
+	waitq_init(&b->runq);
+	b->store.wake = ops_page_changed; /* [page-wake] */
+	b->store.wake_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -114,6 +123,8 @@ static int view_check(struct session *s, const struct sview *v, uint64_t slot, i
 {
 	int err = 0;
 
+	if ((uint64_t)v->nparts * v->ns->layout.tokens_per_page > OPS_MAX_SEGS)
+		return -E2BIG;
 	for (uint32_t p = 0; p < v->nparts; p++) {
 		int32_t d;
 
@@ -139,41 +150,69 @@ static int layers_ok(const struct ns *n, uint32_t lfirst, uint32_t lcount)
 }
 
 /*
- * Builds the segments between a page and a view slot: one per (part, token), merged whenever
- * both sides are contiguous. to_page selects the direction. Parts whose layer is outside
- * [lfirst, lfirst + lcount) are skipped (lcount 0: all). Returns the segment count or -errno.
+ * Builds the next step of the segments between a page and a view slot: one per (part, token),
+ * merged whenever both sides are contiguous, OPS_STEP_WORK (part, token) pairs at most, from
+ * op->cursor on. to_page selects the direction; parts whose layer is outside the SQE's layer
+ * range are skipped. Returns 1 when every segment is built, 0 when more steps follow, -errno.
  */
-static int view_segs(struct session *s, const struct sview *v, uint8_t *page, uint64_t slot,
-		     uint32_t lfirst, uint32_t lcount, int to_page)
+static int view_build(struct op *op, uint8_t *page, int to_page)
 {
+	const struct sview *v = op->v;
 	const struct ns *n = v->ns;
-	uint32_t tpp = n->layout.tokens_per_page, cnt = 0;
-	int err = segs_reserve((uint64_t)n->nparts * tpp);
+	uint32_t tpp = n->layout.tokens_per_page, total = v->nparts * tpp;
+	uint32_t lfirst = op->sqe.layer_first, lcount = op->sqe.layer_count, i = op->cursor;
+	uint32_t end = total - i > OPS_STEP_WORK ? i + OPS_STEP_WORK : total;
+	int err = 0;
 
-	if (err)
-		return err;
-	for (uint32_t p = 0; p < v->nparts; p++) {
+	while (i < end) {
+		uint32_t p = i / tpp, t = i % tpp, stop = (p + 1) * tpp < end ? tpp : end - p * tpp;
 		const struct kvb_view_part2 *vp = &v->parts[p];
 		uint32_t bpt = n->part_bpt[p];
-		uint32_t r = (uint32_t)(slot % tpp);
+		uint32_t r;
 		int32_t dev;
 		uint8_t *cl, *run;
 
-		if (lcount && (n->part_layer[p] < lfirst || n->part_layer[p] >= lfirst + lcount))
+		if (!to_page && lcount &&
+		    (n->part_layer[p] < lfirst || n->part_layer[p] >= lfirst + lcount)) {
+			i = (p + 1) * tpp;
 			continue;
-		cl = view_part(s, vp, slot, tpp, bpt, &dev, &err);
+		}
+		cl = view_part(op->s, vp, op->sqe.off, tpp, bpt, &dev, &err);
 		if (!cl)
 			return err;
+		if (op->nsegs + (stop - t) > op->segs_cap) {
+			uint32_t cap = op->segs_cap ? op->segs_cap : 64;
+			struct copy_seg *ns;
+
+			while (cap < op->nsegs + (stop - t))
+				cap *= 2;
+			if (cap > total)
+				cap = total;
+			ns = realloc(op->segs, (size_t)cap * sizeof(*ns));
+			if (!ns)
+				return -ENOMEM;
+			op->segs = ns;
+			op->segs_cap = cap;
+		}
 		/*
 		 * view_part checked the whole run. Within a page, slots are stride apart; at a page
-		 * boundary the next slot is page_stride past the page's slot 0 (run).
+		 * boundary the next slot is page_stride past the page's slot 0 (run). A step that
+		 * starts inside the part starts from token t's slot.
 		 */
+		if (t) {
+			uint64_t o0 = 0, ot = 0;
+
+			view_off(vp, op->sqe.off, tpp, &o0);
+			view_off(vp, op->sqe.off + t, tpp, &ot);
+			cl += ot - o0;
+		}
+		r = (uint32_t)((op->sqe.off + t) % tpp);
 		run = cl - (uint64_t)r * vp->stride;
-		for (uint32_t t = 0; t < tpp; t++) {
+		for (; t < stop; t++, i++) {
 			uint8_t *pg = page + n->part_off[p] + (uint64_t)t * bpt;
 
-			cnt = to_page ? copy_seg_add(segs, cnt, pg, cl, bpt)
-				      : copy_seg_add(segs, cnt, cl, pg, bpt);
+			op->nsegs = to_page ? copy_seg_add(op->segs, op->nsegs, pg, cl, bpt)
+					    : copy_seg_add(op->segs, op->nsegs, cl, pg, bpt);
 			if (++r == tpp) {
 				r = 0;
 				run += vp->page_stride;
@@ -183,7 +222,11 @@ static int view_segs(struct session *s, const struct sview *v, uint8_t *page, ui
 			}
 		}
 	}
-	return cnt ? (int)cnt : -EINVAL;
+	op->work += end - op->cursor;
+	op->cursor = i;
+	if (i < total)
+		return 0;
+	return op->nsegs ? 1 : -EINVAL;
 }
 
 static struct sview *session_view(struct session *s, uint32_t id)
@@ -191,161 +234,302 @@ static struct sview *session_view(struct session *s, uint32_t id)
 	return id < SESSION_MAX_VIEWS ? s->views[id] : NULL;
 }
 
-/* Resolves the namespace of a page op: the view's, or the SQE's. */
-static struct ns *op_ns(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-			struct sview **v)
+static int op_fail(struct op *op, int err)
 {
-	*v = NULL;
-	if (sqe->flags & KVB_OPF_VIEW) {
-		*v = session_view(s, sqe->buf);
-		return *v ? (*v)->ns : NULL;
-	}
-	return session_ns(b, s, sqe->ns);
+	op->cqe.res = err;
+	return OPS_DONE;
 }
+
+/* A long op's next step waits for its session's next turn (fair rounds). */
+static int op_yield(struct broker *b, struct op *op)
+{
+	return ops_park(b, op, &op->s->yieldq, "its next step (fair rounds)");
+}
+
+/* ---- waiting ---- */
+
+int ops_park(struct broker *b, struct op *op, struct waitq *q, const char *what)
+{
+	op->waits = what;
+	op->parked = 1;
+	if (!op->since)
+		op->since = clock_now();
+	list_add_tail(&q->ops, &op->link);
+	b->ops_parked++;
+	return OPS_DEFERRED;
+}
+
+int ops_park_page(struct broker *b, struct op *op, struct page *pg, const char *what)
+{
+	if (!pg->waiters) {
+		pg->waiters = malloc(sizeof(*pg->waiters));
+		if (!pg->waiters)
+			return op_fail(op, -ENOMEM);
+		waitq_init(pg->waiters);
+	}
+	return ops_park(b, op, pg->waiters, what);
+}
+
+void ops_wake(struct broker *b, struct waitq *q)
+{
+	list_splice_tail(&b->runq.ops, &q->ops); /* they run in the order they parked */
+}
+
+void ops_page_changed(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	struct waitq *q = pg->waiters;
+
+	if (!q)
+		return;
+	pg->waiters = NULL;
+	ops_wake(b, q);
+	free(q);
+}
+
+/* ---- completion and accounting ---- */
+
+/* Counts a completed op, once: globally, in its namespace and for its client. */
+static void op_account(struct broker *b, const struct op *op)
+{
+	struct counters *c = &b->ctr;
+	struct session_counters *sc = &op->s->c;
+	struct ns *n = op->n;
+	int32_t res = op->cqe.res;
+
+	op->s->ops++;
+	switch (op->sqe.opcode) {
+	case KVB_OP_NOP:
+		c->nops++;
+		break;
+	case KVB_OP_PUT:
+		c->puts++;
+		sc->puts++;
+		if (n)
+			n->c.puts++;
+		break;
+	case KVB_OP_ACQUIRE:
+		sc->gets++; /* a client's reads, zero-copy or not */
+		if (!op->as_get) {
+			c->acquires++;
+			break;
+		}
+		c->gets++;
+		if (n)
+			n->c.gets++;
+		break;
+	case KVB_OP_GET:
+		c->gets++;
+		sc->gets++;
+		if (n)
+			n->c.gets++;
+		break;
+	case KVB_OP_RELEASE:
+		c->releases += !op->as_get; /* the end of a kvb_get() is part of its GET */
+		break;
+	case KVB_OP_DELETE:
+		c->deletes++;
+		break;
+	case KVB_OP_LOOKUP:
+		c->lookups++;
+		if (n)
+			c->lookup_keys += op->sqe.batch.count;
+		break;
+	case KVB_OP_PREFETCH:
+		c->prefetches++;
+		break;
+	}
+	if (op->hit > 0) {
+		c->hits++;
+		sc->hits++;
+		if (n)
+			n->c.hits++;
+	} else if (op->hit == 0) {
+		c->misses++;
+		sc->misses++;
+		if (n)
+			n->c.misses++;
+	}
+	if (op->dedup) {
+		c->dedup++;
+		sc->dedup++;
+		if (n)
+			n->c.dedup++;
+	}
+	c->bytes_in += op->bytes_in;
+	c->bytes_out += op->bytes_out;
+	sc->bytes_in += op->bytes_in;
+	sc->bytes_out += op->bytes_out;
+	if (res < 0 && res != -ENOENT) {
+		c->errors++;
+		sc->errors++;
+	}
+}
+
+/* Counts op, drops what it holds and frees it; the CQE is the caller's to post. */
+static void op_end(struct broker *b, struct op *op)
+{
+	op_account(b, op);
+	if (op->v)
+		sview_put(op->v);
+	free(op->segs);
+	free(op->fds);
+	list_del(&op->slink);
+	op->s->nops--;
+	free(op);
+}
+
+void ops_complete(struct broker *b, struct op *op)
+{
+	struct session *s = op->s;
+	struct kvb_cqe cqe = op->cqe;
+
+	op_end(b, op);
+	session_complete(b, s, &cqe);
+}
+
+/* An op of a session that died while it waited: let go of its page, complete it unrun. */
+static void op_cancel(struct broker *b, struct op *op)
+{
+	if (op->pg) {
+		if (op->sqe.opcode == KVB_OP_PUT)
+			store_abort(&b->store, op->pg);
+		else
+			store_unpin(&b->store, op->pg);
+		op->pg = NULL;
+	}
+	op->cqe.res = -ECANCELED;
+	ops_complete(b, op);
+}
+
+void ops_session_dead(struct broker *b, struct session *s)
+{
+	struct list *pos, *tmp;
+
+	/* Parked ops go now; those a copy engine or the disk holds finish first. */
+	list_for_each_safe (pos, tmp, &s->live) {
+		struct op *op = list_entry(pos, struct op, slink);
+
+		if (!op->parked)
+			continue;
+		list_del(&op->link);
+		op->parked = 0;
+		b->ops_parked--;
+		op_cancel(b, op);
+	}
+}
+
+/* ---- the ops ---- */
 
 /*
- * PUT: dedup first (a stored key copies nothing), then check the source, take a WRITING slot
- * and copy into it; the page is committed when the copy completed (xfer.c). A PUT of a key
- * another PUT is still writing waits for that one (xfer_park_put): see xfer.c [XFER-PARK].
+ * PUT: check the source, then dedup (a stored key copies nothing), take a WRITING slot and
+ * copy into it; the page is committed when the copy completed (xfer.c). A PUT of a key whose
+ * page is being written (another PUT's copy, or a promotion from disk) waits for that page's
+ * next state: committed, it completes EXISTED; aborted, it runs again and writes it itself.
  */
-static int op_put(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		  struct kvb_cqe *cqe)
+static int op_put(struct broker *b, struct op *op)
 {
-	kvb_key key;
-	struct sview *v;
-	struct ns *n = op_ns(b, s, sqe, &v);
+	struct ns *n = op->n;
+	struct session *s = op->s;
 	struct page *pg;
-	uint8_t *src = NULL;
-	int32_t dev = COPY_HOST;
-	int err = 0, nsegs = 1;
+	int err = 0;
 
-	b->ctr.puts++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return OPS_DONE;
+	if (!n)
+		return op_fail(op, -EBADF);
+	if (!op->pg) {
+		uint8_t *src = NULL;
+
+		/*
+		 * Check the source first: a bad request must not evict anything, and must fail
+		 * the same whether or not the key is stored (t_rel_hostile:
+		 * put_existing_bad_source). Again at every run: a buffer may go while it waits.
+		 */
+		if (op->v)
+			err = view_check(s, op->v, op->sqe.off, &op->dev);
+		else
+			src = buf_range(s, op->sqe.buf, op->sqe.off, n->page_bytes, &op->dev, &err);
+		if (err)
+			return op_fail(op, err);
+		pg = store_find(&b->store, n->id, &op->key);
+		if (pg && pg->state == PAGE_WRITING) {
+			b->xs.parked++;
+			return ops_park_page(b, op, pg, "the same page being written");
+		}
+		if (pg || tier_has(b, n, &op->key)) {
+			/* Another rank or engine stored it: content keys make it equal. */
+			op->dedup = 1;
+			op->cqe.flags |= KVB_CQEF_EXISTED;
+			if (pg)
+				store_touch(&b->store, pg);
+			return OPS_DONE;
+		}
+		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
+				       s->pref.n ? &s->pref : NULL, &pg);
+		if (err == -ENOSPC && tier_park_alloc(b, op))
+			return OPS_DEFERRED; /* runs again once a demotion freed RAM */
+		if (err)
+			return op_fail(op, err);
+		op->pg = pg;
+		op->seg1 = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
 	}
-	n->c.puts++;
-	/*
-	 * Check the source first: a bad request must not evict anything, and must fail the same
-	 * whether or not the key is stored (t_rel_hostile: put_existing_bad_source).
-	 */
-	if (v)
-		err = view_check(s, v, sqe->off, &dev);
-	else
-		src = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
-	if (err) {
-		cqe->res = err;
-		return OPS_DONE;
-	}
-	memcpy(key.b, sqe->key, sizeof(key.b));
-	pg = store_find(&b->store, n->id, &key);
-	if (pg && pg->state == PAGE_WRITING)
-		return xfer_park_put(b, s, sqe, pg, cqe);
-	if (pg || tier_has(b, n, &key)) {
-		/* Another rank or engine stored it: content keys make it equal. */
-		xfer_existed(b, n, cqe);
-		if (pg)
-			store_touch(&b->store, pg);
-		return OPS_DONE;
-	}
-	err = store_alloc_pref(&b->store, n->cls, n->id, &key, s->pref.n ? &s->pref : NULL, &pg);
-	if (err == -ENOSPC && tier_park_alloc(b, s, sqe))
-		return OPS_DEFERRED; /* runs again once a demotion freed RAM */
-	if (err) {
-		cqe->res = err;
-		return OPS_DONE;
-	}
-	if (v) {
-		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, 0, 0, 1);
-	} else {
-		err = segs_reserve(1);
+	if (op->v) {
+		err = view_build(op, store_addr(&b->store, op->pg), 1);
 		if (!err)
-			segs[0] = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
-		nsegs = err ? err : 1;
+			return op_yield(b, op);
+		if (err < 0) {
+			store_abort(&b->store, op->pg);
+			op->pg = NULL;
+			return op_fail(op, err);
+		}
 	}
-	if (nsegs < 0) {
-		store_abort(&b->store, pg);
-		cqe->res = nsegs;
-		return OPS_DONE;
-	}
-	return xfer_start(b, s, n, pg, dev, COPY_TO_POOL, segs, (uint32_t)nsegs, cqe);
+	return xfer_start(b, op, COPY_TO_POOL);
 }
 
-/* A READY page of (ns, key), counted as a hit or a miss. */
-/* The READY page of (ns, key bytes), or NULL; the key is copied once (it may be shared memory). */
-static struct page *page_ready(struct broker *b, const struct ns *n, const uint8_t *key)
+static int op_get(struct broker *b, struct op *op)
 {
+	struct ns *n = op->n;
 	struct page *pg;
-	kvb_key k;
+	int err = 0;
 
-	memcpy(k.b, key, sizeof(k.b));
-	pg = store_find(&b->store, n->id, &k);
-	return pg && pg->state == PAGE_READY ? pg : NULL;
-}
+	if (!n)
+		return op_fail(op, -EBADF);
+	if (!op->pg) {
+		uint8_t *dst = NULL;
 
-static struct page *find_ready(struct broker *b, struct ns *n, const uint8_t key[32])
-{
-	struct page *pg = page_ready(b, n, key);
-
-	if (!pg) {
-		b->ctr.misses++;
-		n->c.misses++;
-		return NULL;
+		if (op->v && !layers_ok(n, op->sqe.layer_first, op->sqe.layer_count))
+			err = -EINVAL; /* names layers that do not exist */
+		else if (op->v)
+			err = view_check(op->s, op->v, op->sqe.off, &op->dev);
+		else
+			dst = buf_range(op->s, op->sqe.buf, op->sqe.off, n->page_bytes, &op->dev,
+					&err);
+		if (err)
+			return op_fail(op, err);
+		pg = store_find(&b->store, n->id, &op->key);
+		if (!pg || pg->state != PAGE_READY) {
+			/* RAM first: only now is the disk tier asked. */
+			if (tier_promote(b, op, pg))
+				return OPS_DEFERRED; /* runs again once the page is in RAM */
+			op->hit = 0;
+			return op_fail(op, -ENOENT);
+		}
+		op->hit = 1;
+		/* Pinned for the copy's duration: neither eviction nor DELETE frees it. */
+		store_pin(&b->store, pg);
+		op->pg = pg;
+		op->seg1 = (struct copy_seg){dst, store_addr(&b->store, pg), n->page_bytes};
 	}
-	b->ctr.hits++;
-	n->c.hits++;
-	return pg;
-}
-
-static int op_get(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		  struct kvb_cqe *cqe)
-{
-	struct sview *v;
-	struct ns *n = op_ns(b, s, sqe, &v);
-	struct page *pg;
-	uint8_t *dst = NULL;
-	int32_t dev = COPY_HOST;
-	int err = 0, nsegs;
-
-	b->ctr.gets++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return OPS_DONE;
-	}
-	n->c.gets++;
-	if (v && !layers_ok(n, sqe->layer_first, sqe->layer_count))
-		err = -EINVAL; /* names layers that do not exist */
-	else if (v)
-		err = view_check(s, v, sqe->off, &dev);
-	else
-		dst = buf_range(s, sqe->buf, sqe->off, n->page_bytes, &dev, &err);
-	if (err) {
-		cqe->res = err;
-		return OPS_DONE;
-	}
-	if (tier_park(b, s, sqe, n))
-		return OPS_DEFERRED; /* on disk: promoted first, then this op runs again */
-	pg = find_ready(b, n, sqe->key);
-	if (!pg) {
-		cqe->res = -ENOENT;
-		return OPS_DONE;
-	}
-	if (v) {
-		nsegs = view_segs(s, v, store_addr(&b->store, pg), sqe->off, sqe->layer_first,
-				  sqe->layer_count, 0);
-	} else {
-		err = segs_reserve(1);
+	if (op->v) {
+		err = view_build(op, store_addr(&b->store, op->pg), 0);
 		if (!err)
-			segs[0] = (struct copy_seg){dst, store_addr(&b->store, pg), n->page_bytes};
-		nsegs = err ? err : 1;
+			return op_yield(b, op);
+		if (err < 0) {
+			store_unpin(&b->store, op->pg);
+			op->pg = NULL;
+			return op_fail(op, err);
+		}
 	}
-	if (nsegs < 0) {
-		cqe->res = nsegs;
-		return OPS_DONE;
-	}
-	/* Pinned for the copy's duration: neither eviction nor DELETE frees it underneath. */
-	store_pin(&b->store, pg);
-	return xfer_start(b, s, n, pg, dev, COPY_FROM_POOL, segs, (uint32_t)nsegs, cqe);
+	return xfer_start(b, op, COPY_FROM_POOL);
 }
 
 static int lease_push(struct broker *b, struct session *s, uint64_t id)
@@ -379,54 +563,46 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 	return -EINVAL;
 }
 
-static void op_acquire(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		       struct kvb_cqe *cqe)
+static int op_acquire(struct broker *b, struct op *op)
 {
-	struct ns *n = session_ns(b, s, sqe->ns);
+	struct ns *n = op->n;
 	struct page *pg;
 	int err;
 
-	b->ctr.acquires++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return;
+	if (!n)
+		return op_fail(op, -EBADF);
+	pg = store_find(&b->store, n->id, &op->key);
+	if (!pg || pg->state != PAGE_READY) {
+		if (tier_promote(b, op, pg))
+			return OPS_DEFERRED;
+		op->hit = 0;
+		return op_fail(op, -ENOENT);
 	}
-	if (tier_park(b, s, sqe, n)) {
-		cqe->res = OPS_PARKED;
-		return;
-	}
-	pg = find_ready(b, n, sqe->key);
-	if (!pg) {
-		cqe->res = -ENOENT;
-		return;
-	}
-	err = lease_push(b, s, store_lease_id(pg));
-	if (err) {
-		cqe->res = err;
-		return;
-	}
+	op->hit = 1;
+	err = lease_push(b, op->s, store_lease_id(pg));
+	if (err)
+		return op_fail(op, err);
 	store_pin(&b->store, pg);
 	store_touch(&b->store, pg);
-	cqe->lease = store_lease_id(pg);
-	cqe->loc = store_loc(&b->store, pg);
-	b->ctr.bytes_out += n->page_bytes;
+	op->cqe.lease = store_lease_id(pg);
+	op->cqe.loc = store_loc(&b->store, pg);
+	op->bytes_out = n->page_bytes;
+	return OPS_DONE;
 }
 
-static void op_release(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		       struct kvb_cqe *cqe)
+static int op_release(struct broker *b, struct op *op)
 {
 	struct page *pg;
+	uint64_t id = op->sqe.off;
 
-	b->ctr.releases++;
 	/* The session's own list decides: ids are capabilities, not pointers. */
-	if (lease_pop(b, s, sqe->off)) {
-		cqe->res = -EINVAL;
-		return;
-	}
-	pg = store_by_id(&b->store, (uint32_t)sqe->off);
+	if (lease_pop(b, op->s, id))
+		return op_fail(op, -EINVAL);
+	pg = store_by_id(&b->store, (uint32_t)id);
 	/* A held lease pins its slot, so it cannot have been freed and reused. */
-	if (pg && store_lease_id(pg) == sqe->off)
+	if (pg && store_lease_id(pg) == id)
 		store_unpin(&b->store, pg);
+	return OPS_DONE;
 }
 
 void ops_release_all(struct broker *b, struct session *s)
@@ -444,153 +620,205 @@ void ops_release_all(struct broker *b, struct session *s)
 	s->cap_leases = 0;
 }
 
-static void op_delete(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		      struct kvb_cqe *cqe)
+static int op_delete(struct broker *b, struct op *op)
 {
-	struct ns *n = session_ns(b, s, sqe->ns);
 	struct page *pg;
 
-	b->ctr.deletes++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return;
-	}
-	pg = page_ready(b, n, sqe->key);
-	if (!tier_delete(b, n, (const kvb_key *)sqe->key) && !pg) {
-		cqe->res = -ENOENT;
-		return;
-	}
+	if (!op->n)
+		return op_fail(op, -EBADF);
+	pg = store_find(&b->store, op->n->id, &op->key);
+	if (pg && pg->state != PAGE_READY)
+		pg = NULL;
+	if (!tier_delete(b, op->n, &op->key) && !pg)
+		return op_fail(op, -ENOENT);
 	if (pg)
 		store_drop(&b->store, pg);
+	return OPS_DONE;
 }
 
-static void op_prefetch(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-			struct kvb_cqe *cqe)
+static int op_prefetch(struct broker *b, struct op *op)
 {
-	struct ns *n = session_ns(b, s, sqe->ns);
+	struct page *pg;
 
-	b->ctr.prefetches++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return;
-	}
+	if (!op->n)
+		return op_fail(op, -EBADF);
+	pg = store_find(&b->store, op->n->id, &op->key);
+	if (pg && pg->state == PAGE_READY)
+		return OPS_DONE;
 	/* A page on disk is promoted first; then this op runs again and finds it in RAM. */
-	if (tier_park(b, s, sqe, n))
-		cqe->res = OPS_PARKED;
-	else
-		cqe->res = page_ready(b, n, sqe->key) ? 0 : -ENOENT;
+	if (tier_promote(b, op, pg))
+		return OPS_DEFERRED;
+	return op_fail(op, -ENOENT);
 }
 
-static void op_lookup(struct broker *b, struct session *s, const struct kvb_sqe *sqe,
-		      struct kvb_cqe *cqe)
+/* LOOKUP: OPS_STEP_WORK keys per step, yielding between steps (fair rounds). */
+static int op_lookup(struct broker *b, struct op *op)
 {
-	struct ns *n = session_ns(b, s, sqe->ns);
-	const uint8_t *keys = s->arg + sqe->batch.arg_off;
-	uint8_t *tiers = s->arg + sqe->batch.out_off;
-	uint32_t count = sqe->batch.count, lead = 0;
-	int leading = 1;
+	struct session *s = op->s;
+	const uint8_t *keys = s->arg + op->sqe.batch.arg_off;
+	uint8_t *tiers = s->arg + op->sqe.batch.out_off;
+	uint32_t count = op->sqe.batch.count, i = op->cursor;
+	uint32_t end = count - i > OPS_STEP_WORK ? i + OPS_STEP_WORK : count;
 
-	b->ctr.lookups++;
-	if (!n) {
-		cqe->res = -EBADF;
-		return;
-	}
-	b->ctr.lookup_keys += count;
-	for (uint32_t i = 0; i < count; i++) {
-		const uint8_t *k = keys + (uint64_t)i * sizeof(kvb_key);
+	if (!op->n)
+		return op_fail(op, -EBADF);
+	if (!i)
+		op->leading = 1;
+	for (; i < end; i++) {
+		struct page *pg;
 		kvb_key key;
 
-		memcpy(key.b, k, sizeof(key.b)); /* shared memory: read once */
-		if (page_ready(b, n, key.b)) {
+		memcpy(key.b, keys + (uint64_t)i * sizeof(kvb_key), sizeof(key.b)); /* read once */
+		pg = store_find(&b->store, op->n->id, &key);
+		if (pg && pg->state == PAGE_READY) {
 			tiers[i] = KVB_TIER_RAM;
-			lead += leading;
-		} else if (tier_has(b, n, &key)) {
+			op->lead += op->leading;
+		} else if (tier_has(b, op->n, &key)) {
 			tiers[i] = KVB_TIER_DISK;
-			lead += leading;
+			op->lead += op->leading;
 		} else {
 			tiers[i] = KVB_TIER_NONE;
-			leading = 0;
+			op->leading = 0;
 		}
 	}
-	cqe->res = (int32_t)lead;
+	op->work += end - op->cursor;
+	op->cursor = end;
+	if (end < count)
+		return op_yield(b, op);
+	op->cqe.res = (int32_t)op->lead;
+	return OPS_DONE;
 }
 
-int ops_exec(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe)
+/* Runs op (again): OPS_DONE with op->cqe set, or OPS_DEFERRED (parked, yielded or copying). */
+static int op_run(struct broker *b, struct op *op)
 {
-	int ret = OPS_DONE;
-
-	memset(cqe, 0, sizeof(*cqe));
-	cqe->user_data = sqe->user_data;
-	s->ops++;
-	cqe->res = kvb_sqe_check(sqe, s->arg_size);
-	if (cqe->res)
-		goto out;
-	switch (sqe->opcode) {
-	case KVB_OP_NOP:
-		b->ctr.nops++;
-		break;
+	op->work = 1;
+	op->waits = NULL;
+	if (op->cqe.res)
+		return OPS_DONE; /* refused at decode */
+	switch (op->sqe.opcode) {
 	case KVB_OP_PUT:
-		ret = op_put(b, s, sqe, cqe);
-		break;
+		return op_put(b, op);
 	case KVB_OP_GET:
-		ret = op_get(b, s, sqe, cqe);
-		break;
+		return op_get(b, op);
 	case KVB_OP_ACQUIRE:
-		op_acquire(b, s, sqe, cqe);
-		break;
+		return op_acquire(b, op);
 	case KVB_OP_RELEASE:
-		op_release(b, s, sqe, cqe);
-		break;
+		return op_release(b, op);
 	case KVB_OP_DELETE:
-		op_delete(b, s, sqe, cqe);
-		break;
+		return op_delete(b, op);
 	case KVB_OP_LOOKUP:
-		op_lookup(b, s, sqe, cqe);
-		break;
+		return op_lookup(b, op);
 	case KVB_OP_PREFETCH:
-		op_prefetch(b, s, sqe, cqe);
-		break;
+		return op_prefetch(b, op);
 	}
-out:
-	if (cqe->res == OPS_PARKED)
-		return OPS_DEFERRED;
-	if (ret == OPS_DONE && cqe->res < 0 && cqe->res != -ENOENT)
-		b->ctr.errors++;
-	return ret;
+	return OPS_DONE; /* NOP */
 }
 
-void ops_resume(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+/* Decodes an SQE into op, once: its shape, then the namespace or view it names. */
+static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct op *op)
 {
-	struct kvb_cqe cqe = {.user_data = sqe->user_data, .res = -ECANCELED};
-	struct sview *v;
-	struct ns *n;
-
-	if (s->dead) {
-		session_complete(b, s, &cqe); /* no new work for a dead client */
+	op->b = b;
+	op->s = s;
+	op->sqe = *sqe;
+	op->hit = -1;
+	op->dev = COPY_HOST;
+	op->cqe.user_data = sqe->user_data;
+	list_init(&op->link);
+	op->cqe.res = kvb_sqe_check(sqe, s->arg_size);
+	if (op->cqe.res)
+		return;
+	op->as_get = !!(sqe->flags & KVB_SQEF_GET);
+	if (sqe->opcode == KVB_OP_LOOKUP || sqe->opcode == KVB_OP_NOP ||
+	    sqe->opcode == KVB_OP_RELEASE) {
+		if (sqe->opcode == KVB_OP_LOOKUP)
+			op->n = session_ns(b, s, sqe->ns);
 		return;
 	}
-	/* Its first run counted the request; this one must not count it again. */
-	n = sqe->opcode == KVB_OP_PUT || sqe->opcode == KVB_OP_GET ? op_ns(b, s, sqe, &v)
-								   : session_ns(b, s, sqe->ns);
-	s->ops--;
-	switch (sqe->opcode) {
-	case KVB_OP_PUT:
-		b->ctr.puts--;
-		if (n)
-			n->c.puts--;
-		break;
-	case KVB_OP_GET:
-		b->ctr.gets--;
-		if (n)
-			n->c.gets--;
-		break;
-	case KVB_OP_ACQUIRE:
-		b->ctr.acquires--;
-		break;
-	case KVB_OP_PREFETCH:
-		b->ctr.prefetches--;
-		break;
+	memcpy(op->key.b, sqe->key, sizeof(op->key.b));
+	if (sqe->flags & KVB_OPF_VIEW) {
+		op->v = session_view(s, sqe->buf);
+		if (op->v) {
+			op->v->refs++; /* a VIEW_DESTROY meanwhile cannot free it under us */
+			op->n = op->v->ns;
+		}
+		return;
 	}
-	if (ops_exec(b, s, sqe, &cqe) == OPS_DONE)
-		session_complete(b, s, &cqe);
+	op->n = session_ns(b, s, sqe->ns);
+}
+
+int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
+	       uint64_t *work)
+{
+	struct op *op = calloc(1, sizeof(*op));
+	int r;
+
+	if (!op) {
+		*cqe = (struct kvb_cqe){.user_data = sqe->user_data, .res = -ENOMEM};
+		b->ctr.errors++;
+		*work = 1;
+		return OPS_DONE;
+	}
+	op_decode(b, s, sqe, op);
+	list_add_tail(&s->live, &op->slink);
+	s->nops++;
+	r = op_run(b, op);
+	*work = op->work;
+	if (r == OPS_DEFERRED) {
+		if (!op->since)
+			op->since = clock_now();
+		return OPS_DEFERRED;
+	}
+	*cqe = op->cqe;
+	op_end(b, op);
+	return OPS_DONE;
+}
+
+/* Runs a woken or yielded op again; a dead session's is completed unrun. Returns its work. */
+static uint64_t op_resume(struct broker *b, struct op *op)
+{
+	uint64_t work;
+
+	list_del(&op->link);
+	op->parked = 0;
+	b->ops_parked--;
+	if (op->s->dead) {
+		op_cancel(b, op);
+		return 1;
+	}
+	if (op_run(b, op) == OPS_DEFERRED)
+		return op->work;
+	work = op->work;
+	ops_complete(b, op);
+	return work;
+}
+
+uint32_t ops_poll(struct broker *b)
+{
+	struct list mine;
+	uint32_t n = 0;
+
+	/* Detached first: what these runs wake goes to the next poll, not into this walk. */
+	list_init(&mine);
+	list_splice_tail(&mine, &b->runq.ops);
+	while (!list_empty(&mine)) {
+		op_resume(b, list_entry(mine.next, struct op, link));
+		n++;
+	}
+	return n;
+}
+
+uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget)
+{
+	struct list mine;
+	uint64_t work = 0;
+
+	list_init(&mine);
+	list_splice_tail(&mine, &s->yieldq.ops);
+	/* At least one step per turn, so that a session always makes progress. */
+	while (!list_empty(&mine) && (!work || work < budget))
+		work += op_resume(b, list_entry(mine.next, struct op, link));
+	/* What did not get its step this turn stays first in line for the next. */
+	list_splice_head(&s->yieldq.ops, &mine);
+	return work;
 }

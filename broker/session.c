@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * session.c - one attached client: admission, the control channel, its rings, and teardown.
+ * session.c - one attached client: admission, its fds in the loop, its rings' turn in each
+ * round (fair rounds: ops.h), its buffer slots, completion into its CQ, and teardown. The
+ * control messages it receives are ctl.c's; its ops are the request engine's (ops.c).
  *
  * States:
  *
@@ -11,9 +13,10 @@
  *                                                                       session_destroy()
  *
  * The peer's identity is the kernel's (SO_PEERCRED at accept), never a message field. Its
- * process is pinned by a pidfd taken at accept (peer.c [pidfd]), which sits in the epoll set:
+ * process is pinned by a pidfd taken at accept (peer.c [pidfd]), which sits in the loop:
  * the connecting process's exit ends the session even when a child it forked still holds the
- * socket, and a recycled pid can never be mistaken for the client. Anything
+ * socket, and a recycled pid can never be mistaken for the client (the pidfd is in the loop).
+ * Anything
  * the client controls (messages, fds, ring indices, SQE bytes) is validated before use, and a
  * violation that makes the channel untrustworthy (a malformed datagram, an impossible ring
  * index) ends only this session, with the reason logged.
@@ -51,44 +54,89 @@
 #include "proto.h"
 #include "text.h"
 
-/* One log line per kind per LOG_GAP seconds; the next says how many were not logged. */
-struct throttle {
-	double at;
-	uint64_t quiet;
-};
-static struct throttle tt_refused, tt_hello, tt_idle;
+static struct log_throttle tt_refused, tt_hello, tt_idle;
 
-static int throttle_ok(struct throttle *t, uint64_t *quiet)
+/* The loop's callbacks for a session's fds; a destroyed session waits for the batch's end. */
+static void on_sock(void *arg)
 {
-	double now = now_sec();
+	struct session *s = arg;
 
-	if (t->at && now - t->at < LOG_GAP) {
-		t->quiet++;
-		return 0;
-	}
-	*quiet = t->quiet;
-	t->quiet = 0;
-	t->at = now;
-	return 1;
+	if (!s->dead)
+		ctl_on_msg(s->b, s);
 }
 
-#define log_throttled(tt, fmt, ...)                                                                \
-	do {                                                                                       \
-		uint64_t q_ = 0;                                                                   \
-		if (!throttle_ok(&(tt), &q_))                                                      \
-			break;                                                                     \
-		if (q_)                                                                            \
-			log_warn(fmt " (and %llu more in %.0f s, not logged)", __VA_ARGS__,        \
-				 (unsigned long long)q_, LOG_GAP);                                 \
-		else                                                                               \
-			log_warn(fmt, __VA_ARGS__);                                                \
-	} while (0)
-
-static int ep_add(struct broker *b, int fd, struct session *s, unsigned tag)
+static void on_pid(void *arg)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = (uint64_t)(uintptr_t)s | tag};
+	struct session *s = arg;
 
-	return epoll_ctl(b->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+	/* Its process is gone, even if the socket lives on in a child it forked. */
+	if (!s->dead)
+		session_destroy(s->b, s,
+				s->control_only || !s->hello_done ? NULL : "process exited");
+}
+
+static void on_sq(void *arg)
+{
+	struct session *s = arg;
+	uint64_t v;
+
+	/* SQ doorbell: drain it; the rings are polled right after. */
+	if (!s->dead && read(s->sq_efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		log_debug("client %u: sq doorbell read: %d", s->id, errno);
+}
+
+void session_on_listen(void *arg)
+{
+	for (int i = 0; i < 64 && session_accept(arg) > 0; i++)
+		;
+}
+
+uint32_t session_poll_all(struct broker *b)
+{
+	struct list *pos, *tmp;
+	uint32_t work = 0;
+
+	list_for_each_safe (pos, tmp, &b->sessions) {
+		int n = session_poll(b, list_entry(pos, struct session, link), SESSION_POLL_BATCH);
+
+		if (n > 0)
+			work += (uint32_t)n;
+	}
+	return work;
+}
+
+/*
+ * A client whose full CQ stalls its SQ rings no doorbell when it reaps, so while one is
+ * stalled the loop naps 1 ms at a time instead of a second.
+ */
+int session_prepare_sleep(struct broker *b)
+{
+	struct list *pos;
+	int timeout = 1000;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->region)
+			continue;
+		if (s->stalled)
+			timeout = 1;
+		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
+			return 0;
+	}
+	return timeout;
+}
+
+void session_wake_all(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->region)
+			kvb_flag_clear(s->sq.flags, KVB_SQ_NEED_WAKEUP);
+	}
 }
 
 /* May this peer attach? Same uid, root, or a member of the group named at start-up. */
@@ -111,6 +159,25 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 	return 0;
 }
 
+void session_init(struct broker *b, struct session *s)
+{
+	s->b = b;
+	s->on_sock = (struct loop_fd){on_sock, s};
+	s->on_sq = (struct loop_fd){on_sq, s};
+	s->on_pid = (struct loop_fd){on_pid, s};
+	list_init(&s->link);
+	list_init(&s->live);
+	waitq_init(&s->yieldq);
+}
+
+int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id)
+{
+	/* Host and GPU buffers alike: --max-bufs is the client's, whatever the memory. */
+	for (*id = 0; *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS && s->bufs[*id].base; (*id)++)
+		;
+	return *id < b->cfg.max_bufs && *id < SESSION_MAX_BUFS ? 0 : -EMFILE;
+}
+
 int session_accept(struct broker *b)
 {
 	const char *how = NULL;
@@ -130,7 +197,7 @@ int session_accept(struct broker *b)
 		if (fd >= 0)
 			close(fd);
 		b->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		log_throttled(tt_refused, "refused a connection: %s", "out of file descriptors");
+		log_throttled(&tt_refused, "refused a connection: %s", "out of file descriptors");
 		b->ctr.refused++;
 		return fd >= 0 ? 1 : 0;
 	}
@@ -141,13 +208,13 @@ int session_accept(struct broker *b)
 	 * each kind of connection is bounded below (handshakes here, the rest at HELLO).
 	 */
 	if (b->nconns >= b->cfg.max_clients + b->cfg.max_control + CONN_SPARE) {
-		log_throttled(tt_refused, "refused a connection: %u connections open", b->nconns);
+		log_throttled(&tt_refused, "refused a connection: %u connections open", b->nconns);
 		b->ctr.refused++;
 		close(fd);
 		return 1;
 	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 || !peer_allowed(b, fd, &cr)) {
-		log_throttled(tt_refused, "refused pid %d uid %d: not the broker's uid or group",
+		log_throttled(&tt_refused, "refused pid %d uid %d: not the broker's uid or group",
 			      (int)cr.pid, (int)cr.uid);
 		b->ctr.refused++;
 		close(fd);
@@ -161,7 +228,7 @@ int session_accept(struct broker *b)
 			struct session *o = list_entry(pos, struct session, link);
 
 			if (!o->hello_done) {
-				log_throttled(tt_hello,
+				log_throttled(&tt_hello,
 					      "client %u (pid %d): closed: no HELLO in time (%u "
 					      "handshakes pending)",
 					      o->id, (int)o->pid, b->npending);
@@ -181,14 +248,14 @@ int session_accept(struct broker *b)
 	s->uid = cr.uid;
 	s->gid = cr.gid;
 	s->id = ++b->next_id;
-	s->accepted_at = s->active_at = now_sec();
+	s->accepted_at = s->active_at = clock_now();
 	s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->node = -1;
 	s->pidfd = peer_pidfd(fd, cr.pid, &how);
-	list_init(&s->link);
-	err = ep_add(b, fd, s, TAG_SOCK);
+	session_init(b, s);
+	err = loop_add(&b->loop, fd, &s->on_sock);
 	if (!err && s->pidfd >= 0)
-		err = ep_add(b, s->pidfd, s, TAG_PID);
+		err = loop_add(&b->loop, s->pidfd, &s->on_pid);
 	if (err) {
 		if (s->pidfd >= 0)
 			close(s->pidfd);
@@ -218,7 +285,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		 * The client holds a dup of this eventfd, so closing ours would not take it out of
 		 * the epoll set: a later doorbell would name a freed session. Remove it first.
 		 */
-		epoll_ctl(b->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
+		loop_del(&b->loop, s->sq_efd);
 		close(s->sq_efd);
 	}
 	if (s->cq_efd >= 0)
@@ -242,11 +309,14 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	 * it was unmapped and never unmapped under a copy.
 	 */
 	s->dead = 1;
+	s->dead_at = clock_now();
 	list_add_tail(&b->graveyard, &s->link);
+	/* Its parked ops complete now, unrun; those a copy engine or the disk holds finish. */
+	ops_session_dead(b, s);
 }
 
 /* Unmaps a host buffer, or closes a GPU buffer's handle (copy_cuda.c); no op may use it. */
-static void buf_release(struct broker *b, struct session *s, struct sbuf *sb)
+void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 {
 	if (sb->fdb) {
 		fdcopy_buf_close(sb);
@@ -266,9 +336,10 @@ static void session_free(struct broker *b, struct session *s)
 {
 	for (uint32_t i = 0; i < SESSION_MAX_BUFS; i++)
 		if (s->bufs[i].base)
-			buf_release(b, s, &s->bufs[i]);
+			session_buf_release(b, s, &s->bufs[i]);
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
-		free(s->views[i]);
+		if (s->views[i])
+			sview_put(s->views[i]);
 	free(s);
 }
 
@@ -292,13 +363,13 @@ void session_expire(struct broker *b, double now)
 		if (!s->hello_done && now - s->accepted_at > SESSION_HELLO_TIMEOUT) {
 			b->ctr.protocol_errors++;
 			b->ctr.expired++;
-			log_throttled(tt_hello, "client %u (pid %d): closed: no HELLO in time",
+			log_throttled(&tt_hello, "client %u (pid %d): closed: no HELLO in time",
 				      s->id, (int)s->pid);
 			session_destroy(b, s, NULL);
 		} else if (s->control_only && b->cfg.control_idle > 0 &&
 			   now - s->active_at > b->cfg.control_idle) {
 			b->ctr.expired++;
-			log_throttled(tt_idle,
+			log_throttled(&tt_idle,
 				      "client %u (%s, pid %d): closed: control connection idle for "
 				      "%.0f s (--control-idle)",
 				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
@@ -308,15 +379,50 @@ void session_expire(struct broker *b, double now)
 	}
 }
 
+/* A session draining too long: what its ops wait for, in the log (once). */
+static void drain_log(struct session *s, double now)
+{
+	char what[512];
+	size_t len = 0;
+	uint32_t shown = 0;
+	struct list *pos;
+
+	what[0] = '\0';
+	list_for_each (pos, &s->live) {
+		const struct op *op = list_entry(pos, struct op, slink);
+		int n;
+
+		if (shown++ == 4)
+			break;
+		n = snprintf(what + len, sizeof(what) - len, "%sop %u (%s, %.1f s)",
+			     shown > 1 ? "; " : "", op->sqe.opcode,
+			     op->waits ? op->waits : "running", now - op->since);
+		if (n < 0 || (size_t)n >= sizeof(what) - len)
+			break;
+		len += (size_t)n;
+	}
+	log_warn("client %u (%s, pid %d): gone %.1f s ago and still draining: %u ops in flight: "
+		 "%s%s",
+		 s->id, s->name[0] ? s->name : "?", (int)s->pid, now - s->dead_at, s->inflight,
+		 what, s->nops > 4 ? "; ..." : "");
+}
+
 void session_reap(struct broker *b)
 {
 	struct list *pos, *tmp;
+	double now = 0;
 
 	list_for_each_safe (pos, tmp, &b->graveyard) {
 		struct session *s = list_entry(pos, struct session, link);
 
-		if (s->inflight)
+		if (s->inflight) {
+			if (!s->drain_logged &&
+			    (now ? now : (now = clock_now())) - s->dead_at > SESSION_DRAIN_WARN) {
+				s->drain_logged = 1;
+				drain_log(s, now);
+			}
 			continue;
+		}
 		list_del(pos);
 		session_free(b, s);
 	}
@@ -330,7 +436,7 @@ void session_complete(struct broker *b, struct session *s, const struct kvb_cqe 
 	/* Buffers unregistered while copies were in flight go once the last op completed. */
 	for (uint32_t i = 0; !s->inflight && s->nclosing && i < SESSION_MAX_BUFS; i++) {
 		if (s->bufs[i].closing) {
-			buf_release(b, s, &s->bufs[i]);
+			session_buf_release(b, s, &s->bufs[i]);
 			s->nclosing--;
 		}
 	}
@@ -340,580 +446,22 @@ void session_complete(struct broker *b, struct session *s, const struct kvb_cqe 
 	cq_doorbell(s);
 }
 
-/* Sends a reply datagram with optional body and fds. */
-static int reply(struct session *s, const struct kvb_msg_hdr *req, int32_t res, const void *body,
-		 size_t blen, const int *fds, uint32_t nfds)
-{
-	struct kvb_msg_hdr h = {KVB_MSG_MAGIC, req->type, KVB_MSGF_REPLY, 0, req->seq};
-	struct kvb_msg_reply r = {res, 0};
-	struct iovec iov[3] = {{&h, sizeof(h)}, {&r, sizeof(r)}, {NULL, blen}};
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
-		struct cmsghdr align;
-	} cm;
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = blen ? 3 : 2};
-
-	/* sendmsg never writes through iov_base; the const is shed without a cast. */
-	memcpy(&iov[2].iov_base, &body, sizeof(body));
-	h.len = (uint32_t)(sizeof(h) + sizeof(r) + blen);
-	if (nfds) {
-		struct cmsghdr *c;
-
-		mh.msg_control = cm.buf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-	}
-	if (sendmsg(s->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-		return -errno;
-	return 0;
-}
-
-/* Creates the ring region memfd, sealed so that the client can neither shrink nor grow it. */
-static int region_create(struct broker *b, struct session *s, uint32_t sq_entries)
-{
-	struct kvb_region_hdr h;
-	int64_t size = kvb_region_layout(sq_entries, b->cfg.arg_size, &h);
-	uint8_t *r;
-	int fd;
-
-	if (size < 0)
-		return (int)size;
-	fd = memfd_create("kvbroker-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return -errno;
-	if (ftruncate(fd, size) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		goto err_close;
-	r = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (r == MAP_FAILED)
-		goto err_close;
-	memcpy(r, &h, sizeof(h));
-	s->region = r;
-	s->region_size = (uint64_t)size;
-	s->region_fd = fd;
-	s->arg = r + h.arg_off;
-	s->arg_size = h.arg_size;
-	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h.sq_head_off),
-		      (kvb_atomic_u32 *)(r + h.sq_tail_off), (kvb_atomic_u32 *)(r + h.sq_flags_off),
-		      r + h.sqes_off, h.sq_entries, sizeof(struct kvb_sqe), 0);
-	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
-		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
-		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
-	return 0;
-
-err_close:
-	close(fd);
-	return -errno;
-}
-
-/*
- * KVB_HELLOF_PLACE: the arena order for this client's new pages, nearest to its GPU (whose
- * node sysfs knows) or else to the CPU node it declared. -EINVAL for malformed fields.
- */
-static int hello_place(struct broker *b, struct session *s, const struct kvb_msg_hello *m,
-		       size_t blen)
-{
-	int arena_node[KVB_MAX_ARENAS], node = m->cpu_node;
-
-	if (blen < sizeof(*m) || m->resv2 || m->cpu_node < -1 ||
-	    !memchr(m->gpu_busid, '\0', sizeof(m->gpu_busid)))
-		return -EINVAL;
-	if (m->gpu_busid[0]) {
-		int g = numa_pci_node(NULL, m->gpu_busid);
-
-		if (g == -EINVAL || g == -ENODEV)
-			return g; /* kvbroker.h: kvb_opts.gpu_busid */
-		if (g >= 0)
-			node = g;
-		memcpy(s->gpu, m->gpu_busid, sizeof(s->gpu));
-	}
-	s->node = node;
-	for (uint32_t i = 0; i < b->pool.narenas; i++)
-		arena_node[i] = b->pool.arena[i].node;
-	numa_order(arena_node, b->pool.narenas, node, s->pref.arena);
-	s->pref.n = b->pool.narenas;
-	return 0;
-}
-
-static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-		    const struct kvb_msg_hello *m, size_t blen)
-{
-	struct kvb_msg_hello_reply rep = {0};
-	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
-	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
-
-	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
-	if (kvb_is_pow2(sq) && sq > b->cfg.max_sq)
-		sq = b->cfg.max_sq;
-
-	if (s->hello_done)
-		return -EPROTO;
-	if (m->abi_major != KVB_ABI_MAJOR) {
-		log_warn("client %u: protocol ABI %u.%u, this broker speaks %u.%u", s->id,
-			 m->abi_major, m->abi_minor, KVB_ABI_MAJOR, KVB_ABI_MINOR);
-		reply(s, h, -EPROTO, NULL, 0, NULL, 0);
-		return -EPROTO;
-	}
-	if ((m->flags & ~(KVB_HELLOF_CONTROL | KVB_HELLOF_PLACE)) || m->resv) {
-		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
-		return -EPROTO;
-	}
-	err = m->flags & KVB_HELLOF_PLACE ? hello_place(b, s, m, blen) : 0;
-	if (err == -ENODEV) {
-		/* A refusal, not a violation: the id is well formed, the device is not here. */
-		log_throttled(tt_refused, "client %u (pid %d): refused: no PCI device %.*s here",
-			      s->id, (int)s->pid, (int)sizeof(m->gpu_busid), m->gpu_busid);
-		b->ctr.refused++;
-		reply(s, h, -ENODEV, NULL, 0, NULL, 0);
-		return -ENODEV;
-	}
-	if (err) {
-		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
-		return -EPROTO;
-	}
-	memcpy(s->name, m->name, sizeof(s->name));
-	s->name[sizeof(s->name) - 1] = '\0';
-	/* The name goes into log lines: no control bytes, so a client cannot forge a line. */
-	for (char *p = s->name; *p; p++)
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
-	rep.abi_major = KVB_ABI_MAJOR;
-	rep.abi_minor = KVB_ABI_MINOR;
-	rep.client_id = s->id;
-	if (m->flags & KVB_HELLOF_CONTROL) {
-		if (b->ncontrol >= b->cfg.max_control) {
-			log_throttled(tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
-				      s->name, (int)s->pid, b->ncontrol,
-				      "control connections (--max-control)");
-			b->ctr.refused++;
-			reply(s, h, -EUSERS, NULL, 0, NULL, 0);
-			return -EUSERS;
-		}
-		s->control_only = 1;
-		s->hello_done = 1;
-		b->npending--;
-		b->ncontrol++;
-		return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
-	}
-	if (b->nsessions >= b->cfg.max_clients) {
-		log_throttled(tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
-			      s->name, (int)s->pid, b->nsessions,
-			      "clients attached (--max-clients)");
-		b->ctr.refused++;
-		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
-		return -EUSERS;
-	}
-	err = region_create(b, s, sq);
-	if (err) {
-		reply(s, h, err, NULL, 0, NULL, 0);
-		return err == -EINVAL ? -EPROTO : err;
-	}
-	s->sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	s->cq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (s->sq_efd < 0 || s->cq_efd < 0 || ep_add(b, s->sq_efd, s, TAG_SQ)) {
-		err = -ENOMEM;
-		goto out;
-	}
-	fds[nfds++] = s->region_fd;
-	fds[nfds++] = s->sq_efd;
-	fds[nfds++] = s->cq_efd;
-	rep.region_size = s->region_size;
-	rep.narenas = b->pool.narenas;
-	for (uint32_t i = 0; i < b->pool.narenas; i++) {
-		rep.arenas[i].size = b->pool.arena[i].size;
-		rep.arenas[i].node = b->pool.arena[i].node;
-		fds[nfds] = pool_ro_fd(&b->pool, i);
-		if (fds[nfds] < 0) {
-			err = fds[nfds];
-			goto out;
-		}
-		nfds++;
-	}
-	err = reply(s, h, 0, &rep, sizeof(rep), fds, (uint32_t)nfds);
-	if (!err) {
-		s->hello_done = 1;
-		b->npending--;
-		b->nsessions++;
-		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s",
-			 s->id, s->name, (int)s->pid, (int)s->uid, sq, s->node,
-			 s->gpu[0] ? ", gpu " : "", s->gpu);
-	}
-out:
-	for (int i = 3; i < nfds; i++)
-		close(fds[i]);
-	/* The mapping and the client's copy keep the region alive. */
-	close(s->region_fd);
-	s->region_fd = -1;
-	if (err)
-		reply(s, h, err, NULL, 0, NULL, 0);
-	return err;
-}
-
-static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-		      const struct kvb_layout *l, const struct kvb_ns_ident *id)
-{
-	struct kvb_msg_ns_reply rep = {0};
-	struct ns *n;
-	int err = ns_open2(&b->nst, &b->store, l, id, 0, &n);
-
-	if (err)
-		return reply(s, h, err, NULL, 0, NULL, 0);
-	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
-		if (s->nns >= b->cfg.max_ns)
-			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
-		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
-		s->nns++;
-	}
-	rep.ns = n->id;
-	rep.page_bytes = n->page_bytes;
-	if (log_min_level <= LOG_DEBUG) {
-		char model[sizeof(n->layout.model)];
-
-		/* Client bytes in a log line: no newline may forge a line. */
-		memcpy(model, n->layout.model, sizeof(model));
-		model[sizeof(model) - 1] = '\0';
-		log_debug("client %u: namespace %u '%s' page %llu bytes", s->id, n->id,
-			  text_printable(model), (unsigned long long)n->page_bytes);
-	}
-	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
-}
-
-/*
- * Maps [off, off + len) of a client's host-memory file (BUF_REG, BUF_REG_FD): the pages that
- * enclose it, read-write, shared. Only a tmpfs file that can never shrink: no later truncation
- * can make our copies fault (the caller's own writes and growth are harmless). hugetlbfs files
- * can have holes punched despite the seal, disk files can lose pages: refused. An unsealed
- * tmpfs file is taken only with KVB_BUF_REG_FD_FDCOPY, and then never mapped (fdcopy.c).
- */
-static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t off, uint64_t len,
-			uint32_t flags, uint32_t *id)
-{
-	long pg = sysconf(_SC_PAGESIZE);
-	uint64_t page = pg > 0 ? (uint64_t)pg : 4096, lead, end, maplen;
-	struct statfs sfs;
-	struct stat st;
-	void *p;
-	int seals, fdcopy;
-
-	if (!len || fd < 0 || __builtin_add_overflow(off, len, &end))
-		return -EINVAL;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
-		return -EINVAL;
-	if (fstatfs(fd, &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
-		return -EMEDIUMTYPE;
-	seals = fcntl(fd, F_GET_SEALS);
-	fdcopy = seals < 0 || !(seals & F_SEAL_SHRINK);
-	if (fdcopy && !(flags & KVB_BUF_REG_FD_FDCOPY))
-		return -EPERM;
-	/* The seal holds the size from here on: checking it now is final (fdcopy: checked again). */
-	if (st.st_size < 0 || end > (uint64_t)st.st_size)
-		return -EFAULT;
-	lead = fdcopy ? 0 : off & (page - 1);
-	maplen = lead + len;
-	/* Each client's registrations are bounded, so none can exhaust our address space. */
-	if (maplen > b->cfg.max_buf_bytes - s->buf_bytes)
-		return -ENOMEM;
-	for (*id = 0; *id < b->cfg.max_bufs && s->bufs[*id].base; (*id)++)
-		;
-	if (*id == b->cfg.max_bufs)
-		return -EMFILE;
-	if (fdcopy) {
-		int err = fdcopy_buf_open(fd, off, len, &s->bufs[*id]);
-
-		if (!err) {
-			s->buf_bytes += len;
-			s->nfdbufs++;
-		}
-		return err;
-	}
-	p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(off - lead));
-	if (p == MAP_FAILED)
-		return -errno;
-	s->bufs[*id] = (struct sbuf){
-		.base = (uint8_t *)p + lead, .len = len, .lead = lead, .dev = COPY_HOST};
-	s->buf_bytes += maplen;
-	return 0;
-}
-
-static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg *m, int fd,
-		   uint32_t *id)
-{
-	int err;
-
-	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
-		return -EINVAL;
-	/* ABI 1.0/1.1 clients were told -EINVAL for every unacceptable memfd: keep that. */
-	err = buf_map_host(b, s, fd, 0, m->len, 0, id);
-	return err == -EPERM || err == -EMEDIUMTYPE ? -EINVAL : err;
-}
-
-static int buf_reg_fd(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_fd *m,
-		      int fd, uint32_t *id)
-{
-	if ((m->flags & ~KVB_BUF_REG_FD_FDCOPY) || m->resv)
-		return -EINVAL;
-	return buf_map_host(b, s, fd, m->off, m->len, m->flags, id);
-}
-
-/*
- * VIEW_CREATE and VIEW_CREATE2: one part per (component, layer) of a namespace this session
- * opened. Strides must cover a token's bytes and page strides a page's tokens, so that slot
- * addresses grow with the slot and pages never overlap (ops.c bounds a page by its first and
- * last token on that promise). Buffers are checked again at each op: they may be unregistered.
- */
-static int on_view_create(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-			  const uint8_t *body, size_t blen, int v2)
-{
-	struct kvb_msg_view_create2 vc = {0};
-	size_t hlen = v2 ? sizeof(struct kvb_msg_view_create2) : sizeof(struct kvb_msg_view_create);
-	size_t plen = v2 ? sizeof(struct kvb_view_part2) : sizeof(struct kvb_view_part);
-	struct kvb_msg_id rep = {0};
-	struct sview *v;
-	struct ns *n;
-	uint32_t id, tpp;
-
-	memcpy(&vc, body, hlen);
-	n = vc.ns < STORE_MAX_NS && (s->ns_opened[vc.ns / 8] & (1u << (vc.ns % 8)))
-		    ? ns_get(&b->nst, vc.ns)
-		    : NULL;
-	if (!n)
-		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-	if (vc.nparts != n->nparts || vc.flags || vc.resv ||
-	    blen != hlen + (uint64_t)vc.nparts * plen)
-		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
-	for (id = 0; id < SESSION_MAX_VIEWS && s->views[id]; id++)
-		;
-	if (id == SESSION_MAX_VIEWS)
-		return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
-	v = malloc(sizeof(*v) + vc.nparts * sizeof(v->parts[0]));
-	if (!v)
-		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
-	v->ns = n;
-	v->nparts = vc.nparts;
-	tpp = n->layout.tokens_per_page;
-	for (uint32_t p = 0; p < v->nparts; p++) {
-		struct kvb_view_part2 *vp = &v->parts[p];
-		uint64_t span;
-		int err;
-
-		if (v2) {
-			memcpy(vp, body + hlen + (size_t)p * plen, sizeof(*vp));
-		} else {
-			struct kvb_view_part op;
-
-			memcpy(&op, body + hlen + (size_t)p * plen, sizeof(op));
-			*vp = (struct kvb_view_part2){
-				.buf = op.buf, .stride = op.stride, .base = op.base};
-		}
-		/* A page's tokens end (tpp - 1) * stride + bpt after its first: < 2^64. */
-		span = (uint64_t)(tpp - 1) * vp->stride + n->part_bpt[p];
-		if (!vp->page_stride)
-			vp->page_stride = (uint64_t)tpp * vp->stride;
-		err = vp->stride < n->part_bpt[p] || vp->page_stride < span || vp->flags || vp->resv
-			      ? -EINVAL
-		      : vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF
-									      : 0;
-		if (err) {
-			free(v);
-			return reply(s, h, err, NULL, 0, NULL, 0);
-		}
-	}
-	s->views[id] = v;
-	rep.id = id;
-	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
-}
-
-static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
-{
-	char *js = stats_json(b);
-	int err;
-
-	if (!js)
-		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
-	err = reply(s, h, 0, js, strlen(js), NULL, 0);
-	free(js);
-	if (err == -EMSGSIZE)
-		err = reply(s, h, -EMSGSIZE, NULL, 0, NULL, 0);
-	return err;
-}
-
-/* Dispatches one validated request. Returns < 0 only when the session must end. */
-static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
-		    const uint8_t *body, size_t blen, int fd)
-{
-	struct kvb_msg_id id;
-	uint32_t bid = 0;
-	int err;
-
-	if (h->type == KVB_MSG_HELLO) {
-		struct kvb_msg_hello m = {0};
-
-		/* An ABI 1.0 HELLO is shorter: the rest stays zero. */
-		memcpy(&m, body, blen < sizeof(m) ? blen : sizeof(m));
-		return on_hello(b, s, h, &m, blen);
-	}
-	if (!s->hello_done)
-		return -EPROTO;
-	if (s->control_only && h->type != KVB_MSG_STATS)
-		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
-	switch (h->type) {
-	case KVB_MSG_NS_OPEN: {
-		struct kvb_layout l;
-		struct kvb_ns_ident ident;
-
-		memcpy(&l, body, sizeof(l));
-		/* ABI 1.2: the identity fields follow the layout; without them, the default. */
-		if (blen >= KVB_MSG_NS_OPEN_V2_SIZE)
-			memcpy(&ident, body + sizeof(l), sizeof(ident));
-		return on_ns_open(b, s, h, &l, blen >= KVB_MSG_NS_OPEN_V2_SIZE ? &ident : NULL);
-	}
-	case KVB_MSG_BUF_REG: {
-		struct kvb_msg_buf_reg m;
-
-		memcpy(&m, body, sizeof(m));
-		err = buf_reg(b, s, &m, fd, &bid);
-		id = (struct kvb_msg_id){bid, 0};
-		return err ? reply(s, h, err, NULL, 0, NULL, 0)
-			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
-	}
-	case KVB_MSG_BUF_REG_FD: {
-		struct kvb_msg_buf_reg_fd m;
-
-		memcpy(&m, body, sizeof(m));
-		err = buf_reg_fd(b, s, &m, fd, &bid);
-		id = (struct kvb_msg_id){bid, 0};
-		return err ? reply(s, h, err, NULL, 0, NULL, 0)
-			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
-	}
-	case KVB_MSG_BUF_REG_GPU: {
-		struct kvb_msg_buf_reg_gpu m;
-
-		memcpy(&m, body, sizeof(m));
-		err = gpu_buf_reg(b, s, &m, fd, &bid);
-		id = (struct kvb_msg_id){bid, 0};
-		return err ? reply(s, h, err, NULL, 0, NULL, 0)
-			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
-	}
-	case KVB_MSG_BUF_UNREG:
-		memcpy(&id, body, sizeof(id));
-		if (id.id >= SESSION_MAX_BUFS || !s->bufs[id.id].base || s->bufs[id.id].closing)
-			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-		/* A copy in flight may use it: then it goes with the session's last completion. */
-		if (s->inflight) {
-			s->bufs[id.id].closing = 1;
-			s->nclosing++;
-		} else {
-			buf_release(b, s, &s->bufs[id.id]);
-		}
-		return reply(s, h, 0, NULL, 0, NULL, 0);
-	case KVB_MSG_VIEW_CREATE:
-		return on_view_create(b, s, h, body, blen, 0);
-	case KVB_MSG_VIEW_CREATE2:
-		return on_view_create(b, s, h, body, blen, 1);
-	case KVB_MSG_VIEW_DESTROY:
-		memcpy(&id, body, sizeof(id));
-		if (id.id >= SESSION_MAX_VIEWS || !s->views[id.id])
-			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
-		free(s->views[id.id]);
-		s->views[id.id] = NULL;
-		return reply(s, h, 0, NULL, 0, NULL, 0);
-	case KVB_MSG_STATS:
-		return on_stats(b, s, h);
-	}
-	return -EPROTO;
-}
-
-int session_on_msg(struct broker *b, struct session *s)
-{
-	static uint8_t buf[KVB_MSG_MAX];
-	union {
-		char b[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
-		struct cmsghdr align;
-	} cm;
-	struct iovec iov = {buf, sizeof(buf)};
-	struct msghdr mh = {.msg_iov = &iov,
-			    .msg_iovlen = 1,
-			    .msg_control = cm.b,
-			    .msg_controllen = sizeof(cm.b)};
-	int fds[KVB_MAX_FDS], nfds = 0, err = 0, violation = 1;
-	struct kvb_msg_hdr h;
-	const char *why = NULL;
-	ssize_t n;
-
-	n = recvmsg(s->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-	if (n < 0) {
-		if (errno == EAGAIN || errno == EINTR)
-			return 0;
-		session_destroy(b, s, strerror(errno));
-		return -1;
-	}
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-
-		for (size_t i = 0; i < k && nfds < (int)KVB_MAX_FDS; i++)
-			memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-	}
-	if (n == 0) {
-		why = s->control_only || !s->hello_done ? NULL : "hang-up";
-		violation = 0;
-		err = -1;
-		goto out;
-	}
-	s->active_at = now_sec();
-	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC) || kvb_msg_check(buf, (size_t)n) ||
-	    (((struct kvb_msg_hdr *)buf)->flags & KVB_MSGF_REPLY)) {
-		why = "malformed control message";
-		err = -1;
-		goto out;
-	}
-	memcpy(&h, buf, sizeof(h));
-	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ||
-				    h.type == KVB_MSG_BUF_REG_FD
-			    ? 1
-			    : 0)) {
-		why = "unexpected file descriptors";
-		err = -1;
-		goto out;
-	}
-	err = dispatch(b, s, &h, buf + sizeof(h), (size_t)n - sizeof(h), nfds ? fds[0] : -1);
-	/* A refusal at a limit was answered and logged (throttled): no violation, no line. */
-	if (err == -EUSERS || err == -ENODEV) {
-		violation = 0;
-	} else if (err == -EPIPE || err == -ECONNRESET || err == -ENOTCONN) {
-		/* Its reply found the peer gone (SIGKILLed mid-request): a hang-up, no violation. */
-		violation = 0;
-		why = s->control_only || !s->hello_done ? NULL : "hang-up";
-	} else if (err < 0)
-		why = err == -EPROTO ? "protocol violation on the control socket" : strerror(-err);
-out:
-	for (int i = 0; i < nfds; i++)
-		close(fds[i]);
-	if (err < 0) {
-		b->ctr.protocol_errors += violation;
-		session_destroy(b, s, why);
-		return -1;
-	}
-	return 0;
-}
-
-/* Page bytes one session may move per loop round before the next session's turn. */
-#define ROUND_BYTES (8u << 20)
-
 int session_poll(struct broker *b, struct session *s, uint32_t max)
 {
 	int64_t avail, space;
-	uint64_t moved;
-	uint32_t n, i, posted = 0;
+	uint64_t work = 0;
+	uint32_t n, i, posted = 0, ran = 0;
 
 	if (!s->region)
 		return 0;
 	s->stalled = 0;
+	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
+	if (!list_empty(&s->yieldq.ops)) {
+		work = ops_run_yielded(b, s, OPS_ROUND_WORK);
+		ran = 1;
+		if (work >= OPS_ROUND_WORK)
+			return 1;
+	}
 	avail = kvb_ring_avail(&s->sq);
 	if (avail <= 0) {
 		if (avail < 0) {
@@ -921,7 +469,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 			session_destroy(b, s, "impossible submission-queue tail");
 			return -1;
 		}
-		return 0;
+		return (int)ran;
 	}
 	space = kvb_ring_space(&s->cq);
 	if (space < 0) {
@@ -941,32 +489,33 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	s->stalled = !n;
 	if (n > max)
 		n = max;
-	moved = b->ctr.bytes_in + b->ctr.bytes_out;
-	for (i = 0; i < n; i++) {
+	/*
+	 * Fair rounds: the turn ends when its ops did about OPS_ROUND_WORK units of work (keys
+	 * looked up, segments built, bytes copied inline), so no client's legal ops hold the
+	 * others up for more than about a millisecond per round.
+	 */
+	for (i = 0; i < n && work < OPS_ROUND_WORK; i++) {
 		struct kvb_sqe sqe;
 		struct kvb_cqe cqe;
+		uint64_t w;
 
 		/*
 		 * One copy out of shared memory; only the copy is validated and used. The CQE
 		 * is built privately too: the client can scribble on its slot at any time.
 		 */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
-		if (ops_exec(b, s, &sqe, &cqe) == OPS_DEFERRED)
+		if (ops_submit(b, s, &sqe, &cqe, &w) == OPS_DEFERRED)
 			s->inflight++;
 		else
 			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
-		/* Inline copies run on this thread: bound what one client moves per round. */
-		if (b->ctr.bytes_in + b->ctr.bytes_out - moved >= ROUND_BYTES) {
-			i++;
-			break;
-		}
+		work += w;
 	}
 	if (!i)
-		return 0;
+		return (int)ran;
 	kvb_ring_consume(&s->sq, i);
 	if (posted) {
 		kvb_ring_publish(&s->cq, posted);
 		cq_doorbell(s);
 	}
-	return (int)i;
+	return (int)(i + ran);
 }

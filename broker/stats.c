@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "broker.h"
-#include "metrics_http.h"
 #include "text.h"
 
 static void num(cJSON *o, const char *k, double v)
@@ -163,6 +162,25 @@ static cJSON *counters_json(const struct broker *b)
 	return o;
 }
 
+/* The request engine now: ops waiting, ops in flight, dead sessions still draining. */
+static cJSON *ops_json(const struct broker *b)
+{
+	cJSON *o = cJSON_CreateObject();
+	struct list *pos;
+	uint64_t inflight = 0, draining = 0;
+
+	list_for_each (pos, &b->sessions)
+		inflight += ((const struct session *)list_entry(pos, struct session, link))->nops;
+	list_for_each (pos, &b->graveyard) {
+		inflight += ((const struct session *)list_entry(pos, struct session, link))->nops;
+		draining++;
+	}
+	num(o, "parked", (double)b->ops_parked);
+	num(o, "inflight", (double)inflight);
+	num(o, "sessions_draining", (double)draining);
+	return o;
+}
+
 static cJSON *clients_json(const struct broker *b)
 {
 	cJSON *arr = cJSON_CreateArray();
@@ -199,7 +217,7 @@ char *stats_json(const struct broker *b)
 		return NULL;
 	cJSON_AddStringToObject(root, "version", "0.1.0");
 	num(root, "pid", getpid());
-	num(root, "uptime_s", now_sec() - b->start_time);
+	num(root, "uptime_s", clock_now() - b->start_time);
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
 	cJSON_AddItemToObject(root, "copy", xfer_stats_json(b));
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
@@ -211,10 +229,11 @@ char *stats_json(const struct broker *b)
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
+	cJSON_AddItemToObject(root, "ops", ops_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));
 	cJSON_AddItemToObject(root, "map", stats_map_json(b));
-	if (b->metrics)
-		cJSON_AddStringToObject(root, "metrics_listen", metrics_http_addr(b->metrics));
+	if (b->metrics_addr[0])
+		cJSON_AddStringToObject(root, "metrics_listen", b->metrics_addr);
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;

@@ -4,42 +4,13 @@
  * namespaces, each namespace's clients, and the bytes dedup saved. Parts of the STATS document
  * (stats.c) and docs/protocol.md §7.
  *
- * Per-client counters are credited by difference: the loop snapshots the global counters
- * (stats_snap) before it runs one session's SQEs and credits the session with what changed
- * (stats_account). Every op that completes inside that window is that client's, so no op path
- * has to count twice. Loop thread only.
+ * Per-client counters are credited by the request engine when each op completes (ops.c
+ * op_account), whichever way it completed. Loop thread only.
  */
 #include <cjson/cJSON.h>
 #include <string.h>
 
 #include "broker.h"
-
-void stats_snap(const struct broker *b, struct session_counters *c)
-{
-	c->puts = b->ctr.puts;
-	c->gets = b->ctr.gets + b->ctr.acquires; /* kvb_get into plain memory is an ACQUIRE */
-	c->hits = b->ctr.hits;
-	c->misses = b->ctr.misses;
-	c->dedup = b->ctr.dedup;
-	c->errors = b->ctr.errors;
-	c->bytes_in = b->ctr.bytes_in;
-	c->bytes_out = b->ctr.bytes_out;
-}
-
-void stats_account(const struct broker *b, struct session *s, const struct session_counters *before)
-{
-	struct session_counters now;
-
-	stats_snap(b, &now);
-	s->c.puts += now.puts - before->puts;
-	s->c.gets += now.gets - before->gets;
-	s->c.hits += now.hits - before->hits;
-	s->c.misses += now.misses - before->misses;
-	s->c.dedup += now.dedup - before->dedup;
-	s->c.errors += now.errors - before->errors;
-	s->c.bytes_in += now.bytes_in - before->bytes_in;
-	s->c.bytes_out += now.bytes_out - before->bytes_out;
-}
 
 /*
  * The next namespace id >= from that session s opened, or STORE_MAX_NS. Skips empty bytes of

@@ -35,6 +35,9 @@
  * pinned, and frees it through store_demote_done(). An allocation that found no slot then
  * returns -ENOSPC with demotions in flight, and its op waits for them (tier_park_alloc).
  *
+ * Whoever waits for a page's next state (a PUT of a key being written or promoted) is woken
+ * at every change: commit, abort, demotion done, free ([page-wake], store.h).
+ *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
  * even after its slab changed class. Loop thread only.
@@ -200,12 +203,20 @@ static void lru_link(struct store *s, struct page *pg)
 	list_add_head(&s->cls[pg->cls].lru, &pg->clru);
 }
 
+/* [page-wake] pg changed state: whoever waits on it runs again (store.h). */
+static void page_changed(struct store *s, struct page *pg)
+{
+	if (pg->waiters && s->wake)
+		s->wake(s->wake_arg, pg);
+}
+
 /* Returns a slot to its slab; an emptied slab returns to the free list. */
 static void slot_free(struct store *s, struct page *pg)
 {
 	struct slab *sl = slab_of(s, pg);
 	struct store_class *c = &s->cls[sl->cls];
 
+	page_changed(s, pg);
 	lru_unlink(pg);
 	s->st.bytes_used -= c->slot_bytes;
 	s->st.pages--;
@@ -242,7 +253,7 @@ static int evict(struct store *s, struct page *pg)
 			return 0;
 		}
 	}
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	s->st.evictions++;
 	slot_free(s, pg);
 	return 1;
@@ -286,7 +297,9 @@ static struct page *slot_take(struct store *s, int ci, const struct store_pref *
 
 struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 {
-	return index_find(&s->ix, ns, key);
+	struct ixnode *n = index_find(&s->ix, ns, key);
+
+	return n ? list_entry(n, struct page, ixn) : NULL;
 }
 
 /* Evicts every evictable page of a slab; the slab is freed when nothing pinned remains. */
@@ -328,7 +341,8 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->unlinked = 0;
 	pg->clean = 0;
 	pg->demoting = 0;
-	index_insert(&s->ix, pg);
+	pg->waiters = NULL;
+	index_insert(&s->ix, &pg->ixn);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
 	s->st.pinned++;
@@ -365,14 +379,16 @@ void store_commit(struct store *s, struct page *pg)
 {
 	pg->state = PAGE_READY;
 	slab_of(s, pg)->writing--;
+	page_changed(s, pg);
 	store_unpin(s, pg);
 }
 
 void store_abort(struct store *s, struct page *pg)
 {
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	pg->unlinked = 1;
 	slab_of(s, pg)->writing--;
+	page_changed(s, pg);
 	store_unpin(s, pg);
 }
 
@@ -388,7 +404,7 @@ void store_drop(struct store *s, struct page *pg)
 {
 	if (pg->unlinked)
 		return;
-	index_remove(&s->ix, pg);
+	index_remove(&s->ix, &pg->ixn);
 	if (pg->pins)
 		pg->unlinked = 1;
 	else
@@ -415,10 +431,11 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 {
 	pg->demoting = 0;
 	s->demoting_bytes -= s->cls[pg->cls].slot_bytes;
+	page_changed(s, pg);
 	if (ok) {
 		pg->clean = 1;
 		if (pg->pins == 1 && !pg->unlinked) {
-			index_remove(&s->ix, pg);
+			index_remove(&s->ix, &pg->ixn);
 			pg->unlinked = 1; /* freed by the unpin below */
 		}
 	}

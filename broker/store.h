@@ -13,6 +13,7 @@
 #include "list.h"
 #include "pool.h"
 
+struct waitq;
 #define STORE_MAX_CLASSES 64
 #define STORE_MAX_NS 1024
 #define STORE_SLOT_BITS 20 /* slots per slab < 2^20 */
@@ -25,8 +26,14 @@ enum page_state {
 };
 
 struct page {
-	kvb_key key;
-	uint32_t ns;
+	union {
+		struct ixnode ixn; /* its entry in the store's index: chain, key, namespace */
+		struct {
+			struct ixnode *ixn_next_;
+			kvb_key key;
+			uint32_t ns;
+		};
+	};
 	uint32_t id;	  /* slab << STORE_SLOT_BITS | slot */
 	uint32_t gen;	  /* from store->gen at allocation, 0 when free: stale lease ids fail */
 	uint32_t pins;	  /* leases + in-flight copies; > 0 means not evictable */
@@ -36,9 +43,9 @@ struct page {
 	uint8_t clean;	  /* a complete copy is on disk: evicting it loses nothing */
 	uint8_t demoting; /* being written to disk: READY, pinned by the tier */
 	uint16_t resv;
-	struct page *hnext; /* index chain */
-	struct list lru;    /* global LRU: on it iff READY, unpinned, linked */
-	struct list clru;   /* its class's LRU, same condition */
+	struct list lru;       /* global LRU: on it iff READY, unpinned, linked */
+	struct list clru;      /* its class's LRU, same condition */
+	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */
 };
 
 struct slab {
@@ -93,6 +100,13 @@ struct store {
 	 */
 	int (*demote)(void *arg, struct page *pg);
 	void *demote_arg;
+	/*
+	 * [page-wake] Every change of a page's state that someone may wait for (commit, abort,
+	 * demotion done, freed) calls wake(wake_arg, pg) when pg->waiters is set: ops.c moves
+	 * its waiters to the run queue (never runs them from inside the store).
+	 */
+	void (*wake)(void *arg, struct page *pg);
+	void *wake_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 };
 

@@ -35,14 +35,16 @@
  * completed (tier_park_alloc): PUTs then run at the disk's write speed instead of losing data.
  * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped.
  *
- * Promotion (ops.c -> tier_park). A GET, ACQUIRE or PREFETCH of a page that is on disk and not
- * READY in RAM parks its op (a private copy of the SQE) on the slot, allocates a RAM slot
- * (WRITING, so never served) and reads the payload into it; ops for the same page meanwhile
- * join the same read. When the read completed and the payload's crc32c matches the one in the
- * header, the page is committed READY (clean) and every parked op runs again from the start
- * (ops_resume), finding it in RAM. A failed or short read, or a checksum mismatch (counted as
- * corrupt), aborts the RAM slot and forgets the disk copy: the parked ops run again and miss.
- * Never a partial or wrong page.
+ * Promotion (ops.c -> tier_promote). A GET, ACQUIRE or PREFETCH that found no READY page in
+ * RAM (RAM first: the disk index is not consulted on a RAM hit) and whose page is on disk
+ * allocates a RAM slot (WRITING, so never served), reads the payload into it and parks its op
+ * on that page (pg->waiters, ops.c); ops for the same page meanwhile, PUTs of the key
+ * included, park on it too (a GET joins the read). When the read completed and the payload's
+ * crc32c matches the one in the header, the page is committed READY (clean); a failed or
+ * short read, or a checksum mismatch (counted as corrupt), aborts the RAM slot and forgets the
+ * disk copy. Either state change wakes every op parked on the page ([page-wake], store.h):
+ * they run again through the one resume path (ops_poll) and find the page in RAM, or miss
+ * (a PUT then stores it). Never a partial or wrong page.
  *
  * Failure. Every I/O error is counted; after TIER_FAIL_AFTER in a row the tier is marked failed:
  * no more demotions (evictions drop again) and no more promotions (disk pages are misses); the
@@ -98,16 +100,20 @@ enum { UD_PAYLOAD = 1, UD_HEADER = 2, UD_READ = 3, UD_PROBE_W = 4, UD_PROBE_R = 
 enum { TIER_OK = 0, TIER_FAILED = 1 };
 
 struct dslot {
-	struct dslot *hnext;
-	struct list log;     /* its path's log, oldest first */
-	struct list waiters; /* ops parked on its read */
-	struct page *pg;     /* RAM page written from or read into while I/O is in flight */
-	kvb_key key;
-	uint64_t off; /* of the header block in its path */
+	union {
+		struct ixnode ixn; /* its entry in the tier's index: chain, key, dns (index.h) */
+		struct {
+			struct ixnode *ixn_next_;
+			kvb_key key;
+			uint32_t dns;
+		};
+	};
+	struct list log; /* its path's log, oldest first */
+	struct page *pg; /* RAM page written from or read into while I/O is in flight */
+	uint64_t off;	 /* of the header block in its path */
 	uint64_t gen;
 	uint32_t len; /* payload bytes */
 	uint32_t crc; /* payload crc32c */
-	uint16_t dns;
 	uint8_t path;
 	uint8_t state;
 	uint8_t indexed;
@@ -116,13 +122,6 @@ struct dslot {
 	uint8_t resv;
 	uint32_t hdr; /* header block while writing */
 	int32_t err;  /* first error of the I/O in flight */
-};
-
-/* An op waiting for a read, or for RAM or ring room. */
-struct twait {
-	struct list link;
-	struct session *s;
-	struct kvb_sqe sqe;
 };
 
 struct tlog {
@@ -139,7 +138,7 @@ struct dns_ent {
 
 struct tier_stats {
 	uint64_t reads, writes, read_bytes, write_bytes, errors, corrupt, torn, dropped, demotions,
-		promotions, joined, parked, scan_bytes;
+		promotions, joined, parked, scan_bytes, index_lookups;
 	double scan_seconds;
 };
 
@@ -150,9 +149,8 @@ struct tier {
 	const char *fail_why;
 	struct tlog log[DISK_MAX_PATHS];
 	uint32_t next_path;
-	struct index seed; /* only its secret: the same keyed hash as the RAM index */
-	struct dslot **buckets;
-	uint64_t mask, count, bytes_used;
+	struct index ix; /* (dns, key) -> slot ON DISK or READING: index.c, as the store's */
+	uint64_t bytes_used;
 	struct dns_ent *dns;
 	uint32_t ndns;
 	int32_t ns2dns[STORE_MAX_NS];
@@ -161,7 +159,8 @@ struct tier {
 	uint32_t qd;		/* page I/Os in flight at most */
 	uint32_t errors_in_row;
 	uint64_t gen;
-	struct list wait; /* ops waiting for RAM or ring room */
+	struct waitq wait;	 /* ops waiting for RAM or ring room, woken at each completion */
+	struct loop_fd on_event; /* the ring's eventfd in the loop */
 	struct tier_stats st;
 	/* recovery of a failed tier (see the essay) */
 	double failed_at, recovered_at, probe_at, backoff;
@@ -215,65 +214,25 @@ static int dns_ident(struct tier *t, const uint8_t ident[32])
 
 /* ---- the index: (dns, key) -> slot ON DISK or READING ---- */
 
-static struct dslot **bucket(struct tier *t, uint32_t dns, const kvb_key *key)
-{
-	return &t->buckets[index_hash(&t->seed, dns, key) & t->mask];
-}
-
 static struct dslot *dfind(struct tier *t, uint32_t dns, const kvb_key *key)
 {
-	for (struct dslot *d = *bucket(t, dns, key); d; d = d->hnext)
-		if (d->dns == dns && !memcmp(d->key.b, key->b, sizeof(key->b)))
-			return d;
-	return NULL;
-}
+	struct ixnode *n = index_find(&t->ix, dns, key);
 
-/* Doubles the bucket array past load 2 (best effort: a failed malloc only costs speed). */
-static void dgrow(struct tier *t)
-{
-	uint64_t n = (t->mask + 1) * 2;
-	struct dslot **nb = calloc(n, sizeof(*nb));
-
-	if (!nb)
-		return;
-	for (uint64_t i = 0; i <= t->mask; i++) {
-		for (struct dslot *d = t->buckets[i], *next; d; d = next) {
-			struct dslot **b = &nb[index_hash(&t->seed, d->dns, &d->key) & (n - 1)];
-
-			next = d->hnext;
-			d->hnext = *b;
-			*b = d;
-		}
-	}
-	free(t->buckets);
-	t->buckets = nb;
-	t->mask = n - 1;
+	return n ? list_entry(n, struct dslot, ixn) : NULL;
 }
 
 static void dinsert(struct tier *t, struct dslot *d)
 {
-	struct dslot **b;
-
-	if (t->count >= 2 * (t->mask + 1))
-		dgrow(t);
-	b = bucket(t, d->dns, &d->key);
-	d->hnext = *b;
-	*b = d;
+	index_insert(&t->ix, &d->ixn);
 	d->indexed = 1;
-	t->count++;
 }
 
 static void dremove(struct tier *t, struct dslot *d)
 {
-	struct dslot **p = bucket(t, d->dns, &d->key);
-
 	if (!d->indexed)
 		return;
-	while (*p != d)
-		p = &(*p)->hnext;
-	*p = d->hnext;
+	index_remove(&t->ix, &d->ixn);
 	d->indexed = 0;
-	t->count--;
 }
 
 /* The slot of (n, key) on disk, or NULL (also when the tier failed). */
@@ -283,6 +242,7 @@ static struct dslot *lookup(struct tier *t, const struct ns *n, const kvb_key *k
 
 	if (!t || t->state != TIER_OK)
 		return NULL;
+	t->st.index_lookups++;
 	dns = dns_of(t, n, 0);
 	return dns < 0 ? NULL : dfind(t, (uint32_t)dns, key);
 }
@@ -366,53 +326,11 @@ static void log_add(struct tier *t, struct dslot *d)
 	t->bytes_used += stride_of(d);
 }
 
-/* ---- parked ops ---- */
-
-static int park(struct list *on, struct session *s, const struct kvb_sqe *sqe)
-{
-	struct twait *w = malloc(sizeof(*w));
-
-	if (!w)
-		return 0;
-	w->s = s;
-	w->sqe = *sqe;
-	list_add_tail(on, &w->link);
-	return 1;
-}
-
-/* Moves every entry of from to the empty list to. */
-static void list_move_all(struct list *to, struct list *from)
-{
-	list_init(to);
-	if (list_empty(from))
-		return;
-	*to = *from;
-	to->next->prev = to;
-	to->prev->next = to;
-	list_init(from);
-}
-
-/* Runs every op of a list again (those that must wait again park on fresh lists). */
-static void resume_all(struct tier *t, struct list *from)
-{
-	struct list todo;
-
-	/* Move the list aside: ops that park again must not be visited twice. */
-	list_move_all(&todo, from);
-	while (!list_empty(&todo)) {
-		struct twait *w = list_entry(todo.next, struct twait, link);
-
-		list_del(&w->link);
-		ops_resume(t->b, w->s, &w->sqe);
-		free(w);
-	}
-}
-
 /* ---- I/O completion ---- */
 
 static void fail_tier(struct tier *t, const char *why)
 {
-	double now = now_sec();
+	double now = clock_now();
 
 	if (t->state == TIER_FAILED)
 		return;
@@ -467,7 +385,7 @@ static void probe_start(struct tier *t)
 /* Every probe CQE is in: the tier is ok again, or the next probe waits twice as long. */
 static void probe_done(struct tier *t)
 {
-	double now = now_sec();
+	double now = clock_now();
 	int err = t->probe_err;
 
 	for (uint32_t p = 0; !err && p < t->d.npaths; p++)
@@ -557,7 +475,6 @@ static void read_done(struct tier *t, struct dslot *d)
 {
 	struct page *pg = d->pg;
 	int ok = !d->err, err = d->err;
-	struct list waiters;
 
 	t->reads--;
 	if (count_io(t, err))
@@ -585,13 +502,15 @@ static void read_done(struct tier *t, struct dslot *d)
 	} else {
 		store_abort(&t->b->store, pg);
 	}
-	/* The parked ops run once the slot is settled: they find the page in RAM, or miss. */
-	list_move_all(&waiters, &d->waiters);
+	/*
+	 * The commit or abort above woke the ops parked on the page ([page-wake]); they run
+	 * at the loop's next ops_poll, once the slot is settled: they find the page in RAM, or
+	 * miss.
+	 */
 	if (d->dead)
 		free(d);
 	else if (!ok)
 		forget(t, d, 0); /* a copy that cannot be read is no copy */
-	resume_all(t, &waiters);
 }
 
 static void on_cqe(void *arg, uint64_t ud, int32_t res)
@@ -662,13 +581,12 @@ static int demote(void *arg, struct page *pg)
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -EBUSY;
-	list_init(&d->waiters);
 	d->key = pg->key;
 	d->off = off;
 	d->gen = ++t->gen;
 	d->len = (uint32_t)n->page_bytes;
 	d->crc = slot_crc32c(store_addr(&b->store, pg), n->page_bytes);
-	d->dns = (uint16_t)dns;
+	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
 	d->state = DS_WRITING;
 	d->pg = pg;
@@ -693,43 +611,46 @@ static int demote(void *arg, struct page *pg)
 	return 1;
 }
 
-int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, const struct ns *n)
+int tier_promote(struct broker *b, struct op *op, struct page *pg)
 {
 	struct tier *t = b->tier;
+	const struct ns *n = op->n;
 	struct dslot *d;
-	struct page *pg;
-	kvb_key key;
 	int err;
 
 	if (!t)
 		return 0;
-	memcpy(key.b, sqe->key, sizeof(key.b));
-	d = lookup(t, n, &key);
+	d = lookup(t, n, &op->key);
 	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
 	if (!d || d->len != n->page_bytes)
 		return 0;
-	pg = store_find(&b->store, n->id, &key);
-	if (pg && pg->state == PAGE_READY)
-		return 0;
-	if (d->state == DS_READING) {
+	if (pg) {
+		/* WRITING: our own promotion's page is joined; a PUT's is not served until done. */
+		if (d->state != DS_READING || d->pg != pg)
+			return 0;
+		if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
+			op->cqe.res = 0; /* out of memory: a miss */
+			return 0;
+		}
 		t->st.joined++;
-		return park(&d->waiters, s, sqe);
+		return 1;
 	}
-	if (pg)
-		return 0; /* being PUT again after a DELETE raced: not served until complete */
 	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
 		t->st.parked++;
-		return park(&t->wait, s, sqe);
+		ops_park(b, op, &t->wait, "room in the disk queue");
+		return 1;
 	}
-	err = store_alloc(&b->store, n->cls, n->id, &key, &pg);
+	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
 	if (err == -ENOSPC && t->writes + t->reads) {
 		t->st.parked++;
-		return park(&t->wait, s, sqe);
+		ops_park(b, op, &t->wait, "RAM for a promotion (demotions in flight)");
+		return 1;
 	}
 	if (err)
 		return 0;
-	if (!park(&d->waiters, s, sqe)) {
+	if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
 		store_abort(&b->store, pg);
+		op->cqe.res = 0;
 		return 0;
 	}
 	d->state = DS_READING;
@@ -742,14 +663,15 @@ int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, co
 	return 1;
 }
 
-int tier_park_alloc(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+int tier_park_alloc(struct broker *b, struct op *op)
 {
 	struct tier *t = b->tier;
 
 	if (!t || t->state != TIER_OK || !(t->writes + t->reads))
 		return 0;
 	t->st.parked++;
-	return park(&t->wait, s, sqe);
+	ops_park(b, op, &t->wait, "RAM (demotions in flight)");
+	return 1;
 }
 
 int tier_has(struct broker *b, const struct ns *n, const kvb_key *key)
@@ -783,22 +705,24 @@ uint32_t tier_poll(struct broker *b)
 	n = disk_reap(&t->d, REAP_MAX, 0, on_cqe, t);
 	if (n) {
 		/* I/O completed: RAM or ring room may be free for the ops that waited. */
-		resume_all(t, &t->wait);
+		ops_wake(b, &t->wait);
 		err = disk_submit(&t->d);
 	}
 	if (err)
 		fail_tier(t, "the ring refused a submission");
 	/* A failed tier is probed once its back-off ran out and its last I/O completed. */
 	if (t->state == TIER_FAILED && !t->probe_pending && !(t->writes + t->reads) &&
-	    now_sec() >= t->probe_at)
+	    clock_now() >= t->probe_at)
 		probe_start(t);
 	return n;
 }
 
-void tier_event(struct broker *b)
+/* The ring's eventfd was readable: completions are reaped by tier_poll in the next round. */
+static void on_disk_event(void *arg)
 {
-	if (b->tier)
-		disk_ack_event(&b->tier->d);
+	struct tier *t = arg;
+
+	disk_ack_event(&t->d);
 }
 
 /* ---- warm restart ---- */
@@ -869,13 +793,12 @@ static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct s
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return;
-	list_init(&d->waiters);
 	memcpy(d->key.b, h->key, sizeof(d->key.b));
 	d->off = off;
 	d->gen = h->gen;
 	d->len = h->len;
 	d->crc = h->payload_crc;
-	d->dns = (uint16_t)dns;
+	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
 	d->state = DS_ONDISK;
 	old = dfind(t, d->dns, &d->key);
@@ -1011,7 +934,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 {
 	uint64_t max_len = slab_bytes, room = slot_stride(max_len), region = SCAN_REGION;
 	struct scan_buf bufs[2] = {{0}, {0}};
-	double t0 = now_sec();
+	double t0 = clock_now();
 	int err = 0;
 
 	if (region < room)
@@ -1027,7 +950,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 	for (int i = 0; i < 2; i++)
 		if (bufs[i].mem != MAP_FAILED)
 			munmap(bufs[i].mem, room + region);
-	t->st.scan_seconds = now_sec() - t0;
+	t->st.scan_seconds = clock_now() - t0;
 	if (err) {
 		log_error("disk: scan: %s", strerror(-err));
 		return err;
@@ -1036,7 +959,7 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 		 "namespaces, %llu torn, %llu corrupt slots discarded",
 		 (double)t->st.scan_bytes / (1 << 30), t->st.scan_seconds,
 		 t->st.scan_seconds > 0 ? (double)t->st.scan_bytes / t->st.scan_seconds / 1e9 : 0.0,
-		 (unsigned long long)t->count, t->ndns, (unsigned long long)t->st.torn,
+		 (unsigned long long)t->ix.count, t->ndns, (unsigned long long)t->st.torn,
 		 (unsigned long long)t->st.corrupt);
 	return 0;
 }
@@ -1090,9 +1013,8 @@ static void tier_free(struct tier *t)
 			free(d);
 		}
 	}
-	index_fini(&t->seed);
+	index_fini(&t->ix);
 	free(t->probe_mem);
-	free(t->buckets);
 	free(t->free_hdrs);
 	free(t->dns);
 	free(t);
@@ -1100,25 +1022,20 @@ static void tier_free(struct tier *t)
 
 int tier_open(struct broker *b, const struct disk_cfg *c)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = LOOP_DISK};
 	struct tier *t = calloc(1, sizeof(*t));
-	uint64_t nb = 1024;
 	int err = -ENOMEM;
 
 	if (!t)
 		return err;
 	t->b = b;
-	list_init(&t->wait);
+	waitq_init(&t->wait);
 	for (uint32_t i = 0; i < STORE_MAX_NS; i++)
 		t->ns2dns[i] = -1;
 	t->qd = c->qd;
 	t->dns = calloc(TIER_MAX_DNS, sizeof(*t->dns));
 	t->free_hdrs = calloc(c->qd, sizeof(*t->free_hdrs));
-	while (nb < c->size / (256u << 10))
-		nb *= 2;
-	t->buckets = calloc(nb, sizeof(*t->buckets));
-	t->mask = nb - 1;
-	if (!t->dns || !t->free_hdrs || !t->buckets || index_init(&t->seed, 1) ||
+	/* One bucket per 256 KiB of disk, grown past load 2 like the store's. */
+	if (!t->dns || !t->free_hdrs || index_init(&t->ix, c->size / (256u << 10)) ||
 	    posix_memalign((void **)&t->probe_mem, SLOT_BLOCK, (DISK_MAX_PATHS + 1) * SLOT_BLOCK))
 		goto err_free;
 	for (uint32_t i = 0; i < c->qd; i++)
@@ -1145,10 +1062,10 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		if (err)
 			goto err_close;
 	}
-	if (epoll_ctl(b->epfd, EPOLL_CTL_ADD, t->d.efd, &ev) < 0) {
-		err = -errno;
+	t->on_event = (struct loop_fd){on_disk_event, t};
+	err = loop_add(&b->loop, t->d.efd, &t->on_event);
+	if (err)
 		goto err_close;
-	}
 	b->tier = t;
 	b->store.demote = demote;
 	b->store.demote_arg = b;
@@ -1170,7 +1087,7 @@ void tier_close(struct broker *b)
 	struct tier *t = b->tier;
 	struct store *s = &b->store;
 	uint64_t before, written;
-	double t0 = now_sec();
+	double t0 = clock_now();
 
 	if (!t)
 		return;
@@ -1186,18 +1103,21 @@ void tier_close(struct broker *b)
 			break;
 		if (t->writes + t->reads + t->probe_pending)
 			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
-		resume_all(t, &t->wait);
+		ops_wake(b, &t->wait);
+		ops_poll(b);
 	}
 	written = t->st.demotions - before;
 	if (written)
 		log_info("disk: wrote %llu pages at shutdown in %.2f s",
-			 (unsigned long long)written, now_sec() - t0);
-	resume_all(t, &t->wait);
+			 (unsigned long long)written, clock_now() - t0);
+	ops_wake(b, &t->wait);
+	ops_poll(b);
 	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
 		 "%llu corrupt, %llu dropped",
-		 state_name(t), (unsigned long long)t->count, (unsigned long long)t->st.demotions,
-		 (unsigned long long)t->st.promotions, (unsigned long long)t->st.errors,
-		 (unsigned long long)t->st.corrupt, (unsigned long long)t->st.dropped);
+		 state_name(t), (unsigned long long)t->ix.count,
+		 (unsigned long long)t->st.demotions, (unsigned long long)t->st.promotions,
+		 (unsigned long long)t->st.errors, (unsigned long long)t->st.corrupt,
+		 (unsigned long long)t->st.dropped);
 	b->store.demote = NULL;
 	disk_close(&t->d);
 	tier_free(t);
@@ -1219,7 +1139,7 @@ struct cJSON *tier_json(const struct broker *b)
 		cJSON_AddStringToObject(o, "failed_because", t->fail_why);
 	if (t && t->state == TIER_FAILED)
 		cJSON_AddNumberToObject(o, "next_probe_s",
-					t->probe_at > now_sec() ? t->probe_at - now_sec() : 0);
+					t->probe_at > clock_now() ? t->probe_at - clock_now() : 0);
 	cJSON_AddNumberToObject(o, "recoveries", t ? (double)t->recoveries : 0);
 	cJSON_AddNumberToObject(o, "probe_failures", t ? (double)t->probe_failures : 0);
 	cJSON_AddBoolToObject(o, "direct", t && t->d.direct);
@@ -1235,7 +1155,7 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddItemToObject(o, "paths", paths);
 	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
 	cJSON_AddNumberToObject(o, "bytes_used", t ? (double)t->bytes_used : 0);
-	cJSON_AddNumberToObject(o, "pages", t ? (double)t->count : 0);
+	cJSON_AddNumberToObject(o, "pages", t ? (double)t->ix.count : 0);
 	cJSON_AddNumberToObject(o, "reads", (double)st->reads);
 	cJSON_AddNumberToObject(o, "writes", (double)st->writes);
 	cJSON_AddNumberToObject(o, "read_bytes", (double)st->read_bytes);
@@ -1250,6 +1170,7 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddNumberToObject(o, "scan_bytes", (double)st->scan_bytes);
 	cJSON_AddNumberToObject(o, "joined", (double)st->joined);
 	cJSON_AddNumberToObject(o, "parked", (double)st->parked);
+	cJSON_AddNumberToObject(o, "index_lookups", (double)st->index_lookups);
 	cJSON_AddNumberToObject(o, "queue_depth", t ? t->qd : 0);
 	cJSON_AddNumberToObject(o, "reads_inflight", t ? t->reads : 0);
 	cJSON_AddNumberToObject(o, "writes_inflight", t ? t->writes : 0);

@@ -15,12 +15,14 @@
 struct broker;
 struct session;
 struct ns;
+struct op;
+struct page;
 struct cJSON;
 
 /*
  * main.c: opens the paths, adopts or formats the cache (rebuilding the index from the slot
  * headers when it adopts one), hooks demotion into the store and the ring's eventfd into the
- * loop's epoll set (data LOOP_DISK). Sets b->tier. 0 or a negative errno.
+ * loop. Sets b->tier. 0 or a negative errno.
  */
 int tier_open(struct broker *b, const struct disk_cfg *c);
 
@@ -31,25 +33,22 @@ int tier_open(struct broker *b, const struct disk_cfg *c);
  */
 void tier_close(struct broker *b);
 
-/* loop.c: submits prepared I/O and reaps completions without blocking; returns how many. */
+/* rounds.c: submits prepared I/O and reaps completions without blocking; returns how many. */
 uint32_t tier_poll(struct broker *b);
 
-/* loop.c: the ring's eventfd was readable. */
-void tier_event(struct broker *b);
-
 /*
- * ops.c, GET/ACQUIRE/PREFETCH of (n, sqe->key) before the RAM lookup: returns 1 when the page
- * is on disk and not READY in RAM: the op was parked (a copy of the SQE kept), the page's read
- * issued or joined, and the op will run again through ops_resume() once the page is READY in
- * RAM (or fails as a miss). 0: go on in RAM.
+ * ops.c, GET/ACQUIRE/PREFETCH of (op->n, op->key) that found no READY page in RAM (pg: the
+ * WRITING page of the key, or NULL): returns 1 when the page is on disk and the op was parked
+ * until it is in RAM (its read issued or joined, or waiting for RAM or room in the disk
+ * queue): it runs again from ops_poll and finds the page, or misses. 0: a miss.
  */
-int tier_park(struct broker *b, struct session *s, const struct kvb_sqe *sqe, const struct ns *n);
+int tier_promote(struct broker *b, struct op *op, struct page *pg);
 
 /*
  * ops.c: store_alloc answered -ENOSPC. Returns 1 when the op was parked until disk I/O in
  * flight (demotions) completes and frees RAM, then it runs again; 0 when nothing is in flight.
  */
-int tier_park_alloc(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
+int tier_park_alloc(struct broker *b, struct op *op);
 
 /* Is (n, key) stored on disk (LOOKUP, PUT's dedup)? */
 int tier_has(struct broker *b, const struct ns *n, const kvb_key *key);

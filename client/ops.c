@@ -204,11 +204,21 @@ out:
 }
 
 /* Posts the RELEASE of a lease we no longer need without waiting for it (see the file comment). */
-static void release_deferred(struct kvb_client *c, uint64_t lease)
+/*
+ * KVB_SQEF_GET on the ACQUIRE and RELEASE of a kvb_get(): the broker counts the pair as the
+ * GET it is. Only for brokers that know the flag (ABI 1.2); older ones refuse unknown flags.
+ */
+static uint8_t get_flag(const struct kvb_client *c, int as_get)
+{
+	return as_get && c->broker_minor >= 2 ? KVB_SQEF_GET : 0;
+}
+
+static void release_deferred(struct kvb_client *c, uint64_t lease, int as_get)
 {
 	struct kvb_sqe sqe;
 
 	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
+	sqe.flags = get_flag(c, as_get);
 	sqe.off = lease;
 	/* Fails only when the broker is gone, and then it has dropped the lease itself. */
 	(void)kvbc_post_discard_locked(c, &sqe);
@@ -216,13 +226,14 @@ static void release_deferred(struct kvb_client *c, uint64_t lease)
 
 /* ACQUIRE under the lock: returns 0 with *data and *lease, or a negative errno. */
 static int acquire_locked(struct kvb_client *c, const struct kvbc_ns *n, const kvb_key *key,
-			  const void **data, uint64_t *lease)
+			  const void **data, uint64_t *lease, int as_get)
 {
 	struct kvb_sqe sqe;
 	struct kvb_cqe cqe;
 	int err;
 
 	sqe_key(&sqe, KVB_OP_ACQUIRE, n->id, key);
+	sqe.flags = get_flag(c, as_get);
 	err = kvbc_sync_locked(c, &sqe, &cqe);
 	if (err)
 		return err;
@@ -230,7 +241,7 @@ static int acquire_locked(struct kvb_client *c, const struct kvbc_ns *n, const k
 		return cqe.res;
 	err = kvbc_lease_map(c, cqe.loc, n->page_bytes, data);
 	if (err) {
-		release_deferred(c, cqe.lease);
+		release_deferred(c, cqe.lease, as_get);
 		return err;
 	}
 	*lease = cqe.lease;
@@ -265,11 +276,11 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 			err = -EPROTO;
 		goto out;
 	}
-	err = acquire_locked(c, n, &key, &data, &lease);
+	err = acquire_locked(c, n, &key, &data, &lease, 1);
 	if (err)
 		goto out;
 	memcpy(dst, data, n->page_bytes);
-	release_deferred(c, lease);
+	release_deferred(c, lease, 1);
 	err = (int)n->page_bytes;
 out:
 	kvbc_leave(c);
@@ -371,7 +382,7 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 	err = enter_ns(c, ns, &n);
 	if (err)
 		return err;
-	err = acquire_locked(c, n, &key, &data, &id);
+	err = acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;

@@ -398,6 +398,17 @@ char *metrics_text(const cJSON *st)
 		       cJSON_GetArraySize(sdoc_arr(st, "namespaces")));
 	}
 	counters(&m, sdoc_obj(st, "counters"));
+	if (sdoc_obj(st, "ops")) {
+		const cJSON *ops = sdoc_obj(st, "ops");
+
+		single(&m, ops, "parked", "kvbroker_ops_parked", "gauge",
+		       "Ops waiting now: for a page being written or promoted, RAM, room in the "
+		       "disk queue, or their session's next turn.");
+		single(&m, ops, "inflight", "kvbroker_ops_inflight", "gauge",
+		       "Ops taken from the rings and not completed yet.");
+		single(&m, ops, "sessions_draining", "kvbroker_sessions_draining", "gauge",
+		       "Clients gone whose ops in flight have not completed yet.");
+	}
 	per_element(&m, sdoc_arr(st, "namespaces"), ns_series,
 		    sizeof(ns_series) / sizeof(ns_series[0]), ns_labels);
 	per_element(&m, sdoc_arr(st, "client_list"), client_series,

@@ -273,23 +273,27 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 
 	if (sqe->resv0)
 		return -EINVAL;
-	if (sqe->flags & ~KVB_OPF_VIEW)
+	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET))
 		return -EINVAL;
 	switch (sqe->opcode) {
+	case KVB_OP_ACQUIRE:
+	case KVB_OP_RELEASE:
+		if ((sqe->flags & ~KVB_SQEF_GET) || sqe->layer_first || sqe->layer_count)
+			return -EINVAL;
+		return 0;
 	case KVB_OP_NOP:
 	case KVB_OP_DELETE:
-	case KVB_OP_ACQUIRE:
 	case KVB_OP_PREFETCH:
-	case KVB_OP_RELEASE:
 		if (sqe->flags || sqe->layer_first || sqe->layer_count)
 			return -EINVAL;
 		return 0;
 	case KVB_OP_PUT:
-		if (sqe->layer_first || sqe->layer_count)
+		if ((sqe->flags & KVB_SQEF_GET) || sqe->layer_first || sqe->layer_count)
 			return -EINVAL; /* all or nothing */
 		return 0;
 	case KVB_OP_GET:
-		if (!(sqe->flags & KVB_OPF_VIEW) && (sqe->layer_first || sqe->layer_count))
+		if ((sqe->flags & KVB_SQEF_GET) ||
+		    (!(sqe->flags & KVB_OPF_VIEW) && (sqe->layer_first || sqe->layer_count)))
 			return -EINVAL;
 		return 0;
 	case KVB_OP_LOOKUP:

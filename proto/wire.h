@@ -60,7 +60,8 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-#define KVB_ABI_MINOR 2 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity */
+/* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET */
+#define KVB_ABI_MINOR 2
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -280,7 +281,13 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 /* cq flags (client writes): the client sleeps; ring the cq doorbell after posting. */
 #define KVB_CQ_NEED_WAKEUP (1u << 0)
 
-/* SQE flags: KVB_OPF_* of kvbroker.h. */
+/* SQE flags: KVB_OPF_* of kvbroker.h, and the library's own: */
+/*
+ * KVB_SQEF_GET (ABI 1.2): on the ACQUIRE and the RELEASE that kvb_get() issues for a
+ * destination in plain memory: the broker counts the pair as that GET (counters.gets, with its
+ * hit or miss), not as an ACQUIRE and a RELEASE. Refused on any other op.
+ */
+#define KVB_SQEF_GET (1u << 7)
 struct kvb_sqe {
 	uint8_t opcode;	    /* enum kvb_opcode */
 	uint8_t flags;	    /* KVB_OPF_* */

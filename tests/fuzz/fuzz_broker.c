@@ -137,12 +137,13 @@ struct fuzz_broker *fuzz_broker(void)
 		fuzz_fail("pool_open");
 	if (store_init(&fb.b.store, &fb.b.pool, 1u << 20, 1.0, 0.9))
 		fuzz_fail("store_init");
+	ops_init(&fb.b);
 	/* Every copy inline, no GPU: an input's outcome must not depend on thread timing. */
 	fb.b.cfg.copy_threads = 1;
 	fb.b.cfg.copy_inline = UINT64_MAX;
 	fb.b.cfg.gpu = 0;
-	fb.b.epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (fb.b.epfd < 0 || xfer_init(&fb.b))
+	fb.b.loop.epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (fb.b.loop.epfd < 0 || xfer_init(&fb.b))
 		fuzz_fail("set-up");
 	layout_a(&l);
 	if (ns_open(&fb.b.nst, &fb.b.store, &l, 0, &n))
@@ -168,7 +169,7 @@ static struct session *session_new(struct fuzz_broker *fb)
 		fuzz_fail("calloc");
 	s->sock = s->pidfd = s->region_fd = s->sq_efd = s->cq_efd = -1;
 	s->id = ++fb->b.next_id;
-	list_init(&s->link);
+	session_init(&fb->b, s);
 	list_add_tail(&fb->b.sessions, &s->link);
 	fb->b.nconns++;
 	fb->b.npending++; /* accepted, no HELLO yet, as session_accept() leaves it */
@@ -227,7 +228,7 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		if (s->bufs[i].base == MAP_FAILED)
 			fuzz_fail("mmap buf");
 		s->bufs[i].len = FUZZ_BUF_LEN;
-		/* Host memory, as buf_reg() registers it: 0 would be CUDA device 0. */
+		/* Host memory: without it the buffer reads as GPU 0 and is never unmapped. */
 		s->bufs[i].dev = COPY_HOST;
 		s->buf_bytes += FUZZ_BUF_LEN;
 	}
@@ -235,6 +236,7 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	v = calloc(1, sizeof(*v) + nb->nparts * sizeof(v->parts[0]));
 	if (!v)
 		fuzz_fail("calloc view");
+	v->refs = 1;
 	v->ns = nb;
 	v->nparts = nb->nparts;
 	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
@@ -252,6 +254,7 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	v = calloc(1, sizeof(*v) + nb->nparts * sizeof(v->parts[0]));
 	if (!v)
 		fuzz_fail("calloc view");
+	v->refs = 1;
 	v->ns = nb;
 	v->nparts = nb->nparts;
 	for (uint32_t p = 0, off = 0; p < nb->nparts; off += nb->part_bpt[p], p++)
@@ -308,4 +311,5 @@ void fuzz_session_end(struct fuzz_broker *fb, struct session *s, int alive)
 	    store_class_get(&b->store, fb->pb_a) != ns_get(&b->nst, fb->ns_a)->cls ||
 	    store_class_get(&b->store, fb->pb_b) != ns_get(&b->nst, fb->ns_b)->cls)
 		fuzz_fail("store reset");
+	ops_init(b);
 }

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fuzz_broker.h - a real broker core (pool, store, namespaces, copy engine, sessions) inside a
- * libFuzzer process, so the fuzz targets drive the broker's own session_poll(), ops_exec() and
+ * libFuzzer process, so the fuzz targets drive the broker's own session_poll(), ops_submit() and
  * session_on_msg() rather than a model of them. One thread; no event loop runs: each target
  * calls the session functions the loop would call, and then checks the invariants a hostile
  * client must never break (every lease and pin released at teardown, no fd or mapping leaked,

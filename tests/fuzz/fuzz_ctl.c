@@ -2,7 +2,7 @@
 /*
  * fuzz_ctl.c - libFuzzer target over the control channel: a sequence of datagrams (with or
  * without a memfd attached) sent on a real SOCK_SEQPACKET socketpair to the broker's own
- * session_on_msg(), which validates, dispatches (HELLO, NS_OPEN with and without the ABI 1.2
+ * ctl_on_msg(), which validates, dispatches (HELLO, NS_OPEN with and without the ABI 1.2
  * identity, BUF_REG, BUF_REG_FD, BUF_UNREG, VIEW_CREATE, VIEW_CREATE2, VIEW_DESTROY, STATS) and
  * replies.
  *
@@ -158,7 +158,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		pos += len;
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
-		if (session_on_msg(&fb->b, s) < 0)
+		if (ctl_on_msg(&fb->b, s) < 0)
 			alive = 0;
 		drain(peer, reqp);
 	}

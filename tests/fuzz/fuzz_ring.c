@@ -2,7 +2,7 @@
 /*
  * fuzz_ring.c - libFuzzer target over raw ring images: whatever a client can put in its ring
  * region (SQEs, the SQ tail, the CQ head, the argument area), consumed by the broker's real
- * session_poll() -> kvb_sqe_check() -> ops_exec() against a real store.
+ * session_poll() -> ops_submit() -> kvb_sqe_check() against a real store.
  *
  * Input, all little-endian:
  *   [0]      ring size: 8 << (byte & 3) SQ entries

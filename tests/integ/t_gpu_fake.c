@@ -13,7 +13,11 @@
  *     other slots, layer groups in order; when it exits its allocation is closed;
  *   - registration errors: past the allocation (-EFAULT), not device memory (-EINVAL);
  *   - unregistering every buffer of an allocation closes its handle;
- *   - a broker forced onto the kernel path (--gpu-path kernel) moves pages with it.
+ *   - a broker forced onto the kernel path (--gpu-path kernel) moves pages with it;
+ *   - --max-bufs holds for GPU buffers as for host ones (regression: GPU registrations
+ *     scanned the session's slots themselves, up to the compiled-in maximum);
+ *   - GPU copies, which always complete later, are credited to their client (regression: the
+ *     per-client counters missed every deferred op).
  *
  * The test re-executes itself with LD_LIBRARY_PATH naming the fake (the dynamic loader reads
  * it at start-up only); the brokers it starts inherit it. Skipped (77) without the CUDA
@@ -200,6 +204,9 @@ int main(int argc, char **argv)
 		for (int t = 0; t < TPP; t++)
 			CHECK_EQ(page[((size_t)l * TPP + t) * BPT + 7], byte_of(0, l, t, 7));
 	CHECK(harness_broker_log_has(br, "fake-cuda: ipc open"));
+	/* GPU copies always complete later: still counted for their client (regression). */
+	CHECK_EQ(harness_stat(c, "client_list[name=gpu-storer].puts"), NPAGES);
+	CHECK_EQ(harness_stat(c, "client_list[name=gpu-storer].bytes_in"), NPAGES * pb);
 
 	harness_log("kvb_put/kvb_get of device pointers inside a registered GPU buffer");
 	{
@@ -263,6 +270,29 @@ int main(int argc, char **argv)
 	}
 	CHECK_EQ(harness_stat(c, "copy.gpu.jobs_kernel"), 2 * NPAGES);
 	CHECK(harness_broker_log_has(br, "fake-cuda: kernel over 4 segments"));
+	kvb_close(c);
+	harness_broker_stop(br);
+
+	harness_log("--max-bufs counts GPU buffers");
+	br = harness_broker_start("--pool", "32M", "--max-bufs", "2");
+	c = attach("max-bufs", &ns);
+	{
+		CUdeviceptr seg;
+		uint32_t ids[3], hb;
+
+		CHECK_EQ(cu->cuMemAlloc(&seg, 3 * LAYER_BYTES), CUDA_SUCCESS);
+		for (int i = 0; i < 2; i++)
+			CHECK_OK(kvb_buf_register_gpu(
+				c, (uint8_t *)(uintptr_t)seg + (size_t)i * LAYER_BYTES, LAYER_BYTES,
+				&ids[i]));
+		CHECK_RC(kvb_buf_register_gpu(c, (uint8_t *)(uintptr_t)seg + 2 * LAYER_BYTES,
+					      LAYER_BYTES, &ids[2]),
+			 -EMFILE);
+		CHECK(kvb_buf_alloc_host(c, 4096, &hb) == NULL);
+		CHECK_OK(kvb_buf_unregister(c, ids[0]));
+		CHECK_OK(kvb_buf_register_gpu(c, (uint8_t *)(uintptr_t)seg + 2 * LAYER_BYTES,
+					      LAYER_BYTES, &ids[2]));
+	}
 	kvb_close(c);
 	harness_broker_stop(br);
 	free(page);

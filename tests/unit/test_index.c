@@ -27,15 +27,15 @@ static void test_index_collisions_and_remove(void **state)
 		memset(p[i].key.b, 0xab, sizeof(p[i].key.b));
 		p[i].key.b[31] = (uint8_t)i;
 		p[i].ns = 1;
-		index_insert(&ix, &p[i]);
+		index_insert(&ix, &p[i].ixn);
 	}
 	for (int i = 0; i < 3; i++)
-		assert_ptr_equal(index_find(&ix, 1, &p[i].key), &p[i]);
+		assert_ptr_equal(index_find(&ix, 1, &p[i].key), &p[i].ixn);
 	assert_null(index_find(&ix, 2, &p[0].key));
-	index_remove(&ix, &p[1]);
+	index_remove(&ix, &p[1].ixn);
 	assert_null(index_find(&ix, 1, &p[1].key));
-	assert_ptr_equal(index_find(&ix, 1, &p[0].key), &p[0]);
-	assert_ptr_equal(index_find(&ix, 1, &p[2].key), &p[2]);
+	assert_ptr_equal(index_find(&ix, 1, &p[0].key), &p[0].ixn);
+	assert_ptr_equal(index_find(&ix, 1, &p[2].key), &p[2].ixn);
 	assert_int_equal(ix.count, 2);
 	index_fini(&ix);
 }
@@ -55,11 +55,11 @@ static void test_index_grows(void **state)
 			p[i].key.b[j] = (uint8_t)(i * 2654435761u >> (j * 4));
 		memcpy(p[i].key.b + 8, &i, sizeof(i));
 		p[i].ns = i % 3;
-		index_insert(&ix, &p[i]);
+		index_insert(&ix, &p[i].ixn);
 	}
 	assert_true(ix.mask + 1 >= N / 2);
 	for (uint32_t i = 0; i < N; i++)
-		assert_ptr_equal(index_find(&ix, i % 3, &p[i].key), &p[i]);
+		assert_ptr_equal(index_find(&ix, i % 3, &p[i].key), &p[i].ixn);
 	index_fini(&ix);
 	free(p);
 }

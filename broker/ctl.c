@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ctl.c - the broker's side of the control socket, mirroring client/ctl.c: one datagram in
+ * (validated: kvb_msg_check, the fds it may carry), one reply out (with fds: the ring region,
+ * the doorbells, the pool's read-only arenas at HELLO). HELLO (ABI, placement, ring or control
+ * client, the limits), NS_OPEN, BUF_REG, BUF_REG_FD, BUF_REG_GPU, BUF_UNREG, VIEW_CREATE,
+ * VIEW_CREATE2, VIEW_DESTROY, STATS. The byte formats are proto/wire.h's; docs/protocol.md has
+ * them in prose.
+ *
+ * Anything the client controls is validated before use; a malformed datagram or unexpected fds
+ * end only this session (session_destroy), with the reason logged and counted
+ * (protocol_errors). Buffer slots are the session's (session_buf_slot: --max-bufs holds for
+ * every kind), and so is their release (session_buf_release, deferred while ops are in
+ * flight). Loop thread only.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <linux/magic.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "copy_cuda.h"
+#include "log.h"
+#include "proto.h"
+#include "text.h"
+
+static struct log_throttle tt_refused; /* HELLO refusals (the limits) */
+
+/* Sends a reply datagram with optional body and fds. */
+static int reply(struct session *s, const struct kvb_msg_hdr *req, int32_t res, const void *body,
+		 size_t blen, const int *fds, uint32_t nfds)
+{
+	struct kvb_msg_hdr h = {KVB_MSG_MAGIC, req->type, KVB_MSGF_REPLY, 0, req->seq};
+	struct kvb_msg_reply r = {res, 0};
+	struct iovec iov[3] = {{&h, sizeof(h)}, {&r, sizeof(r)}, {NULL, blen}};
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
+		struct cmsghdr align;
+	} cm;
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = blen ? 3 : 2};
+
+	/* sendmsg never writes through iov_base; the const is shed without a cast. */
+	memcpy(&iov[2].iov_base, &body, sizeof(body));
+	h.len = (uint32_t)(sizeof(h) + sizeof(r) + blen);
+	if (nfds) {
+		struct cmsghdr *c;
+
+		mh.msg_control = cm.buf;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+	}
+	if (sendmsg(s->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Creates the ring region memfd, sealed so that the client can neither shrink nor grow it. */
+static int region_create(struct broker *b, struct session *s, uint32_t sq_entries)
+{
+	struct kvb_region_hdr h;
+	int64_t size = kvb_region_layout(sq_entries, b->cfg.arg_size, &h);
+	uint8_t *r;
+	int fd;
+
+	if (size < 0)
+		return (int)size;
+	fd = memfd_create("kvbroker-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto err_close;
+	r = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (r == MAP_FAILED)
+		goto err_close;
+	memcpy(r, &h, sizeof(h));
+	s->region = r;
+	s->region_size = (uint64_t)size;
+	s->region_fd = fd;
+	s->arg = r + h.arg_off;
+	s->arg_size = h.arg_size;
+	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h.sq_head_off),
+		      (kvb_atomic_u32 *)(r + h.sq_tail_off), (kvb_atomic_u32 *)(r + h.sq_flags_off),
+		      r + h.sqes_off, h.sq_entries, sizeof(struct kvb_sqe), 0);
+	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
+		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
+		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
+	return 0;
+
+err_close:
+	close(fd);
+	return -errno;
+}
+
+/*
+ * KVB_HELLOF_PLACE: the arena order for this client's new pages, nearest to its GPU (whose
+ * node sysfs knows) or else to the CPU node it declared. -EINVAL for malformed fields.
+ */
+static int hello_place(struct broker *b, struct session *s, const struct kvb_msg_hello *m,
+		       size_t blen)
+{
+	int arena_node[KVB_MAX_ARENAS], node = m->cpu_node;
+
+	if (blen < sizeof(*m) || m->resv2 || m->cpu_node < -1 ||
+	    !memchr(m->gpu_busid, '\0', sizeof(m->gpu_busid)))
+		return -EINVAL;
+	if (m->gpu_busid[0]) {
+		int g = numa_pci_node(NULL, m->gpu_busid);
+
+		if (g == -EINVAL || g == -ENODEV)
+			return g; /* kvbroker.h: kvb_opts.gpu_busid */
+		if (g >= 0)
+			node = g;
+		memcpy(s->gpu, m->gpu_busid, sizeof(s->gpu));
+	}
+	s->node = node;
+	for (uint32_t i = 0; i < b->pool.narenas; i++)
+		arena_node[i] = b->pool.arena[i].node;
+	numa_order(arena_node, b->pool.narenas, node, s->pref.arena);
+	s->pref.n = b->pool.narenas;
+	return 0;
+}
+
+static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+		    const struct kvb_msg_hello *m, size_t blen)
+{
+	struct kvb_msg_hello_reply rep = {0};
+	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
+	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
+
+	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
+	if (kvb_is_pow2(sq) && sq > b->cfg.max_sq)
+		sq = b->cfg.max_sq;
+
+	if (s->hello_done)
+		return -EPROTO;
+	if (m->abi_major != KVB_ABI_MAJOR) {
+		log_warn("client %u: protocol ABI %u.%u, this broker speaks %u.%u", s->id,
+			 m->abi_major, m->abi_minor, KVB_ABI_MAJOR, KVB_ABI_MINOR);
+		reply(s, h, -EPROTO, NULL, 0, NULL, 0);
+		return -EPROTO;
+	}
+	if ((m->flags & ~(KVB_HELLOF_CONTROL | KVB_HELLOF_PLACE)) || m->resv) {
+		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+		return -EPROTO;
+	}
+	err = m->flags & KVB_HELLOF_PLACE ? hello_place(b, s, m, blen) : 0;
+	if (err == -ENODEV) {
+		/* A refusal, not a violation: the id is well formed, the device is not here. */
+		log_throttled(&tt_refused, "client %u (pid %d): refused: no PCI device %.*s here",
+			      s->id, (int)s->pid, (int)sizeof(m->gpu_busid), m->gpu_busid);
+		b->ctr.refused++;
+		reply(s, h, -ENODEV, NULL, 0, NULL, 0);
+		return -ENODEV;
+	}
+	if (err) {
+		reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+		return -EPROTO;
+	}
+	memcpy(s->name, m->name, sizeof(s->name));
+	s->name[sizeof(s->name) - 1] = '\0';
+	/* The name goes into log lines: no control bytes, so a client cannot forge a line. */
+	for (char *p = s->name; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
+	rep.abi_major = KVB_ABI_MAJOR;
+	rep.abi_minor = KVB_ABI_MINOR;
+	rep.client_id = s->id;
+	if (m->flags & KVB_HELLOF_CONTROL) {
+		if (b->ncontrol >= b->cfg.max_control) {
+			log_throttled(&tt_refused, "client %u ('%s', pid %d): refused: %u %s",
+				      s->id, s->name, (int)s->pid, b->ncontrol,
+				      "control connections (--max-control)");
+			b->ctr.refused++;
+			reply(s, h, -EUSERS, NULL, 0, NULL, 0);
+			return -EUSERS;
+		}
+		s->control_only = 1;
+		s->hello_done = 1;
+		b->npending--;
+		b->ncontrol++;
+		return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
+	}
+	if (b->nsessions >= b->cfg.max_clients) {
+		log_throttled(&tt_refused, "client %u ('%s', pid %d): refused: %u %s", s->id,
+			      s->name, (int)s->pid, b->nsessions,
+			      "clients attached (--max-clients)");
+		b->ctr.refused++;
+		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
+		return -EUSERS;
+	}
+	err = region_create(b, s, sq);
+	if (err) {
+		reply(s, h, err, NULL, 0, NULL, 0);
+		return err == -EINVAL ? -EPROTO : err;
+	}
+	s->sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	s->cq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->sq_efd < 0 || s->cq_efd < 0 || loop_add(&b->loop, s->sq_efd, &s->on_sq)) {
+		err = -ENOMEM;
+		goto out;
+	}
+	fds[nfds++] = s->region_fd;
+	fds[nfds++] = s->sq_efd;
+	fds[nfds++] = s->cq_efd;
+	rep.region_size = s->region_size;
+	rep.narenas = b->pool.narenas;
+	for (uint32_t i = 0; i < b->pool.narenas; i++) {
+		rep.arenas[i].size = b->pool.arena[i].size;
+		rep.arenas[i].node = b->pool.arena[i].node;
+		fds[nfds] = pool_ro_fd(&b->pool, i);
+		if (fds[nfds] < 0) {
+			err = fds[nfds];
+			goto out;
+		}
+		nfds++;
+	}
+	err = reply(s, h, 0, &rep, sizeof(rep), fds, (uint32_t)nfds);
+	if (!err) {
+		s->hello_done = 1;
+		b->npending--;
+		b->nsessions++;
+		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s",
+			 s->id, s->name, (int)s->pid, (int)s->uid, sq, s->node,
+			 s->gpu[0] ? ", gpu " : "", s->gpu);
+	}
+out:
+	for (int i = 3; i < nfds; i++)
+		close(fds[i]);
+	/* The mapping and the client's copy keep the region alive. */
+	close(s->region_fd);
+	s->region_fd = -1;
+	if (err)
+		reply(s, h, err, NULL, 0, NULL, 0);
+	return err;
+}
+
+static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+		      const struct kvb_layout *l, const struct kvb_ns_ident *id)
+{
+	struct kvb_msg_ns_reply rep = {0};
+	struct ns *n;
+	int err = ns_open2(&b->nst, &b->store, l, id, 0, &n);
+
+	if (err)
+		return reply(s, h, err, NULL, 0, NULL, 0);
+	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
+		if (s->nns >= b->cfg.max_ns)
+			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
+		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
+		s->nns++;
+	}
+	rep.ns = n->id;
+	rep.page_bytes = n->page_bytes;
+	if (log_min_level <= LOG_DEBUG) {
+		char model[sizeof(n->layout.model)];
+
+		/* Client bytes in a log line: no newline may forge a line. */
+		memcpy(model, n->layout.model, sizeof(model));
+		model[sizeof(model) - 1] = '\0';
+		log_debug("client %u: namespace %u '%s' page %llu bytes", s->id, n->id,
+			  text_printable(model), (unsigned long long)n->page_bytes);
+	}
+	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
+}
+
+/*
+ * Maps [off, off + len) of a client's host-memory file (BUF_REG, BUF_REG_FD): the pages that
+ * enclose it, read-write, shared. Only a tmpfs file that can never shrink: no later truncation
+ * can make our copies fault (the caller's own writes and growth are harmless). hugetlbfs files
+ * can have holes punched despite the seal, disk files can lose pages: refused. An unsealed
+ * tmpfs file is taken only with KVB_BUF_REG_FD_FDCOPY, and then never mapped (fdcopy.c).
+ */
+static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t off, uint64_t len,
+			uint32_t flags, uint32_t *id)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uint64_t page = pg > 0 ? (uint64_t)pg : 4096, lead, end, maplen;
+	struct statfs sfs;
+	struct stat st;
+	void *p;
+	int seals, fdcopy;
+
+	if (!len || fd < 0 || __builtin_add_overflow(off, len, &end))
+		return -EINVAL;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+		return -EINVAL;
+	if (fstatfs(fd, &sfs) < 0 || sfs.f_type != TMPFS_MAGIC)
+		return -EMEDIUMTYPE;
+	seals = fcntl(fd, F_GET_SEALS);
+	fdcopy = seals < 0 || !(seals & F_SEAL_SHRINK);
+	if (fdcopy && !(flags & KVB_BUF_REG_FD_FDCOPY))
+		return -EPERM;
+	/* The seal holds the size from here on: checking it now is final (fdcopy: checked again). */
+	if (st.st_size < 0 || end > (uint64_t)st.st_size)
+		return -EFAULT;
+	lead = fdcopy ? 0 : off & (page - 1);
+	maplen = lead + len;
+	/* Each client's registrations are bounded, so none can exhaust our address space. */
+	if (maplen > b->cfg.max_buf_bytes - s->buf_bytes)
+		return -ENOMEM;
+	if (session_buf_slot(b, s, id))
+		return -EMFILE;
+	if (fdcopy) {
+		int err = fdcopy_buf_open(fd, off, len, &s->bufs[*id]);
+
+		if (!err) {
+			s->buf_bytes += len;
+			s->nfdbufs++;
+		}
+		return err;
+	}
+	p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(off - lead));
+	if (p == MAP_FAILED)
+		return -errno;
+	s->bufs[*id] = (struct sbuf){
+		.base = (uint8_t *)p + lead, .len = len, .lead = lead, .dev = COPY_HOST};
+	s->buf_bytes += maplen;
+	return 0;
+}
+
+static int buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg *m, int fd,
+		   uint32_t *id)
+{
+	int err;
+
+	if (m->kind != KVB_BUF_HOST || m->resv || !m->len || fd < 0)
+		return -EINVAL;
+	/* ABI 1.0/1.1 clients were told -EINVAL for every unacceptable memfd: keep that. */
+	err = buf_map_host(b, s, fd, 0, m->len, 0, id);
+	return err == -EPERM || err == -EMEDIUMTYPE ? -EINVAL : err;
+}
+
+static int buf_reg_fd(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_fd *m,
+		      int fd, uint32_t *id)
+{
+	if ((m->flags & ~KVB_BUF_REG_FD_FDCOPY) || m->resv)
+		return -EINVAL;
+	return buf_map_host(b, s, fd, m->off, m->len, m->flags, id);
+}
+
+/*
+ * VIEW_CREATE and VIEW_CREATE2: one part per (component, layer) of a namespace this session
+ * opened. Strides must cover a token's bytes and page strides a page's tokens, so that slot
+ * addresses grow with the slot and pages never overlap (ops.c bounds a page by its first and
+ * last token on that promise). Buffers are checked again at each op: they may be unregistered.
+ */
+static int on_view_create(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+			  const uint8_t *body, size_t blen, int v2)
+{
+	struct kvb_msg_view_create2 vc = {0};
+	size_t hlen = v2 ? sizeof(struct kvb_msg_view_create2) : sizeof(struct kvb_msg_view_create);
+	size_t plen = v2 ? sizeof(struct kvb_view_part2) : sizeof(struct kvb_view_part);
+	struct kvb_msg_id rep = {0};
+	struct sview *v;
+	struct ns *n;
+	uint32_t id, tpp;
+
+	memcpy(&vc, body, hlen);
+	n = vc.ns < STORE_MAX_NS && (s->ns_opened[vc.ns / 8] & (1u << (vc.ns % 8)))
+		    ? ns_get(&b->nst, vc.ns)
+		    : NULL;
+	if (!n)
+		return reply(s, h, -EBADF, NULL, 0, NULL, 0);
+	if (vc.nparts != n->nparts || vc.flags || vc.resv ||
+	    blen != hlen + (uint64_t)vc.nparts * plen)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	for (id = 0; id < SESSION_MAX_VIEWS && s->views[id]; id++)
+		;
+	if (id == SESSION_MAX_VIEWS)
+		return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
+	v = malloc(sizeof(*v) + vc.nparts * sizeof(v->parts[0]));
+	if (!v)
+		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
+	v->refs = 1;
+	v->ns = n;
+	v->nparts = vc.nparts;
+	tpp = n->layout.tokens_per_page;
+	for (uint32_t p = 0; p < v->nparts; p++) {
+		struct kvb_view_part2 *vp = &v->parts[p];
+		uint64_t span;
+		int err;
+
+		if (v2) {
+			memcpy(vp, body + hlen + (size_t)p * plen, sizeof(*vp));
+		} else {
+			struct kvb_view_part op;
+
+			memcpy(&op, body + hlen + (size_t)p * plen, sizeof(op));
+			*vp = (struct kvb_view_part2){
+				.buf = op.buf, .stride = op.stride, .base = op.base};
+		}
+		/* A page's tokens end (tpp - 1) * stride + bpt after its first: < 2^64. */
+		span = (uint64_t)(tpp - 1) * vp->stride + n->part_bpt[p];
+		if (!vp->page_stride)
+			vp->page_stride = (uint64_t)tpp * vp->stride;
+		err = vp->stride < n->part_bpt[p] || vp->page_stride < span || vp->flags || vp->resv
+			      ? -EINVAL
+		      : vp->buf >= SESSION_MAX_BUFS || !s->bufs[vp->buf].base ? -EBADF
+									      : 0;
+		if (err) {
+			free(v);
+			return reply(s, h, err, NULL, 0, NULL, 0);
+		}
+	}
+	s->views[id] = v;
+	rep.id = id;
+	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
+}
+
+static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
+{
+	char *js = stats_json(b);
+	int err;
+
+	if (!js)
+		return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
+	err = reply(s, h, 0, js, strlen(js), NULL, 0);
+	free(js);
+	if (err == -EMSGSIZE)
+		err = reply(s, h, -EMSGSIZE, NULL, 0, NULL, 0);
+	return err;
+}
+
+/* Dispatches one validated request. Returns < 0 only when the session must end. */
+static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+		    const uint8_t *body, size_t blen, int fd)
+{
+	struct kvb_msg_id id;
+	uint32_t bid = 0;
+	int err;
+
+	if (h->type == KVB_MSG_HELLO) {
+		struct kvb_msg_hello m = {0};
+
+		/* An ABI 1.0 HELLO is shorter: the rest stays zero. */
+		memcpy(&m, body, blen < sizeof(m) ? blen : sizeof(m));
+		return on_hello(b, s, h, &m, blen);
+	}
+	if (!s->hello_done)
+		return -EPROTO;
+	if (s->control_only && h->type != KVB_MSG_STATS)
+		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
+	switch (h->type) {
+	case KVB_MSG_NS_OPEN: {
+		struct kvb_layout l;
+		struct kvb_ns_ident ident;
+
+		memcpy(&l, body, sizeof(l));
+		/* ABI 1.2: the identity fields follow the layout; without them, the default. */
+		if (blen >= KVB_MSG_NS_OPEN_V2_SIZE)
+			memcpy(&ident, body + sizeof(l), sizeof(ident));
+		return on_ns_open(b, s, h, &l, blen >= KVB_MSG_NS_OPEN_V2_SIZE ? &ident : NULL);
+	}
+	case KVB_MSG_BUF_REG: {
+		struct kvb_msg_buf_reg m;
+
+		memcpy(&m, body, sizeof(m));
+		err = buf_reg(b, s, &m, fd, &bid);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
+	}
+	case KVB_MSG_BUF_REG_FD: {
+		struct kvb_msg_buf_reg_fd m;
+
+		memcpy(&m, body, sizeof(m));
+		err = buf_reg_fd(b, s, &m, fd, &bid);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
+	}
+	case KVB_MSG_BUF_REG_GPU: {
+		struct kvb_msg_buf_reg_gpu m;
+
+		memcpy(&m, body, sizeof(m));
+		err = gpu_buf_reg(b, s, &m, fd, &bid);
+		id = (struct kvb_msg_id){bid, 0};
+		return err ? reply(s, h, err, NULL, 0, NULL, 0)
+			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);
+	}
+	case KVB_MSG_BUF_UNREG:
+		memcpy(&id, body, sizeof(id));
+		if (id.id >= SESSION_MAX_BUFS || !s->bufs[id.id].base || s->bufs[id.id].closing)
+			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
+		/* A copy in flight may use it: then it goes with the session's last completion. */
+		if (s->inflight) {
+			s->bufs[id.id].closing = 1;
+			s->nclosing++;
+		} else {
+			session_buf_release(b, s, &s->bufs[id.id]);
+		}
+		return reply(s, h, 0, NULL, 0, NULL, 0);
+	case KVB_MSG_VIEW_CREATE:
+		return on_view_create(b, s, h, body, blen, 0);
+	case KVB_MSG_VIEW_CREATE2:
+		return on_view_create(b, s, h, body, blen, 1);
+	case KVB_MSG_VIEW_DESTROY:
+		memcpy(&id, body, sizeof(id));
+		if (id.id >= SESSION_MAX_VIEWS || !s->views[id.id])
+			return reply(s, h, -EBADF, NULL, 0, NULL, 0);
+		sview_put(s->views[id.id]); /* ops using it keep it until they complete */
+		s->views[id.id] = NULL;
+		return reply(s, h, 0, NULL, 0, NULL, 0);
+	case KVB_MSG_STATS:
+		return on_stats(b, s, h);
+	}
+	return -EPROTO;
+}
+
+int ctl_on_msg(struct broker *b, struct session *s)
+{
+	static uint8_t buf[KVB_MSG_MAX];
+	union {
+		char b[CMSG_SPACE(sizeof(int) * KVB_MAX_FDS)];
+		struct cmsghdr align;
+	} cm;
+	struct iovec iov = {buf, sizeof(buf)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm.b)};
+	int fds[KVB_MAX_FDS], nfds = 0, err = 0, violation = 1;
+	struct kvb_msg_hdr h;
+	const char *why = NULL;
+	ssize_t n;
+
+	n = recvmsg(s->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		session_destroy(b, s, strerror(errno));
+		return -1;
+	}
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+		for (size_t i = 0; i < k && nfds < (int)KVB_MAX_FDS; i++)
+			memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+	}
+	if (n == 0) {
+		why = s->control_only || !s->hello_done ? NULL : "hang-up";
+		violation = 0;
+		err = -1;
+		goto out;
+	}
+	s->active_at = clock_now();
+	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC) || kvb_msg_check(buf, (size_t)n) ||
+	    (((struct kvb_msg_hdr *)buf)->flags & KVB_MSGF_REPLY)) {
+		why = "malformed control message";
+		err = -1;
+		goto out;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (nfds > (h.type == KVB_MSG_BUF_REG || h.type == KVB_MSG_BUF_REG_GPU ||
+				    h.type == KVB_MSG_BUF_REG_FD
+			    ? 1
+			    : 0)) {
+		why = "unexpected file descriptors";
+		err = -1;
+		goto out;
+	}
+	err = dispatch(b, s, &h, buf + sizeof(h), (size_t)n - sizeof(h), nfds ? fds[0] : -1);
+	/* A refusal at a limit was answered and logged (throttled): no violation, no line. */
+	if (err == -EUSERS || err == -ENODEV) {
+		violation = 0;
+	} else if (err == -EPIPE || err == -ECONNRESET || err == -ENOTCONN) {
+		/* Its reply found the peer gone (SIGKILLed mid-request): a hang-up, no violation. */
+		violation = 0;
+		why = s->control_only || !s->hello_done ? NULL : "hang-up";
+	} else if (err < 0)
+		why = err == -EPROTO ? "protocol violation on the control socket" : strerror(-err);
+out:
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+	if (err < 0) {
+		b->ctr.protocol_errors += violation;
+		session_destroy(b, s, why);
+		return -1;
+	}
+	return 0;
+}

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ops.h - the request engine: one struct op per SQE, from the ring to its counted completion.
+ * See ops.c for the life cycle. Loop thread only.
+ */
+#ifndef KVB_BROKER_OPS_H
+#define KVB_BROKER_OPS_H
+
+#include <stdint.h>
+
+#include "copy.h"
+#include "kvbroker.h"
+#include "list.h"
+#include "wire.h"
+
+struct broker;
+struct session;
+struct ns;
+struct page;
+struct sview;
+
+/* What an op's run returned: complete now (cqe filled), or it completes later. */
+enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
+
+/* A list of parked ops; whoever owns it wakes it when what they wait for happened. */
+struct waitq {
+	struct list ops;
+};
+
+/*
+ * One request. Decoded once from its SQE (a private copy: the key, the resolved namespace or
+ * view). On the heap from the ring to its completion, on its session's list (slink) all along,
+ * and on at most one wait list (link): a waitq (parked), the run queue (woken, about to run
+ * again) or its session's yield queue; on none while it runs or a copy engine holds it.
+ */
+struct op {
+	struct list link;  /* a waitq, the run queue, or its session's yield queue */
+	struct list slink; /* its session's ops in flight */
+	struct broker *b;
+	struct session *s;
+	struct ns *n;	    /* the SQE's namespace or the view's; NULL: -EBADF */
+	struct sview *v;    /* KVB_OPF_VIEW: held (v->refs) until the op completes */
+	struct kvb_sqe sqe; /* the private copy; sqe.key is never read again, key is */
+	struct kvb_cqe cqe;
+	kvb_key key;
+	const char *waits; /* what it is parked on (drain log), NULL while it runs */
+	double since;	   /* taken from the SQ (drain log) */
+	struct page *pg;   /* the page a PUT writes or a GET copies from, while it is held */
+	int32_t dev;	   /* COPY_HOST or the CUDA device of the client side */
+	uint8_t parked;	   /* on a waitq, the run queue or its session's yield queue */
+	uint8_t as_get;	   /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
+	int8_t hit;	   /* 1 found, 0 missed, -1 no lookup (counted at completion) */
+	uint8_t dedup;	   /* PUT: the key was stored */
+	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
+	uint32_t cursor, lead;
+	uint8_t leading;
+	uint64_t bytes_in, bytes_out; /* page bytes moved, counted at completion */
+	uint64_t work;		      /* work units of its last step (fair rounds) */
+	struct copy_seg seg1;	      /* a plain op's one segment */
+	struct copy_seg *segs;	      /* view ops: heap, nsegs built so far */
+	uint32_t nsegs, segs_cap;
+	struct copy_fdseg *fds; /* KVB_BUF_FDCOPY: the file side of each segment (xfer.c) */
+	struct copy_job job;	/* its copy, while an engine runs it */
+};
+
+/*
+ * Work units (fair rounds): an op costs 1, plus one per key looked up and per segment built,
+ * plus one per OPS_WORK_BYTES bytes copied inline; a unit is ~50 ns of loop time on these
+ * machines. A session gets OPS_ROUND_WORK per loop round (about a millisecond); long ops
+ * (a LOOKUP of many keys, a view op of many segments) run in steps of about OPS_STEP_WORK and
+ * yield between them, so that no client holds the loop for more than that.
+ */
+#define OPS_WORK_BYTES 256u
+#define OPS_ROUND_WORK 4096u
+#define OPS_STEP_WORK 2048u
+
+/* The loop: initialises the run queue. */
+void ops_init(struct broker *b);
+
+/*
+ * session.c: runs one SQE copied out of the ring. Returns OPS_DONE with *cqe filled (counted),
+ * or OPS_DEFERRED: the op holds a CQ slot and ends with session_complete(). *work gets what it
+ * cost.
+ */
+int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
+	       uint64_t *work);
+
+/* session.c: runs the session's yielded ops, up to budget work units; returns units spent. */
+uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget);
+
+/* The loop: runs every woken op again (the one resume path). Returns how many ran. */
+uint32_t ops_poll(struct broker *b);
+
+/* Parks op on q (what: for the drain log); returns OPS_DEFERRED. */
+int ops_park(struct broker *b, struct op *op, struct waitq *q, const char *what);
+
+/* Parks op until page pg changes state (committed, aborted, freed); returns OPS_DEFERRED. */
+int ops_park_page(struct broker *b, struct op *op, struct page *pg, const char *what);
+
+/* Moves every op of q to the run queue: they run again at the loop's next ops_poll(). */
+void ops_wake(struct broker *b, struct waitq *q);
+
+/* store.c's hook: page pg changed state; its waiters run again. */
+void ops_page_changed(void *arg, struct page *pg);
+
+/* xfer.c: a copy of a heap op finished (op->cqe.res set): completes and frees it. */
+void ops_complete(struct broker *b, struct op *op);
+
+/* session.c: its session died; its parked ops complete (cancelled) now. */
+void ops_session_dead(struct broker *b, struct session *s);
+
+/* Drops every lease a session holds (client gone). */
+void ops_release_all(struct broker *b, struct session *s);
+
+static inline void waitq_init(struct waitq *q)
+{
+	list_init(&q->ops);
+}
+
+#endif /* KVB_BROKER_OPS_H */

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: MIT
+/*
+ * rounds.c - what the broker does in each loop round and around each sleep: the hooks main.c
+ * hands the loop (loop.h), so that loop.c stays a leaf that knows no subsystem.
+ *
+ * A round: completed copies (they complete ops), woken ops (the request engine's one resume
+ * path), one turn of every session (fair rounds, ops.h), then the disk ring (submissions and
+ * completions; they count as work: parked ops ran, new I/O may follow). Before a sleep: every
+ * SQ announces it (NEED_WAKEUP) and busy copy engines arm their completion eventfds. After each
+ * epoll batch: handshake and idle expiry, the graveyard, watermark eviction, the metrics
+ * snapshot. Loop thread only.
+ */
+#include "broker.h"
+#include "metrics_http.h"
+
+#define EVICT_BATCH 256	  /* pages per watermark round */
+#define EXPIRE_EVERY 0.25 /* seconds between expiry checks while busy */
+
+static uint32_t broker_poll(void *arg)
+{
+	struct broker *b = arg;
+	uint32_t work = xfer_poll(b);
+
+	work += ops_poll(b);
+	work += session_poll_all(b);
+	return work + tier_poll(b);
+}
+
+static int broker_prepare_sleep(void *arg)
+{
+	struct broker *b = arg;
+	int timeout = session_prepare_sleep(b);
+
+	if (timeout > 0)
+		xfer_arm(b);
+	return timeout;
+}
+
+static void broker_wake(void *arg)
+{
+	session_wake_all(arg);
+}
+
+static void broker_tick(void *arg, int slept)
+{
+	struct broker *b = arg;
+	double now = clock_now();
+
+	if (slept || now - b->expired_at >= EXPIRE_EVERY) {
+		session_expire(b, now);
+		b->expired_at = now;
+	}
+	session_reap(b);
+	store_evict_watermark(&b->store, EVICT_BATCH);
+	if (b->metrics)
+		metrics_http_tick(b);
+}
+
+void rounds_hooks(struct broker *b, struct loop_hooks *h)
+{
+	*h = (struct loop_hooks){.poll = broker_poll,
+				 .prepare_sleep = broker_prepare_sleep,
+				 .wake = broker_wake,
+				 .tick = broker_tick,
+				 .arg = b};
+}

@@ -1,0 +1,536 @@
+// SPDX-License-Identifier: MIT
+/*
+ * test_tier.c - the NVMe tier's policy (broker/tier.c) over an in-memory disk: disk_open,
+ * disk_prep, disk_submit, disk_reap, disk_space and disk_close are wrapped (-Wl,--wrap) so
+ * that every I/O lands in a memory image the test can read, corrupt and hold back, with the
+ * real store, pool and request engine on top (session_complete() wrapped to record
+ * completions):
+ *
+ *   - demotion then promotion, byte-exact, through GETs of the request engine;
+ *   - joined and parked promotions: two GETs and a PUT of one key while its read is held in
+ *     flight all wait on the promotion's page and complete at its commit (the PUT EXISTED:
+ *     the regression of a PUT that hung on a promoted page); with a queue depth of one, a
+ *     second key's promotion waits for disk-queue room and then goes;
+ *   - a crc mismatch: the read is aborted, the waiters miss, the disk copy is forgotten;
+ *   - the log wraps: the oldest slots are dropped, the newest still promote;
+ *   - warm restart: a slot that straddles two 32 MiB scan regions is found whole.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "broker.h"
+#include "disk.h"
+#include "slot.h"
+#include "tier.h"
+
+#define MiB (1ull << 20)
+#define KiB 1024ull
+#define MAXIO 1024
+
+/* ---- the in-memory disk ---- */
+
+struct fio {
+	int write;
+	uint32_t pi;
+	uint64_t off;
+	void *mem;
+	uint32_t len;
+	uint64_t ud;
+};
+
+static struct {
+	uint8_t *img[2];
+	uint64_t bytes[2];
+	uint32_t npaths;
+	int warm; /* the next disk_open finds matching superblocks */
+	int hold; /* completions stay in flight */
+	uint32_t qd;
+	struct fio pend[MAXIO], fly[MAXIO];
+	uint32_t npend, nfly;
+} D;
+
+int __wrap_disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p,
+		     uint64_t slab_bytes, uint32_t nhdrs);
+int __wrap_disk_open(struct disk *d, const struct disk_cfg *c, const struct pool *p,
+		     uint64_t slab_bytes, uint32_t nhdrs)
+{
+	(void)slab_bytes;
+	memset(d, 0, sizeof(*d));
+	d->npaths = D.npaths;
+	for (uint32_t i = 0; i < D.npaths; i++) {
+		snprintf(d->path[i].name, sizeof(d->path[i].name), "mem%u", i);
+		d->path[i].bytes = d->path[i].eof = D.bytes[i];
+		d->path[i].fd = -1;
+	}
+	memset(d->cache_id, 0x42, sizeof(d->cache_id));
+	d->warm = D.warm;
+	d->direct = 1;
+	d->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	d->qd = c->qd;
+	d->pool = p;
+	d->hdrs = aligned_alloc(SLOT_BLOCK, (size_t)nhdrs * SLOT_BLOCK);
+	d->nhdrs = nhdrs;
+	D.qd = c->qd;
+	D.npend = D.nfly = 0;
+	return d->efd < 0 || !d->hdrs ? -ENOMEM : 0;
+}
+
+void __wrap_disk_close(struct disk *d);
+void __wrap_disk_close(struct disk *d)
+{
+	assert_int_equal(D.nfly + D.npend, 0);
+	close(d->efd);
+	free(d->hdrs);
+}
+
+int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, uint32_t len,
+		     uint64_t ud, unsigned flags);
+int __wrap_disk_prep(struct disk *d, int write, uint32_t pi, uint64_t off, void *mem, uint32_t len,
+		     uint64_t ud, unsigned flags)
+{
+	(void)d;
+	(void)flags; /* the payload write and its header are done in order: link or not */
+	if (D.npend >= D.qd)
+		return -EBUSY;
+	assert_true(pi < D.npaths && off + len <= D.bytes[pi]);
+	D.pend[D.npend++] = (struct fio){write, pi, off, mem, len, ud};
+	return 0;
+}
+
+uint32_t __wrap_disk_space(struct disk *d);
+uint32_t __wrap_disk_space(struct disk *d)
+{
+	(void)d;
+	return D.qd - D.npend;
+}
+
+int __wrap_disk_submit(struct disk *d);
+int __wrap_disk_submit(struct disk *d)
+{
+	(void)d;
+	assert_true(D.nfly + D.npend <= MAXIO);
+	memcpy(D.fly + D.nfly, D.pend, D.npend * sizeof(D.pend[0]));
+	D.nfly += D.npend;
+	D.npend = 0;
+	return 0;
+}
+
+uint32_t __wrap_disk_reap(struct disk *d, uint32_t max, int wait,
+			  void (*fn)(void *arg, uint64_t ud, int32_t res), void *arg);
+uint32_t __wrap_disk_reap(struct disk *d, uint32_t max, int wait,
+			  void (*fn)(void *arg, uint64_t ud, int32_t res), void *arg)
+{
+	uint32_t n = 0;
+
+	(void)d;
+	(void)wait; /* nothing blocks here: what is in flight completes now */
+	while (!D.hold && n < max && D.nfly) {
+		struct fio io = D.fly[0];
+
+		memmove(D.fly, D.fly + 1, --D.nfly * sizeof(D.fly[0]));
+		if (io.write)
+			memcpy(D.img[io.pi] + io.off, io.mem, io.len);
+		else
+			memcpy(io.mem, D.img[io.pi] + io.off, io.len);
+		fn(arg, io.ud, (int32_t)io.len);
+		n++;
+	}
+	return n;
+}
+
+void __wrap_disk_ack_event(struct disk *d);
+void __wrap_disk_ack_event(struct disk *d)
+{
+	(void)d;
+}
+
+/* ---- completions ---- */
+
+static struct kvb_cqe done[256];
+static uint32_t ndone;
+
+void __wrap_session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe);
+void __wrap_session_complete(struct broker *b, struct session *s, const struct kvb_cqe *cqe)
+{
+	(void)b;
+	s->inflight--;
+	assert_true(ndone < 256);
+	done[ndone++] = *cqe;
+}
+
+/* ---- fixture: a broker with an 8 MiB pool, a tier over the memory disk, one session ---- */
+
+static struct {
+	struct broker b;
+	struct session *s;
+	struct ns *n;
+	uint64_t pb;
+	uint8_t *mem; /* the session's buffer 0: 4 pages */
+	char name[64];
+} F;
+
+static int inline_submit(struct copy_engine *e, struct copy_job *j)
+{
+	(void)e;
+	for (uint32_t i = 0; i < j->nsegs; i++)
+		memcpy(j->segs[i].dst, j->segs[i].src, j->segs[i].len);
+	j->res = 0;
+	return COPY_DONE;
+}
+
+static struct copy_engine inline_engine = {.name = "inline", .efd = -1, .submit = inline_submit};
+
+static void start(uint64_t page, uint64_t disk, uint32_t qd)
+{
+	struct disk_cfg dc = {.paths = "mem0", .size = disk, .qd = qd};
+	struct kvb_layout l;
+
+	memset(&F.b, 0, sizeof(F.b));
+	ndone = 0;
+	snprintf(F.name, sizeof(F.name), "/kvb-test-tier-%d", (int)getpid());
+	assert_int_equal(pool_open(&F.b.pool, F.name, 8 * MiB, 1), 0);
+	assert_int_equal(store_init(&F.b.store, &F.b.pool, MiB, 1.0, 1.0), 0);
+	ops_init(&F.b);
+	list_init(&F.b.sessions);
+	list_init(&F.b.graveyard);
+	F.b.cfg.slab_bytes = MiB;
+	F.b.cfg.max_leases = 64;
+	F.b.copy = &inline_engine;
+	F.b.loop.epfd = epoll_create1(EPOLL_CLOEXEC);
+	assert_true(F.b.loop.epfd >= 0);
+	if (!D.img[0]) {
+		D.npaths = 1;
+		D.bytes[0] = disk;
+		D.img[0] = calloc(1, disk);
+		assert_non_null(D.img[0]);
+	}
+	assert_int_equal(tier_open(&F.b, &dc), 0);
+	memset(&l, 0, sizeof(l));
+	strcpy(l.model, "test/tier");
+	l.kind = KVB_LAYOUT_MLA;
+	l.tokens_per_page = 16;
+	l.tp_size = 1;
+	l.ncomponents = 1;
+	strcpy(l.comp[0].name, "kv");
+	l.comp[0].num_layers = 1;
+	l.comp[0].bytes_per_token_layer = (uint32_t)(page / 16);
+	assert_int_equal(ns_open(&F.b.nst, &F.b.store, &l, 0, &F.n), 0);
+	F.pb = page;
+	F.s = calloc(1, sizeof(*F.s));
+	assert_non_null(F.s);
+	session_init(&F.b, F.s);
+	F.s->ns_opened[F.n->id / 8] |= (uint8_t)(1u << (F.n->id % 8));
+	F.mem = calloc(4, page);
+	assert_non_null(F.mem);
+	F.s->bufs[0] = (struct sbuf){.base = F.mem, .len = 4 * page, .dev = COPY_HOST};
+}
+
+static void stop(int keep_image)
+{
+	assert_int_equal(F.b.ops_parked, 0);
+	tier_close(&F.b);
+	assert_int_equal(F.s->nops, 0);
+	free(F.s);
+	free(F.mem);
+	ns_table_fini(&F.b.nst);
+	store_fini(&F.b.store);
+	pool_close(&F.b.pool);
+	close(F.b.loop.epfd);
+	if (!keep_image) {
+		free(D.img[0]);
+		D.img[0] = NULL;
+		D.warm = 0;
+	}
+}
+
+static kvb_key key_of(uint32_t i)
+{
+	kvb_key k;
+
+	memset(&k, 0, sizeof(k));
+	memcpy(k.b, &i, sizeof(i));
+	k.b[31] = 0x33;
+	return k;
+}
+
+static uint8_t byte_of(uint32_t key, uint64_t off)
+{
+	return (uint8_t)(key * 131 + off * 7 + (off >> 12));
+}
+
+/* Stores page `key` straight into the store (READY, dirty). */
+static void store_page(uint32_t key)
+{
+	kvb_key k = key_of(key);
+	struct page *pg;
+	uint8_t *a;
+
+	assert_int_equal(store_alloc(&F.b.store, F.n->cls, F.n->id, &k, &pg), 0);
+	a = store_addr(&F.b.store, pg);
+	for (uint64_t o = 0; o < F.pb; o++)
+		a[o] = byte_of(key, o);
+	store_commit(&F.b.store, pg);
+}
+
+/* Demotes every READY page and lets the writes land: they leave RAM. */
+static void demote_all(void)
+{
+	uint64_t hi = F.b.store.high_bytes, lo = F.b.store.low_bytes;
+
+	F.b.store.high_bytes = F.b.store.low_bytes = 0;
+	for (int i = 0; i < 1000; i++) {
+		uint32_t n = store_evict_watermark(&F.b.store, 256);
+
+		if (!n && !tier_poll(&F.b) && !D.nfly && !D.npend)
+			break;
+		tier_poll(&F.b);
+	}
+	F.b.store.high_bytes = hi;
+	F.b.store.low_bytes = lo;
+}
+
+static double tstat(const char *field)
+{
+	cJSON *o = tier_json(&F.b);
+	double v = cJSON_GetNumberValue(cJSON_GetObjectItem(o, field));
+
+	cJSON_Delete(o);
+	return v;
+}
+
+static int in_ram(uint32_t key)
+{
+	kvb_key k = key_of(key);
+	struct page *pg = store_find(&F.b.store, F.n->id, &k);
+
+	return pg && pg->state == PAGE_READY;
+}
+
+static int submit(uint8_t opc, uint32_t key, uint32_t slot, uint64_t ud)
+{
+	struct kvb_sqe q;
+	struct kvb_cqe c;
+	kvb_key k = key_of(key);
+	uint64_t w;
+	int r;
+
+	memset(&q, 0, sizeof(q));
+	q.opcode = opc;
+	q.ns = F.n->id;
+	q.user_data = ud;
+	memcpy(q.key, k.b, 32);
+	q.off = (uint64_t)slot * F.pb;
+	r = ops_submit(&F.b, F.s, &q, &c, &w);
+	if (r == OPS_DEFERRED) {
+		F.s->inflight++;
+		return 1;
+	}
+	assert_true(ndone < 256);
+	done[ndone++] = c;
+	return 0;
+}
+
+/* Runs the loop's disk and engine steps until nothing moves. */
+static void settle(void)
+{
+	for (int i = 0; i < 100; i++)
+		if (!tier_poll(&F.b) + !ops_poll(&F.b) == 2)
+			break;
+}
+
+static void check_slot(uint32_t slot, uint32_t key)
+{
+	for (uint64_t o = 0; o < F.pb; o++)
+		assert_int_equal(F.mem[slot * F.pb + o], byte_of(key, o));
+}
+
+static const struct kvb_cqe *cqe_of(uint64_t ud)
+{
+	for (uint32_t i = 0; i < ndone; i++)
+		if (done[i].user_data == ud)
+			return &done[i];
+	fail_msg("no completion for %llu", (unsigned long long)ud);
+	return NULL;
+}
+
+/* ---- tests ---- */
+
+static void test_tier_demote_then_promote(void **state)
+{
+	(void)state;
+	start(64 * KiB, 16 * MiB, 8);
+	for (uint32_t i = 0; i < 8; i++)
+		store_page(i);
+	demote_all();
+	assert_int_equal(tstat("demotions"), 8);
+	assert_int_equal(tstat("pages"), 8);
+	assert_false(in_ram(3));
+	assert_int_equal(submit(KVB_OP_GET, 3, 0, 1), 1); /* parked on its promotion */
+	assert_int_equal(F.b.ops_parked, 1);
+	settle();
+	assert_int_equal(cqe_of(1)->res, (int)F.pb);
+	check_slot(0, 3);
+	assert_true(in_ram(3));
+	assert_int_equal(tstat("promotions"), 1);
+	assert_int_equal(F.b.ctr.gets, 1);
+	assert_int_equal(F.b.ctr.hits, 1);
+	/* RAM first: a GET of the page now in RAM leaves the disk index alone. */
+	{
+		double probes = tstat("index_lookups");
+
+		assert_int_equal(submit(KVB_OP_GET, 3, 1, 2), 0);
+		assert_int_equal(cqe_of(2)->res, (int)F.pb);
+		assert_int_equal(tstat("index_lookups"), probes);
+	}
+	stop(0);
+}
+
+static void test_tier_joined_and_parked_promotions(void **state)
+{
+	(void)state;
+	start(64 * KiB, 16 * MiB, 1);
+	for (uint32_t i = 0; i < 4; i++)
+		store_page(i);
+	demote_all();
+	D.hold = 1;
+	assert_int_equal(submit(KVB_OP_GET, 1, 0, 10), 1);	/* issues the read */
+	assert_int_equal(submit(KVB_OP_GET, 1, 1, 11), 1);	/* joins it */
+	assert_int_equal(submit(KVB_OP_PREFETCH, 1, 0, 12), 1); /* joins it */
+	for (uint64_t o = 0; o < F.pb; o++)
+		F.mem[3 * F.pb + o] = byte_of(1, o);
+	assert_int_equal(submit(KVB_OP_PUT, 1, 3, 13), 1); /* waits for the promoted page */
+	assert_int_equal(submit(KVB_OP_GET, 2, 2, 14), 1); /* queue depth 1: waits for room */
+	assert_int_equal(F.b.ops_parked, 5);
+	assert_int_equal(tstat("joined"), 2);
+	assert_int_equal(tstat("parked"), 1);
+	assert_int_equal(ndone, 0);
+	D.hold = 0;
+	settle();
+	assert_int_equal(ndone, 5);
+	assert_int_equal(cqe_of(10)->res, (int)F.pb);
+	assert_int_equal(cqe_of(11)->res, (int)F.pb);
+	assert_int_equal(cqe_of(12)->res, 0);
+	assert_int_equal(cqe_of(13)->res, 0);
+	assert_true(cqe_of(13)->flags & KVB_CQEF_EXISTED);
+	assert_int_equal(cqe_of(14)->res, (int)F.pb);
+	check_slot(0, 1);
+	check_slot(1, 1);
+	check_slot(2, 2);
+	assert_int_equal(tstat("promotions"), 2);
+	assert_int_equal(tstat("reads"), 2);
+	assert_int_equal(F.b.ctr.puts, 1);
+	assert_int_equal(F.b.ctr.dedup, 1);
+	assert_int_equal(F.b.ctr.gets, 3);
+	stop(0);
+}
+
+static void test_tier_crc_mismatch_misses(void **state)
+{
+	(void)state;
+	start(64 * KiB, 16 * MiB, 8);
+	store_page(5);
+	demote_all();
+	/* Its payload follows its header block at the log's start. */
+	D.img[0][SLOT_DATA_OFF + SLOT_BLOCK + 100] ^= 0x01;
+	assert_int_equal(submit(KVB_OP_GET, 5, 0, 1), 1);
+	assert_int_equal(submit(KVB_OP_PUT, 5, 1, 2), 1); /* waits on the promotion */
+	settle();
+	assert_int_equal(cqe_of(1)->res, -ENOENT);
+	/* The PUT ran again once the promotion was aborted, and stored the page itself. */
+	assert_int_equal(cqe_of(2)->res, 0);
+	assert_false(cqe_of(2)->flags & KVB_CQEF_EXISTED);
+	assert_int_equal(tstat("corrupt"), 1);
+	assert_int_equal(F.b.ctr.misses, 1);
+	{
+		kvb_key k = key_of(5);
+
+		assert_false(tier_has(&F.b, F.n, &k)); /* a copy that cannot be read is no copy */
+		assert_true(in_ram(5));
+	}
+	stop(0);
+}
+
+static void test_tier_log_wraps(void **state)
+{
+	uint64_t stride = slot_stride(64 * KiB), room = 2 * MiB - SLOT_DATA_OFF;
+	uint32_t fit = (uint32_t)(room / stride), n = fit + 6;
+
+	(void)state;
+	/* A 2 MiB path: 1 MiB of superblock, room for `fit` slots after it. */
+	start(64 * KiB, 2 * MiB, 8);
+	for (uint32_t i = 0; i < n; i += 4) {
+		for (uint32_t j = i; j < i + 4 && j < n; j++)
+			store_page(j);
+		demote_all();
+	}
+	assert_int_equal(tstat("demotions"), n);
+	assert_true(tstat("dropped") >= 6);
+	assert_true(tstat("pages") <= fit);
+	/* The oldest went first; the newest are there. */
+	assert_int_equal(submit(KVB_OP_GET, 0, 0, 1), 0);
+	assert_int_equal(cqe_of(1)->res, -ENOENT);
+	assert_int_equal(submit(KVB_OP_GET, n - 1, 1, 2), 1);
+	settle();
+	assert_int_equal(cqe_of(2)->res, (int)F.pb);
+	check_slot(1, n - 1);
+	stop(0);
+}
+
+static void test_tier_scan_slot_straddles_regions(void **state)
+{
+	uint64_t page = 256 * KiB, stride = slot_stride(page);
+	/*
+	 * Slots follow one another from SLOT_DATA_OFF, and the scan reads 32 MiB regions from
+	 * there: slot `cross` starts in the first region and ends in the second.
+	 */
+	uint32_t cross = (uint32_t)((32 * MiB) / stride), n = cross + 4;
+
+	(void)state;
+	assert_true(cross * stride < 32 * MiB && (cross + 1) * stride > 32 * MiB);
+	start(page, 48 * MiB, 8);
+	for (uint32_t i = 0; i < n; i += 8) {
+		for (uint32_t j = i; j < i + 8 && j < n; j++)
+			store_page(j);
+		demote_all();
+	}
+	assert_int_equal(tstat("demotions"), n);
+	stop(1);
+
+	D.warm = 1;
+	start(page, 48 * MiB, 8);
+	assert_int_equal(tstat("pages"), n);
+	assert_int_equal(tstat("torn"), 0);
+	assert_int_equal(tstat("corrupt"), 0);
+	assert_int_equal(submit(KVB_OP_GET, cross, 0, 1), 1);
+	assert_int_equal(submit(KVB_OP_GET, n - 1, 1, 2), 1);
+	settle();
+	assert_int_equal(cqe_of(1)->res, (int)page);
+	assert_int_equal(cqe_of(2)->res, (int)page);
+	check_slot(0, cross);
+	check_slot(1, n - 1);
+	stop(0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tier_demote_then_promote),
+		cmocka_unit_test(test_tier_joined_and_parked_promotions),
+		cmocka_unit_test(test_tier_crc_mismatch_misses),
+		cmocka_unit_test(test_tier_log_wraps),
+		cmocka_unit_test(test_tier_scan_slot_straddles_regions),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
