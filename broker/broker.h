@@ -63,6 +63,7 @@ struct config {
 	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
 	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
 	int free_pool;		 /* --free-pool: free a kept pool and exit */
+	int takeover;		 /* --takeover: the running broker hands its pool over */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -204,6 +205,8 @@ struct broker {
 		uint64_t adopted_pages, adopt_torn;
 	} startup;
 	int keeper; /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
+	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */

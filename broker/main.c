@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "broker.h"
@@ -120,10 +121,17 @@ static void usage(FILE *f)
 		"  --free-pool            free the pool a dead broker on --socket left with its\n"
 		"                         keeper, without starting a broker, and exit (also:\n"
 		"                         rm <socket>.keep, or kill the keeper)\n"
+		"  --takeover             planned hand-over (an upgrade, new flags): when a\n"
+		"                         broker runs on --socket, send it SIGUSR2 and take its\n"
+		"                         place: it stops taking work, lets its copies finish,\n"
+		"                         and exits leaving its pool to the keeper; this broker\n"
+		"                         then adopts the pool and listens. Clients reconnect\n"
+		"                         by themselves (include/kvbroker.h)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
-		"Signals: SIGTERM or SIGINT drains and exits 0 (freeing the pool); SIGHUP is logged.\n"
+		"Signals: SIGTERM or SIGINT drains and exits 0 (freeing the pool); SIGUSR2 hands\n"
+		"the pool over (exits 0 keeping it for the next broker); SIGHUP is logged.\n"
 		"The broker listens only once its pool is ready; meanwhile \"<socket>.lock\"\n"
 		"is held, and clients get -EAGAIN (starting).\n");
 }
@@ -202,7 +210,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXCTL,
 		O_CTLIDLE,
 		O_NO_KEEP,
-		O_FREE_POOL
+		O_FREE_POOL,
+		O_TAKEOVER
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -241,6 +250,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"control-idle", required_argument, NULL, O_CTLIDLE},
 		{"no-pool-keep", no_argument, NULL, O_NO_KEEP},
 		{"free-pool", no_argument, NULL, O_FREE_POOL},
+		{"takeover", no_argument, NULL, O_TAKEOVER},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -441,6 +451,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_FREE_POOL:
 			c->free_pool = 1;
 			break;
+		case O_TAKEOVER:
+			c->takeover = 1;
+			break;
 		case O_HELP:
 		case 'h':
 			usage(stdout);
@@ -553,6 +566,19 @@ static void on_signal(void *arg)
 			log_info("SIGHUP: logs go to stderr, nothing to reopen");
 			continue;
 		}
+		if (si.ssi_signo == SIGUSR2) {
+			if (!b->keeper) {
+				log_warn("SIGUSR2 from pid %u: no keeper holds the pool "
+					 "(--no-pool-keep): nothing to hand over, running on",
+					 si.ssi_pid);
+				continue;
+			}
+			/* [handover] Exit keeping the pool: the keeper passes it on. */
+			log_info("SIGUSR2 from pid %u: handing the pool over", si.ssi_pid);
+			b->handover = 1;
+			b->loop.stop = 1;
+			continue;
+		}
 		log_info("signal %u from pid %u: draining and exiting", si.ssi_signo, si.ssi_pid);
 		b->loop.stop = 1;
 	}
@@ -587,6 +613,7 @@ static int setup_signals(void)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR2);
 	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
 		return -errno;
 	return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -734,6 +761,22 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+	if (b.lock_fd == -EBUSY && b.cfg.takeover && owner > 0 && !b.cfg.free_pool) {
+		/* [handover] The running broker drains and exits; its lock goes last. */
+		double t0 = clock_now();
+
+		log_info("takeover: asking kvbrokerd pid %d to hand its pool over", (int)owner);
+		if (kill(owner, SIGUSR2) < 0)
+			log_warn("takeover: pid %d: %s", (int)owner, strerror(errno));
+		while (b.lock_fd == -EBUSY && clock_now() - t0 < 60) {
+			struct timespec ts = {0, 1000000};
+
+			nanosleep(&ts, NULL);
+			b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+		}
+		b.handover_wait_s = clock_now() - t0;
+		log_info("takeover: the old broker was gone after %.3f s", b.handover_wait_s);
+	}
 	if (b.lock_fd < 0) {
 		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,
 			  strerror(-b.lock_fd),
@@ -859,8 +902,11 @@ out_store:
 	ns_table_fini(&b.nst);
 	store_fini(&b.store);
 out_pool:
-	/* [keep] A clean exit (or a failed start) frees the pool: only a crash leaves it. */
-	if (b.keeper && keeper_free(b.cfg.socket_path))
+	/* [keep] A clean exit (or a failed start) frees the pool: only a crash or a hand-over
+	 * leaves it. */
+	if (b.handover)
+		log_info("handed over: the pool stays with its keeper for the next broker");
+	else if (b.keeper && keeper_free(b.cfg.socket_path))
 		log_warn("pool keeper of %s did not answer: free it with --free-pool",
 			 b.cfg.socket_path);
 	pool_close(&b.pool);

@@ -84,6 +84,7 @@ struct kvb_layout {
 /* kvb_opts.flags */
 #define KVB_CONNECT_CONTROL (1u << 0)	/* tools: no rings, no pool; only kvb_stats_json works */
 #define KVB_CONNECT_NUMA_NODE (1u << 1) /* numa_node is set */
+#define KVB_CONNECT_NO_RECONNECT (1u << 2) /* stay -ECONNRESET once the broker is gone */
 
 /*
  * Placement: the broker keeps one pool arena per NUMA node and puts a client's new pages in the
@@ -102,7 +103,10 @@ struct kvb_opts {
 	uint32_t flags;		 /* KVB_CONNECT_* */
 	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
 				    (>= 0); 0 without it */
-	uint32_t resv[3];	 /* must be 0 */
+	uint32_t reconnect_ms;	 /* while the broker is away, a call tries to reconnect for
+				    up to this long before it returns -ECONNRESET; 0: fail at
+				    once (see "Broker restarts" below) */
+	uint32_t resv[2];	 /* must be 0 */
 };
 
 /* A pinned, read-only, zero-copy view of a RAM-resident page. */
