@@ -12,9 +12,9 @@
  * threads that submit. Functions named *_locked expect the lock held; so do all kvbc_*
  * functions that take a client. Only kvb_key_chain(), kvb_key_chain_eagle(), kvb_version() and
  * kvb_strerror() are lock-free (they touch no client). kvb_close() waits for a call in progress,
- * then makes the client fatal (-ESHUTDOWN) and wakes every thread asleep in kvb_reap(); it
- * frees the client only once nreapers is 0. A call started after kvb_close() returned is the
- * caller's bug.
+ * then makes the client fatal (-ESHUTDOWN) and wakes every thread asleep in kvb_reap(); it frees
+ * the client only once nreapers is 0. A call started after kvb_close() returned is the caller's
+ * bug.
  *
  * Fatal state: once the broker is gone (socket hang-up) or has broken the ring protocol,
  * c->fatal holds -ECONNRESET or -EPROTO and every later call returns it at once; -ESHUTDOWN

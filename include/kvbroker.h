@@ -470,10 +470,10 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
  * (-1: no limit). Completions may arrive out of submission order (a PUT or GET whose copy runs
  * asynchronously in the broker, e.g. into GPU memory, completes later): match by user_data.
  * A PUT of a key whose PUT is still copying waits for it and completes with KVB_CQEF_EXISTED.
- * Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, -ECONNRESET when
- * the broker went away, or -ESHUTDOWN when another thread called kvb_close() meanwhile (then
- * this thread must not touch the client again). With a kvb_completion_fd(), the call that
- * leaves nothing to reap re-arms that fd.
+ * Returns the count reaped, -ETIMEDOUT when fewer than min arrived in time, -ECONNRESET when the
+ * broker went away, or -ESHUTDOWN when another thread called kvb_close() meanwhile (then this
+ * thread must not touch the client again). With a kvb_completion_fd(), the call that leaves
+ * nothing to reap re-arms that fd.
  */
 int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, int timeout_ms);
 

@@ -228,7 +228,7 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 		if (s->bufs[i].base == MAP_FAILED)
 			fuzz_fail("mmap buf");
 		s->bufs[i].len = FUZZ_BUF_LEN;
-		/* Host memory: without it the buffer reads as GPU 0 and is never unmapped. */
+		/* Host memory, as buf_reg() registers it: 0 would be CUDA device 0. */
 		s->bufs[i].dev = COPY_HOST;
 		s->buf_bytes += FUZZ_BUF_LEN;
 	}
