@@ -61,6 +61,9 @@ struct config {
 	gid_t group;
 	int has_group;
 	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
+	int free_pool;		 /* --free-pool: free a kept pool and exit */
+	int takeover;		 /* --takeover: the running broker hands its pool over */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -198,7 +201,12 @@ struct broker {
 		double prefault_s; /* every page allocated and mapped */
 		double pin_s;	   /* registered with the GPU driver */
 		double ready_s;	   /* from start to listening, everything included */
+		double adopt_s;	   /* a kept pool's index rebuilt (adopt.c), 0 cold */
+		uint64_t adopted_pages, adopt_torn;
 	} startup;
+	int keeper; /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
+	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */
@@ -295,6 +303,9 @@ uint64_t stats_dedup_bytes(const struct broker *b);
 void stats_client_json(struct cJSON *o, const struct session *s);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
+
+/* adopt.c: rebuilds namespaces and store from an adopted pool's side table (pagehdr.c). */
+int adopt_pool(struct broker *b);
 
 /* rounds.c: the loop's hooks for this broker (main.c). */
 void rounds_hooks(struct broker *b, struct loop_hooks *h);

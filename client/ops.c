@@ -103,15 +103,24 @@ int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_
 		err = -EPROTO;
 		goto out_reply;
 	}
-	if (!kvbc_ns_find(c, rep.ns)) {
-		c->ns[c->nns++] = (struct kvbc_ns){
-			.id = rep.ns,
-			.nparts = kvb_layout_parts(l),
-			.tpp = l->tokens_per_page,
-			.page_bytes = pb,
-		};
+	{
+		uint32_t cid = kvbc_ns_cid(c, rep.ns);
+
+		if (!kvbc_ns_find(c, cid)) {
+			struct kvbc_ns *n = &c->ns[c->nns++];
+
+			*n = (struct kvbc_ns){
+				.id = cid,
+				.bid = rep.ns,
+				.nparts = kvb_layout_parts(l),
+				.tpp = l->tokens_per_page,
+				.page_bytes = pb,
+				.mlen = (uint32_t)mlen,
+			};
+			memcpy(n->msg, msg, mlen); /* [RECONNECT] opened again from this */
+		}
+		*ns = cid;
 	}
-	*ns = rep.ns;
 	if (page_bytes)
 		*page_bytes = (size_t)pb;
 	err = 0;
@@ -384,6 +393,7 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 		return err;
 	err = acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
+		c->leases++;
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
 		lease->id = id;
@@ -402,10 +412,19 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	err = kvbc_enter(c);
 	if (err)
 		return err;
+	if (kvbc_lease_retired(c, lease->data)) {
+		/* [RECONNECT] a lease of the broker that went: nothing to tell the new one. */
+		lease->data = NULL;
+		lease->len = 0;
+		kvbc_leave(c);
+		return 0;
+	}
 	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
 	sqe.off = lease->id;
 	err = run(c, &sqe, NULL);
 	if (err >= 0) {
+		if (c->leases)
+			c->leases--;
 		/* The page may be evicted and its slot reused now: make a stale read fault loudly. */
 		lease->data = NULL;
 		lease->len = 0;

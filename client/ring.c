@@ -71,9 +71,16 @@ static int set_fatal(struct kvb_client *c, int err)
 {
 	if (!c->fatal) {
 		c->fatal = err;
+		/* [RECONNECT] no CQE will come for what is in flight: it fails now. */
+		kvbc_fail_inflight(c, err);
 		pthread_cond_broadcast(&c->reaped); /* waiting reapers must see it */
 	}
 	return c->fatal;
+}
+
+int kvbc_lost(struct kvb_client *c, int err)
+{
+	return set_fatal(c, err);
 }
 
 static kvb_atomic_u32 *region_word(struct kvb_client *c, uint32_t off)
@@ -154,6 +161,31 @@ static void slot_put(struct kvb_client *c, uint32_t idx)
 static uint64_t slot_token(const struct kvb_client *c, uint32_t idx)
 {
 	return (uint64_t)c->slots[idx].gen << 32 | idx;
+}
+
+void kvbc_fail_inflight(struct kvb_client *c, int err)
+{
+	int queued = 0;
+
+	for (uint32_t i = 0; i < c->nslots; i++) {
+		struct kvbc_slot *s = &c->slots[i];
+
+		if (s->kind == KVBC_SLOT_DISCARD) {
+			slot_put(c, i);
+		} else if (s->kind == KVBC_SLOT_ASYNC && !s->done) {
+			memset(&s->cqe, 0, sizeof(s->cqe));
+			s->cqe.res = err;
+			s->done = 1;
+			c->doneq[c->doneq_tail++ & (c->nslots - 1)] = i;
+			queued = 1;
+		}
+	}
+	if (queued && c->cfd_on && !c->note_set) {
+		uint64_t one = 1;
+
+		(void)!write(c->note_efd, &one, sizeof(one));
+		c->note_set = 1;
+	}
 }
 
 /* ---- completions ---- */
@@ -423,6 +455,7 @@ static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind
 {
 	uint32_t idx = slot_get(c, kind, sqe->opcode, sqe->ns);
 
+	kvbc_sqe_ids(c, sqe); /* the slot keeps the caller's namespace id */
 	sqe->user_data = slot_token(c, idx);
 	memcpy(kvb_ring_prod_slot(&c->sq, 0), sqe, sizeof(*sqe));
 	kvb_ring_publish(&c->sq, 1); /* [R1] release: the SQE is visible before the tail */
@@ -534,6 +567,7 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 		op_to_sqe(c, &ops[i], &sqe);
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
+		kvbc_sqe_ids(c, &sqe);
 		sqe.user_data = slot_token(c, idx);
 		memcpy(kvb_ring_prod_slot(&c->sq, (uint32_t)i), &sqe, sizeof(sqe));
 	}
@@ -561,6 +595,7 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 		const void *data;
 
 		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
+			c->leases++;
 			out->lease.data = data;
 			out->lease.len = (size_t)len;
 			out->lease.id = s->cqe.lease;
@@ -682,6 +717,30 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 
 	if ((max && !out) || min > max)
 		return -EINVAL;
+	if (!c)
+		return -EINVAL;
+	/*
+	 * [RECONNECT] Ops that were in flight when the broker went are completed with
+	 * -ECONNRESET: they are delivered before anything else, and the client reconnects only
+	 * once they all were (kvbc_enter).
+	 */
+	pthread_mutex_lock(&c->lock);
+	if (c->fatal == -ECONNRESET && c->doneq_tail != c->doneq_head) {
+		ready = c->doneq_tail - c->doneq_head;
+		if (ready > max)
+			ready = (uint32_t)max;
+		for (uint32_t i = 0; i < ready; i++)
+			deliver(c, c->doneq[c->doneq_head++ & (c->nslots - 1)], &out[i]);
+		if (c->doneq_tail == c->doneq_head && c->cfd_on && c->note_set) {
+			uint64_t v;
+
+			(void)!read(c->note_efd, &v, sizeof(v));
+			c->note_set = 0;
+		}
+		pthread_mutex_unlock(&c->lock);
+		return (int)ready;
+	}
+	pthread_mutex_unlock(&c->lock);
 	err = kvbc_enter(c);
 	if (err)
 		return err;
