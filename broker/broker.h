@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 
+#include "bg.h"
 #include "clock.h"
 #include "copy.h"
 #include "list.h"
@@ -173,6 +174,7 @@ struct broker {
 	struct ns_table nst;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
+	struct bg *bg;		  /* populates and unmaps clients' memory (bg.c); NULL: inline */
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;

@@ -328,6 +328,8 @@ static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t of
 	s->bufs[*id] = (struct sbuf){
 		.base = (uint8_t *)p + lead, .len = len, .lead = lead, .dev = COPY_HOST};
 	s->buf_bytes += maplen;
+	/* Our page tables for it, off the loop, before the first copies need them (bg.c). */
+	bg_populate(b->bg, p, maplen);
 	return 0;
 }
 

@@ -278,7 +278,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	ops_release_all(b, s);
 	if (s->region)
-		munmap(s->region, s->region_size);
+		bg_unmap(b->bg, s->region, s->region_size);
 	s->region = NULL;
 	if (s->sq_efd >= 0) {
 		/*
@@ -323,7 +323,8 @@ void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 		s->buf_bytes -= sb->len;
 		s->nfdbufs--;
 	} else if (sb->dev == COPY_HOST) {
-		munmap((uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
+		/* Off the loop: GiBs of page tables (and perhaps the memory) take tens of ms. */
+		bg_unmap(b->bg, (uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
 		s->buf_bytes -= sb->lead + sb->len;
 	} else {
 		gpu_map_put(b->gpu, sb->gm);

@@ -93,6 +93,7 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 	r = e ? e->submit(e, &op->job) : -ENODEV;
 	if (r == COPY_QUEUED) {
 		b->xs.queued_jobs++;
+		loop_hold_bytes(&b->loop, op->job.bytes); /* its completion comes back soon */
 		op->waits = op->dev == COPY_HOST ? "a host copy" : "a GPU copy";
 		return OPS_DEFERRED;
 	}

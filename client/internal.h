@@ -98,6 +98,7 @@ struct kvb_client {
 	uint32_t client_id;
 	uint32_t broker_minor; /* the broker's KVB_ABI_MINOR (what it understands) */
 	uint64_t spin_ns;      /* CQ spin before sleeping */
+	uint64_t expect_bytes; /* the page the broker copies for the sync op waited on (ring.c) */
 
 	/* Ring region (absent on a control-only client: region == NULL). */
 	void *region;

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastcopy.h"
 #include "internal.h"
 
 const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
@@ -192,11 +193,13 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		err = kvbc_staging_locked(c, len);
 		if (err)
 			goto out;
-		memcpy(c->staging.addr, src, len);
+		kvb_copy(c->staging.addr, src, len);
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
 	}
+	c->expect_bytes = len; /* the broker copies it (ring.c) */
 	err = run(c, &sqe, &flags);
+	c->expect_bytes = 0;
 	err = put_result(err, flags);
 out:
 	kvbc_leave(c);
@@ -271,7 +274,9 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
 		sqe.buf = b->id;
 		sqe.off = (uint64_t)((char *)dst - (char *)b->addr);
+		c->expect_bytes = n->page_bytes;
 		err = run(c, &sqe, NULL);
+		c->expect_bytes = 0;
 		if (err >= 0 && (uint64_t)err != n->page_bytes)
 			err = -EPROTO;
 		goto out;
@@ -279,7 +284,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	err = acquire_locked(c, n, &key, &data, &lease, 1);
 	if (err)
 		goto out;
-	memcpy(dst, data, n->page_bytes);
+	kvb_copy(dst, data, n->page_bytes);
 	release_deferred(c, lease, 1);
 	err = (int)n->page_bytes;
 out:

@@ -19,7 +19,11 @@
  *
  * Waiting (proto/ring.h, [W1]). A waiter spins on the CQ tail for spin_ns (30 us by default,
  * KVB_CLIENT_SPIN_US overrides), because a sleeping wake-up costs ~10 us on these machines
- * against ~0.5 us for a polled round trip. Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
+ * against ~0.5 us for a polled round trip, plus the time the broker's copy of the page takes
+ * at SPIN_COPY_BPS when the op is a GET or PUT the broker copies (expect_bytes): a 30 us spin
+ * ran out inside every 1 MiB copy, and each page paid a sleep and a wake-up. The spin yields
+ * the CPU every SPIN_YIELD_NS, so a broker sharing our CPU (or its copy worker) runs instead
+ * of waiting for our time slice to end. Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
  * and poll()s the cq eventfd and the control socket together, so a broker that dies while we
  * sleep is seen as a hang-up (-ECONNRESET) rather than an endless wait. The flag is ours (the
  * client owns the cq flags word) and is cleared when the last sleeper wakes, so that a polling
@@ -49,6 +53,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -58,6 +63,11 @@
 #include <unistd.h>
 
 #include "internal.h"
+
+/* The broker's copy rate a spin allows for (bytes per ns: 2 GB/s), and the most it adds. */
+#define SPIN_COPY_BPS_PER_NS 2
+#define SPIN_COPY_MAX_NS 5000000ull
+#define SPIN_YIELD_NS 2000
 
 static uint64_t now_ns(void)
 {
@@ -279,7 +289,9 @@ static int cq_nonempty(const struct kvb_client *c)
  */
 static int cq_spin(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t spin_end = now_ns() + c->spin_ns;
+	uint64_t now = now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
+	uint64_t next_yield = now + SPIN_YIELD_NS;
 
 	if (c->broker_waking)
 		return cq_nonempty(c);
@@ -290,8 +302,15 @@ static int cq_spin(const struct kvb_client *c, uint64_t deadline)
 			return 1;
 		kvb_cpu_relax();
 		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
-		if (!(i & 15) && now_ns() >= spin_end)
+		if (i & 15)
+			continue;
+		now = now_ns();
+		if (now >= spin_end)
 			return 0;
+		if (now >= next_yield) {
+			sched_yield();
+			next_yield = now + SPIN_YIELD_NS;
+		}
 	}
 }
 
