@@ -270,6 +270,13 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 		goto out;
 	}
 	b = kvbc_buf_find(c, dst, n->page_bytes);
+	/*
+	 * Large pages into a buffer we mapped ourselves: we copy them (a lease, as below), so
+	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
+	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
+	 */
+	if (b && !b->gpu && !b->foreign && n->page_bytes >= c->get_self_min)
+		b = NULL;
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
 		sqe.buf = b->id;
