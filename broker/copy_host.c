@@ -119,9 +119,9 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 	int file_write = j->fds && j->dir == COPY_FROM_POOL;
 
 	/*
-	 * Inline only when it is short in bytes and in segments: a view job of a million
+	 * Inline only when it is short in bytes and in segments (a view job of a million
 	 * one-byte segments is tens of milliseconds of memcpy calls, which would hold the loop
-	 * (and every other client) that long (t_fairness).
+	 * and every other client that long: t_fairness), and writes no client file.
 	 */
 	if (!h->nthreads ||
 	    (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS && !file_write)) {
