@@ -20,9 +20,11 @@
  * stream arrives only after it (a client copying 4 MiB out of its lease for ~0.5 ms, a worker's
  * copy completing). A 200 us window ran out inside every large page, and each page paid a
  * sleep and a wake-up (20 us quiet, 50-100 us loaded). An idle round yields the CPU
- * (sched_yield), so that a client sharing this CPU, or spinning on it while we poll, runs
+ * (sched_yield) when a client spins on this same CPU, so that it runs
  * rather than waits for our time slice to end: with client and broker pinned to one CPU, both
- * spinning turned a 64 KiB GET into milliseconds.
+ * spinning turned a 64 KiB GET into milliseconds. Only then (the share_cpu hook, the spinning
+ * hints of wire.h): on a loaded machine a yield hands the CPU to unrelated tasks for a time
+ * slice, which took t_fairness's p99 from ~5 to 20-40 ms.
  */
 #include <errno.h>
 #include <sched.h>
@@ -92,7 +94,8 @@ int loop_run(struct loop *l)
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((now = clock_now()) - last < l->window || now < l->hold_until) {
-			sched_yield();
+			if (l->h.share_cpu && l->h.share_cpu(l->h.arg))
+				sched_yield();
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((timeout = l->h.prepare_sleep(l->h.arg)) > 0) {

@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,24 @@ int session_prepare_sleep(struct broker *b)
 			return 0;
 	}
 	return timeout;
+}
+
+int session_cpu_shared(struct broker *b)
+{
+	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
+	int shared = 0;
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->region || !s->loop_cpu)
+			continue;
+		if (kvb_load_relaxed(s->loop_cpu) != cpu)
+			kvb_store_relaxed(s->loop_cpu, cpu);
+		shared |= kvb_load_relaxed(s->spin_cpu) == cpu;
+	}
+	return shared;
 }
 
 void session_wake_all(struct broker *b)

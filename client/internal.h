@@ -110,10 +110,11 @@ struct kvb_client {
 	/* Ring region (absent on a control-only client: region == NULL). */
 	void *region;
 	size_t region_size;
-	struct kvb_region_hdr hdr; /* private copy: the shared one is never re-read */
-	struct kvb_ring sq;	   /* we produce */
-	struct kvb_ring cq;	   /* we consume */
-	uint8_t *arg;		   /* argument area */
+	struct kvb_region_hdr hdr;	       /* private copy: the shared one is never re-read */
+	struct kvb_ring sq;		       /* we produce */
+	struct kvb_ring cq;		       /* we consume */
+	kvb_atomic_u32 *broker_cpu, *spin_cpu; /* spinning hints (wire.h) */
+	uint8_t *arg;			       /* argument area */
 	uint32_t arg_size;
 
 	struct kvbc_arena arenas[KVB_MAX_ARENAS];
