@@ -72,6 +72,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 import kvbroker as kvb
+from kvbroker._layout import model_ns_name
 
 logger = logging.getLogger(__name__)
 
@@ -87,18 +88,6 @@ _TORCH_DTYPES = {
     torch.float8_e5m2: "fp8_e5m2",
     torch.uint8: "uint8",
 }
-
-
-def model_ns_name(name: str) -> str:
-    """The namespace model name of an engine's model name (the rule in engine-pages.md):
-    last path component, lowercase, at most 63 bytes ("moonshotai/Kimi-K2.5" ->
-    "kimi-k2.5").
-    """
-    base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
-    if len(base.encode()) <= 63:
-        return base
-    digest = hashlib.sha256(base.encode()).hexdigest()[:16]
-    return base.encode()[:46].decode(errors="ignore") + "-" + digest
 
 
 @dataclass(frozen=True)
