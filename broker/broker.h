@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 
+#include "bg.h"
 #include "clock.h"
 #include "copy.h"
 #include "list.h"
@@ -143,6 +144,7 @@ struct session {
 	int region_fd;
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
+	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	uint8_t *arg;
 	uint32_t arg_size;
 
@@ -176,6 +178,7 @@ struct broker {
 	struct ns_table nst;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
+	struct bg *bg;		  /* populates and unmaps clients' memory (bg.c); NULL: inline */
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
@@ -231,6 +234,11 @@ uint32_t session_poll_all(struct broker *b);
  * sleep), else the epoll timeout in ms. session_wake_all() takes the announcement back.
  */
 int session_prepare_sleep(struct broker *b);
+/*
+ * Spinning hints (wire.h): writes the CPU we poll on into every session's region; 1 when a
+ * client spins on that same CPU (the loop then yields its idle rounds). Loop thread only.
+ */
+int session_cpu_shared(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 /* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */

@@ -825,6 +825,7 @@ int main(int argc, char **argv)
 		err = -ENOMEM;
 		goto out_store;
 	}
+	b.bg = bg_start(); /* NULL: clients' memory is unmapped inline, never populated */
 	/* [pin] The copy engines start; a CUDA engine registers the pool with the driver. */
 	t = clock_now();
 	err = xfer_init(&b);
@@ -897,6 +898,7 @@ out_store:
 	if (b.sigfd >= 0)
 		close(b.sigfd);
 	xfer_fini(&b);
+	bg_stop(b.bg); /* after the last session: its unmaps are queued */
 	if (b.spare_fd >= 0)
 		close(b.spare_fd);
 	ns_table_fini(&b.nst);

@@ -278,6 +278,25 @@ static uint64_t spin_ns_from_env(void)
 	return us * 1000;
 }
 
+/*
+ * KVB_CLIENT_GET_SELF_KB: from which page size kvb_get() into a buffer of ours copies the page
+ * itself (ops.c); 0 turns it off (every GET into a registered buffer is the broker's copy).
+ */
+static uint64_t get_self_from_env(void)
+{
+	const char *s = getenv("KVB_CLIENT_GET_SELF_KB");
+	char *end;
+	unsigned long long kb;
+
+	if (!s || !*s)
+		return KVBC_GET_SELF_DEFAULT;
+	errno = 0;
+	kb = strtoull(s, &end, 10);
+	if (errno || *end || kb > (1ull << 40))
+		return KVBC_GET_SELF_DEFAULT;
+	return kb ? kb << 10 : UINT64_MAX;
+}
+
 /* The reapers' condition variable runs on CLOCK_MONOTONIC, like every deadline here. */
 static int cond_init(pthread_cond_t *cv)
 {
@@ -326,6 +345,7 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	c->staging.fd = -1;
 	c->flags = opts ? opts->flags : 0;
 	c->spin_ns = spin_ns_from_env();
+	c->get_self_min = get_self_from_env();
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
 		free(c);

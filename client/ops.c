@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastcopy.h"
 #include "internal.h"
 
 const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
@@ -201,11 +202,13 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		err = kvbc_staging_locked(c, len);
 		if (err)
 			goto out;
-		memcpy(c->staging.addr, src, len);
+		kvb_copy(c->staging.addr, src, len);
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
 	}
+	c->expect_bytes = len; /* the broker copies it (ring.c) */
 	err = run(c, &sqe, &flags);
+	c->expect_bytes = 0;
 	err = put_result(err, flags);
 out:
 	kvbc_leave(c);
@@ -276,11 +279,20 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 		goto out;
 	}
 	b = kvbc_buf_find(c, dst, n->page_bytes);
+	/*
+	 * Large pages into a buffer we mapped ourselves: we copy them (a lease, as below), so
+	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
+	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
+	 */
+	if (b && !b->gpu && !b->foreign && n->page_bytes >= c->get_self_min)
+		b = NULL;
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
 		sqe.buf = b->id;
 		sqe.off = (uint64_t)((char *)dst - (char *)b->addr);
+		c->expect_bytes = n->page_bytes;
 		err = run(c, &sqe, NULL);
+		c->expect_bytes = 0;
 		if (err >= 0 && (uint64_t)err != n->page_bytes)
 			err = -EPROTO;
 		goto out;
@@ -288,7 +300,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	err = acquire_locked(c, n, &key, &data, &lease, 1);
 	if (err)
 		goto out;
-	memcpy(dst, data, n->page_bytes);
+	kvb_copy(dst, data, n->page_bytes);
 	release_deferred(c, lease, 1);
 	err = (int)n->page_bytes;
 out:

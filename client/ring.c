@@ -19,7 +19,13 @@
  *
  * Waiting (proto/ring.h, [W1]). A waiter spins on the CQ tail for spin_ns (30 us by default,
  * KVB_CLIENT_SPIN_US overrides), because a sleeping wake-up costs ~10 us on these machines
- * against ~0.5 us for a polled round trip. Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
+ * against ~0.5 us for a polled round trip, plus the time the broker's copy of the page takes
+ * at SPIN_COPY_BPS when the op is a GET or PUT the broker copies (expect_bytes): a 30 us spin
+ * ran out inside every 1 MiB copy, and each page paid a sleep and a wake-up. While the broker
+ * polls on our own CPU (the spinning hints of wire.h) the spin yields every SPIN_YIELD_NS, so
+ * that the broker runs instead of waiting for our time slice to end; it never yields
+ * otherwise, because on a loaded machine a yield gives the CPU away to other tasks for a
+ * slice (t_fairness). Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
  * and poll()s the cq eventfd and the control socket together, so a broker that dies while we
  * sleep is seen as a hang-up (-ECONNRESET) rather than an endless wait. The flag is ours (the
  * client owns the cq flags word) and is cleared when the last sleeper wakes, so that a polling
@@ -49,6 +55,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -58,6 +65,16 @@
 #include <unistd.h>
 
 #include "internal.h"
+
+/* The broker's copy rate a spin allows for (bytes per ns: 2 GB/s), and the most it adds. */
+#define SPIN_COPY_BPS_PER_NS 2
+#define SPIN_COPY_MAX_NS 5000000ull
+#define SPIN_YIELD_NS 2000
+/*
+ * The first yield only after this much spinning: a yield may hand the CPU to a third task for
+ * a whole slice, so it is for a broker that has not run for a while (t_fairness p99s).
+ */
+#define SPIN_YIELD_FIRST_NS 10000
 
 static uint64_t now_ns(void)
 {
@@ -100,6 +117,8 @@ int kvbc_ring_setup(struct kvb_client *c)
 		      h->cq_entries, sizeof(struct kvb_cqe), 0);
 	if (kvb_ring_space(&c->sq) < 0 || kvb_ring_avail(&c->cq) < 0)
 		return -EPROTO;
+	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
+	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
 	c->arg = (uint8_t *)c->region + h->arg_off;
 	c->arg_size = h->arg_size;
 
@@ -309,22 +328,46 @@ static int cq_nonempty(const struct kvb_client *c)
  * two or four CPUs our spinning would take the very CPU the broker needs to wake on (measured:
  * 25 us per op straight to sleep, 80-1000 us spinning 30 us, on a loaded 2-vCPU machine).
  */
-static int cq_spin(const struct kvb_client *c, uint64_t deadline)
+static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t spin_end = now_ns() + c->spin_ns;
+	uint64_t now = now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
+	uint64_t next_check = now + SPIN_YIELD_FIRST_NS;
+	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
 
-	if (c->broker_waking)
-		return cq_nonempty(c);
 	if (deadline && spin_end > deadline)
 		spin_end = deadline;
+	kvb_store_relaxed(c->spin_cpu, cpu);
 	for (uint32_t i = 1;; i++) {
 		if (cq_nonempty(c))
 			return 1;
 		kvb_cpu_relax();
 		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
-		if (!(i & 15) && now_ns() >= spin_end)
+		if (i & 15)
+			continue;
+		now = now_ns();
+		if (now >= spin_end)
 			return 0;
+		if (now < next_check)
+			continue;
+		/* The broker polls on our CPU: let it run (wire.h, spinning hints). */
+		if (kvb_load_relaxed(c->broker_cpu) == cpu)
+			sched_yield();
+		cpu = (uint32_t)sched_getcpu() + 1u;
+		kvb_store_relaxed(c->spin_cpu, cpu);
+		next_check = now_ns() + SPIN_YIELD_NS;
 	}
+}
+
+static int cq_spin(const struct kvb_client *c, uint64_t deadline)
+{
+	int r;
+
+	if (c->broker_waking)
+		return cq_nonempty(c);
+	r = cq_spin_on(c, deadline);
+	kvb_store_relaxed(c->spin_cpu, 0);
+	return r;
 }
 
 /*
