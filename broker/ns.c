@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "ns.h"
+#include "pagehdr.h"
 #include "proto.h"
 
 static uint8_t *put32(uint8_t *p, uint32_t v)
@@ -176,6 +177,10 @@ int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
 	if (free_id == t->count)
 		t->count++;
 	t->live++;
+	/* [pagehdr] Before any page of it can commit: an adopter re-opens it from this (a reused
+	 * id's record is overwritten: the old namespace has no page left in RAM). */
+	if (s->pool && s->pool->meta)
+		pmeta_ns_write(s->pool->meta, n->id, tenant, page_bytes, id, l, &n->idf);
 	*out = n;
 	return 0;
 }

@@ -53,14 +53,23 @@
  *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
- * even after its slab changed class. Loop thread only.
+ * even after its slab changed class.
+ *
+ * [pagehdr] With a kept pool (pool.c [keep]) every commit writes the slot's header into the
+ * pool's side table (pagehdr.c: namespace, key, generation, crc32c of the slot) and every free
+ * clears it, so that another broker can adopt the pool and rebuild this store from it
+ * (store_adopt_page, adopt.c); a page being written has no header. Loop thread only.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "pagehdr.h"
 #include "store.h"
+
+static_assert(STORE_MAX_NS == PMETA_NS_MAX, "the side table holds every namespace");
+static_assert(STORE_MAX_SLABS < PMETA_SLABS_MAX, "the side table records every slab");
 
 #define RECLAIM_TRIES 8
 
@@ -282,6 +291,24 @@ int store_class_get(struct store *s, uint64_t page_bytes)
 	return (int)s->ncls++;
 }
 
+/*
+ * [pagehdr] Records slab sid in the side table, before any page of it can commit, and clears
+ * the headers at its slot starts: these bytes may have been slots of another size before, and
+ * a header of that life must not vouch for a slot being written now.
+ */
+static void slab_record(struct store *s, uint32_t sid, const struct slab *sl, uint32_t slot_bytes)
+{
+	uint64_t unit;
+
+	if (!s->pool->meta)
+		return;
+	unit = s->pool->arena[sl->arena].unit0 + sl->off / PHDR_UNIT;
+	for (uint32_t i = 0; i < sl->nslots; i++)
+		memset(pmeta_hdr_at(s->pool->meta, unit + (uint64_t)i * (slot_bytes / PHDR_UNIT)),
+		       0, sizeof(struct pmeta_hdr));
+	pmeta_slab_write(s->pool->meta, sid, sl->arena, sl->off, sl->len, slot_bytes);
+}
+
 /* Carves a new slab of class ci in arena a (short_ok: fewer slots than a full one). */
 static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 {
@@ -324,6 +351,7 @@ static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 	sl->off = off;
 	sl->len = len;
 	sl->nslots = n;
+	slab_record(s, sid, sl, (uint32_t)c->slot_bytes);
 	sl->nfree = n;
 	sl->used = 0;
 	sl->pinned = sl->writing = 0;
@@ -345,6 +373,8 @@ static void slab_release(struct store *s, struct slab *sl)
 	sl->nslots = sl->nfree = sl->used = 0;
 	sl->cls = -1;
 	list_del(&sl->link);
+	if (s->pool->meta)
+		pmeta_slab_clear(s->pool->meta, (uint32_t)(sl - s->slabs));
 	ext_free(s, sl->arena, sl->off, sl->len);
 	sl->len = 0;
 	s->rec_free[s->nrec_free++] = (uint32_t)(sl - s->slabs);
@@ -374,12 +404,41 @@ static void page_changed(struct store *s, struct page *pg)
 		s->wake(s->wake_arg, pg);
 }
 
+static struct pmeta_hdr *hdr_of(const struct store *s, const struct page *pg)
+{
+	const struct slab *sl = slab_of(s, pg);
+
+	return pmeta_hdr_at(s->pool->meta,
+			    s->pool->arena[sl->arena].unit0 +
+				    (sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes) /
+					    PHDR_UNIT);
+}
+
+/* [pagehdr] The page's bytes are complete: vouch for them in the side table. */
+static void hdr_seal(struct store *s, const struct page *pg)
+{
+	struct pmeta_hdr h = {.ns = (uint16_t)pg->ns,
+			      .slot_bytes = (uint32_t)s->cls[pg->cls].slot_bytes,
+			      .len = (uint32_t)s->cls[pg->cls].slot_bytes,
+			      .gen = pg->gen,
+			      .key = pg->key};
+
+	if (!s->pool->meta || pg->ns >= STORE_MAX_NS)
+		return;
+	pmeta_hdr_seal(&h, store_addr(s, pg));
+	*hdr_of(s, pg) = h;
+}
+
 /* Returns a slot to its slab; an emptied slab returns to the free list. */
 static void slot_free(struct store *s, struct page *pg)
 {
 	struct slab *sl = slab_of(s, pg);
 	struct store_class *c = &s->cls[sl->cls];
 
+	/* [pagehdr] Before anyone can write the slot again: its old header must not vouch for
+	 * the new bytes. */
+	if (s->pool->meta)
+		memset(hdr_of(s, pg), 0, sizeof(struct pmeta_hdr));
 	page_changed(s, pg);
 	lru_unlink(pg);
 	s->st.bytes_used -= c->slot_bytes;
@@ -557,6 +616,7 @@ void store_unpin(struct store *s, struct page *pg)
 
 void store_commit(struct store *s, struct page *pg)
 {
+	hdr_seal(s, pg);
 	pg->state = PAGE_READY;
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);
@@ -638,6 +698,155 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 		list_add_tail(&part_of(s, pg)->lru, &pg->lru);
 		list_add_tail(&s->cls[pg->cls].lru[store_part_of(s, pg)], &pg->clru);
 	}
+}
+
+int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
+		     const kvb_key *key, uint32_t gen)
+{
+	struct slab *sl;
+	struct page *pg;
+
+	if (sid >= s->nslabs || ci < 0 || (uint32_t)ci >= s->ncls || ns >= STORE_MAX_NS)
+		return -EINVAL;
+	sl = &s->slabs[sid];
+	if (sl->cls != ci || slot >= sl->nslots)
+		return -EINVAL;
+	pg = &sl->pages[slot];
+	if (pg->state != PAGE_FREE)
+		return -EEXIST;
+	pg->key = *key;
+	pg->ns = ns;
+	pg->gen = gen;
+	pg->state = PAGE_READY;
+	pg->pins = 0;
+	pg->unlinked = pg->clean = pg->demoting = 0;
+	pg->waiters = NULL;
+	index_insert(&s->ix, &pg->ixn);
+	lru_link(s, pg);
+	sl->used++;
+	s->st.bytes_used += s->cls[ci].slot_bytes;
+	s->st.pages++;
+	part_of(s, pg)->bytes_used += s->cls[ci].slot_bytes;
+	part_of(s, pg)->pages++;
+	s->ns_pages[ns]++;
+	if (gen > s->gen)
+		s->gen = gen;
+	return 0;
+}
+
+/* Takes [off, off + len) out of arena a's free extents; -EEXIST when any of it is not free. */
+static int ext_take_at(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	struct store_arena *ar = &s->ar[a];
+
+	for (uint32_t i = 0; i < ar->next; i++) {
+		struct store_ext *e = &ar->ext[i];
+
+		if (e->off > off || e->off + e->len < off + len)
+			continue;
+		if (e->off == off) {
+			e->off += len;
+			e->len -= len;
+			if (!e->len) {
+				memmove(e, e + 1, (ar->next - i - 1) * sizeof(*e));
+				ar->next--;
+			}
+		} else if (e->off + e->len == off + len) {
+			e->len -= len;
+		} else { /* a hole in the middle: the tail becomes an extent of its own */
+			struct store_ext tail = {off + len, e->off + e->len - off - len};
+
+			if (ar->next == ar->cap)
+				return -ENOSPC;
+			e->len = off - e->off;
+			memmove(e + 2, e + 1, (ar->next - i - 1) * sizeof(*e));
+			e[1] = tail;
+			ar->next++;
+		}
+		ar->free_bytes -= len;
+		return 0;
+	}
+	return -EEXIST;
+}
+
+int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, uint64_t len, int ci)
+{
+	struct store_class *c;
+	struct slab *sl;
+	uint32_t n;
+	int err;
+
+	if (sid >= STORE_MAX_SLABS || a >= s->pool->narenas || ci < 0 || (uint32_t)ci >= s->ncls)
+		return -EINVAL;
+	c = &s->cls[ci];
+	n = (uint32_t)(len / c->slot_bytes);
+	if (!n || len % c->slot_bytes || off % STORE_SLOT_ALIGN || n >= 1u << STORE_SLOT_BITS)
+		return -EINVAL;
+	sl = &s->slabs[sid];
+	if (sid < s->nslabs && sl->cls >= 0)
+		return -EEXIST;
+	err = ext_take_at(s, a, off, len);
+	if (err)
+		return err;
+	sl->pages = calloc(n, sizeof(*sl->pages));
+	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
+	if (!sl->pages || !sl->free_stack) {
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		ext_free(s, a, off, len);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct page *pg = &sl->pages[i];
+
+		pg->id = (sid << STORE_SLOT_BITS) | i;
+		pg->cls = (uint16_t)ci;
+		list_init(&pg->lru);
+		list_init(&pg->clru);
+	}
+	for (uint32_t k = s->nslabs; k < sid; k++)
+		s->slabs[k].cls = -1; /* records skipped over: unused */
+	if (sid >= s->nslabs)
+		s->nslabs = sid + 1;
+	sl->arena = a;
+	sl->off = off;
+	sl->len = len;
+	sl->nslots = n;
+	sl->nfree = 0; /* store_adopt_done fills the free stack */
+	sl->used = 0;
+	sl->pinned = sl->writing = 0;
+	sl->cls = ci;
+	list_init(&sl->link);
+	list_add_tail(&c->partial[a], &sl->link);
+	c->slabs++;
+	return 0;
+}
+
+void store_adopt_done(struct store *s)
+{
+	for (uint32_t k = 0; k < s->nslabs; k++) {
+		struct slab *sl = &s->slabs[k];
+
+		if (sl->cls < 0)
+			continue;
+		if (!sl->used) { /* assigned for a page that then lost to a newer copy */
+			slab_release(s, sl);
+			continue;
+		}
+		sl->nfree = 0;
+		for (uint32_t i = sl->nslots; i-- > 0;) /* pop order: ascending offsets */
+			if (sl->pages[i].state == PAGE_FREE)
+				sl->free_stack[sl->nfree++] = i;
+		if (!sl->nfree)
+			list_del(&sl->link); /* full: off its class's partial list */
+	}
+	s->nrec_free = 0; /* slab_release above pushed some: rebuilt whole */
+	for (uint32_t k = s->nslabs; k-- > 0;)
+		if (s->slabs[k].cls < 0)
+			s->rec_free[s->nrec_free++] = k;
+	free_count(s);
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)

@@ -15,7 +15,7 @@
 
 struct waitq;
 #define STORE_MAX_CLASSES 64
-#define STORE_MAX_NS 8192 /* namespaces alive at once; ids of freed ones are reused */
+#define STORE_MAX_NS 8192  /* namespaces alive at once; ids of freed ones are reused */
 #define STORE_SLOT_BITS 20 /* slots per slab < 2^20 */
 #define STORE_MAX_SLABS ((1u << (32 - STORE_SLOT_BITS)) - 1) /* slab ids fit in the rest */
 #define STORE_SLOT_ALIGN 4096u
@@ -215,6 +215,23 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max);
  * Not ok: it stays, dirty, and becomes evictable again. Drops the tier's pin.
  */
 void store_demote_done(struct store *s, struct page *pg, int ok);
+
+/*
+ * [adopt] Installs a page an adopted pool holds (adopt.c): slot slot of slab sid, of class ci,
+ * READY and evictable, at the hot end of the LRU (adopt coldest first), in the slab's
+ * partition. -EINVAL for a slab of another class or a slot past its end, -EEXIST for a slot
+ * taken. The caller checked that (ns, key) is absent. After the last page, store_adopt_done()
+ * rebuilds the slabs' free slots and records.
+ */
+/*
+ * [adopt] Carves slab record sid exactly where the side table says it was: [off, off + len) of
+ * arena a, slots of class ci (before its pages, store_adopt_page). -EEXIST when the record or
+ * any of those bytes is taken, -EINVAL for a geometry that does not fit, -ENOMEM.
+ */
+int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, uint64_t len, int ci);
+int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
+		     const kvb_key *key, uint32_t gen);
+void store_adopt_done(struct store *s);
 
 /* Page record by id, NULL when the id names no allocated slot (ids come from clients). */
 struct page *store_by_id(struct store *s, uint32_t id);
