@@ -801,6 +801,8 @@ static int adopt_kept(struct broker *b)
 			keeper_free(b->cfg.socket_path);
 			return 0;
 		}
+		log_info("adopt: %u arena(s) in %u tenant partition(s)", b->pool.narenas,
+			 b->pool.nparts);
 	}
 	b->startup.reserve_s = clock_now() - t;
 	if (b->pool.total != b->cfg.pool_bytes)
