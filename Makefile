@@ -53,7 +53,7 @@ else
 Q := @
 endif
 
-PKGS := liburing numa libcrypto libcjson libisal
+PKGS := liburing numa libcrypto libcjson libisal hiredis
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
 	-Wimplicit-fallthrough -Wcast-qual -Wwrite-strings -Wundef
 ifneq ($(CI),)

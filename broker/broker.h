@@ -18,6 +18,7 @@
 #include "numa_topo.h"
 #include "ops.h"
 #include "pool.h"
+#include "remote.h"
 #include "ring.h"
 #include "store.h"
 #include "tier.h"
@@ -61,6 +62,7 @@ struct config {
 	gid_t group;
 	int has_group;
 	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	struct remote_cfg remote; /* remote.url NULL: no remote tier */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -177,6 +179,7 @@ struct broker {
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
 	struct tier *tier; /* NULL without --disk */
+	struct remote *remote; /* NULL without --remote */
 	struct counters ctr;
 	struct list sessions;
 	struct list graveyard;
