@@ -225,6 +225,15 @@ static void node_ok(struct rnode *n)
 	}
 	n->backoff = 0;
 	n->failures = 0;
+	if (n->ac)
+		n->state = RN_UP;
+}
+
+static void on_ping(redisAsyncContext *ac, void *reply, void *priv)
+{
+	(void)priv;
+	if (reply)
+		node_ok(ac->data);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
@@ -232,7 +241,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 	struct rnode *n = ac->data;
 
 	if (status == REDIS_OK) {
-		n->state = RN_UP;
+		/* UP only once something answers: a stopped server's kernel still accepts. */
 		/* Keep the reader's buffer: a page-sized one freed after every reply is an mmap. */
 		ac->c.reader->maxbuf = 0;
 		return;
@@ -283,7 +292,7 @@ static int node_connect(struct rnode *n)
 	if (!n->rc->have_map || n->rc->refresh_at <= n->since)
 		refresh_send(n->rc, n);
 	else
-		redisAsyncCommand(ac, NULL, NULL, "PING");
+		redisAsyncCommand(ac, on_ping, NULL, "PING");
 	return 0;
 }
 
@@ -375,9 +384,18 @@ static void refresh_send(struct rcluster *rc, struct rnode *n)
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
 
+/*
+ * A node gets requests once it answered, or while it connects for the first time (hiredis
+ * queues them): one that failed before is not trusted again until it replied.
+ */
+static int usable(const struct rnode *n)
+{
+	return n && n->ac && (n->state == RN_UP || (n->state == RN_CONNECTING && !n->failures));
+}
+
 static int send_on(struct rnode *n, struct remote_call *c, int asking)
 {
-	if (!n || n->state == RN_DOWN || !n->ac)
+	if (!usable(n))
 		return -EHOSTUNREACH;
 	if (asking && redisAsyncCommand(n->ac, NULL, NULL, "ASKING") != REDIS_OK)
 		return -EIO;
@@ -492,7 +510,7 @@ static int submit(void *be, struct remote_call *c, const char *verb, const struc
 	struct rnode *n = node_of(rc, c);
 	int err;
 
-	if (!n || n->state == RN_DOWN || !n->ac)
+	if (!usable(n))
 		return -EHOSTUNREACH;
 	err = format_cmd(c, verb, h, page, len);
 	if (!err)
