@@ -3,7 +3,7 @@
  * copy_host.c - the host copy engine: memcpy between the pool and clients' host buffers.
  *
  * Jobs whose client side is a file (KVB_BUF_FDCOPY buffers) copy with pread/pwrite instead
- * (fdcopy.c), on the same paths.
+ * (fdcopy.c), on the same paths, except that writes into such a file always go to a worker.
  *
  * Small jobs run inline, inside submit(), on the loop thread; larger ones go to worker threads
  * and complete through a done queue that poll() drains on the loop thread, woken by an eventfd
@@ -110,13 +110,20 @@ static void *worker(void *arg)
 static int host_submit(struct copy_engine *e, struct copy_job *j)
 {
 	struct host_engine *h = (struct host_engine *)e;
+	/*
+	 * A write into a client's file (a GET into a KVB_BUF_FDCOPY buffer) takes that file's
+	 * inode lock, which its owner can hold for as long as it likes (a write() into the file
+	 * from memory that faults slowly): never on the loop thread, which serves everyone.
+	 */
+	int file_write = j->fds && j->dir == COPY_FROM_POOL;
 
 	/*
-	 * Inline only when it is short in bytes and in segments: a view job of a million
+	 * Inline only when it is short in bytes and in segments (a view job of a million
 	 * one-byte segments is tens of milliseconds of memcpy calls, which would hold the loop
-	 * (and every other client) that long (t_fairness).
+	 * and every other client that long: t_fairness), and writes no client file.
 	 */
-	if (!h->nthreads || (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS)) {
+	if (!h->nthreads ||
+	    (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS && !file_write)) {
 		j->res = run_segs(j);
 		return COPY_DONE;
 	}

@@ -330,16 +330,18 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
  * views, pointers inside addr), one kernel copy per op instead of a memcpy (see docs/design.md
  * for the cost). If the caller shrinks the file under the range an op touches, the op fails
  * with -EFAULT: a PUT stores nothing (a LOOKUP misses), a GET may have written part of the
- * page into the file before it failed. A GET never writes past the file's current end (it
- * fails -EFAULT instead of growing the file). A file that is sealed (or, with KVB_BUF_SEAL as
- * well, can be sealed) is mapped as without the flag, so KVB_BUF_SEAL | KVB_BUF_FDCOPY takes
- * the fastest path the file allows. The fd must be open O_RDWR and not O_APPEND (-EBADF).
- * Such buffers are host memory: a view mixing them with GPU buffers is -EINVAL, like any
- * host buffer.
+ * page into the file before it failed. A GET checks the file's size first and fails -EFAULT
+ * rather than write past its end (a truncation racing with the GET may be undone by it, never
+ * beyond the registered range). GETs into such a buffer always run on a broker copy thread. A
+ * file that is sealed (or, with KVB_BUF_SEAL as well, can be sealed) is mapped as without the
+ * flag, so KVB_BUF_SEAL | KVB_BUF_FDCOPY takes the fastest path the file allows. The fd must
+ * be open O_RDWR (-EBADF; O_APPEND too is -EBADF where the broker cannot open the file itself
+ * through /proc). Such buffers are host memory: a view mixing them with GPU buffers is -EINVAL,
+ * like any host buffer.
  * Errors: -EINVAL len 0, offset + len overflows, unknown flags, fd not a file; -EPERM the file
  * lacks F_SEAL_SHRINK (without KVB_BUF_SEAL) or cannot be sealed (with it: F_ADD_SEALS failed),
- * and KVB_BUF_FDCOPY was not given; -EBADF (KVB_BUF_FDCOPY, unsealed) fd not open O_RDWR, or
- * O_APPEND; -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose
+ * and KVB_BUF_FDCOPY was not given; -EBADF (KVB_BUF_FDCOPY, unsealed) fd not open O_RDWR (or
+ * O_APPEND, see above); -EMEDIUMTYPE not a tmpfs file (disk files and hugetlbfs are refused: they can lose
  * pages under a mapping); -EFAULT the range runs past the file's size; -ENOMEM over the
  * broker's --max-buf-bytes; -EMFILE too many buffers; -EOPNOTSUPP a broker older than ABI 1.2.
  */

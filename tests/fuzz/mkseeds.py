@@ -160,6 +160,12 @@ def main():
         + rec(msg(BUF_UNREG, struct.pack("<II", 0, 0), 4)))
     put("ctl", "bufregfd-unsealed",
         rec(msg(HELLO, hello())) + rec(msg(BUF_REG_FD, struct.pack("<QQII", 0, 4096, 0, 0), 2), 4096, 0))
+    # KVB_BUF_REG_FD_FDCOPY (flags 1): the unsealed memfd is taken, copied through the fd.
+    put("ctl", "bufregfd-fdcopy",
+        rec(msg(HELLO, hello()))
+        + rec(msg(BUF_REG_FD, struct.pack("<QQII", 100, 8192, 1, 0), 2), 65536, 0)
+        + rec(msg(BUF_REG_FD, struct.pack("<QQII", 0, 65536, 1, 0), 3), 65536, 1)
+        + rec(msg(BUF_UNREG, struct.pack("<II", 0, 0), 4)) + rec(msg(STATS, b"", 5)))
     parts2 = b"".join(struct.pack("<IIQQII", 0, 256, o, 256 * 4 * 2, 0, 0)
                       for o in (0, 64, 128, 192, 224))
     put("ctl", "hello-view2",

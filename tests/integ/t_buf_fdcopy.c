@@ -8,7 +8,8 @@
  *     too: the seal fails, the flag takes over) and is still -EPERM without it;
  *   - PUT and GET are byte-exact by pointer (kvb_put/kvb_get inside addr) and batched by
  *     buf+off (kvb_submit/kvb_reap), for pages the loop thread copies inline and pages larger
- *     than --copy-inline that the workers copy (the copy.queued_jobs counter proves it);
+ *     than --copy-inline that the workers copy (the copy.queued_jobs counter proves it; GETs
+ *     into the file always go to the workers: a write takes the file's inode lock);
  *   - through kvb_view_create2 views in SGLang's page_first_direct layouts (MLA
  *     [page][layer][ps][bytes]; MHA [2][page][layer][ps][bytes]), slots aligned and straddling
  *     two pages;
@@ -172,10 +173,16 @@ static void basic(kvb_client *c, int shm)
 
 	putget(c, ns_small, PB, m, buf, shm ? "shm small page" : "memfd small page",
 	       SEED + 2 * (uint64_t)shm);
+	/*
+	 * GETs into the file never run on the loop thread (a write takes the file's inode lock,
+	 * which its owner can hold): the 7 small ones into m went to the workers too.
+	 */
+	CHECK_GE(harness_stat(c, "copy.queued_jobs"), q0 + 7);
+	q0 = harness_stat(c, "copy.queued_jobs");
 	putget(c, ns_big, BIG_PB, m, buf, shm ? "shm large page" : "memfd large page",
 	       SEED + 1 + 2 * (uint64_t)shm);
-	/* The large pages went to the copy workers (> --copy-inline). */
-	CHECK_GE(harness_stat(c, "copy.queued_jobs"), q0 + 8);
+	/* The large pages went to the copy workers (> --copy-inline): 7 PUTs, 7 GETs into m. */
+	CHECK_GE(harness_stat(c, "copy.queued_jobs"), q0 + 14);
 	CHECK_EQ(fsize(fd), size);
 	CHECK_OK(kvb_buf_unregister(c, buf));
 	munmap(m, (size_t)size);

@@ -215,7 +215,8 @@ int main(int argc, char **argv)
 					  sizeof(rep)),
 			 -EINVAL);
 		{
-			struct kvb_msg_buf_reg_fd m = {.off = 0, .len = 4096, .flags = 1};
+			/* Bit 0 is KVB_BUF_REG_FD_FDCOPY: an unknown flag bit. */
+			struct kvb_msg_buf_reg_fd m = {.off = 0, .len = 4096, .flags = 2};
 			int fd = memfd_create("t_ns_ident", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
 			CHECK(fd >= 0);
