@@ -249,6 +249,7 @@ test: all
 	$(Q)$(TEST_ENV) sh tests/run.sh $(B)
 ifeq ($(MODE),release)
 	$(Q)$(MAKE) --no-print-directory fuzz-smoke
+	$(Q)$(MAKE) --no-print-directory pytest
 endif
 
 soak: all
@@ -322,7 +323,7 @@ $(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_
 # here, not by the deps every other target needs.
 bench: $(PROGS)
 	$(Q)sh tools/deps.sh bench
-	$(Q)$(MAKE) --no-print-directory $(KVBPEERS)
+	$(Q)$(MAKE) --no-print-directory $(KVBPEERS) python
 	$(Q)KVB_BENCH_QUICK=$(QUICK) sh tools/bench.sh $(B)
 
 bench-disk: $(PROGS)
@@ -338,6 +339,40 @@ lint:
 	$(Q)clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,portability \
 		--suppress=missingIncludeSystem -Iinclude -Iproto $$(git ls-files '*.c')
+	$(Q)$(MAKE) --no-print-directory pylint
+
+# ---- Python: the kvbroker package (python/), its venv, pytest and lint ----
+# build/venv holds python/requirements/*.txt (resolved by pip) and *-nodeps.txt (--no-deps:
+# the engines); tools/pyvenv.sh makes it, again whenever a requirement file changes. The
+# package is (re)installed into it when its sources or libkvbroker's change; pytest then runs
+# against this build's kvbrokerd ($(B)). PYTHON: the interpreter to base it on (3.11+).
+PYTHON ?= python3
+PY_VENV := build/venv
+PY_VENV_STAMP := $(PY_VENV)/.reqs-ok
+PY_PKG_STAMP := $(PY_VENV)/.kvbroker-ok
+PY_PKG_SRC := $(wildcard python/csrc/*.[ch] python/src/kvbroker/*.py*) python/setup.py \
+	python/pyproject.toml $(CLIENT_SRC) $(PROTO_SRC) $(wildcard include/*.h proto/*.h client/*.h)
+
+$(PY_VENV_STAMP): tools/pyvenv.sh $(wildcard python/requirements/*.txt)
+	@echo "  VENV    $(PY_VENV)"
+	$(Q)sh tools/pyvenv.sh $(PY_VENV) $(PYTHON)
+	$(Q)touch $@
+
+$(PY_PKG_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC)
+	@echo "  PIP     python/ (kvbroker)"
+	$(Q)cd python && ../$(PY_VENV)/bin/pip install -q --no-deps --no-build-isolation .
+	$(Q)touch $@
+
+.PHONY: python pytest pylint
+python: $(PY_PKG_STAMP)
+
+pytest: $(PY_PKG_STAMP) $(BROKERD) $(FAKE_CUDA)
+	$(Q)cd python && KVB_BUILD_DIR=../$(B) timeout -k 5 300 ../$(PY_VENV)/bin/python -m pytest \
+		-q -p no:cacheprovider tests
+
+pylint: $(PY_PKG_STAMP)
+	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests setup.py ../tools/bench_python.py
+	$(Q)cd python && ../$(PY_VENV)/bin/mypy
 
 format:
 	$(Q)clang-format -i $$(git ls-files '*.c' '*.h')

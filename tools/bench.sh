@@ -359,6 +359,15 @@ while [ "$rep" -le "$REPS" ]; do
 	kvb mla-private "$rep" kvbbench --procs 8 --pages 16 --private mla-tp
 	rep=$((rep + 1))
 done
+# The Python package against kvbbench, same broker, its own interleaved repetitions (issue 13).
+if [ -x build/venv/bin/python ]; then
+	echo "bench: tools/bench_python.py"
+	build/venv/bin/python tools/bench_python.py --socket "$msock" --build "$B" --seconds "$SECS" \
+		--reps "$REPS" >"$extra/python.md" 2>"$tmp/hook.err" ||
+		fail "tools/bench_python.py: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+else
+	fail "python: build/venv missing (make python)"
+fi
 "$B/bin/kvbctl" --socket "$msock" status >"$B/bench/broker-status.txt" 2>&1 || true
 # Nothing of ours runs while the disk tier and the start-up are measured.
 stop_servers

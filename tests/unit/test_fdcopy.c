@@ -4,8 +4,9 @@
  * that fall in a file buffer's placeholder range resolve to (fd, offset) and move with
  * preadv/pwritev, byte-exact, with memory segments in between and runs longer than one call's
  * iovecs; a file shrunk under the range fails -EFAULT both ways and a GET never grows it; the
- * client turning O_APPEND on changes nothing (the broker writes through its own reopen); an
- * fd not open read-write, or O_APPEND on a description the broker must share, is refused.
+ * client turning O_APPEND on changes nothing (the broker writes through its own reopen), and
+ * where the broker has to share the client's description, O_APPEND fails a GET without
+ * writing; an fd not open read-write is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -277,6 +278,24 @@ static void test_fdcopy_append_and_modes(void **state)
 	assert_int_equal(fdcopy_buf_open(fd, 0, 4096, &sb), 0); /* O_APPEND, but reopened */
 	assert_int_equal(sb.fdb != NULL, 1);
 	fdcopy_buf_close(&sb);
+
+	/* Where the reopen was refused, the client's description: O_APPEND fails the GET. */
+	{
+		struct copy_fdseg shared = {.fd = fd, .flags = COPY_FD_SHARED, .off = 8192};
+
+		j = (struct copy_job){
+			.dir = COPY_FROM_POOL, .segs = sg, .nsegs = 1, .fds = &shared};
+		assert_int_equal(fdcopy_run(&j), -EFAULT);
+		assert_int_equal(fsize(fd), FLEN); /* nothing appended */
+		assert_int_equal(fcntl(fd, F_SETFL, fl), 0);
+		assert_int_equal(fdcopy_run(&j), 0);
+		assert_int_equal(fsize(fd), FLEN);
+		j.dir = COPY_TO_POOL; /* reads never cared */
+		sg[0] = (struct copy_seg){back, base, sizeof(back)};
+		memset(back, 0, sizeof(back));
+		assert_int_equal(fdcopy_run(&j), 0);
+		assert_memory_equal(back, pool, sizeof(pool));
+	}
 	close(fd);
 }
 
