@@ -288,11 +288,13 @@ static int node_connect(struct rnode *n)
 	n->state = RN_CONNECTING;
 	n->since = clock_now();
 	ev_add_read(n);
-	/* The first command arms the write event that completes the connect. */
+	/*
+	 * The first command arms the write event that completes the connect: always one, even
+	 * when a refresh is already in flight elsewhere (else the connect would never finish).
+	 */
+	redisAsyncCommand(ac, on_ping, NULL, "PING");
 	if (!n->rc->have_map || n->rc->refresh_at <= n->since)
 		refresh_send(n->rc, n);
-	else
-		redisAsyncCommand(ac, on_ping, NULL, "PING");
 	return 0;
 }
 

@@ -242,6 +242,19 @@ static void layout(struct kvb_layout *l)
 	harness_layout(l, "test/remote", KVB_LAYOUT_MLA, 16, 1, 0, PAGE_LAYERS, 4096);
 }
 
+/* Waits until node's broker reaches every shard; prints its remote object when it does not. */
+static void reachable_wait(int node, int timeout_ms)
+{
+	char *j;
+
+	if (harness_stat_wait(cl[node], "remote.shards_reachable", NNODES, timeout_ms) == NNODES)
+		return;
+	j = harness_stats(cl[node]);
+	printf("node %c: %s\n", 'A' + node, strstr(j, "\"remote\"") ? strstr(j, "\"remote\"") : j);
+	free(j);
+	harness_fail(__FILE__, __LINE__, "node %c does not reach all %d shards", 'A' + node, NNODES);
+}
+
 static void brokers_start(void)
 {
 	for (int i = 0; i < NNODES; i++) {
@@ -258,7 +271,7 @@ static void brokers_start(void)
 		CHECK_OK(kvb_ns_open(cl[i], &l, &nsid[i], &page_bytes));
 	}
 	for (int i = 0; i < NNODES; i++)
-		CHECK_EQ(harness_stat_wait(cl[i], "remote.shards_reachable", NNODES, 10000), NNODES);
+		reachable_wait(i, 10000);
 }
 
 static void put_pages(int node, const kvb_key *keys, int n, uint64_t seed)
@@ -542,7 +555,7 @@ static void case_fault(int down, int stop, uint64_t seed)
 		redis_start(down);
 	cluster_wait_ok(15000);
 	for (int i = 0; i < NNODES; i++)
-		CHECK_EQ(harness_stat_wait(cl[i], "remote.shards_reachable", NNODES, 15000), NNODES);
+		reachable_wait(i, 15000);
 	if (stop) {
 		for (int i = 0; i < N; i++)
 			if (owner[i] == down)
