@@ -225,8 +225,10 @@ static void node_ok(struct rnode *n)
 	}
 	n->backoff = 0;
 	n->failures = 0;
-	if (n->ac)
+	if (n->ac && n->state != RN_UP) {
+		log_debug("remote: node %s up", node_name(n));
 		n->state = RN_UP;
+	}
 }
 
 static void on_ping(redisAsyncContext *ac, void *reply, void *priv)
@@ -240,6 +242,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 {
 	struct rnode *n = ac->data;
 
+	log_debug("remote: node %s connect: %d", node_name(n), status);
 	if (status == REDIS_OK) {
 		/* UP only once something answers: a stopped server's kernel still accepts. */
 		/* Keep the reader's buffer: a page-sized one freed after every reply is an mmap. */
@@ -287,6 +290,7 @@ static int node_connect(struct rnode *n)
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	n->state = RN_CONNECTING;
 	n->since = clock_now();
+	log_debug("remote: connecting to %s", node_name(n));
 	ev_add_read(n);
 	/*
 	 * The first command arms the write event that completes the connect: always one, even
@@ -342,6 +346,15 @@ static void map_recount(struct rcluster *rc)
 			rc->nodes[rc->slot_node[s] - 1].slots++;
 }
 
+static int map_covered(const struct rcluster *rc)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < rc->nnodes; i++)
+		n += rc->nodes[i].slots;
+	return n == CSLOT_COUNT;
+}
+
 static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 {
 	struct rnode *n = ac->data;
@@ -366,7 +379,11 @@ static void on_slots(redisAsyncContext *ac, void *reply, void *priv)
 	map_recount(rc);
 	rc->have_map = got > 0;
 	rc->h.refreshes++;
-	rc->refresh_at = clock_now() + REFRESH_EVERY;
+	/*
+	 * A node that just joined may not know every owner yet (gossip): a map with holes is
+	 * asked again soon, not in REFRESH_EVERY.
+	 */
+	rc->refresh_at = clock_now() + (map_covered(rc) ? REFRESH_EVERY : REFRESH_GAP);
 	/* Nodes that own slots and are not connected yet start connecting now. */
 	for (uint32_t i = 0; i < rc->nnodes; i++)
 		if (rc->nodes[i].slots && !rc->nodes[i].ac && rc->nodes[i].state == RN_DOWN &&

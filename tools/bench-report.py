@@ -394,6 +394,9 @@ if os.path.exists(p) and os.path.getsize(p):
 p = os.path.join(sections, "python.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append(open(p).read().strip() + "\n")
+p = os.path.join(sections, "remote.md")
+if os.path.exists(p) and os.path.getsize(p):
+    L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append("## Start-up (from `tools/bench-startup.sh`)\n")

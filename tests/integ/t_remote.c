@@ -264,7 +264,8 @@ static void brokers_start(void)
 		/* Each broker's seed is its own node; it learns the rest from CLUSTER SLOTS. */
 		snprintf(url, sizeof(url), "redis://127.0.0.1:%u", nodes[i].port);
 		bk[i] = harness_broker_start("--pool", "160M", "--remote", url, "--remote-timeout",
-					      "200", "--remote-prefix", "t:");
+					      "200", "--remote-prefix", "t:", "--log-level",
+					      getenv("T_REMOTE_DEBUG") ? "debug" : "info");
 		snprintf(name, sizeof(name), "node%c", 'A' + i);
 		cl[i] = harness_connect(bk[i], name, 0);
 		layout(&l);
