@@ -61,7 +61,7 @@ struct config {
 	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
-	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	char metrics_listen[80];  /* --metrics-listen HOST:PORT, "" when off */
 	struct remote_cfg remote; /* remote.url NULL: no remote tier */
 };
 
@@ -178,7 +178,7 @@ struct broker {
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
-	struct tier *tier; /* NULL without --disk */
+	struct tier *tier;     /* NULL without --disk */
 	struct remote *remote; /* NULL without --remote */
 	struct counters ctr;
 	struct list sessions;

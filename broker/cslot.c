@@ -33,7 +33,8 @@ uint16_t cslot_of(const void *key, size_t len)
 
 		close = memchr(open + 1, '}', rest);
 		if (close && close > open + 1)
-			return cslot_crc16(open + 1, (size_t)(close - open - 1)) & (CSLOT_COUNT - 1);
+			return cslot_crc16(open + 1, (size_t)(close - open - 1)) &
+			       (CSLOT_COUNT - 1);
 	}
 	return cslot_crc16(k, len) & (CSLOT_COUNT - 1);
 }
@@ -111,7 +112,8 @@ int cslot_walk_slots(const void *reply,
 		    m->elements < 2 || m->element[0]->type != REDIS_REPLY_STRING ||
 		    m->element[1]->type != REDIS_REPLY_INTEGER)
 			return -EPROTO;
-		if (e->element[0]->integer < 0 || e->element[1]->integer >= (long long)CSLOT_COUNT ||
+		if (e->element[0]->integer < 0 ||
+		    e->element[1]->integer >= (long long)CSLOT_COUNT ||
 		    e->element[0]->integer > e->element[1]->integer ||
 		    m->element[1]->integer <= 0 || m->element[1]->integer > 65535 ||
 		    m->element[0]->len >= sizeof(host))

@@ -28,7 +28,8 @@ struct cslot_redirect {
 	int ask; /* 1: ASK (this once, after ASKING), 0: MOVED (the slot moved for good) */
 	uint16_t slot;
 	uint16_t port;
-	char host[CSLOT_HOST_MAX]; /* "" when the server sent no endpoint (":port"): the same host */
+	char host
+		[CSLOT_HOST_MAX]; /* "" when the server sent no endpoint (":port"): the same host */
 };
 
 /*

@@ -32,8 +32,8 @@ struct loop_hooks {
 
 struct loop {
 	int epfd;
-	int stop;      /* set by anyone: loop_run returns after the current round */
-	double window; /* seconds of busy polling after the last work (--poll-us) */
+	int stop;	  /* set by anyone: loop_run returns after the current round */
+	double window;	  /* seconds of busy polling after the last work (--poll-us) */
 	uint32_t revents; /* the epoll events of the fd whose callback runs now */
 	struct loop_hooks h;
 };

@@ -781,8 +781,8 @@ int main(int argc, char **argv)
 	err = loop_run(&b.loop);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
-	xfer_fini(&b);	/* in-flight copies finish, their dead sessions' counts drop to 0 */
-	tier_close(&b); /* writes what is only in RAM, completes parked ops */
+	xfer_fini(&b);	  /* in-flight copies finish, their dead sessions' counts drop to 0 */
+	tier_close(&b);	  /* writes what is only in RAM, completes parked ops */
 	remote_close(&b); /* requests in flight are cancelled: their pages abort */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",

@@ -122,13 +122,18 @@ static void make_key(const struct remote *r, const struct ns *n, const kvb_key *
 	c->klen = (uint32_t)(pl + 2 * sizeof(n->ident) + 1 + 2 * sizeof(key->b));
 }
 
+/* A 64-bit digest of (identity, key), never 0 (an empty slot): every key byte counts. */
 static uint64_t fp_of(const struct ns *n, const kvb_key *key)
 {
-	uint64_t a, k;
+	uint64_t h, w;
 
-	memcpy(&a, n->ident, sizeof(a));
-	memcpy(&k, key->b, sizeof(k));
-	return (a ^ k) | 1; /* 0 is an empty slot */
+	memcpy(&h, n->ident, sizeof(h));
+	for (size_t i = 0; i < sizeof(key->b); i += sizeof(w)) {
+		memcpy(&w, key->b + i, sizeof(w));
+		h = (h ^ w) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	return h ? h : 1;
 }
 
 /* 0 when the value (val, len) is a well-formed copy of a page_bytes page, else -EBADMSG. */
@@ -137,9 +142,9 @@ static int value_check(const void *val, size_t len, uint64_t page_bytes, struct 
 	if (!val || len < sizeof(*h))
 		return -EBADMSG;
 	memcpy(h, val, sizeof(*h));
-	if (h->magic != REMOTE_MAGIC || h->version != REMOTE_VERSION ||
-	    h->hdr_len != sizeof(*h) || slot_crc32c(h, offsetof(struct remote_hdr, hcrc)) != h->hcrc ||
-	    h->len != page_bytes || len != sizeof(*h) + page_bytes)
+	if (h->magic != REMOTE_MAGIC || h->version != REMOTE_VERSION || h->hdr_len != sizeof(*h) ||
+	    slot_crc32c(h, offsetof(struct remote_hdr, hcrc)) != h->hcrc || h->len != page_bytes ||
+	    len != sizeof(*h) + page_bytes)
 		return -EBADMSG;
 	return 0;
 }
@@ -227,7 +232,9 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 	if (res < 0 && res != -EHOSTUNREACH && res != -ETIMEDOUT) {
 		r->st.errors++;
 		log_throttled(&r->lt_err, "remote: %s of %.*s...: %s",
-			      c->kind == RC_PUBLISH ? "publish" : c->kind == RC_FETCH ? "fetch" : "lookup",
+			      c->kind == RC_PUBLISH ? "publish"
+			      : c->kind == RC_FETCH ? "fetch"
+						    : "lookup",
 			      24, c->key, strerror(-res));
 	} else if (res == -EHOSTUNREACH) {
 		r->st.unreachable++;
@@ -633,9 +640,10 @@ cJSON *remote_json(const struct broker *b)
 		return o;
 	}
 	r->be_ops->health(r->be, &h);
-	cJSON_AddStringToObject(o, "state", !h.reachable		? "down"
-					    : h.reachable < h.shards ? "degraded"
-								     : "ok");
+	cJSON_AddStringToObject(o, "state",
+				!h.reachable		 ? "down"
+				: h.reachable < h.shards ? "degraded"
+							 : "ok");
 	cJSON_AddStringToObject(o, "backend", r->be_ops->name);
 	cJSON_AddStringToObject(o, "seeds", r->url);
 	cJSON_AddStringToObject(o, "prefix", r->cfg.prefix);

@@ -27,11 +27,11 @@ struct loop;
 enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1 };
 
 struct remote_cfg {
-	const char *url;	/* --remote: redis://host:port[,host:port...]; NULL: tier off */
-	char prefix[32];	/* --remote-prefix: every key starts with it (no '{' or '}') */
-	double timeout;		/* --remote-timeout (seconds): the deadline of each lookup/fetch */
-	uint64_t max_inflight;	/* --remote-inflight: value bytes on the wire at most */
-	int publish;		/* --remote-publish: enum remote_publish */
+	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */
+	char prefix[32];       /* --remote-prefix: every key starts with it (no '{' or '}') */
+	double timeout;	       /* --remote-timeout (seconds): the deadline of each lookup/fetch */
+	uint64_t max_inflight; /* --remote-inflight: value bytes on the wire at most */
+	int publish;	       /* --remote-publish: enum remote_publish */
 };
 
 /* The value header (little-endian), before the page's bytes; checked on every fetch. */
@@ -50,7 +50,7 @@ _Static_assert(sizeof(struct remote_hdr) == 24, "remote value header");
 #define REMOTE_KEY_MAX 192
 
 /* struct page rflags */
-#define REMOTE_PG_FETCHING 1u /* WRITING, being filled by a fetch of this tier */
+#define REMOTE_PG_FETCHING 1u  /* WRITING, being filled by a fetch of this tier */
 #define REMOTE_PG_PUBLISHED 2u /* sent to the store, or came from it: never (again) */
 
 enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
@@ -62,7 +62,7 @@ enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
  * freed when the backend is done with it.
  */
 struct remote_call {
-	struct list link; /* the tier's calls in flight, oldest first */
+	struct list link;  /* the tier's calls in flight, oldest first */
 	struct list blink; /* the backend's (its connection's FIFO) */
 	struct remote *r;
 	uint8_t kind;	 /* enum remote_kind */
@@ -74,11 +74,11 @@ struct remote_call {
 	uint32_t klen;
 	char *cmd; /* the request, formatted by the backend (kept for redirections) */
 	size_t cmdlen;
-	uint64_t bytes;		/* counted in the tier's bytes in flight */
-	struct page *pg;	/* RC_FETCH: the WRITING page it fills */
-	uint64_t page_bytes;	/* RC_FETCH */
-	struct remote_lq *lq;	/* RC_LOOKUP: the LOOKUP it answers */
-	uint32_t lq_idx;	/* RC_LOOKUP: which of its keys */
+	uint64_t bytes;	      /* counted in the tier's bytes in flight */
+	struct page *pg;      /* RC_FETCH: the WRITING page it fills */
+	uint64_t page_bytes;  /* RC_FETCH */
+	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
+	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
 };
 
 /* What the backend says of its health (stats). */

@@ -50,15 +50,15 @@
  */
 void redisProcessCallbacks(redisAsyncContext *ac);
 
-#define RN_MAX 64		  /* cluster nodes known */
-#define MAX_REDIRECTS 3		  /* MOVED/ASK hops of one request */
-#define RBUF_BYTES (1u << 20)	  /* bytes per read */
-#define READS_PER_EVENT 8	  /* reads per readable event (a fair share of the loop) */
-#define BACKOFF_FIRST 0.25	  /* seconds from a node's failure to its first retry */
-#define BACKOFF_MAX 8.0		  /* the longest back-off */
-#define STALL_MIN 1.0		  /* seconds a request may wait for its reply, at least */
-#define REFRESH_EVERY 10.0	  /* seconds between two CLUSTER SLOTS while all is well */
-#define REFRESH_GAP 0.5		  /* ... and at least this far apart after redirections */
+#define RN_MAX 64	      /* cluster nodes known */
+#define MAX_REDIRECTS 3	      /* MOVED/ASK hops of one request */
+#define RBUF_BYTES (1u << 20) /* bytes per read */
+#define READS_PER_EVENT 8     /* reads per readable event (a fair share of the loop) */
+#define BACKOFF_FIRST 0.25    /* seconds from a node's failure to its first retry */
+#define BACKOFF_MAX 8.0	      /* the longest back-off */
+#define STALL_MIN 1.0	      /* seconds a request may wait for its reply, at least */
+#define REFRESH_EVERY 10.0    /* seconds between two CLUSTER SLOTS while all is well */
+#define REFRESH_GAP 0.5	      /* ... and at least this far apart after redirections */
 
 enum { RN_DOWN = 0, RN_CONNECTING = 1, RN_UP = 2 };
 
@@ -73,7 +73,7 @@ struct rnode {
 	redisAsyncContext *ac;
 	struct loop_fd lfd;
 	int fd;
-	uint32_t ev; /* epoll events registered, 0: not registered */
+	uint32_t ev;	   /* epoll events registered, 0: not registered */
 	struct list calls; /* sent here, oldest first (replies come in order) */
 	uint32_t slots;	   /* owned, from the last CLUSTER SLOTS */
 	double since;	   /* the connect started */
@@ -547,8 +547,8 @@ static int rc_fetch(void *be, struct remote_call *c)
 	return submit(be, c, "GET", NULL, NULL, 0);
 }
 
-static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *h,
-		      const void *page, size_t len)
+static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *h, const void *page,
+		      size_t len)
 {
 	return submit(be, c, "SET", h, page, len);
 }

@@ -249,7 +249,8 @@ static void remote_metrics(struct mbuf *m, const cJSON *rem)
 	static const struct {
 		const char *field, *name, *type, *help;
 	} one[] = {
-		{"shards", "kvbroker_remote_shards", "gauge", "Remote store shards that own slots."},
+		{"shards", "kvbroker_remote_shards", "gauge",
+		 "Remote store shards that own slots."},
 		{"shards_reachable", "kvbroker_remote_shards_reachable", "gauge",
 		 "Remote store shards connected and answering."},
 		{"published", "kvbroker_remote_published_total", "counter",
@@ -277,7 +278,8 @@ static void remote_metrics(struct mbuf *m, const cJSON *rem)
 	family(m, "kvbroker_remote_state", "gauge",
 	       "Remote tier state: 1 for the current one of off, ok, degraded, down.");
 	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
-		sample(m, "kvbroker_remote_state", L("state", states[i]), !strcmp(state, states[i]));
+		sample(m, "kvbroker_remote_state", L("state", states[i]),
+		       !strcmp(state, states[i]));
 	if (!rem)
 		return;
 	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++)

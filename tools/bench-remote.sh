@@ -47,7 +47,7 @@ for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; slee
 broker() { # name args...: starts kvbrokerd on $D/$1.sock
 	n=$1
 	shift
-	"$B/bin/kvbrokerd" --socket "$D/$n.sock" --pool 1G "$@" 2>"$D/$n.log" &
+	"$B/bin/kvbrokerd" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
 	pids="$pids $!"
 	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
 }
@@ -55,7 +55,7 @@ field() { # json-file key: a number from kvbbench --json
 	python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
 row() { # label file
-	printf '| %s | %.2f | %.0f | %.0f | %.0f |\n' "$1" "$(field "$2" gbps)" "$(field "$2" ops_per_s)" \
+	printf '| %s | %.2f | %.0f | %.0f | %.0f |\n' "$1" "$(field "$2" gb_per_s)" "$(field "$2" ops_per_s)" \
 		"$(field "$2" p50_us)" "$(field "$2" p99_us)"
 }
 
@@ -70,6 +70,8 @@ echo "bench-remote: B fetches each once" >&2
 "$B/bin/kvbfetch" get "$D/b.sock" "$N" >"$D/fetch.json"
 fetched=$("$B/bin/kvbctl" --socket "$D/b.sock" status --json |
 	python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["fetched"])')
+"$B/bin/kvbctl" --socket "$D/a.sock" status | grep -A2 '^remote' >&2
+"$B/bin/kvbctl" --socket "$D/b.sock" status | grep -A2 '^remote' >&2
 echo "bench-remote: hiredis GETs of the same size" >&2
 peer=""
 if [ -x "$PEERS" ]; then
@@ -100,7 +102,7 @@ if [ -n "$peer" ]; then
 	row "hiredis GET of the same size (kvbbench-peers redis-get)" "$D/redis.json"
 	python3 - "$D/fetch.json" "$D/redis.json" <<'EOF'
 import json, sys
-f, r = (json.load(open(p))["gbps"] for p in sys.argv[1:3])
+f, r = (json.load(open(p))["gb_per_s"] for p in sys.argv[1:3])
 print("\nFetch at %.0f%% of hiredis GET (target >= 80%%: %s).\n" % (100 * f / r, "met" if f >= 0.8 * r else "MISSED"))
 EOF
 else

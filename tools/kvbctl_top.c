@@ -161,11 +161,13 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 	}
 	if (rem)
 		mvprintw(y++, 0,
-			 "remote %s  shards %.0f/%.0f  published %.0f  fetched %.0f/%.0f  errors %.0f"
+			 "remote %s  shards %.0f/%.0f  published %.0f  fetched %.0f/%.0f  errors "
+			 "%.0f"
 			 "  in flight %s",
 			 sdoc_str(rem, "state"), sdoc_num(rem, "shards_reachable"),
 			 sdoc_num(rem, "shards"), sdoc_num(rem, "published"),
-			 sdoc_num(rem, "fetched"), sdoc_num(rem, "fetches"), sdoc_num(rem, "errors"),
+			 sdoc_num(rem, "fetched"), sdoc_num(rem, "fetches"),
+			 sdoc_num(rem, "errors"),
 			 fmt_bytes(sdoc_num(rem, "bytes_in_flight"), a, sizeof(a)));
 	else
 		mvprintw(y++, 0, "remote: off");

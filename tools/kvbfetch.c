@@ -95,7 +95,8 @@ int main(int argc, char **argv)
 	}
 	total = now() - total;
 	qsort(t, (size_t)n, sizeof(*t), cmp);
-	printf("{\"gbps\":%.3f,\"ops_per_s\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f,\"hits\":%d}\n",
+	printf("{\"gb_per_s\":%.3f,\"ops_per_s\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f,\"hits\":%d}"
+	       "\n",
 	       (double)pb * (double)n / total / 1e9, (double)n / total, t[n / 2],
 	       t[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1], put ? (int)n : hits);
 	free(t);

@@ -187,7 +187,8 @@ static void cluster_create(void)
 			freeReplyObject(r);
 	}
 	for (int i = 1; i < NNODES; i++) {
-		redisReply *r = rcmd(0, "CLUSTER MEET 127.0.0.1 %u %u", nodes[i].port, nodes[i].bus);
+		redisReply *r = rcmd(0, "CLUSTER MEET 127.0.0.1 %u %u", nodes[i].port,
+				     nodes[i].bus);
 
 		CHECKF(r && r->type == REDIS_REPLY_STATUS, "CLUSTER MEET: %s",
 		       r && r->str ? r->str : "no reply");
@@ -252,7 +253,8 @@ static void reachable_wait(int node, int timeout_ms)
 	j = harness_stats(cl[node]);
 	printf("node %c: %s\n", 'A' + node, strstr(j, "\"remote\"") ? strstr(j, "\"remote\"") : j);
 	free(j);
-	harness_fail(__FILE__, __LINE__, "node %c does not reach all %d shards", 'A' + node, NNODES);
+	harness_fail(__FILE__, __LINE__, "node %c does not reach all %d shards", 'A' + node,
+		     NNODES);
 }
 
 static void brokers_start(void)
@@ -264,8 +266,8 @@ static void brokers_start(void)
 		/* Each broker's seed is its own node; it learns the rest from CLUSTER SLOTS. */
 		snprintf(url, sizeof(url), "redis://127.0.0.1:%u", nodes[i].port);
 		bk[i] = harness_broker_start("--pool", "160M", "--remote", url, "--remote-timeout",
-					      "200", "--remote-prefix", "t:", "--log-level",
-					      getenv("T_REMOTE_DEBUG") ? "debug" : "info");
+					     "200", "--remote-prefix", "t:", "--log-level",
+					     getenv("T_REMOTE_DEBUG") ? "debug" : "info");
 		snprintf(name, sizeof(name), "node%c", 'A' + i);
 		cl[i] = harness_connect(bk[i], name, 0);
 		layout(&l);
@@ -328,7 +330,6 @@ static int get_page(int node, const kvb_key *k, uint64_t seed, uint8_t *buf)
 	return 1;
 }
 
-
 /* ---- the cases ---- */
 
 static void case_put_a_get_b(void)
@@ -363,7 +364,7 @@ static void case_put_a_get_b(void)
 static struct {
 	kvb_key keys[16];
 	struct harness_gate go;
-} *race;
+} * race;
 
 static int racer(int idx, void *arg)
 {
@@ -531,8 +532,7 @@ static void case_fault(int down, int stop, uint64_t seed)
 		nodes[down].pid = 0;
 	}
 	during = local_get_us(local, 24, buf);
-	harness_log("local GET median %.0f us before, %.0f us with the shard down", before,
-		    during);
+	harness_log("local GET median %.0f us before, %.0f us with the shard down", before, during);
 	CHECK_LT(during, before * 3 + 500);
 	for (int i = 0; i < N; i++) {
 		int h;

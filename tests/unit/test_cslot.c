@@ -73,9 +73,16 @@ static void test_cslot_redirect_parse(void **state)
 static void test_cslot_redirect_hostile(void **state)
 {
 	static const char *bad[] = {
-		"MOVED 16384 127.0.0.1:1", "MOVED -1 h:1",     "MOVED 12 h",	 "MOVED 12 h:",
-		"MOVED 12 h:0",		   "MOVED 12 h:65536", "MOVED x h:1",	 "ASK 1 h:1x",
-		"MOVED  h:1",		   "MOVED 99999999999 h:1",
+		"MOVED 16384 127.0.0.1:1",
+		"MOVED -1 h:1",
+		"MOVED 12 h",
+		"MOVED 12 h:",
+		"MOVED 12 h:0",
+		"MOVED 12 h:65536",
+		"MOVED x h:1",
+		"ASK 1 h:1x",
+		"MOVED  h:1",
+		"MOVED 99999999999 h:1",
 	};
 	char longhost[200];
 	struct cslot_redirect r;
@@ -156,11 +163,11 @@ static void on_range(void *arg, uint16_t first, uint16_t last, const char *host,
 static void test_cslot_walk_slots(void **state)
 {
 	struct seen s = {0};
-	redisReply *r = rarr(2,
-			     rarr(3, rnum(0), rnum(8191),
-				  rarr(3, rstr("127.0.0.1"), rnum(7000), rstr("id0"))),
-			     rarr(4, rnum(8192), rnum(16383), rarr(2, rstr("10.1.1.1"), rnum(7001)),
-				  rarr(2, rstr("10.1.1.2"), rnum(7002))));
+	redisReply *r = rarr(
+		2,
+		rarr(3, rnum(0), rnum(8191), rarr(3, rstr("127.0.0.1"), rnum(7000), rstr("id0"))),
+		rarr(4, rnum(8192), rnum(16383), rarr(2, rstr("10.1.1.1"), rnum(7001)),
+		     rarr(2, rstr("10.1.1.2"), rnum(7002))));
 
 	(void)state;
 	assert_int_equal(cslot_walk_slots(r, on_range, &s), 2);
