@@ -83,6 +83,7 @@ lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
 }
 lat "$D/b.sock" "$D/on.json"
+"$B/bin/kvbfetch" put "$D/c.sock" "$N" >"$D/put-off.json"
 lat "$D/c.sock" "$D/off.json"
 kill -STOP "$rpid"
 lat "$D/b.sock" "$D/stopped.json"
@@ -110,6 +111,14 @@ else
 	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
 	echo
 fi
+echo "Publish at PUT: what it costs a PUT (the page's crc32c and its copy into the request, on the"
+echo "loop thread), kvbfetch PUTs of new pages:"
+echo
+echo "| case | GB/s | ops/s | p50 us | p99 us |"
+echo "| --- | --- | --- | --- | --- |"
+row "PUT, tier off (broker C)" "$D/put-off.json"
+row "PUT, published at PUT (broker A)" "$D/put.json"
+echo
 echo "Local hits (GET of pages in B's RAM, registered buffer):"
 echo
 echo "| case | GB/s | ops/s | p50 us | p99 us |"
