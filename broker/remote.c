@@ -19,9 +19,9 @@
  * on another node right away, and the page is hottest (in cache, just written) then; the cost is
  * the bandwidth of pages nobody reuses (docs/benchmarks.md measures PUT with and without it).
  * --remote-publish never makes a node a reader only. The value is copied into the request when
- * it is sent, so nothing stays pinned; above --remote-inflight bytes on the wire, publishes
- * wait in a bounded queue (by key: a page evicted meanwhile is skipped) and drain as replies
- * come back.
+ * it is sent, so nothing stays pinned. Publishes go through a bounded queue (by key: a page
+ * evicted meanwhile is skipped), drained after each loop round (so the PUT's completion is
+ * posted before the page is checksummed and copied) while --remote-inflight allows.
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk
  * (tier.c): a RAM slot is allocated WRITING (never served), the op parks on it (pg->waiters),
@@ -492,16 +492,15 @@ void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
 
 	if (!r || r->cfg.publish != REMOTE_PUB_PUT || (pg->rflags & REMOTE_PG_PUBLISHED))
 		return;
-	if (r->inflight + n->page_bytes <= r->cfg.max_inflight && !r->pq_len) {
-		publish_page(r, n, pg);
-		return;
-	}
+	/*
+	 * Queued, sent from remote_tick after this round: the PUT's completion is posted first,
+	 * so the checksum and the copy into the request never add to the PUT's latency.
+	 */
 	if (r->pq_len == PUBQ_CAP) {
 		r->st.publish_dropped++;
 		return;
 	}
 	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){n->id, pg->key};
-	r->st.publish_queued++;
 }
 
 /* Publishes what waited while there is room on the wire; a page gone meanwhile is skipped. */
@@ -523,6 +522,8 @@ static uint32_t pubq_drain(struct remote *r)
 			r->st.publish_dropped += !pg || pg->state != PAGE_READY;
 			continue;
 		}
+		if (r->inflight)
+			r->st.publish_queued++; /* it waited for room, or behind others */
 		publish_page(r, ns, pg);
 		n++;
 	}
@@ -550,12 +551,12 @@ uint32_t remote_tick(struct broker *b)
 		settle(r, c, -ETIMEDOUT, NULL, 0);
 		n++;
 	}
+	if (r->pq_len)
+		n += pubq_drain(r);
 	if (now - r->tick_at < TICK_GAP)
 		return n;
 	r->tick_at = now;
 	n += r->be_ops->poll(r->be, now);
-	if (r->pq_len)
-		n += pubq_drain(r);
 	return n;
 }
 
@@ -566,6 +567,8 @@ int remote_sleep_ms(struct broker *b)
 
 	if (!r)
 		return -1;
+	if (r->pq_len && r->inflight < r->cfg.max_inflight)
+		return 1; /* publishes to send */
 	if (list_empty(&r->calls))
 		return IDLE_SLEEP_MS;
 	left = list_entry(r->calls.next, struct remote_call, link)->deadline - clock_now();
