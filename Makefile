@@ -371,7 +371,7 @@ pytest: $(PY_PKG_STAMP) $(BROKERD) $(FAKE_CUDA)
 		-q -p no:cacheprovider tests
 
 pylint: $(PY_PKG_STAMP)
-	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests setup.py ../tools/bench_python.py
+	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests setup.py ../tools/bench_python.py ../tools/bench_sglang.py ../tools/bench_vllm.py
 	$(Q)cd python && ../$(PY_VENV)/bin/mypy
 
 format:

@@ -391,12 +391,10 @@ if os.path.exists(p) and os.path.getsize(p):
     # Its raw "name=value" lines (also in its own log) are not for the document.
     own = [l for l in open(p).read().strip().splitlines() if not re.match(r"^(\S+ )?(\w+=\S+\s*)+$", l)]
     L.append("\n".join(own).strip() + "\n")
-p = os.path.join(sections, "python.md")
-if os.path.exists(p) and os.path.getsize(p):
-    L.append(open(p).read().strip() + "\n")
-p = os.path.join(sections, "remote.md")
-if os.path.exists(p) and os.path.getsize(p):
-    L.append(open(p).read().strip() + "\n")
+for name in ("python.md", "sglang.md", "vllm.md", "remote.md"):
+    p = os.path.join(sections, name)
+    if os.path.exists(p) and os.path.getsize(p):
+        L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
     L.append("## Start-up (from `tools/bench-startup.sh`)\n")

@@ -16,6 +16,10 @@
 #   workloads engine requests over shared prefixes (zipf), a GET/PUT/LOOKUP/ACQUIRE mix
 #   disk tier when `kvbrokerd --help` mentions --disk: PUT then GET of a working set 4x the pool
 #             at 1M and 4.5M, against fio with the same block size and queue depth, same directory
+#   sglang    tools/bench_sglang.py in build/venv: kvbroker.sglang's batch_get_v1 and
+#             batch_exists against memcpy and SGLang's HiCacheFile on tmpfs
+#   vllm      tools/bench_vllm.py in build/venv: kvbroker.vllm's scheduler-side match of a
+#             32K-token request and its worker-side store/load on CPU tensors against memcpy
 #   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
 #             memory allows, or KVB_BENCH_STARTUP_SIZE) and, with the disk tier,
 #             tools/bench-disk.sh B (its own QD-8 figures and the warm-restart scan), when
@@ -436,6 +440,42 @@ if [ -f tools/bench-startup.sh ]; then
 		2>"$tmp/hook.err" || hrc=$?
 	[ "$hrc" -eq 0 ] ||
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+fi
+
+# ---- kvbroker.sglang as SGLang's HiCache L3 tier, when the Python venv has SGLang ----
+# (build/venv: `make python` with python/requirements/sglang*.txt.) Its own broker: 2 GiB
+# holds the 128 Kimi-K2.5 pages it reads plus those it writes.
+PYV=${KVB_BENCH_PYTHON:-build/venv/bin/python}
+if [ -x "$PYV" ] && "$PYV" -c 'import kvbroker, sglang' 2>/dev/null; then
+	start_broker sglang --pool 2G
+	echo "bench: tools/bench_sglang.py"
+	hrc=0
+	reps=5
+	[ "$QUICK" = 1 ] && reps=1
+	"$PYV" -W ignore tools/bench_sglang.py --socket "$sock" --reps "$reps" \
+		>"$extra/sglang.md" 2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench_sglang.py exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+	stop_servers
+else
+	fail "sglang: $PYV cannot import kvbroker and sglang (make python)"
+fi
+
+# ---- kvbroker.vllm (issue 15): scheduler-side match and worker save/load, its own broker ----
+if [ -x "$PYV" ] && "$PYV" -c 'import kvbroker.vllm' 2>/dev/null; then
+	start_broker vllm --pool 2G
+	echo "bench: tools/bench_vllm.py"
+	hrc=0
+	vq=""
+	reps=5
+	[ "$QUICK" = 1 ] && vq="--quick" && reps=2
+	"$PYV" -W ignore tools/bench_vllm.py --socket "$sock" --reps "$reps" $vq \
+		>"$extra/vllm.md" 2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench_vllm.py exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+	stop_servers
+else
+	fail "vllm: $PYV cannot import kvbroker.vllm (make python)"
 fi
 
 # ---- the remote tier (--remote): fetch vs hiredis GET, local hits with the tier on/off ----

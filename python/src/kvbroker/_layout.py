@@ -11,6 +11,7 @@ naming the field before anything reaches the broker.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -155,3 +156,16 @@ class Layout:
         return (self.model, _KINDS[str(self.kind)], self.tokens_per_page, self.tp_size,
                 self.tp_rank, comps, self.page_format, size(self.pp_size), self.pp_rank,
                 size(self.cp_size), self.cp_rank, size(self.dp_size), self.dp_rank)
+
+
+def model_ns_name(name: str) -> str:
+    """The namespace model name of an engine's model name, the rule every engine adapter
+    follows so that SGLang and vLLM share pages: last path component, lowercase, at most 63
+    bytes ("moonshotai/Kimi-K2.5" and "/models/Kimi-K2.5/" -> "kimi-k2.5"); a longer name
+    keeps 46 bytes and a 16-digit SHA-256 suffix.
+    """
+    base = name.rstrip("/").rsplit("/", 1)[-1].lower() or "model"
+    if len(base.encode()) <= 63:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:16]
+    return base.encode()[:46].decode(errors="ignore") + "-" + digest

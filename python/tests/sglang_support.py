@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: MIT
+"""SGLang 0.5.23 on the CPU for the kvbroker.sglang tests and bench: imports, host pools,
+storage configs. Imported before anything from sglang.
+
+SGLang's memory-pool module imports sglang.srt.configs, whose multimodal configs import
+torchvision at module level; PyPI's torchvision does not load beside the CPU torch
+("operator torchvision::nms does not exist"), and HiCache never uses it. So when torchvision
+is absent, transformers is asked first (it caches "no torchvision") and then a module that
+only names the two transforms symbols those configs import stands in for it. Nothing else
+of SGLang is replaced: the storage, host-pool, hash and controller code under test is
+SGLang's own.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import time
+import types
+from typing import Any
+
+_IMPORT = {"seconds": 0.0}
+
+
+def _torchvision_stand_in() -> None:
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()  # lru_cached False before the stand-in exists
+    import_utils.is_torchvision_v2_available()
+
+    class _Names:
+        def __getattr__(self, name: str) -> str:
+            return name
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("torchvision is not installed (CPU test venv)")
+
+    mods: dict[str, Any] = {}
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional"):
+        m = types.ModuleType(name)
+        m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        mods[name] = sys.modules[name] = m
+    mods["torchvision"].transforms = mods["torchvision.transforms"]
+    tr = mods["torchvision.transforms"]
+    tr.functional = mods["torchvision.transforms.functional"]
+    tr.InterpolationMode = tr.functional.InterpolationMode = _Names()
+    for n in ("Compose", "Lambda", "Resize", "ToTensor", "Normalize", "CenterCrop"):
+        setattr(tr, n, unavailable)
+
+
+def import_sglang() -> float:
+    """Imports the SGLang modules the tests use; returns the seconds it took (once)."""
+    if _IMPORT["seconds"]:
+        return _IMPORT["seconds"]
+    t = time.monotonic()
+    # get_hash_str JIT-builds a C++ extension with torch's cpp_extension: ninja from the venv.
+    bindir = os.path.dirname(sys.executable)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    import warnings
+
+    warnings.filterwarnings("ignore", module="sglang|transformers|gguf|requests")
+    _torchvision_stand_in()
+    import sglang.srt.managers.cache_controller
+    import sglang.srt.mem_cache.hicache_storage
+    import sglang.srt.mem_cache.memory_pool
+    import sglang.srt.mem_cache.pool_host.mha
+    import sglang.srt.mem_cache.pool_host.mla
+    import sglang.srt.mem_cache.storage.backend_factory
+    import sglang.srt.mem_cache.utils  # noqa: F401
+
+    _IMPORT["seconds"] = time.monotonic() - t
+    return _IMPORT["seconds"]
+
+
+IMPORT_SECONDS = import_sglang()
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+BACKEND: dict[str, Any] = {"backend_name": "kvbroker", "module_path": "kvbroker.sglang",
+           "class_name": "KVBrokerStorage", "interface_v1": 1}
+
+
+def mla_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
+                  layers: int = 3, page: int = 16, tokens: int = 256,
+                  kv_lora_rank: int = 512, rope: int = 64,
+                  dtype: torch.dtype = torch.bfloat16,
+                  host_tokens: int | None = None) -> MLATokenToKVPoolHost:
+    """SGLang's MLA host pool on the CPU, built as SGLang builds it from a device pool
+    (hybrid_pool_assembler._build_mha_mla_host_pool), the device pool on "cpu" too.
+    host_tokens: the host pool's size (SGLang's host_token_capacity); default twice the
+    device pool's (--hicache-ratio 2)."""
+    dev = MLATokenToKVPool(size=tokens, page_size=page, dtype=dtype, kv_lora_rank=kv_lora_rank,
+                           qk_rope_head_dim=rope, layer_num=layers, device="cpu",
+                           enable_memory_saver=False, start_layer=0, end_layer=layers)
+    return MLATokenToKVPoolHost(
+        dev.get_device_pool_infos()[0].buffer_info, host_to_device_ratio=2.0, host_size=0,
+        page_size=page, layout=layout, pin_memory=False, device="cpu",
+        allocator_type=allocator, device_capacity_tokens=dev.size,
+        start_layer=dev.start_layer, end_layer=dev.end_layer, target_layer_num=dev.layer_num,
+        override_kv_cache_dim=dev.kv_cache_dim, host_token_capacity=host_tokens)
+
+
+def mha_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
+                  layers: int = 3, page: int = 16, tokens: int = 256, heads: int = 2,
+                  head_dim: int = 64, dtype: torch.dtype = torch.float16
+                  ) -> MHATokenToKVPoolHost:
+    """SGLang's MHA host pool on the CPU, as its aibrix unit test and the assembler build it."""
+    dev = MHATokenToKVPool(tokens, page, dtype, heads, head_dim, layers, "cpu", False,
+                           start_layer=0, end_layer=layers)
+    return MHATokenToKVPoolHost(
+        dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, page, layout, pin_memory=False,
+        device="cpu", allocator_type=allocator, device_capacity_tokens=dev.size,
+        start_layer=dev.start_layer, end_layer=dev.end_layer,
+        write_back_staging=dev.hicache_write_back_staging)
+
+
+def storage_config(*, mla: bool, tp_rank: int = 0, tp_size: int = 1, model: str = "test/Model",
+                   layout: str = "page_first_direct", **extra: Any) -> HiCacheStorageConfig:
+    """HiCacheStorageConfig as HiCacheController._generate_storage_config fills it."""
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=True,
+        is_page_first_layout=layout == "page_first", model_name=model,
+        extra_config=dict(extra))
+
+
+def kvbroker_backend(pool: Any, socket: str, *, mla: bool, tp_rank: int = 0,
+                     tp_size: int = 1, **extra: Any) -> Any:
+    """The backend as SGLang makes it: StorageBackendFactory, "dynamic", then
+    register_mem_pool_host (HiCacheController.attach_storage_backend)."""
+    cfg = storage_config(mla=mla, tp_rank=tp_rank, tp_size=tp_size, layout=pool.layout,
+                         socket=socket, **BACKEND, **extra)
+    if pool.allocator.__class__.__name__ == "ShmHostTensorAllocator":
+        cfg.extra_config["allocator"] = "shm"
+    backend = StorageBackendFactory.create_backend("dynamic", cfg, pool)
+    backend.register_mem_pool_host(pool)
+    return backend
+
+
+def fill(pool: Any, seed: int) -> None:
+    """Random bytes in the whole host pool."""
+    g = torch.Generator().manual_seed(seed)
+    flat = pool.kv_buffer.view(-1).view(torch.uint8)
+    flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8, generator=g))
+
+
+def indices(pages: list[int], page: int) -> torch.Tensor:
+    """Host indices of whole pages, as the controller passes them (int64, page-aligned)."""
+    return torch.cat([torch.arange(p * page, (p + 1) * page) for p in pages])

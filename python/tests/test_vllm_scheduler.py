@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: MIT
+"""kvbroker.vllm in the scheduler role, inside vLLM 0.33.0's real Scheduler.
+
+The real KVConnectorFactory loads the connector from kv_connector_module_path; pages are put
+into a real kvbrokerd under the keys SGLang would use (kvb.page_keys of the token ids), then the
+Scheduler must admit requests with exactly the broker's leading hits as computed tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
+pytest.importorskip("vllm")
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    SupportsHMA,
+    supports_hma,
+)
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request
+
+import kvbroker as kvb
+import vllm_support as vs
+from conftest import Broker
+from kvbroker.vllm import KVBrokerConnector, namespace_layouts
+
+BS = 16
+
+
+def _fill(socket: str, vc: VllmConfig, kcc: KVCacheConfig, tokens: list[int],
+          nblocks: int) -> list[bytes]:
+    """Stores the first nblocks pages of tokens, as another engine would have."""
+    plan = namespace_layouts(vc, kcc)[0]
+    keys = kvb.page_keys(tokens, BS)[:nblocks]
+    with kvb.connect(socket) as c:
+        ns = c.ns_open(plan.layout)
+        page = bytes(ns.page_bytes)
+        for k in keys:
+            ns.put(k, page)
+    return keys
+
+
+def _admitted(sched: Scheduler, req: Request) -> int:
+    """num_computed_tokens the Scheduler admits the request with (local + external)."""
+    sched.add_request(req)
+    out = sched.schedule()
+    new = [r for r in out.scheduled_new_reqs if r.req_id == req.request_id]
+    assert new, "request not scheduled"
+    return int(new[0].num_computed_tokens)
+
+
+def test_factory_loads_connector(tmp_path: Path, broker: Broker) -> None:
+    vc = vs.make_config(tmp_path, broker.socket)
+    kcc = vs.make_kv_cache_config(BS, 64, mla=True)
+    ktc = vc.kv_transfer_config
+    assert ktc is not None
+    cls = KVConnectorFactory.get_connector_class(ktc)
+    assert cls is KVBrokerConnector
+    assert issubclass(cls, KVConnectorBase_V1) and issubclass(cls, SupportsHMA)
+    assert supports_hma(cls) and KVConnectorFactory.supports_hma_config(ktc)
+    # With the hybrid KV cache manager on (the default on GPUs; the CPU platform turns it
+    # off), the factory refuses connectors that do not subclass SupportsHMA: not this one.
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    conn = KVConnectorFactory.create_connector(vc, KVConnectorRole.SCHEDULER, kcc)
+    assert isinstance(conn, KVBrokerConnector)
+    assert ktc.kv_load_failure_policy == "recompute"
+    plan = conn.plans[0]
+    assert plan.layout.kind == kvb.MLA and plan.layout.tokens_per_page == BS
+    assert plan.layout.components[0].bytes_per_token_layer == vs.MLA_DIM * 2
+    assert plan.layout.model == "tiny-test"
+    conn.shutdown()
+
+
+@pytest.mark.parametrize("mla", [True, False])
+def test_scheduler_matches_shared_prefixes(tmp_path: Path, broker: Broker, mla: bool) -> None:
+    vc = vs.make_config(tmp_path, broker.socket, extra={"model": f"sched-{mla}"})
+    kcc = vs.make_kv_cache_config(BS, 512, mla=mla)
+    prefix = [1000 + i for i in range(BS * 12)]
+    _fill(broker.socket, vc, kcc, prefix, 12)
+    sched = vs.make_scheduler(vc, kcc)
+    assert isinstance(sched.connector, KVBrokerConnector)
+    # The whole stored prefix and a tail: 12 blocks come from the broker.
+    assert _admitted(sched, vs.make_request("full", prefix + [5, 6, 7], BS)) == 12 * BS
+    # Shares 7 blocks, then diverges: the chain keys differ from block 7 on.
+    other = prefix[: 7 * BS + 3] + [9] * (5 * BS)
+    assert _admitted(sched, vs.make_request("part", other, BS)) == 7 * BS
+    # Unrelated tokens: nothing.
+    assert _admitted(sched, vs.make_request("none", list(range(50, 50 + 6 * BS)), BS)) == 0
+    # The same tokens under a cache salt are a different KV: nothing shared.
+    assert _admitted(sched, vs.make_request("salted", prefix + [1], BS, cache_salt="s")) == 0
+    # A prompt of exactly the stored blocks: one token is left to compute (its logits).
+    got = _admitted(sched, vs.make_request("exact", prefix[: 4 * BS], BS))
+    assert got == 3 * BS
+
+
+def test_scheduler_without_broker(tmp_path: Path) -> None:
+    vc = vs.make_config(tmp_path, str(tmp_path / "nobody.sock"))
+    kcc = vs.make_kv_cache_config(BS, 128, mla=True)
+    sched = vs.make_scheduler(vc, kcc)
+    assert _admitted(sched, vs.make_request("a", list(range(BS * 4)), BS)) == 0
+    assert sched.connector is not None
+    st = sched.connector.get_kv_connector_stats()
+    assert st is not None and st.data["broker_down"] >= 1

@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: MIT
+"""kvbroker.vllm's worker role on CPU KV tensors, driven by vLLM 0.33.0's real Scheduler.
+
+Engine A computes and stores; engine B (its own scheduler, connectors and KV tensors) must
+load the shared prefix byte-exact and compute only the rest. MiniEngine checks after every
+step that each token vLLM counts as computed holds its right bytes, so a load that went wrong
+can only show up as load errors that vLLM recomputes, never as garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
+pytest.importorskip("vllm")
+
+import vllm_support as vs
+from conftest import Broker
+
+BS = 16
+
+
+def _prompt(seed: int, nblocks: int, tail: int = 5) -> list[int]:
+    return [(seed * 7919 + i * 13) % 1000 + 1 for i in range(nblocks * BS + tail)]
+
+
+@pytest.mark.parametrize("mla,layout,zero_copy", [
+    (True, "flash", True),
+    (False, "flash", True),
+    (False, "flashinfer", True),
+    (True, "flash", False),
+])
+def test_save_then_load_byte_exact(tmp_path: Path, broker: Broker, mla: bool, layout: str,
+                                   zero_copy: bool) -> None:
+    extra = {"model": f"w-{mla}-{layout}-{zero_copy}", "zero_copy": zero_copy}
+    prompt = _prompt(1 + mla + 2 * zero_copy + (layout == "flash"), 20)
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
+    a.run([vs.make_request("a", prompt, BS, max_tokens=3)])
+    assert a.bad == [] and a.computed_tokens == len(prompt) + 2
+    assert vs.wk(a.worker).copy_mode is (not zero_copy)
+
+    b = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
+    # Same prefix, then its own tokens: 20 blocks load, only the rest is computed.
+    b.run([vs.make_request("b", prompt + [3, 1, 4, 1, 5], BS, max_tokens=3)])
+    assert b.bad == [] and b.invalid_reports == []
+    assert b.computed_tokens == len(prompt) + 5 + 2 - 20 * BS
+    # An unrelated request loads nothing.
+    c = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
+    other = _prompt(99, 6)
+    c.run([vs.make_request("c", other, BS, max_tokens=2)])
+    assert c.computed_tokens == len(other) + 1 and c.bad == []
+
+
+def test_mla_tp_stores_spread_every_rank_loads(tmp_path: Path, broker: Broker) -> None:
+    extra = {"model": "w-mla-tp"}
+    prompt = _prompt(7, 16)
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra, tp_size=4)
+    a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+    stored = [vs.wk(w).stats_total["stored_pages"] for w in a.workers]
+    # One namespace for all ranks; each page stored once, by one rank, spread over all.
+    assert sum(stored) == 16 and all(n > 0 for n in stored), stored
+    b = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra, tp_size=4)
+    b.run([vs.make_request("b", prompt, BS, max_tokens=2)])
+    assert b.bad == [] and b.computed_tokens == len(prompt) + 1 - 16 * BS
+    assert all(vs.wk(w).stats_total["loaded_pages"] == 16 for w in b.workers)
+
+
+def test_generated_blocks_stored_at_finish(tmp_path: Path, broker: Broker) -> None:
+    extra = {"model": "w-finish"}
+    prompt = _prompt(11, 3, tail=10)  # 58 tokens
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra)
+    # 58 + 40 generated tokens: KV for 97 tokens -> 6 full blocks, 3 of them prompt-only.
+    req = vs.make_request("a", prompt, BS, max_tokens=40)
+    a.run([req])
+    assert vs.wk(a.worker).stats_total["stored_pages"] == 6
+    assert a.bad == []
+
+
+def test_broker_killed_before_load_recomputes(tmp_path: Path) -> None:
+    broker = Broker(tmp_path)
+    extra = {"model": "w-kill", "op_timeout_ms": 3000}
+    prompt = _prompt(5, 24)
+    try:
+        a = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra)
+        a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra,
+                          max_num_batched_tokens=1024)
+        t0 = time.monotonic()
+        # The broker dies after the scheduler found the pages, before the worker loads
+        # them: the loads fail, vLLM recomputes those blocks, nothing is wrong, nothing hangs.
+        b.run([vs.make_request("b", prompt, BS, max_tokens=2)], kill_at=0, kill=broker.kill)
+        assert time.monotonic() - t0 < 10
+        assert b.invalid_reports, "a dead broker must produce load errors"
+        assert b.bad == []
+        assert b.computed_tokens > len(prompt) + 1 - 24 * BS
+        # It keeps serving without the broker ...
+        other = _prompt(6, 4)
+        before = b.computed_tokens
+        b.run([vs.make_request("c", other, BS, max_tokens=2)])
+        assert b.bad == [] and b.computed_tokens - before == len(other) + 1
+    finally:
+        broker.stop()
+    # ... and reconnects when a broker is back on the socket.
+    broker2 = Broker(tmp_path)
+    try:
+        prompt2 = _prompt(8, 24)
+        b.run([vs.make_request("d", prompt2, BS, max_tokens=2)])  # stores into the new one
+        c = vs.MiniEngine(tmp_path, broker2.socket, mla=True, extra=extra)
+        c.run([vs.make_request("e", prompt2, BS, max_tokens=2)])
+        assert c.bad == [] and c.computed_tokens == len(prompt2) + 1 - 24 * BS
+    finally:
+        broker2.stop()
+
+
+def test_no_broker_serves(tmp_path: Path) -> None:
+    e = vs.MiniEngine(tmp_path, str(tmp_path / "none.sock"), mla=False, extra={"model": "x"})
+    prompt = _prompt(3, 5)
+    t0 = time.monotonic()
+    e.run([vs.make_request("a", prompt, BS, max_tokens=2),
+           vs.make_request("b", prompt, BS, max_tokens=2)])
+    assert time.monotonic() - t0 < 10 and e.bad == []
+
+
+def test_stats_and_prometheus(tmp_path: Path, broker: Broker) -> None:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from kvbroker.vllm import KVBrokerConnector, KVBrokerStats
+
+    extra = {"model": "w-stats"}
+    prompt = _prompt(21, 8)
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra)
+    a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+    b = vs.MiniEngine(tmp_path, broker.socket, mla=True, extra=extra)
+    b.sched.add_request(vs.make_request("b", prompt, BS, max_tokens=2))
+    b.step()
+    st = b.last_stats  # what the worker handed vLLM in KVConnectorOutput.kv_connector_stats
+    assert isinstance(st, KVBrokerStats) and st.data["loaded_pages"] == 8
+    red = KVBrokerStats(dict(st.data)).reduce()
+    assert red["loaded_bytes"] > 0
+    reg = CollectorRegistry()
+
+    def counter(*args: Any, **kw: Any) -> Counter:
+        kw["registry"] = reg
+        return Counter(*args, **kw)
+
+    prom = KVBrokerConnector.build_prom_metrics(
+        b.vc, {Gauge: Gauge, Counter: counter, Histogram: Histogram}, ["model_name", "engine"],
+        {0: ["tiny", "0"]})
+    prom.observe(st.data, 0)
+    assert reg.get_sample_value("vllm:kvbroker_loaded_pages_total",
+                                {"model_name": "tiny", "engine": "0"}) == 8
