@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/types.h>
 
+#include "bg.h"
 #include "clock.h"
 #include "copy.h"
 #include "list.h"
@@ -61,7 +62,10 @@ struct config {
 	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
-	char metrics_listen[80];  /* --metrics-listen HOST:PORT, "" when off */
+	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
+	int free_pool;		 /* --free-pool: free a kept pool and exit */
+	int takeover;		 /* --takeover: the running broker hands its pool over */
 	struct remote_cfg remote; /* remote.url NULL: no remote tier */
 };
 
@@ -142,6 +146,7 @@ struct session {
 	int region_fd;
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
+	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	uint8_t *arg;
 	uint32_t arg_size;
 
@@ -175,6 +180,7 @@ struct broker {
 	struct ns_table nst;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
+	struct bg *bg;		  /* populates and unmaps clients' memory (bg.c); NULL: inline */
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
@@ -201,7 +207,12 @@ struct broker {
 		double prefault_s; /* every page allocated and mapped */
 		double pin_s;	   /* registered with the GPU driver */
 		double ready_s;	   /* from start to listening, everything included */
+		double adopt_s;	   /* a kept pool's index rebuilt (adopt.c), 0 cold */
+		uint64_t adopted_pages, adopt_torn;
 	} startup;
+	int keeper; /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
+	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */
@@ -226,6 +237,11 @@ uint32_t session_poll_all(struct broker *b);
  * sleep), else the epoll timeout in ms. session_wake_all() takes the announcement back.
  */
 int session_prepare_sleep(struct broker *b);
+/*
+ * Spinning hints (wire.h): writes the CPU we poll on into every session's region; 1 when a
+ * client spins on that same CPU (the loop then yields its idle rounds). Loop thread only.
+ */
+int session_cpu_shared(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 /* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
@@ -298,6 +314,9 @@ uint64_t stats_dedup_bytes(const struct broker *b);
 void stats_client_json(struct cJSON *o, const struct session *s);
 /* stats_map.c: the "map" array of the STATS document (kvbctl map). */
 struct cJSON *stats_map_json(const struct broker *b);
+
+/* adopt.c: rebuilds namespaces and store from an adopted pool's side table (pagehdr.c). */
+int adopt_pool(struct broker *b);
 
 /* rounds.c: the loop's hooks for this broker (main.c). */
 void rounds_hooks(struct broker *b, struct loop_hooks *h);

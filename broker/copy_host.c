@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "fastcopy.h"
 #include "log.h"
 
 #define HOST_MAX_THREADS 64
@@ -54,7 +55,7 @@ static int run_segs(const struct copy_job *j)
 	if (j->fds)
 		return fdcopy_run(j);
 	for (uint32_t i = 0; i < j->nsegs; i++)
-		memcpy(j->segs[i].dst, j->segs[i].src, j->segs[i].len);
+		kvb_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len);
 	return 0;
 }
 

@@ -14,6 +14,7 @@
  * flight). Loop thread only.
  */
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,9 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
 		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
 		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
+	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
+	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
+	kvb_store_relaxed(s->loop_cpu, (uint32_t)sched_getcpu() + 1u);
 	return 0;
 
 err_close:
@@ -328,6 +332,8 @@ static int buf_map_host(struct broker *b, struct session *s, int fd, uint64_t of
 	s->bufs[*id] = (struct sbuf){
 		.base = (uint8_t *)p + lead, .len = len, .lead = lead, .dev = COPY_HOST};
 	s->buf_bytes += maplen;
+	/* Our page tables for it, off the loop, before the first copies need them (bg.c). */
+	bg_populate(b->bg, p, maplen);
 	return 0;
 }
 

@@ -14,8 +14,20 @@
  * the listening socket, a signalfd, the disk ring's eventfd, the copy engines' eventfds, so it
  * sleeps correctly while I/O and copies are in flight), for at most the timeout prepare_sleep
  * gave (a second, so that watermark eviction runs).
+ *
+ * The window follows the work (loop_hold): after a page op, or while a copy runs on a worker,
+ * the loop stays awake for as long as that copy takes at LOOP_HOLD_BPS, since the next op of a
+ * stream arrives only after it (a client copying 4 MiB out of its lease for ~0.5 ms, a worker's
+ * copy completing). A 200 us window ran out inside every large page, and each page paid a
+ * sleep and a wake-up (20 us quiet, 50-100 us loaded). An idle round yields the CPU
+ * (sched_yield) when a client spins on this same CPU, so that it runs
+ * rather than waits for our time slice to end: with client and broker pinned to one CPU, both
+ * spinning turned a 64 KiB GET into milliseconds. Only then (the share_cpu hook, the spinning
+ * hints of wire.h): on a loaded machine a yield hands the CPU to unrelated tasks for a time
+ * slice, which took t_fairness's p99 from ~5 to 20-40 ms.
  */
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -72,6 +84,14 @@ void loop_del(struct loop *l, int fd)
 	epoll_ctl(l->epfd, EPOLL_CTL_DEL, fd, NULL);
 }
 
+void loop_hold(struct loop *l, double secs)
+{
+	double until = clock_now() + (secs < LOOP_HOLD_MAX ? secs : LOOP_HOLD_MAX);
+
+	if (until > l->hold_until)
+		l->hold_until = until;
+}
+
 int loop_run(struct loop *l)
 {
 	struct epoll_event evs[64];
@@ -85,7 +105,9 @@ int loop_run(struct loop *l)
 			last = now = clock_now();
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
-		} else if ((now = clock_now()) - last < l->window) {
+		} else if ((now = clock_now()) - last < l->window || now < l->hold_until) {
+			if (l->h.share_cpu && l->h.share_cpu(l->h.arg))
+				sched_yield();
 			if (++round % POLL_EPOLL_EVERY && now - last_ep < POLL_EPOLL_GAP)
 				continue;
 		} else if ((timeout = l->h.prepare_sleep(l->h.arg)) > 0) {

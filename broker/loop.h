@@ -25,6 +25,8 @@ struct loop_hooks {
 	int (*prepare_sleep)(void *arg);
 	/* After a sleep, or a sleep given up: undo what prepare_sleep announced. */
 	void (*wake)(void *arg);
+	/* An idle polling round: 1 to yield the CPU (a client spins on ours); may be NULL. */
+	int (*share_cpu)(void *arg);
 	/* After each epoll batch; slept: the batch followed a sleep. */
 	void (*tick)(void *arg, int slept);
 	void *arg;
@@ -32,11 +34,30 @@ struct loop_hooks {
 
 struct loop {
 	int epfd;
-	int stop;	  /* set by anyone: loop_run returns after the current round */
-	double window;	  /* seconds of busy polling after the last work (--poll-us) */
+	int stop;	   /* set by anyone: loop_run returns after the current round */
+	double window;	   /* seconds of busy polling after the last work (--poll-us) */
+	double hold_until; /* ... and until then, whatever the window (loop_hold) */
 	uint32_t revents; /* the epoll events of the fd whose callback runs now */
 	struct loop_hooks h;
 };
+
+/*
+ * Work the loop expects back within secs (clamped to LOOP_HOLD_MAX): a copy queued on a
+ * worker, a client copying a page out of its lease or into its staging buffer before its next
+ * op. The loop keeps polling (and yielding its CPU, loop.c) until then rather than sleeping,
+ * so the op that follows costs no wake-up. LOOP_HOLD_BPS is the copy rate assumed: the slow
+ * end of a loaded machine, so that a window outlasts the copy it covers.
+ */
+#define LOOP_HOLD_BPS 2e9
+#define LOOP_HOLD_MAX 0.005
+void loop_hold(struct loop *l, double secs);
+
+/* loop_hold() for a copy of bytes. */
+static inline void loop_hold_bytes(struct loop *l, uint64_t bytes)
+{
+	if (bytes)
+		loop_hold(l, (double)bytes / LOOP_HOLD_BPS);
+}
 
 /* An epoll set; window in seconds. 0 or a negative errno. */
 int loop_init(struct loop *l, double window, const struct loop_hooks *h);

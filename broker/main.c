@@ -21,10 +21,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "broker.h"
 #include "instance.h"
+#include "keeper.h"
 #include "copy_cuda.h"
 #include "log.h"
 #include "parse.h"
@@ -113,10 +115,29 @@ static void usage(FILE *f)
 		"                         how GPU pages move: measured per page shape (auto,\n"
 		"                         default), cuMemcpyAsync per part, or the gather/scatter\n"
 		"                         kernel\n"
+		"  --no-pool-keep         let the RAM pool die with the broker. By default it\n"
+		"                         outlives a crash: a small keeper process\n"
+		"                         (\"kvbrokerd --keeper\", socket <socket>.keep) holds its\n"
+		"                         memfds, and the next kvbrokerd on the same socket\n"
+		"                         adopts it and serves its pages again (after checking\n"
+		"                         every page's crc32c; pages being written when the\n"
+		"                         broker died are dropped). A kept pool is read-only to\n"
+		"                         clients by file mode instead of F_SEAL_FUTURE_WRITE:\n"
+		"                         see docs/operations.md. A clean exit frees the pool\n"
+		"  --free-pool            free the pool a dead broker on --socket left with its\n"
+		"                         keeper, without starting a broker, and exit (also:\n"
+		"                         rm <socket>.keep, or kill the keeper)\n"
+		"  --takeover             planned hand-over (an upgrade, new flags): when a\n"
+		"                         broker runs on --socket, send it SIGUSR2 and take its\n"
+		"                         place: it stops taking work, lets its copies finish,\n"
+		"                         and exits leaving its pool to the keeper; this broker\n"
+		"                         then adopts the pool and listens. Clients reconnect\n"
+		"                         by themselves (include/kvbroker.h)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
 		"  --help                 this text\n"
 		"\n"
-		"Signals: SIGTERM or SIGINT drains and exits 0; SIGHUP is logged.\n"
+		"Signals: SIGTERM or SIGINT drains and exits 0 (freeing the pool); SIGUSR2 hands\n"
+		"the pool over (exits 0 keeping it for the next broker); SIGHUP is logged.\n"
 		"The broker listens only once its pool is ready; meanwhile \"<socket>.lock\"\n"
 		"is held, and clients get -EAGAIN (starting).\n");
 }
@@ -194,6 +215,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXINFL,
 		O_MAXCTL,
 		O_CTLIDLE,
+		O_NO_KEEP,
+		O_FREE_POOL,
+		O_TAKEOVER,
 		O_REMOTE,
 		O_REMOTE_PREFIX,
 		O_REMOTE_TIMEOUT,
@@ -235,6 +259,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"max-inflight", required_argument, NULL, O_MAXINFL},
 		{"max-control", required_argument, NULL, O_MAXCTL},
 		{"control-idle", required_argument, NULL, O_CTLIDLE},
+		{"no-pool-keep", no_argument, NULL, O_NO_KEEP},
+		{"free-pool", no_argument, NULL, O_FREE_POOL},
+		{"takeover", no_argument, NULL, O_TAKEOVER},
 		{"remote", required_argument, NULL, O_REMOTE},
 		{"remote-prefix", required_argument, NULL, O_REMOTE_PREFIX},
 		{"remote-timeout", required_argument, NULL, O_REMOTE_TIMEOUT},
@@ -259,6 +286,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_ns = SESSION_MAX_NS;
 	c->max_inflight = KVB_SQ_MAX;
 	c->prefault = 1;
+	c->keep = 1;
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
 	c->disk.qd = 64;
@@ -468,6 +496,15 @@ static int parse_args(int argc, char **argv, struct config *c)
 				goto bad;
 			log_min_level = lvl;
 			break;
+		case O_NO_KEEP:
+			c->keep = 0;
+			break;
+		case O_FREE_POOL:
+			c->free_pool = 1;
+			break;
+		case O_TAKEOVER:
+			c->takeover = 1;
+			break;
 		case O_HELP:
 		case 'h':
 			usage(stdout);
@@ -580,6 +617,19 @@ static void on_signal(void *arg)
 			log_info("SIGHUP: logs go to stderr, nothing to reopen");
 			continue;
 		}
+		if (si.ssi_signo == SIGUSR2) {
+			if (!b->keeper) {
+				log_warn("SIGUSR2 from pid %u: no keeper holds the pool "
+					 "(--no-pool-keep): nothing to hand over, running on",
+					 si.ssi_pid);
+				continue;
+			}
+			/* [handover] Exit keeping the pool: the keeper passes it on. */
+			log_info("SIGUSR2 from pid %u: handing the pool over", si.ssi_pid);
+			b->handover = 1;
+			b->loop.stop = 1;
+			continue;
+		}
 		log_info("signal %u from pid %u: draining and exiting", si.ssi_signo, si.ssi_pid);
 		b->loop.stop = 1;
 	}
@@ -614,6 +664,7 @@ static int setup_signals(void)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR2);
 	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
 		return -errno;
 	return signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -631,7 +682,9 @@ static int start_pool(struct broker *b)
 			      .size = b->cfg.pool_bytes,
 			      .numa = b->cfg.numa,
 			      .hugepage = b->cfg.hugepage,
-			      .prefault = b->cfg.prefault};
+			      .prefault = b->cfg.prefault,
+			      .keep = b->cfg.keep,
+			      .slab_bytes = b->cfg.slab_bytes};
 	double t = clock_now();
 	int err = pool_create(&b->pool, &pc);
 
@@ -663,6 +716,70 @@ static int start_pool(struct broker *b)
 	return 0;
 }
 
+/*
+ * [keep] The pool a keeper holds for this socket, adopted (1), or none (0: start cold). A pool
+ * that cannot be adopted (another slab size, a damaged side table) is freed: the flags changed,
+ * so the operator asked for a new one.
+ */
+static int adopt_kept(struct broker *b)
+{
+	int fds[KEEPER_MAX_FDS], n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS), err;
+	double t = clock_now();
+
+	if (n == -ENOENT)
+		return 0;
+	if (n < 0) {
+		log_warn("keeper of %s: %s: starting with a new pool", b->cfg.socket_path,
+			 strerror(-n));
+		return 0;
+	}
+	if (!b->cfg.keep) {
+		log_info("--no-pool-keep: freeing the pool a previous broker left");
+		while (n)
+			close(fds[--n]);
+		keeper_free(b->cfg.socket_path);
+		return 0;
+	}
+	err = pool_adopt(&b->pool, fds, (uint32_t)n, b->cfg.slab_bytes);
+	if (err) {
+		log_warn("keeper of %s: its pool cannot be adopted (%s%s): freeing it, starting "
+			 "with a new pool",
+			 b->cfg.socket_path, strerror(-err),
+			 err == -EXDEV ? ": another --slab size" : "");
+		keeper_free(b->cfg.socket_path);
+		return 0;
+	}
+	b->startup.reserve_s = clock_now() - t;
+	if (b->pool.total != b->cfg.pool_bytes)
+		log_info("adopt: the kept pool is %llu MiB in %u arena(s) (--pool says %llu MiB): "
+			 "kept as it is; --free-pool (or a clean stop) then a start resizes it",
+			 (unsigned long long)(b->pool.total >> 20), b->pool.narenas,
+			 (unsigned long long)(b->cfg.pool_bytes >> 20));
+	b->keeper = 1;
+	return 1;
+}
+
+/* kvbrokerd --free-pool: what --help promises. */
+static int free_pool(struct broker *b)
+{
+	pid_t owner;
+	int fd = instance_lock(b->cfg.socket_path, &owner), err;
+
+	if (fd < 0) {
+		log_error("socket %s: %s%s (pid %d): stop it instead, a clean stop frees its pool",
+			  b->cfg.socket_path, strerror(-fd),
+			  fd == -EBUSY ? ": a live kvbrokerd owns it" : "", (int)owner);
+		return 1;
+	}
+	err = keeper_free(b->cfg.socket_path);
+	if (err)
+		log_error("no pool is kept for %s (%s)", b->cfg.socket_path, strerror(-err));
+	else
+		log_info("freed the pool kept for %s", b->cfg.socket_path);
+	instance_unlock(b->cfg.socket_path, fd);
+	return err ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static struct broker b;
@@ -672,6 +789,8 @@ int main(int argc, char **argv)
 	double t;
 	int err;
 
+	if (argc == 4 && !strcmp(argv[1], "--keeper")) /* PATH: for ps; it asks its socket */
+		return keeper_main(atoi(argv[2]));
 	if (parse_args(argc, argv, &b.cfg))
 		return 2;
 	list_init(&b.sessions);
@@ -693,6 +812,22 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+	if (b.lock_fd == -EBUSY && b.cfg.takeover && owner > 0 && !b.cfg.free_pool) {
+		/* [handover] The running broker drains and exits; its lock goes last. */
+		double t0 = clock_now();
+
+		log_info("takeover: asking kvbrokerd pid %d to hand its pool over", (int)owner);
+		if (kill(owner, SIGUSR2) < 0)
+			log_warn("takeover: pid %d: %s", (int)owner, strerror(errno));
+		while (b.lock_fd == -EBUSY && clock_now() - t0 < 60) {
+			struct timespec ts = {0, 1000000};
+
+			nanosleep(&ts, NULL);
+			b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+		}
+		b.handover_wait_s = clock_now() - t0;
+		log_info("takeover: the old broker was gone after %.3f s", b.handover_wait_s);
+	}
 	if (b.lock_fd < 0) {
 		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,
 			  strerror(-b.lock_fd),
@@ -700,15 +835,40 @@ int main(int argc, char **argv)
 			  b.cfg.socket_path, (int)owner);
 		return 1;
 	}
-	err = start_pool(&b);
-	if (err)
-		goto out_pool;
+	if (b.cfg.free_pool) {
+		instance_unlock(b.cfg.socket_path, b.lock_fd);
+		return free_pool(&b);
+	}
+	if (!adopt_kept(&b)) {
+		err = start_pool(&b);
+		if (err)
+			goto out_pool;
+		if (b.cfg.keep) {
+			int fds[KEEPER_MAX_FDS];
+			uint32_t n = pool_handover_fds(&b.pool, fds);
+
+			/* Before any other thread exists (it forks). */
+			err = keeper_spawn(b.cfg.socket_path, fds, n);
+			if (err)
+				log_warn("pool keeper: %s: the pool will not survive a crash",
+					 strerror(-err));
+			b.keeper = !err;
+			err = 0;
+		}
+	}
 	err = store_init(&b.store, &b.pool, b.cfg.slab_bytes, b.cfg.high_wm, b.cfg.low_wm);
 	if (err) {
 		log_error("store: %s", strerror(-err));
 		goto out_pool;
 	}
 	ops_init(&b); /* after store_init: it hooks the store's page-wake */
+	if (b.pool.adopted) {
+		err = adopt_pool(&b);
+		if (err) {
+			log_error("adopt: %s", strerror(-err));
+			goto out_store;
+		}
+	}
 	b.sigfd = setup_signals();
 	rounds_hooks(&b, &hooks);
 	if (b.sigfd < 0 || loop_init(&b.loop, b.cfg.poll_us * 1e-6, &hooks)) {
@@ -716,6 +876,7 @@ int main(int argc, char **argv)
 		err = -ENOMEM;
 		goto out_store;
 	}
+	b.bg = bg_start(); /* NULL: clients' memory is unmapped inline, never populated */
 	/* [pin] The copy engines start; a CUDA engine registers the pool with the driver. */
 	t = clock_now();
 	err = xfer_init(&b);
@@ -798,11 +959,19 @@ out_store:
 	if (b.sigfd >= 0)
 		close(b.sigfd);
 	xfer_fini(&b);
+	bg_stop(b.bg); /* after the last session: its unmaps are queued */
 	if (b.spare_fd >= 0)
 		close(b.spare_fd);
 	ns_table_fini(&b.nst);
 	store_fini(&b.store);
 out_pool:
+	/* [keep] A clean exit (or a failed start) frees the pool: only a crash or a hand-over
+	 * leaves it. */
+	if (b.handover)
+		log_info("handed over: the pool stays with its keeper for the next broker");
+	else if (b.keeper && keeper_free(b.cfg.socket_path))
+		log_warn("pool keeper of %s did not answer: free it with --free-pool",
+			 b.cfg.socket_path);
 	pool_close(&b.pool);
 	instance_unlock(b.cfg.socket_path, b.lock_fd);
 	return err ? 1 : 0;

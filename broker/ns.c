@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "ns.h"
+#include "pagehdr.h"
 #include "proto.h"
 
 static uint8_t *put32(uint8_t *p, uint32_t v)
@@ -166,6 +167,9 @@ int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
 	}
 	n->id = t->count;
 	t->ns[t->count++] = n;
+	/* [pagehdr] Before any page of it can commit: an adopter re-opens it from this. */
+	if (s->pool && s->pool->meta)
+		pmeta_ns_write(s->pool->meta, n->id, tenant, page_bytes, id, l, &n->idf);
 	*out = n;
 	return 0;
 }

@@ -386,6 +386,9 @@ void ops_complete(struct broker *b, struct op *op)
 	struct session *s = op->s;
 	struct kvb_cqe cqe = op->cqe;
 
+	/* A page op's client copies that page (lease, staging) before its next op: stay up. */
+	if (!op->v) /* views' clients copy nothing of the page themselves */
+		loop_hold_bytes(&b->loop, op->bytes_in + op->bytes_out);
 	op_end(b, op);
 	session_complete(b, s, &cqe);
 }

@@ -18,11 +18,26 @@
  *   4. MADV_HUGEPAGE where THP for shared memory is allowed and hugetlb was not available;
  *   5. without prefault, fallocate reserves the memory so that a pool the machine cannot hold
  *      is a start-up error rather than a SIGBUS at some later PUT (hugetlb: the mmap reserved);
- *   6. seal F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL. Mappings made
- *      before FUTURE_WRITE keep their write access (the broker's, step 2); from then on no
- *      one can write() the file, mmap it writable, mprotect a mapping to PROT_WRITE, resize it
- *      or punch a hole in it, whatever fd they hold, and no further seal can be added.
+ *   6. seal F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, and F_SEAL_FUTURE_WRITE unless the pool
+ *      is kept [keep]. Mappings made before FUTURE_WRITE keep their write access (the
+ *      broker's, step 2); from then on no one can write() the file, mmap it writable,
+ *      mprotect a mapping to PROT_WRITE, resize it or punch a hole in it, whatever fd they
+ *      hold, and no further seal can be added.
  * Clients get a separate O_RDONLY open of the memfd (pool_ro_fd, through /proc/self/fd).
+ *
+ * [keep] A pool that is to outlive its broker (the default; --no-pool-keep turns it off) cannot
+ * carry F_SEAL_FUTURE_WRITE: the broker that adopts it must map it writable again, and that
+ * seal forbids every new writable mapping, the adopter's too. What keeps clients read-only
+ * then: their fd is an O_RDONLY open (no writable mmap, no write(), no mprotect to PROT_WRITE,
+ * no fallocate; SHRINK and GROW stay sealed whatever the fd), and the inode is made mode 0400,
+ * owned by the broker's uid, so that a writable reopen through /proc/self/fd/N fails for every
+ * other uid (a memfd's inode is otherwise 0777), and no other uid can chmod it back. The writable
+ * fds exist only in the broker, in its keeper (keeper.c) or in systemd's fd store, none of
+ * which a client can reach (the broker is not dumpable; the keeper neither, and it answers only
+ * its own uid). Processes of the broker's own uid (and root) can chmod the inode and so write
+ * the pool: that is the difference from a FUTURE_WRITE pool, and why docs/operations.md runs
+ * the broker as its own user with engines admitted by --group. The side table (pagehdr.c) is a
+ * memfd of its own, mode 0600, sent to no client.
  * Then pool_prefault populates the arenas with threads bound to their node; a CUDA copy engine
  * registers them with the driver afterwards (copy_cuda.c). The single-instance guarantee that the flock on
  * a named pool used to give is the lock file next to the socket (main.c).
@@ -36,9 +51,12 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "pagehdr.h"
 #include "pool.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -49,6 +67,10 @@
 #endif
 
 #define POOL_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
+#define POOL_SEALS_KEEP (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) /* [keep] */
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
 #define PREFAULT_MIN_CHUNK (256ull << 20)
 #define PREFAULT_MAX_THREADS 16u
 
@@ -127,6 +149,7 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 static int arenas_create(struct pool *p, const char *name, const struct numa_plan *plan,
 			 enum hp_mode mode, int reserve)
 {
+	int seals = p->keep ? POOL_SEALS_KEEP : POOL_SEALS;
 	int err = 0;
 
 	p->interleave = plan->interleave;
@@ -144,7 +167,9 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 		if (!err && reserve && a->backing != HP_BACK_HUGETLB &&
 		    fallocate(a->fd, 0, 0, (off_t)a->size) < 0)
 			err = -errno;
-		if (!err && fcntl(a->fd, F_ADD_SEALS, POOL_SEALS) < 0)
+		if (!err && fcntl(a->fd, F_ADD_SEALS, seals) < 0)
+			err = -errno;
+		if (!err && p->keep && fchmod(a->fd, 0400) < 0) /* [keep] */
 			err = -errno;
 		if (a->base) { /* pool_close undoes even a half-made arena */
 			p->narenas++;
@@ -164,6 +189,8 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	int err;
 
 	memset(p, 0, sizeof(*p));
+	p->meta_fd = -1;
+	p->keep = cfg->keep;
 	numa_topo_probe(&p->topo);
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
@@ -173,6 +200,8 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	if (err)
 		return err;
 	err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
+	if (!err && p->keep)
+		err = pool_meta_create(p, cfg->slab_bytes);
 	if (err)
 		return err;
 	for (uint32_t i = 0; i < p->narenas; i++) {
@@ -191,6 +220,7 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
 	struct numa_plan plan = {.n = narenas};
 
 	memset(p, 0, sizeof(*p));
+	p->meta_fd = -1;
 	if (!narenas || narenas > KVB_MAX_ARENAS || !size)
 		return -EINVAL;
 	for (uint32_t i = 0; i < narenas; i++) {
@@ -281,6 +311,143 @@ int pool_ro_fd(const struct pool *p, uint32_t i)
 	return fd < 0 ? -errno : fd;
 }
 
+int pool_meta_create(struct pool *p, uint64_t slab_bytes)
+{
+	struct pmeta_super *sb;
+	uint64_t slabs = 0;
+	char name[112];
+	int err;
+
+	for (uint32_t i = 0; i < p->narenas; i++)
+		slabs += p->arena[i].size / slab_bytes;
+	p->meta_size = pmeta_size(slabs, slab_bytes);
+	snprintf(name, sizeof(name), "%.90s.meta", p->arena[0].name);
+	p->meta_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (p->meta_fd < 0)
+		return -errno;
+	/* Sparse: tmpfs allocates the table's pages as headers are first written. */
+	if (ftruncate(p->meta_fd, (off_t)p->meta_size) < 0 || fchmod(p->meta_fd, 0600) < 0 ||
+	    fcntl(p->meta_fd, F_ADD_SEALS, POOL_SEALS_KEEP) < 0)
+		goto err_close;
+	p->meta = mmap(NULL, p->meta_size, PROT_READ | PROT_WRITE, MAP_SHARED, p->meta_fd, 0);
+	if (p->meta == MAP_FAILED)
+		goto err_close;
+	sb = p->meta;
+	sb->narenas = p->narenas;
+	sb->slab_bytes = slab_bytes;
+	for (uint32_t i = 0; i < p->narenas; i++)
+		sb->arena[i] = (struct pmeta_arena){.size = p->arena[i].size,
+						    .page_size = p->arena[i].page_size,
+						    .node = p->arena[i].node,
+						    .backing = (uint32_t)p->arena[i].backing};
+	pmeta_super_init(p->meta, p->meta_size);
+	return 0;
+err_close:
+	err = -errno;
+	close(p->meta_fd);
+	p->meta_fd = -1;
+	p->meta = NULL;
+	return err;
+}
+
+/* The name a memfd was created with, from /proc/self/fd ("/memfd:NAME (deleted)"). */
+static void memfd_name(int fd, char *out, size_t len)
+{
+	char path[64], t[160];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, t, sizeof(t) - 1);
+	t[n > 0 ? n : 0] = '\0';
+	if (!strncmp(t, "/memfd:", 7))
+		memmove(t, t + 7, strlen(t + 7) + 1);
+	if (strstr(t, " (deleted)"))
+		*strstr(t, " (deleted)") = '\0';
+	snprintf(out, len, "%.*s", (int)len - 1, t);
+}
+
+int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
+{
+	const struct pmeta_super *sb;
+	struct stat st;
+	int err = -EINVAL;
+
+	memset(p, 0, sizeof(*p));
+	numa_topo_probe(&p->topo);
+	p->meta_fd = fds[0];
+	p->keep = p->adopted = 1;
+	for (uint32_t i = 1; i < n; i++) /* closed by pool_close from here on */
+		p->arena[i - 1].fd = fds[i];
+	if (fstat(p->meta_fd, &st) < 0 || st.st_size < (off_t)PHDR_UNIT || n < 2 ||
+	    n - 1 > KVB_MAX_ARENAS)
+		goto err_close;
+	p->meta_size = (uint64_t)st.st_size;
+	p->meta = mmap(NULL, p->meta_size, PROT_READ | PROT_WRITE, MAP_SHARED, p->meta_fd, 0);
+	if (p->meta == MAP_FAILED) {
+		p->meta = NULL;
+		err = -errno;
+		goto err_close;
+	}
+	sb = p->meta;
+	if (pmeta_super_check(p->meta, p->meta_size) || sb->narenas != n - 1)
+		goto err_close;
+	if (sb->slab_bytes != slab_bytes) {
+		err = -EXDEV;
+		goto err_close;
+	}
+	for (uint32_t i = 0; i < sb->narenas; i++) {
+		struct pool_arena *a = &p->arena[i];
+		struct statfs sf;
+
+		a->size = sb->arena[i].size;
+		a->page_size = sb->arena[i].page_size;
+		a->node = sb->arena[i].node;
+		a->backing = (int)sb->arena[i].backing;
+		memfd_name(a->fd, a->name, sizeof(a->name));
+		/* The fds must be what the table says: a tmpfs or hugetlbfs file of its size. */
+		if (fstat(a->fd, &st) < 0 || (uint64_t)st.st_size != a->size ||
+		    fstatfs(a->fd, &sf) < 0 || (sf.f_type == HUGETLBFS_MAGIC) !=
+						       (a->backing == HP_BACK_HUGETLB))
+			goto err_close;
+		a->base = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
+		if (a->base == MAP_FAILED) {
+			a->base = NULL;
+			err = -errno;
+			goto err_close;
+		}
+		p->narenas++;
+		p->total += a->size;
+	}
+	return 0;
+err_close:
+	for (uint32_t i = 0; i + 1 < n; i++) {
+		if (p->arena[i].base)
+			munmap(p->arena[i].base, p->arena[i].size);
+		close(p->arena[i].fd);
+		p->arena[i].base = NULL;
+	}
+	if (p->meta)
+		munmap(p->meta, p->meta_size);
+	close(p->meta_fd);
+	p->meta = NULL;
+	p->meta_fd = -1;
+	p->narenas = 0;
+	p->total = 0;
+	return err;
+}
+
+uint32_t pool_handover_fds(const struct pool *p, int *fds)
+{
+	uint32_t n = 0;
+
+	if (p->meta_fd < 0)
+		return 0;
+	fds[n++] = p->meta_fd;
+	for (uint32_t i = 0; i < p->narenas; i++)
+		fds[n++] = p->arena[i].fd;
+	return n;
+}
+
 void pool_close(struct pool *p)
 {
 	for (uint32_t i = 0; i < p->narenas; i++) {
@@ -289,6 +456,12 @@ void pool_close(struct pool *p)
 		munmap(a->base, a->size);
 		close(a->fd);
 	}
+	if (p->meta)
+		munmap(p->meta, p->meta_size);
+	if (p->meta_fd >= 0)
+		close(p->meta_fd);
+	p->meta = NULL;
+	p->meta_fd = -1;
 	p->narenas = 0;
 	p->total = 0;
 }

@@ -30,6 +30,8 @@ struct pool_cfg {
 	const char *numa;      /* --numa: auto, off, interleave or a node list (numa_topo.h) */
 	enum hp_mode hugepage; /* --hugepages */
 	int prefault;	       /* build the page tables at start-up (pool_prefault) */
+	int keep;	       /* arenas may be adopted by another broker (pool.c [keep]) */
+	uint64_t slab_bytes;   /* the store's slab size (the side table's geometry) */
 };
 
 struct pool {
@@ -38,6 +40,11 @@ struct pool {
 	uint64_t total;
 	int reclaimed; /* always 0: memfd pools leave no orphan (kept for the stats field) */
 	int interleave;
+	int keep;	   /* [keep] built to be handed over: see pool.c */
+	int adopted;	   /* the arenas came from another broker (pool_adopt) */
+	int meta_fd;	   /* the side table (pagehdr.h), -1 none; never sent to clients */
+	void *meta;	   /* mapped read-write, NULL none */
+	uint64_t meta_size;
 	struct numa_topo topo;
 };
 
@@ -58,6 +65,23 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
  * and populating its share with MADV_POPULATE_WRITE. Returns 0 or a negative errno (-ENOMEM: the memory is not there; -EFAULT: a hugetlb page was missing).
  */
 int pool_prefault(struct pool *p);
+
+/*
+ * Builds the side table (pagehdr.h) for a store of slab_bytes slabs over p's arenas, empty.
+ * 0 or a negative errno.
+ */
+int pool_meta_create(struct pool *p, uint64_t slab_bytes);
+
+/*
+ * Adopts a pool another broker built: fds[0] its side table, fds[1..n-1] its arenas in the
+ * order the table records (the fds become the pool's, closed by pool_close even on failure).
+ * Maps everything read-write; prefaulting is not needed (the pages are there). -EINVAL when
+ * the table is damaged or disagrees with the fds, -EXDEV when its slab size is not slab_bytes.
+ */
+int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes);
+
+/* The fds to hand the pool over with (side table first, then the arenas); returns how many. */
+uint32_t pool_handover_fds(const struct pool *p, int *fds);
 
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);

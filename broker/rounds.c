@@ -46,6 +46,11 @@ static void broker_wake(void *arg)
 	session_wake_all(arg);
 }
 
+static int broker_share_cpu(void *arg)
+{
+	return session_cpu_shared(arg);
+}
+
 static void broker_tick(void *arg, int slept)
 {
 	struct broker *b = arg;
@@ -67,6 +72,7 @@ void rounds_hooks(struct broker *b, struct loop_hooks *h)
 	*h = (struct loop_hooks){.poll = broker_poll,
 				 .prepare_sleep = broker_prepare_sleep,
 				 .wake = broker_wake,
+				 .share_cpu = broker_share_cpu,
 				 .tick = broker_tick,
 				 .arg = b};
 }

@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,24 @@ int session_prepare_sleep(struct broker *b)
 			return 0;
 	}
 	return timeout;
+}
+
+int session_cpu_shared(struct broker *b)
+{
+	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
+	int shared = 0;
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->region || !s->loop_cpu)
+			continue;
+		if (kvb_load_relaxed(s->loop_cpu) != cpu)
+			kvb_store_relaxed(s->loop_cpu, cpu);
+		shared |= kvb_load_relaxed(s->spin_cpu) == cpu;
+	}
+	return shared;
 }
 
 void session_wake_all(struct broker *b)
@@ -278,7 +297,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	ops_release_all(b, s);
 	if (s->region)
-		munmap(s->region, s->region_size);
+		bg_unmap(b->bg, s->region, s->region_size);
 	s->region = NULL;
 	if (s->sq_efd >= 0) {
 		/*
@@ -323,7 +342,8 @@ void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 		s->buf_bytes -= sb->len;
 		s->nfdbufs--;
 	} else if (sb->dev == COPY_HOST) {
-		munmap((uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
+		/* Off the loop: GiBs of page tables (and perhaps the memory) take tens of ms. */
+		bg_unmap(b->bg, (uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
 		s->buf_bytes -= sb->lead + sb->len;
 	} else {
 		gpu_map_put(b->gpu, sb->gm);

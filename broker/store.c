@@ -40,14 +40,22 @@
  *
  * Generations make lease ids capabilities: (gen << 32 | id), with gen drawn from a store-wide
  * counter at each allocation and cleared at free, never names a page other than the one leased,
- * even after its slab changed class. Loop thread only.
+ * even after its slab changed class.
+ *
+ * [pagehdr] With a kept pool (pool.c [keep]) every commit writes the slot's header into the
+ * pool's side table (pagehdr.c: namespace, key, generation, crc32c of the slot) and every free
+ * clears it, so that another broker can adopt the pool and rebuild this store from it
+ * (store_adopt_page, adopt.c); a page being written has no header. Loop thread only.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "pagehdr.h"
 #include "store.h"
+
+static_assert(STORE_MAX_NS == PMETA_NS_MAX, "the side table holds every namespace");
 
 #define RECLAIM_TRIES 8
 
@@ -210,12 +218,36 @@ static void page_changed(struct store *s, struct page *pg)
 		s->wake(s->wake_arg, pg);
 }
 
+static struct pmeta_hdr *hdr_of(const struct store *s, const struct page *pg)
+{
+	return pmeta_hdr_at(s->pool->meta, pg->id >> STORE_SLOT_BITS, slot_of(pg), s->slab_bytes);
+}
+
+/* [pagehdr] The page's bytes are complete: vouch for them in the side table. */
+static void hdr_seal(struct store *s, const struct page *pg)
+{
+	struct pmeta_hdr h = {.ns = (uint16_t)pg->ns,
+			      .slot_bytes = (uint32_t)s->cls[pg->cls].slot_bytes,
+			      .len = (uint32_t)s->cls[pg->cls].slot_bytes,
+			      .gen = pg->gen,
+			      .key = pg->key};
+
+	if (!s->pool->meta || pg->ns >= STORE_MAX_NS)
+		return;
+	pmeta_hdr_seal(&h, store_addr(s, pg));
+	*hdr_of(s, pg) = h;
+}
+
 /* Returns a slot to its slab; an emptied slab returns to the free list. */
 static void slot_free(struct store *s, struct page *pg)
 {
 	struct slab *sl = slab_of(s, pg);
 	struct store_class *c = &s->cls[sl->cls];
 
+	/* [pagehdr] Before anyone can write the slot again: its old header must not vouch for
+	 * the new bytes. */
+	if (s->pool->meta)
+		memset(hdr_of(s, pg), 0, sizeof(struct pmeta_hdr));
 	page_changed(s, pg);
 	lru_unlink(pg);
 	s->st.bytes_used -= c->slot_bytes;
@@ -378,6 +410,7 @@ void store_unpin(struct store *s, struct page *pg)
 
 void store_commit(struct store *s, struct page *pg)
 {
+	hdr_seal(s, pg);
 	pg->state = PAGE_READY;
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);
@@ -446,6 +479,64 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 		lru_unlink(pg);
 		list_add_tail(&s->lru, &pg->lru);
 		list_add_tail(&s->cls[pg->cls].lru, &pg->clru);
+	}
+}
+
+int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
+		     const kvb_key *key, uint32_t gen)
+{
+	struct slab *sl;
+	struct page *pg;
+	int err;
+
+	if (sid >= s->nslabs || ci < 0 || (uint32_t)ci >= s->ncls || ns >= STORE_MAX_NS)
+		return -EINVAL;
+	sl = &s->slabs[sid];
+	if (sl->cls < 0) {
+		err = slab_assign(s, sl, ci);
+		if (err)
+			return err;
+	}
+	if (sl->cls != ci || slot >= sl->nslots)
+		return -EINVAL;
+	pg = &sl->pages[slot];
+	if (pg->state != PAGE_FREE)
+		return -EEXIST;
+	pg->key = *key;
+	pg->ns = ns;
+	pg->gen = gen;
+	pg->state = PAGE_READY;
+	pg->pins = 0;
+	pg->unlinked = pg->clean = pg->demoting = 0;
+	pg->waiters = NULL;
+	index_insert(&s->ix, &pg->ixn);
+	lru_link(s, pg);
+	sl->used++;
+	s->st.bytes_used += s->cls[ci].slot_bytes;
+	s->st.pages++;
+	s->ns_pages[ns]++;
+	if (gen > s->gen)
+		s->gen = gen;
+	return 0;
+}
+
+void store_adopt_done(struct store *s)
+{
+	for (uint32_t k = 0; k < s->nslabs; k++) {
+		struct slab *sl = &s->slabs[k];
+
+		if (sl->cls < 0)
+			continue;
+		if (!sl->used) { /* assigned for a page that then lost to a newer copy */
+			slab_release(s, sl);
+			continue;
+		}
+		sl->nfree = 0;
+		for (uint32_t i = sl->nslots; i-- > 0;) /* pop order: ascending offsets */
+			if (sl->pages[i].state == PAGE_FREE)
+				sl->free_stack[sl->nfree++] = i;
+		if (!sl->nfree)
+			list_del(&sl->link); /* full: off its class's partial list */
 	}
 }
 

@@ -172,6 +172,17 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max);
  */
 void store_demote_done(struct store *s, struct page *pg, int ok);
 
+/*
+ * [adopt] Installs a page an adopted pool holds (adopt.c): slot slot of slab sid, of class ci,
+ * READY and evictable, at the hot end of the LRU (adopt coldest first). The slab is given to
+ * class ci if free. -EINVAL for a slab of another class or a slot past its end, -EEXIST for a
+ * slot taken, -ENOMEM. The caller checked that (ns, key) is absent. After the last page,
+ * store_adopt_done() rebuilds the slabs' free slots.
+ */
+int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
+		     const kvb_key *key, uint32_t gen);
+void store_adopt_done(struct store *s);
+
 /* Page record by id, NULL when the id names no allocated slot (ids come from clients). */
 struct page *store_by_id(struct store *s, uint32_t id);
 

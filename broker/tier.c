@@ -527,9 +527,6 @@ static void on_cqe(void *arg, uint64_t ud, int32_t res)
 	want = what == UD_HEADER ? (int32_t)SLOT_BLOCK : (int32_t)(stride_of(d) - SLOT_BLOCK);
 #ifdef KVB_TEST_HOOKS
 	/* Fault injection (test builds only): the I/O happened, its result is replaced. */
-	if (what == UD_PAYLOAD && t->fault_w && ++t->nw % t->fault_w == 0 &&
-	    (!t->fault_until || t->nw <= t->fault_until))
-		res = -EIO;
 	if (what == UD_READ && t->fault_r && ++t->nr % t->fault_r == 0 &&
 	    (!t->fault_until || t->nr <= t->fault_until)) {
 		/* Alternately an error and a short read that left garbage behind it. */
@@ -543,6 +540,18 @@ static void on_cqe(void *arg, uint64_t ud, int32_t res)
 		d->err = res < 0 ? res : -EIO;
 	if (--d->pending)
 		return;
+#ifdef KVB_TEST_HOOKS
+	/*
+	 * A write fault fails the whole slot when its last write completes, so the Nth injected
+	 * fault is the Nth failed slot in the order write_done() counts them: "the first K writes
+	 * fail" then means K failed slots in a row, whatever order the payload and header CQEs
+	 * of different slots arrive in (counted per payload CQE, a good slot could complete
+	 * between two failed ones and reset errors_in_row).
+	 */
+	if (what != UD_READ && t->fault_w && ++t->nw % t->fault_w == 0 &&
+	    (!t->fault_until || t->nw <= t->fault_until) && !d->err)
+		d->err = -EIO;
+#endif
 	if (what == UD_READ)
 		read_done(t, d);
 	else

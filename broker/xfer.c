@@ -32,6 +32,8 @@
 #include "copy_cuda.h"
 #include "log.h"
 
+#define OPS_HOLD_SEGS 64 /* more segments: no loop_hold() for the job */
+
 /* The copy ended with op->job.res: move the page on and set the op's result. */
 static void xfer_finish(struct broker *b, struct op *op)
 {
@@ -94,6 +96,13 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 	r = e ? e->submit(e, &op->job) : -ENODEV;
 	if (r == COPY_QUEUED) {
 		b->xs.queued_jobs++;
+		/*
+		 * Its completion comes back soon: stay up for it, unless it is a job of many small
+		 * segments (a view), whose time is not its bytes and which needs the CPU we would
+		 * poll on (t_fairness's view flood).
+		 */
+		if (op->job.nsegs <= OPS_HOLD_SEGS)
+			loop_hold_bytes(&b->loop, op->job.bytes);
 		op->waits = op->dev == COPY_HOST ? "a host copy" : "a GPU copy";
 		return OPS_DEFERRED;
 	}

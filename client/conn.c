@@ -15,6 +15,19 @@
  * kvb_connect() return -EAGAIN at once rather than wait inside a library call: the caller
  * decides how long to retry.
  *
+ * [RECONNECT] A broker that goes away (a crash, or a planned hand-over to a new broker, which
+ * adopts the pool) makes the client fatal with -ECONNRESET. Unless KVB_CONNECT_NO_RECONNECT (or
+ * KVB_RECONNECT=0 in the environment) said otherwise, the next call tries to attach again, at
+ * most once per backoff step (1 ms doubling to 200 ms; a call in between fails at once with
+ * -ECONNRESET, or waits up to kvb_opts.reconnect_ms trying): the same HELLO on the same
+ * socket, then every namespace, host buffer and view is opened, registered and created again
+ * from what was kept of it. The caller's ids stay valid: the library keeps the first broker's
+ * ids as the caller's and translates them in every SQE and message (kvbc_sqe_ids). In-flight
+ * async ops complete with -ECONNRESET first (kvb_reap delivers them) and the reconnect waits
+ * until they are reaped. Leases of the old broker stay readable (its arena mappings are kept,
+ * retired, until the last of them is released, which is then local). GPU buffers are not
+ * registered again (their ops fail -EBADF: register them anew).
+ *
  * kvb_close() needs no goodbye message: closing the socket is the hang-up by which the broker
  * reclaims this client's leases, buffers and views, exactly as when the process dies.
  *
@@ -25,10 +38,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -38,11 +53,15 @@ unsigned kvb_version(void)
 	return (KVB_VERSION_MAJOR << 16) | (KVB_VERSION_MINOR << 8) | KVB_VERSION_PATCH;
 }
 
+static int reconnect_locked(struct kvb_client *c);
+
 int kvbc_enter_ctl(struct kvb_client *c)
 {
 	if (!c)
 		return -EINVAL;
 	pthread_mutex_lock(&c->lock);
+	if (c->fatal == -ECONNRESET && c->reconnect && !c->nreapers && !c->nasync)
+		reconnect_locked(c);
 	if (c->fatal) {
 		int err = c->fatal;
 
@@ -75,12 +94,17 @@ static void client_destroy(struct kvb_client *c)
 	kvbc_ring_teardown(c);
 	for (uint32_t i = 0; i < c->narenas; i++)
 		munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+	for (uint32_t i = 0; i < c->nretired; i++)
+		munmap((void *)(uintptr_t)c->retired[i].map, c->retired[i].size);
 	if (c->region)
 		munmap(c->region, c->region_size);
 	if (c->sq_efd >= 0)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
 		close(c->cq_efd);
+	for (uint32_t i = 0; i < c->nviews; i++)
+		free(c->views[i].msg);
+	free(c->views);
 	free(c->ns);
 	pthread_cond_destroy(&c->reaped);
 	pthread_mutex_destroy(&c->lock);
@@ -117,7 +141,7 @@ static int check_opts(const struct kvb_opts *o, uint32_t *sq_entries)
 	*sq_entries = KVB_SQ_DEFAULT;
 	if (!o)
 		return 0;
-	if ((o->flags & ~(KVB_CONNECT_CONTROL | KVB_CONNECT_NUMA_NODE)) ||
+	if ((o->flags & ~(KVB_CONNECT_CONTROL | KVB_CONNECT_NUMA_NODE | KVB_CONNECT_NO_RECONNECT)) ||
 	    ((o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node < 0) ||
 	    (!(o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node) ||
 	    (o->gpu_busid && strlen(o->gpu_busid) >= KVB_BUSID_MAX))
@@ -254,6 +278,25 @@ static uint64_t spin_ns_from_env(void)
 	return us * 1000;
 }
 
+/*
+ * KVB_CLIENT_GET_SELF_KB: from which page size kvb_get() into a buffer of ours copies the page
+ * itself (ops.c); 0 turns it off (every GET into a registered buffer is the broker's copy).
+ */
+static uint64_t get_self_from_env(void)
+{
+	const char *s = getenv("KVB_CLIENT_GET_SELF_KB");
+	char *end;
+	unsigned long long kb;
+
+	if (!s || !*s)
+		return KVBC_GET_SELF_DEFAULT;
+	errno = 0;
+	kb = strtoull(s, &end, 10);
+	if (errno || *end || kb > (1ull << 40))
+		return KVBC_GET_SELF_DEFAULT;
+	return kb ? kb << 10 : UINT64_MAX;
+}
+
 /* The reapers' condition variable runs on CLOCK_MONOTONIC, like every deadline here. */
 static int cond_init(pthread_cond_t *cv)
 {
@@ -299,8 +342,10 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	if (!c)
 		return -ENOMEM;
 	c->sock = c->sq_efd = c->cq_efd = -1;
+	c->staging.fd = -1;
 	c->flags = opts ? opts->flags : 0;
 	c->spin_ns = spin_ns_from_env();
+	c->get_self_min = get_self_from_env();
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
 		free(c);
@@ -329,6 +374,16 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 				strcpy(hello.gpu_busid, opts->gpu_busid); /* length checked */
 		}
 	}
+	memcpy(c->path, path, sizeof(c->path));
+	c->hello = hello;
+	c->reconnect = !(c->flags & KVB_CONNECT_NO_RECONNECT);
+	{
+		const char *e = getenv("KVB_RECONNECT");
+
+		if (e && !strcmp(e, "0"))
+			c->reconnect = 0;
+	}
+	c->reconnect_ms = opts ? opts->reconnect_ms : 0;
 	err = kvbc_ctl(c, KVB_MSG_HELLO, &hello, sizeof(hello), -1, &r);
 	if (err < 0)
 		goto err_destroy;
@@ -356,4 +411,340 @@ err_reply:
 err_destroy:
 	client_destroy(c);
 	return err;
+}
+
+/* ---- [RECONNECT] ---- */
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint32_t kvbc_ns_bid(const struct kvb_client *c, uint32_t id)
+{
+	const struct kvbc_ns *n = kvbc_ns_find(c, id);
+
+	return n ? n->bid : id;
+}
+
+uint32_t kvbc_buf_bid(const struct kvb_client *c, uint32_t id)
+{
+	if (c->staging.addr && c->staging.id == id)
+		return c->staging.bid;
+	for (const struct kvbc_buf *b = c->bufs; b; b = b->next)
+		if (b->id == id)
+			return b->bid;
+	return id;
+}
+
+uint32_t kvbc_view_bid(const struct kvb_client *c, uint32_t id)
+{
+	for (uint32_t i = 0; i < c->nviews; i++)
+		if (c->views[i].id == id)
+			return c->views[i].bid;
+	return id;
+}
+
+uint32_t kvbc_ns_cid(const struct kvb_client *c, uint32_t bid)
+{
+	uint32_t id = bid;
+
+	for (uint32_t i = 0; i < c->nns; i++)
+		if (c->ns[i].bid == bid)
+			return c->ns[i].id;
+	while (kvbc_ns_find(c, id)) /* taken by a namespace of an earlier broker */
+		id++;
+	return id;
+}
+
+static int buf_id_used(const struct kvb_client *c, uint32_t id)
+{
+	if (c->staging.addr && c->staging.id == id)
+		return 1;
+	for (const struct kvbc_buf *b = c->bufs; b; b = b->next)
+		if (b->id == id)
+			return 1;
+	return 0;
+}
+
+uint32_t kvbc_buf_cid(const struct kvb_client *c, uint32_t bid)
+{
+	uint32_t id = bid;
+
+	while (c->reconnects && buf_id_used(c, id))
+		id++;
+	return id;
+}
+
+void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe)
+{
+	if (!c->reconnects)
+		return; /* every id is still the broker's own */
+	if (sqe->flags & KVB_OPF_VIEW) {
+		sqe->buf = kvbc_view_bid(c, sqe->buf);
+		return;
+	}
+	sqe->ns = kvbc_ns_bid(c, sqe->ns);
+	if (sqe->opcode == KVB_OP_PUT || sqe->opcode == KVB_OP_GET)
+		sqe->buf = kvbc_buf_bid(c, sqe->buf);
+}
+
+int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg,
+		  uint32_t len, uint32_t *id)
+{
+	struct kvbc_view *v;
+	uint32_t cid = bid;
+
+	if (c->nviews == c->views_cap) {
+		uint32_t cap = c->views_cap ? 2 * c->views_cap : 8;
+
+		v = realloc(c->views, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		c->views = v;
+		c->views_cap = cap;
+	}
+	for (int again = 1; again && c->reconnects;) {
+		again = 0;
+		for (uint32_t i = 0; i < c->nviews; i++)
+			if (c->views[i].id == cid)
+				again = 1;
+		cid += again;
+	}
+	v = &c->views[c->nviews];
+	v->msg = malloc(len);
+	if (!v->msg)
+		return -ENOMEM;
+	memcpy(v->msg, msg, len);
+	v->id = cid;
+	v->bid = bid;
+	v->type = type;
+	v->len = len;
+	c->nviews++;
+	*id = cid;
+	return 0;
+}
+
+void kvbc_view_del(struct kvb_client *c, uint32_t id)
+{
+	for (uint32_t i = 0; i < c->nviews; i++) {
+		if (c->views[i].id == id) {
+			free(c->views[i].msg);
+			c->views[i] = c->views[--c->nviews];
+			return;
+		}
+	}
+}
+
+int kvbc_lease_retired(struct kvb_client *c, const void *data)
+{
+	const char *p = data;
+
+	for (uint32_t i = 0; i < c->nretired; i++) {
+		const char *m = c->retired[i].map;
+
+		if (p >= m && p < m + c->retired[i].size) {
+			if (c->old_leases)
+				c->old_leases--;
+			if (c->leases)
+				c->leases--;
+			if (!c->old_leases) { /* the last one: the old mappings can go */
+				for (uint32_t j = 0; j < c->nretired; j++)
+					munmap((void *)(uintptr_t)c->retired[j].map,
+					       c->retired[j].size);
+				c->nretired = 0;
+			}
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Drops what ties us to the broker that went: socket, doorbells, rings, arena maps. */
+static void detach_locked(struct kvb_client *c)
+{
+	int cfd_on = c->cfd_on;
+
+	if (c->sock >= 0)
+		close(c->sock);
+	if (c->sq_efd >= 0)
+		close(c->sq_efd);
+	if (c->cq_efd >= 0)
+		close(c->cq_efd);
+	c->sock = c->sq_efd = c->cq_efd = -1;
+	c->cfd_on = 0; /* the completion fd survives: the caller may be polling it */
+	kvbc_ring_teardown(c);
+	c->cfd_on = cfd_on;
+	c->doneq_head = c->doneq_tail = 0;
+	c->nasync = 0;
+	if (c->region)
+		munmap(c->region, c->region_size);
+	c->region = NULL;
+	for (uint32_t i = 0; i < c->narenas; i++) {
+		/* A lease of the old broker still points in here: keep it until released. */
+		if (c->leases && c->nretired < sizeof(c->retired) / sizeof(c->retired[0]))
+			c->retired[c->nretired++] = c->arenas[i];
+		else
+			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+	}
+	c->old_leases = c->leases;
+	c->narenas = 0;
+}
+
+/* Sends one control request and takes the id of its reply; -errno. */
+static int ctl_id(struct kvb_client *c, uint16_t type, const void *msg, size_t len, int fd,
+		  uint32_t *id)
+{
+	struct kvb_msg_id rid;
+	struct kvbc_reply r;
+	int err = kvbc_ctl(c, type, msg, len, fd, &r);
+
+	if (err < 0)
+		return err;
+	err = kvbc_reply_body(&r, &rid, sizeof(rid));
+	kvbc_reply_free(&r);
+	if (!err)
+		*id = rid.id;
+	return err;
+}
+
+static int buf_again(struct kvb_client *c, struct kvbc_buf *b)
+{
+	if (b->gpu || b->fd < 0) {
+		b->bid = UINT32_MAX; /* gone: the broker answers -EBADF */
+		return 0;
+	}
+	if (!b->foreign) {
+		struct kvb_msg_buf_reg reg = {.kind = KVB_BUF_HOST, .len = b->len};
+
+		return ctl_id(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), b->fd, &b->bid);
+	}
+	{
+		struct kvb_msg_buf_reg_fd reg = {.off = b->off, .len = b->len, .flags = b->regflags};
+
+		return ctl_id(c, KVB_MSG_BUF_REG_FD, &reg, sizeof(reg), b->fd, &b->bid);
+	}
+}
+
+/* A view's message with the current broker's namespace and buffer ids. */
+static int view_again(struct kvb_client *c, struct kvbc_view *v)
+{
+	uint8_t *m = malloc(v->len);
+	int err;
+
+	if (!m)
+		return -ENOMEM;
+	memcpy(m, v->msg, v->len);
+	if (v->type == KVB_MSG_VIEW_CREATE) {
+		struct kvb_msg_view_create *h = (void *)m;
+		struct kvb_view_part *p = (void *)(h + 1);
+
+		h->ns = kvbc_ns_bid(c, h->ns);
+		for (uint32_t i = 0; i < h->nparts; i++)
+			p[i].buf = kvbc_buf_bid(c, p[i].buf);
+	} else {
+		struct kvb_msg_view_create2 *h = (void *)m;
+		struct kvb_view_part2 *p = (void *)(h + 1);
+
+		h->ns = kvbc_ns_bid(c, h->ns);
+		for (uint32_t i = 0; i < h->nparts; i++)
+			p[i].buf = kvbc_buf_bid(c, p[i].buf);
+	}
+	err = ctl_id(c, v->type, m, v->len, -1, &v->bid);
+	free(m);
+	return err;
+}
+
+/* One attempt: 0 attached again, else -ECONNRESET (and the next attempt is scheduled). */
+static int attempt_locked(struct kvb_client *c)
+{
+	struct kvb_msg_hello_reply hr;
+	struct kvbc_reply r;
+	int err;
+
+	detach_locked(c);
+	err = open_socket(c->path, &c->sock);
+	if (err)
+		goto fail;
+	c->fatal = 0; /* kvbc_ctl refuses a fatal client */
+	err = kvbc_ctl(c, KVB_MSG_HELLO, &c->hello, sizeof(c->hello), -1, &r);
+	if (err < 0)
+		goto fail;
+	err = kvbc_reply_body(&r, &hr, sizeof(hr));
+	if (!err && hr.abi_major != KVB_ABI_MAJOR)
+		err = -EPROTO;
+	if (!err) {
+		c->client_id = hr.client_id;
+		c->broker_minor = hr.abi_minor;
+		err = c->flags & KVB_CONNECT_CONTROL ? (r.nfds ? -EPROTO : 0)
+						     : attach_rings(c, &hr, &r);
+	}
+	kvbc_reply_free(&r);
+	if (err)
+		goto fail;
+	for (uint32_t i = 0; i < c->nns && !err; i++) {
+		struct kvb_msg_ns_reply rep;
+
+		err = kvbc_ctl(c, KVB_MSG_NS_OPEN, c->ns[i].msg, c->ns[i].mlen, -1, &r);
+		if (err >= 0) {
+			err = kvbc_reply_body(&r, &rep, sizeof(rep));
+			kvbc_reply_free(&r);
+			if (!err && rep.page_bytes != c->ns[i].page_bytes)
+				err = -EPROTO;
+			if (!err)
+				c->ns[i].bid = rep.ns;
+		}
+	}
+	if (!err && c->staging.addr)
+		err = buf_again(c, &c->staging);
+	for (struct kvbc_buf *b = c->bufs; b && !err; b = b->next)
+		err = buf_again(c, b);
+	for (uint32_t i = 0; i < c->nviews && !err; i++)
+		err = view_again(c, &c->views[i]);
+	if (err)
+		goto fail;
+	if (c->cfd_on) {
+		struct epoll_event ev = {.events = EPOLLIN};
+
+		(void)epoll_ctl(c->cfd, EPOLL_CTL_ADD, c->cq_efd, &ev);
+		kvb_flag_set(c->cq.flags, KVB_CQ_NEED_WAKEUP);
+	}
+	c->reconnects++;
+	c->backoff_ns = 0;
+	return 0;
+fail:
+	c->fatal = -ECONNRESET;
+	c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : 1000000;
+	if (c->backoff_ns > 200000000ull)
+		c->backoff_ns = 200000000ull;
+	c->retry_at = mono_ns() + c->backoff_ns;
+	return -ECONNRESET;
+}
+
+static int reconnect_locked(struct kvb_client *c)
+{
+	uint64_t now = mono_ns(), deadline = now + (uint64_t)c->reconnect_ms * 1000000ull;
+
+	for (;;) {
+		if (now >= c->retry_at && !attempt_locked(c))
+			return 0;
+		now = mono_ns();
+		if (now >= deadline)
+			return -ECONNRESET; /* fail fast: the caller asked not to wait longer */
+		{
+			uint64_t until = c->retry_at < deadline ? c->retry_at : deadline;
+			struct timespec ts = {.tv_sec = 0, .tv_nsec = 0};
+
+			if (until > now) {
+				ts.tv_sec = (time_t)((until - now) / 1000000000ull);
+				ts.tv_nsec = (long)((until - now) % 1000000000ull);
+			}
+			/* Waiting with the lock held: every call on this client would wait too. */
+			nanosleep(&ts, NULL);
+		}
+		now = mono_ns();
+	}
 }

@@ -64,8 +64,7 @@ static int64_t now_ms(void)
 /* The socket failed in a way that means the broker is gone: remember it for every later call. */
 static int conn_lost(struct kvb_client *c)
 {
-	if (!c->fatal)
-		c->fatal = -ECONNRESET;
+	kvbc_lost(c, -ECONNRESET);
 	return -ECONNRESET;
 }
 

@@ -129,7 +129,9 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
 		goto err_leave;
 	b->addr = dev_ptr;
 	b->len = len;
-	b->id = id.id;
+	b->id = kvbc_buf_cid(c, id.id);
+	b->bid = id.id;
+	b->fd = -1;
 	b->gpu = 1;
 	b->next = c->bufs;
 	c->bufs = b;

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fastcopy.h"
 #include "internal.h"
 
 const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
@@ -103,15 +104,24 @@ int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_
 		err = -EPROTO;
 		goto out_reply;
 	}
-	if (!kvbc_ns_find(c, rep.ns)) {
-		c->ns[c->nns++] = (struct kvbc_ns){
-			.id = rep.ns,
-			.nparts = kvb_layout_parts(l),
-			.tpp = l->tokens_per_page,
-			.page_bytes = pb,
-		};
+	{
+		uint32_t cid = kvbc_ns_cid(c, rep.ns);
+
+		if (!kvbc_ns_find(c, cid)) {
+			struct kvbc_ns *n = &c->ns[c->nns++];
+
+			*n = (struct kvbc_ns){
+				.id = cid,
+				.bid = rep.ns,
+				.nparts = kvb_layout_parts(l),
+				.tpp = l->tokens_per_page,
+				.page_bytes = pb,
+				.mlen = (uint32_t)mlen,
+			};
+			memcpy(n->msg, msg, mlen); /* [RECONNECT] opened again from this */
+		}
+		*ns = cid;
 	}
-	*ns = rep.ns;
 	if (page_bytes)
 		*page_bytes = (size_t)pb;
 	err = 0;
@@ -192,11 +202,13 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		err = kvbc_staging_locked(c, len);
 		if (err)
 			goto out;
-		memcpy(c->staging.addr, src, len);
+		kvb_copy(c->staging.addr, src, len);
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
 	}
+	c->expect_bytes = len; /* the broker copies it (ring.c) */
 	err = run(c, &sqe, &flags);
+	c->expect_bytes = 0;
 	err = put_result(err, flags);
 out:
 	kvbc_leave(c);
@@ -267,11 +279,20 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 		goto out;
 	}
 	b = kvbc_buf_find(c, dst, n->page_bytes);
+	/*
+	 * Large pages into a buffer we mapped ourselves: we copy them (a lease, as below), so
+	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
+	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
+	 */
+	if (b && !b->gpu && !b->foreign && n->page_bytes >= c->get_self_min)
+		b = NULL;
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
 		sqe.buf = b->id;
 		sqe.off = (uint64_t)((char *)dst - (char *)b->addr);
+		c->expect_bytes = n->page_bytes;
 		err = run(c, &sqe, NULL);
+		c->expect_bytes = 0;
 		if (err >= 0 && (uint64_t)err != n->page_bytes)
 			err = -EPROTO;
 		goto out;
@@ -279,7 +300,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	err = acquire_locked(c, n, &key, &data, &lease, 1);
 	if (err)
 		goto out;
-	memcpy(dst, data, n->page_bytes);
+	kvb_copy(dst, data, n->page_bytes);
 	release_deferred(c, lease, 1);
 	err = (int)n->page_bytes;
 out:
@@ -384,6 +405,7 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 		return err;
 	err = acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
+		c->leases++;
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
 		lease->id = id;
@@ -402,10 +424,19 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	err = kvbc_enter(c);
 	if (err)
 		return err;
+	if (kvbc_lease_retired(c, lease->data)) {
+		/* [RECONNECT] a lease of the broker that went: nothing to tell the new one. */
+		lease->data = NULL;
+		lease->len = 0;
+		kvbc_leave(c);
+		return 0;
+	}
 	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
 	sqe.off = lease->id;
 	err = run(c, &sqe, NULL);
 	if (err >= 0) {
+		if (c->leases)
+			c->leases--;
 		/* The page may be evicted and its slot reused now: make a stale read fault loudly. */
 		lease->data = NULL;
 		lease->len = 0;

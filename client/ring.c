@@ -19,7 +19,13 @@
  *
  * Waiting (proto/ring.h, [W1]). A waiter spins on the CQ tail for spin_ns (30 us by default,
  * KVB_CLIENT_SPIN_US overrides), because a sleeping wake-up costs ~10 us on these machines
- * against ~0.5 us for a polled round trip. Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
+ * against ~0.5 us for a polled round trip, plus the time the broker's copy of the page takes
+ * at SPIN_COPY_BPS when the op is a GET or PUT the broker copies (expect_bytes): a 30 us spin
+ * ran out inside every 1 MiB copy, and each page paid a sleep and a wake-up. While the broker
+ * polls on our own CPU (the spinning hints of wire.h) the spin yields every SPIN_YIELD_NS, so
+ * that the broker runs instead of waiting for our time slice to end; it never yields
+ * otherwise, because on a loaded machine a yield gives the CPU away to other tasks for a
+ * slice (t_fairness). Then it sets KVB_CQ_NEED_WAKEUP, re-checks the tail
  * and poll()s the cq eventfd and the control socket together, so a broker that dies while we
  * sleep is seen as a hang-up (-ECONNRESET) rather than an endless wait. The flag is ours (the
  * client owns the cq flags word) and is cleared when the last sleeper wakes, so that a polling
@@ -49,6 +55,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -58,6 +65,16 @@
 #include <unistd.h>
 
 #include "internal.h"
+
+/* The broker's copy rate a spin allows for (bytes per ns: 2 GB/s), and the most it adds. */
+#define SPIN_COPY_BPS_PER_NS 2
+#define SPIN_COPY_MAX_NS 5000000ull
+#define SPIN_YIELD_NS 2000
+/*
+ * The first yield only after this much spinning: a yield may hand the CPU to a third task for
+ * a whole slice, so it is for a broker that has not run for a while (t_fairness p99s).
+ */
+#define SPIN_YIELD_FIRST_NS 10000
 
 static uint64_t now_ns(void)
 {
@@ -71,9 +88,16 @@ static int set_fatal(struct kvb_client *c, int err)
 {
 	if (!c->fatal) {
 		c->fatal = err;
+		/* [RECONNECT] no CQE will come for what is in flight: it fails now. */
+		kvbc_fail_inflight(c, err);
 		pthread_cond_broadcast(&c->reaped); /* waiting reapers must see it */
 	}
 	return c->fatal;
+}
+
+int kvbc_lost(struct kvb_client *c, int err)
+{
+	return set_fatal(c, err);
 }
 
 static kvb_atomic_u32 *region_word(struct kvb_client *c, uint32_t off)
@@ -93,6 +117,8 @@ int kvbc_ring_setup(struct kvb_client *c)
 		      h->cq_entries, sizeof(struct kvb_cqe), 0);
 	if (kvb_ring_space(&c->sq) < 0 || kvb_ring_avail(&c->cq) < 0)
 		return -EPROTO;
+	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
+	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
 	c->arg = (uint8_t *)c->region + h->arg_off;
 	c->arg_size = h->arg_size;
 
@@ -154,6 +180,31 @@ static void slot_put(struct kvb_client *c, uint32_t idx)
 static uint64_t slot_token(const struct kvb_client *c, uint32_t idx)
 {
 	return (uint64_t)c->slots[idx].gen << 32 | idx;
+}
+
+void kvbc_fail_inflight(struct kvb_client *c, int err)
+{
+	int queued = 0;
+
+	for (uint32_t i = 0; i < c->nslots; i++) {
+		struct kvbc_slot *s = &c->slots[i];
+
+		if (s->kind == KVBC_SLOT_DISCARD) {
+			slot_put(c, i);
+		} else if (s->kind == KVBC_SLOT_ASYNC && !s->done) {
+			memset(&s->cqe, 0, sizeof(s->cqe));
+			s->cqe.res = err;
+			s->done = 1;
+			c->doneq[c->doneq_tail++ & (c->nslots - 1)] = i;
+			queued = 1;
+		}
+	}
+	if (queued && c->cfd_on && !c->note_set) {
+		uint64_t one = 1;
+
+		(void)!write(c->note_efd, &one, sizeof(one));
+		c->note_set = 1;
+	}
 }
 
 /* ---- completions ---- */
@@ -277,22 +328,46 @@ static int cq_nonempty(const struct kvb_client *c)
  * two or four CPUs our spinning would take the very CPU the broker needs to wake on (measured:
  * 25 us per op straight to sleep, 80-1000 us spinning 30 us, on a loaded 2-vCPU machine).
  */
-static int cq_spin(const struct kvb_client *c, uint64_t deadline)
+static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t spin_end = now_ns() + c->spin_ns;
+	uint64_t now = now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
+	uint64_t next_check = now + SPIN_YIELD_FIRST_NS;
+	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
 
-	if (c->broker_waking)
-		return cq_nonempty(c);
 	if (deadline && spin_end > deadline)
 		spin_end = deadline;
+	kvb_store_relaxed(c->spin_cpu, cpu);
 	for (uint32_t i = 1;; i++) {
 		if (cq_nonempty(c))
 			return 1;
 		kvb_cpu_relax();
 		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
-		if (!(i & 15) && now_ns() >= spin_end)
+		if (i & 15)
+			continue;
+		now = now_ns();
+		if (now >= spin_end)
 			return 0;
+		if (now < next_check)
+			continue;
+		/* The broker polls on our CPU: let it run (wire.h, spinning hints). */
+		if (kvb_load_relaxed(c->broker_cpu) == cpu)
+			sched_yield();
+		cpu = (uint32_t)sched_getcpu() + 1u;
+		kvb_store_relaxed(c->spin_cpu, cpu);
+		next_check = now_ns() + SPIN_YIELD_NS;
 	}
+}
+
+static int cq_spin(const struct kvb_client *c, uint64_t deadline)
+{
+	int r;
+
+	if (c->broker_waking)
+		return cq_nonempty(c);
+	r = cq_spin_on(c, deadline);
+	kvb_store_relaxed(c->spin_cpu, 0);
+	return r;
 }
 
 /*
@@ -423,6 +498,7 @@ static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind
 {
 	uint32_t idx = slot_get(c, kind, sqe->opcode, sqe->ns);
 
+	kvbc_sqe_ids(c, sqe); /* the slot keeps the caller's namespace id */
 	sqe->user_data = slot_token(c, idx);
 	memcpy(kvb_ring_prod_slot(&c->sq, 0), sqe, sizeof(*sqe));
 	kvb_ring_publish(&c->sq, 1); /* [R1] release: the SQE is visible before the tail */
@@ -534,6 +610,7 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 		op_to_sqe(c, &ops[i], &sqe);
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
+		kvbc_sqe_ids(c, &sqe);
 		sqe.user_data = slot_token(c, idx);
 		memcpy(kvb_ring_prod_slot(&c->sq, (uint32_t)i), &sqe, sizeof(sqe));
 	}
@@ -561,6 +638,7 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 		const void *data;
 
 		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
+			c->leases++;
 			out->lease.data = data;
 			out->lease.len = (size_t)len;
 			out->lease.id = s->cqe.lease;
@@ -682,6 +760,30 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 
 	if ((max && !out) || min > max)
 		return -EINVAL;
+	if (!c)
+		return -EINVAL;
+	/*
+	 * [RECONNECT] Ops that were in flight when the broker went are completed with
+	 * -ECONNRESET: they are delivered before anything else, and the client reconnects only
+	 * once they all were (kvbc_enter).
+	 */
+	pthread_mutex_lock(&c->lock);
+	if (c->fatal == -ECONNRESET && c->doneq_tail != c->doneq_head) {
+		ready = c->doneq_tail - c->doneq_head;
+		if (ready > max)
+			ready = (uint32_t)max;
+		for (uint32_t i = 0; i < ready; i++)
+			deliver(c, c->doneq[c->doneq_head++ & (c->nslots - 1)], &out[i]);
+		if (c->doneq_tail == c->doneq_head && c->cfd_on && c->note_set) {
+			uint64_t v;
+
+			(void)!read(c->note_efd, &v, sizeof(v));
+			c->note_set = 0;
+		}
+		pthread_mutex_unlock(&c->lock);
+		return (int)ready;
+	}
+	pthread_mutex_unlock(&c->lock);
 	err = kvbc_enter(c);
 	if (err)
 		return err;

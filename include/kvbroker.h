@@ -84,6 +84,7 @@ struct kvb_layout {
 /* kvb_opts.flags */
 #define KVB_CONNECT_CONTROL (1u << 0)	/* tools: no rings, no pool; only kvb_stats_json works */
 #define KVB_CONNECT_NUMA_NODE (1u << 1) /* numa_node is set */
+#define KVB_CONNECT_NO_RECONNECT (1u << 2) /* stay -ECONNRESET once the broker is gone */
 
 /*
  * Placement: the broker keeps one pool arena per NUMA node and puts a client's new pages in the
@@ -102,7 +103,10 @@ struct kvb_opts {
 	uint32_t flags;		 /* KVB_CONNECT_* */
 	int32_t numa_node;	 /* with KVB_CONNECT_NUMA_NODE: NUMA node this client runs on
 				    (>= 0); 0 without it */
-	uint32_t resv[3];	 /* must be 0 */
+	uint32_t reconnect_ms;	 /* while the broker is away, a call tries to reconnect for
+				    up to this long before it returns -ECONNRESET; 0: fail at
+				    once (see "Broker restarts" below) */
+	uint32_t resv[2];	 /* must be 0 */
 };
 
 /* A pinned, read-only, zero-copy view of a RAM-resident page. */
@@ -131,6 +135,33 @@ enum kvb_tier {
  * KVB_CONNECT_CONTROL client, --max-control) reached, -ETIMEDOUT no answer, -ENOMEM.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
+
+/*
+ * Broker restarts. The broker's RAM pool survives its crash and its planned hand-over to a new
+ * broker (kvbrokerd --takeover), and so does a client: once the broker is gone the library
+ * reconnects by itself, unless KVB_CONNECT_NO_RECONNECT is set (or KVB_RECONNECT=0 is in the
+ * environment at kvb_connect()), in which case every later call returns -ECONNRESET as before.
+ *   - The call in progress when the broker went, on this client, returns -ECONNRESET; its op
+ *     may or may not have run. PUT, GET, LOOKUP, DELETE, ACQUIRE and PREFETCH are idempotent:
+ *     repeat it. Async ops in flight complete with res -ECONNRESET, delivered by kvb_reap()
+ *     (and signalled on the kvb_completion_fd()) before anything else.
+ *   - The next call (any call that takes the client, kvb_reap() once those failed completions
+ *     were reaped) attaches again: same socket, same kvb_opts, then every namespace the client
+ *     opened, every host buffer it allocated or registered by fd (the library keeps an fd of
+ *     each) and every view are opened, registered and created again. Attempts back off from
+ *     1 ms, doubling to 200 ms. Between attempts a call fails at once with -ECONNRESET; with
+ *     opts.reconnect_ms it keeps trying for up to that long first (holding the client's lock:
+ *     other threads' calls wait with it). A broker that is starting counts as away.
+ *   - Ids stay valid: namespace, buffer and view ids the caller holds keep naming the same
+ *     objects (the library translates them; the new broker's ids may differ). GPU buffers are
+ *     not registered again: their ops fail -EBADF until the caller registers them anew.
+ *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one
+ *     returns 0 without a round trip, and the old mapping goes with the last of them. Pages
+ *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
+ *     every page committed before, byte-exact; a page being written is never served), or are
+ *     gone (--no-pool-keep, a clean stop, a changed --slab).
+ * Mappings and fds do not accumulate across reconnects (t_handover, t_pool_keep).
+ */
 
 /*
  * Detaches; the broker releases every lease, buffer and view of this client. NULL is a no-op.

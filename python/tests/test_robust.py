@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -160,20 +161,27 @@ def test_zero_copy_get_lands_in_registered_buffer(client: kvb.Client, ns: kvb.Na
         ns.put(k, page(ns, 40 + i))
     buf = client.alloc_host(4 * ns.page_bytes)
     arr = buf.numpy().reshape(4, ns.page_bytes)
-    before = client.stats()["counters"]
+    before = client.stats()
     for i, k in enumerate(keys):
         assert ns.get_into(k, arr[i])
     assert ns.get_many(keys, list(arr)) == [True] * 4
-    after = client.stats()["counters"]
-    # The broker wrote the registered buffer: GET ops, no ACQUIRE (the C library's path for
-    # unregistered memory, a lease plus a memcpy here).
-    assert after["gets"] - before["gets"] == 8
-    assert after["acquires"] == before["acquires"]
+    after = client.stats()
+    # The broker wrote the registered buffer: one broker copy job per GET. (Every kvb_get
+    # counts as a GET, whichever path served it, so the copy jobs are what tell them apart.)
+    assert after["counters"]["gets"] - before["counters"]["gets"] == 8
+    assert copy_jobs(after) - copy_jobs(before) == 8
     for i in range(4):
         assert arr[i].tobytes() == page(ns, 40 + i)
-    # Unregistered memory takes the lease path (the C API's one memcpy).
+    # Unregistered memory takes the lease path: the client copies (the C API's one memcpy),
+    # the broker copies nothing.
     assert ns.get_into(keys[0], np.zeros(ns.page_bytes, np.uint8))
-    assert client.stats()["counters"]["acquires"] == after["acquires"] + 1
+    last = client.stats()
+    assert last["counters"]["gets"] == after["counters"]["gets"] + 1
+    assert copy_jobs(last) == copy_jobs(after)
+
+
+def copy_jobs(stats: dict[str, Any]) -> int:
+    return int(stats["copy"]["inline_jobs"]) + int(stats["copy"]["queued_jobs"])
 
 
 def test_zero_copy_put_uses_no_staging(tmp_path: Path) -> None:

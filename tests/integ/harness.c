@@ -39,7 +39,7 @@
 #include "harness.h"
 #include "proto.h"
 
-#define MAX_BROKERS 8
+#define MAX_BROKERS 128 /* t_pool_keep restarts one broker many times */
 #define LOG_TAIL (64 * 1024)
 
 static char h_argv0[PATH_MAX];

@@ -3,9 +3,10 @@
  * t_broker_restart.c - the broker is killed with SIGKILL while a client holds a lease:
  * the client's next call fails fast with -ECONNRESET (no hang, no SIGPIPE, no SIGBUS), its
  * leased page stays readable and intact, and a new broker on the same socket starts at once (the
- * dead one's lock died with it; its memfd pool has no name, so there is no orphan to reclaim:
- * the old pool lives on only in the old client's mapping) and serves new clients. A second
- * broker next to a live one refuses to run (the lock file). A clean stop leaves nothing behind.
+ * dead one's lock died with it) and adopts the pool its keeper held (keeper.c): the page is
+ * served again. A broker started with --no-pool-keep after the next SIGKILL starts cold instead
+ * and frees the kept pool. A second broker next to a live one refuses to run (the lock file). A
+ * clean stop leaves nothing behind.
  */
 #include <libgen.h>
 #include <signal.h>
@@ -72,14 +73,29 @@ int main(int argc, char **argv)
 	d = harness_connect(b3, "newcomer", 0);
 	CHECK_EQ(harness_stat(d, "pool.reclaimed_orphans"), 0);
 	CHECK_OK(kvb_ns_open(d, &l, &ns, NULL));
-	CHECK_RC(kvb_get(d, ns, k, page, PAGE), -ENOENT); /* cold start: pages died with it */
-	CHECK_OK(kvb_put(d, ns, k, page, PAGE));
+	/* Adopted: the RAM pool outlived the broker. */
 	CHECK_RC(kvb_get(d, ns, k, page, PAGE), PAGE);
-	CHECK_OK(harness_verify(page, PAGE, &k, 11, "page in the new broker"));
+	CHECK_OK(harness_verify(page, PAGE, &k, 11, "page adopted by the new broker"));
 	/* The old client's mapping was not touched by the new broker. */
 	CHECK_OK(harness_verify(lease.data, lease.len, &k, 11, "old lease after the restart"));
 	kvb_close(c);
 	kvb_close(d);
+	/* Killed again, and restarted with --no-pool-keep: cold, and the kept pool is freed. */
+	CHECK_OK(kill(b3->pid, SIGKILL));
+	while (harness_broker_alive(b3))
+		usleep(1000);
+	b3 = harness_broker_start("--pool", "64M", "--socket", sock, "--no-pool-keep");
+	CHECKF(harness_broker_log_has(b3, "freeing the pool a previous broker left"),
+	       "--no-pool-keep did not free the kept pool");
+	d = harness_connect(b3, "cold", 0);
+	CHECK_OK(kvb_ns_open(d, &l, &ns, NULL));
+	CHECK_RC(kvb_get(d, ns, k, page, PAGE), -ENOENT); /* cold start: pages died with it */
+	CHECK_OK(kvb_put(d, ns, k, page, PAGE));
+	CHECK_RC(kvb_get(d, ns, k, page, PAGE), PAGE);
+	CHECK_OK(harness_verify(page, PAGE, &k, 11, "page in the new broker"));
+	kvb_close(d);
+	snprintf(cmd, sizeof(cmd), "%s.keep", sock);
+	CHECKF(access(cmd, F_OK) != 0, "keeper socket %s left by --no-pool-keep", cmd);
 	harness_broker_stop(b3);
 	CHECKF(access(sock, F_OK) != 0, "socket %s left behind", sock);
 	snprintf(cmd, sizeof(cmd), "%s.lock", sock);

@@ -177,7 +177,9 @@ int main(int argc, char **argv)
 	harness_log("engine, control client and kvbctl served in %llu ms next to %d silent "
 		    "connects",
 		    (unsigned long long)(harness_now_ms() - t0), NSILENT);
-	CHECKF(harness_now_ms() - t0 < 2000, "took %llu ms",
+	/* The old lockout lasted 5 s; 4 s leaves room for a kvbctl exec under TSan on a loaded
+	 * 2-vCPU machine (2.2 s seen) and still fails that lockout. */
+	CHECKF(harness_now_ms() - t0 < 4000, "took %llu ms",
 	       (unsigned long long)(harness_now_ms() - t0));
 	CHECK_LE(harness_stat(e[0], "handshakes"), 64);
 	CHECKF(log_count("no HELLO in time") <= 2, "%d 'no HELLO' lines",

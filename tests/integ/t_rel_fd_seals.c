@@ -13,6 +13,11 @@
  *     shrink and grow, so that even a writable reopen through /proc (root can; a memfd's
  *     inode is mode 0777) cannot write: that part is skipped, with a message, while the arenas
  *     are POSIX shm objects (F_GET_SEALS fails), and enforced as soon as they are memfds.
+ *     That is the --no-pool-keep broker. A kept pool (the default, pool.c [keep]) cannot carry
+ *     FUTURE_WRITE (the adopting broker maps it writable again): there each arena must be
+ *     sealed against shrink and grow, be mode 0400, and a process of another uid must fail to
+ *     reopen it writable through /proc/self/fd (checked in a child that drops to nobody, when
+ *     the test runs as root).
  * And the other direction (DESIGN.md rule 2): the broker registers a client buffer only when it
  * is a tmpfs memfd sealed against shrinking; a hole punched into a registered buffer reads as
  * zeros, it cannot make the broker fault.
@@ -26,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "reliab.h"
@@ -118,7 +124,31 @@ static int is_memfd(int fd)
 	return n > 7 && !strncmp(t, "/memfd:", 7);
 }
 
-static void attack_arena(int fd, uint64_t size, uint32_t i)
+/* A child of another uid (nobody) must not reopen fd writable: 1 checked, 0 not root. */
+static int foreign_reopen_fails(int fd)
+{
+	pid_t pid;
+	int st;
+
+	if (geteuid() != 0)
+		return 0;
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		int rw;
+
+		if (setgid(65534) || setuid(65534))
+			_exit(3);
+		rw = reopen_rw(fd);
+		_exit(rw < 0 && errno == EACCES ? 0 : 1);
+	}
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	       "another uid reopened a kept arena writable (status 0x%x)", st);
+	return 1;
+}
+
+static void attack_arena(int fd, uint64_t size, uint32_t i, int kept)
 {
 	int fl = fcntl(fd, F_GETFL), seals, rw;
 	char byte = 1;
@@ -151,6 +181,17 @@ static void attack_arena(int fd, uint64_t size, uint32_t i)
 			"arena %u: not a memfd (seals %d): the F_SEAL_FUTURE_WRITE checks start "
 			"once the NUMA branch moves the pool to sealed memfds",
 			i, seals);
+		return;
+	}
+	if (kept) {
+		struct stat st;
+
+		CHECKF((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW),
+		       "kept arena %u: seals 0x%x, want SHRINK, GROW", i, seals);
+		CHECK_OK(fstat(fd, &st));
+		CHECKF((st.st_mode & 07777) == 0400, "kept arena %u: mode 0%o, want 0400", i,
+		       st.st_mode & 07777);
+		checks += 2 + foreign_reopen_fails(fd);
 		return;
 	}
 	CHECKF((seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE)) &&
@@ -250,9 +291,18 @@ int main(int argc, char **argv)
 	kvb_client *c;
 
 	harness_init(argc, argv);
+	/* A kept pool first (the default), then the sealed one of --no-pool-keep. */
 	b = harness_broker_start("--pool", "64M");
-	c = harness_connect(b, "honest", 0);
+	sock = hello_fds(b->sock, fds, &hr);
+	for (uint32_t i = 0; i < hr.narenas; i++)
+		attack_arena(fds[3 + i], hr.arenas[i].size, i, 1);
+	for (uint32_t i = 0; i < 3 + hr.narenas; i++)
+		close(fds[i]);
+	close(sock);
+	harness_broker_stop(b);
 
+	b = harness_broker_start("--pool", "64M", "--no-pool-keep");
+	c = harness_connect(b, "honest", 0);
 	sock = hello_fds(b->sock, fds, &hr);
 	harness_log("ring region memfd (%llu bytes)", (unsigned long long)hr.region_size);
 	attack_region(fds[0], hr.region_size);
@@ -261,7 +311,7 @@ int main(int argc, char **argv)
 	CHECK_OK(kvb_nop(c));
 	for (uint32_t i = 0; i < hr.narenas; i++) {
 		harness_log("pool arena %u (%llu bytes)", i, (unsigned long long)hr.arenas[i].size);
-		attack_arena(fds[3 + i], hr.arenas[i].size, i);
+		attack_arena(fds[3 + i], hr.arenas[i].size, i, 0);
 	}
 	for (uint32_t i = 0; i < 3 + hr.narenas; i++)
 		close(fds[i]);

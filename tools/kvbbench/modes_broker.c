@@ -33,6 +33,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "fastcopy.h"
 #include "kvbbench.h"
 
 /* kvb_strerror() speaks of pages; a failed connect deserves words about sockets. */
@@ -506,6 +507,15 @@ static int64_t op_memcpy(struct kvbb_w *w, uint64_t i)
 	return (int64_t)pb;
 }
 
+/* memcpy-nt: the same copy with kvb_copy() (streaming stores from KVB_COPY_NT_MIN up). */
+static int64_t op_memcpy_nt(struct kvbb_w *w, uint64_t i)
+{
+	size_t pb = w->cfg->page_bytes;
+
+	kvb_copy(slot_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
+	return (int64_t)pb;
+}
+
 /* mix: draws the kind of each op from the --mix weights. */
 static int64_t op_mix(struct kvbb_w *w, uint64_t i)
 {
@@ -841,6 +851,8 @@ static void finish_engine(const struct kvbb_cfg *cfg, const struct kvbb_slot *t,
 const struct kvbb_mode kvbb_broker_modes[] = {
 	{"memcpy", "memcpy of one page between private buffers larger than the LLC", MF_DATA, NULL,
 	 setup_memcpy, op_memcpy, teardown, NULL, 0},
+	{"memcpy-nt", "memcpy as the data path copies (kvb_copy: streaming stores >= 256 KiB)",
+	 MF_DATA, NULL, setup_memcpy, op_memcpy_nt, teardown, NULL, 0},
 	{"nop", "kvb_nop round trip through the rings", MF_BROKER, prep_probe, setup_nop, op_nop,
 	 teardown, NULL, 1000},
 	{"put", "kvb_put of new keys from a registered host buffer", MF_BROKER | MF_DATA,

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pagehdr.h - the pool's side table: what lets a broker adopt a dead (or retiring) broker's RAM
+ * pool. One broker-private memfd (never sent to a client) next to the arenas, holding the
+ * pool's geometry, the namespace table and one header per page slot. See pagehdr.c for the
+ * format and what a crash can leave.
+ */
+#ifndef KVB_BROKER_PAGEHDR_H
+#define KVB_BROKER_PAGEHDR_H
+
+#include <assert.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbroker.h"
+#include "wire.h"
+
+#define PMETA_MAGIC 0x314154454d42564bull /* "KVBMETA1" little-endian */
+#define PMETA_VERSION 1
+#define PHDR_MAGIC 0x5048564bu /* "KVHP" */
+#define PHDR_UNIT 4096u	       /* a slab holds at most slab_bytes / PHDR_UNIT slots */
+#define PMETA_NS_MAX 1024u     /* STORE_MAX_NS (store.h checks they agree) */
+
+/* One arena as the superblock records it: enough to map and place it again. */
+struct pmeta_arena {
+	uint64_t size;	    /* bytes (the memfd's size) */
+	uint64_t page_size; /* 4096, 2 MiB or 1 GiB */
+	int32_t node;	    /* NUMA node, -1 none */
+	uint32_t backing;   /* enum hp_backing */
+	uint32_t tenant;    /* 0 today; per-tenant arenas (issue 20) name theirs here */
+	uint32_t resv;	    /* 0 */
+};
+
+/* Block 0 of the side table. Written once at creation, before any header. */
+struct pmeta_super {
+	uint64_t magic;	     /* PMETA_MAGIC */
+	uint32_t version;    /* PMETA_VERSION */
+	uint32_t narenas;    /* arenas handed over with it, in this order */
+	uint64_t slab_bytes; /* the store's slab size: header positions depend on it */
+	uint64_t ns_off;     /* byte offset of the namespace table */
+	uint64_t hdr_off;    /* byte offset of the slot headers */
+	uint64_t size;	     /* bytes of the side table */
+	uint8_t pool_id[16]; /* random at creation: logs tell pools apart */
+	uint64_t created;    /* unix seconds */
+	struct pmeta_arena arena[KVB_MAX_ARENAS];
+	uint32_t resv[5]; /* 0 */
+	uint32_t crc;	  /* crc32c of the bytes before it */
+};
+
+/* A namespace, written when it is first opened (ns.c); its index is its id. */
+struct pmeta_ns {
+	uint32_t magic;	 /* PHDR_MAGIC when in use */
+	uint32_t tenant; /* as passed to ns_open2 */
+	uint64_t page_bytes;
+	uint8_t ident[32]; /* ns.c's identity: checked again on adoption */
+	struct kvb_layout layout;
+	struct kvb_ns_ident idf;
+	uint32_t resv[3]; /* 0 */
+	uint32_t crc;	  /* crc32c of the bytes before it */
+};
+
+/*
+ * The header of the slot at (slab k, slot j): written at commit, when the page's bytes are
+ * complete, and cleared when the slot is freed.
+ */
+struct pmeta_hdr {
+	uint32_t magic;	     /* PHDR_MAGIC; 0 for a slot that holds no committed page */
+	uint16_t ns;	     /* namespace id (index in the namespace table) */
+	uint16_t resv0;	     /* 0 */
+	uint32_t slot_bytes; /* the slab's class when written: all headers of a slab agree */
+	uint32_t len;	     /* bytes the payload crc covers (slot_bytes) */
+	uint64_t gen;	     /* the page's generation: of two copies of a key the newer wins */
+	kvb_key key;
+	uint32_t crc;	  /* crc32c of the len bytes of the slot */
+	uint32_t hdr_crc; /* crc32c of the bytes before it */
+};
+static_assert(sizeof(struct pmeta_hdr) == 64, "page header layout");
+static_assert(offsetof(struct pmeta_hdr, hdr_crc) == 60, "page header layout");
+
+/* Bytes of a side table for nslabs slabs of slab_bytes. */
+uint64_t pmeta_size(uint64_t nslabs, uint64_t slab_bytes);
+
+/* Fills and seals the superblock at meta (the caller filled narenas, arena[], slab_bytes). */
+void pmeta_super_init(void *meta, uint64_t size);
+/* 0 when the superblock at meta (size bytes mapped) is intact and consistent, else -EINVAL. */
+int pmeta_super_check(const void *meta, uint64_t size);
+
+static inline struct pmeta_hdr *pmeta_hdr_at(void *meta, uint64_t slab, uint32_t slot,
+					     uint64_t slab_bytes)
+{
+	const struct pmeta_super *sb = meta;
+
+	return (struct pmeta_hdr *)((char *)meta + sb->hdr_off) +
+	       slab * (slab_bytes / PHDR_UNIT) + slot;
+}
+
+/* Records namespace id (tenant, layout, identity fields as normalised, identity). */
+void pmeta_ns_write(void *meta, uint32_t id, uint32_t tenant, uint64_t page_bytes,
+		    const uint8_t ident[32], const struct kvb_layout *l,
+		    const struct kvb_ns_ident *idf);
+/* The record of namespace id, NULL when none or damaged. */
+const struct pmeta_ns *pmeta_ns_get(const void *meta, uint32_t id);
+
+/* Seals h over the payload at page (h's other fields filled by the caller). */
+void pmeta_hdr_seal(struct pmeta_hdr *h, const void *page);
+
+/*
+ * Scans every slot header of nslabs slabs in parallel (threads up to the CPUs, at most 16) and
+ * clears each one that does not vouch for its slot: bad magic or crc, a slot_bytes its slab's
+ * other headers disagree with or that does not fit, an unknown namespace, a payload whose crc
+ * fails. slab_base(arg, k) gives the address of slab k's bytes. Afterwards every header left is
+ * a committed, intact page; cls_bytes[k] is slab k's slot size (0: no page in it).
+ * Returns pages kept; *torn gets headers cleared for a failed crc (a page cut short).
+ */
+uint64_t pmeta_scan(void *meta, uint64_t nslabs, const void *(*slab_base)(void *, uint64_t),
+		    void *arg, uint32_t *cls_bytes, uint64_t *torn);
+
+#endif /* KVB_BROKER_PAGEHDR_H */

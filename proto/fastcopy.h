@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fastcopy.h - kvb_copy(): the page copy of the data path (the broker's host copies, the
+ * client's copy out of a lease and into its staging buffer).
+ *
+ * Copies of at least KVB_COPY_NT_MIN bytes use non-temporal (streaming) stores: a page copy
+ * writes MiBs that nobody reads back soon (the pool, a GPU staging buffer, an engine's KV
+ * buffer), and streaming stores neither read the destination's lines first nor evict the
+ * source out of the cache. Measured on this project's AMD EPYC (AVX2, 32 MiB L3, 2 vCPUs,
+ * `kvbbench memcpy` against `kvbbench memcpy-nt`): 1 MiB and 4.29 MiB copies 7.7 -> 11.1 GB/s with rotating destinations,
+ * and no slower with one reused destination; 64 KiB was faster with rotating destinations
+ * but slower with a reused one, so small copies keep glibc's memcpy. AVX2 when the CPU has it
+ * (checked once), SSE2 otherwise (every x86-64); other architectures always use memcpy.
+ */
+#ifndef KVB_PROTO_FASTCOPY_H
+#define KVB_PROTO_FASTCOPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KVB_COPY_NT_MIN (256u << 10)
+
+#if defined(__x86_64__) && !defined(KVB_NO_NT)
+#include <immintrin.h>
+
+/* dst..dst+n with streaming stores, any alignment of either side. */
+__attribute__((target("avx2"))) static inline void kvb_copy_nt_avx2(uint8_t *dst,
+								    const uint8_t *src, size_t n)
+{
+	size_t head = (32 - ((uintptr_t)dst & 31)) & 31;
+
+	memcpy(dst, src, head); /* n >= KVB_COPY_NT_MIN > 32 */
+	dst += head;
+	src += head;
+	n -= head;
+	for (; n >= 128; n -= 128, dst += 128, src += 128) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)src);
+		__m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
+		__m256i c = _mm256_loadu_si256((const __m256i *)(src + 64));
+		__m256i d = _mm256_loadu_si256((const __m256i *)(src + 96));
+
+		_mm256_stream_si256((__m256i *)dst, a);
+		_mm256_stream_si256((__m256i *)(dst + 32), b);
+		_mm256_stream_si256((__m256i *)(dst + 64), c);
+		_mm256_stream_si256((__m256i *)(dst + 96), d);
+	}
+	/* Streaming stores are weakly ordered: fence before anyone is told the copy is done. */
+	_mm_sfence();
+	memcpy(dst, src, n);
+}
+
+static inline void kvb_copy_nt_sse2(uint8_t *dst, const uint8_t *src, size_t n)
+{
+	size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+
+	memcpy(dst, src, head);
+	dst += head;
+	src += head;
+	n -= head;
+	for (; n >= 64; n -= 64, dst += 64, src += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)src);
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+		__m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+
+		_mm_stream_si128((__m128i *)dst, a);
+		_mm_stream_si128((__m128i *)(dst + 16), b);
+		_mm_stream_si128((__m128i *)(dst + 32), c);
+		_mm_stream_si128((__m128i *)(dst + 48), d);
+	}
+	_mm_sfence();
+	memcpy(dst, src, n);
+}
+
+static inline void kvb_copy(void *dst, const void *src, size_t n)
+{
+	if (n < KVB_COPY_NT_MIN) {
+		memcpy(dst, src, n);
+	} else if (__builtin_cpu_supports("avx2")) {
+		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
+	} else {
+		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
+	}
+}
+#else
+static inline void kvb_copy(void *dst, const void *src, size_t n)
+{
+	memcpy(dst, src, n);
+}
+#endif
+
+#endif /* KVB_PROTO_FASTCOPY_H */

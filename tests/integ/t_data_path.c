@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: MIT
+/*
+ * t_data_path.c - the data path's fast paths keep every byte (issue 19). Behaviour only: no
+ * figure is asserted (make bench measures them).
+ *   - Registration prefault: a kvb_buf_alloc_host() buffer is resident as soon as it is
+ *     returned (mincore); a sealed memfd registered by fd has its blocks allocated (st_blocks)
+ *     and its bytes unchanged.
+ *   - Streaming copies: PUT from plain memory (staging) and GET into plain memory (the lease
+ *     copy) of a Kimi-K2.5 page and of odd sizes at odd alignments, byte-exact, nothing written
+ *     past the page; GET and PUT of the same through registered buffers (the broker's copies).
+ *   - Self-copied GET (KVB_CLIENT_GET_SELF_KB=1): a GET into a buffer of ours is the client's
+ *     own lease copy, byte-exact, and the lease is given back (no lease left).
+ *   - Parallel fan-out: four processes GET the same pages at once, each byte-exact.
+ *   - Off-loop release: a client with a 64 MiB buffer exits without closing while we keep
+ *     running ops; the broker serves on and its page stays readable.
+ *   - One CPU: this process and every broker thread pinned to one CPU; NOP, PUT and GET of
+ *     64 KiB pages complete and are byte-exact (client and broker yield to each other).
+ */
+#include <dirent.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define KIMI (64u * 61 * 1152)
+#define NPAGES 4
+
+static struct harness_broker *br;
+
+static uint32_t open_ns(kvb_client *c, const char *model, uint32_t layers, uint32_t bytes,
+			size_t *pb)
+{
+	struct kvb_layout l;
+	uint32_t ns;
+
+	harness_layout(&l, model, KVB_LAYOUT_MLA, 64, 1, 0, layers, bytes);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, pb));
+	return ns;
+}
+
+static size_t resident(void *p, size_t len)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t n = (len + (size_t)pg - 1) / (size_t)pg, r = 0;
+	unsigned char *v = malloc(n);
+
+	CHECK(v != NULL);
+	CHECK(mincore(p, len, v) == 0);
+	for (size_t i = 0; i < n; i++)
+		r += v[i] & 1;
+	free(v);
+	return r;
+}
+
+static void test_prefault(kvb_client *c)
+{
+	const size_t len = 8u << 20;
+	long pg = sysconf(_SC_PAGESIZE);
+	uint32_t id, id2;
+	uint8_t *p = kvb_buf_alloc_host(c, len, &id), *m;
+	struct stat st;
+	int fd;
+
+	CHECK(p != NULL);
+	CHECK_EQ(resident(p, len), len / (size_t)pg);
+	CHECK_OK(kvb_buf_unregister(c, id));
+
+	fd = memfd_create("t_data_path", MFD_ALLOW_SEALING);
+	CHECK(fd >= 0);
+	CHECK(ftruncate(fd, (off_t)len) == 0);
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(m != MAP_FAILED);
+	m[12345] = 7;
+	CHECK(fstat(fd, &st) == 0);
+	CHECK_LE((uint64_t)st.st_blocks * 512, 2u << 20); /* one page written: sparse */
+	CHECK_OK(kvb_buf_register_host_fd(c, fd, 0, len, m, KVB_BUF_SEAL, &id2));
+	CHECK(fstat(fd, &st) == 0);
+	CHECK_GE((uint64_t)st.st_blocks * 512, len);
+	CHECK_EQ((uint64_t)st.st_size, len);
+	CHECK_EQ(m[12345], 7);
+	CHECK_EQ(m[12346], 0);
+	CHECK_OK(kvb_buf_unregister(c, id2));
+	munmap(m, len);
+	close(fd);
+}
+
+/* PUT and GET of one page through plain memory at odd offsets, and through buffers. */
+static void roundtrip(kvb_client *c, uint32_t ns, size_t pb, uint64_t seed, size_t so, size_t dso,
+		      int via_buf)
+{
+	kvb_key key = harness_key(seed, so * 100 + dso * 10 + (uint64_t)via_buf);
+	uint8_t *src, *dst, *hb = NULL;
+	uint32_t hid = 0;
+	char what[80];
+
+	if (via_buf) {
+		hb = kvb_buf_alloc_host(c, 2 * pb + 8192, &hid);
+		CHECK(hb != NULL);
+		src = hb + so;
+		dst = hb + pb + 4096 + dso;
+	} else {
+		src = malloc(pb + so);
+		dst = malloc(pb + dso + 4096);
+		CHECK(src && dst);
+		src += so;
+		dst += dso;
+	}
+	harness_fill(src, pb, &key, seed);
+	memset(dst, 0xcc, pb + 1024);
+	CHECK_RC(kvb_put(c, ns, key, src, pb), 0);
+	CHECK_RC(kvb_get(c, ns, key, dst, pb), (long long)pb);
+	snprintf(what, sizeof(what), "page %zu so %zu dso %zu buf %d", pb, so, dso, via_buf);
+	CHECK(harness_verify(dst, pb, &key, seed, what) == 0);
+	for (size_t i = pb; i < pb + 1024; i++)
+		CHECKF(dst[i] == 0xcc, "%s: wrote past the page at +%zu", what, i - pb);
+	if (via_buf) {
+		CHECK_OK(kvb_buf_unregister(c, hid));
+	} else {
+		free(src - so);
+		free(dst - dso);
+	}
+}
+
+static void test_copies(kvb_client *c, uint64_t seed)
+{
+	size_t pb;
+	uint32_t kimi = open_ns(c, "test/dp-kimi", 61, 1152, &pb);
+	uint32_t odd;
+
+	CHECK_EQ(pb, KIMI);
+	for (size_t so = 0; so < 3; so++)
+		for (size_t dso = 0; dso < 3; dso++)
+			roundtrip(c, kimi, pb, seed, so * 7, dso * 3 + 1, so == dso);
+	/* 64 x 4099 B: above the streaming threshold, not a multiple of any vector. */
+	odd = open_ns(c, "test/dp-odd", 1, 4099, &pb);
+	CHECK_EQ(pb, 64u * 4099);
+	roundtrip(c, odd, pb, seed + 1, 5, 3, 0);
+	roundtrip(c, odd, pb, seed + 1, 1, 9, 1);
+}
+
+struct fan {
+	kvb_key keys[NPAGES];
+	struct harness_gate go;
+};
+
+static int fan_child(int idx, void *arg)
+{
+	struct fan *f = arg;
+	kvb_client *c = harness_connect(br, "t_data_path-rank", 0);
+	uint32_t id;
+	size_t pb;
+	uint32_t ns = open_ns(c, "test/dp-fan", 61, 1152, &pb);
+	uint8_t *hb = kvb_buf_alloc_host(c, NPAGES * pb, &id);
+
+	CHECK(hb != NULL);
+	harness_gate_wait(&f->go, 10000);
+	for (int k = 0; k < NPAGES; k++) {
+		CHECK_RC(kvb_get(c, ns, f->keys[k], hb + k * pb, pb), (long long)pb);
+		CHECK(harness_verify(hb + k * pb, pb, &f->keys[k], 77, "fan-out") == 0);
+	}
+	(void)idx;
+	kvb_close(c);
+	return 0;
+}
+
+static void test_fan_out(kvb_client *c)
+{
+	struct fan *f = harness_shared(sizeof(*f));
+	uint8_t *src;
+	size_t pb;
+	uint32_t ns = open_ns(c, "test/dp-fan", 61, 1152, &pb);
+	pid_t pids[4];
+
+	harness_gate_init(&f->go);
+	harness_key_chain(f->keys, NPAGES, 64, 77);
+	src = malloc(pb);
+	CHECK(src != NULL);
+	for (int k = 0; k < NPAGES; k++) {
+		harness_fill(src, pb, &f->keys[k], 77);
+		CHECK_RC(kvb_put(c, ns, f->keys[k], src, pb), 0);
+	}
+	free(src);
+	for (int i = 0; i < 4; i++)
+		pids[i] = harness_fork(fan_child, i, f);
+	harness_gate_open(&f->go, 4);
+	CHECK_EQ(harness_wait(pids, 4, 60000, NULL), 0);
+}
+
+static int exiter(int idx, void *arg)
+{
+	kvb_client *c = harness_connect(br, "t_data_path-exiter", 0);
+	uint32_t id;
+	size_t pb;
+	uint32_t ns = open_ns(c, "test/dp-kimi", 61, 1152, &pb);
+	uint8_t *hb = kvb_buf_alloc_host(c, 64u << 20, &id);
+	kvb_key key = harness_key(55, 1);
+
+	(void)idx;
+	(void)arg;
+	CHECK(hb != NULL);
+	harness_fill(hb, pb, &key, 55);
+	CHECK_RC(kvb_put(c, ns, key, hb, pb), 0);
+	_exit(0); /* no kvb_close(): the broker releases what we leave */
+}
+
+static void test_exit_release(kvb_client *c)
+{
+	kvb_key key = harness_key(55, 1);
+	pid_t pid = harness_fork(exiter, 0, NULL);
+	size_t pb;
+	uint32_t ns = open_ns(c, "test/dp-kimi", 61, 1152, &pb);
+	uint8_t *dst = malloc(pb);
+	kvb_client *c2;
+
+	CHECK(dst != NULL);
+	for (int i = 0; i < 200; i++)
+		CHECK_OK(kvb_nop(c));
+	CHECK_EQ(harness_wait(&pid, 1, 30000, NULL), 0);
+	for (int i = 0; i < 200; i++)
+		CHECK_OK(kvb_nop(c));
+	CHECK_RC(kvb_get(c, ns, key, dst, pb), (long long)pb);
+	CHECK(harness_verify(dst, pb, &key, 55, "exiter's page") == 0);
+	free(dst);
+	c2 = harness_connect(br, "t_data_path-after", 0);
+	CHECK_OK(kvb_nop(c2));
+	kvb_close(c2);
+	CHECK(harness_broker_alive(br));
+}
+
+/* Every thread of pid onto cpu. */
+static void pin_all(pid_t pid, int cpu)
+{
+	char path[64];
+	cpu_set_t set;
+	struct dirent *e;
+	DIR *d;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	CHECK(d != NULL);
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			(void)sched_setaffinity((pid_t)atoi(e->d_name), sizeof(set), &set);
+	closedir(d);
+}
+
+static void test_one_cpu(kvb_client *c)
+{
+	cpu_set_t set;
+	int cpu;
+	uint32_t id;
+	size_t pb;
+	uint32_t ns = open_ns(c, "test/dp-64k", 4, 256, &pb);
+	uint8_t *hb = kvb_buf_alloc_host(c, 2 * pb, &id);
+	uint64_t t0;
+
+	CHECK(hb != NULL);
+	CHECK_EQ(pb, 64u << 10);
+	CHECK(sched_getaffinity(0, sizeof(set), &set) == 0);
+	for (cpu = 0; cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &set); cpu++)
+		;
+	CHECK(cpu < CPU_SETSIZE);
+	pin_all(getpid(), cpu);
+	pin_all(br->pid, cpu);
+	t0 = harness_now_ms();
+	for (int i = 0; i < 300; i++) {
+		kvb_key key = harness_key(99, (uint64_t)i);
+
+		CHECK_OK(kvb_nop(c));
+		harness_fill(hb, pb, &key, 99);
+		CHECK_RC(kvb_put(c, ns, key, hb, pb), 0);
+		CHECK_RC(kvb_get(c, ns, key, hb + pb, pb), (long long)pb);
+		CHECK(harness_verify(hb + pb, pb, &key, 99, "one cpu") == 0);
+	}
+	harness_log("one CPU: 300 x (NOP, 64 KiB PUT, 64 KiB GET) in %llu ms",
+		    (unsigned long long)(harness_now_ms() - t0));
+	CHECK_OK(kvb_buf_unregister(c, id));
+}
+
+int main(int argc, char **argv)
+{
+	kvb_client *c, *self;
+	char *json;
+
+	harness_init(argc, argv);
+	br = harness_broker_start("--pool", "256M");
+	c = harness_connect(br, "t_data_path", 0);
+
+	test_prefault(c);
+	test_copies(c, 1000);
+
+	/* The client's own copy for GETs into its buffers, from 1 KiB pages up. */
+	setenv("KVB_CLIENT_GET_SELF_KB", "1", 1);
+	self = harness_connect(br, "t_data_path-self", 0);
+	unsetenv("KVB_CLIENT_GET_SELF_KB");
+	test_copies(self, 2000);
+	/* The RELEASEs are posted without waiting: the last one may still be on its way. */
+	CHECK_EQ(harness_stat_wait(self, "leases", 0, 2000), 0);
+	json = harness_stats(self);
+	CHECK_GE(harness_stat_u64(json, "counters.gets"), 20);
+	free(json);
+	kvb_close(self);
+
+	test_fan_out(c);
+	test_exit_release(c);
+	test_one_cpu(c);
+	kvb_close(c);
+	harness_broker_stop(br);
+	return 0;
+}

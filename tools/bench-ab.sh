@@ -1,0 +1,52 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# bench-ab.sh A B REPS SECS "PAGES" "MODES" [kvbbench args...]: two builds' data paths side by
+# side, interleaved. A and B are build directories (build/release of two trees: before and
+# after a change); each gets its own kvbrokerd --pool 1G, and every repetition measures memcpy
+# (B's kvbbench) then each mode on A then on B, so the machine's drift spreads over both.
+# Prints per page size memcpy's median GB/s and each mode's median as a ratio to it, then the
+# load average. PAGES: sizes for --page, or "kimi" for --layout kimi. Used for issue 19's
+# figures in docs/benchmarks.md; on a shared machine, prefer it to two separate runs.
+set -eu
+A=$1 B=$2 REPS=$3 SECS=$4 PAGES=$5 MODES=$6
+shift 6
+tmp=$(mktemp -d /tmp/kvbab.XXXXXX)
+"$A/bin/kvbrokerd" --socket "$tmp/a.sock" --pool 1G --log-level warn &
+ap=$!
+"$B/bin/kvbrokerd" --socket "$tmp/b.sock" --pool 1G --log-level warn &
+bp=$!
+trap 'kill $ap $bp 2>/dev/null || true; rm -rf "$tmp"' EXIT
+sleep 2
+gbs='import json, sys; print(json.load(sys.stdin)["gb_per_s"])'
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq "$REPS"); do
+	for p in $PAGES; do
+		pa="--page $p"
+		[ "$p" = kimi ] && pa="--layout kimi"
+		# shellcheck disable=SC2086
+		echo "$p memcpy $("$B/bin/kvbbench" --json --seconds "$SECS" $pa "$@" memcpy | python3 -c "$gbs")" >>"$tmp/res"
+		for m in $MODES; do
+			for side in a b; do
+				bin=$A
+				[ "$side" = b ] && bin=$B
+				# shellcheck disable=SC2086
+				g=$("$bin/bin/kvbbench" --socket "$tmp/$side.sock" --json --seconds "$SECS" $pa "$@" "$m" | python3 -c "$gbs") || g=0
+				echo "$p $side:$m $g" >>"$tmp/res"
+			done
+		done
+	done
+done
+python3 - "$tmp/res" <<'PY'
+import collections, statistics as st, sys
+d = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    p, m, g = line.split()
+    d[(p, m)].append(float(g))
+for p in dict.fromkeys(k[0] for k in d):
+    mc = st.median(d[(p, "memcpy")])
+    rest = " ".join("%s %.2f" % (m, st.median(v) / mc) for (pp, m), v in d.items()
+                    if pp == p and m != "memcpy")
+    print("%s memcpy %.2f GB/s  %s" % (p, mc, rest))
+PY
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
