@@ -53,7 +53,7 @@ else
 Q := @
 endif
 
-PKGS := liburing numa libcrypto libcjson libisal
+PKGS := liburing numa libcrypto libcjson libisal hiredis
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 -Wvla \
 	-Wimplicit-fallthrough -Wcast-qual -Wwrite-strings -Wundef
 ifneq ($(CI),)
@@ -113,7 +113,7 @@ KVBDISK := $(B)/bin/kvbdisk
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
 KVBGPUCHECK := $(B)/bin/kvbgpucheck
-PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK)
+PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK) $(B)/bin/kvbfetch
 # The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
 # -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
 # into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks

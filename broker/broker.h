@@ -19,6 +19,7 @@
 #include "numa_topo.h"
 #include "ops.h"
 #include "pool.h"
+#include "remote.h"
 #include "ring.h"
 #include "store.h"
 #include "tenant.h"
@@ -71,6 +72,7 @@ struct config {
 	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
 	int free_pool;		 /* --free-pool: free a kept pool and exit */
 	int takeover;		 /* --takeover: the running broker hands its pool over */
+	struct remote_cfg remote; /* remote.url NULL: no remote tier */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -196,7 +198,8 @@ struct broker {
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct xfer_stats xs;
-	struct tier *tier; /* NULL without --disk */
+	struct tier *tier;     /* NULL without --disk */
+	struct remote *remote; /* NULL without --remote */
 	struct counters ctr;
 	struct list sessions;
 	struct list graveyard;

@@ -62,9 +62,21 @@ void loop_fini(struct loop *l)
 
 int loop_add(struct loop *l, int fd, struct loop_fd *h)
 {
-	struct epoll_event ev = {.events = EPOLLIN, .data.ptr = h};
+	return loop_add_events(l, fd, h, EPOLLIN);
+}
+
+int loop_add_events(struct loop *l, int fd, struct loop_fd *h, uint32_t events)
+{
+	struct epoll_event ev = {.events = events, .data.ptr = h};
 
 	return epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) < 0 ? -errno : 0;
+}
+
+int loop_mod(struct loop *l, int fd, struct loop_fd *h, uint32_t events)
+{
+	struct epoll_event ev = {.events = events, .data.ptr = h};
+
+	return epoll_ctl(l->epfd, EPOLL_CTL_MOD, fd, &ev) < 0 ? -errno : 0;
 }
 
 void loop_del(struct loop *l, int fd)
@@ -119,6 +131,7 @@ int loop_run(struct loop *l)
 		for (int i = 0; i < n; i++) {
 			struct loop_fd *h = evs[i].data.ptr;
 
+			l->revents = evs[i].events;
 			h->fn(h->arg);
 		}
 		l->h.tick(l->h.arg, sleeping);

@@ -37,6 +37,7 @@ struct loop {
 	int stop;	   /* set by anyone: loop_run returns after the current round */
 	double window;	   /* seconds of busy polling after the last work (--poll-us) */
 	double hold_until; /* ... and until then, whatever the window (loop_hold) */
+	uint32_t revents; /* the epoll events of the fd whose callback runs now */
 	struct loop_hooks h;
 };
 
@@ -64,6 +65,14 @@ void loop_fini(struct loop *l);
 
 /* Registers fd (level-triggered, readable); h must outlive its registration. */
 int loop_add(struct loop *l, int fd, struct loop_fd *h);
+
+/*
+ * Registers fd for events (EPOLLIN and/or EPOLLOUT, level-triggered), or changes what an fd
+ * registered before waits for (loop_mod): the remote tier's connections want EPOLLOUT only
+ * while hiredis has bytes to write. Their callbacks read l->revents.
+ */
+int loop_add_events(struct loop *l, int fd, struct loop_fd *h, uint32_t events);
+int loop_mod(struct loop *l, int fd, struct loop_fd *h, uint32_t events);
 
 /* Unregisters fd (needed when another process holds a dup of it, or the fd lives on). */
 void loop_del(struct loop *l, int fd);

@@ -74,6 +74,12 @@ static void usage(FILE *f)
 		"size)\n"
 		"  --disk-qd N            page I/Os in flight (default 64)\n"
 		"  --disk-sqpoll          io_uring SQPOLL: a kernel thread submits (costs a CPU)\n"
+		"  --remote URL           share pages across nodes through a Redis Cluster:\n"
+		"                         redis://HOST:PORT[,HOST:PORT...] (seed nodes)\n"
+		"  --remote-prefix P      prefix of every key there (default \"kvb:\")\n"
+		"  --remote-timeout MS    deadline of a remote lookup or fetch (default 200)\n"
+		"  --remote-inflight SIZE value bytes on the wire at most (default 256M)\n"
+		"  --remote-publish WHEN  put (publish each page a PUT stores, default) or never\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
@@ -235,7 +241,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_LEASE_LIFE,
 		O_NO_KEEP,
 		O_FREE_POOL,
-		O_TAKEOVER
+		O_TAKEOVER,
+		O_REMOTE,
+		O_REMOTE_PREFIX,
+		O_REMOTE_TIMEOUT,
+		O_REMOTE_INFLIGHT,
+		O_REMOTE_PUBLISH
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -281,6 +292,11 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"no-pool-keep", no_argument, NULL, O_NO_KEEP},
 		{"free-pool", no_argument, NULL, O_FREE_POOL},
 		{"takeover", no_argument, NULL, O_TAKEOVER},
+		{"remote", required_argument, NULL, O_REMOTE},
+		{"remote-prefix", required_argument, NULL, O_REMOTE_PREFIX},
+		{"remote-timeout", required_argument, NULL, O_REMOTE_TIMEOUT},
+		{"remote-inflight", required_argument, NULL, O_REMOTE_INFLIGHT},
+		{"remote-publish", required_argument, NULL, O_REMOTE_PUBLISH},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -310,6 +326,10 @@ static int parse_args(int argc, char **argv, struct config *c)
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
 	c->disk.qd = 64;
+	strcpy(c->remote.prefix, "kvb:");
+	c->remote.timeout = 0.2;
+	c->remote.max_inflight = 256ull << 20;
+	c->remote.publish = REMOTE_PUB_PUT;
 	c->copy_threads = default_copy_threads();
 	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
 	c->gpu = 1;
@@ -468,6 +488,37 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_DISK_QD:
 			if (parse_u32(optarg, &c->disk.qd) || !c->disk.qd || c->disk.qd > 4096)
+				goto bad;
+			break;
+		case O_REMOTE:
+			if (!*optarg)
+				goto bad;
+			c->remote.url = optarg;
+			break;
+		case O_REMOTE_PREFIX:
+			/* A brace would make a hash tag: every page on one shard. */
+			if (strlen(optarg) >= sizeof(c->remote.prefix) || strpbrk(optarg, "{}"))
+				goto bad;
+			strcpy(c->remote.prefix, optarg);
+			break;
+		case O_REMOTE_TIMEOUT: {
+			uint32_t ms;
+
+			if (parse_u32(optarg, &ms) || !ms || ms > 60000)
+				goto bad;
+			c->remote.timeout = ms / 1000.0;
+			break;
+		}
+		case O_REMOTE_INFLIGHT:
+			if (parse_size(optarg, &c->remote.max_inflight) || !c->remote.max_inflight)
+				goto bad;
+			break;
+		case O_REMOTE_PUBLISH:
+			if (!strcmp(optarg, "put"))
+				c->remote.publish = REMOTE_PUB_PUT;
+			else if (!strcmp(optarg, "never"))
+				c->remote.publish = REMOTE_PUB_NEVER;
+			else
 				goto bad;
 			break;
 		case O_DISK_SQPOLL:
@@ -950,6 +1001,14 @@ int main(int argc, char **argv)
 			goto out_store;
 		}
 	}
+	if (b.cfg.remote.url) {
+		/* Connects without waiting: until the cluster answers, remote lookups miss. */
+		err = remote_open(&b, &b.cfg.remote);
+		if (err) {
+			log_error("--remote %s: %s", b.cfg.remote.url, strerror(-err));
+			goto out_store;
+		}
+	}
 	b.listen_fd = listen_socket(b.cfg.socket_path, &b.cfg);
 	if (b.listen_fd < 0) {
 		err = b.listen_fd;
@@ -989,8 +1048,9 @@ int main(int argc, char **argv)
 	err = loop_run(&b.loop);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
-	xfer_fini(&b);	/* in-flight copies finish, their dead sessions' counts drop to 0 */
-	tier_close(&b); /* writes what is only in RAM, completes parked ops */
+	xfer_fini(&b);	  /* in-flight copies finish, their dead sessions' counts drop to 0 */
+	tier_close(&b);	  /* writes what is only in RAM, completes parked ops */
+	remote_close(&b); /* requests in flight are cancelled: their pages abort */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,
@@ -1000,6 +1060,7 @@ out_sock:
 	close(b.listen_fd);
 	unlink(b.cfg.socket_path);
 out_store:
+	remote_close(&b);
 	loop_fini(&b.loop);
 	if (b.sigfd >= 0)
 		close(b.sigfd);

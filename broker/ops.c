@@ -41,6 +41,7 @@
 #include "clock.h"
 #include "log.h"
 #include "proto.h"
+#include "remote.h"
 #include "tier.h"
 
 /* The most segments one view op may build: 1,024 layers x 1,024 strided tokens (24 MiB). */
@@ -390,6 +391,7 @@ static void op_account(struct broker *b, const struct op *op)
 static void op_end(struct broker *b, struct op *op)
 {
 	op_account(b, op);
+	remote_op_end(op);
 	if (op->v)
 		sview_put(op->v);
 	free(op->segs);
@@ -530,8 +532,8 @@ static int op_get(struct broker *b, struct op *op)
 			return op_fail(op, err);
 		pg = store_find(&b->store, n->id, &op->key);
 		if (!pg || pg->state != PAGE_READY) {
-			/* RAM first: only now is the disk tier asked. */
-			if (tier_promote(b, op, pg))
+			/* RAM first: only now is the disk tier asked, then the remote one. */
+			if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
 				return OPS_DEFERRED; /* runs again once the page is in RAM */
 			op->hit = 0;
 			return op_fail(op, -ENOENT);
@@ -634,7 +636,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return op_fail(op, -EBADF);
 	pg = store_find(&b->store, n->id, &op->key);
 	if (!pg || pg->state != PAGE_READY) {
-		if (tier_promote(b, op, pg))
+		if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
 			return OPS_DEFERRED;
 		op->hit = 0;
 		return op_fail(op, -ENOENT);
@@ -710,7 +712,7 @@ static int op_prefetch(struct broker *b, struct op *op)
 	if (pg && pg->state == PAGE_READY)
 		return OPS_DONE;
 	/* A page on disk is promoted first; then this op runs again and finds it in RAM. */
-	if (tier_promote(b, op, pg))
+	if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
 		return OPS_DEFERRED;
 	return op_fail(op, -ENOENT);
 }
@@ -726,6 +728,11 @@ static int op_lookup(struct broker *b, struct op *op)
 
 	if (!op->n)
 		return op_fail(op, -EBADF);
+	if (op->rlq) {
+		/* The remote tier answered (or its deadline passed): the keys it has. */
+		op->cqe.res = (int32_t)remote_lookup_apply(b, op, tiers, op->lead);
+		return OPS_DONE;
+	}
 	if (!i)
 		op->leading = 1;
 	for (; i < end; i++) {
@@ -749,6 +756,9 @@ static int op_lookup(struct broker *b, struct op *op)
 	op->cursor = end;
 	if (end < count)
 		return op_yield(b, op);
+	/* Only keys found nowhere here cross the network; a LOOKUP of local pages never waits. */
+	if (remote_lookup(b, op, keys, tiers, count))
+		return OPS_DEFERRED;
 	op->cqe.res = (int32_t)op->lead;
 	return OPS_DONE;
 }

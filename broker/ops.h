@@ -18,6 +18,7 @@ struct session;
 struct ns;
 struct page;
 struct sview;
+struct remote_lq;
 
 /* What an op's run returned: complete now (cqe filled), or it completes later. */
 enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
@@ -51,6 +52,8 @@ struct op {
 	uint8_t as_get;	   /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
 	int8_t hit;	   /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	   /* PUT: the key was stored */
+	uint8_t remote;	   /* the remote tier was asked (once per op: remote.c) */
+	struct remote_lq *rlq; /* LOOKUP: its questions to the remote tier, while asked */
 	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
 	uint32_t cursor, lead;
 	uint8_t leading;

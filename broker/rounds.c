@@ -31,8 +31,13 @@ static int broker_prepare_sleep(void *arg)
 	struct broker *b = arg;
 	int timeout = session_prepare_sleep(b);
 
-	if (timeout > 0)
+	if (timeout > 0) {
+		int rt = remote_sleep_ms(b);
+
+		if (rt >= 0 && rt < timeout)
+			timeout = rt ? rt : 1; /* a remote deadline or a reconnect is due */
 		xfer_arm(b);
+	}
 	return timeout;
 }
 
@@ -56,6 +61,7 @@ static void broker_tick(void *arg, int slept)
 		b->expired_at = now;
 	}
 	session_reap(b);
+	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	if (b->metrics)
 		metrics_http_tick(b);

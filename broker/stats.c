@@ -238,6 +238,7 @@ char *stats_json(const struct broker *b)
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
 	cJSON_AddItemToObject(root, "disk", tier_json(b));
+	cJSON_AddItemToObject(root, "remote", remote_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "control_clients", b->ncontrol);
 	num(root, "handshakes", b->npending);

@@ -575,6 +575,7 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->unlinked = 0;
 	pg->clean = 0;
 	pg->demoting = 0;
+	pg->rflags = 0;
 	pg->waiters = NULL;
 	index_insert(&s->ix, &pg->ixn);
 	s->st.bytes_used += c->slot_bytes;

@@ -44,7 +44,8 @@ struct page {
 	uint16_t cls;
 	uint8_t clean;	  /* a complete copy is on disk: evicting it loses nothing */
 	uint8_t demoting; /* being written to disk: READY, pinned by the tier */
-	uint16_t resv;
+	uint8_t rflags;	  /* the remote tier's (remote.c): being fetched, published */
+	uint8_t resv;
 	struct list lru;       /* global LRU: on it iff READY, unpinned, linked */
 	struct list clru;      /* its class's LRU, same condition */
 	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */

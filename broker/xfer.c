@@ -45,6 +45,7 @@ static void xfer_finish(struct broker *b, struct op *op)
 		if (!res) {
 			store_commit(&b->store, pg); /* wakes the PUTs that waited for it */
 			op->bytes_in = op->n->page_bytes;
+			remote_on_put(b, op->n, pg); /* still READY here: nothing ran since */
 		} else {
 			store_abort(&b->store, pg);
 		}

@@ -241,6 +241,54 @@ static void disk_metrics(struct mbuf *m, const cJSON *disk, const char *state)
 	       "Seconds the start-up scan of the disk tier took.");
 }
 
+/* ---- the remote tier ---- */
+
+static void remote_metrics(struct mbuf *m, const cJSON *rem)
+{
+	static const char *const states[] = {"off", "ok", "degraded", "down"};
+	static const struct {
+		const char *field, *name, *type, *help;
+	} one[] = {
+		{"shards", "kvbroker_remote_shards", "gauge",
+		 "Remote store shards that own slots."},
+		{"shards_reachable", "kvbroker_remote_shards_reachable", "gauge",
+		 "Remote store shards connected and answering."},
+		{"published", "kvbroker_remote_published_total", "counter",
+		 "Pages published to the remote tier (stored there by this node)."},
+		{"publish_existed", "kvbroker_remote_publish_existed_total", "counter",
+		 "Publishes answered: another node stored the page first."},
+		{"fetches", "kvbroker_remote_fetches_total", "counter",
+		 "Fetches asked of the remote tier (local misses)."},
+		{"fetched", "kvbroker_remote_fetched_total", "counter",
+		 "Pages fetched from the remote tier, checked and served."},
+		{"corrupt", "kvbroker_remote_corrupt_total", "counter",
+		 "Remote values whose header or checksum did not match (never served)."},
+		{"timeouts", "kvbroker_remote_timeouts_total", "counter",
+		 "Remote lookups and fetches past their deadline (misses)."},
+		{"errors", "kvbroker_remote_errors_total", "counter", "Remote tier errors."},
+		{"backoffs", "kvbroker_remote_backoffs_total", "counter",
+		 "Times a remote shard was backed off after a failure."},
+		{"recoveries", "kvbroker_remote_recoveries_total", "counter",
+		 "Remote shards back after a failure."},
+		{"bytes_in_flight", "kvbroker_remote_bytes_in_flight", "gauge",
+		 "Value bytes on the wire to and from the remote tier."},
+	};
+	const char *state = rem ? sdoc_str(rem, "state") : "off";
+
+	family(m, "kvbroker_remote_state", "gauge",
+	       "Remote tier state: 1 for the current one of off, ok, degraded, down.");
+	for (size_t i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+		sample(m, "kvbroker_remote_state", L("state", states[i]),
+		       !strcmp(state, states[i]));
+	if (!rem)
+		return;
+	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++)
+		single(m, rem, one[i].field, one[i].name, one[i].type, one[i].help);
+	labelled(m, rem, "kvbroker_remote_bytes_total", "counter",
+		 "Page bytes fetched from and published to the remote tier.", "direction",
+		 (const struct pair[]){{"fetch", "fetch_bytes"}, {"publish", "publish_bytes"}}, 2);
+}
+
 /* ---- per namespace and per client ---- */
 
 struct series {
@@ -388,6 +436,7 @@ char *metrics_text(const cJSON *st)
 	if (pool)
 		pool_bytes(&m, st, disk);
 	disk_metrics(&m, disk, dstate);
+	remote_metrics(&m, sdoc_remote(st));
 	single(&m, st, "clients", "kvbroker_clients", "gauge", "Attached ring clients.");
 	single(&m, st, "control_clients", "kvbroker_control_clients", "gauge",
 	       "Control-only connections (kvbctl).");

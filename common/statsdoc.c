@@ -60,6 +60,14 @@ const cJSON *sdoc_disk(const cJSON *root)
 	return d && *st && strcmp(st, "off") ? d : NULL;
 }
 
+const cJSON *sdoc_remote(const cJSON *root)
+{
+	const cJSON *d = sdoc_obj(root, "remote");
+	const char *st = sdoc_str(d, "state");
+
+	return d && *st && strcmp(st, "off") ? d : NULL;
+}
+
 int sdoc_nodes(const cJSON *root, struct sdoc_node *out, int max)
 {
 	const cJSON *pool = sdoc_obj(root, "pool"), *a;

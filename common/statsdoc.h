@@ -25,6 +25,8 @@ void sdoc_printable(cJSON *o);
 
 /* The "disk" object when the broker has a disk tier that is not off, else NULL. */
 const cJSON *sdoc_disk(const cJSON *root);
+/* The "remote" object when the remote tier is on, else NULL (absent or state "off"). */
+const cJSON *sdoc_remote(const cJSON *root);
 
 /* RAM per NUMA node, summed over pool.arenas[] (a broker without arenas: one node, -1). */
 #define SDOC_MAX_NODES 64

@@ -120,6 +120,7 @@ struct kvb_lease {
 enum kvb_tier {
 	KVB_TIER_RAM = 0,
 	KVB_TIER_DISK = 1,
+	KVB_TIER_REMOTE = 2, /* in the cross-node tier (--remote): a GET fetches it */
 	KVB_TIER_NONE = 0xff,
 };
 

@@ -478,6 +478,16 @@ else
 	fail "vllm: $PYV cannot import kvbroker.vllm (make python)"
 fi
 
+# ---- the remote tier (--remote): fetch vs hiredis GET, local hits with the tier on/off ----
+if [ -f tools/bench-remote.sh ]; then
+	echo "bench: tools/bench-remote.sh"
+	hrc=0
+	KVB_BENCH_QUICK=$QUICK sh tools/bench-remote.sh "$B" >"$extra/remote.md" \
+		2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench-remote.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+fi
+
 elapsed=$(($(date +%s) - t_start))
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)

@@ -11,9 +11,11 @@ set -eu
 # under build/, a C extension); e2fsprogs (mkfs.ext4) for t_disk_nospace; git to clone.
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev
 	libisal-dev libmicrohttpd-dev libncurses-dev python3 clang libclang-rt-dev util-linux
-	clang-format cppcheck python3-venv python3-dev e2fsprogs git"
+	clang-format cppcheck python3-venv python3-dev e2fsprogs git libhiredis-dev redis-server
+	redis-tools"
 if [ "${1:-}" = bench ]; then
-	need="redis-server memcached libhiredis-dev libmemcached-dev fio gnuplot-nox python3"
+	need="redis-server redis-tools memcached libhiredis-dev libmemcached-dev fio gnuplot-nox
+		python3"
 fi
 missing=""
 for p in $need; do

@@ -298,6 +298,32 @@ static const char *clip(const char *s, size_t w, char *buf, size_t len)
 	return buf;
 }
 
+/* "remote: off", or the remote tier's shards and figures (--remote). */
+static void print_remote(const cJSON *root)
+{
+	const cJSON *r = sdoc_remote(root);
+	char a[32], b[32], c[32];
+
+	if (!r) {
+		printf("remote: off\n");
+		return;
+	}
+	printf("remote     %s  %s %s, %.0f of %.0f shards reachable, publish %s\n",
+	       sdoc_str(r, "state"), sdoc_str(r, "backend"), sdoc_str(r, "seeds"),
+	       sdoc_num(r, "shards_reachable"), sdoc_num(r, "shards"), sdoc_str(r, "publish"));
+	printf("           published %.0f (%s, %.0f there already)  fetched %.0f of %.0f (%s, "
+	       "hit rate %s)\n",
+	       sdoc_num(r, "published"), fmt_bytes(sdoc_num(r, "publish_bytes"), a, sizeof(a)),
+	       sdoc_num(r, "publish_existed"), sdoc_num(r, "fetched"), sdoc_num(r, "fetches"),
+	       fmt_bytes(sdoc_num(r, "fetch_bytes"), b, sizeof(b)),
+	       fmt_pct(sdoc_num(r, "fetched"), sdoc_num(r, "fetches"), c, sizeof(c)));
+	printf("           in flight %s  errors %.0f  timeouts %.0f  corrupt %.0f  back-offs %.0f  "
+	       "recoveries %.0f\n",
+	       fmt_bytes(sdoc_num(r, "bytes_in_flight"), a, sizeof(a)), sdoc_num(r, "errors"),
+	       sdoc_num(r, "timeouts"), sdoc_num(r, "corrupt"), sdoc_num(r, "backoffs"),
+	       sdoc_num(r, "recoveries"));
+}
+
 /* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */
 static void print_disk(const cJSON *root)
 {
@@ -380,6 +406,7 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
 	print_disk(root);
+	print_remote(root);
 	printf("clients    %.0f   leases %.0f   namespaces %d\n", sdoc_num(root, "clients"),
 	       sdoc_num(root, "leases"), nss ? cJSON_GetArraySize(nss) : 0);
 

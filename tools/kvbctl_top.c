@@ -123,6 +123,7 @@ static void bar(int y, int x, int width, const char *label, double used, double 
 static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, const char *status)
 {
 	const cJSON *pool = sdoc_obj(root, "pool"), *disk = sdoc_disk(root), *cl;
+	const cJSON *rem = sdoc_remote(root);
 	struct sdoc_node nodes[SDOC_MAX_NODES];
 	struct rates r;
 	int rows = LINES, cols = COLS, y = 0, nn, width;
@@ -158,6 +159,18 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 	} else {
 		mvprintw(y++, 0, "disk: off");
 	}
+	if (rem)
+		mvprintw(y++, 0,
+			 "remote %s  shards %.0f/%.0f  published %.0f  fetched %.0f/%.0f  errors "
+			 "%.0f"
+			 "  in flight %s",
+			 sdoc_str(rem, "state"), sdoc_num(rem, "shards_reachable"),
+			 sdoc_num(rem, "shards"), sdoc_num(rem, "published"),
+			 sdoc_num(rem, "fetched"), sdoc_num(rem, "fetches"),
+			 sdoc_num(rem, "errors"),
+			 fmt_bytes(sdoc_num(rem, "bytes_in_flight"), a, sizeof(a)));
+	else
+		mvprintw(y++, 0, "remote: off");
 	y++;
 	if (rates_between(prev, root, &r) == 0) {
 		mvprintw(y++, 0, "puts/s %-9.0f gets/s %-9.0f ops/s %-9.0f hit rate %s", r.puts,

@@ -189,6 +189,7 @@ static int add_ints(PyObject *m)
 	} k[] = {
 		{"TIER_RAM", KVB_TIER_RAM},
 		{"TIER_DISK", KVB_TIER_DISK},
+		{"TIER_REMOTE", KVB_TIER_REMOTE},
 		{"TIER_NONE", KVB_TIER_NONE},
 		{"OP_NOP", KVB_OP_NOP},
 		{"OP_PUT", KVB_OP_PUT},

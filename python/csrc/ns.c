@@ -549,7 +549,8 @@ static PyMethodDef ns_methods[] = {
 	 "trip. keys: a sequence of\n32-byte keys, or one bytes-like object of n * 32 bytes."},
 	{"lookup_tiers", ns_lookup_tiers, METH_O,
 	 "lookup_tiers(keys) -> tuple[int, list[int]]\n--\n\n(leading hits, each key's tier: "
-	 "TIER_RAM, TIER_DISK or TIER_NONE)."},
+	 "TIER_RAM, TIER_DISK, TIER_REMOTE or TIER_NONE;\nany other value a newer broker reports "
+	 "means stored somewhere)."},
 	{"delete", ns_delete, METH_O,
 	 "delete(key) -> bool\n--\n\nDrops a page (freed once no lease holds it). False when not "
 	 "stored."},

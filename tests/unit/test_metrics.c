@@ -95,6 +95,27 @@ static void test_metrics_disk_and_numa(void **state)
 	free(t);
 }
 
+/* The remote tier: its state, shards and counters; "off" gives the state family alone. */
+static void test_metrics_remote(void **state)
+{
+	char *t = render("{\"version\":\"0.0.1\",\"remote\":{\"state\":\"degraded\","
+			 "\"shards\":3,\"shards_reachable\":2,\"published\":5,\"fetched\":4,"
+			 "\"fetch_bytes\":4096,\"publish_bytes\":8192,\"bytes_in_flight\":7}}");
+
+	(void)state;
+	has(t, "kvbroker_remote_state{state=\"degraded\"} 1\n");
+	has(t, "kvbroker_remote_state{state=\"ok\"} 0\n");
+	has(t, "kvbroker_remote_shards_reachable 2\n");
+	has(t, "kvbroker_remote_published_total 5\n");
+	has(t, "kvbroker_remote_bytes_total{direction=\"fetch\"} 4096\n");
+	has(t, "kvbroker_remote_bytes_in_flight 7\n");
+	free(t);
+	t = render("{\"version\":\"0.0.1\",\"remote\":{\"state\":\"off\"}}");
+	has(t, "kvbroker_remote_state{state=\"off\"} 1\n");
+	assert_null(strstr(t, "kvbroker_remote_shards"));
+	free(t);
+}
+
 /* A disk object that says "off" and an old broker's sparse document. */
 static void test_metrics_disk_off_and_sparse(void **state)
 {
@@ -154,6 +175,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_metrics_disk_and_numa),
 		cmocka_unit_test(test_metrics_disk_off_and_sparse),
+		cmocka_unit_test(test_metrics_remote),
 		cmocka_unit_test(test_metrics_check_rejects),
 	};
 

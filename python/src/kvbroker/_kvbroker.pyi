@@ -16,6 +16,7 @@ Memory = Buffer | Any  # or an object with data_ptr() and nbytes (torch tensors)
 TIER_RAM: Final[int]
 TIER_DISK: Final[int]
 TIER_NONE: Final[int]
+TIER_REMOTE: Final[int]
 OP_NOP: Final[int]
 OP_PUT: Final[int]
 OP_GET: Final[int]

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * remote.h - the remote tier: pages shared across nodes through a distributed store (Redis
+ * Cluster today), below RAM and disk. See remote.c for the policy essay. Loop thread only.
+ *
+ * [remote-seam] The tier is generic; what talks to the store is a backend, a struct of
+ * function pointers (struct remote_backend below): lookup, fetch, publish and health, plus
+ * open/close/poll. remote_redis.c is the Redis Cluster backend; a Mooncake Store backend is
+ * another such struct where its C library exists. docs/design.md names this seam.
+ */
+#ifndef KVB_BROKER_REMOTE_H
+#define KVB_BROKER_REMOTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbroker.h"
+#include "list.h"
+
+struct broker;
+struct op;
+struct page;
+struct ns;
+struct cJSON;
+struct loop;
+
+enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1 };
+
+struct remote_cfg {
+	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */
+	char prefix[32];       /* --remote-prefix: every key starts with it (no '{' or '}') */
+	double timeout;	       /* --remote-timeout (seconds): the deadline of each lookup/fetch */
+	uint64_t max_inflight; /* --remote-inflight: value bytes on the wire at most */
+	int publish;	       /* --remote-publish: enum remote_publish */
+};
+
+/* The value header (little-endian), before the page's bytes; checked on every fetch. */
+#define REMOTE_MAGIC 0x5242564bu /* "KVBR" */
+#define REMOTE_VERSION 1u
+struct remote_hdr {
+	uint32_t magic;	  /* REMOTE_MAGIC */
+	uint16_t version; /* REMOTE_VERSION */
+	uint16_t hdr_len; /* sizeof(struct remote_hdr): the page starts here */
+	uint64_t len;	  /* page bytes that follow */
+	uint32_t crc;	  /* crc32c of the page bytes (ISA-L crc32_iscsi, as slot.c) */
+	uint32_t hcrc;	  /* crc32c of the 20 bytes above */
+};
+_Static_assert(sizeof(struct remote_hdr) == 24, "remote value header");
+
+#define REMOTE_KEY_MAX 192
+
+/* struct page rflags */
+#define REMOTE_PG_FETCHING 1u  /* WRITING, being filled by a fetch of this tier */
+#define REMOTE_PG_PUBLISHED 2u /* sent to the store, or came from it: never (again) */
+
+enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
+
+/*
+ * One request to the backend, owned by the tier. A backend that accepted it (its function
+ * returned 0) calls remote_call_done() for it exactly once, later, never from inside the call
+ * that submitted it. A call whose deadline passed is settled by the tier (a miss) and only
+ * freed when the backend is done with it.
+ */
+struct remote_call {
+	struct list link;  /* the tier's calls in flight, oldest first */
+	struct list blink; /* the backend's (its connection's FIFO) */
+	struct remote *r;
+	uint8_t kind;	 /* enum remote_kind */
+	uint8_t settled; /* its outcome was applied (deadline or answer) */
+	uint8_t redirects;
+	double deadline;
+	double sent;
+	char key[REMOTE_KEY_MAX];
+	uint32_t klen;
+	char *cmd; /* the request, formatted by the backend (kept for redirections) */
+	size_t cmdlen;
+	uint64_t bytes;	      /* counted in the tier's bytes in flight */
+	struct page *pg;      /* RC_FETCH: the WRITING page it fills */
+	uint64_t page_bytes;  /* RC_FETCH */
+	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
+	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
+};
+
+/* What the backend says of its health (stats). */
+struct remote_health {
+	uint32_t shards, reachable; /* nodes that own slots, and those of them connected */
+	uint64_t backoffs, recoveries, errors, redirects, refreshes;
+};
+
+struct remote_backend {
+	const char *name;
+	/* Connects to the seeds of cfg->url (without blocking); *be is its state. 0 or -errno. */
+	int (*open)(struct remote *r, const struct remote_cfg *cfg, struct loop *l, void **be);
+	/* Frees everything; calls still in flight are done with -ECANCELED first. */
+	void (*close)(void *be);
+	/* Submit c (c->key, c->klen): 0 accepted, -errno refused (no done will follow). */
+	int (*lookup)(void *be, struct remote_call *c);
+	int (*fetch)(void *be, struct remote_call *c);
+	/* The value is hdr then page (len bytes), copied before it returns: nothing stays pinned. */
+	int (*publish)(void *be, struct remote_call *c, const struct remote_hdr *hdr,
+		       const void *page, size_t len);
+	void (*health)(void *be, struct remote_health *h);
+	/* Deadlines of its connections, reconnects after back-off; returns work done. */
+	uint32_t (*poll)(void *be, double now);
+	/* Its members of the "remote" stats object. */
+	void (*json)(void *be, struct cJSON *o);
+};
+
+extern const struct remote_backend remote_redis_backend;
+
+/*
+ * The backend's answer to c: res >= 0 with the value (val, len; NULL for none) for a fetch;
+ * 1/0 (exists or not) for a lookup; 1 stored, 0 already there for a publish; -errno on error
+ * (-ECONNRESET, -ETIMEDOUT, -EHOSTUNREACH...). val is valid only during the call. Frees c.
+ */
+void remote_call_done(struct remote_call *c, int res, const void *val, size_t len);
+
+/* main.c: opens the tier when cfg->url is set (b->remote). 0 or -errno. */
+int remote_open(struct broker *b, const struct remote_cfg *cfg);
+void remote_close(struct broker *b);
+
+/*
+ * ops.c, GET/ACQUIRE/PREFETCH that missed in RAM and on disk (pg: the WRITING page of the key,
+ * or NULL): 1 when the op was parked on a page being fetched (its fetch issued or joined), 0 a
+ * miss. An op asks the cluster once: run again, it misses if the fetch did.
+ */
+int remote_promote(struct broker *b, struct op *op, struct page *pg);
+
+/*
+ * ops.c, LOOKUP whose local pass is done: asks the cluster about its keys that were NONE
+ * (tiers[i]) and parks the op (1), or 0 when nothing was asked. Run again, remote_lookup_apply
+ * marks the keys found KVB_TIER_REMOTE and returns the new leading count.
+ */
+int remote_lookup(struct broker *b, struct op *op, const uint8_t *keys, const uint8_t *tiers,
+		  uint32_t count);
+uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, uint32_t lead);
+
+/* ops.c, at every op's end: lets go of what the op held in the tier. */
+void remote_op_end(struct op *op);
+
+/* xfer.c: a PUT committed page pg of namespace n: publish it (once). */
+void remote_on_put(struct broker *b, const struct ns *n, struct page *pg);
+
+/* rounds.c: deadlines, the publish queue, the backend's own upkeep. Returns work done. */
+uint32_t remote_tick(struct broker *b);
+/* rounds.c: how long the loop may sleep (ms) before remote_tick must run; -1: no limit. */
+int remote_sleep_ms(struct broker *b);
+
+/* stats.c: the "remote" object (state "off" without the tier). */
+struct cJSON *remote_json(const struct broker *b);
+
+#endif /* KVB_BROKER_REMOTE_H */

@@ -1,0 +1,136 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# bench-remote.sh B - the remote tier (--remote), for `make bench` (tools/bench.sh runs it and
+# puts its markdown, printed on stdout, into docs/benchmarks.md). Progress goes to stderr.
+#
+#   fetch     node A PUTs N Kimi-K2.5 pages (4.29 MiB), published to Redis; node B GETs each
+#             once: every GET is a remote fetch (GET over TCP, checked, committed). Against it,
+#             in the same run and on the same server, kvbbench-peers redis-get: hiredis GETs of
+#             values of the same size into the client's memory. Target: >= 80% of it.
+#   local     GET latency of pages B holds in RAM: with the remote tier on, with the Redis
+#             server stopped (SIGSTOP: a partition) and killed, and on a broker without it.
+#             Target: unchanged.
+#
+# One Redis server (not a cluster: both sides then talk to the same single process, the only
+# fair pairing for a client that is not cluster-aware); the tier's cluster routing is tested by
+# t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48).
+set -eu
+
+B=${1:-build/release}
+QUICK=${KVB_BENCH_QUICK:-0}
+N=${KVB_REMOTE_PAGES:-48}
+SECS=2
+[ "$QUICK" = 1 ] && N=16 && SECS=0.5
+BENCH=$B/bin/kvbbench
+PEERS=$B/bin/kvbbench-peers
+D=$(mktemp -d "${TMPDIR:-/tmp}/kvb-bench-remote-XXXXXX")
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+pids=""
+cleanup() {
+	for p in $pids; do
+		kill -CONT "$p" 2>/dev/null || true
+		kill "$p" 2>/dev/null || true
+	done
+	wait 2>/dev/null || true
+	rm -rf "$D"
+}
+trap cleanup EXIT
+
+command -v redis-server >/dev/null || { echo "redis-server missing (tools/deps.sh bench)" >&2; exit 1; }
+redis-server --port "$PORT" --bind 127.0.0.1 --save "" --appendonly no --maxmemory 2gb \
+	--maxmemory-policy allkeys-lru --dir "$D" --logfile "$D/redis.log" &
+rpid=$!
+pids="$pids $rpid"
+for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+
+broker() { # name args...: starts kvbrokerd on $D/$1.sock
+	n=$1
+	shift
+	"$B/bin/kvbrokerd" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
+	pids="$pids $!"
+	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
+}
+field() { # json-file key: a number from kvbbench --json
+	python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+}
+row() { # label file
+	printf '| %s | %.2f | %.0f | %.0f | %.0f |\n' "$1" "$(field "$2" gb_per_s)" "$(field "$2" ops_per_s)" \
+		"$(field "$2" p50_us)" "$(field "$2" p99_us)"
+}
+
+URL=redis://127.0.0.1:$PORT
+broker a --remote "$URL"
+broker b --remote "$URL" --remote-publish never
+broker c
+echo "bench-remote: $N pages PUT on A (published)" >&2
+"$B/bin/kvbfetch" put "$D/a.sock" "$N" >"$D/put.json"
+sleep 1
+echo "bench-remote: B fetches each once" >&2
+"$B/bin/kvbfetch" get "$D/b.sock" "$N" >"$D/fetch.json"
+fetched=$("$B/bin/kvbctl" --socket "$D/b.sock" status --json |
+	python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["fetched"])')
+"$B/bin/kvbctl" --socket "$D/a.sock" status | grep -A2 '^remote' >&2
+"$B/bin/kvbctl" --socket "$D/b.sock" status | grep -A2 '^remote' >&2
+echo "bench-remote: hiredis GETs of the same size" >&2
+peer=""
+if [ -x "$PEERS" ]; then
+	"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" --json \
+		redis-get >"$D/redis.json" && peer=1
+fi
+echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
+lat() { # socket out
+	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
+}
+lat "$D/b.sock" "$D/on.json"
+"$B/bin/kvbfetch" put "$D/c.sock" "$N" >"$D/put-off.json"
+lat "$D/c.sock" "$D/off.json"
+kill -STOP "$rpid"
+lat "$D/b.sock" "$D/stopped.json"
+kill -CONT "$rpid"
+kill "$rpid"
+wait "$rpid" 2>/dev/null || true
+lat "$D/b.sock" "$D/down.json"
+
+echo "### Remote tier (\`tools/bench-remote.sh\`): Kimi-K2.5 pages (4.29 MiB), one Redis server on loopback"
+echo
+echo "Fetch: node B GETs $N pages node A published, each a remote fetch ($fetched fetched)."
+echo
+echo "| case | GB/s | ops/s | p50 us | p99 us |"
+echo "| --- | --- | --- | --- | --- |"
+row "remote fetch through kvbrokerd B (GET of a page B lacks)" "$D/fetch.json"
+if [ -n "$peer" ]; then
+	row "hiredis GET of the same size (kvbbench-peers redis-get)" "$D/redis.json"
+	python3 - "$D/fetch.json" "$D/redis.json" <<'EOF'
+import json, sys
+f, r = (json.load(open(p))["gb_per_s"] for p in sys.argv[1:3])
+print("\nFetch at %.0f%% of hiredis GET (target >= 80%%: %s).\n" % (100 * f / r, "met" if f >= 0.8 * r else "MISSED"))
+EOF
+else
+	echo
+	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
+	echo
+fi
+echo "Publish at PUT: what it costs a PUT (the page's crc32c and its copy into the request, on the"
+echo "loop thread), kvbfetch PUTs of new pages:"
+echo
+echo "| case | GB/s | ops/s | p50 us | p99 us |"
+echo "| --- | --- | --- | --- | --- |"
+row "PUT, tier off (broker C)" "$D/put-off.json"
+row "PUT, published at PUT (broker A)" "$D/put.json"
+echo
+echo "Local hits (GET of pages in B's RAM, registered buffer):"
+echo
+echo "| case | GB/s | ops/s | p50 us | p99 us |"
+echo "| --- | --- | --- | --- | --- |"
+row "tier off (broker C)" "$D/off.json"
+row "tier on, Redis up (broker B)" "$D/on.json"
+row "tier on, Redis stopped (SIGSTOP)" "$D/stopped.json"
+row "tier on, Redis killed" "$D/down.json"
+python3 - "$D/off.json" "$D/on.json" "$D/stopped.json" "$D/down.json" <<'EOF'
+import json, sys
+off, *rest = (json.load(open(p))["p50_us"] for p in sys.argv[1:])
+worst = max(rest)
+print("\nLocal-hit p50 with the tier on is at most %.2fx the tier off (target unchanged: %s)." %
+      (worst / off, "met" if worst <= 1.1 * off else "MISSED"))
+EOF
