@@ -22,6 +22,7 @@
 #include "remote.h"
 #include "ring.h"
 #include "store.h"
+#include "tenant.h"
 #include "tier.h"
 #include "wire.h"
 
@@ -63,6 +64,11 @@ struct config {
 	gid_t group;
 	int has_group;
 	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	struct tenant_cfg tenants; /* --tenants, --tenant, --tenant-share (tenant.c) */
+	uint64_t max_lease_bytes;  /* --max-lease-bytes: page bytes one client may lease */
+	double max_lease_frac;	   /* ... as a fraction of its partition (N%) */
+	double max_pinned;	   /* --max-pinned: fraction of a partition leases may pin */
+	double lease_lifetime;	   /* --lease-lifetime: seconds a lease may be held, 0 ever */
 	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
 	int free_pool;		 /* --free-pool: free a kept pool and exit */
 	int takeover;		 /* --takeover: the running broker hands its pool over */
@@ -133,6 +139,9 @@ struct session {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
+	uint32_t tenant;  /* its tenant's key (ns identity), tenant.c */
+	uint32_t part;	  /* its tenant's pool partition */
+	int tenant_bound; /* counted in tt.t[part].clients */
 	char name[KVB_NAME_MAX];
 	int node;		 /* NUMA node it declared, or its GPU's; -1 unknown */
 	char gpu[KVB_BUSID_MAX]; /* its GPU's PCI bus id, "" none */
@@ -155,7 +164,9 @@ struct session {
 	struct sbuf bufs[SESSION_MAX_BUFS];
 	struct sview *views[SESSION_MAX_VIEWS];
 	uint64_t *leases; /* lease ids held, with multiplicity */
+	double *lease_at; /* when each was taken (--lease-lifetime) */
 	uint32_t nleases, cap_leases;
+	uint64_t lease_bytes; /* page bytes of the leases held (--max-lease-bytes) */
 	uint64_t buf_bytes; /* registered host memory */
 	uint32_t nclosing;  /* buffers unregistered while ops were in flight (sbuf.closing) */
 	uint32_t nfdbufs;   /* buffers with sbuf.fdb (jobs need fdcopy_resolve) */
@@ -170,6 +181,8 @@ struct session {
 	uint32_t nops;	     /* on that list */
 	struct waitq yieldq; /* its long ops' next steps, run at its next turn (fair rounds) */
 	double dead_at;	     /* when it was destroyed (the drain log) */
+	char *stats_doc;     /* paged STATS: the rendering pages are cut from */
+	size_t stats_len;
 	int drain_logged;
 };
 
@@ -178,6 +191,7 @@ struct broker {
 	struct pool pool;
 	struct store store;
 	struct ns_table nst;
+	struct tenant_table tt;
 	struct copy_engine *copy; /* host memory */
 	struct copy_engine *gpu;  /* GPU memory (copy_cuda.c), NULL when GPU copies are off */
 	struct bg *bg;		  /* populates and unmaps clients' memory (bg.c); NULL: inline */
@@ -244,6 +258,9 @@ int session_prepare_sleep(struct broker *b);
 int session_cpu_shared(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
+/* Before session_destroy of a client we end on purpose: tells its library to unmap the pool
+ * (KVB_SQ_REVOKED). */
+void session_revoke(struct session *s);
 /* A free buffer slot of s (--max-bufs counts every kind of buffer), or -EMFILE. */
 int session_buf_slot(const struct broker *b, const struct session *s, uint32_t *id);
 void session_reap(struct broker *b);

@@ -1014,7 +1014,7 @@ err:
 
 struct copy_engine *copy_cuda_open(struct broker *b)
 {
-	struct cuda_range pool[KVB_MAX_ARENAS];
+	struct cuda_range pool[POOL_MAX_ARENAS];
 	struct kvb_cuda_api *api;
 	struct cuda_opts o = {.path = b->cfg.gpu_path};
 	struct copy_engine *e;

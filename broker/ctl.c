@@ -115,8 +115,9 @@ err_close:
 static int hello_place(struct broker *b, struct session *s, const struct kvb_msg_hello *m,
 		       size_t blen)
 {
-	int arena_node[KVB_MAX_ARENAS], node = m->cpu_node;
+	int node = m->cpu_node;
 
+	(void)b;
 	if (blen < sizeof(*m) || m->resv2 || m->cpu_node < -1 ||
 	    !memchr(m->gpu_busid, '\0', sizeof(m->gpu_busid)))
 		return -EINVAL;
@@ -130,11 +131,29 @@ static int hello_place(struct broker *b, struct session *s, const struct kvb_msg
 		memcpy(s->gpu, m->gpu_busid, sizeof(s->gpu));
 	}
 	s->node = node;
-	for (uint32_t i = 0; i < b->pool.narenas; i++)
-		arena_node[i] = b->pool.arena[i].node;
-	numa_order(arena_node, b->pool.narenas, node, s->pref.arena);
-	s->pref.n = b->pool.narenas;
+	s->pref.n = 0; /* decided once its tenant's partition is known (hello_arenas) */
 	return 0;
+}
+
+/*
+ * The arenas a ring client gets: its tenant's partition only [tenant-part], numbered from 0
+ * there (store_loc), and its placement order among them, nearest first when it told us where it
+ * runs (KVB_HELLOF_PLACE).
+ */
+static void hello_arenas(struct broker *b, struct session *s, int placed)
+{
+	const struct pool_part *pt = &b->pool.part[s->part];
+	int arena_node[KVB_MAX_ARENAS];
+
+	s->pref.n = 0;
+	if (!placed)
+		return;
+	for (uint32_t i = 0; i < pt->narenas; i++)
+		arena_node[i] = b->pool.arena[pt->first + i].node;
+	numa_order(arena_node, pt->narenas, s->node, s->pref.arena);
+	for (uint32_t i = 0; i < pt->narenas; i++)
+		s->pref.arena[i] = (uint8_t)(s->pref.arena[i] + pt->first);
+	s->pref.n = pt->narenas;
 }
 
 static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
@@ -175,6 +194,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	memcpy(s->name, m->name, sizeof(s->name));
 	s->name[sizeof(s->name) - 1] = '\0';
+	s->tenant = tenant_key(b->tt.mode, s->uid, s->gid);
 	/* The name goes into log lines: no control bytes, so a client cannot forge a line. */
 	for (char *p = s->name; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
@@ -205,6 +225,18 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
 	}
+	err = tenant_attach(&b->tt, s->tenant);
+	if (err < 0) {
+		log_throttled(&tt_refused, "client %u ('%s', pid %d, uid %d, gid %d): refused: %s",
+			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid,
+			      "every tenant share is taken (--tenant-share)");
+		b->ctr.refused++;
+		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
+		return -EUSERS;
+	}
+	s->part = (uint32_t)err;
+	s->tenant_bound = 1;
+	hello_arenas(b, s, !!(m->flags & KVB_HELLOF_PLACE));
 	err = region_create(b, s, sq);
 	if (err) {
 		reply(s, h, err, NULL, 0, NULL, 0);
@@ -220,11 +252,13 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	fds[nfds++] = s->sq_efd;
 	fds[nfds++] = s->cq_efd;
 	rep.region_size = s->region_size;
-	rep.narenas = b->pool.narenas;
-	for (uint32_t i = 0; i < b->pool.narenas; i++) {
-		rep.arenas[i].size = b->pool.arena[i].size;
-		rep.arenas[i].node = b->pool.arena[i].node;
-		fds[nfds] = pool_ro_fd(&b->pool, i);
+	rep.narenas = b->pool.part[s->part].narenas;
+	for (uint32_t i = 0; i < rep.narenas; i++) {
+		uint32_t a = b->pool.part[s->part].first + i;
+
+		rep.arenas[i].size = b->pool.arena[a].size;
+		rep.arenas[i].node = b->pool.arena[a].node;
+		fds[nfds] = pool_ro_fd(&b->pool, a);
 		if (fds[nfds] < 0) {
 			err = fds[nfds];
 			goto out;
@@ -236,9 +270,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->hello_done = 1;
 		b->npending--;
 		b->nsessions++;
-		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s",
+		log_info("client %u: attached '%s' pid %d uid %d, sq %u entries, node %d%s%s, "
+			 "partition %u",
 			 s->id, s->name, (int)s->pid, (int)s->uid, sq, s->node,
-			 s->gpu[0] ? ", gpu " : "", s->gpu);
+			 s->gpu[0] ? ", gpu " : "", s->gpu, s->part);
 	}
 out:
 	for (int i = 3; i < nfds; i++)
@@ -256,15 +291,21 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 {
 	struct kvb_msg_ns_reply rep = {0};
 	struct ns *n;
-	int err = ns_open2(&b->nst, &b->store, l, id, 0, &n);
+	/* The tenant is part of the identity [tenant-part]: another tenant's same model is
+	 * another namespace, and its pages go to this tenant's partition. */
+	int err = ns_open2(&b->nst, &b->store, l, id, s->tenant, &n);
 
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
+	b->store.ns_part[n->id] = (uint8_t)s->part;
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
-		if (s->nns >= b->cfg.max_ns)
+		if (s->nns >= b->cfg.max_ns) {
+			ns_release(&b->nst, &b->store, n->id); /* made for nothing: goes again */
 			return reply(s, h, -EMFILE, NULL, 0, NULL, 0);
+		}
 		s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 		s->nns++;
+		n->opens++; /* until the session's last op completed [ns-free] */
 	}
 	rep.ns = n->id;
 	rep.page_bytes = n->page_bytes;
@@ -426,6 +467,55 @@ static int on_view_create(struct broker *b, struct session *s, const struct kvb_
 	return reply(s, h, 0, &rep, sizeof(rep), NULL, 0);
 }
 
+/* Paged STATS (ABI 1.3, wire.h): a snapshot rendered at offset 0, cut into pages. */
+static int on_stats_page(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+			 const struct kvb_msg_stats_page *m)
+{
+	uint64_t max = m->max && m->max < KVB_STATS_PAGE ? m->max : KVB_STATS_PAGE, n;
+
+	if (m->flags)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	if (!m->offset || !s->stats_doc) {
+		free(s->stats_doc);
+		s->stats_doc = stats_json(b);
+		s->stats_len = s->stats_doc ? strlen(s->stats_doc) : 0;
+		if (!s->stats_doc || s->stats_len > INT32_MAX)
+			return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
+	}
+	if (m->offset > s->stats_len)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	n = s->stats_len - m->offset < max ? s->stats_len - m->offset : max;
+	return reply(s, h, (int32_t)s->stats_len, s->stats_doc + m->offset, n, NULL, 0);
+}
+
+/*
+ * DROP (kvbctl drop): ends another client's session, releasing its leases; its library then
+ * unmaps the pool. Only the broker's own uid or root may, whatever --tenants says: an operator
+ * command, not a tenant's.
+ */
+static int on_drop(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+		   const struct kvb_msg_id *m)
+{
+	struct list *pos;
+
+	if (s->uid != geteuid() && s->uid != 0)
+		return reply(s, h, -EPERM, NULL, 0, NULL, 0);
+	if (m->resv || m->id == s->id)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	list_for_each (pos, &b->sessions) {
+		struct session *t = list_entry(pos, struct session, link);
+
+		if (t->id != m->id || !t->hello_done)
+			continue;
+		log_warn("client %u (%s, pid %d): dropped by client %u (pid %d, uid %d)", t->id,
+			 t->name[0] ? t->name : "?", (int)t->pid, s->id, (int)s->pid, (int)s->uid);
+		session_revoke(t);
+		session_destroy(b, t, "dropped by the operator (kvbctl drop)");
+		return reply(s, h, 0, NULL, 0, NULL, 0);
+	}
+	return reply(s, h, -ENOENT, NULL, 0, NULL, 0);
+}
+
 static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
 {
 	char *js = stats_json(b);
@@ -457,7 +547,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	if (!s->hello_done)
 		return -EPROTO;
-	if (s->control_only && h->type != KVB_MSG_STATS)
+	if (s->control_only && h->type != KVB_MSG_STATS && h->type != KVB_MSG_DROP)
 		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 	switch (h->type) {
 	case KVB_MSG_NS_OPEN: {
@@ -521,7 +611,16 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->views[id.id] = NULL;
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
+		if (blen >= sizeof(struct kvb_msg_stats_page)) {
+			struct kvb_msg_stats_page m;
+
+			memcpy(&m, body, sizeof(m));
+			return on_stats_page(b, s, h, &m);
+		}
 		return on_stats(b, s, h);
+	case KVB_MSG_DROP:
+		memcpy(&id, body, sizeof(id));
+		return on_drop(b, s, h, &id);
 	}
 	return -EPROTO;
 }

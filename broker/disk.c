@@ -428,7 +428,7 @@ static int buf_index(const struct disk *d, const void *mem, uint32_t len)
 			continue;
 		off = (uint64_t)(m - base);
 		if (off / d->chunk_bytes != (off + len - 1) / d->chunk_bytes)
-			return -1; /* cannot happen for page slots; a plain I/O is still right */
+			return -1; /* a slot across a chunk boundary (slabs are n slots): plain I/O */
 		return (int)(d->arena_buf0[a] + off / d->chunk_bytes);
 	}
 	return -1;

@@ -53,7 +53,7 @@ struct disk {
 	/* fixed buffers: each arena in chunks of chunk_bytes, then the header blocks */
 	const struct pool *pool;
 	uint64_t chunk_bytes;
-	uint32_t arena_buf0[KVB_MAX_ARENAS];
+	uint32_t arena_buf0[POOL_MAX_ARENAS];
 	uint8_t *hdrs; /* nhdrs blocks of SLOT_BLOCK bytes, for headers being written */
 	uint32_t nhdrs;
 	uint32_t hdr_buf;

@@ -215,9 +215,9 @@ static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint3
 	setsid();
 	signal(SIGPIPE, SIG_DFL);
 	/* Above every target first, so that no dup2 below closes a source. */
-	tmp[0] = fcntl(lfd, F_DUPFD, 64);
+	tmp[0] = fcntl(lfd, F_DUPFD, 128);
 	for (uint32_t i = 0; i < n; i++)
-		tmp[i + 1] = fcntl(fds[i], F_DUPFD, 64);
+		tmp[i + 1] = fcntl(fds[i], F_DUPFD, 128);
 	for (uint32_t i = 0; i <= n; i++)
 		if (tmp[i] < 0 || dup2(tmp[i], 3 + (int)i) < 0)
 			_exit(127);

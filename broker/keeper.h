@@ -8,8 +8,10 @@
 
 #include <stdint.h>
 
+#include "pool.h"
+
 /* Most fds a pool hands over: its side table and every arena. */
-#define KEEPER_MAX_FDS 9
+#define KEEPER_MAX_FDS (1 + POOL_MAX_ARENAS) /* the side table and every arena */
 
 /* "<socket>.keep" into out (108 bytes); -ENAMETOOLONG when it does not fit a socket address. */
 int keeper_path(const char *sock, char *out);

@@ -29,6 +29,7 @@
 #include "keeper.h"
 #include "copy_cuda.h"
 #include "log.h"
+#include "plan.h"
 #include "parse.h"
 #include "proto.h"
 #include "metrics_http.h"
@@ -90,8 +91,24 @@ static void usage(FILE *f)
 		"  --control-idle SECS    close control connections silent this long (default\n"
 		"                         120; 0: never)\n"
 		"  --max-leases N         leases one client may hold (default 65536)\n"
+		"  --max-lease-bytes SIZE|N%%\n"
+		"                         page bytes one client may hold leased (default 12%%\n"
+		"                         of its tenant's pool): -EDQUOT past it\n"
+		"  --max-pinned PCT       leases of all clients pin at most this much of a pool\n"
+		"                         (partition), so a PUT always finds room (default 50):\n"
+		"                         -EBUSY past it\n"
+		"  --lease-lifetime SECS  a client holding a lease longer is disconnected\n"
+		"                         (default 600; 0: never)\n"
+		"  --tenants none|uid|gid isolate clients by uid or primary gid: own namespaces,\n"
+		"                         own pool partition (memfds), own eviction (default "
+		"none)\n"
+		"  --tenant ID=SIZE|N%%    a tenant's (user or group, name or number) share\n"
+		"                         of the pool; repeatable\n"
+		"  --tenant-share SIZE|N%% the share of each tenant not listed (default: the rest\n"
+		"                         of the pool in 4 shares), taken at its first attach\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
-		"  --max-buf-bytes SIZE   host memory one client may register (default: RAM size)\n"
+		"  --max-buf-bytes SIZE   host memory one client may register (default: a quarter\n"
+		"                         of RAM, at most 64G)\n"
 		"  --max-sq-entries N     ring depth one client may ask for, a power of two;\n"
 		"                         larger asks are clamped (default 4096)\n"
 		"  --max-bufs N           registered buffers per client (default 256, at most "
@@ -117,7 +134,8 @@ static void usage(FILE *f)
 		"                         kernel\n"
 		"  --no-pool-keep         let the RAM pool die with the broker. By default it\n"
 		"                         outlives a crash: a small keeper process\n"
-		"                         (\"kvbrokerd --keeper\", socket <socket>.keep) holds its\n"
+		"                         (\"kvbrokerd --keeper\", socket <socket>.keep) holds "
+		"its\n"
 		"                         memfds, and the next kvbrokerd on the same socket\n"
 		"                         adopts it and serves its pages again (after checking\n"
 		"                         every page's crc32c; pages being written when the\n"
@@ -215,6 +233,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_MAXINFL,
 		O_MAXCTL,
 		O_CTLIDLE,
+		O_TENANTS,
+		O_TENANT,
+		O_TENANT_SHARE,
+		O_MAXLB,
+		O_MAXPIN,
+		O_LEASE_LIFE,
 		O_NO_KEEP,
 		O_FREE_POOL,
 		O_TAKEOVER,
@@ -259,6 +283,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"max-inflight", required_argument, NULL, O_MAXINFL},
 		{"max-control", required_argument, NULL, O_MAXCTL},
 		{"control-idle", required_argument, NULL, O_CTLIDLE},
+		{"tenants", required_argument, NULL, O_TENANTS},
+		{"tenant", required_argument, NULL, O_TENANT},
+		{"tenant-share", required_argument, NULL, O_TENANT_SHARE},
+		{"max-lease-bytes", required_argument, NULL, O_MAXLB},
+		{"max-pinned", required_argument, NULL, O_MAXPIN},
+		{"lease-lifetime", required_argument, NULL, O_LEASE_LIFE},
 		{"no-pool-keep", no_argument, NULL, O_NO_KEEP},
 		{"free-pool", no_argument, NULL, O_FREE_POOL},
 		{"takeover", no_argument, NULL, O_TAKEOVER},
@@ -279,8 +309,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_control = 64;
 	c->control_idle = 120;
 	c->max_leases = 65536;
+	c->max_lease_frac = 0.125; /* a client pins at most an eighth of its tenant's pool */
+	c->max_pinned = 0.5;	   /* leases pin at most half of a partition: PUTs find room */
+	c->lease_lifetime = 600;
 	c->arg_size = 1u << 20;
-	c->max_buf_bytes = ram_bytes();
+	/* Registered buffers are mapped, not charged to us (the client faults its own in:
+	 * kvb_buf_alloc_host), but each is address space and page tables here: a quarter of
+	 * the machine per client, at most 64 GiB, unless the operator says otherwise. */
+	c->max_buf_bytes = ram_bytes() / 4 < (64ull << 30) ? ram_bytes() / 4 : (64ull << 30);
 	c->max_sq = KVB_SQ_MAX;
 	c->max_bufs = SESSION_MAX_BUFS;
 	c->max_ns = SESSION_MAX_NS;
@@ -349,6 +385,52 @@ static int parse_args(int argc, char **argv, struct config *c)
 			if (parse_u32(optarg, &c->max_control) || !c->max_control)
 				goto bad;
 			break;
+		case O_TENANTS:
+			if (tenant_parse_mode(optarg, &c->tenants.mode))
+				goto bad;
+			break;
+		case O_TENANT:
+			if (c->tenants.nlisted == POOL_MAX_PARTS)
+				goto bad;
+			c->tenants.listed_arg[c->tenants.nlisted++] = optarg;
+			break;
+		case O_TENANT_SHARE:
+			if (tenant_parse_share(optarg, &c->tenants))
+				goto bad;
+			break;
+		case O_MAXLB: {
+			size_t n = strlen(optarg);
+			uint32_t pct;
+
+			if (n > 1 && optarg[n - 1] == '%') {
+				optarg[n - 1] = '\0';
+				if (parse_u32(optarg, &pct) || !pct || pct > 100)
+					goto bad;
+				c->max_lease_frac = pct / 100.0;
+				c->max_lease_bytes = 0;
+			} else if (parse_size(optarg, &c->max_lease_bytes) || !c->max_lease_bytes) {
+				goto bad;
+			} else {
+				c->max_lease_frac = 0;
+			}
+			break;
+		}
+		case O_MAXPIN: {
+			uint32_t pct;
+
+			if (parse_u32(optarg, &pct) || !pct || pct > 100)
+				goto bad;
+			c->max_pinned = pct / 100.0;
+			break;
+		}
+		case O_LEASE_LIFE: {
+			uint32_t secs;
+
+			if (parse_u32(optarg, &secs))
+				goto bad;
+			c->lease_lifetime = secs;
+			break;
+		}
 		case O_CTLIDLE: {
 			uint32_t secs;
 
@@ -534,11 +616,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->low_wm = low / 100.0;
 	if (!c->pool_bytes)
 		c->pool_bytes = default_pool();
-	if (!c->slab_bytes) {
-		v = c->pool_bytes / 32;
-		v = v < (8u << 20) ? (8u << 20) : v > (64u << 20) ? (64u << 20) : v;
-		c->slab_bytes = v & ~((1ull << 20) - 1);
-	}
+	if (!c->slab_bytes)
+		c->slab_bytes = plan_default_slab(c->pool_bytes); /* kvbctl plan assumes the same */
 	if (c->slab_bytes > c->pool_bytes) {
 		fprintf(stderr, "kvbrokerd: --slab larger than --pool\n");
 		return -EINVAL;
@@ -686,9 +765,15 @@ static int start_pool(struct broker *b)
 			      .keep = b->cfg.keep,
 			      .slab_bytes = b->cfg.slab_bytes};
 	double t = clock_now();
-	int err = pool_create(&b->pool, &pc);
+	int err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);
 
+	if (err)
+		return err;
+	err = pool_create(&b->pool, &pc);
 	b->startup.reserve_s = clock_now() - t;
+	if (!err && b->cfg.tenants.mode != TENANTS_NONE)
+		log_info("tenants by %s: %u partitions", tenant_mode_name(b->cfg.tenants.mode),
+			 b->pool.nparts);
 	if (err) {
 		log_error("pool (%llu MiB, --numa %s): %s%s", (unsigned long long)(pc.size >> 20),
 			  pc.numa, strerror(-err),
@@ -748,6 +833,27 @@ static int adopt_kept(struct broker *b)
 			 err == -EXDEV ? ": another --slab size" : "");
 		keeper_free(b->cfg.socket_path);
 		return 0;
+	}
+	/* [tenant-part] The partitions come with the pool; --tenants must cut the same number. */
+	{
+		struct pool_cfg pc = {.size = b->cfg.pool_bytes};
+
+		err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);
+		if (err) {
+			pool_close(&b->pool);
+			return 0; /* start_pool says what is wrong */
+		}
+		if (b->tt.n != b->pool.nparts) {
+			log_warn("keeper of %s: its pool has %u tenant partition(s), --tenants "
+				 "wants "
+				 "%u: freeing it, starting with a new pool",
+				 b->cfg.socket_path, b->pool.nparts, b->tt.n);
+			pool_close(&b->pool);
+			keeper_free(b->cfg.socket_path);
+			return 0;
+		}
+		log_info("adopt: %u arena(s) in %u tenant partition(s)", b->pool.narenas,
+			 b->pool.nparts);
 	}
 	b->startup.reserve_s = clock_now() - t;
 	if (b->pool.total != b->cfg.pool_bytes)

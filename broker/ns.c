@@ -141,13 +141,20 @@ int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
 	if (err)
 		return err;
 	ns_identity2(l, ident, tenant, id);
+	uint32_t free_id = t->count;
+
 	for (uint32_t i = 0; i < t->count; i++) {
+		if (!t->ns[i]) {
+			if (free_id == t->count)
+				free_id = i;
+			continue;
+		}
 		if (!memcmp(t->ns[i]->ident, id, sizeof(id))) {
 			*out = t->ns[i];
 			return 0;
 		}
 	}
-	if (t->count == STORE_MAX_NS)
+	if (free_id == STORE_MAX_NS)
 		return -EMFILE;
 	cls = store_class_get(s, page_bytes);
 	if (cls < 0)
@@ -165,18 +172,39 @@ int ns_open2(struct ns_table *t, struct store *s, const struct kvb_layout *l,
 		ns_free(n);
 		return err;
 	}
-	n->id = t->count;
-	t->ns[t->count++] = n;
-	/* [pagehdr] Before any page of it can commit: an adopter re-opens it from this. */
+	n->id = free_id;
+	t->ns[free_id] = n;
+	if (free_id == t->count)
+		t->count++;
+	t->live++;
+	/* [pagehdr] Before any page of it can commit: an adopter re-opens it from this (a reused
+	 * id's record is overwritten: the old namespace has no page left in RAM). */
 	if (s->pool && s->pool->meta)
 		pmeta_ns_write(s->pool->meta, n->id, tenant, page_bytes, id, l, &n->idf);
 	*out = n;
 	return 0;
 }
 
+int ns_release(struct ns_table *t, struct store *s, uint32_t id)
+{
+	struct ns *n = ns_get(t, id);
+
+	if (!n || n->opens || s->ns_pages[id])
+		return 0;
+	t->dedup_bytes_freed += n->c.dedup * n->page_bytes;
+	t->ns[id] = NULL;
+	t->live--;
+	t->freed++;
+	while (t->count && !t->ns[t->count - 1])
+		t->count--;
+	s->ns_part[id] = 0;
+	ns_free(n);
+	return 1;
+}
+
 void ns_table_fini(struct ns_table *t)
 {
 	for (uint32_t i = 0; i < t->count; i++)
-		ns_free(t->ns[i]);
+		ns_free(t->ns[i]); /* NULL for a freed id */
 	memset(t, 0, sizeof(*t));
 }

@@ -29,12 +29,24 @@ struct ns {
 	uint32_t *part_bpt;   /* bytes_per_token_layer of the part */
 	uint32_t *part_layer; /* layer index of the part within its component */
 	struct ns_counters c;
+	uint32_t opens; /* sessions that opened it, until their last op completed */
 };
 
+/*
+ * [ns-free] A namespace lives while a session has it open or the store holds a page of it; then
+ * its id is free for the next new identity (ns_release). Ids are below count; ns[id] is NULL
+ * for a free one.
+ */
 struct ns_table {
 	struct ns *ns[STORE_MAX_NS];
-	uint32_t count;
+	uint32_t count; /* ids in use are below this */
+	uint32_t live;	/* namespaces alive */
+	uint64_t freed, dedup_bytes_freed; /* namespaces released, and what they had saved */
 };
+
+/* Frees namespace id when no session has it open and the store holds none of its pages; 1
+ * when it was freed. */
+int ns_release(struct ns_table *t, struct store *s, uint32_t id);
 
 /* Canonical identity of a layout for a tenant. The layout must have passed kvb_layout_check. */
 void ns_identity(const struct kvb_layout *l, uint32_t tenant, uint8_t out[32]);

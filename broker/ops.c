@@ -47,11 +47,31 @@
 /* The most segments one view op may build: 1,024 layers x 1,024 strided tokens (24 MiB). */
 #define OPS_MAX_SEGS (1u << 20)
 
+/* [ns-free] A namespace no session has open lost its last page: it goes. */
+static void ops_ns_empty(void *arg, uint32_t id)
+{
+	struct broker *b = arg;
+
+	if (ns_release(&b->nst, &b->store, id))
+		tier_ns_forget(b, id);
+}
+
+void ops_ns_close(struct broker *b, uint32_t id)
+{
+	struct ns *n = ns_get(&b->nst, id);
+
+	if (n && n->opens)
+		n->opens--;
+	ops_ns_empty(b, id);
+}
+
 void ops_init(struct broker *b)
 {
 	waitq_init(&b->runq);
 	b->store.wake = ops_page_changed; /* [page-wake] */
 	b->store.wake_arg = b;
+	b->store.ns_empty = ops_ns_empty;
+	b->store.ns_empty_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -537,20 +557,51 @@ static int op_get(struct broker *b, struct op *op)
 	return xfer_start(b, op, COPY_FROM_POOL);
 }
 
-static int lease_push(struct broker *b, struct session *s, uint64_t id)
+/*
+ * [lease-limits] A lease pins a page until released, so leases are what one client could use
+ * to deny everyone else the pool (lease every page, then stop). Three bounds: --max-leases and
+ * --max-lease-bytes per client (-EDQUOT), and --max-pinned for all clients of a partition
+ * (-EBUSY), which keeps the rest of it evictable so that a PUT always finds room. A lease held
+ * past --lease-lifetime ends its session (rounds.c). A page this client already leases costs
+ * nothing more against the pinned cap (it is pinned already).
+ */
+static int lease_push(struct broker *b, struct session *s, const struct page *pg, uint64_t bytes,
+		      int as_get)
 {
-	if (s->nleases >= b->cfg.max_leases)
+	const struct store_part *pt = &b->store.part[store_part_of(&b->store, pg)];
+	uint64_t limit = b->cfg.max_lease_bytes;
+	uint64_t id = store_lease_id(pg);
+
+	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
+	if (!limit)
+		limit = (uint64_t)(b->cfg.max_lease_frac * (double)pt->bytes_total);
+	if (limit && limit < bytes)
+		limit = bytes; /* one lease is always possible */
+	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
+	if (limit && as_get)
+		limit += b->store.max_page;
+	if (s->nleases >= b->cfg.max_leases || (limit && s->lease_bytes + bytes > limit))
 		return -EDQUOT;
+	if (b->cfg.max_pinned > 0 && !pg->pins &&
+	    pt->pinned_bytes + bytes > (uint64_t)(b->cfg.max_pinned * (double)pt->bytes_total))
+		return -EBUSY;
 	if (s->nleases == s->cap_leases) {
 		uint32_t cap = s->cap_leases ? 2 * s->cap_leases : 64;
 		uint64_t *nl = realloc(s->leases, cap * sizeof(*nl));
+		double *nt;
 
 		if (!nl)
 			return -ENOMEM;
 		s->leases = nl;
+		nt = realloc(s->lease_at, cap * sizeof(*nt));
+		if (!nt)
+			return -ENOMEM;
+		s->lease_at = nt;
 		s->cap_leases = cap;
 	}
+	s->lease_at[s->nleases] = clock_now();
 	s->leases[s->nleases++] = id;
+	s->lease_bytes += bytes;
 	b->leases++;
 	return 0;
 }
@@ -560,7 +611,14 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 {
 	for (uint32_t i = s->nleases; i-- > 0;) {
 		if (s->leases[i] == id) {
-			s->leases[i] = s->leases[--s->nleases];
+			struct page *pg = store_by_id(&b->store, (uint32_t)id);
+
+			--s->nleases;
+			s->leases[i] = s->leases[s->nleases];
+			s->lease_at[i] = s->lease_at[s->nleases];
+			/* A held lease pins its slot: the record is still the one leased. */
+			if (pg && store_lease_id(pg) == id)
+				s->lease_bytes -= b->store.cls[pg->cls].slot_bytes;
 			b->leases--;
 			return 0;
 		}
@@ -584,7 +642,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return op_fail(op, -ENOENT);
 	}
 	op->hit = 1;
-	err = lease_push(b, op->s, store_lease_id(pg));
+	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
 	if (err)
 		return op_fail(op, err);
 	store_pin(&b->store, pg);
@@ -620,8 +678,11 @@ void ops_release_all(struct broker *b, struct session *s)
 	}
 	b->leases -= s->nleases;
 	s->nleases = 0;
+	s->lease_bytes = 0;
 	free(s->leases);
+	free(s->lease_at);
 	s->leases = NULL;
+	s->lease_at = NULL;
 	s->cap_leases = 0;
 }
 

@@ -79,6 +79,8 @@ struct op {
 
 /* The loop: initialises the run queue. */
 void ops_init(struct broker *b);
+/* [ns-free] A session that had namespace id open is gone (its last op completed). */
+void ops_ns_close(struct broker *b, uint32_t id);
 
 /*
  * session.c: runs one SQE copied out of the ring. Returns OPS_DONE with *cqe filled (counted),

@@ -14,14 +14,16 @@
  *     offset 0          struct pmeta_super (in a 4 KiB block): geometry of every arena, the
  *                       slab size, where the other parts start, a random pool id, crc32c
  *     ns_off            PMETA_NS_MAX struct pmeta_ns: namespace id -> tenant, layout, identity
- *     hdr_off           per slab (store order: arena by arena, slab by slab), slab_bytes / 4096
- *                       struct pmeta_hdr of 64 bytes, one per possible slot; the header of
- *                       slot j of slab k is entry k * (slab_bytes / 4096) + j
+ *     slab_off          PMETA_SLABS_MAX struct pmeta_slab: slab record id -> arena, offset,
+ *                       length, slot size (slabs vary in size and place: store.c's extents)
+ *     hdr_off           one struct pmeta_hdr of 64 bytes per 4 KiB unit of the pool, arena by
+ *                       arena: the header of a slot is the entry of the unit it starts at
+ *                       (every slot is 4 KiB-aligned)
  *
- * Only the first slab_bytes / slot_bytes entries of a slab are ever written, and tmpfs
- * allocates a page of the side table only when it is first written: the table costs 64 bytes
- * per page slot in use (rounded up to 4 KiB per slab), 1/64 of the pool at worst (a pool of
- * 4 KiB pages), 1/1024 of it for 64 KiB pages.
+ * Only the entries of slot starts are ever written, and tmpfs allocates a page of the side
+ * table only when it is first written: the table costs 64 bytes per page slot in use (rounded
+ * up to 4 KiB), 1/64 of the pool at worst (a pool of 4 KiB pages), 1/1024 of it for 64 KiB
+ * pages.
  *
  * Commit order (store.c): a PUT fills its slot while the page is WRITING and its header is
  * zero; at commit, when every byte of the page is there, the broker computes the crc32c of the
@@ -57,11 +59,17 @@ static_assert(sizeof(struct pmeta_super) <= PHDR_UNIT, "superblock fits its bloc
 
 #define SCAN_MAX_THREADS 16u
 
-uint64_t pmeta_size(uint64_t nslabs, uint64_t slab_bytes)
+static uint64_t round_unit(uint64_t n)
 {
-	uint64_t ns = (PMETA_NS_MAX * sizeof(struct pmeta_ns) + PHDR_UNIT - 1) & ~(uint64_t)4095;
+	return (n + PHDR_UNIT - 1) & ~(uint64_t)(PHDR_UNIT - 1);
+}
 
-	return PHDR_UNIT + ns + nslabs * (slab_bytes / PHDR_UNIT) * sizeof(struct pmeta_hdr);
+#define NS_BYTES round_unit(PMETA_NS_MAX * sizeof(struct pmeta_ns))
+#define SLAB_BYTES round_unit(PMETA_SLABS_MAX * sizeof(struct pmeta_slab))
+
+uint64_t pmeta_size(uint64_t units)
+{
+	return PHDR_UNIT + NS_BYTES + SLAB_BYTES + units * sizeof(struct pmeta_hdr);
 }
 
 void pmeta_super_init(void *meta, uint64_t size)
@@ -71,8 +79,8 @@ void pmeta_super_init(void *meta, uint64_t size)
 	sb->magic = PMETA_MAGIC;
 	sb->version = PMETA_VERSION;
 	sb->ns_off = PHDR_UNIT;
-	sb->hdr_off = PHDR_UNIT + ((PMETA_NS_MAX * sizeof(struct pmeta_ns) + PHDR_UNIT - 1) &
-				   ~(uint64_t)(PHDR_UNIT - 1));
+	sb->slab_off = PHDR_UNIT + NS_BYTES;
+	sb->hdr_off = sb->slab_off + SLAB_BYTES;
 	sb->size = size;
 	sb->created = (uint64_t)time(NULL);
 	if (getrandom(sb->pool_id, sizeof(sb->pool_id), 0) != (ssize_t)sizeof(sb->pool_id))
@@ -83,16 +91,20 @@ void pmeta_super_init(void *meta, uint64_t size)
 int pmeta_super_check(const void *meta, uint64_t size)
 {
 	const struct pmeta_super *sb = meta;
-	uint64_t slabs = 0;
+	uint64_t units = 0;
 
 	if (size < PHDR_UNIT || sb->magic != PMETA_MAGIC || sb->version != PMETA_VERSION ||
 	    sb->crc != slot_crc32c(sb, offsetof(struct pmeta_super, crc)) || sb->size != size ||
-	    !sb->narenas || sb->narenas > KVB_MAX_ARENAS || !sb->slab_bytes ||
-	    sb->slab_bytes % PHDR_UNIT)
+	    !sb->narenas || sb->narenas > PMETA_MAX_ARENAS || !sb->slab_bytes ||
+	    sb->slab_bytes % PHDR_UNIT || sb->ns_off != PHDR_UNIT ||
+	    sb->slab_off != PHDR_UNIT + NS_BYTES || sb->hdr_off != sb->slab_off + SLAB_BYTES)
 		return -EINVAL;
-	for (uint32_t i = 0; i < sb->narenas; i++)
-		slabs += sb->arena[i].size / sb->slab_bytes;
-	if (pmeta_size(slabs, sb->slab_bytes) != size)
+	for (uint32_t i = 0; i < sb->narenas; i++) {
+		if (sb->arena[i].size % PHDR_UNIT)
+			return -EINVAL;
+		units += sb->arena[i].size / PHDR_UNIT;
+	}
+	if (pmeta_size(units) != size)
 		return -EINVAL;
 	return 0;
 }
@@ -130,6 +142,48 @@ const struct pmeta_ns *pmeta_ns_get(const void *meta, uint32_t id)
 	return r;
 }
 
+void pmeta_slab_write(void *meta, uint32_t sid, uint32_t arena, uint64_t off, uint64_t len,
+		      uint32_t slot_bytes)
+{
+	const struct pmeta_super *sb = meta;
+	struct pmeta_slab *r = (struct pmeta_slab *)((char *)meta + sb->slab_off) + sid;
+	struct pmeta_slab n = {.magic = PHDR_MAGIC,
+			       .arena = arena,
+			       .off = off,
+			       .len = len,
+			       .slot_bytes = slot_bytes};
+
+	if (sid >= PMETA_SLABS_MAX)
+		return;
+	n.crc = slot_crc32c(&n, offsetof(struct pmeta_slab, crc));
+	*r = n;
+}
+
+void pmeta_slab_clear(void *meta, uint32_t sid)
+{
+	const struct pmeta_super *sb = meta;
+
+	if (sid < PMETA_SLABS_MAX)
+		memset((struct pmeta_slab *)((char *)meta + sb->slab_off) + sid, 0,
+		       sizeof(struct pmeta_slab));
+}
+
+const struct pmeta_slab *pmeta_slab_get(const void *meta, uint32_t sid)
+{
+	const struct pmeta_super *sb = meta;
+	const struct pmeta_slab *r;
+
+	if (sid >= PMETA_SLABS_MAX)
+		return NULL;
+	r = (const struct pmeta_slab *)((const char *)meta + sb->slab_off) + sid;
+	if (r->magic != PHDR_MAGIC || r->crc != slot_crc32c(r, offsetof(struct pmeta_slab, crc)) ||
+	    r->arena >= sb->narenas || !r->slot_bytes || r->slot_bytes % PHDR_UNIT ||
+	    r->off % PHDR_UNIT || !r->len || r->len % r->slot_bytes ||
+	    r->off + r->len > sb->arena[r->arena].size || r->off + r->len < r->off)
+		return NULL;
+	return r;
+}
+
 void pmeta_hdr_seal(struct pmeta_hdr *h, const void *page)
 {
 	h->magic = PHDR_MAGIC;
@@ -141,22 +195,18 @@ void pmeta_hdr_seal(struct pmeta_hdr *h, const void *page)
 struct scan_job {
 	pthread_t tid;
 	void *meta;
+	struct pmeta_scan_slab *sl;
 	uint64_t first, end; /* slabs [first, end) */
-	const void *(*slab_base)(void *, uint64_t);
-	void *arg;
-	uint32_t *cls_bytes;
 	uint64_t kept, torn;
 };
 
-/* Whether h, in its own right, can be a committed page of a slab of slab_bytes. */
-static int hdr_sane(const void *meta, const struct pmeta_hdr *h, uint32_t slot,
-		    uint64_t slab_bytes)
+/* Whether h, in its own right, can be a committed page of a slab of slot_bytes slots. */
+static int hdr_sane(const void *meta, const struct pmeta_hdr *h, uint32_t slot_bytes)
 {
-	if (h->magic != PHDR_MAGIC || h->hdr_crc != slot_crc32c(h, offsetof(struct pmeta_hdr,
-									      hdr_crc)))
+	if (h->magic != PHDR_MAGIC ||
+	    h->hdr_crc != slot_crc32c(h, offsetof(struct pmeta_hdr, hdr_crc)))
 		return 0;
-	if (!h->slot_bytes || h->slot_bytes % PHDR_UNIT || h->slot_bytes > slab_bytes ||
-	    h->len != h->slot_bytes || (uint64_t)(slot + 1) * h->slot_bytes > slab_bytes)
+	if (h->slot_bytes != slot_bytes || h->len != h->slot_bytes)
 		return 0;
 	return pmeta_ns_get(meta, h->ns) != NULL;
 }
@@ -164,40 +214,37 @@ static int hdr_sane(const void *meta, const struct pmeta_hdr *h, uint32_t slot,
 static void *scan_thread(void *arg)
 {
 	struct scan_job *j = arg;
-	const struct pmeta_super *sb = j->meta;
-	uint32_t per = (uint32_t)(sb->slab_bytes / PHDR_UNIT);
 
 	for (uint64_t k = j->first; k < j->end; k++) {
-		const char *base = j->slab_base(j->arg, k);
-		uint32_t cls = 0;
+		struct pmeta_scan_slab *sl = &j->sl[k];
+		uint64_t step = sl->slot_bytes / PHDR_UNIT;
 
-		for (uint32_t i = 0; i < per; i++) {
-			struct pmeta_hdr *h = pmeta_hdr_at(j->meta, k, i, sb->slab_bytes);
+		sl->kept = 0;
+		for (uint32_t i = 0; i < sl->nslots; i++) {
+			struct pmeta_hdr *h = pmeta_hdr_at(j->meta, sl->unit + i * step);
 
 			if (!h->magic)
 				continue;
-			/* The first sane header names the slab's class; a disagreeing one is
-			 * from an earlier life of the slab whose clear was lost. */
-			if (!hdr_sane(j->meta, h, i, sb->slab_bytes) ||
-			    (cls && h->slot_bytes != cls)) {
+			/* A header of another slot size is from an earlier life of these bytes
+			 * whose clear was lost. */
+			if (!hdr_sane(j->meta, h, sl->slot_bytes)) {
 				memset(h, 0, sizeof(*h));
 				continue;
 			}
-			if (slot_crc32c(base + (uint64_t)i * h->slot_bytes, h->len) != h->crc) {
+			if (slot_crc32c(sl->base + (uint64_t)i * sl->slot_bytes, h->len) !=
+			    h->crc) {
 				memset(h, 0, sizeof(*h));
 				j->torn++;
 				continue;
 			}
-			cls = h->slot_bytes;
+			sl->kept++;
 			j->kept++;
 		}
-		j->cls_bytes[k] = cls;
 	}
 	return NULL;
 }
 
-uint64_t pmeta_scan(void *meta, uint64_t nslabs, const void *(*slab_base)(void *, uint64_t),
-		    void *arg, uint32_t *cls_bytes, uint64_t *torn)
+uint64_t pmeta_scan(void *meta, struct pmeta_scan_slab *sl, uint64_t nslabs, uint64_t *torn)
 {
 	struct scan_job jobs[SCAN_MAX_THREADS];
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -211,11 +258,8 @@ uint64_t pmeta_scan(void *meta, uint64_t nslabs, const void *(*slab_base)(void *
 	for (uint32_t i = 0; i < n; i++) {
 		struct scan_job *j = &jobs[i];
 
-		*j = (struct scan_job){.meta = meta,
-				       .first = i * per < nslabs ? i * per : nslabs,
-				       .slab_base = slab_base,
-				       .arg = arg,
-				       .cls_bytes = cls_bytes};
+		*j = (struct scan_job){
+			.meta = meta, .sl = sl, .first = i * per < nslabs ? i * per : nslabs};
 		j->end = j->first + per < nslabs ? j->first + per : nslabs;
 		if (i == 0 || pthread_create(&j->tid, NULL, scan_thread, j)) {
 			j->tid = 0; /* the first share runs here; so does one without a thread */

@@ -59,6 +59,8 @@
 #include "pagehdr.h"
 #include "pool.h"
 
+static_assert(PMETA_MAX_ARENAS == POOL_MAX_ARENAS, "the side table records every arena");
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
@@ -146,20 +148,30 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 	return 0;
 }
 
+/* Appends the arenas of plan to p as a new partition. */
 static int arenas_create(struct pool *p, const char *name, const struct numa_plan *plan,
 			 enum hp_mode mode, int reserve)
 {
+	struct pool_part *pt = &p->part[p->nparts];
 	int seals = p->keep ? POOL_SEALS_KEEP : POOL_SEALS;
 	int err = 0;
 
+	if (p->nparts == POOL_MAX_PARTS || p->narenas + plan->n > POOL_MAX_ARENAS)
+		return -E2BIG;
+	pt->first = p->narenas;
+	pt->narenas = 0;
+	pt->size = 0;
+	p->nparts++;
 	p->interleave = plan->interleave;
 	for (uint32_t i = 0; i < plan->n && !err; i++) {
-		struct pool_arena *a = &p->arena[i];
+		struct pool_arena *a = &p->arena[p->narenas];
 
 		a->fd = -1;
 		a->node = plan->node[i];
 		a->size = plan->size[i];
-		if (snprintf(a->name, sizeof(a->name), "%s.%u", name, i) >= (int)sizeof(a->name)) {
+		a->part = p->nparts - 1;
+		if (snprintf(a->name, sizeof(a->name), "%s.%u", name, p->narenas) >=
+		    (int)sizeof(a->name)) {
 			err = -ENAMETOOLONG;
 			break;
 		}
@@ -174,6 +186,8 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 		if (a->base) { /* pool_close undoes even a half-made arena */
 			p->narenas++;
 			p->total += a->size;
+			pt->narenas++;
+			pt->size += a->size;
 		} else if (a->fd >= 0) {
 			close(a->fd);
 		}
@@ -195,21 +209,27 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
 			 p->topo.skipped, NUMA_NODES_MAX);
-	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. */
-	err = numa_plan_make(&p->topo, cfg->numa, cfg->size, HP_2M, &plan);
-	if (err)
-		return err;
-	err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
-	if (!err && p->keep)
+	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. Each
+	 * tenant partition is planned over the nodes like a pool of its own [tenant-part]. */
+	for (uint32_t i = 0; i < (cfg->nparts > 1 ? cfg->nparts : 1); i++) {
+		err = numa_plan_make(&p->topo, cfg->numa,
+				     cfg->nparts > 1 ? cfg->part_size[i] : cfg->size, HP_2M, &plan);
+		if (!err)
+			err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
+		if (err)
+			return err;
+	}
+	if (p->keep) {
 		err = pool_meta_create(p, cfg->slab_bytes);
-	if (err)
-		return err;
+		if (err)
+			return err;
+	}
 	for (uint32_t i = 0; i < p->narenas; i++) {
 		const struct pool_arena *a = &p->arena[i];
 
-		log_info("pool: arena %u: %llu MiB on node %d%s, %s pages (%s)", i,
+		log_info("pool: arena %u: %llu MiB on node %d%s, partition %u, %s pages (%s)", i,
 			 (unsigned long long)(a->size >> 20), a->node,
-			 p->interleave ? " (interleaved over all nodes)" : "",
+			 p->interleave ? " (interleaved over all nodes)" : "", a->part,
 			 hugepage_name(a->page_size), hugepage_backing_name(a->backing));
 	}
 	return 0;
@@ -259,7 +279,7 @@ static void *prefault_thread(void *arg)
 
 int pool_prefault(struct pool *p)
 {
-	struct prefault_job jobs[KVB_MAX_ARENAS * PREFAULT_MAX_THREADS];
+	static struct prefault_job jobs[POOL_MAX_ARENAS * PREFAULT_MAX_THREADS];
 	uint32_t njobs = 0;
 	int err = 0;
 
@@ -314,13 +334,15 @@ int pool_ro_fd(const struct pool *p, uint32_t i)
 int pool_meta_create(struct pool *p, uint64_t slab_bytes)
 {
 	struct pmeta_super *sb;
-	uint64_t slabs = 0;
+	uint64_t units = 0;
 	char name[112];
 	int err;
 
-	for (uint32_t i = 0; i < p->narenas; i++)
-		slabs += p->arena[i].size / slab_bytes;
-	p->meta_size = pmeta_size(slabs, slab_bytes);
+	for (uint32_t i = 0; i < p->narenas; i++) {
+		p->arena[i].unit0 = units;
+		units += p->arena[i].size / PHDR_UNIT;
+	}
+	p->meta_size = pmeta_size(units);
 	snprintf(name, sizeof(name), "%.90s.meta", p->arena[0].name);
 	p->meta_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (p->meta_fd < 0)
@@ -339,7 +361,8 @@ int pool_meta_create(struct pool *p, uint64_t slab_bytes)
 		sb->arena[i] = (struct pmeta_arena){.size = p->arena[i].size,
 						    .page_size = p->arena[i].page_size,
 						    .node = p->arena[i].node,
-						    .backing = (uint32_t)p->arena[i].backing};
+						    .backing = (uint32_t)p->arena[i].backing,
+						    .tenant = p->arena[i].part};
 	pmeta_super_init(p->meta, p->meta_size);
 	return 0;
 err_close:
@@ -379,7 +402,7 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 	for (uint32_t i = 1; i < n; i++) /* closed by pool_close from here on */
 		p->arena[i - 1].fd = fds[i];
 	if (fstat(p->meta_fd, &st) < 0 || st.st_size < (off_t)PHDR_UNIT || n < 2 ||
-	    n - 1 > KVB_MAX_ARENAS)
+	    n - 1 > POOL_MAX_ARENAS)
 		goto err_close;
 	p->meta_size = (uint64_t)st.st_size;
 	p->meta = mmap(NULL, p->meta_size, PROT_READ | PROT_WRITE, MAP_SHARED, p->meta_fd, 0);
@@ -403,11 +426,20 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 		a->page_size = sb->arena[i].page_size;
 		a->node = sb->arena[i].node;
 		a->backing = (int)sb->arena[i].backing;
+		a->part = sb->arena[i].tenant;
+		a->unit0 = p->total / PHDR_UNIT;
+		/* [tenant-part] A partition's arenas are consecutive, numbered from 0. */
+		if (a->part >= POOL_MAX_PARTS || a->part + 1 < p->nparts || a->part > p->nparts)
+			goto err_close;
+		if (a->part == p->nparts)
+			p->part[p->nparts++] = (struct pool_part){.first = i};
+		p->part[a->part].narenas++;
+		p->part[a->part].size += a->size;
 		memfd_name(a->fd, a->name, sizeof(a->name));
 		/* The fds must be what the table says: a tmpfs or hugetlbfs file of its size. */
 		if (fstat(a->fd, &st) < 0 || (uint64_t)st.st_size != a->size ||
-		    fstatfs(a->fd, &sf) < 0 || (sf.f_type == HUGETLBFS_MAGIC) !=
-						       (a->backing == HP_BACK_HUGETLB))
+		    fstatfs(a->fd, &sf) < 0 ||
+		    (sf.f_type == HUGETLBFS_MAGIC) != (a->backing == HP_BACK_HUGETLB))
 			goto err_close;
 		a->base = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
 		if (a->base == MAP_FAILED) {
@@ -432,6 +464,7 @@ err_close:
 	p->meta = NULL;
 	p->meta_fd = -1;
 	p->narenas = 0;
+	p->nparts = 0;
 	p->total = 0;
 	return err;
 }
@@ -463,5 +496,6 @@ void pool_close(struct pool *p)
 	p->meta = NULL;
 	p->meta_fd = -1;
 	p->narenas = 0;
+	p->nparts = 0;
 	p->total = 0;
 }

@@ -13,6 +13,16 @@
 #include "numa_topo.h"
 #include "wire.h"
 
+/*
+ * Tenant partitions [tenant-part]: with --tenants, the pool is cut at start-up into partitions,
+ * each its own set of arenas (memfds), so a client can be handed only its own tenant's memory:
+ * a read-only map of one memfd can never show another memfd's bytes. Partition 0 is the whole
+ * pool without tenants. Arenas record their partition (pool_arena.part) so that whoever takes
+ * the pool over (a restart's hand-over) knows whose memory each one is.
+ */
+#define POOL_MAX_PARTS 8u
+#define POOL_MAX_ARENAS (KVB_MAX_ARENAS * POOL_MAX_PARTS)
+
 struct pool_arena {
 	int fd;		    /* memfd, O_RDWR, sealed: see pool.c */
 	int node;	    /* NUMA node its memory is bound to, -1 none (or interleaved) */
@@ -21,6 +31,14 @@ struct pool_arena {
 	uint64_t page_size; /* 4096, HP_2M or HP_1G */
 	int backing;	    /* enum hp_backing */
 	char name[96];	    /* memfd name, shown in /proc/<pid>/maps as /memfd:<name> */
+	uint32_t part;	    /* tenant partition it belongs to [tenant-part] */
+	uint64_t unit0;	    /* [pagehdr] side-table unit of its byte 0 (4 KiB units, in order) */
+};
+
+/* A tenant partition: arenas [first, first + narenas) of the pool, one per NUMA node. */
+struct pool_part {
+	uint32_t first, narenas;
+	uint64_t size;
 };
 
 /* What pool_create builds. */
@@ -30,20 +48,24 @@ struct pool_cfg {
 	const char *numa;      /* --numa: auto, off, interleave or a node list (numa_topo.h) */
 	enum hp_mode hugepage; /* --hugepages */
 	int prefault;	       /* build the page tables at start-up (pool_prefault) */
-	int keep;	       /* arenas may be adopted by another broker (pool.c [keep]) */
-	uint64_t slab_bytes;   /* the store's slab size (the side table's geometry) */
+	uint32_t nparts;       /* 0 or 1: one partition of size; else part_size[] each */
+	uint64_t part_size[POOL_MAX_PARTS];
+	int keep;	     /* arenas may be adopted by another broker (pool.c [keep]) */
+	uint64_t slab_bytes; /* the store's slab size (the side table's geometry) */
 };
 
 struct pool {
-	struct pool_arena arena[KVB_MAX_ARENAS];
+	struct pool_arena arena[POOL_MAX_ARENAS];
 	uint32_t narenas;
+	struct pool_part part[POOL_MAX_PARTS];
+	uint32_t nparts;
 	uint64_t total;
 	int reclaimed; /* always 0: memfd pools leave no orphan (kept for the stats field) */
 	int interleave;
-	int keep;	   /* [keep] built to be handed over: see pool.c */
-	int adopted;	   /* the arenas came from another broker (pool_adopt) */
-	int meta_fd;	   /* the side table (pagehdr.h), -1 none; never sent to clients */
-	void *meta;	   /* mapped read-write, NULL none */
+	int keep;    /* [keep] built to be handed over: see pool.c */
+	int adopted; /* the arenas came from another broker (pool_adopt) */
+	int meta_fd; /* the side table (pagehdr.h), -1 none; never sent to clients */
+	void *meta;  /* mapped read-write, NULL none */
 	uint64_t meta_size;
 	struct numa_topo topo;
 };

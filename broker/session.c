@@ -290,12 +290,22 @@ int session_accept(struct broker *b)
 	return 1;
 }
 
+void session_revoke(struct session *s)
+{
+	/* The broker is the only writer of this word; a client's own writes do not matter. */
+	if (s->region)
+		kvb_store_release(s->sq.flags, kvb_load_relaxed(s->sq.flags) | KVB_SQ_REVOKED);
+}
+
 void session_destroy(struct broker *b, struct session *s, const char *why)
 {
 	if (why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	ops_release_all(b, s);
+	if (s->tenant_bound)
+		tenant_detach(&b->tt, s->part);
+	s->tenant_bound = 0;
 	if (s->region)
 		bg_unmap(b->bg, s->region, s->region_size);
 	s->region = NULL;
@@ -360,6 +370,11 @@ static void session_free(struct broker *b, struct session *s)
 	for (uint32_t i = 0; i < SESSION_MAX_VIEWS; i++)
 		if (s->views[i])
 			sview_put(s->views[i]);
+	/* After its last op and view: nothing of it refers to its namespaces now [ns-free]. */
+	for (uint32_t id = 0; s->nns && id < STORE_MAX_NS; id++)
+		if (s->ns_opened[id / 8] & (1u << (id % 8)))
+			ops_ns_close(b, id);
+	free(s->stats_doc);
 	free(s);
 }
 
@@ -395,6 +410,23 @@ void session_expire(struct broker *b, double now)
 				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
 				      now - s->active_at);
 			session_destroy(b, s, NULL);
+		} else if (s->nleases && b->cfg.lease_lifetime > 0) {
+			/* [lease-limits] A lease held this long is a client that stopped: its
+			 * session ends, its leases go, and its library unmaps the pool. */
+			double oldest = now;
+
+			for (uint32_t i = 0; i < s->nleases; i++)
+				if (s->lease_at[i] < oldest)
+					oldest = s->lease_at[i];
+			if (now - oldest > b->cfg.lease_lifetime) {
+				b->ctr.expired++;
+				log_warn("client %u (%s, pid %d): a lease held for %.0f s "
+					 "(--lease-lifetime %.0f): disconnected",
+					 s->id, s->name[0] ? s->name : "?", (int)s->pid,
+					 now - oldest, b->cfg.lease_lifetime);
+				session_revoke(s);
+				session_destroy(b, s, "lease lifetime exceeded");
+			}
 		}
 	}
 }

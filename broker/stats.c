@@ -31,7 +31,7 @@ static cJSON *pool_json(const struct broker *b)
 {
 	const struct store *st = &b->store;
 	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
-	uint64_t used[KVB_MAX_ARENAS] = {0};
+	uint64_t used[POOL_MAX_ARENAS] = {0};
 
 	for (uint32_t i = 0; i < st->nslabs; i++) {
 		const struct slab *sl = &st->slabs[i];
@@ -39,12 +39,18 @@ static cJSON *pool_json(const struct broker *b)
 		if (sl->cls >= 0)
 			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
 	}
-	num(p, "bytes_total", (double)((uint64_t)st->nslabs * st->slab_bytes));
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < b->pool.nparts; i++)
+		total += st->part[i].bytes_total;
+	num(p, "bytes_total", (double)total);
 	num(p, "bytes_used", (double)st->st.bytes_used);
 	num(p, "pages", (double)st->st.pages);
 	num(p, "pinned_pages", (double)st->st.pinned);
 	num(p, "slab_bytes", (double)st->slab_bytes);
-	num(p, "slabs_total", st->nslabs);
+	num(p, "slabs_total", (double)(total / st->slab_bytes));
+	num(p, "slabs", (double)(st->nslabs - st->nrec_free));
+	num(p, "max_page_bytes", (double)st->max_page);
 	num(p, "slabs_free", (double)st->st.slabs_free);
 	num(p, "high_watermark", b->cfg.high_wm);
 	num(p, "low_watermark", b->cfg.low_wm);
@@ -56,6 +62,7 @@ static cJSON *pool_json(const struct broker *b)
 		num(a, "node", b->pool.arena[i].node);
 		num(a, "bytes_total", (double)b->pool.arena[i].size);
 		num(a, "bytes_used", (double)used[i]);
+		num(a, "partition", b->pool.arena[i].part);
 		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
 		cJSON_AddStringToObject(a, "backing",
 					hugepage_backing_name(b->pool.arena[i].backing));
@@ -105,9 +112,15 @@ static cJSON *ns_json(const struct broker *b)
 
 	for (uint32_t i = 0; i < b->nst.count; i++) {
 		const struct ns *n = b->nst.ns[i];
-		const struct kvb_layout *l = &n->layout;
-		cJSON *o = cJSON_CreateObject();
-		uint64_t pages = b->store.ns_pages[n->id];
+		const struct kvb_layout *l;
+		cJSON *o;
+		uint64_t pages;
+
+		if (!n)
+			continue; /* freed [ns-free] */
+		l = &n->layout;
+		o = cJSON_CreateObject();
+		pages = b->store.ns_pages[n->id];
 
 		num(o, "id", n->id);
 		add_text(o, "model", l->model, sizeof(l->model));
@@ -197,6 +210,8 @@ static cJSON *clients_json(const struct broker *b)
 		num(o, "id", s->id);
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
+		num(o, "partition", s->part); /* its tenant's [tenant-part] */
+		num(o, "lease_bytes", (double)s->lease_bytes);
 		add_text(o, "name", s->name, sizeof(s->name));
 		num(o, "leases", s->nleases);
 		num(o, "ops", (double)s->ops);
@@ -229,6 +244,7 @@ char *stats_json(const struct broker *b)
 	num(root, "handshakes", b->npending);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
+	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b));

@@ -50,10 +50,11 @@ void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS])
 
 uint64_t stats_dedup_bytes(const struct broker *b)
 {
-	uint64_t saved = 0;
+	uint64_t saved = b->nst.dedup_bytes_freed;
 
 	for (uint32_t i = 0; i < b->nst.count; i++)
-		saved += b->nst.ns[i]->c.dedup * b->nst.ns[i]->page_bytes;
+		if (b->nst.ns[i])
+			saved += b->nst.ns[i]->c.dedup * b->nst.ns[i]->page_bytes;
 	return saved;
 }
 

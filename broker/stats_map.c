@@ -30,38 +30,41 @@ static cJSON *arena_map(const struct broker *b, uint32_t arena)
 {
 	static uint64_t used[MAP_CELLS], pinned[MAP_CELLS], writing[MAP_CELLS];
 	const struct store *st = &b->store;
-	uint32_t first = st->nslabs, nslabs = 0, per, ncells;
+	uint64_t size = b->pool.arena[arena].size, unit = st->slab_bytes, cell;
+	uint32_t per, ncells, nslabs = 0;
 	cJSON *o = cJSON_CreateObject();
 
-	/* An arena's slabs are consecutive in st->slabs (store_init carves arena by arena). */
-	for (uint32_t i = 0; i < st->nslabs; i++) {
-		if (st->slabs[i].arena != arena)
-			continue;
-		if (first == st->nslabs)
-			first = i;
-		nslabs++;
-	}
-	per = nslabs ? (nslabs + MAP_CELLS - 1) / MAP_CELLS : 1;
-	ncells = (nslabs + per - 1) / per;
+	/* Cells are ranges of the arena, a whole number of --slab units each; slabs differ in
+	 * size (store.c [packing]), so each is counted in the cell its first byte is in. */
+	per = (uint32_t)((size / unit + MAP_CELLS - 1) / MAP_CELLS);
+	if (!per)
+		per = 1;
+	cell = (uint64_t)per * unit;
+	ncells = (uint32_t)((size + cell - 1) / cell);
+	if (ncells > MAP_CELLS)
+		ncells = MAP_CELLS;
 	for (uint32_t c = 0; c < ncells; c++)
 		used[c] = pinned[c] = writing[c] = 0;
-	for (uint32_t i = 0; i < nslabs; i++) {
-		const struct slab *sl = &st->slabs[first + i];
-		uint64_t slot;
+	for (uint32_t i = 0; i < st->nslabs; i++) {
+		const struct slab *sl = &st->slabs[i];
+		uint64_t slot, c;
 
-		if (sl->cls < 0)
+		if (sl->cls < 0 || sl->arena != arena)
 			continue;
+		nslabs++;
 		slot = st->cls[sl->cls].slot_bytes;
-		used[i / per] += (uint64_t)sl->used * slot;
-		pinned[i / per] += (uint64_t)sl->pinned * slot;
-		writing[i / per] += (uint64_t)sl->writing * slot;
+		c = sl->off / cell < ncells ? sl->off / cell : ncells - 1;
+		used[c] += (uint64_t)sl->used * slot;
+		pinned[c] += (uint64_t)sl->pinned * slot;
+		writing[c] += (uint64_t)sl->writing * slot;
 	}
 	cJSON_AddNumberToObject(o, "arena", arena);
 	cJSON_AddNumberToObject(o, "node", b->pool.arena[arena].node);
 	cJSON_AddNumberToObject(o, "slab_bytes", (double)st->slab_bytes);
-	cJSON_AddNumberToObject(o, "slabs", nslabs);
+	cJSON_AddNumberToObject(o, "slabs", (double)(size / unit));
+	cJSON_AddNumberToObject(o, "slabs_in_use", nslabs);
 	cJSON_AddNumberToObject(o, "slabs_per_cell", per);
-	cJSON_AddNumberToObject(o, "cell_bytes", (double)(per * st->slab_bytes));
+	cJSON_AddNumberToObject(o, "cell_bytes", (double)cell);
 	cJSON_AddItemToObject(o, "used", bytes_array(used, ncells));
 	cJSON_AddItemToObject(o, "pinned", bytes_array(pinned, ncells));
 	cJSON_AddItemToObject(o, "writing", bytes_array(writing, ncells));

@@ -2,11 +2,24 @@
 /*
  * store.c - slab allocator, page records and eviction.
  *
- * Memory: every arena is cut into slabs of slab_bytes. A slab is free or belongs to one size
- * class (a page size rounded up to 4 KiB, so slots stay O_DIRECT-aligned for the disk tier) and
- * is cut into that class's slots. Several models with different page sizes share the pool; a
- * slab whose last page goes away returns to the free list, which is how memory moves between
- * classes under pressure (memcached's slab rebalancing, done eagerly).
+ * Memory [packing]: each arena is a list of free extents (sorted, coalesced) from which slabs
+ * are carved. A slab belongs to one size class (a page size rounded up to 4 KiB, so slots stay
+ * O_DIRECT-aligned for the disk tier) and is exactly n of its slots, n = --slab / slot (at
+ * least one): a slab never wastes a byte inside. A class takes a full slab from the first
+ * extent that fits; when none fits it takes a short slab, as many slots as the largest extent
+ * holds. So a pool filled with one page size holds every page the arenas can hold but for less
+ * than one slot per arena (store_capacity, which kvbctl plan mirrors), for every page size up
+ * to STORE_MAX_PAGE, where fixed slabs lost up to a slot per slab (a 4.29 MiB page in an 8 MiB
+ * slab: 46%). Several models with different page sizes share the pool; a slab whose last page
+ * goes away returns its range to the free extents, which is how memory moves between classes
+ * under pressure (memcached's slab rebalancing, done eagerly). Why extents and not a buddy
+ * allocator: slabs of n exact slots are not powers of two, and a buddy allocator would round
+ * each up, losing what this is for; the extent list stays short (at most one per slab).
+ *
+ * Tenant partitions [tenant-part]: each arena belongs to one partition of the pool (pool.h), and
+ * each namespace to one partition (ns_part). A page is placed, and a victim chosen, only within
+ * its namespace's partition, each of which has its own LRU, usage and watermarks: one tenant's
+ * flood evicts only its own pages, and its clients map only its arenas.
  *
  * Page states:
  *
@@ -20,9 +33,9 @@
  * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
  * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
  *
- * Victim choice (store_alloc_pref): a free slot of the class, else a free slab, in each arena in
- * the client's order of preference (nearest NUMA node first; free and partial slabs are kept
- * per arena), else the globally coldest evictable page decides. If it is of our class it goes
+ * Victim choice (store_alloc_pref): a free slot of the class, else a new slab, in each arena in
+ * the client's order of preference (nearest NUMA node first; extents and partial slabs are kept
+ * per arena), else the coldest evictable page of the partition decides. If it is of our class it goes
  * and hands us its slot. If it belongs to another class, its whole slab is reclaimed: every
  * evictable page in it goes, and the slab, once empty, changes class (memcached's slab
  * reassignment). A slab that still holds pinned pages cannot be emptied; after RECLAIM_TRIES
@@ -56,6 +69,7 @@
 #include "store.h"
 
 static_assert(STORE_MAX_NS == PMETA_NS_MAX, "the side table holds every namespace");
+static_assert(STORE_MAX_SLABS < PMETA_SLABS_MAX, "the side table records every slab");
 
 #define RECLAIM_TRIES 8
 
@@ -69,47 +83,174 @@ static uint32_t slot_of(const struct page *pg)
 	return pg->id & ((1u << STORE_SLOT_BITS) - 1);
 }
 
+static struct store_part *part_of(struct store *s, const struct page *pg)
+{
+	return &s->part[s->pool->arena[slab_of(s, pg)->arena].part];
+}
+
+uint32_t store_part_of(const struct store *s, const struct page *pg)
+{
+	return s->pool->arena[slab_of(s, pg)->arena].part;
+}
+
+static uint32_t slots_per_slab(uint64_t slab_bytes, uint64_t slot)
+{
+	uint64_t n = slab_bytes / slot;
+
+	if (!n)
+		n = 1;
+	if (n >= (1u << STORE_SLOT_BITS))
+		n = (1u << STORE_SLOT_BITS) - 1;
+	return (uint32_t)n;
+}
+
+uint64_t store_capacity(const uint64_t *arena_bytes, uint32_t narenas, uint64_t slab_bytes,
+			uint64_t page_bytes)
+{
+	uint64_t slot = (page_bytes + STORE_SLOT_ALIGN - 1) & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
+	uint64_t pages = 0;
+
+	if (!slot)
+		return 0;
+	/* Full slabs of n slots, then a short one: every whole slot of the arena (store.c). */
+	for (uint32_t a = 0; a < narenas; a++) {
+		uint64_t n = slots_per_slab(slab_bytes, slot), slab = n * slot;
+		uint64_t full = arena_bytes[a] / slab, rest = arena_bytes[a] - full * slab;
+
+		pages += full * n + rest / slot;
+	}
+	return pages;
+}
+
+/* Returns [off, off + len) to arena a's free extents, merged with its neighbours. */
+static void ext_free(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	struct store_arena *ar = &s->ar[a];
+	uint32_t i = 0;
+
+	while (i < ar->next && ar->ext[i].off < off)
+		i++;
+	ar->free_bytes += len;
+	if (i > 0 && ar->ext[i - 1].off + ar->ext[i - 1].len == off) {
+		ar->ext[i - 1].len += len;
+		if (i < ar->next && off + len == ar->ext[i].off) {
+			ar->ext[i - 1].len += ar->ext[i].len;
+			memmove(&ar->ext[i], &ar->ext[i + 1],
+				(ar->next - i - 1) * sizeof(*ar->ext));
+			ar->next--;
+		}
+		return;
+	}
+	if (i < ar->next && off + len == ar->ext[i].off) {
+		ar->ext[i].off = off;
+		ar->ext[i].len += len;
+		return;
+	}
+	/* cap >= the number of slabs that fit plus one: a new extent always has room. */
+	memmove(&ar->ext[i + 1], &ar->ext[i], (ar->next - i) * sizeof(*ar->ext));
+	ar->ext[i] = (struct store_ext){off, len};
+	ar->next++;
+}
+
+/*
+ * Carves a slab of up to want bytes (a multiple of slot) from arena a: first fit for the full
+ * size, else (short) the largest extent's whole slots. Returns its length, 0 when nothing fits.
+ */
+static uint64_t ext_take(struct store *s, uint32_t a, uint64_t want, uint64_t slot, int short_ok,
+			 uint64_t *off)
+{
+	struct store_arena *ar = &s->ar[a];
+	uint32_t best = ar->next;
+	uint64_t len;
+
+	for (uint32_t i = 0; i < ar->next; i++) {
+		if (ar->ext[i].len >= want) {
+			best = i;
+			break;
+		}
+		if (short_ok && ar->ext[i].len >= slot &&
+		    (best == ar->next || ar->ext[i].len > ar->ext[best].len))
+			best = i;
+	}
+	if (best == ar->next || (!short_ok && ar->ext[best].len < want))
+		return 0;
+	len = ar->ext[best].len >= want ? want : ar->ext[best].len / slot * slot;
+	*off = ar->ext[best].off;
+	ar->ext[best].off += len;
+	ar->ext[best].len -= len;
+	ar->free_bytes -= len;
+	if (!ar->ext[best].len) {
+		memmove(&ar->ext[best], &ar->ext[best + 1],
+			(ar->next - best - 1) * sizeof(*ar->ext));
+		ar->next--;
+	}
+	return len;
+}
+
+static void free_count(struct store *s)
+{
+	uint64_t f = 0;
+
+	for (uint32_t a = 0; a < s->pool->narenas; a++)
+		f += s->ar[a].free_bytes;
+	s->st.slabs_free = f / s->slab_bytes;
+}
+
 int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high, double low)
 {
-	uint32_t n = 0, k = 0;
-	int err;
+	uint64_t total = 0, smallest = UINT64_MAX;
+	int err = -ENOMEM;
 
 	memset(s, 0, sizeof(*s));
-	if (slab_bytes < STORE_SLOT_ALIGN || slab_bytes % STORE_SLOT_ALIGN)
+	if (slab_bytes < STORE_SLOT_ALIGN || slab_bytes % STORE_SLOT_ALIGN || !p->narenas)
 		return -EINVAL;
 	s->pool = p;
 	s->slab_bytes = slab_bytes;
-	for (uint32_t a = 0; a < p->narenas; a++)
-		n += (uint32_t)(p->arena[a].size / slab_bytes);
-	if (!n || n >= (1u << (32 - STORE_SLOT_BITS)))
-		return -EINVAL;
-	s->slabs = calloc(n, sizeof(*s->slabs));
-	if (!s->slabs)
-		return -ENOMEM;
-	for (uint32_t a = 0; a < KVB_MAX_ARENAS; a++)
-		list_init(&s->free_slabs[a]);
-	list_init(&s->lru);
+	s->slabs = calloc(STORE_MAX_SLABS, sizeof(*s->slabs));
+	s->rec_free = calloc(STORE_MAX_SLABS, sizeof(*s->rec_free));
+	if (!s->slabs || !s->rec_free)
+		goto err_free;
+	for (uint32_t i = 0; i < POOL_MAX_PARTS; i++)
+		list_init(&s->part[i].lru);
 	for (uint32_t a = 0; a < p->narenas; a++) {
-		for (uint64_t off = 0; off + slab_bytes <= p->arena[a].size; off += slab_bytes) {
-			struct slab *sl = &s->slabs[k++];
+		struct store_arena *ar = &s->ar[a];
+		uint64_t size = p->arena[a].size & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
 
-			sl->arena = a;
-			sl->off = off;
-			sl->cls = -1;
-			list_init(&sl->link);
-			list_add_tail(&s->free_slabs[a], &sl->link);
-		}
+		/* Every slab is at least a slot of 4 KiB: extents never outnumber them. */
+		ar->cap = (uint32_t)(size / STORE_SLOT_ALIGN < STORE_MAX_SLABS
+					     ? size / STORE_SLOT_ALIGN + 1
+					     : STORE_MAX_SLABS + 1);
+		ar->ext = calloc(ar->cap, sizeof(*ar->ext));
+		if (!ar->ext)
+			goto err_free;
+		if (size)
+			ext_free(s, a, 0, size);
+		s->part[p->arena[a].part].bytes_total += size;
+		total += size;
+		if (size < smallest)
+			smallest = size;
 	}
-	s->nslabs = n;
-	s->st.slabs_free = n;
-	s->high_bytes = (uint64_t)(high * (double)((uint64_t)n * slab_bytes));
-	s->low_bytes = (uint64_t)(low * (double)((uint64_t)n * slab_bytes));
+	if (!total)
+		goto err_inval;
+	s->max_page = slab_bytes > STORE_MAX_PAGE ? slab_bytes : STORE_MAX_PAGE;
+	if (s->max_page > smallest)
+		s->max_page = smallest;
+	free_count(s);
+	s->high_bytes = (uint64_t)(high * (double)total);
+	s->low_bytes = (uint64_t)(low * (double)total);
 	/* Sized for 64 KiB pages: the index rarely grows even with small pages. */
-	err = index_init(&s->ix, (uint64_t)n * slab_bytes / 65536);
-	if (err) {
-		free(s->slabs);
-		s->slabs = NULL;
-	}
+	err = index_init(&s->ix, total / 65536);
+	if (!err)
+		return 0;
+	goto err_free;
+err_inval:
+	err = -EINVAL;
+err_free:
+	for (uint32_t a = 0; a < POOL_MAX_ARENAS; a++)
+		free(s->ar[a].ext);
+	free(s->slabs);
+	free(s->rec_free);
+	memset(s, 0, sizeof(*s));
 	return err;
 }
 
@@ -119,8 +260,12 @@ void store_fini(struct store *s)
 		free(s->slabs[i].pages);
 		free(s->slabs[i].free_stack);
 	}
+	for (uint32_t a = 0; a < POOL_MAX_ARENAS; a++)
+		free(s->ar[a].ext);
 	free(s->slabs);
-	index_fini(&s->ix);
+	free(s->rec_free);
+	if (s->ix.buckets)
+		index_fini(&s->ix);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -128,7 +273,7 @@ int store_class_get(struct store *s, uint64_t page_bytes)
 {
 	uint64_t slot = (page_bytes + STORE_SLOT_ALIGN - 1) & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
 
-	if (!page_bytes || slot > s->slab_bytes)
+	if (!page_bytes || slot > s->max_page)
 		return -E2BIG;
 	for (uint32_t i = 0; i < s->ncls; i++)
 		if (s->cls[i].slot_bytes == slot)
@@ -138,31 +283,61 @@ int store_class_get(struct store *s, uint64_t page_bytes)
 	struct store_class *c = &s->cls[s->ncls];
 
 	c->slot_bytes = slot;
-	c->slots_per_slab = (uint32_t)(s->slab_bytes / slot);
-	if (c->slots_per_slab >= (1u << STORE_SLOT_BITS))
-		c->slots_per_slab = (1u << STORE_SLOT_BITS) - 1;
-	for (uint32_t a = 0; a < KVB_MAX_ARENAS; a++)
+	c->slots_per_slab = slots_per_slab(s->slab_bytes, slot);
+	for (uint32_t a = 0; a < POOL_MAX_ARENAS; a++)
 		list_init(&c->partial[a]);
-	list_init(&c->lru);
+	for (uint32_t i = 0; i < POOL_MAX_PARTS; i++)
+		list_init(&c->lru[i]);
 	return (int)s->ncls++;
 }
 
-/* Gives a free slab to class ci: its records and free-slot stack. */
-static int slab_assign(struct store *s, struct slab *sl, int ci)
+/*
+ * [pagehdr] Records slab sid in the side table, before any page of it can commit, and clears
+ * the headers at its slot starts: these bytes may have been slots of another size before, and
+ * a header of that life must not vouch for a slot being written now.
+ */
+static void slab_record(struct store *s, uint32_t sid, const struct slab *sl, uint32_t slot_bytes)
+{
+	uint64_t unit;
+
+	if (!s->pool->meta)
+		return;
+	unit = s->pool->arena[sl->arena].unit0 + sl->off / PHDR_UNIT;
+	for (uint32_t i = 0; i < sl->nslots; i++)
+		memset(pmeta_hdr_at(s->pool->meta, unit + (uint64_t)i * (slot_bytes / PHDR_UNIT)),
+		       0, sizeof(struct pmeta_hdr));
+	pmeta_slab_write(s->pool->meta, sid, sl->arena, sl->off, sl->len, slot_bytes);
+}
+
+/* Carves a new slab of class ci in arena a (short_ok: fewer slots than a full one). */
+static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 {
 	struct store_class *c = &s->cls[ci];
-	uint32_t sid = (uint32_t)(sl - s->slabs);
+	uint64_t off, len;
+	uint32_t sid, n;
+	struct slab *sl;
 
-	sl->pages = calloc(c->slots_per_slab, sizeof(*sl->pages));
-	sl->free_stack = malloc(c->slots_per_slab * sizeof(*sl->free_stack));
+	if (!s->nrec_free && s->nslabs == STORE_MAX_SLABS)
+		return NULL;
+	len = ext_take(s, a, (uint64_t)c->slots_per_slab * c->slot_bytes, c->slot_bytes, short_ok,
+		       &off);
+	if (!len)
+		return NULL;
+	n = (uint32_t)(len / c->slot_bytes);
+	sid = s->nrec_free ? s->rec_free[--s->nrec_free] : s->nslabs++;
+	sl = &s->slabs[sid];
+	sl->pages = calloc(n, sizeof(*sl->pages));
+	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
 	if (!sl->pages || !sl->free_stack) {
 		free(sl->pages);
 		free(sl->free_stack);
 		sl->pages = NULL;
 		sl->free_stack = NULL;
-		return -ENOMEM;
+		s->rec_free[s->nrec_free++] = sid;
+		ext_free(s, a, off, len);
+		return NULL;
 	}
-	for (uint32_t i = 0; i < c->slots_per_slab; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		struct page *pg = &sl->pages[i];
 
 		pg->id = (sid << STORE_SLOT_BITS) | i;
@@ -170,17 +345,22 @@ static int slab_assign(struct store *s, struct slab *sl, int ci)
 		list_init(&pg->lru);
 		list_init(&pg->clru);
 		/* Pop order = ascending offsets: neighbours stay neighbours in memory. */
-		sl->free_stack[c->slots_per_slab - 1 - i] = i;
+		sl->free_stack[n - 1 - i] = i;
 	}
-	sl->nslots = c->slots_per_slab;
-	sl->nfree = c->slots_per_slab;
+	sl->arena = a;
+	sl->off = off;
+	sl->len = len;
+	sl->nslots = n;
+	slab_record(s, sid, sl, (uint32_t)c->slot_bytes);
+	sl->nfree = n;
 	sl->used = 0;
+	sl->pinned = sl->writing = 0;
 	sl->cls = ci;
-	list_del(&sl->link);
-	list_add_tail(&c->partial[sl->arena], &sl->link);
+	list_init(&sl->link);
+	list_add_tail(&c->partial[a], &sl->link);
 	c->slabs++;
-	s->st.slabs_free--;
-	return 0;
+	free_count(s);
+	return sl;
 }
 
 static void slab_release(struct store *s, struct slab *sl)
@@ -193,8 +373,12 @@ static void slab_release(struct store *s, struct slab *sl)
 	sl->nslots = sl->nfree = sl->used = 0;
 	sl->cls = -1;
 	list_del(&sl->link);
-	list_add_tail(&s->free_slabs[sl->arena], &sl->link);
-	s->st.slabs_free++;
+	if (s->pool->meta)
+		pmeta_slab_clear(s->pool->meta, (uint32_t)(sl - s->slabs));
+	ext_free(s, sl->arena, sl->off, sl->len);
+	sl->len = 0;
+	s->rec_free[s->nrec_free++] = (uint32_t)(sl - s->slabs);
+	free_count(s);
 }
 
 static void lru_unlink(struct page *pg)
@@ -207,8 +391,10 @@ static void lru_unlink(struct page *pg)
 
 static void lru_link(struct store *s, struct page *pg)
 {
-	list_add_head(&s->lru, &pg->lru);
-	list_add_head(&s->cls[pg->cls].lru, &pg->clru);
+	uint32_t pt = store_part_of(s, pg);
+
+	list_add_head(&s->part[pt].lru, &pg->lru);
+	list_add_head(&s->cls[pg->cls].lru[pt], &pg->clru);
 }
 
 /* [page-wake] pg changed state: whoever waits on it runs again (store.h). */
@@ -220,7 +406,12 @@ static void page_changed(struct store *s, struct page *pg)
 
 static struct pmeta_hdr *hdr_of(const struct store *s, const struct page *pg)
 {
-	return pmeta_hdr_at(s->pool->meta, pg->id >> STORE_SLOT_BITS, slot_of(pg), s->slab_bytes);
+	const struct slab *sl = slab_of(s, pg);
+
+	return pmeta_hdr_at(s->pool->meta,
+			    s->pool->arena[sl->arena].unit0 +
+				    (sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes) /
+					    PHDR_UNIT);
 }
 
 /* [pagehdr] The page's bytes are complete: vouch for them in the side table. */
@@ -252,8 +443,10 @@ static void slot_free(struct store *s, struct page *pg)
 	lru_unlink(pg);
 	s->st.bytes_used -= c->slot_bytes;
 	s->st.pages--;
-	if (pg->ns < STORE_MAX_NS)
-		s->ns_pages[pg->ns]--;
+	part_of(s, pg)->bytes_used -= c->slot_bytes;
+	part_of(s, pg)->pages--;
+	if (pg->ns < STORE_MAX_NS && !--s->ns_pages[pg->ns] && s->ns_empty)
+		s->ns_empty(s->ns_empty_arg, pg->ns);
 	pg->state = PAGE_FREE;
 	pg->unlinked = 0;
 	pg->gen = 0;
@@ -281,29 +474,27 @@ static int evict(struct store *s, struct page *pg)
 		if (r > 0) {
 			pg->demoting = 1;
 			s->demoting_bytes += s->cls[pg->cls].slot_bytes;
+			part_of(s, pg)->demoting_bytes += s->cls[pg->cls].slot_bytes;
 			store_pin(s, pg);
 			return 0;
 		}
 	}
 	index_remove(&s->ix, &pg->ixn);
 	s->st.evictions++;
+	part_of(s, pg)->evictions++;
 	slot_free(s, pg);
 	return 1;
 }
 
 /* Takes a free slot of class ci in arena a if one exists without evicting. */
-static struct page *slot_take_in(struct store *s, int ci, uint32_t a)
+static struct page *slot_take_in(struct store *s, int ci, uint32_t a, int short_ok)
 {
 	struct list *partial = &s->cls[ci].partial[a];
 	struct slab *sl;
 	struct page *pg;
 
-	if (list_empty(partial)) {
-		if (list_empty(&s->free_slabs[a]))
-			return NULL;
-		if (slab_assign(s, list_entry(s->free_slabs[a].next, struct slab, link), ci))
-			return NULL;
-	}
+	if (list_empty(partial) && !slab_new(s, ci, a, short_ok))
+		return NULL;
 	sl = list_entry(partial->next, struct slab, link);
 	pg = &sl->pages[sl->free_stack[--sl->nfree]];
 	sl->used++;
@@ -312,17 +503,23 @@ static struct page *slot_take_in(struct store *s, int ci, uint32_t a)
 	return pg;
 }
 
-/* A free slot of class ci in the first arena of the preference order that has one. */
-static struct page *slot_take(struct store *s, int ci, const struct store_pref *pref)
+/*
+ * A free slot of class ci in the first arena of the preference order (partition part only) that
+ * has one or room for a full slab; failing that, a short slab in the first that has room for one.
+ */
+static struct page *slot_take(struct store *s, int ci, uint32_t part, const struct store_pref *pref)
 {
+	const struct pool_part *pt = &s->pool->part[part];
 	struct page *pg = NULL;
-	uint32_t n = pref ? pref->n : s->pool->narenas;
+	uint32_t n = pref ? pref->n : pt->narenas;
 
-	for (uint32_t i = 0; !pg && i < n; i++) {
-		uint32_t a = pref ? pref->arena[i] : i;
+	for (int short_ok = 0; !pg && short_ok < 2; short_ok++) {
+		for (uint32_t i = 0; !pg && i < n; i++) {
+			uint32_t a = pref ? pref->arena[i] : pt->first + i;
 
-		if (a < s->pool->narenas)
-			pg = slot_take_in(s, ci, a);
+			if (a < s->pool->narenas && s->pool->arena[a].part == part)
+				pg = slot_take_in(s, ci, a, short_ok);
+		}
 	}
 	return pg;
 }
@@ -346,10 +543,15 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 		     const struct store_pref *pref, struct page **out)
 {
 	struct store_class *c = &s->cls[ci];
-	struct page *pg = slot_take(s, ci, pref);
+	uint32_t part = ns < STORE_MAX_NS ? s->ns_part[ns] : 0;
+	struct list *lru = &s->part[part].lru;
+	struct page *pg;
 
-	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(&s->lru); tries--) {
-		struct page *cold = list_entry(s->lru.prev, struct page, lru);
+	if (part >= s->pool->nparts)
+		return -ENOSPC;
+	pg = slot_take(s, ci, part, pref);
+	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(lru); tries--) {
+		struct page *cold = list_entry(lru->prev, struct page, lru);
 
 		if (cold->cls == ci) {
 			if (evict(s, cold) < 0)
@@ -357,11 +559,11 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 		} else {
 			slab_reclaim(s, slab_of(s, cold));
 		}
-		pg = slot_take(s, ci, pref);
+		pg = slot_take(s, ci, part, pref);
 	}
-	if (!pg && !list_empty(&c->lru)) {
-		evict(s, list_entry(c->lru.prev, struct page, clru));
-		pg = slot_take(s, ci, pref);
+	if (!pg && !list_empty(&c->lru[part])) {
+		evict(s, list_entry(c->lru[part].prev, struct page, clru));
+		pg = slot_take(s, ci, part, pref);
 	}
 	if (!pg)
 		return -ENOSPC;
@@ -379,6 +581,9 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
 	s->st.pinned++;
+	s->part[part].bytes_used += c->slot_bytes;
+	s->part[part].pages++;
+	s->part[part].pinned_bytes += c->slot_bytes;
 	slab_of(s, pg)->pinned++;
 	slab_of(s, pg)->writing++;
 	if (ns < STORE_MAX_NS)
@@ -393,6 +598,7 @@ void store_pin(struct store *s, struct page *pg)
 		lru_unlink(pg);
 		s->st.pinned++;
 		slab_of(s, pg)->pinned++;
+		part_of(s, pg)->pinned_bytes += s->cls[pg->cls].slot_bytes;
 	}
 }
 
@@ -402,6 +608,7 @@ void store_unpin(struct store *s, struct page *pg)
 		return;
 	s->st.pinned--;
 	slab_of(s, pg)->pinned--;
+	part_of(s, pg)->pinned_bytes -= s->cls[pg->cls].slot_bytes;
 	if (pg->unlinked)
 		slot_free(s, pg);
 	else if (pg->state == PAGE_READY)
@@ -447,16 +654,27 @@ void store_drop(struct store *s, struct page *pg)
 
 uint32_t store_evict_watermark(struct store *s, uint32_t max)
 {
+	uint64_t total = 0;
 	uint32_t n = 0;
 
-	if (s->st.bytes_used <= s->high_bytes)
-		return 0;
-	/* Pages being demoted count as gone: their RAM is freed when their writes complete. */
-	while (n < max && s->st.bytes_used - s->demoting_bytes > s->low_bytes &&
-	       !list_empty(&s->lru)) {
-		if (evict(s, list_entry(s->lru.prev, struct page, lru)) < 0)
-			break;
-		n++;
+	for (uint32_t p = 0; p < s->pool->nparts; p++)
+		total += s->part[p].bytes_total;
+	/* Each partition against its share of the watermarks (high_bytes/low_bytes: the pool's). */
+	for (uint32_t p = 0; p < s->pool->nparts && total; p++) {
+		struct store_part *pt = &s->part[p];
+		double f = (double)pt->bytes_total / (double)total;
+		uint64_t high = (uint64_t)(f * (double)s->high_bytes);
+		uint64_t low = (uint64_t)(f * (double)s->low_bytes);
+
+		if (pt->bytes_used <= high)
+			continue;
+		/* Pages being demoted count as gone: their RAM is freed when their writes end. */
+		while (n < max && pt->bytes_used - pt->demoting_bytes > low &&
+		       !list_empty(&pt->lru)) {
+			if (evict(s, list_entry(pt->lru.prev, struct page, lru)) < 0)
+				break;
+			n++;
+		}
 	}
 	return n;
 }
@@ -465,6 +683,7 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 {
 	pg->demoting = 0;
 	s->demoting_bytes -= s->cls[pg->cls].slot_bytes;
+	part_of(s, pg)->demoting_bytes -= s->cls[pg->cls].slot_bytes;
 	page_changed(s, pg);
 	if (ok) {
 		pg->clean = 1;
@@ -477,8 +696,8 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 	if (!ok && list_linked(&pg->lru)) {
 		/* Still the coldest it was, not the newest: back to the cold end of the LRU. */
 		lru_unlink(pg);
-		list_add_tail(&s->lru, &pg->lru);
-		list_add_tail(&s->cls[pg->cls].lru, &pg->clru);
+		list_add_tail(&part_of(s, pg)->lru, &pg->lru);
+		list_add_tail(&s->cls[pg->cls].lru[store_part_of(s, pg)], &pg->clru);
 	}
 }
 
@@ -487,16 +706,10 @@ int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint3
 {
 	struct slab *sl;
 	struct page *pg;
-	int err;
 
 	if (sid >= s->nslabs || ci < 0 || (uint32_t)ci >= s->ncls || ns >= STORE_MAX_NS)
 		return -EINVAL;
 	sl = &s->slabs[sid];
-	if (sl->cls < 0) {
-		err = slab_assign(s, sl, ci);
-		if (err)
-			return err;
-	}
 	if (sl->cls != ci || slot >= sl->nslots)
 		return -EINVAL;
 	pg = &sl->pages[slot];
@@ -514,9 +727,101 @@ int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint3
 	sl->used++;
 	s->st.bytes_used += s->cls[ci].slot_bytes;
 	s->st.pages++;
+	part_of(s, pg)->bytes_used += s->cls[ci].slot_bytes;
+	part_of(s, pg)->pages++;
 	s->ns_pages[ns]++;
 	if (gen > s->gen)
 		s->gen = gen;
+	return 0;
+}
+
+/* Takes [off, off + len) out of arena a's free extents; -EEXIST when any of it is not free. */
+static int ext_take_at(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	struct store_arena *ar = &s->ar[a];
+
+	for (uint32_t i = 0; i < ar->next; i++) {
+		struct store_ext *e = &ar->ext[i];
+
+		if (e->off > off || e->off + e->len < off + len)
+			continue;
+		if (e->off == off) {
+			e->off += len;
+			e->len -= len;
+			if (!e->len) {
+				memmove(e, e + 1, (ar->next - i - 1) * sizeof(*e));
+				ar->next--;
+			}
+		} else if (e->off + e->len == off + len) {
+			e->len -= len;
+		} else { /* a hole in the middle: the tail becomes an extent of its own */
+			struct store_ext tail = {off + len, e->off + e->len - off - len};
+
+			if (ar->next == ar->cap)
+				return -ENOSPC;
+			e->len = off - e->off;
+			memmove(e + 2, e + 1, (ar->next - i - 1) * sizeof(*e));
+			e[1] = tail;
+			ar->next++;
+		}
+		ar->free_bytes -= len;
+		return 0;
+	}
+	return -EEXIST;
+}
+
+int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, uint64_t len, int ci)
+{
+	struct store_class *c;
+	struct slab *sl;
+	uint32_t n;
+	int err;
+
+	if (sid >= STORE_MAX_SLABS || a >= s->pool->narenas || ci < 0 || (uint32_t)ci >= s->ncls)
+		return -EINVAL;
+	c = &s->cls[ci];
+	n = (uint32_t)(len / c->slot_bytes);
+	if (!n || len % c->slot_bytes || off % STORE_SLOT_ALIGN || n >= 1u << STORE_SLOT_BITS)
+		return -EINVAL;
+	sl = &s->slabs[sid];
+	if (sid < s->nslabs && sl->cls >= 0)
+		return -EEXIST;
+	err = ext_take_at(s, a, off, len);
+	if (err)
+		return err;
+	sl->pages = calloc(n, sizeof(*sl->pages));
+	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
+	if (!sl->pages || !sl->free_stack) {
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		ext_free(s, a, off, len);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct page *pg = &sl->pages[i];
+
+		pg->id = (sid << STORE_SLOT_BITS) | i;
+		pg->cls = (uint16_t)ci;
+		list_init(&pg->lru);
+		list_init(&pg->clru);
+	}
+	for (uint32_t k = s->nslabs; k < sid; k++)
+		s->slabs[k].cls = -1; /* records skipped over: unused */
+	if (sid >= s->nslabs)
+		s->nslabs = sid + 1;
+	sl->arena = a;
+	sl->off = off;
+	sl->len = len;
+	sl->nslots = n;
+	sl->nfree = 0; /* store_adopt_done fills the free stack */
+	sl->used = 0;
+	sl->pinned = sl->writing = 0;
+	sl->cls = ci;
+	list_init(&sl->link);
+	list_add_tail(&c->partial[a], &sl->link);
+	c->slabs++;
 	return 0;
 }
 
@@ -538,6 +843,11 @@ void store_adopt_done(struct store *s)
 		if (!sl->nfree)
 			list_del(&sl->link); /* full: off its class's partial list */
 	}
+	s->nrec_free = 0; /* slab_release above pushed some: rebuilt whole */
+	for (uint32_t k = s->nslabs; k-- > 0;)
+		if (s->slabs[k].cls < 0)
+			s->rec_free[s->nrec_free++] = k;
+	free_count(s);
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)
@@ -569,6 +879,8 @@ uint32_t store_arena(const struct store *s, const struct page *pg)
 uint64_t store_loc(const struct store *s, const struct page *pg)
 {
 	const struct slab *sl = slab_of(s, pg);
+	/* Clients map only their partition's arenas, numbered from 0 there [tenant-part]. */
+	uint32_t local = sl->arena - s->pool->part[s->pool->arena[sl->arena].part].first;
 
-	return KVB_LOC(sl->arena, sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes);
+	return KVB_LOC(local, sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes);
 }

@@ -15,9 +15,11 @@
 
 struct waitq;
 #define STORE_MAX_CLASSES 64
-#define STORE_MAX_NS 1024
+#define STORE_MAX_NS 8192  /* namespaces alive at once; ids of freed ones are reused */
 #define STORE_SLOT_BITS 20 /* slots per slab < 2^20 */
+#define STORE_MAX_SLABS ((1u << (32 - STORE_SLOT_BITS)) - 1) /* slab ids fit in the rest */
 #define STORE_SLOT_ALIGN 4096u
+#define STORE_MAX_PAGE (16ull << 20) /* pages up to this size whatever --slab says */
 
 enum page_state {
 	PAGE_FREE = 0,
@@ -51,8 +53,9 @@ struct page {
 
 struct slab {
 	uint32_t arena;
-	int32_t cls;  /* -1 when free */
+	int32_t cls;  /* -1: record unused */
 	uint64_t off; /* byte offset in the arena */
+	uint64_t len; /* nslots * its class's slot_bytes, exactly */
 	uint32_t nslots;
 	uint32_t used;
 	uint32_t nfree;	  /* entries in free_stack */
@@ -60,15 +63,35 @@ struct slab {
 	uint32_t writing; /* its pages in PAGE_WRITING (kvbctl map's in-flight cells) */
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
-	struct list link;   /* its arena's free-slab list, or its class's partial list there */
+	struct list link;   /* its class's partial list in its arena, when it has a free slot */
 };
 
 struct store_class {
 	uint64_t slot_bytes;
-	uint32_t slots_per_slab;
+	uint32_t slots_per_slab; /* of a full slab: about --slab bytes, at least one slot */
 	uint32_t slabs;
-	struct list partial[KVB_MAX_ARENAS]; /* per arena: slabs of this class with a free slot */
-	struct list lru;		     /* its evictable pages, coldest at the tail */
+	struct list partial[POOL_MAX_ARENAS]; /* per arena: slabs of this class with a free slot */
+	struct list lru[POOL_MAX_PARTS];      /* per partition: its evictable pages, coldest last */
+};
+
+/* A free range of an arena (store.c keeps them sorted by offset, coalesced). */
+struct store_ext {
+	uint64_t off, len;
+};
+
+struct store_arena {
+	struct store_ext *ext;
+	uint32_t next, cap;
+	uint64_t free_bytes;
+};
+
+/* A tenant partition's share of the store [tenant-part]: its own LRU, usage and watermarks. */
+struct store_part {
+	struct list lru; /* its evictable pages, coldest at the tail */
+	uint64_t bytes_total, bytes_used, high_bytes, low_bytes;
+	uint64_t pinned_bytes;	 /* slot bytes of its pages with pins > 0 */
+	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
+	uint64_t pages, evictions;
 };
 
 struct store_stats {
@@ -81,13 +104,17 @@ struct store_stats {
 
 struct store {
 	struct pool *pool;
-	uint64_t slab_bytes;
-	uint32_t nslabs;
-	struct slab *slabs;
-	struct list free_slabs[KVB_MAX_ARENAS]; /* per arena */
+	uint64_t slab_bytes; /* --slab: the size a class's slabs aim at */
+	uint64_t max_page;   /* the largest page a class may hold */
+	uint32_t nslabs;     /* slab records ever used: slabs[0, nslabs) */
+	struct slab *slabs;  /* STORE_MAX_SLABS records */
+	uint32_t *rec_free;  /* unused record ids below nslabs */
+	uint32_t nrec_free;
+	struct store_arena ar[POOL_MAX_ARENAS];
+	struct store_part part[POOL_MAX_PARTS];
+	uint8_t ns_part[STORE_MAX_NS]; /* the partition each namespace's pages go to */
 	struct store_class cls[STORE_MAX_CLASSES];
 	uint32_t ncls;
-	struct list lru; /* every evictable page, coldest at the tail */
 	struct index ix;
 	uint32_t gen; /* last generation handed out */
 	uint64_t high_bytes, low_bytes;
@@ -108,15 +135,29 @@ struct store {
 	 */
 	void (*wake)(void *arg, struct page *pg);
 	void *wake_arg;
+	/* [ns-free] The last page of namespace ns left RAM (ns_pages[ns] is 0 now). */
+	void (*ns_empty)(void *arg, uint32_t ns);
+	void *ns_empty_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 };
 
-/* Carves the pool into slabs of slab_bytes. Watermarks are fractions of the pool. */
+/*
+ * Sets the store up over the pool; classes' slabs aim at slab_bytes. Watermarks are fractions
+ * of each partition. -EINVAL for a slab size that is not a 4 KiB multiple.
+ */
 int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high, double low);
+
+/*
+ * Pages a partition of these arena sizes holds when filled with pages of one size (slabs of
+ * about slab_bytes): what store_alloc achieves, for kvbctl plan (common/plan.c computes the
+ * same) and the tests.
+ */
+uint64_t store_capacity(const uint64_t *arena_bytes, uint32_t narenas, uint64_t slab_bytes,
+			uint64_t page_bytes);
 void store_fini(struct store *s);
 
-/* The class of a page size (created on first use). -E2BIG above the slab size, -EMFILE when
- * every class slot is taken. */
+/* The class of a page size (created on first use). -E2BIG above max_page, -EMFILE when every
+ * class slot is taken. */
 int store_class_get(struct store *s, uint64_t page_bytes);
 
 /* The record of (ns, key) in any state but FREE, or NULL. */
@@ -132,10 +173,14 @@ struct store_pref {
 	uint8_t arena[KVB_MAX_ARENAS];
 };
 
+/* The partition of a page (its slab's arena's). */
+uint32_t store_part_of(const struct store *s, const struct page *pg);
+
 /*
- * Allocates a slot of class cls for (ns, key), evicting the coldest evictable pages when needed,
- * and indexes it WRITING with one pin held by the caller. The caller checked (ns, key) is absent.
- * pref NULL: arenas in index order. -ENOSPC when nothing can be evicted.
+ * Allocates a slot of class cls for (ns, key), evicting the coldest evictable pages of the
+ * namespace's partition (ns_part) when needed, and indexes it WRITING with one pin held by the
+ * caller. The caller checked (ns, key) is absent. pref NULL: the partition's arenas in index
+ * order; arenas of other partitions in pref are skipped. -ENOSPC when nothing can be evicted.
  */
 int store_alloc_pref(struct store *s, int cls, uint32_t ns, const kvb_key *key,
 		     const struct store_pref *pref, struct page **out);
@@ -161,8 +206,8 @@ void store_unpin(struct store *s, struct page *pg);
 /* Unindexes; the slot is freed now, or at the last unpin. */
 void store_drop(struct store *s, struct page *pg);
 
-/* Evicts coldest pages while usage is above the high watermark, down to the low one, at most
- * max pages per call (so the loop stays responsive). Returns pages evicted. */
+/* Evicts coldest pages of each partition above its high watermark, down to its low one, at
+ * most max pages per call (so the loop stays responsive). Returns pages evicted. */
 uint32_t store_evict_watermark(struct store *s, uint32_t max);
 
 /*
@@ -174,11 +219,17 @@ void store_demote_done(struct store *s, struct page *pg, int ok);
 
 /*
  * [adopt] Installs a page an adopted pool holds (adopt.c): slot slot of slab sid, of class ci,
- * READY and evictable, at the hot end of the LRU (adopt coldest first). The slab is given to
- * class ci if free. -EINVAL for a slab of another class or a slot past its end, -EEXIST for a
- * slot taken, -ENOMEM. The caller checked that (ns, key) is absent. After the last page,
- * store_adopt_done() rebuilds the slabs' free slots.
+ * READY and evictable, at the hot end of the LRU (adopt coldest first), in the slab's
+ * partition. -EINVAL for a slab of another class or a slot past its end, -EEXIST for a slot
+ * taken. The caller checked that (ns, key) is absent. After the last page, store_adopt_done()
+ * rebuilds the slabs' free slots and records.
  */
+/*
+ * [adopt] Carves slab record sid exactly where the side table says it was: [off, off + len) of
+ * arena a, slots of class ci (before its pages, store_adopt_page). -EEXIST when the record or
+ * any of those bytes is taken, -EINVAL for a geometry that does not fit, -ENOMEM.
+ */
+int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, uint64_t len, int ci);
 int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
 		     const kvb_key *key, uint32_t gen);
 void store_adopt_done(struct store *s);

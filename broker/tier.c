@@ -1067,7 +1067,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 	faults_parse(t);
 #endif
 	if (t->d.warm) {
-		err = scan(t, b->cfg.slab_bytes);
+		err = scan(t, b->store.max_page);
 		if (err)
 			goto err_close;
 	}
@@ -1089,6 +1089,16 @@ err_close:
 err_free:
 	tier_free(t);
 	return err;
+}
+
+void tier_ns_forget(struct broker *b, uint32_t id)
+{
+	struct tier *t = b->tier;
+
+	if (!t || id >= STORE_MAX_NS || t->ns2dns[id] < 0)
+		return;
+	t->dns[t->ns2dns[id]].ns = -1;
+	t->ns2dns[id] = -1;
 }
 
 void tier_close(struct broker *b)

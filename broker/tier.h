@@ -32,6 +32,8 @@ int tier_open(struct broker *b, const struct disk_cfg *c);
  * closes. Blocks; no-op without a tier.
  */
 void tier_close(struct broker *b);
+/* [ns-free] Namespace id was freed: its identity's pages on disk stay, found again by identity. */
+void tier_ns_forget(struct broker *b, uint32_t id);
 
 /* rounds.c: submits prepared I/O and reaps completions without blocking; returns how many. */
 uint32_t tier_poll(struct broker *b);

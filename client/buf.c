@@ -39,6 +39,10 @@
 
 #include "internal.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 /* The staging buffer grows in steps of this, so pages of similar sizes share one allocation. */
 #define STAGING_STEP (1ull << 20)
 
@@ -58,13 +62,23 @@ static int page_round(size_t len, size_t *out)
 #endif
 
 /* Our own fresh buffer: huge pages where possible, every page allocated and mapped. */
-static void buf_prefault(int fd, void *p, size_t size)
+/*
+ * Faults the buffer in here: a shared page is charged to the memory cgroup of whoever touches
+ * it first, and that must be this process, not the broker's first GET into it. Also, a buffer
+ * the machine cannot back fails now (-ENOMEM), not as a SIGBUS later.
+ */
+static int buf_prefault(int fd, void *p, size_t size)
 {
 	(void)madvise(p, size, MADV_HUGEPAGE); /* EINVAL where THP is compiled out */
 	if (madvise(p, size, MADV_POPULATE_WRITE) == 0)
-		return;
-	/* Kernels before 5.14: allocate the file's pages; our mapping faults them later. */
-	(void)fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)size);
+		return 0;
+	if (errno != EINVAL) /* EINVAL: a kernel before 5.14 */
+		return -ENOMEM;
+	if (fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)size) < 0 && errno != EOPNOTSUPP)
+		return -ENOMEM;
+	for (size_t off = 0; off < size; off += 4096)
+		((volatile uint8_t *)p)[off] = 0;
+	return 0;
 }
 
 /* Allocates, seals, maps and registers a host buffer of at least len bytes into *b. */
@@ -96,7 +110,9 @@ int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b)
 		err = kvbc_errno();
 		goto err_close;
 	}
-	buf_prefault(fd, p, size);
+	err = buf_prefault(fd, p, size);
+	if (err)
+		goto err_unmap;
 	reg.len = size;
 	err = kvbc_ctl(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), fd, &r);
 	if (err < 0)

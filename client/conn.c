@@ -85,6 +85,18 @@ int kvbc_enter(struct kvb_client *c)
 	return 0;
 }
 
+void kvbc_pool_revoke(struct kvb_client *c)
+{
+	if (!c->region || !c->sq.flags || !(kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+		return;
+	/* Same addresses, no access: a stale pointer faults, and nothing else is mapped there
+	 * until kvb_close() unmaps them. */
+	for (uint32_t i = 0; i < c->narenas; i++)
+		if (c->arenas[i].map)
+			mmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size, PROT_NONE,
+			     MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+}
+
 /* Releases whatever part of a client exists; the inverse of kvb_connect() at any stage. */
 static void client_destroy(struct kvb_client *c)
 {

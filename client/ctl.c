@@ -272,6 +272,49 @@ err_free:
 	return err;
 }
 
+/*
+ * Paged STATS (ABI 1.3, wire.h): pages of one snapshot until its length, which the first
+ * reply states. A document that grew meanwhile cannot: later pages come from the same one.
+ */
+static int stats_paged(kvb_client *c, char **json)
+{
+	struct kvb_msg_stats_page m = {0};
+	struct kvbc_reply r;
+	size_t total = 0;
+	char *s = NULL;
+	int err;
+
+	do {
+		err = kvbc_ctl(c, KVB_MSG_STATS, &m, sizeof(m), -1, &r);
+		if (err < 0)
+			goto err_free;
+		if (r.res <= 0 || (m.offset && (size_t)r.res != total) ||
+		    m.offset + r.body_len > (size_t)r.res ||
+		    (!r.body_len && m.offset < (size_t)r.res)) {
+			err = r.res < 0 ? r.res : -EPROTO;
+			kvbc_reply_free(&r);
+			goto err_free;
+		}
+		if (!s) {
+			total = (size_t)r.res;
+			s = malloc(total + 1);
+			if (!s) {
+				kvbc_reply_free(&r);
+				return -ENOMEM;
+			}
+		}
+		memcpy(s + m.offset, r.body, r.body_len);
+		m.offset += r.body_len;
+		kvbc_reply_free(&r);
+	} while (m.offset < total);
+	s[total] = '\0';
+	*json = s;
+	return 0;
+err_free:
+	free(s);
+	return err;
+}
+
 int kvb_stats_json(kvb_client *c, char **json)
 {
 	struct kvbc_reply r;
@@ -283,6 +326,10 @@ int kvb_stats_json(kvb_client *c, char **json)
 	err = kvbc_enter_ctl(c);
 	if (err)
 		return err;
+	if (c->broker_minor >= 3) {
+		err = stats_paged(c, json);
+		goto out;
+	}
 	err = kvbc_ctl(c, KVB_MSG_STATS, NULL, 0, -1, &r);
 	if (err < 0)
 		goto out;
@@ -299,6 +346,24 @@ int kvb_stats_json(kvb_client *c, char **json)
 out_free:
 	kvbc_reply_free(&r);
 out:
+	kvbc_leave(c);
+	return err;
+}
+
+int kvb_drop_client(kvb_client *c, uint32_t client_id)
+{
+	struct kvb_msg_id m = {client_id, 0};
+	struct kvbc_reply r;
+	int err;
+
+	err = kvbc_enter_ctl(c);
+	if (err)
+		return err;
+	err = c->broker_minor >= 3 ? kvbc_ctl(c, KVB_MSG_DROP, &m, sizeof(m), -1, &r) : -EOPNOTSUPP;
+	if (err >= 0) {
+		err = r.res;
+		kvbc_reply_free(&r);
+	}
 	kvbc_leave(c);
 	return err;
 }

@@ -215,6 +215,8 @@ void kvbc_reply_free(struct kvbc_reply *r);
 /* Copies the first len bytes of a reply body into dst; -EPROTO when the body is shorter. */
 int kvbc_reply_body(const struct kvbc_reply *r, void *dst, size_t len);
 void kvbc_close_fds(const int *fds, int n);
+/* conn.c: the broker revoked the session (KVB_SQ_REVOKED): the pool becomes PROT_NONE. */
+void kvbc_pool_revoke(struct kvb_client *c);
 
 /* ring.c: slots, submission and completion. */
 int kvbc_ring_setup(struct kvb_client *c);

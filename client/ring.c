@@ -88,6 +88,7 @@ static int set_fatal(struct kvb_client *c, int err)
 {
 	if (!c->fatal) {
 		c->fatal = err;
+		kvbc_pool_revoke(c);
 		/* [RECONNECT] no CQE will come for what is in flight: it fails now. */
 		kvbc_fail_inflight(c, err);
 		pthread_cond_broadcast(&c->reaped); /* waiting reapers must see it */

@@ -7,7 +7,10 @@
  *   MHA  layers x 2 (K, V) x heads_rank x head_dim x dtype   heads_rank = kv_heads / tp, or 1
  *                                                            when tp > kv_heads (replicated)
  * A page is page_tokens tokens of one rank's KV, stored in a slot rounded up to 4 KiB (the
- * broker's slot alignment), so a tier of B bytes holds floor(B / slot) pages.
+ * broker's slot alignment), so a tier of B bytes holds floor(B / slot) pages; the shared pool
+ * holds what the broker's store actually packs into it (plan_pool_pages: whole slabs of n
+ * slots, then a short one per arena, each arena rounded up to 2 MiB), which is at most one slot
+ * per arena less.
  *
  * Private per-rank host pools (each engine rank spills to its own share of host RAM, as
  * engines do today): every rank gets host/tp and stores its own copy of each page it spills,
@@ -30,6 +33,48 @@
 #include "plan.h"
 
 #define SLOT_ALIGN 4096u
+#define ARENA_ALIGN (2ull << 20)
+#define SLOT_BITS 20 /* broker/store.h STORE_SLOT_BITS */
+
+uint64_t plan_default_slab(uint64_t pool_bytes)
+{
+	uint64_t v = pool_bytes / 32,
+		 min = (pool_bytes + PLAN_SLABS_DEFAULT_MAX - 1) / PLAN_SLABS_DEFAULT_MAX;
+
+	v = v < (8u << 20) ? (8u << 20) : v > (64u << 20) ? (64u << 20) : v;
+	if (v < min)
+		v = min;
+	return (v + (1u << 20) - 1) & ~((1ull << 20) - 1);
+}
+
+uint64_t plan_arena_pages(uint64_t arena_bytes, uint64_t slab_bytes, uint64_t slot)
+{
+	uint64_t n, slab, full;
+
+	if (!slot || !slab_bytes)
+		return 0;
+	n = slab_bytes / slot;
+	if (!n)
+		n = 1;
+	if (n >= (1u << SLOT_BITS))
+		n = (1u << SLOT_BITS) - 1;
+	slab = n * slot;
+	full = arena_bytes / slab;
+	return full * n + (arena_bytes - full * slab) / slot;
+}
+
+uint64_t plan_pool_pages(uint64_t pool_bytes, uint32_t arenas, uint64_t slab_bytes,
+			 uint64_t page_bytes)
+{
+	uint64_t slot = (page_bytes + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN, per;
+
+	if (!arenas)
+		arenas = 1;
+	if (!slab_bytes)
+		slab_bytes = plan_default_slab(pool_bytes);
+	per = (pool_bytes / arenas + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+	return arenas * plan_arena_pages(per, slab_bytes, slot);
+}
 
 /*
  * Layer counts, KV widths and attention kinds from the models' published configs. Weights
@@ -126,6 +171,17 @@ int plan_compute(const struct plan_in *in, struct plan_out *o)
 	o->shared_host.bytes = in->host_bytes;
 	o->shared_disk.bytes = in->disk_bytes;
 	o->shared_host.pages *= in->tp / o->share;
+	if (in->host_bytes) {
+		/* The pool holds what the store packs, not floor(bytes / slot) [packing]; each
+		 * token-page takes tp/share of those pages. */
+		uint64_t k = in->tp / o->share;
+		uint64_t all = plan_pool_pages(in->host_bytes, in->arenas, in->slab_bytes,
+					       o->slot_bytes);
+
+		o->shared_host.pages = all / k * k;
+		o->shared_host.tokens = all / k * in->page_tokens;
+		o->shared_host.requests = o->shared_host.tokens / in->req_tokens;
+	}
 	o->shared_disk.pages *= in->tp / o->share;
 
 	o->priv_requests = (o->gpu.tokens + o->priv_host.tokens + o->priv_disk.tokens) /

@@ -40,6 +40,8 @@ struct plan_in {
 	uint64_t disk_bytes;  /* disk for KV on the node (0: none) */
 	uint64_t req_tokens;  /* average request length, prompt + output */
 	uint32_t page_tokens; /* tokens per page */
+	uint64_t slab_bytes;  /* the broker's --slab; 0: its default for host_bytes */
+	uint32_t arenas;      /* NUMA arenas the pool is split over (0: 1) */
 };
 
 /* What one tier holds. */
@@ -63,6 +65,28 @@ struct plan_out {
 	uint64_t priv_requests, shared_requests;   /* resident requests, all tiers together */
 	double host_gain;			   /* shared_host.tokens / priv_host.tokens */
 };
+
+/*
+ * The broker's default --slab for a pool of pool_bytes: pool / 32 within 8..64 MiB, in MiB, and
+ * large enough that the pool needs at most PLAN_SLABS_DEFAULT_MAX full slabs (slab ids are
+ * 12 bits; the rest stay free for the short slabs that packing uses).
+ */
+#define PLAN_SLABS_DEFAULT_MAX 2048u
+uint64_t plan_default_slab(uint64_t pool_bytes);
+
+/*
+ * Pages of slot bytes that the broker's store holds in one arena of arena_bytes with slabs of
+ * about slab_bytes: full slabs of max(1, slab / slot) slots, then a short slab of what is left
+ * (broker/store.c [packing]). Equals store_capacity() there.
+ */
+uint64_t plan_arena_pages(uint64_t arena_bytes, uint64_t slab_bytes, uint64_t slot);
+
+/*
+ * What a pool of pool_bytes split over arenas NUMA arenas (each rounded up to 2 MiB, as the
+ * broker does) holds in pages of page_bytes (rounded up to 4 KiB); slab_bytes 0: the default.
+ */
+uint64_t plan_pool_pages(uint64_t pool_bytes, uint32_t arenas, uint64_t slab_bytes,
+			 uint64_t page_bytes);
 
 /*
  * Fills out from in. -EINVAL when a field is missing or out of range (no layers, no tp, no

@@ -312,7 +312,9 @@ int kvb_nop(kvb_client *c);
 
 /*
  * Allocates len bytes of shared memory the broker may copy to and from, registers it and
- * returns its address (NULL on failure, *buf untouched). The id goes to *buf.
+ * returns its address (NULL on failure, *buf untouched). The id goes to *buf. The memory is
+ * faulted in here, by the caller, so it is charged to the caller's memory cgroup (not to the
+ * broker's at its first copy) and a buffer the machine cannot back fails now.
  */
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 
@@ -529,8 +531,20 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
  */
 int kvb_completion_fd(kvb_client *c);
 
-/* The broker's statistics as a JSON document; free *json with free(). */
+/*
+ * The broker's statistics as a JSON document; free *json with free(). Read page by page from
+ * an ABI 1.3 broker, so it has no size limit (thousands of namespaces and clients).
+ */
 int kvb_stats_json(kvb_client *c, char **json);
+
+/*
+ * Ends another client's session (kvbctl drop): its leases are released and its library
+ * unmaps the pool, so its calls fail -ECONNRESET. For operators: the caller must run as the
+ * broker's uid or root. Works on a control client (KVB_CONNECT_CONTROL). Errors: -EPERM not an
+ * operator, -ENOENT no client of that id, -EINVAL the caller's own id, -EOPNOTSUPP a broker
+ * before ABI 1.3, those of every call.
+ */
+int kvb_drop_client(kvb_client *c, uint32_t client_id);
 
 #ifdef __cplusplus
 }

@@ -90,6 +90,7 @@ int64_t kvb_msg_body_min(uint16_t type)
 		return sizeof(struct kvb_msg_buf_reg_gpu);
 	case KVB_MSG_BUF_UNREG:
 	case KVB_MSG_VIEW_DESTROY:
+	case KVB_MSG_DROP:
 		return sizeof(struct kvb_msg_id);
 	case KVB_MSG_VIEW_CREATE:
 		return sizeof(struct kvb_msg_view_create);

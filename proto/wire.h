@@ -60,8 +60,9 @@
 #include "kvbroker.h"
 
 #define KVB_ABI_MAJOR 1
-/* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET */
-#define KVB_ABI_MINOR 2
+/* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET;
+ * 3: DROP, paged STATS (struct kvb_msg_stats_page) */
+#define KVB_ABI_MINOR 3
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -89,6 +90,7 @@ enum kvb_msg_type {
 	KVB_MSG_BUF_REG_GPU = 8,
 	KVB_MSG_BUF_REG_FD = 9,	   /* ABI 1.2 */
 	KVB_MSG_VIEW_CREATE2 = 10, /* ABI 1.2 */
+	KVB_MSG_DROP = 11,	   /* ABI 1.3: {client id} ends that client's session */
 	KVB_MSG__COUNT,
 };
 
@@ -251,6 +253,22 @@ static_assert(sizeof(struct kvb_msg_view_create2) == 16, "view create2");
 static_assert(sizeof(struct kvb_view_part2) == 32, "view part2");
 static_assert(offsetof(struct kvb_view_part2, page_stride) == 16, "view part2 page_stride");
 
+/*
+ * STATS (ABI 1.3) with this body: one page of the document, bytes [offset, offset + max) of
+ * it (max 0: the broker's choice, at most KVB_STATS_PAGE), and reply res = the document's
+ * whole length. Offset 0 renders the document afresh; later pages come from that rendering,
+ * so a document read page by page is one consistent snapshot of any size. Without a body
+ * STATS answers the whole document in one datagram, res 0 (ABI 1.0: at most KVB_STATS_MAX,
+ * and what the socket's buffer takes).
+ */
+#define KVB_STATS_PAGE (48u * 1024)
+struct kvb_msg_stats_page {
+	uint64_t offset;
+	uint32_t max;
+	uint32_t flags; /* 0 */
+};
+static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
+
 /* ---- ring region ---- */
 
 #define KVB_FEAT_NEED_WAKEUP (1u << 0)
@@ -278,6 +296,13 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 
 /* sq flags (broker writes): the broker sleeps; ring the sq doorbell after publishing. */
 #define KVB_SQ_NEED_WAKEUP (1u << 0)
+/*
+ * ABI 1.3: the broker ended this session while it lives on (kvbctl drop, --lease-lifetime):
+ * leased pages may be reused for others' data, so the library unmaps the pool at once and a
+ * stale lease pointer faults. Without it (a broker that died) the mapping stays: the pages
+ * there are no one's but ours any more, and leases keep reading.
+ */
+#define KVB_SQ_REVOKED (1u << 1)
 /* cq flags (client writes): the client sleeps; ring the cq doorbell after posting. */
 #define KVB_CQ_NEED_WAKEUP (1u << 0)
 

@@ -51,6 +51,8 @@ static void usage(FILE *f)
 		"flight\n"
 		"  metrics    Prometheus text exposition (what kvbrokerd --metrics-listen serves)\n"
 		"  plan       capacity planner; no broker needed (kvbctl plan --help)\n"
+		"  drop ID    end client ID's session (see clients): its leases are released\n"
+		"             and it must reconnect; for the broker's uid or root\n"
 		"\n"
 		"options:\n"
 		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
@@ -625,7 +627,35 @@ static int print_part(const cJSON *root, const char *name)
 	return ret;
 }
 
-static const char *const commands[] = {"status", "clients", "ns", "map", "metrics", "top", "plan"};
+static const char *const commands[] = {"status",  "clients", "ns",   "map",
+				       "metrics", "top",     "plan", "drop"};
+
+/* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */
+static int ctl_drop(struct ctl *x, const char *arg)
+{
+	char *end;
+	unsigned long id = strtoul(arg, &end, 10);
+	int err;
+
+	if (!*arg || *end || id > UINT32_MAX) {
+		fprintf(stderr, "%s: drop: want a client id (kvbctl clients), not '%s'\n", ctl_prog,
+			arg);
+		return 2;
+	}
+	if (ctl_connect(x, 0) < 0)
+		return 1;
+	err = kvb_drop_client(x->c, (uint32_t)id);
+	if (err < 0) {
+		fprintf(stderr, "%s: drop %lu: %s\n", ctl_prog, id,
+			err == -ENOENT	 ? "no such client"
+			: err == -EPERM	 ? "only the broker's uid or root may drop clients"
+			: err == -EINVAL ? "that is this connection"
+					 : strerror(-err));
+		return 1;
+	}
+	printf("dropped client %lu\n", id);
+	return 0;
+}
 
 struct cli {
 	const char *sock, *file;
@@ -749,6 +779,16 @@ int main(int argc, char **argv)
 	ret = parse_opts(argc, argv, "s:jhf:", &o);
 	if (ret >= 0)
 		return ret;
+	if (!strcmp(cmd, "drop")) {
+		if (optind + 1 != argc) {
+			usage(stderr);
+			return 2;
+		}
+		socket_path(o.sock, x.path, sizeof(x.path));
+		ret = ctl_drop(&x, argv[optind]);
+		ctl_disconnect(&x);
+		return ret;
+	}
 	if (optind < argc) {
 		fprintf(stderr, "%s: unexpected argument '%s'\n", ctl_prog, argv[optind]);
 		usage(stderr);

@@ -43,6 +43,11 @@ static void plan_usage(FILE *f)
 		"  --req-len N         average request length in tokens, prompt + output (default "
 		"4096)\n"
 		"  --page-tokens N     tokens per page (default 64)\n"
+		"  --slab SIZE         the broker's --slab (default: its default for the pool)\n"
+		"  --numa-nodes N      NUMA nodes the pool is split over (default 1)\n"
+		"                      (the shared pool's pages are what kvbrokerd packs into\n"
+		"                      --host-ram with these: kvbctl plan is its allocator's\n"
+		"                      arithmetic, not bytes / page)\n"
 		"  --json              the inputs and results as JSON\n"
 		"  --list              the presets\n"
 		"\n"
@@ -274,7 +279,9 @@ int ctl_plan(int argc, char **argv, int json)
 		O_PAGE,
 		O_JSON,
 		O_LIST,
-		O_HELP
+		O_HELP,
+		O_SLAB,
+		O_ARENAS
 	};
 	static const struct option opts[] = {
 		{"model", required_argument, NULL, O_MODEL},
@@ -296,6 +303,8 @@ int ctl_plan(int argc, char **argv, int json)
 		{"json", no_argument, NULL, O_JSON},
 		{"list", no_argument, NULL, O_LIST},
 		{"help", no_argument, NULL, O_HELP},
+		{"slab", required_argument, NULL, O_SLAB},
+		{"numa-nodes", required_argument, NULL, O_ARENAS},
 		{NULL, 0, NULL, 0},
 	};
 	struct plan_in in = {.tp = 1, .mem_fraction = 0.85, .req_tokens = 4096, .page_tokens = 64};
@@ -369,6 +378,15 @@ int ctl_plan(int argc, char **argv, int json)
 			break;
 		case O_DISK:
 			err = parse_size(optarg, &in.disk_bytes);
+			break;
+		case O_SLAB:
+			err = parse_size(optarg, &in.slab_bytes);
+			break;
+		case O_ARENAS:
+			err = parse_u64(optarg, &v);
+			if (!err && (!v || v > 8))
+				err = -EINVAL;
+			in.arenas = (uint32_t)v;
 			break;
 		case O_FRAC:
 			in.mem_fraction = strtod(optarg, &end);

@@ -150,11 +150,13 @@ struct fuzz_broker *fuzz_broker(void)
 		fuzz_fail("ns a");
 	fb.ns_a = n->id;
 	fb.pb_a = n->page_bytes;
+	n->opens++; /* the harness's own open: the namespaces outlive every input [ns-free] */
 	layout_b(&l);
 	if (ns_open(&fb.b.nst, &fb.b.store, &l, 0, &n))
 		fuzz_fail("ns b");
 	fb.ns_b = n->id;
 	fb.pb_b = n->page_bytes;
+	n->opens++;
 	fb.fd_probe = session_fds();
 	fb.map_probe = shared_maps();
 	ready = 1;
@@ -180,6 +182,7 @@ static void open_ns(struct session *s, uint32_t id)
 {
 	s->ns_opened[id / 8] |= (uint8_t)(1u << (id % 8));
 	s->nns++;
+	ns_get(&s->b->nst, id)->opens++; /* as on_ns_open counts it [ns-free] */
 }
 
 struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, uint32_t base)

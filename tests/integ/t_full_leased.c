@@ -35,9 +35,11 @@ static void run(const char *high, const char *low)
 
 	if (high)
 		b = harness_broker_start("--pool", "64M", "--max-leases", "100000",
+					 "--max-lease-bytes", "100%", "--max-pinned", "100",
 					 "--high-watermark", high, "--low-watermark", low);
 	else
-		b = harness_broker_start("--pool", "64M", "--max-leases", "100000");
+		b = harness_broker_start("--pool", "64M", "--max-leases", "100000",
+					 "--max-lease-bytes", "100%", "--max-pinned", "100");
 	c = harness_connect(b, "t_full_leased", 0);
 	harness_layout(&l, "test/full", KVB_LAYOUT_MLA, 64, 1, 0, 16, 1024); /* 1 MiB */
 	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));

@@ -197,8 +197,8 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < NCASES; i++)
 		run_case(c, &cases[i], 100 + i);
 
-	/* Larger than a slab (8 MiB for a 256 MiB pool): refused when the namespace opens. */
-	harness_layout(&l, "test/putget-too-big", KVB_LAYOUT_MLA, 64, 1, 0, 64, 4096);
+	/* Larger than the largest page (16 MiB, --slab when larger): refused when it opens. */
+	harness_layout(&l, "test/putget-too-big", KVB_LAYOUT_MLA, 64, 1, 0, 128, 4096);
 	CHECK_RC(kvb_ns_open(c, &l, &ns, &pb), -E2BIG);
 
 	/* Accounting: slot bytes of exactly what is stored. Freeing after a release may lag. */

@@ -143,6 +143,7 @@ static int setup(void **state)
 	session_init(&f->b, f->s);
 	f->s->id = 1;
 	f->s->ns_opened[f->n->id / 8] |= (uint8_t)(1u << (f->n->id % 8));
+	f->n->opens++; /* as on_ns_open counts it [ns-free] */
 	f->mem = calloc(16, PB);
 	assert_non_null(f->mem);
 	f->s->bufs[0] = (struct sbuf){.base = f->mem, .len = 16 * PB, .dev = COPY_HOST};
@@ -468,6 +469,7 @@ static void test_ops_long_view_yields_and_cancels(void **state)
 	l.comp[0].num_layers = 1;
 	l.comp[0].bytes_per_token_layer = 1;
 	assert_int_equal(ns_open(&f->b.nst, &f->b.store, &l, 0, &n), 0);
+	n->opens++;
 	f->s->ns_opened[n->id / 8] |= (uint8_t)(1u << (n->id % 8));
 	v = calloc(1, sizeof(*v) + sizeof(v->parts[0]));
 	assert_non_null(v);

@@ -118,7 +118,7 @@ static void test_plan_explicit_model_slot_rounding(void **state)
 				   .dtype_bytes = 1},
 			     .tp = 2,
 			     .gpu_tokens = 64,
-			     .host_bytes = 1u << 20,
+			     .host_bytes = 2u << 20, /* the broker's arenas are 2 MiB multiples */
 			     .req_tokens = 32,
 			     .page_tokens = 16};
 	struct plan_out o;
@@ -126,11 +126,42 @@ static void test_plan_explicit_model_slot_rounding(void **state)
 	(void)state;
 	assert_int_equal(plan_compute(&in, &o), 0);
 	assert_int_equal(o.slot_bytes, 8192);
-	assert_int_equal(o.priv_host.pages, 2 * 64); /* 512 KiB per rank / 8 KiB */
-	assert_int_equal(o.priv_host.tokens, 64 * 16);
-	assert_int_equal(o.shared_host.pages, 128);
-	assert_int_equal(o.shared_host.tokens, 128 * 16);
-	assert_int_equal(o.shared_requests, (64 + 2048) / 32);
+	assert_int_equal(o.priv_host.pages, 2 * 128); /* 1 MiB per rank / 8 KiB */
+	assert_int_equal(o.priv_host.tokens, 128 * 16);
+	assert_int_equal(o.shared_host.pages, 256);
+	assert_int_equal(o.shared_host.tokens, 256 * 16);
+	assert_int_equal(o.shared_requests, (64 + 4096) / 32);
+}
+
+/*
+ * [packing] The pool holds at least 98% of floor(pool / page) pages for every page size from
+ * 4 KiB to 16 MiB and every pool from 64 MiB up (the store's own fill test holds the store to
+ * these figures).
+ */
+static void test_plan_pool_packs(void **state)
+{
+	static const uint64_t pages[] = {4096,	    5000,      16384,	 100000,   1u << 20,
+					 3u << 20,  4497408,   5u << 20, 7u << 20, 9u << 20,
+					 12u << 20, 15u << 20, 16u << 20};
+	static const uint64_t pools[] = {64ull << 20,  66ull << 20, 100ull << 20, 250ull << 20,
+					 1ull << 30,   3ull << 30,  10ull << 30,  100ull << 30,
+					 300ull << 30, 1ull << 40,  2ull << 40};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++) {
+		for (size_t j = 0; j < sizeof(pages) / sizeof(pages[0]); j++) {
+			uint64_t slot = (pages[j] + 4095) / 4096 * 4096;
+			uint64_t got = plan_pool_pages(pools[i], 1, 0, pages[j]);
+			uint64_t ideal = pools[i] / slot, slab = plan_default_slab(pools[i]);
+
+			if (got * 100 < ideal * 98)
+				fail_msg("pool %llu page %llu: %llu of %llu",
+					 (unsigned long long)pools[i], (unsigned long long)pages[j],
+					 (unsigned long long)got, (unsigned long long)ideal);
+			/* Full slabs stay few enough for 12-bit slab ids, with room for short ones. */
+			assert_true(pools[i] / slab <= PLAN_SLABS_DEFAULT_MAX);
+		}
+	}
 }
 
 static void test_plan_refuses_bad_input(void **state)
@@ -164,6 +195,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_plan_kimi_mla_shares_across_ranks),
+		cmocka_unit_test(test_plan_pool_packs),
 		cmocka_unit_test(test_plan_gqa_gains_nothing_across_ranks),
 		cmocka_unit_test(test_plan_gqa_replicated_heads),
 		cmocka_unit_test(test_plan_explicit_model_slot_rounding),

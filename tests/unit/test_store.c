@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "plan.h"
 #include "pool.h"
 #include "store.h"
 
@@ -83,7 +84,7 @@ static void test_store_alloc_find_commit(void **state)
 	assert_true(cls >= 0);
 	assert_int_equal(f->st.cls[cls].slot_bytes, 102400);
 	assert_int_equal(store_class_get(&f->st, 100000), cls);
-	assert_int_equal(store_class_get(&f->st, 2 * MiB), -E2BIG);
+	assert_int_equal(store_class_get(&f->st, 9 * MiB), -E2BIG); /* larger than the arena */
 	assert_null(store_find(&f->st, 1, &k));
 	assert_int_equal(store_alloc(&f->st, cls, 1, &k, &pg), 0);
 	assert_int_equal(pg->state, PAGE_WRITING);
@@ -180,6 +181,66 @@ static void test_store_drop_pinned_and_generation(void **state)
 	/* The freed slot's generation moved on: the old lease id no longer matches. */
 	assert_int_not_equal(store_lease_id(pg), lease);
 	assert_null(store_by_id(&f->st, 0xfffff000u)); /* slab out of range */
+}
+
+/*
+ * [packing] A store filled with pages of one size holds exactly what plan_pool_pages (kvbctl
+ * plan) says, and at least 98% of floor(pool / page), for page sizes from 4 KiB to 16 MiB and
+ * pools from 64 MiB up. The arenas have no memory behind them: nothing here writes a page.
+ */
+static void fill_one_size(uint64_t pool_bytes, uint32_t narenas, uint64_t page)
+{
+	static struct pool p;
+	static struct store s;
+	uint64_t slab = plan_default_slab(pool_bytes), per = pool_bytes / narenas, n = 0;
+	uint64_t slot = (page + 4095) / 4096 * 4096, want;
+	int cls;
+
+	memset(&p, 0, sizeof(p));
+	for (uint32_t a = 0; a < narenas; a++)
+		p.arena[a] = (struct pool_arena){.fd = -1, .size = per};
+	p.narenas = narenas;
+	p.part[0] = (struct pool_part){0, narenas, per * narenas};
+	p.nparts = 1;
+	assert_int_equal(store_init(&s, &p, slab, 1.0, 1.0), 0);
+	cls = store_class_get(&s, page);
+	assert_true(cls >= 0);
+	for (;;) {
+		kvb_key k = key_of((uint32_t)n);
+		struct page *pg;
+
+		k.b[8] = (uint8_t)(n >> 32);
+		if (store_alloc(&s, cls, 1, &k, &pg))
+			break;
+		store_commit(&s, pg);
+		if (s.st.evictions)
+			break;
+		n++;
+	}
+	want = 0;
+	for (uint32_t a = 0; a < narenas; a++)
+		want += plan_arena_pages(per, slab, slot);
+	if (n != want || n * 100 < pool_bytes / slot * 98)
+		fail_msg("pool %llu MiB x%u, page %llu: held %llu, plan %llu, ideal %llu",
+			 (unsigned long long)(pool_bytes >> 20), narenas, (unsigned long long)page,
+			 (unsigned long long)n, (unsigned long long)want,
+			 (unsigned long long)(pool_bytes / slot));
+	store_fini(&s);
+}
+
+static void test_store_packs_every_page_size(void **state)
+{
+	static const uint64_t pages[] = {4096,	   16384,    100000,	1u << 20, 4497408,
+					 5u << 20, 7u << 20, 11u << 20, 16u << 20};
+	static const uint64_t pools[] = {64 * MiB, 66 * MiB, 100 * MiB, 1024 * MiB, 3000 * MiB};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++)
+		for (size_t j = 0; j < sizeof(pages) / sizeof(pages[0]); j++)
+			if (pools[i] / pages[j] <= 200000) /* keep it fast */
+				fill_one_size(pools[i], 1, pages[j]);
+	fill_one_size(512 * MiB, 2, 4497408);
+	fill_one_size(300ull << 30, 1, 4497408);
 }
 
 static void test_store_classes_share_slabs(void **state)
@@ -346,7 +407,7 @@ static void test_store_demote_seam(void **state)
 	/* A failed write: it stays, dirty, at the cold end of the LRU. */
 	store_demote_done(&f->st, pg[2], 0);
 	assert_int_equal(pg[2]->clean, 0);
-	assert_ptr_equal(list_entry(f->st.lru.prev, struct page, lru), pg[2]);
+	assert_ptr_equal(list_entry(f->st.part[0].lru.prev, struct page, lru), pg[2]);
 	for (int i = 3; i < 8; i++)
 		store_demote_done(&f->st, pg[i], 1);
 	assert_int_equal(f->st.demoting_bytes, 0);
@@ -376,6 +437,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_generation_survives_slab_reuse, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
+		cmocka_unit_test(test_store_packs_every_page_size),
 		cmocka_unit_test_setup_teardown(test_pool_client_fd_sealed_read_only, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_demote_seam, setup, teardown),

@@ -231,6 +231,7 @@ static void start(uint64_t page, uint64_t disk, uint32_t qd)
 	assert_non_null(F.s);
 	session_init(&F.b, F.s);
 	F.s->ns_opened[F.n->id / 8] |= (uint8_t)(1u << (F.n->id % 8));
+	F.n->opens++; /* as on_ns_open counts it [ns-free] */
 	F.mem = calloc(4, page);
 	assert_non_null(F.mem);
 	F.s->bufs[0] = (struct sbuf){.base = F.mem, .len = 4 * page, .dev = COPY_HOST};

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: MIT
+/*
+ * tenant.c - tenants and their pool partitions [tenant-part].
+ *
+ * The trust boundary is the tenant: a uid (--tenants uid) or a primary gid (--tenants gid),
+ * taken from SO_PEERCRED, which the peer cannot forge. Everything a tenant stores is its own:
+ *   - namespace identity hashes the tenant key (ns.c), so the same model opened by two tenants
+ *     is two namespaces: LOOKUP, GET, ACQUIRE, DELETE and PUT of one never reach the other's
+ *     pages, and a PUT can never be answered "already stored" by another tenant's bytes;
+ *   - its pages live in its own partition of the pool, separate memfds (pool.h), and its
+ *     clients are handed only those: a read-only map of one memfd cannot show another's bytes;
+ *   - placement and eviction stay inside the partition (store.c): another tenant's flood
+ *     evicts only its own pages, so a partition is a share no one else can push a tenant below.
+ * Within one tenant every client is trusted alike: the first writer of a key wins, as before.
+ *
+ * Why a credential and not a token: processes of one uid can ptrace one another and read each
+ * other's memory, fds and token files, so no attach-time secret can separate them; a gid
+ * groups several uids into one tenant (one job's engines under per-rank users). Engines that
+ * must not trust one another run under different uids.
+ *
+ * Partitions are cut at start-up, because a sealed memfd can neither grow nor give memory
+ * back (F_SEAL_FUTURE_WRITE refuses hole punching) and clients map each whole: tenants named
+ * by --tenant ID=SIZE get theirs, and the rest of the pool is cut into equal shares
+ * (--tenant-share, by default TENANT_SLOTS_DEFAULT of them) that tenants not named take at
+ * their first attach and keep for the broker's life. When none is left a new tenant is refused
+ * with -EUSERS. Shares are hard: a tenant's pages never borrow another partition's memory.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parse.h"
+#include "tenant.h"
+
+const char *tenant_mode_name(int mode)
+{
+	return mode == TENANTS_UID ? "uid" : mode == TENANTS_GID ? "gid" : "none";
+}
+
+int tenant_parse_mode(const char *arg, int *mode)
+{
+	if (!strcmp(arg, "none"))
+		*mode = TENANTS_NONE;
+	else if (!strcmp(arg, "uid"))
+		*mode = TENANTS_UID;
+	else if (!strcmp(arg, "gid"))
+		*mode = TENANTS_GID;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+/* "N%" of a whole, or a size. */
+static int parse_amount(const char *arg, uint64_t *bytes, double *frac)
+{
+	size_t n = strlen(arg);
+	uint32_t pct;
+
+	*bytes = 0;
+	*frac = 0;
+	if (n > 1 && arg[n - 1] == '%') {
+		char tmp[16];
+
+		if (n > sizeof(tmp))
+			return -EINVAL;
+		memcpy(tmp, arg, n - 1);
+		tmp[n - 1] = '\0';
+		if (parse_u32(tmp, &pct) || !pct || pct > 100)
+			return -EINVAL;
+		*frac = pct / 100.0;
+		return 0;
+	}
+	return parse_size(arg, bytes) || !*bytes ? -EINVAL : 0;
+}
+
+int tenant_parse_share(const char *arg, struct tenant_cfg *c)
+{
+	return parse_amount(arg, &c->share, &c->share_frac);
+}
+
+uint32_t tenant_key(int mode, uid_t uid, gid_t gid)
+{
+	/* + 1: key 0 is "no tenants", whose identities every existing cache already holds. */
+	return mode == TENANTS_UID   ? (uint32_t)uid + 1
+	       : mode == TENANTS_GID ? (uint32_t)gid + 1
+				     : 0;
+}
+
+/* The uid or gid an entry names: a number or a user (group) name. */
+static int resolve_id(int mode, const char *name, uint32_t *id)
+{
+	if (!parse_u32(name, id))
+		return 0;
+	if (mode == TENANTS_UID) {
+		struct passwd *pw = getpwnam(name);
+
+		if (!pw)
+			return -ENOENT;
+		*id = pw->pw_uid;
+	} else {
+		struct group *g = getgrnam(name);
+
+		if (!g)
+			return -ENOENT;
+		*id = g->gr_gid;
+	}
+	return 0;
+}
+
+int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg *pc,
+		struct tenant_table *tt)
+{
+	uint64_t used = 0, rest, share;
+	uint32_t n = 0, slots;
+
+	memset(tt, 0, sizeof(*tt));
+	tt->mode = c->mode;
+	pc->nparts = 0;
+	if (c->mode == TENANTS_NONE) {
+		if (c->nlisted || c->share || c->share_frac) {
+			fprintf(stderr, "kvbrokerd: --tenant and --tenant-share need --tenants\n");
+			return -EINVAL;
+		}
+		tt->n = 1;
+		tt->t[0].used = 1;
+		return 0;
+	}
+	for (uint32_t i = 0; i < c->nlisted; i++) {
+		char buf[128], *eq;
+		uint64_t bytes;
+		double frac;
+		uint32_t id;
+
+		snprintf(buf, sizeof(buf), "%s", c->listed_arg[i]);
+		eq = strchr(buf, '=');
+		if (!eq || eq == buf) {
+			fprintf(stderr, "kvbrokerd: --tenant %s: want ID=SIZE or ID=N%%\n", buf);
+			return -EINVAL;
+		}
+		*eq = '\0';
+		if (parse_amount(eq + 1, &bytes, &frac)) {
+			fprintf(stderr, "kvbrokerd: --tenant %s: bad size '%s'\n", buf, eq + 1);
+			return -EINVAL;
+		}
+		if (resolve_id(c->mode, buf, &id)) {
+			fprintf(stderr, "kvbrokerd: --tenant: no %s '%s'\n",
+				c->mode == TENANTS_UID ? "user" : "group", buf);
+			return -EINVAL;
+		}
+		bytes = frac ? (uint64_t)(frac * (double)pool_bytes) : bytes;
+		for (uint32_t j = 0; j < n; j++) {
+			if (tt->t[j].key == tenant_key(c->mode, id, id)) {
+				fprintf(stderr, "kvbrokerd: --tenant %s listed twice\n", buf);
+				return -EINVAL;
+			}
+		}
+		tt->t[n] = (struct tenant){
+			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1};
+		pc->part_size[n++] = bytes;
+		used += bytes;
+	}
+	if (used > pool_bytes) {
+		fprintf(stderr, "kvbrokerd: --tenant shares exceed --pool\n");
+		return -EINVAL;
+	}
+	rest = pool_bytes - used;
+	share = c->share_frac ? (uint64_t)(c->share_frac * (double)pool_bytes) : c->share;
+	slots = POOL_MAX_PARTS - n;
+	if (!share)
+		share = rest / (slots < TENANT_SLOTS_DEFAULT ? slots : TENANT_SLOTS_DEFAULT);
+	if (share && rest / share < slots)
+		slots = (uint32_t)(rest / share);
+	for (uint32_t i = 0; i < slots && share >= TENANT_MIN_BYTES; i++)
+		pc->part_size[n++] = share;
+	for (uint32_t i = 0; i < n; i++) {
+		if (pc->part_size[i] < TENANT_MIN_BYTES) {
+			fprintf(stderr, "kvbrokerd: a tenant share below %llu MiB\n",
+				(unsigned long long)(TENANT_MIN_BYTES >> 20));
+			return -EINVAL;
+		}
+	}
+	if (!n) {
+		fprintf(stderr, "kvbrokerd: --tenants: no room for a tenant share\n");
+		return -EINVAL;
+	}
+	pc->nparts = n;
+	tt->n = n;
+	return 0;
+}
+
+int tenant_attach(struct tenant_table *tt, uint32_t key)
+{
+	uint32_t free_part = tt->n;
+
+	for (uint32_t p = 0; p < tt->n; p++) {
+		if (tt->t[p].used && tt->t[p].key == key) {
+			tt->t[p].clients++;
+			tt->t[p].attaches++;
+			return (int)p;
+		}
+		if (!tt->t[p].used && free_part == tt->n)
+			free_part = p;
+	}
+	if (free_part == tt->n)
+		return -EUSERS;
+	tt->t[free_part] = (struct tenant){.key = key, .used = 1, .clients = 1, .attaches = 1};
+	return (int)free_part;
+}
+
+void tenant_detach(struct tenant_table *tt, uint32_t part)
+{
+	if (part < tt->n && tt->t[part].clients)
+		tt->t[part].clients--;
+}

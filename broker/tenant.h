@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tenant.h - tenants (--tenants none|uid|gid): who a client is for isolation, and the pool
+ * partition its tenant owns. See tenant.c for the model. Start-up thread, then loop thread.
+ */
+#ifndef KVB_BROKER_TENANT_H
+#define KVB_BROKER_TENANT_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "pool.h"
+
+enum tenant_mode {
+	TENANTS_NONE = 0, /* one tenant: every admitted client (the default) */
+	TENANTS_UID = 1,  /* a tenant per uid (SO_PEERCRED) */
+	TENANTS_GID = 2,  /* a tenant per primary gid */
+};
+
+struct tenant_cfg {
+	int mode;	  /* enum tenant_mode */
+	uint32_t nlisted; /* --tenant ID=SIZE entries */
+	char *listed_arg[POOL_MAX_PARTS];
+	uint64_t share;	   /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
+	double share_frac; /* --tenant-share N%: of the pool */
+};
+
+#define TENANT_SLOTS_DEFAULT 4u
+#define TENANT_MIN_BYTES (8ull << 20)
+
+/* One partition's tenant: listed ones are bound at start-up, the others at first attach. */
+struct tenant {
+	uint32_t key;	  /* ns identity's tenant: 0 none, uid + 1 or gid + 1 */
+	uint8_t listed;	  /* named by --tenant */
+	uint8_t used;	  /* bound to key */
+	uint32_t clients; /* ring clients attached now */
+	uint64_t attaches;
+};
+
+struct tenant_table {
+	int mode;
+	uint32_t n; /* partitions, = pool.nparts */
+	struct tenant t[POOL_MAX_PARTS];
+};
+
+/* Parses --tenants; -EINVAL for anything but none, uid, gid. */
+int tenant_parse_mode(const char *arg, int *mode);
+/* Parses --tenant-share SIZE or N%. */
+int tenant_parse_share(const char *arg, struct tenant_cfg *c);
+
+/*
+ * Cuts pool_bytes into partitions per c (listed tenants first, then equal shares of the rest),
+ * filling pc->nparts and part_size[], and binds the listed tenants in tt. -EINVAL (with a line
+ * on stderr) for an unknown user or group, a malformed entry, or shares that do not fit.
+ */
+int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg *pc,
+		struct tenant_table *tt);
+
+/* The tenant key of a peer under mode. */
+uint32_t tenant_key(int mode, uid_t uid, gid_t gid);
+
+/*
+ * The partition of a ring client's tenant, binding a free partition to it at first attach;
+ * -EUSERS when every partition is bound to another tenant.
+ */
+int tenant_attach(struct tenant_table *tt, uint32_t key);
+void tenant_detach(struct tenant_table *tt, uint32_t part);
+
+const char *tenant_mode_name(int mode);
+
+#endif /* KVB_BROKER_TENANT_H */
