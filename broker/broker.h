@@ -63,16 +63,16 @@ struct config {
 	int gpu_path;		  /* --gpu-path: CUDA_PATH_AUTO, _COPY or _KERNEL */
 	gid_t group;
 	int has_group;
-	char metrics_listen[80]; /* --metrics-listen HOST:PORT, "" when off */
+	char metrics_listen[80];   /* --metrics-listen HOST:PORT, "" when off */
 	struct tenant_cfg tenants; /* --tenants, --tenant, --tenant-share (tenant.c) */
 	uint64_t max_lease_bytes;  /* --max-lease-bytes: page bytes one client may lease */
 	double max_lease_frac;	   /* ... as a fraction of its partition (N%) */
 	double max_pinned;	   /* --max-pinned: fraction of a partition leases may pin */
 	double lease_lifetime;	   /* --lease-lifetime: seconds a lease may be held, 0 ever */
-	int keep;		 /* 0: --no-pool-keep (pool.c [keep]) */
-	int free_pool;		 /* --free-pool: free a kept pool and exit */
-	int takeover;		 /* --takeover: the running broker hands its pool over */
-	struct remote_cfg remote; /* remote.url NULL: no remote tier */
+	int keep;		   /* 0: --no-pool-keep (pool.c [keep]) */
+	int free_pool;		   /* --free-pool: free a kept pool and exit */
+	int takeover;		   /* --takeover: the running broker hands its pool over */
+	struct remote_cfg remote;  /* remote.url NULL: no remote tier */
 };
 
 /* xfer.c: page copies (see stats "copy"). */
@@ -167,9 +167,9 @@ struct session {
 	double *lease_at; /* when each was taken (--lease-lifetime) */
 	uint32_t nleases, cap_leases;
 	uint64_t lease_bytes; /* page bytes of the leases held (--max-lease-bytes) */
-	uint64_t buf_bytes; /* registered host memory */
-	uint32_t nclosing;  /* buffers unregistered while ops were in flight (sbuf.closing) */
-	uint32_t nfdbufs;   /* buffers with sbuf.fdb (jobs need fdcopy_resolve) */
+	uint64_t buf_bytes;   /* registered host memory */
+	uint32_t nclosing;    /* buffers unregistered while ops were in flight (sbuf.closing) */
+	uint32_t nfdbufs;     /* buffers with sbuf.fdb (jobs need fdcopy_resolve) */
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;
@@ -224,7 +224,7 @@ struct broker {
 		double adopt_s;	   /* a kept pool's index rebuilt (adopt.c), 0 cold */
 		uint64_t adopted_pages, adopt_torn;
 	} startup;
-	int keeper; /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int keeper;   /* a keeper holds our pool (keeper.c): freed at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
 	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */

@@ -205,8 +205,7 @@ static int listen_at(const char *path)
 }
 
 /* In the grandchild: the listening socket on 3, the pool on 4..., nothing else; exec. */
-static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n,
-						  char *path)
+static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n, char *path)
 {
 	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR);
 	char nbuf[16], a0[] = "kvbrokerd", a1[] = "--keeper", *argv[] = {a0, a1, nbuf, path, NULL};
@@ -326,8 +325,9 @@ int keeper_main(int nfds)
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
-	if (nfds <= 0 || nfds > (int)KEEPER_MAX_FDS || getsockname(3, (struct sockaddr *)&sa, &sl) ||
-	    sa.sun_family != AF_UNIX || stat(sa.sun_path, &st) < 0)
+	if (nfds <= 0 || nfds > (int)KEEPER_MAX_FDS ||
+	    getsockname(3, (struct sockaddr *)&sa, &sl) || sa.sun_family != AF_UNIX ||
+	    stat(sa.sun_path, &st) < 0)
 		return 2;
 	for (int i = 0; i < nfds; i++) {
 		fds[i] = 4 + i;

@@ -39,8 +39,8 @@ struct ns {
  */
 struct ns_table {
 	struct ns *ns[STORE_MAX_NS];
-	uint32_t count; /* ids in use are below this */
-	uint32_t live;	/* namespaces alive */
+	uint32_t count;			   /* ids in use are below this */
+	uint32_t live;			   /* namespaces alive */
 	uint64_t freed, dedup_bytes_freed; /* namespaces released, and what they had saved */
 };
 

@@ -153,7 +153,8 @@ static int check_opts(const struct kvb_opts *o, uint32_t *sq_entries)
 	*sq_entries = KVB_SQ_DEFAULT;
 	if (!o)
 		return 0;
-	if ((o->flags & ~(KVB_CONNECT_CONTROL | KVB_CONNECT_NUMA_NODE | KVB_CONNECT_NO_RECONNECT)) ||
+	if ((o->flags &
+	     ~(KVB_CONNECT_CONTROL | KVB_CONNECT_NUMA_NODE | KVB_CONNECT_NO_RECONNECT)) ||
 	    ((o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node < 0) ||
 	    (!(o->flags & KVB_CONNECT_NUMA_NODE) && o->numa_node) ||
 	    (o->gpu_busid && strlen(o->gpu_busid) >= KVB_BUSID_MAX))
@@ -504,8 +505,8 @@ void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe)
 		sqe->buf = kvbc_buf_bid(c, sqe->buf);
 }
 
-int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg,
-		  uint32_t len, uint32_t *id)
+int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg, uint32_t len,
+		  uint32_t *id)
 {
 	struct kvbc_view *v;
 	uint32_t cid = bid;
@@ -635,7 +636,8 @@ static int buf_again(struct kvb_client *c, struct kvbc_buf *b)
 		return ctl_id(c, KVB_MSG_BUF_REG, &reg, sizeof(reg), b->fd, &b->bid);
 	}
 	{
-		struct kvb_msg_buf_reg_fd reg = {.off = b->off, .len = b->len, .flags = b->regflags};
+		struct kvb_msg_buf_reg_fd reg = {
+			.off = b->off, .len = b->len, .flags = b->regflags};
 
 		return ctl_id(c, KVB_MSG_BUF_REG_FD, &reg, sizeof(reg), b->fd, &b->bid);
 	}

@@ -69,9 +69,9 @@ struct kvbc_slot {
 
 /* A namespace this client opened: what the library needs to size pages and views. */
 struct kvbc_ns {
-	uint32_t id;	 /* the caller's: what the first broker answered (conn.c [RECONNECT]) */
-	uint32_t bid;	 /* the current broker's */
-	uint32_t mlen;	 /* bytes of msg */
+	uint32_t id;   /* the caller's: what the first broker answered (conn.c [RECONNECT]) */
+	uint32_t bid;  /* the current broker's */
+	uint32_t mlen; /* bytes of msg */
 	uint8_t msg[KVB_MSG_NS_OPEN_V2_SIZE]; /* the NS_OPEN body, sent again on a reconnect */
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
 	uint32_t tpp;	 /* tokens_per_page */
@@ -85,13 +85,13 @@ struct kvbc_ns {
 struct kvbc_buf {
 	struct kvbc_buf *next;
 	void *addr;
-	size_t len; /* mapped and registered bytes */
+	size_t len;   /* mapped and registered bytes */
 	uint32_t id;  /* the caller's */
 	uint32_t bid; /* the current broker's; UINT32_MAX: lost in a reconnect (GPU buffers) */
 	int gpu;
 	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
 	int fd;	     /* host: our own fd of the file, to register it again; -1 none */
-	uint64_t off;	/* BUF_REG_FD: offset in the file */
+	uint64_t off;	   /* BUF_REG_FD: offset in the file */
 	uint32_t regflags; /* BUF_REG_FD: KVB_BUF_REG_FD_* */
 };
 
@@ -193,8 +193,8 @@ uint32_t kvbc_buf_cid(const struct kvb_client *c, uint32_t bid);
 /* The SQE's ids, caller's -> broker's (nothing to do before the first reconnect). */
 void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe);
 /* Remembers a created view (msg copied); -ENOMEM. */
-int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg,
-		  uint32_t len, uint32_t *id);
+int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg, uint32_t len,
+		  uint32_t *id);
 void kvbc_view_del(struct kvb_client *c, uint32_t id);
 /* A lease of a broker we are no longer attached to: released here only. 1 if it was one. */
 int kvbc_lease_retired(struct kvb_client *c, const void *data);

@@ -82,8 +82,8 @@ struct kvb_layout {
 };
 
 /* kvb_opts.flags */
-#define KVB_CONNECT_CONTROL (1u << 0)	/* tools: no rings, no pool; only kvb_stats_json works */
-#define KVB_CONNECT_NUMA_NODE (1u << 1) /* numa_node is set */
+#define KVB_CONNECT_CONTROL (1u << 0)	   /* tools: no rings, no pool; only kvb_stats_json works */
+#define KVB_CONNECT_NUMA_NODE (1u << 1)	   /* numa_node is set */
 #define KVB_CONNECT_NO_RECONNECT (1u << 2) /* stay -ECONNRESET once the broker is gone */
 
 /*

@@ -74,7 +74,8 @@ int main(int argc, char **argv)
 
 	harness_init(argc, argv);
 	/* Lease limits off: the point is a killed client holding many leases. */
-	b = harness_broker_start("--pool", "64M", "--max-lease-bytes", "100%", "--max-pinned", "100");
+	b = harness_broker_start("--pool", "64M", "--max-lease-bytes", "100%", "--max-pinned",
+				 "100");
 	sh = harness_shared(sizeof(*sh));
 	snprintf(sh->sock, sizeof(sh->sock), "%s", b->sock);
 	harness_gate_init(&sh->ready);

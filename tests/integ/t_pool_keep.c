@@ -139,8 +139,8 @@ static uint32_t verify(kvb_client *c, uint32_t ns, uint32_t *committed, uint32_t
 			kvb_key k = harness_key(sh->seed + (uint64_t)idx, i);
 			int rc = kvb_get(c, ns, k, page, PAGE);
 
-			CHECKF(rc == (int)PAGE || rc == -ENOENT, "client %d key %u: get %d (%s)", idx,
-			       i, rc, harness_strerror(rc));
+			CHECKF(rc == (int)PAGE || rc == -ENOENT, "client %d key %u: get %d (%s)",
+			       idx, i, rc, harness_strerror(rc));
 			if (rc == (int)PAGE)
 				CHECK_OK(harness_verify(page, PAGE, &k, sh->seed, "adopted page"));
 			if (i < done) {
@@ -169,8 +169,7 @@ static struct harness_broker *restart(const char *sock, const char *const *extra
 /* A PUT whose copy sleeps in a worker when the broker dies is never served. */
 static void unfinished_put(const char *sock)
 {
-	static const char *const slow[] = {"--copy-inline", "0", "--copy-delay-us", "400000",
-					   NULL};
+	static const char *const slow[] = {"--copy-inline", "0", "--copy-delay-us", "400000", NULL};
 	struct harness_broker *b = restart(sock, slow);
 	kvb_key k = harness_key(777, 1);
 	struct kvb_layout l;
@@ -252,7 +251,8 @@ int main(int argc, char **argv)
 			cli[i] = harness_fork(loader, i, NULL);
 		/* Kill mid-load: after a third to two thirds of the cycle's pages. */
 		end = harness_now_ms() + 10000;
-		while (sh->total < (uint32_t)(NCLI * PER_CLI / 3 + cyc * 29 % (NCLI * PER_CLI / 3)) &&
+		while (sh->total <
+			       (uint32_t)(NCLI * PER_CLI / 3 + cyc * 29 % (NCLI * PER_CLI / 3)) &&
 		       harness_now_ms() < end)
 			rel_sleep_ms(1);
 		rel_kill(b->pid);
