@@ -79,12 +79,16 @@ static int client(int idx, void *arg)
 
 	(void)arg;
 	harness_layout(&l, "handover", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
-	if (!out || kvb_connect(&o, &c) || kvb_ns_open(c, &l, &ns, NULL))
+	if (!out || kvb_connect(&o, &c) || kvb_ns_open(c, &l, &ns, NULL)) {
+		free(out);
 		return 1;
+	}
 	buf = kvb_buf_alloc_host(c, 2 * PAGE, &bid);
 	part = (struct kvb_view_part){.buf = bid, .stride = PAGE / 64, .base = PAGE};
-	if (!buf || kvb_view_create(c, ns, &part, 1, &view))
+	if (!buf || kvb_view_create(c, ns, &part, 1, &view)) {
+		free(out);
 		return 1;
+	}
 	fd0 = rel_fd_count(getpid(), NULL, 0);
 	maps0 = memfd_maps();
 	sh->ready++;
