@@ -351,6 +351,29 @@ out:
 }
 
 /*
+ * Rewrites a VIEW_CREATE or VIEW_CREATE2 body built with the caller's namespace and buffer ids
+ * into the broker's ids of this connection (they differ after a reconnect, conn.c).
+ */
+void kvbc_view_msg_bids(kvb_client *c, uint16_t type, void *m)
+{
+	if (type == KVB_MSG_VIEW_CREATE) {
+		struct kvb_msg_view_create *h = m;
+		struct kvb_view_part *p = (void *)(h + 1);
+
+		h->ns = kvbc_ns_bid(c, h->ns);
+		for (uint32_t i = 0; i < h->nparts; i++)
+			p[i].buf = kvbc_buf_bid(c, p[i].buf);
+	} else {
+		struct kvb_msg_view_create2 *h = m;
+		struct kvb_view_part2 *p = (void *)(h + 1);
+
+		h->ns = kvbc_ns_bid(c, h->ns);
+		for (uint32_t i = 0; i < h->nparts; i++)
+			p[i].buf = kvbc_buf_bid(c, p[i].buf);
+	}
+}
+
+/*
  * Sends a VIEW_CREATE(2) of the caller's ids (msg stays as it is: it is what a reconnect sends
  * again) with the current broker's namespace and buffer ids.
  */
@@ -363,21 +386,7 @@ static int view_send(struct kvb_client *c, uint16_t type, const void *msg, size_
 	if (!m)
 		return -ENOMEM;
 	memcpy(m, msg, len);
-	if (type == KVB_MSG_VIEW_CREATE) {
-		struct kvb_msg_view_create *h = (void *)m;
-		struct kvb_view_part *p = (void *)(h + 1);
-
-		h->ns = kvbc_ns_bid(c, h->ns);
-		for (uint32_t i = 0; i < h->nparts; i++)
-			p[i].buf = kvbc_buf_bid(c, p[i].buf);
-	} else {
-		struct kvb_msg_view_create2 *h = (void *)m;
-		struct kvb_view_part2 *p = (void *)(h + 1);
-
-		h->ns = kvbc_ns_bid(c, h->ns);
-		for (uint32_t i = 0; i < h->nparts; i++)
-			p[i].buf = kvbc_buf_bid(c, p[i].buf);
-	}
+	kvbc_view_msg_bids(c, type, m);
 	err = kvbc_ctl(c, type, m, len, -1, r);
 	free(m);
 	return err;

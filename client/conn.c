@@ -652,21 +652,7 @@ static int view_again(struct kvb_client *c, struct kvbc_view *v)
 	if (!m)
 		return -ENOMEM;
 	memcpy(m, v->msg, v->len);
-	if (v->type == KVB_MSG_VIEW_CREATE) {
-		struct kvb_msg_view_create *h = (void *)m;
-		struct kvb_view_part *p = (void *)(h + 1);
-
-		h->ns = kvbc_ns_bid(c, h->ns);
-		for (uint32_t i = 0; i < h->nparts; i++)
-			p[i].buf = kvbc_buf_bid(c, p[i].buf);
-	} else {
-		struct kvb_msg_view_create2 *h = (void *)m;
-		struct kvb_view_part2 *p = (void *)(h + 1);
-
-		h->ns = kvbc_ns_bid(c, h->ns);
-		for (uint32_t i = 0; i < h->nparts; i++)
-			p[i].buf = kvbc_buf_bid(c, p[i].buf);
-	}
+	kvbc_view_msg_bids(c, v->type, m);
 	err = ctl_id(c, v->type, m, v->len, -1, &v->bid);
 	free(m);
 	return err;

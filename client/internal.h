@@ -186,6 +186,7 @@ void kvbc_fail_inflight(struct kvb_client *c, int err);
 /* conn.c: the current broker's id of the caller's namespace, buffer or view id. */
 uint32_t kvbc_ns_bid(const struct kvb_client *c, uint32_t id);
 uint32_t kvbc_buf_bid(const struct kvb_client *c, uint32_t id);
+void kvbc_view_msg_bids(kvb_client *c, uint16_t type, void *m); /* buf.c: ids -> broker ids */
 uint32_t kvbc_view_bid(const struct kvb_client *c, uint32_t id);
 /* A caller-visible id for a new object the broker named bid (unused by the caller yet). */
 uint32_t kvbc_ns_cid(const struct kvb_client *c, uint32_t bid);
