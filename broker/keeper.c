@@ -204,10 +204,16 @@ static int listen_at(const char *path)
 	return fd;
 }
 
-/* In the grandchild: the listening socket on 3, the pool on 4..., nothing else; exec. */
-static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n, char *path)
+/*
+ * In the grandchild: the listening socket on 3, the pool on 4..., nothing else; exec. The
+ * write end of keeper_spawn's pipe rides along above them, close-on-exec, so that its EOF
+ * tells the broker that the keeper runs (or one byte, that it could not be started).
+ */
+static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n, char *path,
+						   int wfd)
 {
-	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR);
+	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR), wout = 4 + (int)n;
+	char fail = 1;
 	char nbuf[16], a0[] = "kvbrokerd", a1[] = "--keeper", *argv[] = {a0, a1, nbuf, path, NULL};
 	struct stat st;
 
@@ -217,9 +223,15 @@ static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint3
 	tmp[0] = fcntl(lfd, F_DUPFD, 128);
 	for (uint32_t i = 0; i < n; i++)
 		tmp[i + 1] = fcntl(fds[i], F_DUPFD, 128);
+	wfd = fcntl(wfd, F_DUPFD_CLOEXEC, 128);
+	if (wfd < 0)
+		_exit(127);
 	for (uint32_t i = 0; i <= n; i++)
 		if (tmp[i] < 0 || dup2(tmp[i], 3 + (int)i) < 0)
-			_exit(127);
+			goto fail;
+	if (dup3(wfd, wout, O_CLOEXEC) < 0)
+		goto fail;
+	wfd = wout;
 	if (devnull >= 0) {
 		dup2(devnull, 0);
 		dup2(devnull, 1);
@@ -228,8 +240,8 @@ static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint3
 		if (fstat(2, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 			dup2(devnull, 2);
 	}
-	if (syscall(SYS_close_range, 4u + n, ~0u, 0) < 0)
-		for (int f = 4 + (int)n; f < 4096; f++)
+	if (syscall(SYS_close_range, 5u + n, ~0u, 0) < 0)
+		for (int f = 5 + (int)n; f < 4096; f++)
 			close(f);
 	snprintf(nbuf, sizeof(nbuf), "%u", n);
 	{
@@ -239,33 +251,65 @@ static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint3
 		sigprocmask(SIG_SETMASK, &none, NULL);
 	}
 	execv("/proc/self/exe", argv);
+fail:
+	(void)!write(wfd, &fail, 1);
 	_exit(127);
+}
+
+/* Waits for the EOF (the keeper exec'd) or the byte (it did not) on the pipe's read end. */
+static int keeper_started(int rfd)
+{
+	struct pollfd p = {.fd = rfd, .events = POLLIN};
+	char c;
+	ssize_t r;
+
+	while ((r = poll(&p, 1, KEEPER_TIMEOUT_S * 1000)) < 0 && errno == EINTR)
+		;
+	if (r == 0)
+		return -ETIMEDOUT;
+	while ((r = read(rfd, &c, 1)) < 0 && errno == EINTR)
+		;
+	return r == 0 ? 0 : -ECHILD;
 }
 
 int keeper_spawn(const char *sock, const int *fds, uint32_t n)
 {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	int lfd, err = keeper_path(sock, path), st;
+	int lfd, err = keeper_path(sock, path), st, pfd[2];
 	pid_t pid;
 
 	if (err)
 		return err;
 	if (!n || n > KEEPER_MAX_FDS)
 		return -EINVAL;
+	if (pipe2(pfd, O_CLOEXEC) < 0)
+		return -errno;
 	lfd = listen_at(path);
-	if (lfd < 0)
+	if (lfd < 0) {
+		close(pfd[0]);
+		close(pfd[1]);
 		return lfd;
+	}
 	pid = fork();
 	if (pid == 0) {
-		if (fork() == 0)
-			keeper_exec(lfd, fds, n, path);
+		pid_t g = fork();
+
+		if (g == 0)
+			keeper_exec(lfd, fds, n, path, pfd[1]);
+		if (g < 0)
+			(void)!write(pfd[1], "", 1);
 		_exit(0);
 	}
 	err = pid < 0 ? -errno : 0;
 	close(lfd);
-	if (pid > 0)
+	close(pfd[1]);
+	if (pid > 0) {
 		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 			;
+		/* Ready means a keeper runs, not one about to: a crash right after must find it. */
+		err = keeper_started(pfd[0]);
+	}
+	close(pfd[0]);
 	if (err)
 		unlink(path);
 	return err;
