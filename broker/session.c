@@ -124,6 +124,8 @@ int session_prepare_sleep(struct broker *b)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
 			return 0;
+		if (!list_empty(&s->yieldq.ops))
+			timeout = 1; /* a filled PUT waiting for its bytes: nothing rings for them */
 	}
 	return timeout;
 }
@@ -510,7 +512,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
 	if (!list_empty(&s->yieldq.ops)) {
 		work = ops_run_yielded(b, s, OPS_ROUND_WORK);
-		ran = 1;
+		ran = work > 0; /* a filled PUT waiting for its bytes did none (xfer.c [fill]) */
 		if (work >= OPS_ROUND_WORK)
 			return 1;
 	}

@@ -7,7 +7,9 @@
  * Data paths (docs/protocol.md, "Client library"):
  *   - kvb_put(): src inside a buffer from kvb_buf_alloc_host() is copied by the broker straight
  *     into the pool; any other src is first copied into the library's staging buffer, a
- *     registered host buffer grown to the largest page put so far.
+ *     registered host buffer grown to the largest page put so far; from KVB_CLIENT_FILL_KB
+ *     (64 KiB) up, to a broker of ABI 1.4, as a filled PUT: the PUT goes first and the copy
+ *     into staging overlaps the broker's copy out of it (put_fill, wire.h KVB_SQEF_FILL).
  *   - kvb_get(): dst inside a registered host buffer is written by the broker; any other dst is
  *     filled by ACQUIRE, one memcpy from the read-only pool mapping, and a RELEASE that is posted
  *     without waiting for its completion (the broker runs SQEs in order, so the lease is gone
@@ -20,6 +22,7 @@
  * its length against it before anything is queued, and lease.len comes from it.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,6 +179,69 @@ static int put_result(int res, uint32_t flags)
 	return (flags & KVB_CQEF_EXISTED) ? 1 : 0;
 }
 
+/*
+ * A filled PUT's staging copy goes in chunks, each published in the fill word: the first
+ * small, so that the broker starts its copy early and tells us of a stored page before we
+ * copied much of it, then doubling up to FILL_CHUNK_MAX, which bounds how far the broker's
+ * copy trails ours (at most a chunk, a few tens of microseconds) while keeping the stores to
+ * the shared word rare. Plain memcpy, not kvb_copy's streaming stores: the broker reads each
+ * chunk right after us, from the cache.
+ */
+#define FILL_CHUNK_FIRST (16u << 10)
+#define FILL_CHUNK_MAX (256u << 10)
+
+/*
+ * kvb_put() from plain memory to a broker of ABI 1.4 (wire.h, KVB_SQEF_FILL): posts the PUT of
+ * the staging buffer first, then copies src into it while the broker copies out what is
+ * there, and stops as soon as the broker says the page is stored or being stored by another
+ * (ask-first: EXISTED). -EAGAIN from the broker (it gave up on the fill): finish the copy and
+ * send a plain PUT. Returns the CQE's res with its flags in *flags, or the transport's error.
+ */
+static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, size_t len,
+		    uint32_t *flags)
+{
+	size_t done = 0, chunk = FILL_CHUNK_FIRST;
+	struct kvb_cqe cqe;
+	uint32_t seq;
+	int idx, err;
+
+	sqe->flags = KVB_SQEF_FILL;
+	kvb_store_relaxed(c->fill, 0); /* before the SQE: the SQ tail's release publishes it [R1] */
+	idx = kvbc_post_sync_locked(c, sqe);
+	if (idx < 0)
+		return idx;
+	seq = ++c->fill_seq;
+	/* Busy on this CPU: a broker polling on it yields to us (the spinning hints, wire.h). */
+	kvb_store_relaxed(c->spin_cpu, (uint32_t)sched_getcpu() + 1u);
+	while (done < len) {
+		size_t n = len - done < chunk ? len - done : chunk;
+
+		memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, n);
+		done += n;
+		kvb_store_release(c->fill, (uint32_t)done); /* [F1] release: the bytes first */
+		if (chunk < FILL_CHUNK_MAX)
+			chunk *= 2;
+		if (kvb_load_relaxed(c->fill_stop) == seq || kvbc_sync_done_locked(c, (uint32_t)idx))
+			break;
+	}
+	kvb_store_relaxed(c->spin_cpu, 0);
+	c->expect_bytes = len; /* what remains of ours, or another rank's copy we wait for */
+	err = kvbc_wait_sync_locked(c, (uint32_t)idx, &cqe);
+	c->expect_bytes = 0;
+	if (err)
+		return err;
+	if (cqe.res != -EAGAIN) {
+		*flags = cqe.flags;
+		return cqe.res;
+	}
+	memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, len - done);
+	sqe->flags = 0;
+	c->expect_bytes = len;
+	err = run(c, sqe, flags);
+	c->expect_bytes = 0;
+	return err;
+}
+
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len)
 {
 	const struct kvbc_ns *n;
@@ -202,9 +268,14 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		err = kvbc_staging_locked(c, len);
 		if (err)
 			goto out;
-		kvb_copy(c->staging.addr, src, len);
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
+		if (c->broker_minor >= 4 && len >= c->fill_min) {
+			err = put_fill(c, &sqe, src, len, &flags);
+			err = put_result(err, flags);
+			goto out;
+		}
+		kvb_copy(c->staging.addr, src, len);
 	}
 	c->expect_bytes = len; /* the broker copies it (ring.c) */
 	err = run(c, &sqe, &flags);
