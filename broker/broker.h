@@ -163,6 +163,7 @@ struct session {
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	kvb_atomic_u32 *fill, *fill_stop;    /* KVB_SQEF_FILL (wire.h): the client's, ours */
 	uint32_t fill_seq;		     /* KVB_SQEF_FILL SQEs taken from its SQ */
+	uint32_t fill_seen;		     /* the fill word as its filled PUT last read it */
 	uint8_t *arg;
 	uint32_t arg_size;
 

@@ -140,6 +140,8 @@ int xfer_fill(struct broker *b, struct op *op)
 	uint64_t len = op->seg1.len, f = kvb_load_acquire(s->fill); /* [F1] acquire */
 	double now = clock_now();
 
+	s->fill_seen = (uint32_t)f; /* a sleep needs it moved on to wake early (session.c) */
+
 	if (!op->fill_at) {
 		op->fill_at = now;
 		b->xs.fill_puts++;

@@ -239,6 +239,8 @@ int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *
  */
 int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
+/* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
+void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);
 int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe);
 int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);

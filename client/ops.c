@@ -218,7 +218,7 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 
 		memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, n);
 		done += n;
-		kvb_store_release(c->fill, (uint32_t)done); /* [F1] release: the bytes first */
+		kvbc_fill_publish_locked(c, (uint32_t)done);
 		if (chunk < FILL_CHUNK_MAX)
 			chunk *= 2;
 		if (kvb_load_relaxed(c->fill_stop) == seq || kvbc_sync_done_locked(c, (uint32_t)idx))

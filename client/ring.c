@@ -533,6 +533,12 @@ int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 	return (int)post_one(c, sqe, KVBC_SLOT_SYNC);
 }
 
+void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes)
+{
+	kvb_store_release(c->fill, bytes); /* [F1] release: the bytes before the word */
+	sq_doorbell(c);			   /* [W1]: a broker asleep waits for them too */
+}
+
 int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx)
 {
 	if (!c->slots[idx].done && cq_nonempty(c))
