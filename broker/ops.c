@@ -512,7 +512,8 @@ static int op_put(struct broker *b, struct op *op)
 		}
 		if (op->fill_stopped) {
 			b->xs.fill_gaveup++;
-			return op_fail(op, -EAGAIN); /* its client stopped filling: a plain PUT now */
+			return op_fail(op,
+				       -EAGAIN); /* its client stopped filling: a plain PUT now */
 		}
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);

@@ -221,7 +221,8 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 		kvbc_fill_publish_locked(c, (uint32_t)done);
 		if (chunk < FILL_CHUNK_MAX)
 			chunk *= 2;
-		if (kvb_load_relaxed(c->fill_stop) == seq || kvbc_sync_done_locked(c, (uint32_t)idx))
+		if (kvb_load_relaxed(c->fill_stop) == seq ||
+		    kvbc_sync_done_locked(c, (uint32_t)idx))
 			break;
 	}
 	kvb_store_relaxed(c->spin_cpu, 0);
