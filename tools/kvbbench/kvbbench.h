@@ -117,9 +117,11 @@ struct kvbb_slot {
  * --host-buf: the registered host buffer of get/put/mix. ALLOC: kvb_buf_alloc_host (the
  * library's sealed memfd); MEMFD: our own memfd, sealed, kvb_buf_register_host_fd (the broker
  * maps it); FDCOPY: a memfd made as SGLang 0.5.23's alloc_shm makes it (unsealable),
- * registered with KVB_BUF_FDCOPY (the broker copies with pread/pwrite).
+ * registered with KVB_BUF_FDCOPY (the broker copies with pread/pwrite). USER: no registered
+ * buffer, plain memory (kvb_put through staging: a filled PUT; kvb_get through a lease), so
+ * that mla-tp's ranks PUT as an engine with its own host memory does.
  */
-enum { KVBB_BUF_ALLOC = 0, KVBB_BUF_MEMFD, KVBB_BUF_FDCOPY };
+enum { KVBB_BUF_ALLOC = 0, KVBB_BUF_MEMFD, KVBB_BUF_FDCOPY, KVBB_BUF_USER };
 
 /* A thread's state. */
 struct kvbb_w {

@@ -198,7 +198,8 @@ static void usage(FILE *f)
 		"  --host-buf B      get, put, mix: the registered buffer: alloc "
 		"(kvb_buf_alloc_host,\n"
 		"                    default), memfd (own sealed memfd, registered by fd: mapped)\n"
-		"                    or fdcopy (SGLang's unsealable memfd, KVB_BUF_FDCOPY)\n"
+		"                    or fdcopy (SGLang's unsealable memfd, KVB_BUF_FDCOPY);\n"
+		"                    user: none, malloc'd memory (mla-tp: PUTs via staging)\n"
 		"  --prefixes N      engine: system prompts (default 16)\n"
 		"  --prefix-pages N  engine: pages per system prompt (default 8)\n"
 		"  --branches N      engine: conversation branches under each prompt (default 4)\n"
@@ -452,9 +453,11 @@ static int parse_args(int argc, char **argv)
 				cfg.host_buf = KVBB_BUF_MEMFD;
 			} else if (!strcmp(optarg, "fdcopy")) {
 				cfg.host_buf = KVBB_BUF_FDCOPY;
+			} else if (!strcmp(optarg, "user")) {
+				cfg.host_buf = KVBB_BUF_USER;
 			} else {
-				fprintf(stderr,
-					"kvbbench: --host-buf takes alloc, memfd or fdcopy\n");
+				fprintf(stderr, "kvbbench: --host-buf takes alloc, memfd, fdcopy "
+						"or user\n");
 				return -1;
 			}
 			break;

@@ -218,6 +218,14 @@ static int alloc_reg(struct kvbb_w *w, char *err, size_t errlen)
 {
 	size_t len = w->slots * w->cfg->page_bytes;
 
+	if (w->cfg->host_buf == KVBB_BUF_USER) {
+		w->buf = kvbb_alloc_touched(len); /* freed by teardown: not buf_reg */
+		if (!w->buf) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		return 0;
+	}
 	if (w->cfg->host_buf != KVBB_BUF_ALLOC)
 		return own_memfd(w, len, err, errlen);
 	w->buf = kvb_buf_alloc_host(w->c, len, &w->bufid);
