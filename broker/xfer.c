@@ -125,7 +125,11 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
  * step copies what the fill word says is in place ([F1]: its load-acquire pairs with the
  * client's store-release after the bytes), at most FILL_STEP bytes (about a turn of work:
  * fair rounds), then yields; a step that found nothing new counts no work, so the loop idles
- * between steps and yields its CPU to a client filling on it (the spinning hints). The page
+ * between steps and yields its CPU to a client filling on it (the spinning hints), and no
+ * hold keeps it up past the poll window: a client descheduled mid-fill finds the loop asleep
+ * and rings its doorbell, rather than a broker spinning for milliseconds against the CPUs
+ * that client needs (on a loaded 2-vCPU machine, a spinning loop also loses its share and
+ * then waits for a whole time slice when the bytes come). The page
  * stays WRITING (never served, never evicted) until every byte was copied, then is committed
  * as a copied PUT is. The client dying parks nothing: its op is on its yield queue, cancelled
  * with the session (ops_session_dead: the page is aborted). A fill that stops moving for
@@ -145,7 +149,6 @@ int xfer_fill(struct broker *b, struct op *op)
 	if (!op->fill_at) {
 		op->fill_at = now;
 		b->xs.fill_puts++;
-		loop_hold_bytes(&b->loop, 2 * len); /* two copies' time: the client's and ours */
 	}
 	if (f > len)
 		f = len; /* a client's word: what lies past the page is not ours to read */
@@ -158,7 +161,6 @@ int xfer_fill(struct broker *b, struct op *op)
 		op->fill_at = now;
 		op->work += n / OPS_WORK_BYTES;
 		b->xs.fill_bytes += n;
-		loop_hold_bytes(&b->loop, 2 * (len - op->filled));
 		if (op->filled == len) {
 			op->job.dir = COPY_TO_POOL;
 			op->job.res = 0;
