@@ -202,6 +202,7 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 {
 	size_t done = 0, chunk = FILL_CHUNK_FIRST;
 	struct kvb_cqe cqe;
+	int stopped = 0;
 	uint32_t seq;
 	int idx, err;
 
@@ -221,12 +222,17 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 		kvbc_fill_publish_locked(c, (uint32_t)done);
 		if (chunk < FILL_CHUNK_MAX)
 			chunk *= 2;
-		if (kvb_load_relaxed(c->fill_stop) == seq ||
-		    kvbc_sync_done_locked(c, (uint32_t)idx))
+		stopped = kvb_load_relaxed(c->fill_stop) == seq;
+		if (stopped || kvbc_sync_done_locked(c, (uint32_t)idx))
 			break;
 	}
 	kvb_store_relaxed(c->spin_cpu, 0);
-	c->expect_bytes = len; /* what remains of ours, or another rank's copy we wait for */
+	/*
+	 * Spin for the rest of the broker's copy of ours; told to stop, we wait for another
+	 * rank's PUT instead, and spinning for it would take the CPUs that rank and the broker
+	 * copy on (seven MLA ranks, two vCPUs): a short spin, then sleep until the CQE.
+	 */
+	c->expect_bytes = stopped ? 0 : len;
 	err = kvbc_wait_sync_locked(c, (uint32_t)idx, &cqe);
 	c->expect_bytes = 0;
 	if (err)
