@@ -661,7 +661,16 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 		ops_park(b, op, &t->wait, "room in the disk queue");
 		return 1;
 	}
+	/*
+	 * The slot is held (READING) across the allocation: store_alloc may evict, and a page it
+	 * demotes takes its room at the log head, which drops the oldest slots in the way; this
+	 * slot may be one of them (a read sweeping the log oldest first meets the head). Held, it
+	 * stops the head (log_alloc: -EBUSY) instead of being freed under us.
+	 */
+	d->state = DS_READING;
 	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
+	if (err)
+		d->state = DS_ONDISK;
 	if (err == -ENOSPC && t->writes + t->reads) {
 		t->st.parked++;
 		ops_park(b, op, &t->wait, "RAM for a promotion (demotions in flight)");
@@ -670,11 +679,11 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	if (err)
 		return 0;
 	if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
+		d->state = DS_ONDISK;
 		store_abort(&b->store, pg);
 		op->cqe.res = 0;
 		return 0;
 	}
-	d->state = DS_READING;
 	d->pg = pg;
 	d->pending = 1;
 	d->err = 0;
