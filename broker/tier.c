@@ -10,6 +10,13 @@
  * demoted again without being rewritten keeps its old place: its recency on disk is that of its
  * first write. That is the price of clean demotions, which cost no I/O at all.)
  *
+ * Tenant regions [tenant-disk]. With --tenants every path is cut into one region per pool
+ * partition (cut_disk: the same fraction of each path, in partition order), and each region is
+ * a circular log of its own: a page is demoted into its partition's region, so the oldest data
+ * its head overwrites is always its own tenant's, and the scan reads each region as a log. The
+ * slot format knows nothing of it; the cut follows from the flags. Without tenants there is
+ * one region per path, the whole slot area.
+ *
  * Records. A slot on disk is a struct dslot: its path, offset, length, payload crc, generation,
  * the namespace identity (an index into the dns table: namespace ids are per-run numbers, the
  * disk knows identities, and a namespace opened later finds its pages by identity) and key.
