@@ -355,8 +355,8 @@ static cJSON *clients_json(const struct broker *b, const struct stats_view *v)
 static void tenant_doc(const struct broker *b, const struct stats_view *v, cJSON *root)
 {
 	static const char *const disk_keys[] = {
-		"state", "failed_because", "next_probe_s", "direct", "paths", "queue_depth",
-		"fixed_buffers", "sqpoll", "warm", NULL};
+		"state",       "failed_because", "next_probe_s", "direct", "paths",
+		"queue_depth", "fixed_buffers",	 "sqpoll",	 "warm",   NULL};
 	static const char *const remote_keys[] = {"state", "backend", "publish", NULL};
 	uint32_t nclients = 0;
 	uint64_t leases = 0;

@@ -103,8 +103,7 @@ static int parse_ram_disk(const char *arg, uint64_t *bytes, double *frac, uint64
 
 int tenant_parse_share(const char *arg, struct tenant_cfg *c)
 {
-	return parse_ram_disk(arg, &c->share, &c->share_frac, &c->share_disk,
-			      &c->share_disk_frac);
+	return parse_ram_disk(arg, &c->share, &c->share_frac, &c->share_disk, &c->share_disk_frac);
 }
 
 uint32_t tenant_key(int mode, uid_t uid, gid_t gid)
@@ -164,7 +163,8 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 		snprintf(buf, sizeof(buf), "%s", c->listed_arg[i]);
 		eq = strchr(buf, '=');
 		if (!eq || eq == buf) {
-			fprintf(stderr, "kvbrokerd: --tenant %s: want ID=RAM[,DISK], each SIZE or N%%\n",
+			fprintf(stderr,
+				"kvbrokerd: --tenant %s: want ID=RAM[,DISK], each SIZE or N%%\n",
 				buf);
 			return -EINVAL;
 		}

@@ -21,9 +21,9 @@ struct tenant_cfg {
 	int mode;	  /* enum tenant_mode */
 	uint32_t nlisted; /* --tenant ID=SIZE entries */
 	char *listed_arg[POOL_MAX_PARTS];
-	uint64_t share;	   /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
-	double share_frac; /* --tenant-share N%: of the pool */
-	uint64_t share_disk;	/* --tenant-share RAM,DISK: bytes of disk; 0: see tenant_table */
+	uint64_t share;	     /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
+	double share_frac;   /* --tenant-share N%: of the pool */
+	uint64_t share_disk; /* --tenant-share RAM,DISK: bytes of disk; 0: see tenant_table */
 	double share_disk_frac; /* ... or N% of the disk */
 };
 

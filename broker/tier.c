@@ -127,8 +127,8 @@ struct dslot {
 	uint8_t dead;
 	uint8_t pending; /* CQEs still owed */
 	uint8_t part;	 /* [tenant-disk] the partition whose region of the path holds it */
-	uint32_t hdr; /* header block while writing */
-	int32_t err;  /* first error of the I/O in flight */
+	uint32_t hdr;	 /* header block while writing */
+	int32_t err;	 /* first error of the I/O in flight */
 };
 
 struct tlog {
@@ -1316,6 +1316,7 @@ struct cJSON *tier_part_json(const struct broker *b, uint32_t part)
 	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
 	cJSON_AddNumberToObject(o, "bytes_used",
 				t && part < t->nparts ? (double)t->part_used[part] : 0);
-	cJSON_AddNumberToObject(o, "pages", t && part < t->nparts ? (double)t->part_slots[part] : 0);
+	cJSON_AddNumberToObject(o, "pages",
+				t && part < t->nparts ? (double)t->part_slots[part] : 0);
 	return o;
 }

@@ -164,8 +164,8 @@ static void check_view(kvb_client *c, const char *sock)
 	/* The tenant view has every field kvbctl promises (no "stats lack" warning). */
 	snprintf(args, sizeof(args), "--socket %s status", sock);
 	CHECK_EQ(harness_run_tool("kvbctl", args, &out), 0);
-	CHECKF(!strstr(out, "warning") && !strstr(out, "tenants/model-b"), "kvbctl status as A:\n%s",
-	       out);
+	CHECKF(!strstr(out, "warning") && !strstr(out, "tenants/model-b"),
+	       "kvbctl status as A:\n%s", out);
 	free(out);
 }
 
