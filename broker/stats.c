@@ -390,7 +390,9 @@ static void tenant_doc(const struct broker *b, const struct stats_view *v, cJSON
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b, v));
 	cJSON_AddItemToObject(root, "counters", tenant_counters_json(b, v));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b, v));
-	cJSON_AddItemToObject(root, "map", stats_map_json(b, v->part));
+	/* -1 is every arena to stats_map_json: a tenant without a partition has none. */
+	cJSON_AddItemToObject(root, "map",
+			      v->part >= 0 ? stats_map_json(b, v->part) : cJSON_CreateArray());
 }
 
 static char *render(const struct broker *b, const struct stats_view *v)

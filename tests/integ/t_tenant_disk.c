@@ -6,7 +6,7 @@
  *     to its 64 MiB region of the disk; B floods RAM and disk (its region, the disk left over
  *     in proportion to RAM, wraps several times: disk.dropped > 0); every page of A is still
  *     served, byte-exact, and A's region still holds its pages;
- *   - views: A's STATS (kvb_stats_json and `kvbctl ns`, `kvbctl clients` run as uid A) show
+ *   - views: B's `kvbctl status --json` before B ever attached shows nothing of A; A's STATS (kvb_stats_json and `kvbctl ns`, `kvbctl clients` run as uid A) show
  *     A's namespace and client and none of B's (model name, client name), A's partition of
  *     the pool and its region of the disk, and no node-wide I/O counters; the operator (root)
  *     sees both tenants and every partition's region;
@@ -114,6 +114,20 @@ static int mode_b_probe(const char *sock)
 	return 0;
 }
 
+/* B's kvbctl before B ever attached: a tenant with no partition sees nothing of A. */
+static int mode_b_unbound(const char *sock)
+{
+	char args[300], *out = NULL;
+
+	snprintf(args, sizeof(args), "--socket %s status --json", sock);
+	CHECK_EQ(harness_run_tool("kvbctl", args, &out), 0);
+	CHECKF(harness_stat_f64(out, "partition") == -1 && !harness_stat_has(out, "map[0]") &&
+		       !strstr(out, "tenant-a") && !strstr(out, "tenants/model-a"),
+	       "kvbctl status --json of a tenant without a partition:\n%s", out);
+	free(out);
+	return 0;
+}
+
 /* Every page of A, exact; with lenient, a miss is allowed. Returns how many were served. */
 static int check_a(kvb_client *c, uint32_t ns, uint8_t *buf, int lenient)
 {
@@ -192,6 +206,8 @@ static int client_main(const char *mode, const char *sock)
 		return mode_b_flood(sock);
 	if (!strcmp(mode, "b-idle"))
 		return mode_b_idle(sock);
+	if (!strcmp(mode, "b-unbound"))
+		return mode_b_unbound(sock);
 	if (!strcmp(mode, "b-probe"))
 		return mode_b_probe(sock);
 	if (!strcmp(mode, "a-check"))
@@ -296,6 +312,7 @@ int main(int argc, char **argv)
 	a_pages = harness_stat_u64(js, "disk.partitions[partition=0].pages");
 	free(js);
 	CHECKF(a_pages >= 10, "only %llu of A's pages went to disk", (unsigned long long)a_pages);
+	CHECK_EQ(run_as(UID_B, g->gr_gid, "b-unbound"), 0);
 	harness_log("B floods RAM and disk: %d pages", NB);
 	CHECK_EQ(run_as(UID_B, g->gr_gid, "b-flood"), 0);
 	js = harness_stats(c);
