@@ -19,7 +19,7 @@ enum tenant_mode {
 
 struct tenant_cfg {
 	int mode;	  /* enum tenant_mode */
-	uint32_t nlisted; /* --tenant ID=SIZE entries */
+	uint32_t nlisted; /* --tenant ID=RAM[,DISK] entries */
 	char *listed_arg[POOL_MAX_PARTS];
 	uint64_t share;	     /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
 	double share_frac;   /* --tenant-share N%: of the pool */
