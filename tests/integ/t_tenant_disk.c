@@ -4,7 +4,8 @@
  * (setpriv, as t_tenants does), with --tenants uid and a disk tier:
  *   - shares: A (listed: --tenant A=32M,64M) stores more pages than its RAM holds, so some go
  *     to its 64 MiB region of the disk; B floods RAM and disk (its region, the disk left over
- *     in proportion to RAM, wraps several times: disk.dropped > 0); every page of A is still
+ *     in proportion to RAM, wraps several times: disk.dropped > 0; its oldest page is gone,
+ *     its newest 40 are served); every page of A is still
  *     served, byte-exact, and A's region still holds its pages;
  *   - views: B's `kvbctl status --json` before B ever attached shows nothing of A; A's STATS (kvb_stats_json and `kvbctl ns`, `kvbctl clients` run as uid A) show
  *     A's namespace and client and none of B's (model name, client name), A's partition of
@@ -81,6 +82,15 @@ static int mode_b_flood(const char *sock)
 	kvb_client *c = attach(sock, "tenant-b", "tenants/model-b", &ns);
 
 	put_range(c, ns, SEED_B, NB, buf);
+	/* Over its share B lost its own oldest pages; its newest are there (newest first: a
+	 * promotion demotes a RAM page, which overwrites B's oldest slots, not these). */
+	CHECK_RC(kvb_get(c, ns, harness_key(SEED_B, 0), buf, PAGE), -ENOENT);
+	for (uint64_t i = NB; i-- > NB - 40;) {
+		kvb_key k = harness_key(SEED_B, i);
+
+		CHECK_RC(kvb_get(c, ns, k, buf, PAGE), PAGE);
+		CHECK(harness_verify(buf, PAGE, &k, SEED_B, "B's newest page") == 0);
+	}
 	kvb_close(c);
 	free(buf);
 	return 0;
