@@ -67,7 +67,7 @@
  * its back-off (a flapping device is probed ever less often); later failures start afresh.
  * The probe runs through the ring like any I/O, so a device that hangs never blocks the loop.
  *
- * Warm restart. On paths whose superblocks match, each path is read sequentially in large
+ * Warm restart. On paths whose superblocks match, each region of each path is read in large
  * chunks and every 4 KiB block is checked for a slot header; a valid header whose payload crc
  * matches becomes a slot ON DISK (of two copies of a key, the higher generation wins). Torn
  * slots (a header that does not check, or a slot that runs past the end of a file cut short)
