@@ -13,7 +13,8 @@
  *   - view GETs into the GPU layers bring every page back byte-exact, and view PUTs work;
  *   - kvb_get/kvb_put of device pointers inside a registered buffer work;
  *   - the cuMem buffer, exported anew as a fresh fd, is loaded into;
- *   - the freed allocation's buffer alone is lost: -EBADF, the rest unaffected;
+ *   - the freed allocation's buffer alone is lost: -EBADF, and so is a view over it (which
+ *     no longer keeps the client from reconnecting at all), the rest unaffected;
  *   - the new broker opened two allocations (not three), with no copy errors.
  * Skipped (77) without the CUDA headers at build time.
  */
@@ -121,7 +122,7 @@ static uint8_t *vmm_alloc(size_t size)
 int main(int argc, char **argv)
 {
 	uint8_t *layer[LAYERS], *vmm, *doomed;
-	uint32_t ns, bufs[LAYERS], view, vbuf, dbuf;
+	uint32_t ns, bufs[LAYERS], view, vbuf, dbuf, dview;
 	struct kvb_view_part parts[LAYERS];
 	struct harness_broker *br;
 	struct kvb_layout lay;
@@ -158,6 +159,10 @@ int main(int argc, char **argv)
 	CHECK_EQ(cu->cuMemAlloc(&dseg, pb), CUDA_SUCCESS);
 	doomed = (uint8_t *)(uintptr_t)dseg;
 	CHECK_OK(kvb_buf_register_gpu(c, doomed, pb, &dbuf));
+	for (int l = 0; l < LAYERS; l++) /* a view over it alone: lost with it */
+		parts[l] = (struct kvb_view_part){
+			.buf = dbuf, .stride = BPT, .base = (uint64_t)l * TPP * BPT};
+	CHECK_OK(kvb_view_create(c, ns, parts, LAYERS, &dview));
 	for (int p = 0; p < NPAGES; p++) {
 		fill(layer, p, p);
 		CHECK_RC(kvb_view_put(c, view, harness_key(SEED, (uint64_t)p), (uint64_t)p * TPP),
@@ -215,6 +220,7 @@ int main(int argc, char **argv)
 
 	harness_log("the freed allocation's buffer alone is lost");
 	CHECK_RC(kvb_get(c, ns, k0, doomed, pb), -EBADF);
+	CHECK_RC(kvb_view_get(c, dview, k0, 0, 0, 0), -EBADF);
 	CHECK_RC(kvb_get(c, ns, k0, vmm, pb), (long long)pb); /* the rest unaffected */
 	CHECK_EQ(harness_stat(c, "copy.gpu.open_handles"), 2);
 	CHECK_EQ(harness_stat(c, "copy.gpu.errors"), 0);
