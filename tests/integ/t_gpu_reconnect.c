@@ -163,6 +163,14 @@ int main(int argc, char **argv)
 		parts[l] = (struct kvb_view_part){
 			.buf = dbuf, .stride = BPT, .base = (uint64_t)l * TPP * BPT};
 	CHECK_OK(kvb_view_create(c, ns, parts, LAYERS, &dview));
+	{
+		kvb_key k = harness_key(SEED, 60); /* the staging buffer exists before the kill */
+		uint8_t *host = calloc(1, pb);
+
+		CHECK(host != NULL);
+		CHECK_RC(kvb_put(c, ns, k, host, pb), 0);
+		free(host);
+	}
 	for (int p = 0; p < NPAGES; p++) {
 		fill(layer, p, p);
 		CHECK_RC(kvb_view_put(c, view, harness_key(SEED, (uint64_t)p), (uint64_t)p * TPP),
@@ -208,6 +216,20 @@ int main(int argc, char **argv)
 		memset(dev_page, 0, pb);
 		CHECK_RC(kvb_get(c, ns, kd, dev_page, pb), (long long)pb);
 		CHECK_OK(harness_verify(dev_page, pb, &kd, SEED, "device pointer GET"));
+	}
+
+	harness_log("a PUT from unregistered memory (the staging buffer, registered again)");
+	{
+		kvb_key k = harness_key(SEED, 52);
+		uint8_t *host = malloc(pb);
+
+		CHECK(host != NULL);
+		harness_fill(host, pb, &k, SEED);
+		CHECK_RC(kvb_put(c, ns, k, host, pb), 0);
+		memset(host, 0, pb);
+		CHECK_RC(kvb_get(c, ns, k, host, pb), (long long)pb);
+		CHECK_OK(harness_verify(host, pb, &k, SEED, "staged PUT"));
+		free(host);
 	}
 
 	harness_log("the cuMem buffer, exported anew as an fd");
