@@ -15,7 +15,8 @@
  *     table and every arena by name; no keeper process is spawned (no <socket>.keep);
  *   - kill -9 under load from 4 processes, restart with the stored fds: every page committed
  *     before the kill is served byte-exact, the one in flight byte-exact or not at all, no
- *     keeper, and the store is unchanged;
+ *     keeper, and the store is unchanged (every other broker copies on worker threads, which
+ *     compute the pages' crc32c themselves: copy.h [crc-worker]);
  *   - a clean stop sends STOPPING=1 and FDSTOREREMOVE=1 for every fd: the store is empty;
  *   - hostile or mismatched LISTEN_* (name count, a name twice, a foreign "kvbpool-" name, the
  *     side table and an arena swapped, another process's LISTEN_PID): a clear log line, a cold
@@ -290,10 +291,10 @@ static struct start {
 	int fdstore;	  /* set $FDSTORE */
 	int abstract;	  /* NOTIFY_SOCKET is the '@' name */
 	enum hostile bad; /* what to get wrong */
+	int workers;	  /* copies on worker threads (their crc32c too: copy.h [crc-worker]) */
 	int fds[MAXST];	  /* the store, ordered as passed */
 	int n;
 	char names[MAXST * 40];
-	char pidbuf[16]; /* LISTEN_PID's value is written here, in the child */
 } S;
 
 /* In the broker's child: only async-signal-safe calls (the manager thread may hold locks). */
@@ -330,13 +331,17 @@ static int name_cmp(const void *a, const void *b)
 /* Starts a broker on sock as systemd would, per S (the store passed back when S.pass). */
 static struct harness_broker *sd_start(const char *sock)
 {
-	const char *args[] = {"--socket", sock, "--pool", "64M", "--slab", "8M", NULL};
+	const char *args[] = {"--socket", sock, "--pool", "64M", "--slab", "8M", NULL, NULL, NULL};
 	const char *const *argp = *sock ? args : args + 2; /* "": a new socket */
 	struct stored st[MAXST];
 	struct harness_broker *b;
 	char num[16];
 	size_t off = 0;
 
+	if (S.workers) {
+		args[6] = "--copy-inline";
+		args[7] = "0";
+	}
 	setenv("NOTIFY_SOCKET", M.addr[S.abstract], 1);
 	if (S.fdstore)
 		setenv("FDSTORE", "32", 1);
@@ -642,7 +647,9 @@ int main(int argc, char **argv)
 		uint32_t committed;
 
 		kill_under_load(b, cyc);
-		S = (struct start){.pass = 1, .fdstore = 1, .abstract = 1};
+		/* Odd cycles copy on workers, which checksum what they wrote: the adopter checks
+		 * those crcs against the bytes. */
+		S = (struct start){.pass = 1, .fdstore = 1, .abstract = 1, .workers = cyc & 1};
 		from = ev_count();
 		b = sd_start(sh->sock);
 		CHECKF(ev_wait(from, "READY=1", 5000) >= 0, "cycle %d: no READY=1", cyc);
