@@ -56,6 +56,7 @@ struct host_engine {
 	uint32_t fail_every; /* testing: every n-th queued job fails with -EIO */
 	uint64_t queued;     /* jobs taken by workers */
 	uint32_t nthreads;
+	uint32_t whole_running; /* jobs of one part being copied (see may_take) */
 	int stop;
 	pthread_t threads[HOST_MAX_THREADS];
 };
@@ -123,6 +124,21 @@ static void take_part(struct host_engine *h, struct part *p)
 	}
 }
 
+/*
+ * Whether a worker may take the head job now. A job of one part (not split: smaller, or with
+ * file segments, or a view's many segments) runs on at most nthreads - 1 workers at a time
+ * (one of one, with fewer than three): one worker is kept for the parts of large pages, so
+ * that a TP fan-out never waits behind a flood of whole jobs, and on two CPUs such a flood
+ * keeps one worker busy, as it did before jobs were split (t_fairness's view flood).
+ */
+static int may_take(const struct host_engine *h)
+{
+	const struct copy_job *j = h->pend_head;
+	uint32_t max = h->nthreads > 2 ? h->nthreads - 1 : 1;
+
+	return j && (j->part_bytes < j->bytes || h->whole_running < max);
+}
+
 static void *worker(void *arg)
 {
 	struct host_engine *h = arg;
@@ -139,18 +155,23 @@ static void *worker(void *arg)
 		struct copy_job *j;
 		struct part p;
 		uint32_t delay = 0;
-		int fail = 0, res;
+		int fail = 0, res, whole;
 
-		while (!h->pend_head && !h->stop)
+		while (!may_take(h) && !h->stop)
 			pthread_cond_wait(&h->cond, &h->lock);
-		if (!h->pend_head)
-			break; /* stop, and nothing left to do */
+		/* Stopping: what is left is ours, or that of the worker a whole job keeps busy. */
+		if (!may_take(h))
+			break;
 		j = h->pend_head;
 		if (!j->taken) { /* the testing knobs act once per job, on its first part */
 			delay = h->delay_us;
 			fail = h->fail_every && !(++h->queued % h->fail_every);
 		}
+		whole = j->part_bytes >= j->bytes;
+		h->whole_running += (uint32_t)whole;
 		take_part(h, &p);
+		if (may_take(h))
+			pthread_cond_signal(&h->cond); /* more for another worker */
 		pthread_mutex_unlock(&h->lock);
 
 		if (delay) {
@@ -161,6 +182,12 @@ static void *worker(void *arg)
 		res = fail ? -EIO : run_part(&p);
 
 		pthread_mutex_lock(&h->lock);
+		if (whole) {
+			h->whole_running--;
+			if (may_take(h))
+				pthread_cond_signal(
+					&h->cond); /* a whole job another may take now */
+		}
 		if (res && !j->res)
 			j->res = res;
 		if (--j->running || j->taken != j->bytes)
