@@ -117,12 +117,10 @@ struct kvb_client {
 	uint32_t flags; /* KVB_CONNECT_* */
 	uint32_t seq;	/* last control request seq */
 	uint32_t client_id;
-	uint32_t broker_minor;	 /* the broker's KVB_ABI_MINOR (what it understands) */
-	uint64_t spin_ns;	 /* CQ spin before sleeping */
-	uint64_t expect_bytes;	 /* the page the broker copies for the sync op waited on (ring.c) */
-	uint32_t copy_spin_lost; /* copy-length spins in a row that ran out (ring.c) */
-	uint32_t copy_spin_skips; /* ops since, that did not allow for the copy */
-	uint64_t get_self_min;	  /* kvb_get() into our own buffer copies pages this big itself */
+	uint32_t broker_minor; /* the broker's KVB_ABI_MINOR (what it understands) */
+	uint64_t spin_ns;      /* CQ spin before sleeping */
+	uint64_t expect_bytes; /* the page the broker copies for the sync op waited on (ring.c) */
+	uint64_t get_self_min; /* kvb_get() into our own buffer copies pages this big itself */
 
 	/* Ring region (absent on a control-only client: region == NULL). */
 	void *region;

@@ -21,8 +21,7 @@
  * KVB_CLIENT_SPIN_US overrides), because a sleeping wake-up costs ~10 us on these machines
  * against ~0.5 us for a polled round trip, plus the time the broker's copy of the page takes
  * at SPIN_COPY_BPS when the op is a GET or PUT the broker copies (expect_bytes): a 30 us spin
- * ran out inside every 1 MiB copy, and each page paid a sleep and a wake-up. Only while such
- * spins pay off: after two that ran out anyway, one op in eight (copy_spin_ns). While the broker
+ * ran out inside every 1 MiB copy, and each page paid a sleep and a wake-up. While the broker
  * polls on our own CPU (the spinning hints of wire.h) the spin yields every SPIN_YIELD_NS, so
  * that the broker runs instead of waiting for our time slice to end; it never yields
  * otherwise, because on a loaded machine a yield gives the CPU away to other tasks for a
@@ -71,8 +70,6 @@
 #define SPIN_COPY_BPS_PER_NS 2
 #define SPIN_COPY_MAX_NS 5000000ull
 #define SPIN_YIELD_NS 2000
-#define SPIN_LOST_MAX 2	   /* copy spins that ran out in a row: stop allowing for copies */
-#define SPIN_LOST_RETRY 8u /* then allow for one every this many ops */
 /*
  * The first yield only after this much spinning: a yield may hand the CPU to a third task for
  * a whole slice, so it is for a broker that has not run for a while (t_fairness p99s).
@@ -332,10 +329,10 @@ static int cq_nonempty(const struct kvb_client *c)
  * two or four CPUs our spinning would take the very CPU the broker needs to wake on (measured:
  * 25 us per op straight to sleep, 80-1000 us spinning 30 us, on a loaded 2-vCPU machine).
  */
-static int cq_spin_on(const struct kvb_client *c, uint64_t copy, uint64_t deadline)
+static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t now = now_ns();
-	uint64_t spin_end = now + c->spin_ns + copy;
+	uint64_t now = now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
 	uint64_t next_check = now + SPIN_YIELD_FIRST_NS;
 	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
 
@@ -363,39 +360,14 @@ static int cq_spin_on(const struct kvb_client *c, uint64_t copy, uint64_t deadli
 	}
 }
 
-/*
- * What a spin allows for the broker's copy of the page: its time at SPIN_COPY_BPS, unless the
- * last SPIN_LOST_MAX spins that allowed for a copy ran out all the same. Then our copies queue
- * behind others' (eight TP ranks loading one page: the CQE comes milliseconds later) or the
- * machine is too busy to copy at that rate, and spinning only takes CPU from the copy workers
- * (TP=8 load phase 161 -> 108 ms without it, docs/benchmarks.md); every SPIN_LOST_RETRY-th op
- * allows for the copy again, which notices when the queue is gone.
- */
-static uint64_t copy_spin_ns(struct kvb_client *c)
+static int cq_spin(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
-
-	if (!copy)
-		return 0;
-	if (c->copy_spin_lost >= SPIN_LOST_MAX && ++c->copy_spin_skips % SPIN_LOST_RETRY)
-		return 0;
-	return copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS;
-}
-
-static int cq_spin(struct kvb_client *c, uint64_t deadline)
-{
-	uint64_t copy;
 	int r;
 
 	if (c->broker_waking)
 		return cq_nonempty(c);
-	copy = copy_spin_ns(c);
-	r = cq_spin_on(c, copy, deadline);
+	r = cq_spin_on(c, deadline);
 	kvb_store_relaxed(c->spin_cpu, 0);
-	if (copy && r)
-		c->copy_spin_lost = 0;
-	else if (copy && c->copy_spin_lost < SPIN_LOST_MAX)
-		c->copy_spin_lost++;
 	return r;
 }
 

@@ -342,6 +342,37 @@ static int64_t put_new(struct kvbb_w *w, uint64_t i)
 }
 
 /*
+ * Hands n ops to the broker (kvb_submit, as often as the SQ takes them) and reaps all n
+ * completions into comp[], in the order they came.
+ */
+static int submit_all(struct kvbb_w *w, const struct kvb_op *ops, size_t n,
+		      struct kvb_completion *comp)
+{
+	size_t sent = 0, done = 0;
+	int rc;
+
+	while (done < n) {
+		if (sent < n) {
+			rc = kvb_submit(w->c, ops + sent, n - sent);
+			if (rc < 0)
+				return rc;
+			sent += (size_t)rc;
+		}
+		rc = kvb_reap(w->c, comp + done, n - done, 1, 10000);
+		if (rc < 0)
+			return rc;
+		done += (size_t)rc;
+	}
+	return 0;
+}
+
+static void count_put(struct kvbb_w *w, uint32_t flags)
+{
+	w->s->dedup += (flags & KVB_CQEF_EXISTED) != 0;
+	w->s->stored += (flags & KVB_CQEF_EXISTED) == 0;
+}
+
+/*
  * --qd N (get, put): one op is N GETs or PUTs handed to the broker with one kvb_submit and all
  * reaped before the next op, which is how an engine moves the pages of one request. Pages
  * i*N .. i*N+N-1 of the thread's sequence, each in its own slot of the registered buffer.
@@ -351,7 +382,7 @@ static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
 	const struct kvbb_cfg *cfg = w->cfg;
 	struct kvb_op ops[KVBB_MAX_QD];
 	struct kvb_completion comp[KVBB_MAX_QD];
-	size_t pb = cfg->page_bytes, n = cfg->qd, sent = 0, done = 0, j;
+	size_t pb = cfg->page_bytes, n = cfg->qd, j;
 	int64_t moved = 0;
 	int rc;
 
@@ -367,32 +398,21 @@ static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
 		ops[j].off = (put || !cfg->dst_hot ? idx % w->slots : j) * pb;
 		ops[j].user_data = j;
 	}
-	while (done < n) {
-		if (sent < n) {
-			rc = kvb_submit(w->c, ops + sent, n - sent);
-			if (rc < 0)
-				return rc;
-			sent += (size_t)rc;
-		}
-		rc = kvb_reap(w->c, comp, n, 1, 10000);
-		if (rc < 0)
-			return rc;
-		for (j = 0; j < (size_t)rc; j++) {
-			int32_t res = comp[j].res;
+	rc = submit_all(w, ops, n, comp);
+	if (rc < 0)
+		return rc;
+	for (j = 0; j < n; j++) {
+		int32_t res = comp[j].res;
 
-			if (res == -ENOENT && !put && (cfg->miss_ok || cfg->miss_fill)) {
-				w->s->misses++;
-				continue;
-			}
-			if (res < 0)
-				return res;
-			if (put) {
-				w->s->dedup += (comp[j].flags & KVB_CQEF_EXISTED) != 0;
-				w->s->stored += (comp[j].flags & KVB_CQEF_EXISTED) == 0;
-			}
-			moved += (int64_t)pb;
+		if (res == -ENOENT && !put && (cfg->miss_ok || cfg->miss_fill)) {
+			w->s->misses++;
+			continue;
 		}
-		done += (size_t)rc;
+		if (res < 0)
+			return res;
+		if (put)
+			count_put(w, comp[j].flags);
+		moved += (int64_t)pb;
 	}
 	for (j = 0; w->verify && !put && j < n; j++)
 		if (kvbb_check_page(w->buf + ops[j].off, pb, &ops[j].key) && !cfg->miss_ok &&
@@ -656,7 +676,7 @@ static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, ui
 	const struct kvbb_cfg *cfg = w->cfg;
 	struct kvb_op ops[KVBB_MAX_QD];
 	struct kvb_completion comp[KVBB_MAX_QD];
-	uint32_t sent = 0, done = 0, j;
+	uint32_t j;
 	int rc;
 
 	memset(ops, 0, n * sizeof(ops[0]));
@@ -668,32 +688,19 @@ static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, ui
 		ops[j].off = ((base + from + j) % w->slots) * cfg->page_bytes;
 		ops[j].user_data = from + j;
 	}
-	while (done < n) {
-		if (sent < n) {
-			rc = kvb_submit(w->c, ops + sent, n - sent);
-			if (rc < 0)
-				return rc;
-			sent += (uint32_t)rc;
+	rc = submit_all(w, ops, n, comp);
+	for (j = 0; !rc && j < n; j++) {
+		if (!put && comp[j].res == -ENOENT) {
+			if (comp[j].user_data < *first_miss)
+				*first_miss = (uint32_t)comp[j].user_data;
+			continue;
 		}
-		rc = kvb_reap(w->c, comp, n, 1, 10000);
-		if (rc < 0)
-			return rc;
-		for (j = 0; j < (uint32_t)rc; j++) {
-			if (!put && comp[j].res == -ENOENT) {
-				if (comp[j].user_data < *first_miss)
-					*first_miss = (uint32_t)comp[j].user_data;
-				continue;
-			}
-			if (comp[j].res < 0)
-				return comp[j].res;
-			if (put) {
-				w->s->dedup += (comp[j].flags & KVB_CQEF_EXISTED) != 0;
-				w->s->stored += (comp[j].flags & KVB_CQEF_EXISTED) == 0;
-			}
-		}
-		done += (uint32_t)rc;
+		if (comp[j].res < 0)
+			return comp[j].res;
+		if (put)
+			count_put(w, comp[j].flags);
 	}
-	return 0;
+	return rc;
 }
 
 /*
