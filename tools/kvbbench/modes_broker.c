@@ -649,11 +649,17 @@ static int prep_engine(struct kvbb_cfg *cfg, char *err, size_t errlen)
 
 static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 {
+	struct kvb_layout l = w->cfg->layout;
 	int rc;
 
 	if (w->slots < req_pages(w->cfg))
 		w->slots = req_pages(w->cfg);
-	rc = setup_reg(w, err, errlen);
+	/* --tp: each rank opens the namespace as itself (MLA ranks resolve to one). */
+	l.tp_rank = (uint32_t)w->idx % l.tp_size;
+	rc = setup_conn_as(w, &l, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = alloc_reg(w, err, errlen);
 	if (rc < 0)
 		return rc;
 	w->req = calloc(req_pages(w->cfg), sizeof(*w->req));
