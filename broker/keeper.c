@@ -209,8 +209,8 @@ static int listen_at(const char *path)
  * write end of keeper_spawn's pipe rides along above them, close-on-exec, so that its EOF
  * tells the broker that the keeper runs (or one byte, that it could not be started).
  */
-static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n, char *path,
-						   int wfd)
+static void __attribute__((noreturn))
+keeper_exec(int lfd, const int *fds, uint32_t n, char *path, int wfd)
 {
 	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR), wout = 4 + (int)n;
 	char fail = 1;
