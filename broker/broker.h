@@ -228,6 +228,7 @@ struct broker {
 		uint64_t adopted_pages, adopt_torn;
 	} startup;
 	int keeper;   /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int fdstore;  /* systemd's fd store holds it (sdnotify.c): FDSTOREREMOVE at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
 	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "slot.h"
 #include "fastcopy.h"
 #include "log.h"
 
@@ -155,7 +156,7 @@ static void *worker(void *arg)
 		struct copy_job *j;
 		struct part p;
 		uint32_t delay = 0;
-		int fail = 0, res, whole;
+		int fail = 0, res, whole, last;
 
 		while (!may_take(h) && !h->stop)
 			pthread_cond_wait(&h->cond, &h->lock);
@@ -182,15 +183,26 @@ static void *worker(void *arg)
 		res = fail ? -EIO : run_part(&p);
 
 		pthread_mutex_lock(&h->lock);
-		if (whole) {
-			h->whole_running--;
-			if (may_take(h))
-				pthread_cond_signal(
-					&h->cond); /* a whole job another may take now */
-		}
 		if (res && !j->res)
 			j->res = res;
-		if (--j->running || j->taken != j->bytes)
+		last = !--j->running && j->taken == j->bytes;
+		/*
+		 * [crc-worker] The last part's worker has the job to itself: the slot's crc off the
+		 * loop thread, and off the lock (the other parts' bytes may be in other caches).
+		 */
+		if (last && !j->res && j->crc_len) {
+			pthread_mutex_unlock(&h->lock);
+			j->crc = slot_crc32c(j->crc_at, j->crc_len);
+			j->has_crc = 1;
+			pthread_mutex_lock(&h->lock);
+		}
+		if (whole) {
+			h->whole_running--;
+			/* A whole job that another worker may take now. */
+			if (may_take(h))
+				pthread_cond_signal(&h->cond);
+		}
+		if (!last)
 			continue; /* other parts are still being copied, or still queued */
 		j->next = NULL;
 		*h->done_tail = j;

@@ -369,6 +369,7 @@ int keeper_main(int nfds)
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
+	signal(SIGUSR2, SIG_IGN); /* "systemctl kill -s SIGUSR2" without --kill-who=main */
 	if (nfds <= 0 || nfds > (int)KEEPER_MAX_FDS ||
 	    getsockname(3, (struct sockaddr *)&sa, &sl) || sa.sun_family != AF_UNIX ||
 	    stat(sa.sun_path, &st) < 0)

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "copy.h"
+#include "slot.h"
 
 static int window_fd = -1; /* read() of this fd holds the window open, once */
 
@@ -132,7 +133,8 @@ static void test_copy_host_many_jobs_quiet_after(void **state)
 /*
  * Fan-out: jobs of several MiB split into parts that four workers copy side by side. Segments
  * of odd lengths (parts begin and end inside them) and an empty one; every byte lands where it
- * belongs, each job completes once, and one that fails (every 3rd) fails as a whole.
+ * belongs, each job completes once with the crc of all its bytes, and one that fails (every
+ * 3rd) fails as a whole, with no crc.
  */
 static void test_copy_host_split_jobs(void **state)
 {
@@ -162,11 +164,14 @@ static void test_copy_host_split_jobs(void **state)
 						       seglen[s]};
 			off += seglen[s];
 		}
+		/* A PUT's slot crc: computed once, by the last part's worker, over all of it. */
 		jobs[k] = (struct copy_job){.done = done,
 					    .dev = COPY_HOST,
 					    .nsegs = NSEGS,
 					    .bytes = LEN,
-					    .segs = segs[k]};
+					    .segs = segs[k],
+					    .crc_at = dst + (size_t)k * LEN,
+					    .crc_len = LEN};
 		assert_int_equal(e->submit(e, &jobs[k]), COPY_QUEUED);
 	}
 	drain(e);
@@ -175,10 +180,13 @@ static void test_copy_host_split_jobs(void **state)
 	for (int k = 0; k < NJOBS; k++) {
 		if (k % 3 == 2) {
 			assert_int_equal(jobs[k].res, -EIO);
+			assert_int_equal(jobs[k].has_crc, 0);
 			continue;
 		}
 		assert_int_equal(jobs[k].res, 0);
 		assert_memory_equal(dst + (size_t)k * LEN, src, LEN);
+		assert_int_equal(jobs[k].has_crc, 1);
+		assert_int_equal(jobs[k].crc, slot_crc32c(src, LEN));
 	}
 	assert_false(readable(e->efd));
 	e->destroy(e);
