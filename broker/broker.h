@@ -65,6 +65,8 @@ struct config {
 	int has_group;
 	char metrics_listen[80];   /* --metrics-listen HOST:PORT, "" when off */
 	struct tenant_cfg tenants; /* --tenants, --tenant, --tenant-share (tenant.c) */
+	struct ns_limit ns_limits[NS_LIMITS_MAX]; /* --ns-limit (ns.h [ns-limit]) */
+	uint32_t n_ns_limits;
 	uint64_t max_lease_bytes;  /* --max-lease-bytes: page bytes one client may lease */
 	double max_lease_frac;	   /* ... as a fraction of its partition (N%) */
 	double max_pinned;	   /* --max-pinned: fraction of a partition leases may pin */

@@ -76,6 +76,11 @@ static int parse_amount(const char *arg, uint64_t *bytes, double *frac)
 	return parse_size(arg, bytes) || !*bytes ? -EINVAL : 0;
 }
 
+int tenant_parse_amount(const char *arg, uint64_t *bytes, double *frac)
+{
+	return parse_amount(arg, bytes, frac);
+}
+
 int tenant_parse_share(const char *arg, struct tenant_cfg *c)
 {
 	return parse_amount(arg, &c->share, &c->share_frac);

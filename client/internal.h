@@ -193,6 +193,11 @@ uint32_t kvbc_ns_cid(const struct kvb_client *c, uint32_t bid);
 uint32_t kvbc_buf_cid(const struct kvb_client *c, uint32_t bid);
 /* The SQE's ids, caller's -> broker's (nothing to do before the first reconnect). */
 void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe);
+/* ring.c: kvbc_sync_locked() of a PUT that names its parent (NULL: none) [parent-cells]. */
+int kvbc_sync_parent_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+			    struct kvb_cqe *cqe);
+/* ring.c: bytes of the arg area, from its start, that LOOKUP may use [parent-cells]. */
+uint32_t kvbc_lookup_room(const struct kvb_client *c);
 /* Remembers a created view (msg copied); -ENOMEM. */
 int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg, uint32_t len,
 		  uint32_t *id);

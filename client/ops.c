@@ -157,16 +157,22 @@ static int enter_ns(struct kvb_client *c, uint32_t ns, const struct kvbc_ns **ou
 }
 
 /* Runs sqe; returns the CQE's res (and its flags in *flags), or the transport's error. */
-static int run(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t *flags)
+static int run_parent(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+		      uint32_t *flags)
 {
 	struct kvb_cqe cqe;
-	int err = kvbc_sync_locked(c, sqe, &cqe);
+	int err = kvbc_sync_parent_locked(c, sqe, parent, &cqe);
 
 	if (err)
 		return err;
 	if (flags)
 		*flags = cqe.flags;
 	return cqe.res;
+}
+
+static int run(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t *flags)
+{
+	return run_parent(c, sqe, NULL, flags);
 }
 
 static int put_result(int res, uint32_t flags)
@@ -177,6 +183,12 @@ static int put_result(int res, uint32_t flags)
 }
 
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len)
+{
+	return kvb_put_child(c, ns, key, NULL, src, len);
+}
+
+int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent, const void *src,
+		  size_t len)
 {
 	const struct kvbc_ns *n;
 	const struct kvbc_buf *b;
@@ -207,7 +219,7 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		sqe.off = 0;
 	}
 	c->expect_bytes = len; /* the broker copies it (ring.c) */
-	err = run(c, &sqe, &flags);
+	err = run_parent(c, &sqe, parent, &flags);
 	c->expect_bytes = 0;
 	err = put_result(err, flags);
 out:
@@ -322,7 +334,7 @@ int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, 
 	if (err)
 		return err;
 	/* Keys then tier bytes of one chunk side by side: 33 bytes a key (>= 124 keys in 4 KiB). */
-	per = c->arg_size / (sizeof(kvb_key) + 1);
+	per = kvbc_lookup_room(c) / (sizeof(kvb_key) + 1);
 	if (n && !per) {
 		err = -EOPNOTSUPP; /* a broker started without an argument area */
 		goto out;
@@ -464,6 +476,12 @@ int kvb_nop(kvb_client *c)
 
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot)
 {
+	return kvb_view_put_child(c, view, key, NULL, slot);
+}
+
+int kvb_view_put_child(kvb_client *c, uint32_t view, kvb_key key, const kvb_key *parent,
+		       uint64_t slot)
+{
 	struct kvb_sqe sqe;
 	uint32_t flags = 0;
 	int err;
@@ -475,7 +493,7 @@ int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot)
 	sqe.flags = KVB_OPF_VIEW;
 	sqe.buf = view;
 	sqe.off = slot;
-	err = run(c, &sqe, &flags);
+	err = run_parent(c, &sqe, parent, &flags);
 	err = put_result(err, flags);
 	kvbc_leave(c);
 	return err;

@@ -274,7 +274,7 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 
 	if (sqe->resv0)
 		return -EINVAL;
-	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET))
+	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_OPF_PARENT))
 		return -EINVAL;
 	switch (sqe->opcode) {
 	case KVB_OP_ACQUIRE:
@@ -289,11 +289,16 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 			return -EINVAL;
 		return 0;
 	case KVB_OP_PUT:
-		if ((sqe->flags & KVB_SQEF_GET) || sqe->layer_first || sqe->layer_count)
+		if (sqe->flags & KVB_SQEF_GET)
+			return -EINVAL;
+		/* ABI 1.4: the parent's key in the arg area (wire.h). */
+		if (sqe->flags & KVB_OPF_PARENT)
+			return (uint64_t)sqe->parent_off + sizeof(kvb_key) <= arg_size ? 0 : -EINVAL;
+		if (sqe->layer_first || sqe->layer_count)
 			return -EINVAL; /* all or nothing */
 		return 0;
 	case KVB_OP_GET:
-		if ((sqe->flags & KVB_SQEF_GET) ||
+		if ((sqe->flags & (KVB_SQEF_GET | KVB_OPF_PARENT)) ||
 		    (!(sqe->flags & KVB_OPF_VIEW) && (sqe->layer_first || sqe->layer_count)))
 			return -EINVAL;
 		return 0;
