@@ -219,8 +219,8 @@ int ns_limit_parse(const char *arg, struct ns_limit *l)
 	return tenant_parse_amount(eq + 1, &l->bytes, &l->frac);
 }
 
-uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n,
-		     uint64_t part_bytes, uint64_t slot_bytes)
+uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n, uint64_t part_bytes,
+		     uint64_t slot_bytes)
 {
 	char model[sizeof(n->layout.model) + 1];
 	uint64_t cap;

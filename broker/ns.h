@@ -90,7 +90,7 @@ int ns_limit_parse(const char *arg, struct ns_limit *l);
  * The cap of namespace n in a partition of part_bytes under limits l[0, nl): 0 when no entry
  * names its model; never below one page (a smaller cap would refuse every PUT).
  */
-uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n,
-		     uint64_t part_bytes, uint64_t slot_bytes);
+uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n, uint64_t part_bytes,
+		     uint64_t slot_bytes);
 
 #endif /* KVB_BROKER_NS_H */

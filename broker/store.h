@@ -52,10 +52,10 @@ struct page {
 	 */
 	uint32_t parent;
 	uint32_t parent_gen;
-	uint32_t kids;	       /* indexed pages naming this one as parent: evicted after them */
-	struct list lru;       /* its partition's LRU: on it iff READY, unpinned, linked, not held */
-	struct list clru;      /* its class's LRU, same condition */
-	struct list nlru;      /* its namespace's LRU, same condition (--ns-limit) */
+	uint32_t kids;	  /* indexed pages naming this one as parent: evicted after them */
+	struct list lru;  /* its partition's LRU: on it iff READY, unpinned, linked, not held */
+	struct list clru; /* its class's LRU, same condition */
+	struct list nlru; /* its namespace's LRU, same condition (--ns-limit) */
 	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */
 };
 
@@ -109,9 +109,9 @@ struct store_stats {
 	uint64_t slabs_free;
 	uint64_t pinned; /* pages with pins > 0 */
 	/* [chain] */
-	uint64_t chain_links; /* PUTs linked to a parent in RAM */
-	uint64_t held;	      /* parents taken off the LRUs because they still had kids */
-	uint64_t chain_cuts;  /* parents evicted with kids (slab reclaim with nothing else left) */
+	uint64_t chain_links;  /* PUTs linked to a parent in RAM */
+	uint64_t held;	       /* parents taken off the LRUs because they still had kids */
+	uint64_t chain_cuts;   /* parents evicted with kids (slab reclaim with nothing else left) */
 	uint64_t ns_evictions; /* pages a namespace over its --ns-limit evicted of its own */
 };
 

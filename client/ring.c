@@ -517,8 +517,8 @@ static void sqe_parent(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t idx,
 {
 	uint32_t room = kvbc_lookup_room(c);
 
+	/* parent_off overlays the layer fields: left alone unless this PUT names a parent. */
 	sqe->flags &= (uint8_t)~KVB_OPF_PARENT;
-	sqe->parent_off = 0;
 	if (!parent || sqe->opcode != KVB_OP_PUT || room == c->arg_size)
 		return;
 	sqe->parent_off = room + idx * (uint32_t)sizeof(kvb_key);

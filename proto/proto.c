@@ -293,7 +293,8 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 			return -EINVAL;
 		/* ABI 1.4: the parent's key in the arg area (wire.h). */
 		if (sqe->flags & KVB_OPF_PARENT)
-			return (uint64_t)sqe->parent_off + sizeof(kvb_key) <= arg_size ? 0 : -EINVAL;
+			return (uint64_t)sqe->parent_off + sizeof(kvb_key) <= arg_size ? 0
+										       : -EINVAL;
 		if (sqe->layer_first || sqe->layer_count)
 			return -EINVAL; /* all or nothing */
 		return 0;

@@ -100,8 +100,8 @@ static kvb_key *chain_keys(const struct cfg *c)
 		for (uint32_t j = 0; j < c->shared; j++) {
 			for (uint32_t t = 0; t < c->tpp; t++)
 				tok[t] = (uint32_t)(c->seed * 7919 + g * 131 + j * 17 + t);
-			sys[g * c->shared + j] =
-				kvb_key_chain(j ? &sys[g * c->shared + j - 1] : NULL, tok, c->tpp);
+			sys[g * c->shared + j] = kvb_key_chain(
+				j ? &sys[g * c->shared + j - 1] : NULL, tok, c->tpp);
 		}
 	for (uint32_t p = 0; p < c->prompts; p++) {
 		kvb_key *k = &keys[(size_t)p * len];
@@ -120,8 +120,8 @@ static kvb_key *chain_keys(const struct cfg *c)
 }
 
 /* Pages of chain k (len) stored after its first missing one. */
-static uint64_t stranded(kvb_client *cl, uint32_t ns, const kvb_key *k, uint32_t len,
-			 uint32_t from, uint8_t *tiers, uint64_t *stored)
+static uint64_t stranded(kvb_client *cl, uint32_t ns, const kvb_key *k, uint32_t len, uint32_t from,
+			 uint8_t *tiers, uint64_t *stored)
 {
 	uint64_t n = 0;
 	size_t hits;
@@ -242,8 +242,11 @@ static void run(const struct cfg *c, kvb_client *cl, int parents, const double *
 				die("get", err);
 		}
 		for (uint32_t j = m + (uint32_t)hits; j < len; j++) {
-			ops[n] = (struct kvb_op){.opcode = KVB_OP_PUT, .ns = ns, .buf = buf,
-						 .key = k[j], .off = (uint64_t)j * pb,
+			ops[n] = (struct kvb_op){.opcode = KVB_OP_PUT,
+						 .ns = ns,
+						 .buf = buf,
+						 .key = k[j],
+						 .off = (uint64_t)j * pb,
 						 .user_data = j};
 			if (parents && j) {
 				ops[n].flags = KVB_OPF_PARENT;
@@ -274,9 +277,8 @@ static void run(const struct cfg *c, kvb_client *cl, int parents, const double *
 	}
 	r->secs = now() - t0;
 	for (uint32_t p = 0; p < c->prompts; p++)
-		r->stranded_end +=
-			stranded(cl, ns, &keys[(size_t)p * len], len,
-				 p < c->groups ? 0 : c->shared, tiers, &r->stored_end);
+		r->stranded_end += stranded(cl, ns, &keys[(size_t)p * len], len,
+					    p < c->groups ? 0 : c->shared, tiers, &r->stored_end);
 	/* Empty the pool for the next run (shared prefixes are deleted once, then -ENOENT). */
 	for (size_t i = 0; i < (size_t)c->prompts * len; i++) {
 		err = kvb_delete(cl, ns, keys[i]);
@@ -302,21 +304,36 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	struct cfg c = {.prompts = 3000, .groups = 16, .shared = 32, .own = 8,
-			.requests = 12000, .tpp = 16, .check_every = 16, .page_bytes = 16384,
-			.zipf = 0.9, .seed = 1, .engines = 8, .local = 64, .restart_every = 1500};
-	static const struct option lo[] = {
-		{"socket", required_argument, NULL, 'S'}, {"prompts", required_argument, NULL, 'p'},
-		{"groups", required_argument, NULL, 'g'}, {"shared", required_argument, NULL, 's'},
-		{"own", required_argument, NULL, 'o'},	  {"requests", required_argument, NULL, 'r'},
-		{"zipf", required_argument, NULL, 'z'},	  {"page", required_argument, NULL, 'b'},
-		{"tpp", required_argument, NULL, 't'},	  {"seed", required_argument, NULL, 'e'},
-		{"check-every", required_argument, NULL, 'k'},
-		{"engines", required_argument, NULL, 'E'},
-		{"local", required_argument, NULL, 'G'},
-		{"restart-every", required_argument, NULL, 'R'},
-		{"md", no_argument, NULL, 'm'},		  {"assert", no_argument, NULL, 'a'},
-		{NULL, 0, NULL, 0}};
+	struct cfg c = {.prompts = 3000,
+			.groups = 16,
+			.shared = 32,
+			.own = 8,
+			.requests = 12000,
+			.tpp = 16,
+			.check_every = 16,
+			.page_bytes = 16384,
+			.zipf = 0.9,
+			.seed = 1,
+			.engines = 8,
+			.local = 64,
+			.restart_every = 1500};
+	static const struct option lo[] = {{"socket", required_argument, NULL, 'S'},
+					   {"prompts", required_argument, NULL, 'p'},
+					   {"groups", required_argument, NULL, 'g'},
+					   {"shared", required_argument, NULL, 's'},
+					   {"own", required_argument, NULL, 'o'},
+					   {"requests", required_argument, NULL, 'r'},
+					   {"zipf", required_argument, NULL, 'z'},
+					   {"page", required_argument, NULL, 'b'},
+					   {"tpp", required_argument, NULL, 't'},
+					   {"seed", required_argument, NULL, 'e'},
+					   {"check-every", required_argument, NULL, 'k'},
+					   {"engines", required_argument, NULL, 'E'},
+					   {"local", required_argument, NULL, 'G'},
+					   {"restart-every", required_argument, NULL, 'R'},
+					   {"md", no_argument, NULL, 'm'},
+					   {"assert", no_argument, NULL, 'a'},
+					   {NULL, 0, NULL, 0}};
 	struct kvb_opts o = {0};
 	struct result res[2];
 	kvb_client *cl;
@@ -326,27 +343,59 @@ int main(int argc, char **argv)
 
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (opt) {
-		case 'S': c.socket = optarg; break;
-		case 'p': c.prompts = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'g': c.groups = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 's': c.shared = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'o': c.own = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'r': c.requests = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'z': c.zipf = strtod(optarg, NULL); break;
-		case 'b': c.page_bytes = strtoull(optarg, NULL, 0); break;
-		case 't': c.tpp = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'e': c.seed = strtoull(optarg, NULL, 0); break;
-		case 'k': c.check_every = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'E': c.engines = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'G': c.local = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'R': c.restart_every = (uint32_t)strtoul(optarg, NULL, 0); break;
-		case 'm': c.md = 1; break;
-		case 'a': c.assert_ok = 1; break;
-		default: usage();
+		case 'S':
+			c.socket = optarg;
+			break;
+		case 'p':
+			c.prompts = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'g':
+			c.groups = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 's':
+			c.shared = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'o':
+			c.own = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'r':
+			c.requests = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'z':
+			c.zipf = strtod(optarg, NULL);
+			break;
+		case 'b':
+			c.page_bytes = strtoull(optarg, NULL, 0);
+			break;
+		case 't':
+			c.tpp = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'e':
+			c.seed = strtoull(optarg, NULL, 0);
+			break;
+		case 'k':
+			c.check_every = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'E':
+			c.engines = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'G':
+			c.local = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'R':
+			c.restart_every = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case 'm':
+			c.md = 1;
+			break;
+		case 'a':
+			c.assert_ok = 1;
+			break;
+		default:
+			usage();
 		}
 	}
-	if (!c.prompts || !c.groups || !c.own || !c.requests || !c.tpp || !c.engines ||
-	    !c.local ||
+	if (!c.prompts || !c.groups || !c.own || !c.requests || !c.tpp || !c.engines || !c.local ||
 	    c.page_bytes % c.tpp || !c.page_bytes)
 		usage();
 	o.socket_path = c.socket;
@@ -380,14 +429,16 @@ int main(int argc, char **argv)
 		printf("{");
 		for (int i = 0; i < 2; i++)
 			printf("%s\"%s\": {\"hit_rate\": %.6f, \"lead\": %llu, \"asked\": %llu, "
-			       "\"stranded_seen\": %llu, \"stranded_end\": %llu, \"stored_end\": %llu, "
+			       "\"stranded_seen\": %llu, \"stranded_end\": %llu, \"stored_end\": "
+			       "%llu, "
 			       "\"puts\": %llu, \"put_existed\": %llu, \"secs\": %.3f}",
 			       i ? ", " : "", i ? "plain" : "parent",
 			       (double)res[i].lead / (double)res[i].asked,
 			       (unsigned long long)res[i].lead, (unsigned long long)res[i].asked,
 			       (unsigned long long)res[i].stranded_seen,
 			       (unsigned long long)res[i].stranded_end,
-			       (unsigned long long)res[i].stored_end, (unsigned long long)res[i].puts,
+			       (unsigned long long)res[i].stored_end,
+			       (unsigned long long)res[i].puts,
 			       (unsigned long long)res[i].put_existed, res[i].secs);
 		printf("}\n");
 	}

@@ -326,8 +326,7 @@ static int many_alloc(struct many *b, PyObject *keys, PyObject *bufs, const char
 }
 
 /* put_many / get_many: put 1 for PUT, 0 for GET. */
-static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, PyObject *parents,
-			 int put)
+static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, PyObject *parents, int put)
 {
 	kvbpy_client *cl = ns->cl;
 	PyObject *list = NULL;

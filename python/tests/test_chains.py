@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import kvbroker as kvb
-from conftest import Broker
+from conftest import Broker, prefix_stored
 
 PAGE = 1 << 20  # 1 MiB pages: 64 in the test broker's 64 MiB pool
 LEN = 10
@@ -26,26 +26,17 @@ def chain(seed: int) -> list[bytes]:
     return kvb.page_keys([seed * 1000 + i for i in range(LEN * 64)], 64)
 
 
-def whole(ns: kvb.Namespace, keys: list[bytes]) -> int:
-    """How many of keys are stored; fails when a stored one follows a missing one."""
-    _, tiers = ns.lookup_tiers(keys)
-    stored = [t != kvb.TIER_NONE for t in tiers]
-    n = sum(stored)
-    assert stored == [True] * n + [False] * (len(keys) - n), stored
-    return n
-
-
 def flood_and_check(c: kvb.Client, ns: kvb.Namespace, chains: list[list[bytes]],
                     src: kvb.HostBuffer) -> None:
     """PUTs fresh pages until the chains lost about half their pages, checking all the way."""
     total = len(chains) * LEN
     for i in range(400):
         ns.put(kvb.key_chain([7, i, 7]), memoryview(src)[:PAGE])
-        left = sum(whole(ns, k) for k in chains)
+        left = sum(prefix_stored(ns, k) for k in chains)
         if left <= total // 2:
             break
     assert left <= total // 2
-    assert any(whole(ns, k) for k in chains)  # the newest chains' heads are still there
+    assert any(prefix_stored(ns, k) for k in chains)  # the newest chains' heads are still there
 
 
 def store(put: Callable[[list[bytes]], None], n: int, seed: int) -> list[list[bytes]]:
@@ -71,7 +62,7 @@ def test_put_and_put_many_name_parents(own_broker: Broker) -> None:
             assert ns.put_many(keys, pages, [None, *keys[:-1]]) == [True] * LEN
 
         chains = store(one_by_one, 2, 10) + store(batch, 2, 20)
-        assert all(whole(ns, k) == LEN for k in chains)
+        assert all(prefix_stored(ns, k) == LEN for k in chains)
         flood_and_check(c, ns, chains, src)
 
 
@@ -95,12 +86,12 @@ def test_views_and_low_level_ops_name_parents(own_broker: Broker) -> None:
             batch = [kvb.Op(kvb.OP_PUT, 0, ns.id, src.id, k, i * PAGE, 0, 0, i,
                             keys[i - 1] if i else None) for i, k in enumerate(keys)]
             assert c.submit(batch) == LEN
-            got = []
+            got: list[kvb.Completion] = []
             while len(got) < LEN:
                 got += c.reap(LEN, 1, 10000)
             assert all(x.res == 0 for x in got)
 
         chains = store(view_puts, 2, 30) + store(ops, 2, 40)
-        assert all(whole(ns, k) == LEN for k in chains)
+        assert all(prefix_stored(ns, k) == LEN for k in chains)
         flood_and_check(c, ns, chains, src)
         v.destroy()

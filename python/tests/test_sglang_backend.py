@@ -26,7 +26,7 @@ from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_hash_str
 
 import kvbroker as kvb
-from conftest import Broker
+from conftest import Broker, prefix_stored
 from kvbroker.sglang import KVBrokerStorage, model_ns_name, pool_geometry
 
 PAGE = 16
@@ -508,10 +508,7 @@ def test_backups_name_parents_chains_evicted_tail_first(own_broker: Broker) -> N
     for _ in range(2000):  # 2 pages at a time: the chain's end is seen going page by page
         flood = hkeys(2)
         assert b.batch_set_v1(flood, S.indices([20, 21], PAGE)) == [True] * 2
-        _, tiers = ns.lookup_tiers(blob)
-        stored = [t != kvb.TIER_NONE for t in tiers]
-        n = sum(stored)
-        assert stored == [True] * n + [False] * (16 - n), stored
+        n = prefix_stored(ns, blob)
         if n < 16:
             break
     assert 0 < n < 16

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing dow
 pytest.importorskip("vllm")
 
 import vllm_support as vs
-from conftest import Broker
+from conftest import Broker, prefix_stored
 
 BS = 16
 
@@ -179,10 +179,7 @@ def test_stores_name_parents_chains_evicted_tail_first(tmp_path: Path,
         n = 20
         for i in range(100000):
             flood.put(kvb.key_chain([i, 424242]), page)
-            _, tiers = ns.lookup_tiers(keys)
-            stored = [t != kvb.TIER_NONE for t in tiers]
-            n = sum(stored)
-            assert stored == [True] * n + [False] * (20 - n), stored
+            n = prefix_stored(ns, keys)
             if n < 15:
                 break
         assert 0 < n < 15

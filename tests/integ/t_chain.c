@@ -73,8 +73,8 @@ static void by_hand(struct harness_broker *b)
 		harness_fill(mem + (size_t)j * pb, pb, &keys[0][0][j], SEED);
 	/* A view over the same buffer: layer L's token slot s at L * LEN * 64 KiB + s KiB. */
 	for (int L = 0; L < 16; L++)
-		part[L] = (struct kvb_view_part){.buf = buf, .stride = 1024,
-						 .base = (uint64_t)L * LEN * 64 * 1024};
+		part[L] = (struct kvb_view_part){
+			.buf = buf, .stride = 1024, .base = (uint64_t)L * LEN * 64 * 1024};
 	CHECK_OK(kvb_view_create(c, ns[0], part, 16, &view));
 
 	for (int m = 0; m < 2; m++) {
@@ -83,8 +83,10 @@ static void by_hand(struct harness_broker *b)
 
 			if (i == 1) { /* async, one batch */
 				for (int j = 0; j < LEN; j++) {
-					ops[j] = (struct kvb_op){.opcode = KVB_OP_PUT, .ns = ns[m],
-								 .buf = buf, .key = k[j],
+					ops[j] = (struct kvb_op){.opcode = KVB_OP_PUT,
+								 .ns = ns[m],
+								 .buf = buf,
+								 .key = k[j],
 								 .off = (uint64_t)j * pb};
 					if (j && !m) {
 						ops[j].flags = KVB_OPF_PARENT;
@@ -100,10 +102,14 @@ static void by_hand(struct harness_broker *b)
 			for (int j = 0; j < LEN; j++) {
 				/* Chain 3's head names a parent that was never stored. */
 				kvb_key ghost = harness_key(SEED, 999);
-				const kvb_key *p = m ? NULL : j ? &k[j - 1] : i == 3 ? &ghost : NULL;
+				const kvb_key *p = m	    ? NULL
+						   : j	    ? &k[j - 1]
+						   : i == 3 ? &ghost
+							    : NULL;
 
 				if (i == 2 && !m)
-					CHECK_RC(kvb_view_put_child(c, view, k[j], p, (uint64_t)j * 64),
+					CHECK_RC(kvb_view_put_child(c, view, k[j], p,
+								    (uint64_t)j * 64),
 						 0);
 				else
 					CHECK_RC(kvb_put_child(c, ns[m], k[j], p,
@@ -112,8 +118,11 @@ static void by_hand(struct harness_broker *b)
 			}
 		}
 		/* KVB_OPF_PARENT without parents, or on a GET: refused before anything queues. */
-		ops[0] = (struct kvb_op){.opcode = KVB_OP_PUT, .flags = KVB_OPF_PARENT,
-					 .ns = ns[m], .buf = buf, .key = keys[m][0][0]};
+		ops[0] = (struct kvb_op){.opcode = KVB_OP_PUT,
+					 .flags = KVB_OPF_PARENT,
+					 .ns = ns[m],
+					 .buf = buf,
+					 .key = keys[m][0][0]};
 		CHECK_RC(kvb_submit(c, ops, 1), -EINVAL);
 		ops[0].opcode = KVB_OP_GET;
 		CHECK_RC(kvb_submit_parents(c, ops, par, 1), -EINVAL);
@@ -138,7 +147,8 @@ static void by_hand(struct harness_broker *b)
 			if (m)
 				lost_plain += n;
 			else
-				CHECKF(n == 0, "chain %d: %d pages stored after a missing one", i, n);
+				CHECKF(n == 0, "chain %d: %d pages stored after a missing one", i,
+				       n);
 		}
 	}
 	harness_log("plain LRU stranded %d pages", lost_plain);

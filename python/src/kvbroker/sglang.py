@@ -584,6 +584,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             kb = _keys(keys)
             slots = self._slots(keys, host_indices)
+            done: list[bool]
             if put:
                 par = _parents(kb, extra_info)
                 if view is not None:
@@ -596,15 +597,12 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             else:
                 with self._staging_lock:
                     done = self._staged_get(ns, staging, kb, slots)
-        except kvb.PoolFull as e:
-            if not put:
-                self._broken(e, gen)
-                return [False] * n
-            logger.warning("kvbroker: pool full of leased pages: %s", e)
-            self.stats.add(errors=1)
-            return [False] * n
         except Exception as e:
-            self._broken(e, gen)
+            if put and isinstance(e, kvb.PoolFull):
+                logger.warning("kvbroker: pool full of leased pages: %s", e)
+                self.stats.add(errors=1)
+            else:
+                self._broken(e, gen)
             return [False] * n
         dt, pb = time.perf_counter() - t0, self._g().page_bytes
         if put:
