@@ -27,10 +27,10 @@
  *                              |                        ^  |
  *                              +--store_abort--> FREE   |  +--pin--> (pinned READY) --unpin--+
  *
- * A page is evictable iff it is READY, unpinned and still indexed; exactly those pages are on
- * the global LRU and on their class's LRU (coldest at the tail). Pinned pages (leases, copies in
- * flight) are off the lists, so finding a victim never scans them and "every page leased" is an
- * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
+ * A page is evictable iff it is READY, unpinned and still indexed; exactly those pages, but for
+ * held parents [chain], are on their partition's, class's and namespace's LRUs (coldest at the
+ * tail). Pinned pages (leases, copies in flight) are off the lists, so finding a victim never
+ * scans them and "every page leased" is an empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
  * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
  *
  * Victim choice (store_alloc_pref): a free slot of the class, else a new slab, in each arena in
@@ -42,6 +42,16 @@
  * such slabs the coldest page of our own class goes instead. So a single class is exact LRU,
  * and memory moves between page sizes in LRU order of slabs, with bounded work per allocation
  * (RECLAIM_TRIES slabs).
+ *
+ * Chains [chain]: a PUT may name its parent (store_link_parent: the page it continues, by id and
+ * generation; the parent counts its kids). Every victim is the coldest page with no kids
+ * (coldest(): parents met at the cold end are held off the LRUs until their last kid leaves,
+ * then come back at the cold end), so chains leave RAM tail first and a prefix lookup never
+ * finds a head evicted under a stored tail. Links point only back in allocation order (no
+ * cycles). A page leaving the index lets go of its parent (chain_detach); a parent freed with
+ * kids (DELETE, or a slab reclaim with nothing else left: chain_cuts) leaves them roots, their
+ * stale links failing the generation check. Namespace caps [ns-limit] (ns_room) evict the
+ * capped namespace's own coldest leaves, from its own LRU.
  *
  * With a disk tier [tier-seam], evict() frees a "clean" page (its copy on disk is complete) at
  * once and hands any other to the tier (tier.c), which writes it while it stays READY and
