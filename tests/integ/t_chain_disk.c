@@ -104,8 +104,9 @@ int main(int argc, char **argv)
 			for (int i = 0; i < CHAINS; i++)
 				left += whole(c, ns, i, &disk);
 			if (f % 50 == 49)
-				harness_log("after %d pages: %d chain pages left, %d of them on disk",
-					    f + 1, left, disk);
+				harness_log(
+					"after %d pages: %d chain pages left, %d of them on disk",
+					f + 1, left, disk);
 		}
 	}
 	/* A head that survived reads back byte-exact, from whichever tier holds it. */
