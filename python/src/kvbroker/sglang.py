@@ -591,12 +591,12 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
                     done = view.put_many(kb, slots, par)
                 else:
                     with self._staging_lock:
-                        done = self._staged_put(ns, staging, kb, slots, par)
+                        done = self._staged(ns, staging, kb, slots, par)
             elif view is not None:
                 done = list(view.get_many(kb, slots))
             else:
                 with self._staging_lock:
-                    done = self._staged_get(ns, staging, kb, slots)
+                    done = self._staged(ns, staging, kb, slots, None)
         except Exception as e:
             if put and isinstance(e, kvb.PoolFull):
                 logger.warning("kvbroker: pool full of leased pages: %s", e)
@@ -618,36 +618,27 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         kv: torch.Tensor = self.mem_pool_host.kv_buffer
         return kv.view(-1).view(torch.uint8)
 
-    def _staged_put(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
-                    slots: list[int], parents: list[bytes | None]) -> list[bool]:
+    def _staged(self, ns: kvb.Namespace, staging: Any, kb: list[bytes], slots: list[int],
+                parents: list[bytes | None] | None) -> list[bool]:
+        """The copy path: pages through the staging buffer, cap at a time; a PUT batch when
+        parents is given (one per key, or None each), else a GET batch.
+        """
         hb, st, cap = staging
         g, flat, pb = self._g(), self._flat(), self._g().page_bytes
-        mv = memoryview(hb)
+        mv, shape = memoryview(hb), g.canonical(flat, 0).shape
         out: list[bool] = []
         for i in range(0, len(kb), cap):
             chunk = slots[i:i + cap]
-            for j, s in enumerate(chunk):
-                st[j * pb:(j + 1) * pb].view(g.canonical(flat, 0).shape).copy_(
-                    g.canonical(flat, s))
-            out += ns.put_many(kb[i:i + cap], [mv[j * pb:(j + 1) * pb]
-                                               for j in range(len(chunk))],
-                               parents[i:i + cap])
-        return out
-
-    def _staged_get(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
-                    slots: list[int]) -> list[bool]:
-        hb, st, cap = staging
-        g, flat, pb = self._g(), self._flat(), self._g().page_bytes
-        mv = memoryview(hb)
-        out: list[bool] = []
-        for i in range(0, len(kb), cap):
-            chunk = slots[i:i + cap]
-            got = ns.get_many(kb[i:i + cap], [mv[j * pb:(j + 1) * pb]
-                                              for j in range(len(chunk))])
+            bufs = [mv[j * pb:(j + 1) * pb] for j in range(len(chunk))]
+            if parents is not None:
+                for j, s in enumerate(chunk):
+                    st[j * pb:(j + 1) * pb].view(shape).copy_(g.canonical(flat, s))
+                out += ns.put_many(kb[i:i + cap], bufs, parents[i:i + cap])
+                continue
+            got = ns.get_many(kb[i:i + cap], bufs)
             for j, s in enumerate(chunk):
                 if got[j]:  # a miss leaves the host page untouched
-                    g.canonical(flat, s).copy_(
-                        st[j * pb:(j + 1) * pb].view(g.canonical(flat, 0).shape))
+                    g.canonical(flat, s).copy_(st[j * pb:(j + 1) * pb].view(shape))
             out += got
         return out
 
