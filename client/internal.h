@@ -36,9 +36,8 @@
 /* How long a waiter spins on the CQ before it sleeps on the doorbell (see ring.c). */
 #define KVBC_SPIN_NS_DEFAULT 30000ull
 /*
- * kvb_get() of pages this big into a buffer of ours: ACQUIRE and our own copy (ops.c). Off
- * by default: on the 2-vCPU machines measured, eight TP ranks copying a Kimi page each
- * loaded in 115 ms (median of 5) against 66 ms with the broker's copy thread.
+ * kvb_get() of pages this big into a buffer of ours: ACQUIRE and our own copy (ops.c), when
+ * KVB_CLIENT_GET_SELF_KB is set but unreadable: off. Unset, ops.c's self_get_rule() decides.
  */
 #define KVBC_GET_SELF_DEFAULT UINT64_MAX
 /* How long a control request waits for its reply. */
@@ -76,6 +75,7 @@ struct kvbc_ns {
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
 	uint32_t tpp;	 /* tokens_per_page */
 	uint64_t page_bytes;
+	int self_get; /* kvb_get() into a buffer of ours: our own copy (ops.c, self_get_rule) */
 };
 
 /*

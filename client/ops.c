@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fastcopy.h"
 #include "internal.h"
@@ -33,6 +34,29 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
 		if (c->ns[i].id == ns)
 			return &c->ns[i];
 	return NULL;
+}
+
+/*
+ * Whether kvb_get() of this namespace's pages into a buffer of ours copies them itself (ACQUIRE,
+ * our copy, a deferred RELEASE) rather than leaving the copy to the broker's workers. Set,
+ * KVB_CLIENT_GET_SELF_KB decides by page size. Unset, the fan-out rule (docs/benchmarks.md,
+ * "MLA TP=8"): pages of 1 MiB or more of an MLA namespace shared by tp_size ranks, on a machine
+ * with at least two CPUs per rank, because there the ranks' eight copies of one page run side
+ * by side on their own CPUs where the broker has at most four workers; with fewer CPUs the
+ * ranks' copies only contend (measured slower on 2 vCPUs) and the broker's workers split each
+ * page instead.
+ */
+static int self_get_rule(const struct kvb_client *c, const struct kvb_layout *l, uint64_t pb)
+{
+	const char *env = getenv("KVB_CLIENT_GET_SELF_KB");
+	long cpus;
+
+	if (env && *env)
+		return pb >= c->get_self_min;
+	if (l->kind != KVB_LAYOUT_MLA || l->tp_size < 2 || pb < (1ull << 20))
+		return 0;
+	cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	return cpus >= 2 * (long)l->tp_size;
 }
 
 static int ns_reserve(struct kvb_client *c)
@@ -117,6 +141,7 @@ int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_
 				.tpp = l->tokens_per_page,
 				.page_bytes = pb,
 				.mlen = (uint32_t)mlen,
+				.self_get = self_get_rule(c, l, pb),
 			};
 			memcpy(n->msg, msg, mlen); /* [RECONNECT] opened again from this */
 		}
@@ -296,7 +321,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
 	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
 	 */
-	if (b && !b->gpu && !b->foreign && n->page_bytes >= c->get_self_min)
+	if (b && !b->gpu && !b->foreign && n->self_get)
 		b = NULL;
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
