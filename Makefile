@@ -113,7 +113,8 @@ KVBDISK := $(B)/bin/kvbdisk
 UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
 KVBGPUCHECK := $(B)/bin/kvbgpucheck
-PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK) $(B)/bin/kvbfetch
+PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK) $(B)/bin/kvbfetch \
+	$(B)/bin/kvbchain
 # The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
 # -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
 # into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks

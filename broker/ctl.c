@@ -300,6 +300,10 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	b->store.ns_part[n->id] = (uint8_t)s->part;
+	store_ns_limit(&b->store, n->id,
+		       ns_limit_of(b->cfg.ns_limits, b->cfg.n_ns_limits, n,
+				   b->store.part[s->part].bytes_total,
+				   b->store.cls[n->cls].slot_bytes));
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
 		if (s->nns >= b->cfg.max_ns) {
 			ns_release(&b->nst, &b->store, n->id); /* made for nothing: goes again */

@@ -109,6 +109,10 @@ static void usage(FILE *f)
 		"  --tenant-share RAM[,DISK]\n"
 		"                         the share of each tenant not listed (default: the rest\n"
 		"                         of the pool in 4 shares), taken at its first attach\n"
+		"  --ns-limit MODEL=SIZE|N%%\n"
+		"                         cap each namespace of a model (its layout's model\n"
+		"                         name) at SIZE of RAM or N%% of its tenant's pool; over\n"
+		"                         it, it evicts its own pages first; repeatable (16)\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: a quarter\n"
 		"                         of RAM, at most 64G)\n"
@@ -248,6 +252,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_TENANTS,
 		O_TENANT,
 		O_TENANT_SHARE,
+		O_NS_LIMIT,
 		O_MAXLB,
 		O_MAXPIN,
 		O_LEASE_LIFE,
@@ -298,6 +303,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"tenants", required_argument, NULL, O_TENANTS},
 		{"tenant", required_argument, NULL, O_TENANT},
 		{"tenant-share", required_argument, NULL, O_TENANT_SHARE},
+		{"ns-limit", required_argument, NULL, O_NS_LIMIT},
 		{"max-lease-bytes", required_argument, NULL, O_MAXLB},
 		{"max-pinned", required_argument, NULL, O_MAXPIN},
 		{"lease-lifetime", required_argument, NULL, O_LEASE_LIFE},
@@ -409,6 +415,12 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_TENANT_SHARE:
 			if (tenant_parse_share(optarg, &c->tenants))
 				goto bad;
+			break;
+		case O_NS_LIMIT:
+			if (c->n_ns_limits == NS_LIMITS_MAX ||
+			    ns_limit_parse(optarg, &c->ns_limits[c->n_ns_limits]))
+				goto bad;
+			c->n_ns_limits++;
 			break;
 		case O_MAXLB: {
 			size_t n = strlen(optarg);

@@ -21,6 +21,7 @@
 
 #include "ns.h"
 #include "pagehdr.h"
+#include "tenant.h"
 #include "proto.h"
 
 static uint8_t *put32(uint8_t *p, uint32_t v)
@@ -198,8 +199,41 @@ int ns_release(struct ns_table *t, struct store *s, uint32_t id)
 	while (t->count && !t->ns[t->count - 1])
 		t->count--;
 	s->ns_part[id] = 0;
+	s->ns_limit[id] = 0; /* [ns-limit] the next namespace of this id sets its own */
 	ns_free(n);
 	return 1;
+}
+
+int ns_limit_parse(const char *arg, struct ns_limit *l)
+{
+	const char *eq = strrchr(arg, '=');
+	size_t n;
+
+	memset(l, 0, sizeof(*l));
+	if (!eq || eq == arg)
+		return -EINVAL;
+	n = (size_t)(eq - arg);
+	if (n >= sizeof(l->model))
+		return -EINVAL;
+	memcpy(l->model, arg, n);
+	return tenant_parse_amount(eq + 1, &l->bytes, &l->frac);
+}
+
+uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n, uint64_t part_bytes,
+		     uint64_t slot_bytes)
+{
+	char model[sizeof(n->layout.model) + 1];
+	uint64_t cap;
+
+	memcpy(model, n->layout.model, sizeof(n->layout.model));
+	model[sizeof(n->layout.model)] = '\0';
+	for (uint32_t i = 0; i < nl; i++) {
+		if (strcmp(l[i].model, model))
+			continue;
+		cap = l[i].bytes ? l[i].bytes : (uint64_t)(l[i].frac * (double)part_bytes);
+		return cap < slot_bytes ? slot_bytes : cap;
+	}
+	return 0;
 }
 
 void ns_table_fini(struct ns_table *t)

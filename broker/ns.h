@@ -71,4 +71,26 @@ static inline struct ns *ns_get(const struct ns_table *t, uint32_t id)
 
 void ns_table_fini(struct ns_table *t);
 
+/*
+ * [ns-limit] --ns-limit MODEL=SIZE|N%: the namespaces of one model (its layout's model name,
+ * every tenant's and identity's alike) hold at most SIZE bytes of slots in RAM, or N% of their
+ * tenant's partition, each. Over its cap a namespace's PUT evicts its own coldest pages
+ * (store.c ns_room), so capping one model never evicts another's.
+ */
+#define NS_LIMITS_MAX 16
+struct ns_limit {
+	char model[64]; /* NUL-terminated, compared with the layout's model */
+	uint64_t bytes; /* or */
+	double frac;	/* of the partition */
+};
+
+/* Parses MODEL=SIZE|N% into *l; -EINVAL. */
+int ns_limit_parse(const char *arg, struct ns_limit *l);
+/*
+ * The cap of namespace n in a partition of part_bytes under limits l[0, nl): 0 when no entry
+ * names its model; never below one page (a smaller cap would refuse every PUT).
+ */
+uint64_t ns_limit_of(const struct ns_limit *l, uint32_t nl, const struct ns *n, uint64_t part_bytes,
+		     uint64_t slot_bytes);
+
 #endif /* KVB_BROKER_NS_H */

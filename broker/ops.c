@@ -502,8 +502,12 @@ static int op_put(struct broker *b, struct op *op)
 			/* Another rank or engine stored it: content keys make it equal. */
 			op->dedup = 1;
 			op->cqe.flags |= KVB_CQEF_EXISTED;
-			if (pg)
+			if (pg) {
+				/* [chain] One stored plain (or promoted) learns its parent now. */
+				if (op->sqe.flags & KVB_OPF_PARENT)
+					store_link_parent(&b->store, pg, &op->parent);
 				store_touch(&b->store, pg);
+			}
 			if (op->fill) {
 				b->xs.fill_existed++;
 				fill_stop(op);
@@ -521,6 +525,8 @@ static int op_put(struct broker *b, struct op *op)
 			return OPS_DEFERRED; /* runs again once a demotion freed RAM */
 		if (err)
 			return op_fail(op, err);
+		if (op->sqe.flags & KVB_OPF_PARENT)
+			store_link_parent(&b->store, pg, &op->parent);
 		op->pg = pg;
 		op->seg1 = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
 	}
@@ -852,6 +858,9 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 		return;
 	}
 	memcpy(op->key.b, sqe->key, sizeof(op->key.b));
+	/* [chain] Checked in bounds by kvb_sqe_check; read once, the client may reuse the cell. */
+	if (sqe->flags & KVB_OPF_PARENT)
+		memcpy(op->parent.b, s->arg + sqe->parent_off, sizeof(op->parent.b));
 	if (sqe->flags & KVB_OPF_VIEW) {
 		op->v = session_view(s, sqe->buf);
 		if (op->v) {

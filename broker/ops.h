@@ -44,6 +44,7 @@ struct op {
 	struct kvb_sqe sqe; /* the private copy; sqe.key is never read again, key is */
 	struct kvb_cqe cqe;
 	kvb_key key;
+	kvb_key parent;	   /* [chain] PUT with KVB_OPF_PARENT: read once from the arg area */
 	const char *waits; /* what it is parked on (drain log), NULL while it runs */
 	double since;	   /* taken from the SQ (drain log) */
 	struct page *pg;   /* the page a PUT writes or a GET copies from, while it is held */

@@ -27,10 +27,10 @@
  *                              |                        ^  |
  *                              +--store_abort--> FREE   |  +--pin--> (pinned READY) --unpin--+
  *
- * A page is evictable iff it is READY, unpinned and still indexed; exactly those pages are on
- * the global LRU and on their class's LRU (coldest at the tail). Pinned pages (leases, copies in
- * flight) are off the lists, so finding a victim never scans them and "every page leased" is an
- * empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
+ * A page is evictable iff it is READY, unpinned and still indexed; exactly those pages, but for
+ * held parents [chain], are on their partition's, class's and namespace's LRUs (coldest at the
+ * tail). Pinned pages (leases, copies in flight) are off the lists, so finding a victim never
+ * scans them and "every page leased" is an empty LRU: -ENOSPC at once. A dropped page that is still pinned leaves the index at once (a
  * new PUT of the key gets a fresh slot) and its slot is freed at the last unpin.
  *
  * Victim choice (store_alloc_pref): a free slot of the class, else a new slab, in each arena in
@@ -42,6 +42,16 @@
  * such slabs the coldest page of our own class goes instead. So a single class is exact LRU,
  * and memory moves between page sizes in LRU order of slabs, with bounded work per allocation
  * (RECLAIM_TRIES slabs).
+ *
+ * Chains [chain]: a PUT may name its parent (store_link_parent: the page it continues, by id and
+ * generation; the parent counts its kids). Every victim is the coldest page with no kids
+ * (coldest(): parents met at the cold end are held off the LRUs until their last kid leaves,
+ * then come back at the cold end), so chains leave RAM tail first and a prefix lookup never
+ * finds a head evicted under a stored tail. Links point only back in allocation order (no
+ * cycles). A page leaving the index lets go of its parent (chain_detach); a parent freed with
+ * kids (DELETE, or a slab reclaim with nothing else left: chain_cuts) leaves them roots, their
+ * stale links failing the generation check. Namespace caps [ns-limit] (ns_room) evict the
+ * capped namespace's own coldest leaves, from its own LRU.
  *
  * With a disk tier [tier-seam], evict() frees a "clean" page (its copy on disk is complete) at
  * once and hands any other to the tier (tier.c), which writes it while it stays READY and
@@ -212,6 +222,8 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		goto err_free;
 	for (uint32_t i = 0; i < POOL_MAX_PARTS; i++)
 		list_init(&s->part[i].lru);
+	for (uint32_t i = 0; i < STORE_MAX_NS; i++)
+		list_init(&s->ns_lru[i]);
 	for (uint32_t a = 0; a < p->narenas; a++) {
 		struct store_arena *ar = &s->ar[a];
 		uint64_t size = p->arena[a].size & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
@@ -344,6 +356,7 @@ static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 		pg->cls = (uint16_t)ci;
 		list_init(&pg->lru);
 		list_init(&pg->clru);
+		list_init(&pg->nlru);
 		/* Pop order = ascending offsets: neighbours stay neighbours in memory. */
 		sl->free_stack[n - 1 - i] = i;
 	}
@@ -386,15 +399,124 @@ static void lru_unlink(struct page *pg)
 	if (list_linked(&pg->lru)) {
 		list_del(&pg->lru);
 		list_del(&pg->clru);
+		if (list_linked(&pg->nlru))
+			list_del(&pg->nlru);
 	}
+}
+
+/* Onto its partition's, class's and namespace's LRUs: at the hot end, or the cold one. */
+static void lru_link_at(struct store *s, struct page *pg, int cold)
+{
+	uint32_t pt = store_part_of(s, pg);
+	void (*add)(struct list *, struct list *) = cold ? list_add_tail : list_add_head;
+
+	add(&s->part[pt].lru, &pg->lru);
+	add(&s->cls[pg->cls].lru[pt], &pg->clru);
+	if (pg->ns < STORE_MAX_NS)
+		add(&s->ns_lru[pg->ns], &pg->nlru);
 }
 
 static void lru_link(struct store *s, struct page *pg)
 {
-	uint32_t pt = store_part_of(s, pg);
+	lru_link_at(s, pg, 0);
+}
 
-	list_add_head(&s->part[pt].lru, &pg->lru);
-	list_add_head(&s->cls[pg->cls].lru[pt], &pg->clru);
+/* The three LRUs a page is on (lru_link_at), for coldest(). */
+enum { LRU_PART, LRU_CLASS, LRU_NS };
+
+static struct page *lru_page(struct list *n, int which)
+{
+	if (which == LRU_PART)
+		return list_entry(n, struct page, lru);
+	if (which == LRU_CLASS)
+		return list_entry(n, struct page, clru);
+	return list_entry(n, struct page, nlru);
+}
+
+/*
+ * [chain] The coldest leaf of an LRU: the page to evict. A page met at the cold end that still
+ * has kids is held, taken off every LRU, and the next is tried: the leaf that goes is the
+ * least recently used of the pages no stored page continues, so a chain leaves RAM tail first
+ * and its head, which every lookup of it needs, last. Bounded work: a page is held at most
+ * once per time it was linked, and each link (commit, unpin, touch) is one op's O(1), so the
+ * holding is paid for by the ops that linked those pages; nothing ever scans the LRU. A held
+ * page comes back when its last kid left (chain_detach, at the cold end: it was the coldest
+ * when held and no one touched it since) or when it is touched or pinned.
+ */
+static struct page *coldest(struct store *s, struct list *head, int which)
+{
+	while (!list_empty(head)) {
+		struct page *pg = lru_page(head->prev, which);
+
+		if (!pg->kids)
+			return pg;
+		lru_unlink(pg);
+		pg->held = 1;
+		s->st.held++;
+	}
+	return NULL;
+}
+
+/* [chain] Page id with generation gen, NULL when that page is gone (freed, slot reused). */
+static struct page *page_at(struct store *s, uint32_t id, uint32_t gen)
+{
+	uint32_t sid = id >> STORE_SLOT_BITS, slot = id & ((1u << STORE_SLOT_BITS) - 1);
+	struct slab *sl;
+
+	if (!gen || sid >= s->nslabs)
+		return NULL;
+	sl = &s->slabs[sid];
+	if (sl->cls < 0 || !sl->pages || slot >= sl->nslots || sl->pages[slot].gen != gen)
+		return NULL;
+	return &sl->pages[slot];
+}
+
+/* [chain] pg leaves the index: its parent has one kid fewer, and may be evicted once a leaf. */
+static void chain_detach(struct store *s, struct page *pg)
+{
+	struct page *p = page_at(s, pg->parent, pg->parent_gen);
+
+	pg->parent_gen = 0;
+	if (!p || !p->kids || --p->kids || !p->held)
+		return;
+	p->held = 0;
+	lru_link_at(s, p, 1);
+}
+
+/* Out of the index, and out of its chain. */
+static void unindex(struct store *s, struct page *pg)
+{
+	index_remove(&s->ix, &pg->ixn);
+	chain_detach(s, pg);
+}
+
+int store_link_parent(struct store *s, struct page *pg, const kvb_key *parent)
+{
+	struct page *p = store_find(s, pg->ns, parent);
+
+	/*
+	 * Only to a page allocated before this one (generations grow with every allocation):
+	 * links then always point back in time and can never close a cycle, whatever keys a
+	 * client sends (a cycle would keep its pages in RAM for ever).
+	 */
+	if (!p || p->unlinked || p->gen >= pg->gen || pg->parent_gen)
+		return 0;
+	pg->parent = p->id;
+	pg->parent_gen = p->gen;
+	p->kids++;
+	s->st.chain_links++;
+	return 1;
+}
+
+struct page *store_parent(struct store *s, const struct page *pg)
+{
+	return page_at(s, pg->parent, pg->parent_gen);
+}
+
+void store_ns_limit(struct store *s, uint32_t ns, uint64_t bytes)
+{
+	if (ns < STORE_MAX_NS)
+		s->ns_limit[ns] = bytes;
 }
 
 /* [page-wake] pg changed state: whoever waits on it runs again (store.h). */
@@ -449,11 +571,16 @@ static void slot_free(struct store *s, struct page *pg)
 	s->st.pages--;
 	part_of(s, pg)->bytes_used -= c->slot_bytes;
 	part_of(s, pg)->pages--;
+	if (pg->ns < STORE_MAX_NS)
+		s->ns_bytes[pg->ns] -= c->slot_bytes;
 	if (pg->ns < STORE_MAX_NS && !--s->ns_pages[pg->ns] && s->ns_empty)
 		s->ns_empty(s->ns_empty_arg, pg->ns);
 	pg->state = PAGE_FREE;
 	pg->unlinked = 0;
 	pg->gen = 0;
+	pg->kids = 0; /* kids still naming it find a generation of 0: no parent */
+	pg->held = 0;
+	pg->parent_gen = 0;
 	sl->free_stack[sl->nfree++] = slot_of(pg);
 	sl->used--;
 	if (sl->nfree == 1) /* was full: back on the partial list */
@@ -479,11 +606,13 @@ static int evict(struct store *s, struct page *pg)
 			pg->demoting = 1;
 			s->demoting_bytes += s->cls[pg->cls].slot_bytes;
 			part_of(s, pg)->demoting_bytes += s->cls[pg->cls].slot_bytes;
+			if (pg->ns < STORE_MAX_NS)
+				s->ns_demoting[pg->ns] += s->cls[pg->cls].slot_bytes;
 			store_pin(s, pg);
 			return 0;
 		}
 	}
-	index_remove(&s->ix, &pg->ixn);
+	unindex(s, pg);
 	s->st.evictions++;
 	part_of(s, pg)->evictions++;
 	slot_free(s, pg);
@@ -535,12 +664,44 @@ struct page *store_find(struct store *s, uint32_t ns, const kvb_key *key)
 	return n ? list_entry(n, struct page, ixn) : NULL;
 }
 
-/* Evicts every evictable page of a slab; the slab is freed when nothing pinned remains. */
-static void slab_reclaim(struct store *s, struct slab *sl)
+/*
+ * Evicts every evictable page of a slab; the slab is freed when nothing pinned remains. [chain]
+ * Pages with kids stay unless cut: last in the slab first, since a chain's pages are allocated
+ * in order, so a page whose kids were all in this slab is a leaf again by the time the walk
+ * reaches it. cut: parents go too (their kids elsewhere stay, cut from them, counted).
+ */
+static void slab_reclaim(struct store *s, struct slab *sl, int cut)
 {
-	for (uint32_t i = 0; i < sl->nslots && sl->cls >= 0; i++)
-		if (list_linked(&sl->pages[i].lru) && evict(s, &sl->pages[i]) < 0)
+	for (uint32_t i = sl->nslots; i-- > 0 && sl->cls >= 0;) {
+		struct page *pg = &sl->pages[i];
+
+		if (!list_linked(&pg->lru) && !pg->held)
+			continue;
+		if (pg->kids && !cut)
+			continue;
+		s->st.chain_cuts += !!pg->kids;
+		if (evict(s, pg) < 0)
 			break;
+	}
+}
+
+/*
+ * [ns-limit] Makes room for one more slot of slot bytes under namespace ns's cap by evicting its
+ * own coldest leaves. 0 when it fits, -ENOSPC when nothing of it is evictable (a PUT then waits
+ * for its demotions, or fails like one into a pool full of leased pages).
+ */
+static int ns_room(struct store *s, uint32_t ns, uint64_t slot)
+{
+	if (ns >= STORE_MAX_NS || !s->ns_limit[ns])
+		return 0;
+	while (s->ns_bytes[ns] - s->ns_demoting[ns] + slot > s->ns_limit[ns]) {
+		struct page *v = coldest(s, &s->ns_lru[ns], LRU_NS);
+
+		if (!v || evict(s, v) < 0)
+			return -ENOSPC;
+		s->st.ns_evictions++;
+	}
+	return 0;
 }
 
 int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
@@ -551,22 +712,35 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	struct list *lru = &s->part[part].lru;
 	struct page *pg;
 
+	struct page *cold = NULL;
+	int err;
+
 	if (part >= s->pool->nparts)
 		return -ENOSPC;
+	err = ns_room(s, ns, c->slot_bytes);
+	if (err)
+		return err;
 	pg = slot_take(s, ci, part, pref);
-	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && !list_empty(lru); tries--) {
-		struct page *cold = list_entry(lru->prev, struct page, lru);
-
+	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
+	     tries--) {
 		if (cold->cls == ci) {
 			if (evict(s, cold) < 0)
 				break;
 		} else {
-			slab_reclaim(s, slab_of(s, cold));
+			slab_reclaim(s, slab_of(s, cold), 0);
 		}
 		pg = slot_take(s, ci, part, pref);
 	}
-	if (!pg && !list_empty(&c->lru[part])) {
-		evict(s, list_entry(c->lru[part].prev, struct page, clru));
+	if (!pg && (cold = coldest(s, &c->lru[part], LRU_CLASS))) {
+		evict(s, cold);
+		pg = slot_take(s, ci, part, pref);
+	}
+	/*
+	 * [chain] Memory held by chains of other page sizes whose slabs cannot be emptied leaf by
+	 * leaf: the one case where a chain is cut rather than this PUT refused.
+	 */
+	if (!pg && (cold = coldest(s, lru, LRU_PART)) && cold->cls != ci) {
+		slab_reclaim(s, slab_of(s, cold), 1);
 		pg = slot_take(s, ci, part, pref);
 	}
 	if (!pg)
@@ -581,6 +755,9 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->demoting = 0;
 	pg->rflags = 0;
 	pg->waiters = NULL;
+	pg->parent_gen = 0;
+	pg->kids = 0;
+	pg->held = 0;
 	index_insert(&s->ix, &pg->ixn);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
@@ -590,8 +767,10 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	s->part[part].pinned_bytes += c->slot_bytes;
 	slab_of(s, pg)->pinned++;
 	slab_of(s, pg)->writing++;
-	if (ns < STORE_MAX_NS)
+	if (ns < STORE_MAX_NS) {
 		s->ns_pages[ns]++;
+		s->ns_bytes[ns] += c->slot_bytes;
+	}
 	*out = pg;
 	return 0;
 }
@@ -600,6 +779,7 @@ void store_pin(struct store *s, struct page *pg)
 {
 	if (!pg->pins++) {
 		lru_unlink(pg);
+		pg->held = 0; /* back on the LRUs at its unpin */
 		s->st.pinned++;
 		slab_of(s, pg)->pinned++;
 		part_of(s, pg)->pinned_bytes += s->cls[pg->cls].slot_bytes;
@@ -635,7 +815,7 @@ void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc)
 
 void store_abort(struct store *s, struct page *pg)
 {
-	index_remove(&s->ix, &pg->ixn);
+	unindex(s, pg);
 	pg->unlinked = 1;
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);
@@ -644,8 +824,9 @@ void store_abort(struct store *s, struct page *pg)
 
 void store_touch(struct store *s, struct page *pg)
 {
-	if (list_linked(&pg->lru)) {
+	if (list_linked(&pg->lru) || pg->held) {
 		lru_unlink(pg);
+		pg->held = 0;
 		lru_link(s, pg);
 	}
 }
@@ -654,7 +835,7 @@ void store_drop(struct store *s, struct page *pg)
 {
 	if (pg->unlinked)
 		return;
-	index_remove(&s->ix, &pg->ixn);
+	unindex(s, pg);
 	if (pg->pins)
 		pg->unlinked = 1;
 	else
@@ -678,9 +859,10 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max)
 		if (pt->bytes_used <= high)
 			continue;
 		/* Pages being demoted count as gone: their RAM is freed when their writes end. */
-		while (n < max && pt->bytes_used - pt->demoting_bytes > low &&
-		       !list_empty(&pt->lru)) {
-			if (evict(s, list_entry(pt->lru.prev, struct page, lru)) < 0)
+		while (n < max && pt->bytes_used - pt->demoting_bytes > low) {
+			struct page *cold = coldest(s, &pt->lru, LRU_PART);
+
+			if (!cold || evict(s, cold) < 0)
 				break;
 			n++;
 		}
@@ -693,11 +875,14 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 	pg->demoting = 0;
 	s->demoting_bytes -= s->cls[pg->cls].slot_bytes;
 	part_of(s, pg)->demoting_bytes -= s->cls[pg->cls].slot_bytes;
+	if (pg->ns < STORE_MAX_NS)
+		s->ns_demoting[pg->ns] -= s->cls[pg->cls].slot_bytes;
 	page_changed(s, pg);
 	if (ok) {
 		pg->clean = 1;
-		if (pg->pins == 1 && !pg->unlinked) {
-			index_remove(&s->ix, &pg->ixn);
+		/* [chain] A kid PUT while it was being written keeps it in RAM, clean. */
+		if (pg->pins == 1 && !pg->unlinked && !pg->kids) {
+			unindex(s, pg);
 			pg->unlinked = 1; /* freed by the unpin below */
 		}
 	}
@@ -705,8 +890,7 @@ void store_demote_done(struct store *s, struct page *pg, int ok)
 	if (!ok && list_linked(&pg->lru)) {
 		/* Still the coldest it was, not the newest: back to the cold end of the LRU. */
 		lru_unlink(pg);
-		list_add_tail(&part_of(s, pg)->lru, &pg->lru);
-		list_add_tail(&s->cls[pg->cls].lru[store_part_of(s, pg)], &pg->clru);
+		lru_link_at(s, pg, 1);
 	}
 }
 
@@ -731,6 +915,8 @@ int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint3
 	pg->pins = 0;
 	pg->unlinked = pg->clean = pg->demoting = 0;
 	pg->waiters = NULL;
+	pg->parent_gen = pg->kids = 0; /* [chain] links are not kept: adopted pages are roots */
+	pg->held = 0;
 	index_insert(&s->ix, &pg->ixn);
 	lru_link(s, pg);
 	sl->used++;
@@ -739,6 +925,7 @@ int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint3
 	part_of(s, pg)->bytes_used += s->cls[ci].slot_bytes;
 	part_of(s, pg)->pages++;
 	s->ns_pages[ns]++;
+	s->ns_bytes[ns] += s->cls[ci].slot_bytes;
 	if (gen > s->gen)
 		s->gen = gen;
 	return 0;
@@ -815,6 +1002,7 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 		pg->cls = (uint16_t)ci;
 		list_init(&pg->lru);
 		list_init(&pg->clru);
+		list_init(&pg->nlru);
 	}
 	for (uint32_t k = s->nslabs; k < sid; k++)
 		s->slabs[k].cls = -1; /* records skipped over: unused */

@@ -45,9 +45,17 @@ struct page {
 	uint8_t clean;	  /* a complete copy is on disk: evicting it loses nothing */
 	uint8_t demoting; /* being written to disk: READY, pinned by the tier */
 	uint8_t rflags;	  /* the remote tier's (remote.c): being fetched, published */
-	uint8_t resv;
-	struct list lru;       /* global LRU: on it iff READY, unpinned, linked */
-	struct list clru;      /* its class's LRU, same condition */
+	uint8_t held;	  /* [chain] off the LRUs: met at their cold end with kids > 0 */
+	/*
+	 * [chain] The page this one continues (PUT with a parent key): its id and generation, so
+	 * that a parent freed and its slot reused is never mistaken for it (parent_gen 0: none).
+	 */
+	uint32_t parent;
+	uint32_t parent_gen;
+	uint32_t kids;	  /* indexed pages naming this one as parent: evicted after them */
+	struct list lru;  /* its partition's LRU: on it iff READY, unpinned, linked, not held */
+	struct list clru; /* its class's LRU, same condition */
+	struct list nlru; /* its namespace's LRU, same condition (--ns-limit) */
 	struct waitq *waiters; /* ops parked until its next state change (ops.c), NULL: none */
 };
 
@@ -100,6 +108,11 @@ struct store_stats {
 	uint64_t evictions;
 	uint64_t slabs_free;
 	uint64_t pinned; /* pages with pins > 0 */
+	/* [chain] */
+	uint64_t chain_links;  /* PUTs linked to a parent in RAM */
+	uint64_t held;	       /* parents taken off the LRUs because they still had kids */
+	uint64_t chain_cuts;   /* parents evicted with kids (slab reclaim with nothing else left) */
+	uint64_t ns_evictions; /* pages a namespace over its --ns-limit evicted of its own */
 };
 
 struct store {
@@ -120,6 +133,14 @@ struct store {
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
 	uint64_t ns_pages[STORE_MAX_NS];
+	/*
+	 * [ns-limit] Per namespace: slot bytes in RAM, the cap (0: none; set when it opens, from
+	 * --ns-limit), bytes being demoted (they count as gone), and its LRU, coldest last.
+	 */
+	uint64_t ns_bytes[STORE_MAX_NS];
+	uint64_t ns_limit[STORE_MAX_NS];
+	uint64_t ns_demoting[STORE_MAX_NS];
+	struct list ns_lru[STORE_MAX_NS];
 	/*
 	 * [tier-seam] The disk tier (tier.c). evict() offers it every page without a copy on
 	 * disk: it returns 1 when it starts writing the page (which stays READY and readable,
@@ -189,6 +210,21 @@ static inline int store_alloc(struct store *s, int cls, uint32_t ns, const kvb_k
 {
 	return store_alloc_pref(s, cls, ns, key, (const struct store_pref *)0, out);
 }
+
+/*
+ * [chain] Links a page just allocated (WRITING, from store_alloc, not linked yet) to its parent:
+ * the indexed page of (pg's namespace, parent) in RAM, READY or still being written. The parent
+ * is not evicted while pg is indexed. Links only ever point at pages allocated before the one
+ * linking (the generation check makes a freed parent's reused slot no parent), so chains have
+ * no cycles. Returns 1 linked, 0 no parent in RAM (or parent == pg's own key).
+ */
+int store_link_parent(struct store *s, struct page *pg, const kvb_key *parent);
+
+/* [chain] The parent pg links to, NULL when none (never linked, or freed since). */
+struct page *store_parent(struct store *s, const struct page *pg);
+
+/* [ns-limit] Caps namespace ns at bytes of slots in RAM (0: no cap). */
+void store_ns_limit(struct store *s, uint32_t ns, uint64_t bytes);
 
 /* The arena a page's slot is in. */
 uint32_t store_arena(const struct store *s, const struct page *pg);

@@ -81,6 +81,11 @@ static int parse_amount(const char *arg, uint64_t *bytes, double *frac)
 	return parse_size(arg, bytes) || !*bytes ? -EINVAL : 0;
 }
 
+int tenant_parse_amount(const char *arg, uint64_t *bytes, double *frac)
+{
+	return parse_amount(arg, bytes, frac);
+}
+
 /* "RAM" or "RAM,DISK": each N% or a size; no DISK leaves *disk and *disk_frac 0. */
 static int parse_ram_disk(const char *arg, uint64_t *bytes, double *frac, uint64_t *disk,
 			  double *disk_frac)

@@ -56,6 +56,8 @@ struct tenant_table {
 int tenant_parse_mode(const char *arg, int *mode);
 /* Parses --tenant-share SIZE or N%, optionally ",DISK" (SIZE or N% of the disk tier). */
 int tenant_parse_share(const char *arg, struct tenant_cfg *c);
+/* "N%" (1..100) into *frac, or a non-zero size into *bytes (the other 0); -EINVAL. */
+int tenant_parse_amount(const char *arg, uint64_t *bytes, double *frac);
 
 /*
  * Cuts pool_bytes into partitions per c (listed tenants first, then equal shares of the rest),

@@ -203,6 +203,11 @@ uint32_t kvbc_ns_cid(const struct kvb_client *c, uint32_t bid);
 uint32_t kvbc_buf_cid(const struct kvb_client *c, uint32_t bid);
 /* The SQE's ids, caller's -> broker's (nothing to do before the first reconnect). */
 void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe);
+/* ring.c: kvbc_sync_locked() of a PUT that names its parent (NULL: none) [parent-cells]. */
+int kvbc_sync_parent_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+			    struct kvb_cqe *cqe);
+/* ring.c: bytes of the arg area, from its start, that LOOKUP may use [parent-cells]. */
+uint32_t kvbc_lookup_room(const struct kvb_client *c);
 /* Remembers a created view (msg copied); -ENOMEM. */
 int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void *msg, uint32_t len,
 		  uint32_t *id);
@@ -235,11 +240,12 @@ void kvbc_ring_teardown(struct kvb_client *c);
 int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe);
 /*
  * kvbc_sync_locked() in parts, for a call that works while its op runs (a filled PUT): posts
- * sqe and returns its slot (or a negative errno); kvbc_sync_done_locked() says whether its CQE
+ * sqe (naming parent, or NULL) and returns its slot (or a negative errno);
+ * kvbc_sync_done_locked() says whether its CQE
  * came, draining what is there without waiting; kvbc_wait_sync_locked() waits for it and frees
  * the slot (as kvbc_sync_locked() returns).
  */
-int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent);
 int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
 /* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);

@@ -185,16 +185,22 @@ static int enter_ns(struct kvb_client *c, uint32_t ns, const struct kvbc_ns **ou
 }
 
 /* Runs sqe; returns the CQE's res (and its flags in *flags), or the transport's error. */
-static int run(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t *flags)
+static int run_parent(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+		      uint32_t *flags)
 {
 	struct kvb_cqe cqe;
-	int err = kvbc_sync_locked(c, sqe, &cqe);
+	int err = kvbc_sync_parent_locked(c, sqe, parent, &cqe);
 
 	if (err)
 		return err;
 	if (flags)
 		*flags = cqe.flags;
 	return cqe.res;
+}
+
+static int run(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t *flags)
+{
+	return run_parent(c, sqe, NULL, flags);
 }
 
 static int put_result(int res, uint32_t flags)
@@ -222,8 +228,8 @@ static int put_result(int res, uint32_t flags)
  * (ask-first: EXISTED). -EAGAIN from the broker (it gave up on the fill): finish the copy and
  * send a plain PUT. Returns the CQE's res with its flags in *flags, or the transport's error.
  */
-static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, size_t len,
-		    uint32_t *flags)
+static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+		    const void *src, size_t len, uint32_t *flags)
 {
 	size_t done = 0, chunk = FILL_CHUNK_FIRST;
 	struct kvb_cqe cqe;
@@ -233,7 +239,7 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 
 	sqe->flags = KVB_SQEF_FILL;
 	kvb_store_relaxed(c->fill, 0); /* before the SQE: the SQ tail's release publishes it [R1] */
-	idx = kvbc_post_sync_locked(c, sqe);
+	idx = kvbc_post_sync_locked(c, sqe, parent);
 	if (idx < 0)
 		return idx;
 	seq = ++c->fill_seq;
@@ -269,12 +275,18 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, 
 	memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, len - done);
 	sqe->flags = 0;
 	c->expect_bytes = len;
-	err = run(c, sqe, flags);
+	err = run_parent(c, sqe, parent, flags);
 	c->expect_bytes = 0;
 	return err;
 }
 
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len)
+{
+	return kvb_put_child(c, ns, key, NULL, src, len);
+}
+
+int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent, const void *src,
+		  size_t len)
 {
 	const struct kvbc_ns *n;
 	const struct kvbc_buf *b;
@@ -303,14 +315,14 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
 		if (c->broker_minor >= 4 && len >= c->fill_min) {
-			err = put_fill(c, &sqe, src, len, &flags);
+			err = put_fill(c, &sqe, parent, src, len, &flags);
 			err = put_result(err, flags);
 			goto out;
 		}
 		kvb_copy(c->staging.addr, src, len);
 	}
 	c->expect_bytes = len; /* the broker copies it (ring.c) */
-	err = run(c, &sqe, &flags);
+	err = run_parent(c, &sqe, parent, &flags);
 	c->expect_bytes = 0;
 	err = put_result(err, flags);
 out:
@@ -425,7 +437,7 @@ int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, 
 	if (err)
 		return err;
 	/* Keys then tier bytes of one chunk side by side: 33 bytes a key (>= 124 keys in 4 KiB). */
-	per = c->arg_size / (sizeof(kvb_key) + 1);
+	per = kvbc_lookup_room(c) / (sizeof(kvb_key) + 1);
 	if (n && !per) {
 		err = -EOPNOTSUPP; /* a broker started without an argument area */
 		goto out;
@@ -567,6 +579,12 @@ int kvb_nop(kvb_client *c)
 
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot)
 {
+	return kvb_view_put_child(c, view, key, NULL, slot);
+}
+
+int kvb_view_put_child(kvb_client *c, uint32_t view, kvb_key key, const kvb_key *parent,
+		       uint64_t slot)
+{
 	struct kvb_sqe sqe;
 	uint32_t flags = 0;
 	int err;
@@ -578,7 +596,7 @@ int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot)
 	sqe.flags = KVB_OPF_VIEW;
 	sqe.buf = view;
 	sqe.off = slot;
-	err = run(c, &sqe, &flags);
+	err = run_parent(c, &sqe, parent, &flags);
 	err = put_result(err, flags);
 	kvbc_leave(c);
 	return err;

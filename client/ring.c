@@ -499,11 +499,44 @@ static int reserve_one(struct kvb_client *c)
 	}
 }
 
-static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind)
+uint32_t kvbc_lookup_room(const struct kvb_client *c)
+{
+	uint64_t cells = (uint64_t)c->nslots * sizeof(kvb_key);
+
+	/* [parent-cells] Only when that leaves LOOKUP at least half of the area. */
+	if (c->broker_minor < 4 || (uint64_t)c->arg_size < 2 * cells)
+		return c->arg_size;
+	return (uint32_t)(c->arg_size - cells);
+}
+
+/*
+ * [parent-cells] A PUT's parent key (ABI 1.4, wire.h KVB_OPF_PARENT) goes in its slot's own
+ * 32 bytes at the top of the arg area: the slot is ours until its CQE, and the broker reads
+ * the key when it takes the SQE, so no two ops in flight ever share a cell and LOOKUP (below
+ * kvbc_lookup_room) never touches one. Without room, or with an older broker, the PUT goes
+ * plain: the parent is a hint for eviction, never needed for correctness.
+ */
+static void sqe_parent(struct kvb_client *c, struct kvb_sqe *sqe, uint32_t idx,
+		       const kvb_key *parent)
+{
+	uint32_t room = kvbc_lookup_room(c);
+
+	/* parent_off overlays the layer fields: left alone unless this PUT names a parent. */
+	sqe->flags &= (uint8_t)~KVB_OPF_PARENT;
+	if (!parent || sqe->opcode != KVB_OP_PUT || room == c->arg_size)
+		return;
+	sqe->parent_off = room + idx * (uint32_t)sizeof(kvb_key);
+	memcpy(c->arg + sqe->parent_off, parent->b, sizeof(parent->b));
+	sqe->flags |= KVB_OPF_PARENT;
+}
+
+static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind,
+			 const kvb_key *parent)
 {
 	uint32_t idx = slot_get(c, kind, sqe->opcode, sqe->ns);
 
 	kvbc_sqe_ids(c, sqe); /* the slot keeps the caller's namespace id */
+	sqe_parent(c, sqe, idx, parent);
 	sqe->user_data = slot_token(c, idx);
 	memcpy(kvb_ring_prod_slot(&c->sq, 0), sqe, sizeof(*sqe));
 	kvb_ring_publish(&c->sq, 1); /* [R1] release: the SQE is visible before the tail */
@@ -515,22 +548,23 @@ static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind
  * Runs one SQE to completion. Returns 0 with the CQE in *cqe (whose res may be negative), or a
  * transport error (-ECONNRESET, -EPROTO) when no CQE will ever come.
  */
-int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe)
+int kvbc_sync_parent_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
+			    struct kvb_cqe *cqe)
 {
-	int idx = kvbc_post_sync_locked(c, sqe);
+	int idx = kvbc_post_sync_locked(c, sqe, parent);
 
 	if (idx < 0)
 		return idx;
 	return kvbc_wait_sync_locked(c, (uint32_t)idx, cqe);
 }
 
-int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent)
 {
 	int err = reserve_one(c);
 
 	if (err)
 		return err;
-	return (int)post_one(c, sqe, KVBC_SLOT_SYNC);
+	return (int)post_one(c, sqe, KVBC_SLOT_SYNC, parent);
 }
 
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes)
@@ -561,6 +595,11 @@ int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cq
 	return err;
 }
 
+int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe)
+{
+	return kvbc_sync_parent_locked(c, sqe, NULL, cqe);
+}
+
 /* Posts an SQE whose completion nobody waits for (its result is dropped). */
 int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
@@ -568,7 +607,7 @@ int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 
 	if (err)
 		return err;
-	post_one(c, sqe, KVBC_SLOT_DISCARD);
+	post_one(c, sqe, KVBC_SLOT_DISCARD, NULL);
 	return 0;
 }
 
@@ -587,15 +626,19 @@ int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const
 	return 0;
 }
 
-static int op_to_sqe(const struct kvb_client *c, const struct kvb_op *op, struct kvb_sqe *sqe)
+static int op_to_sqe(const struct kvb_client *c, const struct kvb_op *op, const kvb_key *parent,
+		     struct kvb_sqe *sqe)
 {
 	if (op->opcode >= KVB_OP__COUNT || op->opcode == KVB_OP_LOOKUP)
 		return -EINVAL; /* LOOKUP needs the argument area: kvb_lookup() only */
-	if (op->flags & ~KVB_OPF_VIEW || op->resv)
+	if (op->flags & ~(KVB_OPF_VIEW | KVB_OPF_PARENT) || op->resv)
+		return -EINVAL;
+	/* A parent is a PUT's, and needs its key (kvb_submit_parents()). */
+	if ((op->flags & KVB_OPF_PARENT) && (op->opcode != KVB_OP_PUT || !parent))
 		return -EINVAL;
 	memset(sqe, 0, sizeof(*sqe));
 	sqe->opcode = (uint8_t)op->opcode;
-	sqe->flags = (uint8_t)op->flags;
+	sqe->flags = (uint8_t)(op->flags & ~KVB_OPF_PARENT); /* set by sqe_parent() */
 	sqe->ns = op->ns;
 	memcpy(sqe->key, op->key.b, sizeof(sqe->key));
 	sqe->buf = op->buf;
@@ -607,6 +650,11 @@ static int op_to_sqe(const struct kvb_client *c, const struct kvb_op *op, struct
 }
 
 int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
+{
+	return kvb_submit_parents(c, ops, NULL, n);
+}
+
+int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *parents, size_t n)
 {
 	struct kvb_sqe sqe;
 	int64_t space;
@@ -620,7 +668,7 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 		return err;
 	/* Validate everything first: a batch is queued whole up to the room, or not at all. */
 	for (size_t i = 0; i < n; i++) {
-		err = op_to_sqe(c, &ops[i], &sqe);
+		err = op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
 		if (err)
 			goto out;
 	}
@@ -638,10 +686,12 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 	for (size_t i = 0; i < m; i++) {
 		uint32_t idx;
 
-		op_to_sqe(c, &ops[i], &sqe);
+		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
 		kvbc_sqe_ids(c, &sqe);
+		sqe_parent(c, &sqe, idx,
+			   (ops[i].flags & KVB_OPF_PARENT) && parents ? &parents[i] : NULL);
 		sqe.user_data = slot_token(c, idx);
 		memcpy(kvb_ring_prod_slot(&c->sq, (uint32_t)i), &sqe, sizeof(sqe));
 	}

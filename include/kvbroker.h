@@ -305,6 +305,17 @@ int kvb_lookup(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t
 int kvb_lookup_tiers(kvb_client *c, uint32_t ns, const kvb_key *keys, size_t n, size_t *hits,
 		     uint8_t *tiers);
 
+/*
+ * kvb_put() of a page that continues parent's (the key of the page before it in its chain, e.g.
+ * kvb_key_chain()'s parent; NULL: none, kvb_put() itself). With a broker of ABI 1.4 or later
+ * the broker evicts the chain tail first: parent stays in RAM as long as this page does, so a
+ * prefix lookup finds whole prefixes, never a head evicted under a stored tail. A parent not
+ * stored (or not in RAM) is no error; an older broker gets a plain PUT. Returns as kvb_put().
+ * (Library 0.4.)
+ */
+int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent, const void *src,
+		  size_t len);
+
 /* Drops a page; its memory is freed once no lease holds it. -ENOENT when not stored. */
 int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key);
 
@@ -460,6 +471,9 @@ int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *pa
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
 int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
 		 uint32_t layer_count);
+/* kvb_view_put() naming the page's parent, as kvb_put_child() (library 0.4). */
+int kvb_view_put_child(kvb_client *c, uint32_t view, kvb_key key, const kvb_key *parent,
+		       uint64_t slot);
 
 /* ---- asynchronous, batched operations (io_uring style) ---- */
 
@@ -476,6 +490,14 @@ enum kvb_opcode {
 };
 
 #define KVB_OPF_VIEW (1u << 0) /* buf is a view id and off a token slot */
+/*
+ * PUT only (broker ABI 1.4): the op's parent key is given (kvb_submit_parents(), or the
+ * library's kvb_put_child()/kvb_view_put_child()). The broker then evicts the page's chain
+ * tail first: no page is evicted while a page stored with it as parent is in RAM, so a
+ * prefix LOOKUP never finds a hole in the middle of a chain. Set by the library; a broker
+ * older than ABI 1.4 (or one without room in the ring's arg area) is sent plain PUTs.
+ */
+#define KVB_OPF_PARENT (1u << 2)
 
 struct kvb_op {
 	uint32_t opcode; /* enum kvb_opcode */
@@ -505,6 +527,14 @@ struct kvb_completion {
  * n when the ring is full: reap and retry), or a negative errno.
  */
 int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n);
+
+/*
+ * kvb_submit() whose PUTs may name their parents (library 0.4, broker ABI 1.4): parents[i] is
+ * the parent key of ops[i] when ops[i].flags has KVB_OPF_PARENT (as kvb_put_child()), unread
+ * otherwise; parents may be NULL when no op has the flag. -EINVAL: KVB_OPF_PARENT on an op
+ * other than PUT, or with parents NULL. The keys are copied before the call returns.
+ */
+int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *parents, size_t n);
 
 /*
  * Reaps up to max completions, waiting until at least min have arrived or timeout_ms passed

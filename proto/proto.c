@@ -274,7 +274,7 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 
 	if (sqe->resv0)
 		return -EINVAL;
-	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_SQEF_FILL))
+	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_SQEF_FILL | KVB_OPF_PARENT))
 		return -EINVAL;
 	/* A filled PUT copies from one host buffer of the client (wire.h): no view, no other op. */
 	if ((sqe->flags & KVB_SQEF_FILL) &&
@@ -293,11 +293,17 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 			return -EINVAL;
 		return 0;
 	case KVB_OP_PUT:
-		if ((sqe->flags & KVB_SQEF_GET) || sqe->layer_first || sqe->layer_count)
+		if (sqe->flags & KVB_SQEF_GET)
+			return -EINVAL;
+		/* ABI 1.4: the parent's key in the arg area (wire.h). */
+		if (sqe->flags & KVB_OPF_PARENT)
+			return (uint64_t)sqe->parent_off + sizeof(kvb_key) <= arg_size ? 0
+										       : -EINVAL;
+		if (sqe->layer_first || sqe->layer_count)
 			return -EINVAL; /* all or nothing */
 		return 0;
 	case KVB_OP_GET:
-		if ((sqe->flags & KVB_SQEF_GET) ||
+		if ((sqe->flags & (KVB_SQEF_GET | KVB_OPF_PARENT)) ||
 		    (!(sqe->flags & KVB_OPF_VIEW) && (sqe->layer_first || sqe->layer_count)))
 			return -EINVAL;
 		return 0;

@@ -62,7 +62,8 @@
 #define KVB_ABI_MAJOR 1
 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET;
  * 3: DROP, paged STATS (struct kvb_msg_stats_page);
- * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory) */
+ * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
+ *    (issue 20: a PUT's parent key, in the arg area) */
 #define KVB_ABI_MINOR 4
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
@@ -342,16 +343,31 @@ struct kvb_sqe {
 			uint32_t resv1[5]; /* 0 */
 		} batch;
 	};
-	uint32_t buf;	      /* buffer id, or view id with KVB_OPF_VIEW */
-	uint16_t layer_first; /* view GET: first layer */
-	uint16_t layer_count; /* view GET: layers, 0 = all */
-	uint64_t off;	      /* offset in buf, view token slot, or lease id (RELEASE) */
+	uint32_t buf; /* buffer id, or view id with KVB_OPF_VIEW */
+	union {
+		struct {
+			uint16_t layer_first; /* view GET: first layer */
+			uint16_t layer_count; /* view GET: layers, 0 = all */
+		};
+		uint32_t parent_off; /* PUT with KVB_OPF_PARENT: see below */
+	};
+	uint64_t off; /* offset in buf, view token slot, or lease id (RELEASE) */
 };
 static_assert(sizeof(struct kvb_sqe) == 64, "sqe");
 static_assert(offsetof(struct kvb_sqe, user_data) == 8, "sqe user_data");
 static_assert(offsetof(struct kvb_sqe, key) == 16, "sqe key");
 static_assert(offsetof(struct kvb_sqe, buf) == 48, "sqe buf");
 static_assert(offsetof(struct kvb_sqe, off) == 56, "sqe off");
+static_assert(offsetof(struct kvb_sqe, parent_off) == 52, "sqe parent_off");
+
+/*
+ * KVB_OPF_PARENT (ABI 1.4, issue 20) on a PUT: the 32-byte key of the page this one continues
+ * (its prefix) is at byte parent_off of the arg area; the SQE has no room for a second key. The
+ * broker reads it once, when it takes the SQE, so the client may reuse those bytes as soon as
+ * the CQE came. The library gives each op slot its own 32 bytes at the top of the arg area
+ * (slot i at arg_size - 32 * (i + 1)) and LOOKUP the rest. Refused on any other op, and
+ * -EINVAL when parent_off + 32 passes arg_size.
+ */
 
 struct kvb_cqe {
 	uint64_t user_data; /* from the SQE */

@@ -20,6 +20,8 @@
 #             batch_exists against memcpy and SGLang's HiCacheFile on tmpfs
 #   vllm      tools/bench_vllm.py in build/venv: kvbroker.vllm's scheduler-side match of a
 #             32K-token request and its worker-side store/load on CPU tensors against memcpy
+#   chains    kvbchain: prefix hit rate of a Zipf workload of shared prefixes larger than the
+#             pool, PUTs with parent keys (chains evicted tail first) vs plain LRU, same run
 #   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
 #             memory allows, or KVB_BENCH_STARTUP_SIZE), tools/bench-datapath.sh B (issue 19's
 #             table: GET, get-user, ACQUIRE, PUT against memcpy with rotating and cache-hot
@@ -488,6 +490,35 @@ if [ -x "$PYV" ] && "$PYV" -c 'import kvbroker.vllm' 2>/dev/null; then
 	stop_servers
 else
 	fail "vllm: $PYV cannot import kvbroker.vllm (make python)"
+fi
+
+# ---- eviction that keeps prefixes whole (issue 20): prefix hit rate, parent keys vs plain LRU ----
+# tools/kvbchain.c runs the same Zipf workload twice on one 64 MiB broker (4096 pages of 16 KiB,
+# a working set of 24,512 pages), same seed: PUTs naming their parents, then plain PUTs.
+if [ -x "$B/bin/kvbchain" ]; then
+	start_broker chain --pool 64M
+	creq=12000
+	[ "$QUICK" = 1 ] && creq=6000
+	echo "bench: kvbchain --requests $creq"
+	hrc=0
+	{
+		echo "## Prefix hit rate: chains evicted tail first vs plain LRU (\`tools/kvbchain.c\`)"
+		echo
+		echo "One broker, \`--pool 64M\` (4,096 pages of 16 KiB); 3,000 prompts (Zipf 0.9) of 16"
+		echo "system prompts of 32 pages plus 8 pages of their own (24,512 distinct pages, 6.0x the"
+		echo "pool); 8 engines, each holding its last 64 prompts itself and asking the broker for"
+		echo "the rest of a chain (LOOKUP, GET of the leading hits, PUT of the rest), one engine"
+		echo "restarted cold every 1,500 requests; $creq requests, the first fifth warm-up. The"
+		echo "same run and seed with parent keys on the PUTs, then without. Hit rate: leading"
+		echo "pages served over pages asked. Stranded: pages stored after a missing page of their"
+		echo "chain (useless to a prefix lookup), at checks every 16 requests and over all"
+		echo "prompts at the end. Command: \`kvbchain --socket S --requests $creq --md\`."
+		echo
+		"$B/bin/kvbchain" --socket "$sock" --requests "$creq" --md --assert
+	} >"$extra/chain.md" 2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "kvbchain exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+	stop_servers
 fi
 
 # ---- the remote tier (--remote): fetch vs hiredis GET, local hits with the tier on/off ----

@@ -36,7 +36,8 @@ static int stash_push(kvbpy_client *cl, const struct kvb_completion *c)
 	return 0;
 }
 
-int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res, uint32_t *flags)
+int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, const kvb_key *parents,
+		    int32_t *res, uint32_t *flags)
 {
 	struct kvb_completion comp[REAP_MAX];
 	size_t sent = 0, done = 0, want;
@@ -51,7 +52,8 @@ int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res
 		int r;
 
 		if (sent < n) {
-			int q = kvb_submit(cl->c, ops + sent, n - sent);
+			int q = kvb_submit_parents(cl->c, ops + sent,
+						   parents ? parents + sent : NULL, n - sent);
 
 			if (q < 0) {
 				err = q;

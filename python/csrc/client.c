@@ -409,30 +409,39 @@ static PyObject *client_completion_fd(PyObject *self, PyObject *unused)
 }
 
 /* submit(ops): ops are Op tuples (opcode, flags, ns, buf, key, off, layer_first, layer_count,
- * user_data). Returns how many were queued. */
+ * user_data[, parent]); a parent key (not None) sets OPF_PARENT [chain]. Returns how many were
+ * queued. */
 static PyObject *client_submit(PyObject *self, PyObject *ops)
 {
 	kvbpy_client *cl = (kvbpy_client *)self;
 	struct kvb_op *v;
+	kvb_key *par;
 	Py_ssize_t n = PySequence_Size(ops);
 	int err;
 
 	if (n < 0)
 		return NULL;
 	v = calloc((size_t)n + 1, sizeof(*v));
-	if (!v)
+	par = calloc((size_t)n + 1, sizeof(*par));
+	if (!v || !par) {
+		free(v);
+		free(par);
 		return PyErr_NoMemory();
+	}
 	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *o = PySequence_GetItem(ops, i), *key;
+		PyObject *o = PySequence_GetItem(ops, i), *key, *parent = Py_None;
 		unsigned long long off, ud;
 		unsigned int lf, lc;
 		int ok;
 
 		if (!o)
 			goto err;
-		ok = PyArg_ParseTuple(o, "IIIIOKIIK:Op", &v[i].opcode, &v[i].flags, &v[i].ns,
-				      &v[i].buf, &key, &off, &lf, &lc, &ud) &&
-		     kvbpy_key(key, &v[i].key) == 0;
+		ok = PyArg_ParseTuple(o, "IIIIOKIIK|O:Op", &v[i].opcode, &v[i].flags, &v[i].ns,
+				      &v[i].buf, &key, &off, &lf, &lc, &ud, &parent) &&
+		     kvbpy_key(key, &v[i].key) == 0 &&
+		     (parent == Py_None || kvbpy_key(parent, &par[i]) == 0);
+		if (ok && parent != Py_None)
+			v[i].flags |= KVB_OPF_PARENT;
 		Py_DECREF(o);
 		if (!ok)
 			goto err;
@@ -451,16 +460,18 @@ static PyObject *client_submit(PyObject *self, PyObject *ops)
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvb_submit(cl->c, v, (size_t)n);
+		err = kvb_submit_parents(cl->c, v, par, (size_t)n);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
 	free(v);
+	free(par);
 	if (err < 0)
 		return kvbpy_raise(err);
 	return PyLong_FromLong(err);
 err:
 	free(v);
+	free(par);
 	return NULL;
 }
 

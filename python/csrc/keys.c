@@ -103,6 +103,52 @@ err:
 	return -1;
 }
 
+int kvbpy_parents(PyObject *obj, size_t n, kvb_key **out, uint8_t **has)
+{
+	Py_ssize_t len;
+
+	*out = NULL;
+	*has = NULL;
+	if (obj == Py_None)
+		return 0;
+	len = PySequence_Size(obj);
+	if (len < 0) {
+		PyErr_SetString(PyExc_TypeError, "parents: a sequence of 32-byte keys or None");
+		return -1;
+	}
+	if ((size_t)len != n) {
+		PyErr_Format(PyExc_ValueError, "%zu keys but %zd parents", n, len);
+		return -1;
+	}
+	*out = calloc(n + 1, sizeof(**out));
+	*has = calloc(n + 1, 1);
+	if (!*out || !*has) {
+		PyErr_NoMemory();
+		goto err;
+	}
+	for (Py_ssize_t i = 0; i < len; i++) {
+		PyObject *k = PySequence_GetItem(obj, i);
+		int rc = 0;
+
+		if (!k)
+			goto err;
+		if (k != Py_None) {
+			rc = kvbpy_key(k, &(*out)[i]);
+			(*has)[i] = 1;
+		}
+		Py_DECREF(k);
+		if (rc < 0)
+			goto err;
+	}
+	return 0;
+err:
+	free(*out);
+	free(*has);
+	*out = NULL;
+	*has = NULL;
+	return -1;
+}
+
 /* Token ids of obj as uint32: *ids points into *owned (free it) or into *view (release it). */
 static int tokens_get(PyObject *obj, const uint32_t **ids, size_t *n, uint32_t **owned,
 		      Py_buffer *view, int *has_view)

@@ -138,12 +138,20 @@ int kvbpy_keys(PyObject *obj, kvb_key **keys, size_t *n, kvb_key **owned, Py_buf
 	       int *has_view);
 
 /*
- * Runs ops[0..n) to completion with submit and reap: res[i] and flags[i] get op i's result.
+ * Runs ops[0..n) to completion with submit and reap: res[i] and flags[i] get op i's result;
+ * parents (NULL: none) holds the parent key of each op with KVB_OPF_PARENT (kvb_submit_parents).
  * Call without the GIL; takes cl->batch_lock. Completions of the caller's own submit() that it
  * reaps meanwhile are stashed for reap(). Returns 0, or the negative errno that broke the batch
  * (broker gone, ring protocol).
  */
-int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, int32_t *res, uint32_t *flags);
+int kvbpy_batch_run(kvbpy_client *cl, struct kvb_op *ops, size_t n, const kvb_key *parents,
+		    int32_t *res, uint32_t *flags);
+/*
+ * [chain] Parents of n PUTs: None (*out NULL), or a sequence of n entries, each a 32-byte key or
+ * None. *out: n keys (malloc'd, free it), (*has)[i] 1 where entry i is a key. -1 with an
+ * exception set.
+ */
+int kvbpy_parents(PyObject *obj, size_t n, kvb_key **out, uint8_t **has);
 #define KVBPY_TAG (1ull << 63) /* user_data of the module's own batch ops */
 
 /* Client methods that live in buffers.c. */

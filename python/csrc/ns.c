@@ -45,11 +45,11 @@ static PyObject *ns_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	kvbpy_ns *ns = NS(self);
 	kvbpy_client *cl = ns->cl;
 	struct kvbpy_mem m;
-	kvb_key k;
-	int err;
+	kvb_key k, pk;
+	int err, has_parent = nargs == 3 && args[2] != Py_None;
 
-	if (nargs_check("put", nargs, 2, 2) < 0 || kvbpy_key(args[0], &k) < 0 ||
-	    kvbpy_mem_get(cl, args[1], 0, &m) < 0)
+	if (nargs_check("put", nargs, 2, 3) < 0 || kvbpy_key(args[0], &k) < 0 ||
+	    (has_parent && kvbpy_key(args[2], &pk) < 0) || kvbpy_mem_get(cl, args[1], 0, &m) < 0)
 		return NULL;
 	if (m.len != ns->page_bytes) {
 		kvbpy_mem_release(&m);
@@ -62,7 +62,7 @@ static PyObject *ns_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvb_put(cl->c, ns->id, k, m.ptr, m.len);
+		err = kvb_put_child(cl->c, ns->id, k, has_parent ? &pk : NULL, m.ptr, m.len);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
@@ -326,15 +326,24 @@ static int many_alloc(struct many *b, PyObject *keys, PyObject *bufs, const char
 }
 
 /* put_many / get_many: put 1 for PUT, 0 for GET. */
-static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
+static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, PyObject *parents, int put)
 {
 	kvbpy_client *cl = ns->cl;
 	PyObject *list = NULL;
+	kvb_key *par = NULL, *opar = NULL;
+	uint8_t *has = NULL;
 	struct many b;
 	int err = 0;
 
 	if (many_alloc(&b, keys, bufs, put ? "sources" : "destinations") < 0)
 		goto out;
+	/* [chain] PUTs naming their parents (put_many(keys, srcs, parents)). */
+	if (kvbpy_parents(parents, b.n, &par, &has) < 0)
+		goto out;
+	if (par && !(opar = calloc(b.n + 1, sizeof(*opar)))) {
+		PyErr_NoMemory();
+		goto out;
+	}
 	for (size_t i = 0; i < b.n; i++) {
 		PyObject *o = PySequence_GetItem(bufs, (Py_ssize_t)i);
 		const struct kvbpy_reg *r;
@@ -361,6 +370,10 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
 			op->buf = r->id;
 			op->key = b.keys[i];
 			op->off = (uint64_t)((uintptr_t)b.mem[i].ptr - r->addr);
+			if (has && has[i]) {
+				op->flags = KVB_OPF_PARENT;
+				opar[b.nops] = par[i];
+			}
 			b.idx[b.nops++] = i;
 		}
 	}
@@ -376,7 +389,7 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
 			if (!rr || !ff) {
 				err = -ENOMEM;
 			} else {
-				err = kvbpy_batch_run(cl, b.ops, b.nops, rr, ff);
+				err = kvbpy_batch_run(cl, b.ops, b.nops, opar, rr, ff);
 				for (size_t j = 0; !err && j < b.nops; j++) {
 					b.res[b.idx[j]] = rr[j];
 					b.flags[b.idx[j]] = ff[j];
@@ -391,8 +404,9 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
 					continue;
 				}
 				if (put) {
-					int r = kvb_put(cl->c, ns->id, b.keys[i], b.mem[i].ptr,
-							b.mem[i].len);
+					int r = kvb_put_child(cl->c, ns->id, b.keys[i],
+							      has && has[i] ? &par[i] : NULL,
+							      b.mem[i].ptr, b.mem[i].len);
 
 					b.res[i] = r < 0 ? r : 0;
 					b.flags[i] = r == 1 ? KVB_CQEF_EXISTED : 0;
@@ -422,22 +436,25 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, int put)
 			Py_CLEAR(list);
 	}
 out:
+	free(par);
+	free(opar);
+	free(has);
 	many_free(&b);
 	return list;
 }
 
 static PyObject *ns_put_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-	if (nargs_check("put_many", nargs, 2, 2) < 0)
+	if (nargs_check("put_many", nargs, 2, 3) < 0)
 		return NULL;
-	return ns_many(NS(self), args[0], args[1], 1);
+	return ns_many(NS(self), args[0], args[1], nargs == 3 ? args[2] : Py_None, 1);
 }
 
 static PyObject *ns_get_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	if (nargs_check("get_many", nargs, 2, 2) < 0)
 		return NULL;
-	return ns_many(NS(self), args[0], args[1], 0);
+	return ns_many(NS(self), args[0], args[1], Py_None, 0);
 }
 
 static PyObject *ns_prefetch(PyObject *self, PyObject *keys)
@@ -460,7 +477,7 @@ static PyObject *ns_prefetch(PyObject *self, PyObject *keys)
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvbpy_batch_run(cl, b.ops, b.n, b.res, b.flags);
+		err = kvbpy_batch_run(cl, b.ops, b.n, NULL, b.res, b.flags);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
@@ -534,9 +551,10 @@ static PyObject *ns_get_nparts(PyObject *self, void *u)
 
 static PyMethodDef ns_methods[] = {
 	{"put", FC(ns_put), METH_FASTCALL,
-	 "put(key, src) -> bool\n--\n\nStores a page of exactly page_bytes from src (any "
-	 "buffer, or a tensor). True: stored;\nFalse: the key was already stored (nothing "
-	 "copied)."},
+	 "put(key, src, parent=None) -> bool\n--\n\nStores a page of exactly page_bytes from "
+	 "src (any buffer, or a tensor). True: stored;\nFalse: the key was already stored "
+	 "(nothing copied). parent: the key of the page before it\nin its chain: the broker "
+	 "then evicts the chain tail first (ABI 1.4; ignored by older\nbrokers)."},
 	{"get", FC(ns_get), METH_FASTCALL,
 	 "get(key, out=None) -> bytes | out | None\n--\n\nFetches a page: into a new bytes "
 	 "object, or into out (>= page_bytes, writable),\nwhich is then returned. None when the "
@@ -561,9 +579,10 @@ static PyMethodDef ns_methods[] = {
 	 "acquire(key) -> Lease | None\n--\n\nPins a RAM-resident page for zero-copy reads: "
 	 "`with ns.acquire(k) as mv:` gives a\nread-only memoryview. None when not stored."},
 	{"put_many", FC(ns_put_many), METH_FASTCALL,
-	 "put_many(keys, srcs) -> list[bool]\n--\n\nput() of many pages: one submit/reap round "
-	 "for sources in registered memory,\nGIL released throughout. Raises on the first error "
-	 "other than a miss."},
+	 "put_many(keys, srcs, parents=None) -> list[bool]\n--\n\nput() of many pages: one "
+	 "submit/reap round for sources in registered memory,\nGIL released throughout. Raises "
+	 "on the first error other than a miss. parents: None,\nor one parent key (or None) per "
+	 "key."},
 	{"get_many", FC(ns_get_many), METH_FASTCALL,
 	 "get_many(keys, outs) -> list[bool]\n--\n\nget_into() of many pages, batched as "
 	 "put_many(). False: not stored."},

@@ -210,17 +210,18 @@ static PyObject *view_put(PyObject *self, PyObject *args)
 {
 	view *v = VIEW(self);
 	unsigned long long slot;
-	PyObject *key;
-	kvb_key k;
+	PyObject *key, *parent = Py_None;
+	kvb_key k, pk;
 	int err;
 
-	if (!PyArg_ParseTuple(args, "OK:put", &key, &slot) || kvbpy_key(key, &k) < 0 ||
-	    view_enter(v) < 0)
+	if (!PyArg_ParseTuple(args, "OK|O:put", &key, &slot, &parent) || kvbpy_key(key, &k) < 0 ||
+	    (parent != Py_None && kvbpy_key(parent, &pk) < 0) || view_enter(v) < 0)
 		return NULL;
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvb_view_put(v->ns->cl->c, v->id, k, slot);
+		err = kvb_view_put_child(v->ns->cl->c, v->id, k, parent != Py_None ? &pk : NULL,
+					 slot);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(v->ns->cl);
@@ -257,10 +258,12 @@ static PyObject *view_get(PyObject *self, PyObject *args, PyObject *kw)
 }
 
 /* put_many(keys, slots) / get_many(keys, slots, layers=None): one submit/reap round. */
-static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *layers, int put)
+static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *layers,
+			   PyObject *parents, int put)
 {
 	kvbpy_client *cl = v->ns->cl;
-	kvb_key *kv = NULL, *owned = NULL;
+	kvb_key *kv = NULL, *owned = NULL, *par = NULL;
+	uint8_t *has = NULL;
 	struct kvb_op *ops = NULL;
 	int32_t *res = NULL;
 	uint32_t *flags = NULL, lf = 0, lc = 0;
@@ -279,6 +282,8 @@ static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *l
 		PyErr_Format(PyExc_ValueError, "%zu keys but %zd slots", n, ns_);
 		goto out;
 	}
+	if (kvbpy_parents(parents, n, &par, &has) < 0) /* [chain] */
+		goto out;
 	ops = calloc(n + 1, sizeof(*ops));
 	res = calloc(n + 1, sizeof(*res));
 	flags = calloc(n + 1, sizeof(*flags));
@@ -297,7 +302,7 @@ static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *l
 		if (PyErr_Occurred())
 			goto out;
 		ops[i].opcode = put ? KVB_OP_PUT : KVB_OP_GET;
-		ops[i].flags = KVB_OPF_VIEW;
+		ops[i].flags = KVB_OPF_VIEW | (has && has[i] ? KVB_OPF_PARENT : 0);
 		ops[i].buf = v->id;
 		ops[i].key = kv[i];
 		ops[i].off = x;
@@ -309,7 +314,7 @@ static PyObject *view_many(view *v, PyObject *keys, PyObject *slots, PyObject *l
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();
 
-		err = kvbpy_batch_run(cl, ops, n, res, flags);
+		err = kvbpy_batch_run(cl, ops, n, par, res, flags);
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
@@ -334,6 +339,8 @@ out:
 	free(res);
 	free(flags);
 	free(owned);
+	free(par);
+	free(has);
 	if (hv)
 		PyBuffer_Release(&kview);
 	return list;
@@ -341,11 +348,11 @@ out:
 
 static PyObject *view_put_many(PyObject *self, PyObject *args)
 {
-	PyObject *keys, *slots;
+	PyObject *keys, *slots, *parents = Py_None;
 
-	if (!PyArg_ParseTuple(args, "OO:put_many", &keys, &slots))
+	if (!PyArg_ParseTuple(args, "OO|O:put_many", &keys, &slots, &parents))
 		return NULL;
-	return view_many(VIEW(self), keys, slots, NULL, 1);
+	return view_many(VIEW(self), keys, slots, NULL, parents, 1);
 }
 
 static PyObject *view_get_many(PyObject *self, PyObject *args, PyObject *kw)
@@ -355,7 +362,7 @@ static PyObject *view_get_many(PyObject *self, PyObject *args, PyObject *kw)
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:get_many", kwl, &keys, &slots, &layers))
 		return NULL;
-	return view_many(VIEW(self), keys, slots, layers, 0);
+	return view_many(VIEW(self), keys, slots, layers, Py_None, 0);
 }
 
 static PyObject *view_self(PyObject *self, PyObject *unused)
@@ -386,16 +393,16 @@ static PyObject *view_get_ns(PyObject *self, void *u)
 
 static PyMethodDef view_methods[] = {
 	{"put", view_put, METH_VARARGS,
-	 "put(key, slot) -> bool\n--\n\nStores the page whose tokens are slots [slot, slot + "
-	 "tokens_per_page). True: stored;\nFalse: already stored. Every layer (all or "
-	 "nothing)."},
+	 "put(key, slot, parent=None) -> bool\n--\n\nStores the page whose tokens are slots "
+	 "[slot, slot + tokens_per_page). True: stored;\nFalse: already stored. Every layer "
+	 "(all or nothing). parent: as Namespace.put()."},
 	{"get", FC(view_get), METH_VARARGS | METH_KEYWORDS,
 	 "get(key, slot, layers=None) -> bool\n--\n\nLoads a page into slots [slot, slot + "
 	 "tokens_per_page); layers: a range of layers\n(of every component), None all. False "
 	 "when not stored."},
 	{"put_many", view_put_many, METH_VARARGS,
-	 "put_many(keys, slots) -> list[bool]\n--\n\nput() of many pages in one submit/reap "
-	 "round (GIL released)."},
+	 "put_many(keys, slots, parents=None) -> list[bool]\n--\n\nput() of many pages in one "
+	 "submit/reap round (GIL released); parents as Namespace.put_many()."},
 	{"get_many", FC(view_get_many), METH_VARARGS | METH_KEYWORDS,
 	 "get_many(keys, slots, layers=None) -> list[bool]\n--\n\nget() of many pages in one "
 	 "submit/reap round (GIL released)."},

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -112,3 +112,13 @@ def fresh_keys(n: int) -> list[bytes]:
 def page(ns: kvb.Namespace, seed: int) -> bytes:
     """Deterministic page content."""
     return bytes((seed * 31 + i * 7) & 0xFF for i in range(ns.page_bytes))
+
+
+def prefix_stored(ns: kvb.Namespace, keys: Sequence[bytes] | bytes) -> int:
+    """How many pages of a chain are stored; fails the test when a stored page follows a
+    missing one (stranded: a prefix lookup never reaches it). keys: the chain, in order."""
+    _, tiers = ns.lookup_tiers(keys)
+    stored = [t != kvb.TIER_NONE for t in tiers]
+    n = sum(stored)
+    assert stored == [True] * n + [False] * (len(stored) - n), stored
+    return n

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageExtraInfo
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_hash_str
 
 import kvbroker as kvb
-from conftest import Broker
+from conftest import Broker, prefix_stored
 from kvbroker.sglang import KVBrokerStorage, model_ns_name, pool_geometry
 
 PAGE = 16
@@ -518,3 +518,30 @@ def test_import_time_recorded() -> None:
     printed by -s) so a regression shows."""
     print(f"sglang import: {S.IMPORT_SECONDS:.2f} s")
     assert S.IMPORT_SECONDS < 60
+
+
+def test_backups_name_parents_chains_evicted_tail_first(own_broker: Broker) -> None:
+    """batch_set_v1 names each page's parent, the first from extra_info.prefix_keys as the
+    controller passes them: a chain backed up in two calls is one chain in the broker. Its
+    tail is then read (the head stays in the engine's own memory), so its head is the coldest
+    page, which plain LRU would evict first and strand the tail; a flood evicts it tail
+    first, leaving a whole prefix."""
+    pool = pool_of("mla", "page_first_direct")
+    S.fill(pool, 5)
+    b = backend(pool, own_broker, "mla", "chain/sglang")
+    keys = hkeys(16)
+    assert b.batch_set_v1(keys[:8], S.indices(list(range(8)), PAGE)) == [True] * 8
+    assert b.batch_set_v1(keys[8:], S.indices(list(range(8, 16)), PAGE),
+                          HiCacheStorageExtraInfo(prefix_keys=keys[:8])) == [True] * 8
+    assert b.batch_get_v1(keys[8:], S.indices(list(range(8)), PAGE)) == [True] * 8
+    h = b._handles()
+    assert h is not None
+    ns, blob = h[1], bytes.fromhex("".join(keys))
+    for _ in range(2000):  # 2 pages at a time: the chain's end is seen going page by page
+        flood = hkeys(2)
+        assert b.batch_set_v1(flood, S.indices([20, 21], PAGE)) == [True] * 2
+        n = prefix_stored(ns, blob)
+        if n < 16:
+            break
+    assert 0 < n < 16
+    b.close()

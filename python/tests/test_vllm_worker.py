@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing dow
 pytest.importorskip("vllm")
 
 import vllm_support as vs
-from conftest import Broker
+from conftest import Broker, prefix_stored
 
 BS = 16
 
@@ -154,3 +154,32 @@ def test_stats_and_prometheus(tmp_path: Path, broker: Broker) -> None:
     prom.observe(st.data, 0)
     assert reg.get_sample_value("vllm:kvbroker_loaded_pages_total",
                                 {"model_name": "tiny", "engine": "0"}) == 8
+
+
+def test_stores_name_parents_chains_evicted_tail_first(tmp_path: Path,
+                                                       own_broker: Broker) -> None:
+    """vLLM's block hashes chain, and so do the stores: each page names the one before it,
+    across the scheduler's transfers too (a 20-block prompt is stored 16 + 4 blocks, over two
+    steps). Stored head first, the chain's head is its coldest page, which plain LRU would
+    evict first; a flood evicts the chain tail first instead, leaving a whole prefix."""
+    import kvbroker as kvb
+
+    extra = {"model": "w-chain"}
+    prompt = _prompt(21, 20)
+    a = vs.MiniEngine(tmp_path, own_broker.socket, mla=True, extra=extra)
+    a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+    assert a.bad == []
+    ns = vs.wk(a.worker).link.ns[0]
+    keys = kvb.page_keys(prompt[:20 * BS], BS)
+    assert ns.lookup(keys) == 20
+    with kvb.connect(own_broker.socket) as c:
+        flood = c.ns_open(kvb.Layout("w-chain-flood", kvb.MLA, 1,
+                                     [kvb.Component("kv", 1, ns.page_bytes)]))
+        page = bytes(ns.page_bytes)
+        n = 20
+        for i in range(100000):
+            flood.put(kvb.key_chain([i, 424242]), page)
+            n = prefix_stored(ns, keys)
+            if n < 15:
+                break
+        assert 0 < n < 15

@@ -223,6 +223,14 @@ def main():
                 sqe(GET, 0, k2, 0, 0, flags=2, ud=3), sqe(PUT, 0, k2, 0, 0, flags=3, ud=4),
                 sqe(PUT, 1, k1, 1, 4096, flags=2, ud=5), sqe(GET, 1, k1, 1, 0, ud=6)]),
     ]))
+    # [chain] PUTs naming parents (flags 4, parent_off in the layer fields): k1's key at arg 0,
+    # k2's own at 32, one offset past the area; then the parent deleted under its kid.
+    put("ring", "put-parent", ring(0, 3, arg, [
+        (0, 0, [sqe(PUT, 0, k1, 0, 0, ud=1), sqe(PUT, 0, k2, 0, 0, flags=4, ud=2, lf=0),
+                sqe(PUT, 0, k2, 0, 0, flags=4, ud=3, lf=32), sqe(PUT, 0, k1, 0, 0, flags=4,
+                ud=4, lf=0xFFFF, lc=0xFFFF), sqe(PUT, 0, k2, 0, 0, flags=5, ud=5, lf=0)]),
+        (0, 0, [sqe(DELETE, 0, k1, ud=6), sqe(GET, 0, k2, 0, 0, ud=7), lookup(0, 0, 2, 64, ud=8)]),
+    ]))
     put("ring", "bad-tail", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (100, 0, [sqe(NOP)])]))
     put("ring", "bad-cq-head", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (0, 1000, [sqe(NOP)])]))
     put("ring", "acquire-many", ring(2, 0x7FFFFFFF, b"", [

@@ -660,20 +660,46 @@ static void test_proto_sqe_bad_header(void **state)
 		for (unsigned bit = 1; bit < 8; bit++) {
 			int get_pair = all_ops[i] == KVB_OP_ACQUIRE || all_ops[i] == KVB_OP_RELEASE;
 			int put = all_ops[i] == KVB_OP_PUT;
+			/* KVB_OPF_PARENT (ABI 1.4): on a PUT only, view or not. */
+			int parent = put && (1u << bit) == KVB_OPF_PARENT;
 
 			s.flags = (uint8_t)(1u << bit);
 			/* KVB_SQEF_GET: on a kvb_get()'s ACQUIRE and RELEASE only; _FILL on PUT. */
 			expect_sqe(&s, 4096,
 				   (s.flags == KVB_SQEF_GET && get_pair) ||
-						   (s.flags == KVB_SQEF_FILL && put)
+						   (s.flags == KVB_SQEF_FILL && put) || parent
 					   ? 0
 					   : -EINVAL,
 				   "unknown flag");
 			s.flags = (uint8_t)((1u << bit) | KVB_OPF_VIEW);
-			expect_sqe(&s, 4096, -EINVAL, "unknown flag with VIEW");
+			expect_sqe(&s, 4096, parent ? 0 : -EINVAL, "unknown flag with VIEW");
 		}
 		s.flags = 0;
 	}
+}
+
+/* [chain] The parent key of a PUT lies inside the arg area, and needs one. */
+static void test_proto_sqe_parent(void **state)
+{
+	struct kvb_sqe s;
+
+	(void)state;
+	sqe_init(&s, KVB_OP_PUT);
+	s.flags = KVB_OPF_PARENT;
+	s.parent_off = 4096 - 32;
+	expect_sqe(&s, 4096, 0, "parent at the end");
+	s.parent_off = 4096 - 31;
+	expect_sqe(&s, 4096, -EINVAL, "parent past the end");
+	s.parent_off = UINT32_MAX;
+	expect_sqe(&s, 4096, -EINVAL, "parent offset wraps");
+	s.parent_off = 0;
+	expect_sqe(&s, 0, -EINVAL, "no arg area");
+	s.flags = 0;
+	s.parent_off = 32; /* the layer fields of a plain PUT */
+	expect_sqe(&s, 4096, -EINVAL, "parent_off without the flag");
+	sqe_init(&s, KVB_OP_GET);
+	s.flags = KVB_OPF_PARENT | KVB_OPF_VIEW;
+	expect_sqe(&s, 4096, -EINVAL, "parent on a view GET");
 }
 
 static void lookup_init(struct kvb_sqe *s, uint32_t arg_off, uint32_t count, uint32_t out_off)
@@ -823,6 +849,7 @@ int main(void)
 		cmocka_unit_test(test_proto_sqe_put_get),
 		cmocka_unit_test(test_proto_sqe_bad_header),
 		cmocka_unit_test(test_proto_sqe_lookup),
+		cmocka_unit_test(test_proto_sqe_parent),
 		cmocka_unit_test(test_proto_is_pow2),
 		cmocka_unit_test(test_proto_default_socket),
 	};

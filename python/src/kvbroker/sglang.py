@@ -256,6 +256,18 @@ def _keys(keys: list[str]) -> list[bytes]:
     return [blob[i:i + 32] for i in range(0, len(blob), 32)]
 
 
+def _parents(kb: list[bytes], extra_info: HiCacheStorageExtraInfo | None) -> list[bytes | None]:
+    """The parent key of each page of a batch: SGLang's keys are one chain (prefix_keys +
+    keys, HiCacheStorageExtraInfo), so page i continues page i - 1, and the first continues
+    the last prefix key (None: the batch starts its sequence, or SGLang did not say).
+    """
+    pk = extra_info.prefix_keys if extra_info is not None else None
+    first = bytes.fromhex(pk[-1]) if pk else None
+    if first is not None and len(first) != 32:
+        first = None
+    return [first, *kb[:-1]] if kb else []
+
+
 class _Stats:
     """What get_stats() hands SGLang: per-operation page counts and GB/s since the last
     call (SGLang's StorageMetrics), plus running totals for logs and tests.
@@ -545,34 +557,21 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         """Loads pages into the host pool at host_indices; per key True when the page is
         there in full. Never raises: a failure is a miss.
         """
-        n = len(keys)
-        if n == 0:
-            return []
-        t0 = time.perf_counter()
-        h = self._handles()
-        if h is None:
-            return [False] * n
-        gen, ns, view, staging = h
-        try:
-            kb = _keys(keys)
-            slots = self._slots(keys, host_indices)
-            if view is not None:
-                got = list(view.get_many(kb, slots))
-            else:
-                with self._staging_lock:
-                    got = self._staged_get(ns, staging, kb, slots)
-        except Exception as e:
-            self._broken(e, gen)
-            return [False] * n
-        hits = sum(got)
-        self.stats.add(get_pages=n, get_hits=hits)
-        self.stats.op("get", hits, hits * self._g().page_bytes, time.perf_counter() - t0)
-        return got
+        return self._batch_v1(False, keys, host_indices, extra_info)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """Stores the host pool's pages at host_indices; True per page stored or already
-        there (another rank, instance or job stored it). Never raises.
+        there (another rank, instance or job stored it). Never raises. Each page names the
+        one before it as its parent (the last of extra_info.prefix_keys for the first), so
+        the broker evicts these chains tail first and never strands a stored prefix's tail.
+        """
+        return self._batch_v1(True, keys, host_indices, extra_info)
+
+    def _batch_v1(self, put: bool, keys: list[str], host_indices: torch.Tensor,
+                  extra_info: HiCacheStorageExtraInfo | None) -> list[bool]:
+        """batch_set_v1 (put) and batch_get_v1: one batch through the view over the host
+        pool, or through the staging buffer; all False on a failure.
         """
         n = len(keys)
         if n == 0:
@@ -585,55 +584,61 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         try:
             kb = _keys(keys)
             slots = self._slots(keys, host_indices)
-            if view is not None:
-                stored = view.put_many(kb, slots)
+            done: list[bool]
+            if put:
+                par = _parents(kb, extra_info)
+                if view is not None:
+                    done = view.put_many(kb, slots, par)
+                else:
+                    with self._staging_lock:
+                        done = self._staged(ns, staging, kb, slots, par)
+            elif view is not None:
+                done = list(view.get_many(kb, slots))
             else:
                 with self._staging_lock:
-                    stored = self._staged_put(ns, staging, kb, slots)
-        except kvb.PoolFull as e:
-            logger.warning("kvbroker: pool full of leased pages: %s", e)
-            self.stats.add(errors=1)
-            return [False] * n
+                    done = self._staged(ns, staging, kb, slots, None)
         except Exception as e:
-            self._broken(e, gen)
+            if put and isinstance(e, kvb.PoolFull):
+                logger.warning("kvbroker: pool full of leased pages: %s", e)
+                self.stats.add(errors=1)
+            else:
+                self._broken(e, gen)
             return [False] * n
-        self.stats.add(set_pages=n, set_stored=sum(stored))
-        self.stats.op("set", n, n * self._g().page_bytes, time.perf_counter() - t0)
-        return [True] * n
+        dt, pb = time.perf_counter() - t0, self._g().page_bytes
+        if put:
+            self.stats.add(set_pages=n, set_stored=sum(done))
+            self.stats.op("set", n, n * pb, dt)
+            return [True] * n
+        hits = sum(done)
+        self.stats.add(get_pages=n, get_hits=hits)
+        self.stats.op("get", hits, hits * pb, dt)
+        return done
 
     def _flat(self) -> torch.Tensor:
         kv: torch.Tensor = self.mem_pool_host.kv_buffer
         return kv.view(-1).view(torch.uint8)
 
-    def _staged_put(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
-                    slots: list[int]) -> list[bool]:
+    def _staged(self, ns: kvb.Namespace, staging: Any, kb: list[bytes], slots: list[int],
+                parents: list[bytes | None] | None) -> list[bool]:
+        """The copy path: pages through the staging buffer, cap at a time; a PUT batch when
+        parents is given (one per key, or None each), else a GET batch.
+        """
         hb, st, cap = staging
         g, flat, pb = self._g(), self._flat(), self._g().page_bytes
-        mv = memoryview(hb)
+        mv, shape = memoryview(hb), g.canonical(flat, 0).shape
         out: list[bool] = []
         for i in range(0, len(kb), cap):
             chunk = slots[i:i + cap]
-            for j, s in enumerate(chunk):
-                st[j * pb:(j + 1) * pb].view(g.canonical(flat, 0).shape).copy_(
-                    g.canonical(flat, s))
-            out += ns.put_many(kb[i:i + cap], [mv[j * pb:(j + 1) * pb]
-                                               for j in range(len(chunk))])
-        return out
-
-    def _staged_get(self, ns: kvb.Namespace, staging: Any, kb: list[bytes],
-                    slots: list[int]) -> list[bool]:
-        hb, st, cap = staging
-        g, flat, pb = self._g(), self._flat(), self._g().page_bytes
-        mv = memoryview(hb)
-        out: list[bool] = []
-        for i in range(0, len(kb), cap):
-            chunk = slots[i:i + cap]
-            got = ns.get_many(kb[i:i + cap], [mv[j * pb:(j + 1) * pb]
-                                              for j in range(len(chunk))])
+            bufs = [mv[j * pb:(j + 1) * pb] for j in range(len(chunk))]
+            if parents is not None:
+                for j, s in enumerate(chunk):
+                    st[j * pb:(j + 1) * pb].view(shape).copy_(g.canonical(flat, s))
+                out += ns.put_many(kb[i:i + cap], bufs, parents[i:i + cap])
+                continue
+            got = ns.get_many(kb[i:i + cap], bufs)
             for j, s in enumerate(chunk):
                 if got[j]:  # a miss leaves the host page untouched
-                    g.canonical(flat, s).copy_(
-                        st[j * pb:(j + 1) * pb].view(g.canonical(flat, 0).shape))
+                    g.canonical(flat, s).copy_(st[j * pb:(j + 1) * pb].view(shape))
             out += got
         return out
 
@@ -702,8 +707,12 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         if h is None or self.geometry is None or values is None:
             return False
         try:
+            # Each page's parent: the one before it in this call (v0 names no prefix).
+            parent: bytes | None = None
             for k, v in zip(keys, values, strict=True):
-                h[1].put(bytes.fromhex(k), self._to_canonical(v).numpy())
+                kb = bytes.fromhex(k)
+                h[1].put(kb, self._to_canonical(v).numpy(), parent)
+                parent = kb
         except Exception as e:
             self._broken(e, h[0])
             return False

@@ -243,6 +243,9 @@ class _Transfer:
     req_id: str
     keys: list[bytes]
     block_ids: list[list[int]]  # [group index in plans][page index]
+    # The key of the page before keys[0] in the request's chain (None: keys[0] is its head):
+    # a store names each page's parent, so the broker evicts the chain tail first.
+    parent: bytes | None = None
 
 
 @dataclass
@@ -649,7 +652,7 @@ class _Worker:
             self.staging_t = torch.frombuffer(self.staging, dtype=torch.uint8)
         return self.staging_t
 
-    def _copy_put(self, pi: int, key: bytes, block: int) -> bool:
+    def _copy_put(self, pi: int, key: bytes, block: int, parent: bytes | None) -> bool:
         ns = self.link.ns[pi]
         base = self.staging.address
         n = self.block_size
@@ -661,7 +664,7 @@ class _Worker:
             else:
                 self._staging_tensor()[off:off + size].view(t.shape).copy_(t)
             off += size
-        return ns.put(key, memoryview(self.staging)[: ns.page_bytes])
+        return ns.put(key, memoryview(self.staging)[: ns.page_bytes], parent)
 
     def _copy_get(self, pi: int, key: bytes, block: int, first: int, count: int) -> bool:
         ns = self.link.ns[pi]
@@ -807,10 +810,13 @@ class _Worker:
         self.finished_sending.update(meta.finish_req_ids)
 
     def _save(self, saves: list[_Transfer]) -> None:
-        mine = [(pi, key, block)
+        # (group, key, block, parent): vLLM's block hashes chain, and so do our keys; an MLA
+        # page's parent may be another rank's to store (then it links once both are there).
+        mine = [(pi, key, block, parent)
                 for tr in saves
                 for pi in range(len(self.plans))
-                for key, block in zip(tr.keys, tr.block_ids[pi], strict=True)
+                for key, block, parent in zip(tr.keys, tr.block_ids[pi],
+                                              [tr.parent, *tr.keys[:-1]], strict=True)
                 if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
         if not mine:
             return
@@ -826,17 +832,17 @@ class _Worker:
         bs = self.block_size
         try:
             if self.copy_mode:
-                for pi, key, block in mine:
-                    self._count_store(pi, 0 if self._copy_put(pi, key, block) else 1)
+                for pi, key, block, parent in mine:
+                    self._count_store(pi, 0 if self._copy_put(pi, key, block, parent) else 1)
             else:
                 pump = self.pump
                 info = {}
-                for ud, (pi, key, block) in enumerate(mine, 1):
+                for ud, (pi, key, block, parent) in enumerate(mine, 1):
                     info[ud] = pi
                     view = self.views[pi]
                     assert view is not None
                     pump.add([kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs,
-                                     0, 0, ud)])
+                                     0, 0, ud, parent)])
                 while pump.busy:
                     for ud, res, flags, _lease in pump.step(block=True):
                         pi = info.pop(ud, 0)
@@ -1106,7 +1112,8 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         if any(b == 0 for g in ids for b in g):  # vLLM's null block: nothing there
             return None
         st.stored_blocks = nblocks
-        return _Transfer(st.request.request_id, keys, ids)
+        parent = st.keys[first - 1] if first else None  # computed by _keys() above
+        return _Transfer(st.request.request_id, keys, ids, parent)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """The step's loads, stores (prompt blocks computed by this step, finishing
