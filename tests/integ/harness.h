@@ -320,7 +320,7 @@ void harness_raw_close(struct harness_raw *r);
 void harness_bin_path(const char *name, char *out, size_t len);
 
 /*
- * Runs "BUILD/bin/prog args 2>&1" through the shell (args are shell words) and returns its exit
+ * Runs "BUILD/bin/prog args 2>&1" (prog itself when it is an absolute path) through the shell (args are shell words) and returns its exit
  * code (128 + signal when killed), its stdout and stderr in *out (free it).
  */
 int harness_run_tool(const char *prog, const char *args, char **out);

@@ -31,7 +31,10 @@ int harness_run_tool(const char *prog, const char *args, char **out)
 	FILE *p;
 	int st;
 
-	harness_bin_path(prog, path, sizeof(path));
+	if (prog[0] == '/')
+		snprintf(path, sizeof(path), "%s", prog);
+	else
+		harness_bin_path(prog, path, sizeof(path));
 	CHECK(buf != NULL && asprintf(&cmd, "%s %s 2>&1", path, args) > 0);
 	p = popen(cmd, "r");
 	CHECKF(p != NULL, "popen %s", cmd);
