@@ -25,9 +25,12 @@
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk
  * (tier.c): a RAM slot is allocated WRITING (never served), the op parks on it (pg->waiters),
- * and ops for the same key join it. The reply is checked (header, length, crc32c of the bytes
- * as they landed in the slot) and only then committed; anything else aborts the slot: a miss,
- * never a wrong page. Each fetch has a deadline (--remote-timeout): past it the slot is aborted
+ * and ops for the same key join it. The backend lands the value in place (c->dst: the slot
+ * itself, no whole-value buffer in between) and the crc32c is computed piece by piece as the
+ * bytes land, while they are in the cache (remote_call_landed); a reply it could not land is
+ * copied into the slot and checked there. Either way the check (header, length, crc32c of the
+ * bytes as they are in the slot) comes before the commit; anything else aborts the slot: a
+ * miss, never a wrong page. Each fetch has a deadline (--remote-timeout): past it the slot is aborted
  * and the ops miss; a reply that comes later finds its call settled and is dropped. An op asks
  * the store once (op->remote): run again after a failed fetch, it misses.
  *
@@ -75,9 +78,9 @@ struct pubq_ent {
 };
 
 struct remote_stats {
-	uint64_t lookups, lookup_found, fetches, fetched, fetch_misses, fetch_bytes, corrupt,
-		timeouts, errors, unreachable, busy, published, existed, publish_bytes,
-		publish_queued, publish_dropped, publish_skipped;
+	uint64_t lookups, lookup_found, fetches, fetched, fetched_in_place, fetch_misses,
+		fetch_bytes, corrupt, timeouts, errors, unreachable, busy, published, existed,
+		publish_bytes, publish_queued, publish_dropped, publish_skipped;
 };
 
 struct remote {
@@ -136,12 +139,9 @@ static uint64_t fp_of(const struct ns *n, const kvb_key *key)
 	return h ? h : 1;
 }
 
-/* 0 when the value (val, len) is a well-formed copy of a page_bytes page, else -EBADMSG. */
-static int value_check(const void *val, size_t len, uint64_t page_bytes, struct remote_hdr *h)
+/* 0 when header h heads a well-formed len-byte value of a page_bytes page, else -EBADMSG. */
+static int hdr_check(const struct remote_hdr *h, size_t len, uint64_t page_bytes)
 {
-	if (!val || len < sizeof(*h))
-		return -EBADMSG;
-	memcpy(h, val, sizeof(*h));
 	if (h->magic != REMOTE_MAGIC || h->version != REMOTE_VERSION || h->hdr_len != sizeof(*h) ||
 	    slot_crc32c(h, offsetof(struct remote_hdr, hcrc)) != h->hcrc || h->len != page_bytes ||
 	    len != sizeof(*h) + page_bytes)
@@ -182,21 +182,27 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 	int ok = 0;
 
 	c->pg = NULL;
+	c->dst = NULL; /* the backend lands nothing more in the slot, whatever comes */
 	pg->rflags &= (uint8_t)~REMOTE_PG_FETCHING;
-	if (res > 0) {
-		if (!value_check(val, len, c->page_bytes, &h)) {
+	if (res > 0 && c->landed) {
+		/* Landed in place: the crc is of the bytes as they are in the slot. */
+		ok = !hdr_check(&c->vhdr, len, c->page_bytes) && c->got == c->page_bytes &&
+		     c->crc == c->vhdr.crc;
+	} else if (res > 0 && val && len >= sizeof(h)) {
+		/* A reply the backend could not land (it came behind others): copied, then checked. */
+		memcpy(&h, val, sizeof(h));
+		if (!hdr_check(&h, len, c->page_bytes)) {
 			uint8_t *dst = store_addr(s, pg);
 
 			memcpy(dst, (const uint8_t *)val + sizeof(h), c->page_bytes);
 			/* The bytes as they are in the slot: what is served is what was checked. */
 			ok = slot_crc32c(dst, c->page_bytes) == h.crc;
 		}
-		if (!ok) {
-			r->st.corrupt++;
-			log_throttled(&r->lt_corrupt,
-				      "remote: %.*s: damaged value (%zu bytes): not served", 24,
-				      c->key, len);
-		}
+	}
+	if (res > 0 && !ok) {
+		r->st.corrupt++;
+		log_throttled(&r->lt_corrupt, "remote: %.*s: damaged value (%zu bytes): not served",
+			      24, c->key, len);
 	} else if (res == 0) {
 		r->st.fetch_misses++;
 	}
@@ -204,6 +210,7 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 		pg->rflags |= REMOTE_PG_PUBLISHED; /* it came from there: never sent back */
 		store_commit(s, pg);
 		r->st.fetched++;
+		r->st.fetched_in_place += c->landed;
 		r->st.fetch_bytes += c->page_bytes;
 	} else if (pg->unlinked) {
 		store_unpin(s, pg);
@@ -253,6 +260,12 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 			r->st.existed++;
 		break;
 	}
+}
+
+void remote_call_landed(struct remote_call *c, size_t n)
+{
+	c->crc = slot_crc32c_more(c->crc, c->dst + c->got, n);
+	c->got += n;
 }
 
 void remote_call_done(struct remote_call *c, int res, const void *val, size_t len)
@@ -343,6 +356,7 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg)
 		return 0; /* no RAM to fetch into: a miss */
 	}
 	c->pg = pg;
+	c->dst = store_addr(&b->store, pg);
 	r->st.fetches++;
 	if (call_submit(r, c, NULL, NULL)) {
 		store_abort(&b->store, pg);
@@ -661,6 +675,7 @@ cJSON *remote_json(const struct broker *b)
 	num(o, "lookup_found", (double)r->st.lookup_found);
 	num(o, "fetches", (double)r->st.fetches);
 	num(o, "fetched", (double)r->st.fetched);
+	num(o, "fetched_in_place", (double)r->st.fetched_in_place);
 	num(o, "fetch_misses", (double)r->st.fetch_misses);
 	num(o, "fetch_bytes", (double)r->st.fetch_bytes);
 	asked = r->st.fetches;

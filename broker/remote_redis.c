@@ -7,7 +7,10 @@
  * cluster runs without replicas, docs/operations.md). The adapter below registers its fd with
  * the loop (loop_add_events), readable always and writable only while hiredis has bytes to
  * send. Reads bypass hiredis's 16 KiB reads: up to RBUF_BYTES are read at once and fed to its
- * reader, so a 4 MiB page costs a few system calls, not hundreds of loop rounds. Connecting
+ * reader, so a 4 MiB page costs a few system calls, not hundreds of loop rounds. A GET's value
+ * is not read through hiredis at all when its reply is next on the connection: the kernel
+ * copies it straight into the page's slot (struct land: the one copy a fetch costs before the
+ * client's), and a stand-in reply then pops hiredis's callback for it in order. Connecting
  * never blocks: seeds are resolved to addresses once, at start-up, and nodes learnt later are
  * addresses already.
  *
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -65,6 +69,20 @@ enum { RN_DOWN = 0, RN_CONNECTING = 1, RN_UP = 2 };
 
 struct rcluster;
 
+/*
+ * A GET's reply read past hiredis, straight into the page's WRITING slot: "$<len>\r\n" and
+ * the 24-byte value header into pre[], the page into c->dst, then the closing "\r\n".
+ */
+struct land {
+	struct remote_call *c; /* NULL: hiredis reads */
+	char want[24];	       /* the bulk prefix a well-formed value has: "$<len>\r\n" */
+	size_t want_len;
+	char pre[24 + sizeof(struct remote_hdr)];
+	size_t pre_len; /* of pre[] read */
+	char tail[2];
+	size_t tail_len;
+};
+
 struct rnode {
 	struct rcluster *rc;
 	char host[CSLOT_HOST_MAX];
@@ -83,6 +101,7 @@ struct rnode {
 	int down_logged;
 	uint64_t errors, failures;
 	const char *why; /* the last failure */
+	struct land land;
 };
 
 struct rcluster {
@@ -145,7 +164,120 @@ static void ev_cleanup(void *p)
 	n->ev = 0;
 }
 
-/* Readable: whole chunks into hiredis's reader, replies dispatched; EOF and errors to hiredis. */
+static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
+static void node_drop(struct rnode *n, const char *why);
+
+/* Bytes to hiredis's reader, its replies dispatched. 0, or -1 when it failed the connection. */
+static int feed(redisAsyncContext *ac, const void *p, size_t len)
+{
+	if (redisReaderFeed(ac->c.reader, p, len) != REDIS_OK) {
+		redisAsyncHandleRead(ac); /* lets it fail the connection */
+		return -1;
+	}
+	redisProcessCallbacks(ac);
+	return 0;
+}
+
+/*
+ * Whether the next reply on n is a fetch's that can land in place: hiredis's next callback is
+ * that fetch, and its reader holds nothing (between two replies). The reader's fields are
+ * hiredis 0.14's public read.h; ridx 0 with type -1 is the state it leaves once it looked
+ * for a reply in an empty buffer.
+ */
+static struct remote_call *land_next(const struct rnode *n)
+{
+	const redisAsyncContext *ac = n->ac;
+	const redisReader *rd = ac->c.reader;
+	struct remote_call *c;
+
+	if (!ac->replies.head || ac->replies.head->fn != on_reply)
+		return NULL;
+	c = ac->replies.head->privdata;
+	if (c->kind != RC_FETCH || !c->dst || c->landed || rd->pos != rd->len || rd->err ||
+	    !(rd->ridx == -1 || (rd->ridx == 0 && rd->rstack[0].type == -1)))
+		return NULL;
+	return c;
+}
+
+static void land_start(struct land *ld, struct remote_call *c)
+{
+	memset(ld, 0, sizeof(*ld));
+	ld->c = c;
+	ld->want_len = (size_t)snprintf(ld->want, sizeof(ld->want), "$%llu\r\n",
+					(unsigned long long)(c->page_bytes + sizeof(c->vhdr)));
+}
+
+/*
+ * One read for the landing on n: the prefix and value header (exactly their bytes: nothing of
+ * a following reply), then the page into its slot with the closing CRLF (readv). A reply of
+ * another shape (nil, an error, a redirection, a value of another length) goes to hiredis
+ * with what was read of it. Returns the read's result (> 0 bytes read, else as read(2)).
+ */
+static ssize_t land_read(struct rnode *n)
+{
+	struct land *ld = &n->land;
+	struct remote_call *c = ld->c;
+	redisAsyncContext *ac = n->ac;
+	size_t plen = ld->want_len + sizeof(c->vhdr);
+	ssize_t k;
+
+	if (ld->pre_len < plen) {
+		k = read(ac->c.fd, ld->pre + ld->pre_len, plen - ld->pre_len);
+		if (k <= 0)
+			return k;
+		ld->pre_len += (size_t)k;
+		if (memcmp(ld->pre, ld->want,
+			   ld->pre_len < ld->want_len ? ld->pre_len : ld->want_len)) {
+			ld->c = NULL; /* not a value of this page's length: hiredis parses it */
+			return feed(ac, ld->pre, ld->pre_len) ? -2 : k;
+		}
+		if (ld->pre_len == plen)
+			memcpy(&c->vhdr, ld->pre + ld->want_len, sizeof(c->vhdr));
+		return k;
+	}
+	if (!c->dst) {
+		/* Settled meanwhile (deadline): the slot is gone; the rest is read and dropped. */
+		size_t left = c->page_bytes - c->got + 2 - ld->tail_len;
+
+		k = read(ac->c.fd, n->rc->rbuf, left < RBUF_BYTES ? left : RBUF_BYTES);
+		if (k <= 0)
+			return k;
+		if ((size_t)k <= c->page_bytes - c->got) {
+			c->got += (size_t)k;
+		} else {
+			ld->tail_len += (size_t)k - (c->page_bytes - c->got);
+			c->got = c->page_bytes;
+		}
+		memcpy(ld->tail, "\r\n", 2);
+	} else {
+		struct iovec iov[2] = {{c->dst + c->got, c->page_bytes - c->got},
+				       {ld->tail + ld->tail_len, 2 - ld->tail_len}};
+		size_t body;
+
+		k = readv(ac->c.fd, iov, 2);
+		if (k <= 0)
+			return k;
+		body = (size_t)k < iov[0].iov_len ? (size_t)k : iov[0].iov_len;
+		if (body)
+			remote_call_landed(c, body);
+		ld->tail_len += (size_t)k - body;
+	}
+	if (ld->tail_len < 2)
+		return k;
+	ld->c = NULL;
+	if (memcmp(ld->tail, "\r\n", 2)) {
+		node_drop(n, "protocol error"); /* out of step with the stream: start again */
+		return -2;
+	}
+	/* Done: a one-byte stand-in reply pops hiredis's callback for it, in order (on_reply). */
+	c->landed = 1;
+	return feed(ac, "+\r\n", 3) ? -2 : k;
+}
+
+/*
+ * Readable: a fetch's value lands in place (land_read); anything else is read in whole chunks
+ * into hiredis's reader and its replies dispatched; EOF and errors go to hiredis.
+ */
 static void node_read(struct rnode *n)
 {
 	redisAsyncContext *ac = n->ac;
@@ -154,18 +286,27 @@ static void node_read(struct rnode *n)
 		redisAsyncHandleRead(ac);
 		return;
 	}
-	for (int i = 0; i < READS_PER_EVENT && n->ac == ac; i++) {
-		ssize_t k = read(ac->c.fd, n->rc->rbuf, RBUF_BYTES);
+	/* A fair share of the loop: READS_PER_EVENT whole chunks' worth of bytes, or of reads. */
+	for (size_t i = 0, got = 0;
+	     i < 8 * READS_PER_EVENT && got < READS_PER_EVENT * RBUF_BYTES && n->ac == ac; i++) {
+		struct remote_call *c;
+		ssize_t k;
 
+		if (!n->land.c && (c = land_next(n)))
+			land_start(&n->land, c);
+		if (n->land.c) {
+			k = land_read(n);
+			if (k == -2)
+				return; /* hiredis failed the connection */
+		} else {
+			k = read(ac->c.fd, n->rc->rbuf, RBUF_BYTES);
+			if (k > 0 && feed(ac, n->rc->rbuf, (size_t)k))
+				return;
+			if (k > 0 && (size_t)k < RBUF_BYTES)
+				return;
+		}
 		if (k > 0) {
-			if (redisReaderFeed(ac->c.reader, (const char *)n->rc->rbuf, (size_t)k) !=
-			    REDIS_OK) {
-				redisAsyncHandleRead(ac); /* lets it fail the connection */
-				return;
-			}
-			redisProcessCallbacks(ac);
-			if ((size_t)k < RBUF_BYTES)
-				return;
+			got += (size_t)k;
 			continue;
 		}
 		if (k < 0 && (errno == EAGAIN || errno == EINTR))
@@ -253,6 +394,14 @@ static void node_failed(struct rnode *n, const char *why)
 	}
 }
 
+/* Fails n and every request on it (their callbacks run now: misses); retried after back-off. */
+static void node_drop(struct rnode *n, const char *why)
+{
+	node_failed(n, why);
+	redisAsyncFree(n->ac);
+	n->ac = NULL;
+}
+
 /* A reply came: the node works. */
 static void node_ok(struct rnode *n)
 {
@@ -325,6 +474,7 @@ static int node_connect(struct rnode *n)
 	n->fd = ac->c.fd;
 	n->ev = 0;
 	n->woff = 0;
+	n->land.c = NULL;
 	n->lfd = (struct loop_fd){.fn = on_node_fd, .arg = n};
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
@@ -441,8 +591,6 @@ static void refresh_send(struct rcluster *rc, struct rnode *n)
 
 /* ---- requests ---- */
 
-static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
-
 /*
  * A node gets requests once it answered, or while it connects for the first time (hiredis
  * queues them): one that failed before is not trusted again until it replied.
@@ -487,6 +635,11 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 		return;
 	}
 	node_ok(n);
+	if (c->landed) {
+		/* The stand-in for a value that landed in the slot (land_read). */
+		remote_call_done(c, 1, NULL, sizeof(c->vhdr) + c->page_bytes);
+		return;
+	}
 	switch (r->type) {
 	case REDIS_REPLY_STRING:
 		remote_call_done(c, 1, r->str, r->len);
@@ -614,10 +767,7 @@ static uint32_t rc_poll(void *be, double now)
 					 rc->stall)
 				why = "requests unanswered (stopped or partitioned)";
 			if (why) {
-				/* Fails every request on it (their callbacks run now): misses. */
-				node_failed(n, why);
-				redisAsyncFree(n->ac);
-				n->ac = NULL;
+				node_drop(n, why);
 				work++;
 			}
 			continue;

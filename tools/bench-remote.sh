@@ -7,21 +7,24 @@
 #   fetch     node A PUTs N Kimi-K2.5 pages (4.29 MiB), published to Redis; node B GETs each
 #             once: every GET is a remote fetch (GET over TCP, checked, committed). Against it,
 #             in the same run and on the same server, kvbbench-peers redis-get: hiredis GETs of
-#             values of the same size into the client's memory. Target: >= 80% of it.
+#             values of the same size into the client's memory. Target: >= 80% of it. Repeated
+#             in KVB_REMOTE_ROUNDS (5) rounds on fresh keys, each a ratio; the median decides.
 #   local     GET latency of pages B holds in RAM: with the remote tier on, with the Redis
 #             server stopped (SIGSTOP: a partition) and killed, and on a broker without it.
 #             Target: unchanged.
 #
 # One Redis server (not a cluster: both sides then talk to the same single process, the only
 # fair pairing for a client that is not cluster-aware); the tier's cluster routing is tested by
-# t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48).
+# t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48),
+# KVB_REMOTE_ROUNDS (5), KVB_REMOTE_BROKERD (another kvbrokerd, e.g. an older build, to compare).
 set -eu
 
 B=${1:-build/release}
 QUICK=${KVB_BENCH_QUICK:-0}
 N=${KVB_REMOTE_PAGES:-48}
+ROUNDS=${KVB_REMOTE_ROUNDS:-5}
 SECS=2
-[ "$QUICK" = 1 ] && N=16 && SECS=0.5
+[ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2
 BENCH=$B/bin/kvbbench
 PEERS=$B/bin/kvbbench-peers
 D=$(mktemp -d "${TMPDIR:-/tmp}/kvb-bench-remote-XXXXXX")
@@ -47,7 +50,7 @@ for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; slee
 broker() { # name args...: starts kvbrokerd on $D/$1.sock
 	n=$1
 	shift
-	"$B/bin/kvbrokerd" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
+	"${KVB_REMOTE_BROKERD:-$B/bin/kvbrokerd}" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
 	pids="$pids $!"
 	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
 }
@@ -63,21 +66,39 @@ URL=redis://127.0.0.1:$PORT
 broker a --remote "$URL"
 broker b --remote "$URL" --remote-publish never
 broker c
-echo "bench-remote: $N pages PUT on A (published)" >&2
-"$B/bin/kvbfetch" put "$D/a.sock" "$N" >"$D/put.json"
-sleep 1
-echo "bench-remote: B fetches each once" >&2
-"$B/bin/kvbfetch" get "$D/b.sock" "$N" >"$D/fetch.json"
-fetched=$("$B/bin/kvbctl" --socket "$D/b.sock" status --json |
-	python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["fetched"])')
+published() { # socket: publishes settled (stored or there already)
+	"$B/bin/kvbctl" --socket "$1" status --json |
+		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
+}
+# Rounds of the same fetch on fresh keys, each paired with hiredis GETs run right after it:
+# the machine's load moves both between rounds, so each round is a ratio and the verdict is
+# their median.
+r=0
+while [ "$r" -lt "$ROUNDS" ]; do
+	first=$((r * N))
+	echo "bench-remote: round $r: $N pages PUT on A (published)" >&2
+	"$B/bin/kvbfetch" put "$D/a.sock" "$N" "$first" >"$D/put-$r.json"
+	for _ in $(seq 600); do
+		[ "$(published "$D/a.sock")" -ge $((first + N)) ] && break
+		sleep 0.05
+	done
+	echo "bench-remote: round $r: B fetches each once" >&2
+	"$B/bin/kvbfetch" get "$D/b.sock" "$N" "$first" >"$D/fetch-$r.json"
+	if [ -x "$PEERS" ]; then
+		echo "bench-remote: round $r: hiredis GETs of the same size" >&2
+		"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" \
+			--json redis-get >"$D/redis-$r.json" || rm -f "$D/redis-$r.json"
+	fi
+	r=$((r + 1))
+done
+rstat() { # socket key: a member of the broker's "remote" stats
+	"$B/bin/kvbctl" --socket "$1" status --json |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"].get(sys.argv[1], "n/a"))' "$2"
+}
+fetched=$(rstat "$D/b.sock" fetched)
+in_place=$(rstat "$D/b.sock" fetched_in_place)
 "$B/bin/kvbctl" --socket "$D/a.sock" status | grep -A2 '^remote' >&2
 "$B/bin/kvbctl" --socket "$D/b.sock" status | grep -A2 '^remote' >&2
-echo "bench-remote: hiredis GETs of the same size" >&2
-peer=""
-if [ -x "$PEERS" ]; then
-	"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" --json \
-		redis-get >"$D/redis.json" && peer=1
-fi
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
@@ -94,19 +115,34 @@ lat "$D/b.sock" "$D/down.json"
 
 echo "### Remote tier (\`tools/bench-remote.sh\`): Kimi-K2.5 pages (4.29 MiB), one Redis server on loopback"
 echo
-echo "Fetch: node B GETs $N pages node A published, each a remote fetch ($fetched fetched)."
+echo "Fetch: node B GETs $N pages node A published, each a remote fetch, in $ROUNDS rounds on fresh"
+echo "keys ($fetched fetched, $in_place of them landed in place); each round's hiredis GETs ran right"
+echo "after its fetches:"
 echo
-echo "| case | GB/s | ops/s | p50 us | p99 us |"
-echo "| --- | --- | --- | --- | --- |"
-row "remote fetch through kvbrokerd B (GET of a page B lacks)" "$D/fetch.json"
-if [ -n "$peer" ]; then
-	row "hiredis GET of the same size (kvbbench-peers redis-get)" "$D/redis.json"
-	python3 - "$D/fetch.json" "$D/redis.json" <<'EOF'
-import json, sys
-f, r = (json.load(open(p))["gb_per_s"] for p in sys.argv[1:3])
-print("\nFetch at %.0f%% of hiredis GET (target >= 80%%: %s).\n" % (100 * f / r, "met" if f >= 0.8 * r else "MISSED"))
+if [ -x "$PEERS" ]; then
+	python3 - "$D" "$ROUNDS" <<'EOF'
+import json, os, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+print("| round | remote fetch GB/s (p50 us) | hiredis GET GB/s (p50 us) | fetch / GET |")
+print("| --- | --- | --- | --- |")
+ratios = []
+for r in range(rounds):
+    f = json.load(open(os.path.join(d, "fetch-%d.json" % r)))
+    p = os.path.join(d, "redis-%d.json" % r)
+    if not os.path.exists(p):
+        continue
+    g = json.load(open(p))
+    ratios.append(f["gb_per_s"] / g["gb_per_s"])
+    print("| %d | %.2f (%.0f) | %.2f (%.0f) | %.0f%% |" % (r, f["gb_per_s"], f["p50_us"],
+          g["gb_per_s"], g["p50_us"], 100 * ratios[-1]))
+m = statistics.median(ratios)
+print("\nFetch at %.0f%% of hiredis GET, median of %d rounds (range %.0f-%.0f%%; target >= 80%%: %s).\n"
+      % (100 * m, len(ratios), 100 * min(ratios), 100 * max(ratios), "met" if m >= 0.8 else "MISSED"))
 EOF
 else
+	echo "| case | GB/s | ops/s | p50 us | p99 us |"
+	echo "| --- | --- | --- | --- | --- |"
+	row "remote fetch through kvbrokerd B (round 0)" "$D/fetch-0.json"
 	echo
 	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
 	echo
@@ -117,7 +153,7 @@ echo
 echo "| case | GB/s | ops/s | p50 us | p99 us |"
 echo "| --- | --- | --- | --- | --- |"
 row "PUT, tier off (broker C)" "$D/put-off.json"
-row "PUT, published at PUT (broker A)" "$D/put.json"
+row "PUT, published at PUT (broker A, round 0)" "$D/put-0.json"
 echo
 echo "Local hits (GET of pages in B's RAM, registered buffer):"
 echo
