@@ -100,6 +100,8 @@ struct remote {
 	struct log_throttle lt_corrupt, lt_err;
 };
 
+static const char *const publish_name[] = {"put", "never", "reuse"}; /* enum remote_publish */
+
 /* ---- names and values ---- */
 
 static void hex(char *out, const uint8_t *p, size_t n)
@@ -500,21 +502,33 @@ static int publish_page(struct remote *r, const struct ns *n, struct page *pg)
 	return 0;
 }
 
-void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
+/*
+ * Queued, sent from remote_tick after this round: the op's completion is posted first, so the
+ * checksum and the copy into the request never add to the PUT's (or the GET's) latency.
+ */
+static void pubq_add(struct remote *r, const struct ns *n, struct page *pg)
 {
-	struct remote *r = b->remote;
-
-	if (!r || r->cfg.publish != REMOTE_PUB_PUT || (pg->rflags & REMOTE_PG_PUBLISHED))
+	if (pg->rflags & (REMOTE_PG_PUBLISHED | REMOTE_PG_QUEUED))
 		return;
-	/*
-	 * Queued, sent from remote_tick after this round: the PUT's completion is posted first,
-	 * so the checksum and the copy into the request never add to the PUT's latency.
-	 */
 	if (r->pq_len == PUBQ_CAP) {
 		r->st.publish_dropped++;
 		return;
 	}
+	pg->rflags |= REMOTE_PG_QUEUED;
 	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){n->id, pg->key};
+}
+
+void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
+{
+	if (b->remote && b->remote->cfg.publish == REMOTE_PUB_PUT)
+		pubq_add(b->remote, n, pg);
+}
+
+void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg)
+{
+	/* A page fetched from the store is marked published: only this node's own are sent. */
+	if (b->remote && b->remote->cfg.publish == REMOTE_PUB_REUSE)
+		pubq_add(b->remote, n, pg);
 }
 
 /* Publishes what waited while there is room on the wire; a page gone meanwhile is skipped. */
@@ -532,6 +546,8 @@ static uint32_t pubq_drain(struct remote *r)
 		r->pq_head = (r->pq_head + 1) % PUBQ_CAP;
 		r->pq_len--;
 		pg = ns ? store_find(&r->b->store, e->ns, &e->key) : NULL;
+		if (pg)
+			pg->rflags &= (uint8_t)~REMOTE_PG_QUEUED;
 		if (!pg || pg->state != PAGE_READY || (pg->rflags & REMOTE_PG_PUBLISHED)) {
 			r->st.publish_dropped += !pg || pg->state != PAGE_READY;
 			continue;
@@ -617,8 +633,7 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 	log_info("remote tier: %s %s, prefix \"%s\", timeout %.0f ms, %llu MiB in flight, "
 		 "publish %s",
 		 r->be_ops->name, r->url, r->cfg.prefix, r->cfg.timeout * 1e3,
-		 (unsigned long long)(r->cfg.max_inflight >> 20),
-		 r->cfg.publish == REMOTE_PUB_PUT ? "at put" : "never");
+		 (unsigned long long)(r->cfg.max_inflight >> 20), publish_name[r->cfg.publish]);
 	return 0;
 err_free:
 	free(r->pub_fp);
@@ -664,7 +679,7 @@ cJSON *remote_json(const struct broker *b)
 	cJSON_AddStringToObject(o, "backend", r->be_ops->name);
 	cJSON_AddStringToObject(o, "seeds", r->url);
 	cJSON_AddStringToObject(o, "prefix", r->cfg.prefix);
-	cJSON_AddStringToObject(o, "publish", r->cfg.publish == REMOTE_PUB_PUT ? "put" : "never");
+	cJSON_AddStringToObject(o, "publish", publish_name[r->cfg.publish]);
 	num(o, "timeout_ms", r->cfg.timeout * 1e3);
 	num(o, "shards", h.shards);
 	num(o, "shards_reachable", h.reachable);

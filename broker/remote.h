@@ -24,7 +24,7 @@ struct ns;
 struct cJSON;
 struct loop;
 
-enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1 };
+enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1, REMOTE_PUB_REUSE = 2 };
 
 struct remote_cfg {
 	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */
@@ -52,6 +52,7 @@ _Static_assert(sizeof(struct remote_hdr) == 24, "remote value header");
 /* struct page rflags */
 #define REMOTE_PG_FETCHING 1u  /* WRITING, being filled by a fetch of this tier */
 #define REMOTE_PG_PUBLISHED 2u /* sent to the store, or came from it: never (again) */
+#define REMOTE_PG_QUEUED 4u    /* waiting in the publish queue */
 
 enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
 
@@ -156,8 +157,10 @@ uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, ui
 /* ops.c, at every op's end: lets go of what the op held in the tier. */
 void remote_op_end(struct op *op);
 
-/* xfer.c: a PUT committed page pg of namespace n: publish it (once). */
+/* xfer.c: a PUT committed page pg of namespace n: publish it (once; --remote-publish put). */
 void remote_on_put(struct broker *b, const struct ns *n, struct page *pg);
+/* ops.c: a GET or ACQUIRE hit page pg in RAM: publish it (once; --remote-publish reuse). */
+void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg);
 
 /* rounds.c: deadlines, the publish queue, the backend's own upkeep. Returns work done. */
 uint32_t remote_tick(struct broker *b);

@@ -7,6 +7,7 @@
  *   - a page PUT on node A is found by LOOKUP (KVB_TIER_REMOTE) and fetched byte-exact by a
  *     client of node B, which then holds it in RAM;
  *   - two brokers publishing the same pages at once leave one copy of each in the cluster;
+ *   - --remote-publish reuse: nothing at PUT, each page at its first GET/ACQUIRE hit, once;
  *   - a value damaged in Redis behind the brokers' back (SETRANGE) is never served: a miss;
  *   - eviction under the shards' memory limit: misses, and every hit byte-exact;
  *   - one shard killed: local hits unaffected, misses on its slots only (at once, not after a
@@ -29,6 +30,60 @@
 #define NNODES RT_NODES
 
 /* ---- the cases ---- */
+
+/*
+ * --remote-publish reuse on a fourth broker: a PUT publishes nothing; the first GET (or
+ * ACQUIRE) hit of a page publishes it, once; node B then fetches exactly the pages reused.
+ */
+static void case_publish_reuse(void)
+{
+	enum { K = 6 };
+	char url[128], tmo[16];
+	struct harness_broker *d;
+	struct kvb_layout l;
+	kvb_client *c;
+	kvb_key keys[K];
+	uint8_t *buf = malloc(rt.page_bytes);
+	uint32_t ns;
+	size_t pb;
+	struct kvb_lease lease;
+	char *j;
+
+	harness_log("--remote-publish reuse: published at the first hit, not at PUT");
+	snprintf(url, sizeof(url), "redis://%s:%u", rt.n[0].addr, rt.n[0].port);
+	snprintf(tmo, sizeof(tmo), "%d", rt.tmo);
+	d = harness_broker_start("--pool", "64M", "--remote", url, "--remote-timeout", tmo,
+				 "--remote-prefix", "t:", "--remote-publish", "reuse");
+	c = harness_connect(d, "nodeD", 0);
+	rt_layout(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));
+	CHECK(harness_stat_wait(c, "remote.shards_reachable", NNODES, 10000) == NNODES);
+	harness_key_chain(keys, K, 16, 808);
+	for (int i = 0; i < K; i++) {
+		harness_fill(buf, pb, &keys[i], 808);
+		CHECK_RC(kvb_put(c, ns, keys[i], buf, pb), 0);
+	}
+	usleep(200000);
+	CHECK_EQ(harness_stat(c, "remote.published"), 0);
+	/* Pages 0 and 1 reused (page 0 twice: still one publish), page 2 by an ACQUIRE. */
+	CHECK_RC(kvb_get(c, ns, keys[0], buf, pb), (long long)pb);
+	CHECK_RC(kvb_get(c, ns, keys[0], buf, pb), (long long)pb);
+	CHECK_RC(kvb_get(c, ns, keys[1], buf, pb), (long long)pb);
+	CHECK_OK(kvb_acquire(c, ns, keys[2], &lease));
+	CHECK_OK(kvb_release(c, &lease));
+	CHECK_EQ(harness_stat_wait(c, "remote.published", 3, 10000), 3);
+	usleep(100000);
+	CHECK_EQ(harness_stat(c, "remote.published") + harness_stat(c, "remote.publish_existed"),
+		 3);
+	for (int i = 0; i < K; i++)
+		CHECK_EQ(rt_get_page(1, &keys[i], 808, buf), i < 3);
+	j = harness_stats(c);
+	CHECK(strstr(j, "\"publish\":\"reuse\"") || strstr(j, "\"publish\": \"reuse\""));
+	free(j);
+	kvb_close(c);
+	harness_broker_stop(d);
+	free(buf);
+}
 
 static void case_put_a_get_b(void)
 {
@@ -270,6 +325,7 @@ int main(int argc, char **argv)
 	rt_brokers_start(NULL);
 	case_put_a_get_b();
 	case_publish_race();
+	case_publish_reuse();
 	case_damaged();
 	case_eviction();
 	case_fault(2, 0, 505);
