@@ -9,6 +9,8 @@
 #             in the same run and on the same server, kvbbench-peers redis-get: hiredis GETs of
 #             values of the same size into the client's memory. Target: >= 80% of it. Repeated
 #             in KVB_REMOTE_ROUNDS (5) rounds on fresh keys, each a ratio; the median decides.
+#   publish   PUT rates with the tier off, publishing at PUT and at first reuse, and the cost of
+#             that first reuse (GETs that publish) against a second one.
 #   local     GET latency of pages B holds in RAM: with the remote tier on, with the Redis
 #             server stopped (SIGSTOP: a partition) and killed, and on a broker without it.
 #             Target: unchanged.
@@ -23,8 +25,9 @@ B=${1:-build/release}
 QUICK=${KVB_BENCH_QUICK:-0}
 N=${KVB_REMOTE_PAGES:-48}
 ROUNDS=${KVB_REMOTE_ROUNDS:-5}
+PROUNDS=3
 SECS=2
-[ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2
+[ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2 && PROUNDS=1
 BENCH=$B/bin/kvbbench
 PEERS=$B/bin/kvbbench-peers
 D=$(mktemp -d "${TMPDIR:-/tmp}/kvb-bench-remote-XXXXXX")
@@ -66,6 +69,7 @@ URL=redis://127.0.0.1:$PORT
 broker a --remote "$URL"
 broker b --remote "$URL" --remote-publish never
 broker c
+broker d --remote "$URL" --remote-publish reuse
 published() { # socket: publishes settled (stored or there already)
 	"$B/bin/kvbctl" --socket "$1" status --json |
 		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
@@ -99,12 +103,37 @@ fetched=$(rstat "$D/b.sock" fetched)
 in_place=$(rstat "$D/b.sock" fetched_in_place)
 "$B/bin/kvbctl" --socket "$D/a.sock" status | grep -A2 '^remote' >&2
 "$B/bin/kvbctl" --socket "$D/b.sock" status | grep -A2 '^remote' >&2
+# Publish moments, in rounds on fresh keys: PUTs on C (tier off), A (publish at PUT) and D
+# (publish at first reuse), then D's first GETs of its pages (each one publishes) and its
+# second GETs (plain hits). Between two cases the publishes in flight settle.
+settle() { # socket: until its publishes stop moving
+	last=-1
+	for _ in $(seq 400); do
+		now=$(published "$1")
+		[ "$now" = "$last" ] && break
+		last=$now
+		sleep 0.1
+	done
+}
+r=0
+while [ "$r" -lt "$PROUNDS" ]; do
+	first=$((1000000 + r * N))
+	echo "bench-remote: publish round $r" >&2
+	"$B/bin/kvbfetch" put "$D/c.sock" "$N" "$first" >"$D/pub-off-$r.json"
+	"$B/bin/kvbfetch" put "$D/a.sock" "$N" $((first + 100000)) >"$D/pub-put-$r.json"
+	settle "$D/a.sock"
+	"$B/bin/kvbfetch" put "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-reuse-$r.json"
+	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get1-$r.json"
+	settle "$D/d.sock"
+	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get2-$r.json"
+	r=$((r + 1))
+done
+d_published=$(rstat "$D/d.sock" published)
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
 }
 lat "$D/b.sock" "$D/on.json"
-"$B/bin/kvbfetch" put "$D/c.sock" "$N" >"$D/put-off.json"
 lat "$D/c.sock" "$D/off.json"
 kill -STOP "$rpid"
 lat "$D/b.sock" "$D/stopped.json"
@@ -147,13 +176,26 @@ else
 	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
 	echo
 fi
-echo "Publish at PUT: what it costs a PUT (the page's crc32c and its copy into the request, on the"
-echo "loop thread), kvbfetch PUTs of new pages:"
+echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
+echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
+echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
+echo "published $d_published pages, one per page reused):"
 echo
-echo "| case | GB/s | ops/s | p50 us | p99 us |"
-echo "| --- | --- | --- | --- | --- |"
-row "PUT, tier off (broker C)" "$D/put-off.json"
-row "PUT, published at PUT (broker A, round 0)" "$D/put-0.json"
+python3 - "$D" "$PROUNDS" <<'EOF'
+import json, os, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+cases = [("PUT, tier off (C)", "off"), ("PUT, publish at PUT (A)", "put"),
+         ("PUT, publish at reuse (D)", "reuse"), ("GET, first reuse: publishes (D)", "get1"),
+         ("GET, second reuse (D)", "get2")]
+print("| case | ops/s | GB/s | p50 us | p99 us |")
+print("| --- | --- | --- | --- | --- |")
+for label, k in cases:
+    js = [json.load(open(os.path.join(d, "pub-%s-%d.json" % (k, r)))) for r in range(rounds)]
+    ops = [j["ops_per_s"] for j in js]
+    med = lambda f: statistics.median(j[f] for j in js)
+    print("| %s | %.0f [%.0f-%.0f] | %.2f | %.0f | %.0f |" % (label, statistics.median(ops), min(ops),
+          max(ops), med("gb_per_s"), med("p50_us"), med("p99_us")))
+EOF
 echo
 echo "Local hits (GET of pages in B's RAM, registered buffer):"
 echo
