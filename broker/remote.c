@@ -607,6 +607,14 @@ int remote_sleep_ms(struct broker *b)
 
 /* ---- life ---- */
 
+/* The tier's own memory (the backend's is its close's to free). */
+static void remote_free(struct remote *r)
+{
+	free(r->pub_fp);
+	free(r->pubq);
+	free(r);
+}
+
 int remote_open(struct broker *b, const struct remote_cfg *cfg)
 {
 	struct remote *r = calloc(1, sizeof(*r));
@@ -622,38 +630,56 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 	r->be_ops = &remote_redis_backend;
 	r->pubq = calloc(PUBQ_CAP, sizeof(*r->pubq));
 	r->pub_fp = calloc(PUB_FP, sizeof(*r->pub_fp));
-	if (!r->pubq || !r->pub_fp) {
-		err = -ENOMEM;
-		goto err_free;
+	err = r->pubq && r->pub_fp ? r->be_ops->open(r, &r->cfg, &b->loop, &r->be) : -ENOMEM;
+	if (err) {
+		remote_free(r);
+		return err;
 	}
-	err = r->be_ops->open(r, &r->cfg, &b->loop, &r->be);
-	if (err)
-		goto err_free;
 	b->remote = r;
 	log_info("remote tier: %s %s, prefix \"%s\", timeout %.0f ms, %llu MiB in flight, "
 		 "publish %s",
 		 r->be_ops->name, r->url, r->cfg.prefix, r->cfg.timeout * 1e3,
 		 (unsigned long long)(r->cfg.max_inflight >> 20), publish_name[r->cfg.publish]);
 	return 0;
-err_free:
-	free(r->pub_fp);
-	free(r->pubq);
-	free(r);
-	return err;
 }
 
 void remote_close(struct broker *b)
 {
-	struct remote *r = b->remote;
-
-	if (!r)
-		return;
-	r->be_ops->close(r->be); /* every call in flight is done (cancelled) first */
-	b->remote = NULL;
-	free(r->pub_fp);
-	free(r->pubq);
-	free(r);
+	if (b->remote) {
+		/* Every call in flight is done (cancelled) first, while the tier still exists. */
+		b->remote->be_ops->close(b->remote->be);
+		remote_free(b->remote);
+		b->remote = NULL;
+	}
 }
+
+/* The tier's counters in its stats object (and so in kvbroker_remote_* metrics). */
+#define RSTAT(name, field)                                                                         \
+	{                                                                                          \
+		name, offsetof(struct remote_stats, field)                                         \
+	}
+static const struct {
+	const char *name;
+	size_t off;
+} stat_json[] = {
+	RSTAT("lookups", lookups),
+	RSTAT("lookup_found", lookup_found),
+	RSTAT("fetches", fetches),
+	RSTAT("fetched", fetched),
+	RSTAT("fetched_in_place", fetched_in_place),
+	RSTAT("fetch_misses", fetch_misses),
+	RSTAT("fetch_bytes", fetch_bytes),
+	RSTAT("published", published),
+	RSTAT("publish_existed", existed),
+	RSTAT("publish_bytes", publish_bytes),
+	RSTAT("publish_queued", publish_queued),
+	RSTAT("publish_dropped", publish_dropped),
+	RSTAT("publish_skipped", publish_skipped),
+	RSTAT("corrupt", corrupt),
+	RSTAT("timeouts", timeouts),
+	RSTAT("unreachable", unreachable),
+	RSTAT("busy", busy),
+};
 
 static void num(cJSON *o, const char *k, double v)
 {
@@ -665,7 +691,6 @@ cJSON *remote_json(const struct broker *b)
 	const struct remote *r = b->remote;
 	cJSON *o = cJSON_CreateObject();
 	struct remote_health h = {0};
-	uint64_t asked;
 
 	if (!r) {
 		cJSON_AddStringToObject(o, "state", "off");
@@ -686,27 +711,15 @@ cJSON *remote_json(const struct broker *b)
 	num(o, "bytes_in_flight", (double)r->inflight);
 	num(o, "max_in_flight", (double)r->cfg.max_inflight);
 	num(o, "calls_in_flight", r->ncalls);
-	num(o, "lookups", (double)r->st.lookups);
-	num(o, "lookup_found", (double)r->st.lookup_found);
-	num(o, "fetches", (double)r->st.fetches);
-	num(o, "fetched", (double)r->st.fetched);
-	num(o, "fetched_in_place", (double)r->st.fetched_in_place);
-	num(o, "fetch_misses", (double)r->st.fetch_misses);
-	num(o, "fetch_bytes", (double)r->st.fetch_bytes);
-	asked = r->st.fetches;
-	num(o, "hit_rate", asked ? (double)r->st.fetched / (double)asked : 0);
-	num(o, "published", (double)r->st.published);
-	num(o, "publish_existed", (double)r->st.existed);
-	num(o, "publish_bytes", (double)r->st.publish_bytes);
-	num(o, "publish_queued", (double)r->st.publish_queued);
-	num(o, "publish_dropped", (double)r->st.publish_dropped);
-	num(o, "publish_skipped", (double)r->st.publish_skipped);
+	for (size_t i = 0; i < sizeof(stat_json) / sizeof(stat_json[0]); i++) {
+		uint64_t v;
+
+		memcpy(&v, (const char *)&r->st + stat_json[i].off, sizeof(v));
+		num(o, stat_json[i].name, (double)v);
+	}
+	num(o, "hit_rate", r->st.fetches ? (double)r->st.fetched / (double)r->st.fetches : 0);
 	num(o, "publish_waiting", r->pq_len);
-	num(o, "corrupt", (double)r->st.corrupt);
-	num(o, "timeouts", (double)r->st.timeouts);
 	num(o, "errors", (double)(r->st.errors + h.errors));
-	num(o, "unreachable", (double)r->st.unreachable);
-	num(o, "busy", (double)r->st.busy);
 	num(o, "backoffs", (double)h.backoffs);
 	num(o, "recoveries", (double)h.recoveries);
 	num(o, "redirects", (double)h.redirects);

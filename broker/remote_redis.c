@@ -21,7 +21,8 @@
  * (a single Redis works too).
  *
  * Node states: CONNECTING -> UP on connect; any of refused, reset, or a request unanswered for
- * STALL_MIN or 4 timeouts (a stopped or partitioned node: TCP stays up) -> DOWN, its context
+ * STALL_MIN or 4 timeouts with no sign of life meanwhile (a stopped or partitioned node: TCP
+ * stays up; a node still draining a backlog of publishes is not one) -> DOWN, its context
  * freed (its requests fail at once: misses) and retried after a back-off that doubles from
  * BACKOFF_FIRST to BACKOFF_MAX. While DOWN, requests for its slots are refused without
  * waiting: a dead shard costs misses on its slots only, and nothing else waits for it. The
@@ -97,6 +98,8 @@ struct rnode {
 	struct list calls; /* sent here, oldest first (replies come in order) */
 	uint32_t slots;	   /* owned, from the last CLUSTER SLOTS */
 	double since;	   /* the connect started */
+	double moved;	   /* the node last proved it takes or sends bytes (node_waited) */
+	uint8_t wfull;	   /* the socket refused bytes: one it takes later was drained */
 	double retry_at, backoff;
 	int down_logged;
 	uint64_t errors, failures;
@@ -308,6 +311,7 @@ static void node_read(struct rnode *n)
 		}
 		if (k > 0) {
 			got += (size_t)k;
+			n->moved = clock_now();
 			continue;
 		}
 		if (k < 0 && (errno == EAGAIN || errno == EINTR))
@@ -338,10 +342,15 @@ static void node_write(struct rnode *n)
 
 		if (k > 0) {
 			n->woff += (size_t)k;
+			if (n->wfull)
+				n->moved = clock_now(); /* the peer acknowledged what filled it */
+			n->wfull = 0;
 			continue;
 		}
-		if (k < 0 && (errno == EAGAIN || errno == EINTR))
+		if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+			n->wfull = errno == EAGAIN;
 			return;
+		}
 		/* An error: hiredis sees it with what is left, and tears the connection down. */
 		sdsrange(c->obuf, (int)n->woff, -1);
 		n->woff = 0;
@@ -475,6 +484,8 @@ static int node_connect(struct rnode *n)
 	n->fd = ac->c.fd;
 	n->ev = 0;
 	n->woff = 0;
+	n->wfull = 0;
+	n->moved = 0;
 	n->land.c = NULL;
 	n->lfd = (struct loop_fd){.fn = on_node_fd, .arg = n};
 	redisAsyncSetConnectCallback(ac, on_connect);
@@ -749,6 +760,20 @@ static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *
 
 /* ---- upkeep ---- */
 
+/*
+ * Since when n's oldest request has waited with no sign of life: its sending, or the last
+ * bytes read, or the last write into a socket that had been full (the peer drained it),
+ * whichever came later. Requests queued behind a few hundred MiB of publishes wait long for
+ * their replies while the node works; a stopped or partitioned node sends nothing and drains
+ * nothing (writes into a socket with room prove nothing: the kernel takes them either way).
+ */
+static double node_waited(const struct rnode *n)
+{
+	double sent = list_entry(n->calls.next, struct remote_call, blink)->sent;
+
+	return sent > n->moved ? sent : n->moved;
+}
+
 static uint32_t rc_poll(void *be, double now)
 {
 	struct rcluster *rc = be;
@@ -763,9 +788,7 @@ static uint32_t rc_poll(void *be, double now)
 
 			if (n->state == RN_CONNECTING && now - n->since > rc->stall)
 				why = "connect timed out";
-			else if (!list_empty(&n->calls) &&
-				 now - list_entry(n->calls.next, struct remote_call, blink)->sent >
-					 rc->stall)
+			else if (!list_empty(&n->calls) && now - node_waited(n) > rc->stall)
 				why = "requests unanswered (stopped or partitioned)";
 			if (why) {
 				node_drop(n, why);
