@@ -10,17 +10,21 @@
  * over every shard by the key's own slot. A value is a struct remote_hdr (magic, version, page
  * length, crc32c of the page, crc32c of the header) followed by the page.
  *
- * Publish (at PUT). When a PUT commits a page it stored (not a dedup), the page is published
- * with SET NX: the first node's copy wins, a second one is answered "exists" and stores nothing.
- * A page is published at most once from a node: pages fetched from the store or promoted from
- * disk are never published, and a small table of the keys published (PUB_FP slots, direct
- * mapped) keeps a page evicted and PUT again from being sent twice. Why at PUT rather than at
- * demotion or first reuse: in a fleet behind a router the next request for a prefix often lands
- * on another node right away, and the page is hottest (in cache, just written) then; the cost is
- * the bandwidth of pages nobody reuses (docs/benchmarks.md measures PUT with and without it).
- * --remote-publish never makes a node a reader only. The value is copied into the request when
- * it is sent, so nothing stays pinned. Publishes go through a bounded queue (by key: a page
- * evicted meanwhile is skipped), drained after each loop round (so the PUT's completion is
+ * Publish (at PUT, or at first reuse). When a PUT commits a page it stored (not a dedup), the
+ * page is published with SET NX: the first node's copy wins, a second one is answered "exists"
+ * and stores nothing. A page is published at most once from a node: pages fetched from the
+ * store are never published, and a small table of the keys published (PUB_FP slots, direct
+ * mapped) keeps a page evicted and PUT again from being sent twice. Why at PUT by default: in a
+ * fleet behind a router the next request for a prefix often lands on another node right away,
+ * and the page is hottest (in cache, just written) then; the cost is the bandwidth of pages
+ * nobody reuses, and on a small machine the PUT rate (docs/benchmarks.md). --remote-publish
+ * reuse publishes instead at a page's first GET or ACQUIRE hit on this node (remote_on_hit;
+ * a page promoted from disk counts, it was this node's own): PUTs then cost nothing more, and
+ * only pages reused cross the network. Demotion (eviction from RAM) would be the third moment;
+ * it is not a hook of this tier. --remote-publish never makes a node a reader only. The value
+ * is copied into the request when it is sent, so nothing stays pinned. Publishes go through a
+ * bounded queue (by key: a page evicted meanwhile is skipped; REMOTE_PG_QUEUED keeps a page
+ * hit again from being queued twice), drained after each loop round (so the op's completion is
  * posted before the page is checksummed and copied) while --remote-inflight allows.
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk

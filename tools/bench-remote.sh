@@ -18,14 +18,15 @@
 # One Redis server (not a cluster: both sides then talk to the same single process, the only
 # fair pairing for a client that is not cluster-aware); the tier's cluster routing is tested by
 # t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48),
-# KVB_REMOTE_ROUNDS (5), KVB_REMOTE_BROKERD (another kvbrokerd, e.g. an older build, to compare).
+# KVB_REMOTE_ROUNDS (5), KVB_REMOTE_PUBLISH_ROUNDS (3; 0 skips the publish moments),
+# KVB_REMOTE_BROKERD (another kvbrokerd, e.g. an older build, to compare).
 set -eu
 
 B=${1:-build/release}
 QUICK=${KVB_BENCH_QUICK:-0}
 N=${KVB_REMOTE_PAGES:-48}
 ROUNDS=${KVB_REMOTE_ROUNDS:-5}
-PROUNDS=3
+PROUNDS=${KVB_REMOTE_PUBLISH_ROUNDS:-3}
 SECS=2
 [ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2 && PROUNDS=1
 BENCH=$B/bin/kvbbench
@@ -55,7 +56,11 @@ broker() { # name args...: starts kvbrokerd on $D/$1.sock
 	shift
 	"${KVB_REMOTE_BROKERD:-$B/bin/kvbrokerd}" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
 	pids="$pids $!"
+	eval "pid_$n=$!"
 	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
+}
+cpu_ns() { # pid: CPU time of all its threads so far (ns; schedstat, not the machine's load)
+	cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
 field() { # json-file key: a number from kvbbench --json
 	python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
@@ -69,7 +74,7 @@ URL=redis://127.0.0.1:$PORT
 broker a --remote "$URL"
 broker b --remote "$URL" --remote-publish never
 broker c
-broker d --remote "$URL" --remote-publish reuse
+[ "$PROUNDS" -gt 0 ] && broker d --remote "$URL" --remote-publish reuse
 published() { # socket: publishes settled (stored or there already)
 	"$B/bin/kvbctl" --socket "$1" status --json |
 		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
@@ -87,7 +92,9 @@ while [ "$r" -lt "$ROUNDS" ]; do
 		sleep 0.05
 	done
 	echo "bench-remote: round $r: B fetches each once" >&2
+	c0=$(cpu_ns "$pid_b")
 	"$B/bin/kvbfetch" get "$D/b.sock" "$N" "$first" >"$D/fetch-$r.json"
+	echo $(($(cpu_ns "$pid_b") - c0)) >"$D/cpu-$r"
 	if [ -x "$PEERS" ]; then
 		echo "bench-remote: round $r: hiredis GETs of the same size" >&2
 		"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" \
@@ -128,7 +135,7 @@ while [ "$r" -lt "$PROUNDS" ]; do
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get2-$r.json"
 	r=$((r + 1))
 done
-d_published=$(rstat "$D/d.sock" published)
+[ "$PROUNDS" -gt 0 ] && d_published=$(rstat "$D/d.sock" published)
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
@@ -152,8 +159,9 @@ if [ -x "$PEERS" ]; then
 	python3 - "$D" "$ROUNDS" <<'EOF'
 import json, os, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
-print("| round | remote fetch GB/s (p50 us) | hiredis GET GB/s (p50 us) | fetch / GET |")
-print("| --- | --- | --- | --- |")
+print("| round | remote fetch GB/s (p50 us), hits | broker B CPU per fetch | hiredis GET GB/s (p50 us) | fetch / GET |")
+print("| --- | --- | --- | --- | --- |")
+cpus = []
 ratios = []
 for r in range(rounds):
     f = json.load(open(os.path.join(d, "fetch-%d.json" % r)))
@@ -162,8 +170,11 @@ for r in range(rounds):
         continue
     g = json.load(open(p))
     ratios.append(f["gb_per_s"] / g["gb_per_s"])
-    print("| %d | %.2f (%.0f) | %.2f (%.0f) | %.0f%% |" % (r, f["gb_per_s"], f["p50_us"],
-          g["gb_per_s"], g["p50_us"], 100 * ratios[-1]))
+    cpus.append(int(open(os.path.join(d, "cpu-%d" % r)).read()) / 1e6 / max(f["hits"], 1))
+    print("| %d | %.2f (%.0f), %d | %.2f ms | %.2f (%.0f) | %.0f%% |" % (r, f["gb_per_s"],
+          f["p50_us"], f["hits"], cpus[-1], g["gb_per_s"], g["p50_us"], 100 * ratios[-1]))
+print("\nBroker B's CPU time (all its threads, from schedstat) per page fetched: median %.2f ms." %
+      statistics.median(cpus))
 m = statistics.median(ratios)
 print("\nFetch at %.0f%% of hiredis GET, median of %d rounds (range %.0f-%.0f%%; target >= 80%%: %s).\n"
       % (100 * m, len(ratios), 100 * min(ratios), 100 * max(ratios), "met" if m >= 0.8 else "MISSED"))
@@ -176,12 +187,13 @@ else
 	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
 	echo
 fi
-echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
-echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
-echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
-echo "published $d_published pages, one per page reused):"
-echo
-python3 - "$D" "$PROUNDS" <<'EOF'
+if [ "$PROUNDS" -gt 0 ]; then
+	echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
+	echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
+	echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
+	echo "published $d_published pages, one per page reused):"
+	echo
+	python3 - "$D" "$PROUNDS" <<'EOF'
 import json, os, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 cases = [("PUT, tier off (C)", "off"), ("PUT, publish at PUT (A)", "put"),
@@ -196,7 +208,8 @@ for label, k in cases:
     print("| %s | %.0f [%.0f-%.0f] | %.2f | %.0f | %.0f |" % (label, statistics.median(ops), min(ops),
           max(ops), med("gb_per_s"), med("p50_us"), med("p99_us")))
 EOF
-echo
+	echo
+fi
 echo "Local hits (GET of pages in B's RAM, registered buffer):"
 echo
 echo "| case | GB/s | ops/s | p50 us | p99 us |"
