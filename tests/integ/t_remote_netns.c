@@ -104,7 +104,7 @@ static const char *netns_setup(void)
 		return "a bridge in the switch namespace";
 	for (int i = 0; i < RT_NODES; i++) {
 		struct rt_node *n = &rt.n[i];
-		char path[64];
+		char path[128]; /* gcc bounds node_ns[i] by the whole array */
 
 		snprintf(node_ns[i], sizeof(node_ns[i]), NS_PREFIX "%dn%d", (int)me, i);
 		if (sh("ip netns add %s", node_ns[i]))
