@@ -209,6 +209,9 @@ struct broker {
 	uint32_t nconns;    /* every connection */
 	uint32_t next_id;
 	uint64_t leases; /* leases held by all clients */
+	/* page bytes leased by the clients of each partition (--max-pinned counts these, not the
+	 * broker's own pins of pages being demoted, promoted or copied) */
+	uint64_t leased_bytes[POOL_MAX_PARTS];
 	int listen_fd;
 	int spare_fd; /* kept open so that accept can refuse a peer when fds run out */
 	struct loop loop;
@@ -225,6 +228,7 @@ struct broker {
 		uint64_t adopted_pages, adopt_torn;
 	} startup;
 	int keeper;   /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int fdstore;  /* systemd's fd store holds it (sdnotify.c): FDSTOREREMOVE at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
 	double handover_wait_s; /* --takeover: how long the old broker took to go */
 	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
@@ -322,6 +326,9 @@ void fdcopy_resolve(const struct session *s, struct copy_job *job, struct copy_f
 
 /* stats.c: the STATS document; free() the result. NULL on allocation failure. */
 char *stats_json(const struct broker *b);
+/* stats.c: the document session s may read [tenant-stats]: all of it for the operator (root,
+ * the broker's uid) or without tenants, else its own tenant's view. */
+char *stats_json_for(const struct broker *b, const struct session *s);
 struct cJSON;
 /* stats_clients.c: count[ns] = attached clients that opened ns. */
 void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
@@ -329,8 +336,9 @@ void stats_ns_clients(const struct broker *b, uint32_t count[STORE_MAX_NS]);
 uint64_t stats_dedup_bytes(const struct broker *b);
 /* stats_clients.c: a client's namespaces ("ns") and counters, into its client_list entry. */
 void stats_client_json(struct cJSON *o, const struct session *s);
-/* stats_map.c: the "map" array of the STATS document (kvbctl map). */
-struct cJSON *stats_map_json(const struct broker *b);
+/* stats_map.c: the "map" array of the STATS document (kvbctl map): every arena, or those of
+ * partition part (>= 0) only [tenant-stats]. */
+struct cJSON *stats_map_json(const struct broker *b, int part);
 
 /* adopt.c: rebuilds namespaces and store from an adopted pool's side table (pagehdr.c). */
 int adopt_pool(struct broker *b);

@@ -70,6 +70,16 @@ struct copy_job {
 	uint64_t bytes; /* sum of the segments' lengths */
 	struct copy_seg *segs;
 	struct copy_fdseg *fds; /* NULL, or one per segment (host jobs only) */
+	/*
+	 * [crc-worker] A PUT's slot (crc_len bytes at crc_at, in the pool): a host worker that
+	 * wrote it computes its crc32c right after the copy, while the bytes are in its cache,
+	 * into crc, and sets has_crc; the loop thread then only writes the header (store.c
+	 * store_commit_crc). Inline and GPU jobs leave has_crc 0: the loop computes it.
+	 */
+	const void *crc_at;
+	uint64_t crc_len;
+	uint32_t crc;
+	uint32_t has_crc;
 };
 
 struct copy_engine {

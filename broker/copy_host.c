@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "slot.h"
 #include "fastcopy.h"
 #include "log.h"
 
@@ -94,6 +95,10 @@ static void *worker(void *arg)
 			nanosleep(&ts, NULL);
 		}
 		j->res = fail ? -EIO : run_segs(j);
+		if (!j->res && j->crc_len) { /* [crc-worker] off the loop thread */
+			j->crc = slot_crc32c(j->crc_at, j->crc_len);
+			j->has_crc = 1;
+		}
 		j->next = NULL;
 
 		pthread_mutex_lock(&h->lock);

@@ -477,7 +477,7 @@ static int on_stats_page(struct broker *b, struct session *s, const struct kvb_m
 		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
 	if (!m->offset || !s->stats_doc) {
 		free(s->stats_doc);
-		s->stats_doc = stats_json(b);
+		s->stats_doc = stats_json_for(b, s);
 		s->stats_len = s->stats_doc ? strlen(s->stats_doc) : 0;
 		if (!s->stats_doc || s->stats_len > INT32_MAX)
 			return reply(s, h, -ENOMEM, NULL, 0, NULL, 0);
@@ -518,7 +518,7 @@ static int on_drop(struct broker *b, struct session *s, const struct kvb_msg_hdr
 
 static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
 {
-	char *js = stats_json(b);
+	char *js = stats_json_for(b, s);
 	int err;
 
 	if (!js)

@@ -209,8 +209,8 @@ static int listen_at(const char *path)
  * write end of keeper_spawn's pipe rides along above them, close-on-exec, so that its EOF
  * tells the broker that the keeper runs (or one byte, that it could not be started).
  */
-static void __attribute__((noreturn)) keeper_exec(int lfd, const int *fds, uint32_t n, char *path,
-						   int wfd)
+static void __attribute__((noreturn))
+keeper_exec(int lfd, const int *fds, uint32_t n, char *path, int wfd)
 {
 	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR), wout = 4 + (int)n;
 	char fail = 1;
@@ -369,6 +369,7 @@ int keeper_main(int nfds)
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
+	signal(SIGUSR2, SIG_IGN); /* "systemctl kill -s SIGUSR2" without --kill-who=main */
 	if (nfds <= 0 || nfds > (int)KEEPER_MAX_FDS ||
 	    getsockname(3, (struct sockaddr *)&sa, &sl) || sa.sun_family != AF_UNIX ||
 	    stat(sa.sun_path, &st) < 0)

@@ -27,6 +27,7 @@
 #include "broker.h"
 #include "instance.h"
 #include "keeper.h"
+#include "sdnotify.h"
 #include "copy_cuda.h"
 #include "log.h"
 #include "plan.h"
@@ -104,9 +105,11 @@ static void usage(FILE *f)
 		"  --tenants none|uid|gid isolate clients by uid or primary gid: own namespaces,\n"
 		"                         own pool partition (memfds), own eviction (default "
 		"none)\n"
-		"  --tenant ID=SIZE|N%%    a tenant's (user or group, name or number) share\n"
-		"                         of the pool; repeatable\n"
-		"  --tenant-share SIZE|N%% the share of each tenant not listed (default: the rest\n"
+		"  --tenant ID=RAM[,DISK] a tenant's (user or group, name or number) share of\n"
+		"                         the pool and of the --disk tier, each SIZE or N%%\n"
+		"                         (default disk share: in proportion to RAM); repeatable\n"
+		"  --tenant-share RAM[,DISK]\n"
+		"                         the share of each tenant not listed (default: the rest\n"
 		"                         of the pool in 4 shares), taken at its first attach\n"
 		"  --arg-size SIZE        per-client argument area for batched ops (default 1M)\n"
 		"  --max-buf-bytes SIZE   host memory one client may register (default: a quarter\n"
@@ -143,10 +146,15 @@ static void usage(FILE *f)
 		"                         every page's crc32c; pages being written when the\n"
 		"                         broker died are dropped). A kept pool is read-only to\n"
 		"                         clients by file mode instead of F_SEAL_FUTURE_WRITE:\n"
-		"                         see docs/operations.md. A clean exit frees the pool\n"
+		"                         see docs/operations.md. A clean exit frees the pool.\n"
+		"                         Under systemd with FileDescriptorStoreMax= ($FDSTORE\n"
+		"                         set, systemd >= 254) the unit's fd store holds the\n"
+		"                         pool instead of a keeper (FDSTORE=1, names kvbpool-*),\n"
+		"                         and fds systemd passes back (LISTEN_FDS) are adopted\n"
 		"  --free-pool            free the pool a dead broker on --socket left with its\n"
 		"                         keeper, without starting a broker, and exit (also:\n"
-		"                         rm <socket>.keep, or kill the keeper)\n"
+		"                         rm <socket>.keep, or kill the keeper; under systemd:\n"
+		"                         systemctl clean --what=fdstore kvbrokerd)\n"
 		"  --takeover             planned hand-over (an upgrade, new flags): when a\n"
 		"                         broker runs on --socket, send it SIGUSR2 and take its\n"
 		"                         place: it stops taking work, lets its copies finish,\n"
@@ -701,13 +709,14 @@ static void on_signal(void *arg)
 			continue;
 		}
 		if (si.ssi_signo == SIGUSR2) {
-			if (!b->keeper) {
+			if (!b->keeper && !b->fdstore) {
 				log_warn("SIGUSR2 from pid %u: no keeper holds the pool "
 					 "(--no-pool-keep): nothing to hand over, running on",
 					 si.ssi_pid);
 				continue;
 			}
-			/* [handover] Exit keeping the pool: the keeper passes it on. */
+			/* [handover] Exit keeping the pool: the keeper (or systemd's fd
+			 * store) passes it on. */
 			log_info("SIGUSR2 from pid %u: handing the pool over", si.ssi_pid);
 			b->handover = 1;
 			b->loop.stop = 1;
@@ -805,17 +814,42 @@ static int start_pool(struct broker *b)
 	return 0;
 }
 
+/* [keep] Lets go of a pool we were handed and will not use: who holds it frees it. */
+static void drop_kept(struct broker *b, int fdstore, uint32_t nfds)
+{
+	if (fdstore)
+		sdn_remove_pool(nfds ? nfds - 1 : 0);
+	else
+		keeper_free(b->cfg.socket_path);
+}
+
 /*
- * [keep] The pool a keeper holds for this socket, adopted (1), or none (0: start cold). A pool
- * that cannot be adopted (another slab size, a damaged side table) is freed: the flags changed,
+ * [keep] The pool kept for this socket, adopted (1), or none (0: start cold). A pool that
+ * cannot be adopted (another slab size, a damaged side table) is freed: the flags changed,
  * so the operator asked for a new one.
+ *
+ * [fdstore] Precedence: fds systemd passed back (LISTEN_FDS, sdnotify.c) first, then a keeper.
+ * The service manager outlives every broker and hands its store back on each start of the
+ * unit, so under systemd it is the record of the pool; a keeper that also answers can only be
+ * left from a run outside the unit (or before an upgrade to the fd store) and is freed, so that
+ * one pool, not two, stays pinned in RAM. A keeper's pool adopted under a manager that has a
+ * store moves into the store (keep_pool), and the keeper is retired.
  */
 static int adopt_kept(struct broker *b)
 {
-	int fds[KEEPER_MAX_FDS], n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS), err;
+	int fds[KEEPER_MAX_FDS], n = sdn_listen_pool(fds, KEEPER_MAX_FDS), err, fdstore = n > 0;
+	const char *from = fdstore ? "systemd's fd store" : "the keeper";
 	double t = clock_now();
 
-	if (n == -ENOENT)
+	if (fdstore) {
+		if (!keeper_free(b->cfg.socket_path))
+			log_warn("a keeper also held a pool for %s: freed it (systemd's fd store "
+				 "has precedence)",
+				 b->cfg.socket_path);
+	} else {
+		n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS);
+	}
+	if (n == -ENOENT || n == 0)
 		return 0;
 	if (n < 0) {
 		log_warn("keeper of %s: %s: starting with a new pool", b->cfg.socket_path,
@@ -823,19 +857,22 @@ static int adopt_kept(struct broker *b)
 		return 0;
 	}
 	if (!b->cfg.keep) {
-		log_info("--no-pool-keep: freeing the pool a previous broker left");
-		while (n)
-			close(fds[--n]);
-		keeper_free(b->cfg.socket_path);
+		log_info("--no-pool-keep: freeing the pool a previous broker left (%s)", from);
+		for (int i = 0; i < n; i++)
+			close(fds[i]);
+		drop_kept(b, fdstore, (uint32_t)n);
 		return 0;
 	}
 	err = pool_adopt(&b->pool, fds, (uint32_t)n, b->cfg.slab_bytes);
 	if (err) {
-		log_warn("keeper of %s: its pool cannot be adopted (%s%s): freeing it, starting "
-			 "with a new pool",
-			 b->cfg.socket_path, strerror(-err),
-			 err == -EXDEV ? ": another --slab size" : "");
-		keeper_free(b->cfg.socket_path);
+		log_warn("the pool from %s (socket %s) cannot be adopted (%s%s): freeing it, "
+			 "starting with a new pool",
+			 from, b->cfg.socket_path, strerror(-err),
+			 err == -EXDEV	  ? ": another --slab size"
+			 : err == -EINVAL ? ": the fds are not the side table and arenas it "
+					    "describes"
+					  : "");
+		drop_kept(b, fdstore, (uint32_t)n);
 		return 0;
 	}
 	/* [tenant-part] The partitions come with the pool; --tenants must cut the same number. */
@@ -848,16 +885,15 @@ static int adopt_kept(struct broker *b)
 			return 0; /* start_pool says what is wrong */
 		}
 		if (b->tt.n != b->pool.nparts) {
-			log_warn("keeper of %s: its pool has %u tenant partition(s), --tenants "
-				 "wants "
-				 "%u: freeing it, starting with a new pool",
-				 b->cfg.socket_path, b->pool.nparts, b->tt.n);
+			log_warn("the pool from %s (socket %s) has %u tenant partition(s), "
+				 "--tenants wants %u: freeing it, starting with a new pool",
+				 from, b->cfg.socket_path, b->pool.nparts, b->tt.n);
 			pool_close(&b->pool);
-			keeper_free(b->cfg.socket_path);
+			drop_kept(b, fdstore, (uint32_t)n);
 			return 0;
 		}
-		log_info("adopt: %u arena(s) in %u tenant partition(s)", b->pool.narenas,
-			 b->pool.nparts);
+		log_info("adopt: %u arena(s) in %u tenant partition(s), from %s", b->pool.narenas,
+			 b->pool.nparts, from);
 	}
 	b->startup.reserve_s = clock_now() - t;
 	if (b->pool.total != b->cfg.pool_bytes)
@@ -865,8 +901,47 @@ static int adopt_kept(struct broker *b)
 			 "kept as it is; --free-pool (or a clean stop) then a start resizes it",
 			 (unsigned long long)(b->pool.total >> 20), b->pool.narenas,
 			 (unsigned long long)(b->cfg.pool_bytes >> 20));
-	b->keeper = 1;
+	b->keeper = !fdstore;
+	b->fdstore = fdstore; /* the store still holds these fds: nothing to send again */
 	return 1;
+}
+
+/*
+ * [keep] Has the pool kept for the next broker: in systemd's fd store when the unit has one
+ * ($FDSTORE large enough: FileDescriptorStoreMax=), else by a keeper process. Before any other
+ * thread exists (keeper_spawn forks). A keeper's pool adopted under such a unit moves into the
+ * store: the keeper is then told to exit.
+ */
+static void keep_pool(struct broker *b)
+{
+	int fds[KEEPER_MAX_FDS], err;
+	uint32_t n = pool_handover_fds(&b->pool, fds);
+
+	if (b->fdstore || !n)
+		return;
+	if (sdn_fdstore_ok(n)) {
+		err = sdn_store_pool(fds, n);
+		if (!err) {
+			log_info("pool kept in systemd's fd store (%u fds): no keeper", n);
+			b->fdstore = 1;
+			if (b->keeper && !keeper_free(b->cfg.socket_path))
+				log_info("pool keeper retired: systemd's fd store holds the pool");
+			b->keeper = 0;
+			return;
+		}
+		log_warn("FDSTORE=1 on $NOTIFY_SOCKET: %s: a keeper keeps the pool instead",
+			 strerror(-err));
+	} else if (sdn_enabled() && !b->keeper) {
+		log_info("$NOTIFY_SOCKET without $FDSTORE >= %u (FileDescriptorStoreMax=, systemd "
+			 ">= 254): a keeper keeps the pool",
+			 n);
+	}
+	if (b->keeper)
+		return;
+	err = keeper_spawn(b->cfg.socket_path, fds, n);
+	if (err)
+		log_warn("pool keeper: %s: the pool will not survive a crash", strerror(-err));
+	b->keeper = !err;
 }
 
 /* kvbrokerd --free-pool: what --help promises. */
@@ -953,19 +1028,9 @@ int main(int argc, char **argv)
 		err = start_pool(&b);
 		if (err)
 			goto out_pool;
-		if (b.cfg.keep) {
-			int fds[KEEPER_MAX_FDS];
-			uint32_t n = pool_handover_fds(&b.pool, fds);
-
-			/* Before any other thread exists (it forks). */
-			err = keeper_spawn(b.cfg.socket_path, fds, n);
-			if (err)
-				log_warn("pool keeper: %s: the pool will not survive a crash",
-					 strerror(-err));
-			b.keeper = !err;
-			err = 0;
-		}
 	}
+	if (b.cfg.keep)
+		keep_pool(&b); /* before any other thread exists (a keeper forks) */
 	err = store_init(&b.store, &b.pool, b.cfg.slab_bytes, b.cfg.high_wm, b.cfg.low_wm);
 	if (err) {
 		log_error("store: %s", strerror(-err));
@@ -1049,7 +1114,26 @@ int main(int argc, char **argv)
 		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
 		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
 		b.cfg.copy_threads, b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
+	/* [fdstore] Type=notify: systemd counts the broker started from here. */
+	if (sdn_enabled()) {
+		char msg[400];
+
+		snprintf(msg, sizeof(msg),
+			 "READY=1\nSTATUS=serving %s: pool %llu MiB in %u arena(s)%s, kept by %s",
+			 b.cfg.socket_path, (unsigned long long)(b.pool.total >> 20),
+			 b.pool.narenas, b.pool.adopted ? " (adopted)" : "",
+			 b.fdstore  ? "systemd's fd store"
+			 : b.keeper ? "a keeper process"
+				    : "nobody (dies with the broker)");
+		err = sdn_send(msg, NULL, 0);
+		if (err)
+			log_warn("READY=1 on $NOTIFY_SOCKET: %s", strerror(-err));
+	}
 	err = loop_run(&b.loop);
+	if (sdn_enabled())
+		sdn_send(b.handover ? "STOPPING=1\nSTATUS=handing the pool over"
+				    : "STOPPING=1\nSTATUS=draining, then freeing the pool",
+			 NULL, 0);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
 	xfer_fini(&b);	  /* in-flight copies finish, their dead sessions' counts drop to 0 */
@@ -1082,6 +1166,8 @@ out_pool:
 	else if (b.keeper && keeper_free(b.cfg.socket_path))
 		log_warn("pool keeper of %s did not answer: free it with --free-pool",
 			 b.cfg.socket_path);
+	else if (b.fdstore)
+		sdn_remove_pool(b.pool.narenas); /* [fdstore] FDSTOREREMOVE=1 of each */
 	pool_close(&b.pool);
 	instance_unlock(b.cfg.socket_path, b.lock_fd);
 	return err ? 1 : 0;

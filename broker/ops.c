@@ -562,7 +562,11 @@ static int op_get(struct broker *b, struct op *op)
  * [lease-limits] A lease pins a page until released, so leases are what one client could use
  * to deny everyone else the pool (lease every page, then stop). Three bounds: --max-leases and
  * --max-lease-bytes per client (-EDQUOT), and --max-pinned for all clients of a partition
- * (-EBUSY), which keeps the rest of it evictable so that a PUT always finds room. A lease held
+ * (-EBUSY), which keeps the rest of it evictable so that a PUT always finds room. That cap
+ * counts the bytes clients lease (leased_bytes), not every pin: pages the broker pins while it
+ * demotes, promotes or copies them come and go on their own, and counting them refused a
+ * kvb_get() with -EBUSY whenever slow disk writes kept many demotions in flight (a flake of
+ * t_disk_tmpfs under load). A lease held
  * past --lease-lifetime ends its session (rounds.c). A page this client already leases costs
  * nothing more against the pinned cap (it is pinned already).
  */
@@ -584,7 +588,8 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 	if (s->nleases >= b->cfg.max_leases || (limit && s->lease_bytes + bytes > limit))
 		return -EDQUOT;
 	if (b->cfg.max_pinned > 0 && !pg->pins &&
-	    pt->pinned_bytes + bytes > (uint64_t)(b->cfg.max_pinned * (double)pt->bytes_total))
+	    b->leased_bytes[s->part] + bytes >
+		    (uint64_t)(b->cfg.max_pinned * (double)pt->bytes_total))
 		return -EBUSY;
 	if (s->nleases == s->cap_leases) {
 		uint32_t cap = s->cap_leases ? 2 * s->cap_leases : 64;
@@ -603,6 +608,7 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 	s->lease_at[s->nleases] = clock_now();
 	s->leases[s->nleases++] = id;
 	s->lease_bytes += bytes;
+	b->leased_bytes[s->part] += bytes;
 	b->leases++;
 	return 0;
 }
@@ -618,8 +624,10 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 			s->leases[i] = s->leases[s->nleases];
 			s->lease_at[i] = s->lease_at[s->nleases];
 			/* A held lease pins its slot: the record is still the one leased. */
-			if (pg && store_lease_id(pg) == id)
+			if (pg && store_lease_id(pg) == id) {
 				s->lease_bytes -= b->store.cls[pg->cls].slot_bytes;
+				b->leased_bytes[s->part] -= b->store.cls[pg->cls].slot_bytes;
+			}
 			b->leases--;
 			return 0;
 		}
@@ -679,6 +687,7 @@ void ops_release_all(struct broker *b, struct session *s)
 			store_unpin(&b->store, pg);
 	}
 	b->leases -= s->nleases;
+	b->leased_bytes[s->part] -= s->lease_bytes;
 	s->nleases = 0;
 	s->lease_bytes = 0;
 	free(s->leases);

@@ -186,9 +186,14 @@ const struct pmeta_slab *pmeta_slab_get(const void *meta, uint32_t sid)
 
 void pmeta_hdr_seal(struct pmeta_hdr *h, const void *page)
 {
+	pmeta_hdr_seal_crc(h, slot_crc32c(page, h->len));
+}
+
+void pmeta_hdr_seal_crc(struct pmeta_hdr *h, uint32_t crc)
+{
 	h->magic = PHDR_MAGIC;
 	h->resv0 = 0;
-	h->crc = slot_crc32c(page, h->len);
+	h->crc = crc;
 	h->hdr_crc = slot_crc32c(h, offsetof(struct pmeta_hdr, hdr_crc));
 }
 

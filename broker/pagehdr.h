@@ -127,6 +127,8 @@ const struct pmeta_ns *pmeta_ns_get(const void *meta, uint32_t id);
 
 /* Seals h over the payload at page (h's other fields filled by the caller). */
 void pmeta_hdr_seal(struct pmeta_hdr *h, const void *page);
+/* The same with the payload's crc32c computed already (by the copy worker that wrote it). */
+void pmeta_hdr_seal_crc(struct pmeta_hdr *h, uint32_t crc);
 
 /* One slab for pmeta_scan: its bytes, the unit of its slot 0, its geometry; kept: out. */
 struct pmeta_scan_slab {

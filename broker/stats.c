@@ -2,13 +2,55 @@
 /*
  * stats.c - the broker's statistics as one JSON document (the STATS control reply, read by
  * kvbctl). The shape is documented in docs/protocol.md; fields are only ever added. Loop thread.
+ *
+ * [tenant-stats] Under --tenants uid|gid a client that is neither root nor the broker's uid
+ * reads its own tenant's view: its namespaces, its clients, its partition of the pool and of
+ * the disk, counters summed over those; and of the node only what its configuration says
+ * (engine, slab size, watermarks, disk and remote state). Left out: other tenants'
+ * namespaces (model names), clients (pids, names, GPUs), and every node-wide activity figure
+ * (copy engine, disk I/O and remote counters, the request engine, handshakes), which would
+ * show another tenant's traffic. The operator (root or the broker's uid) reads everything,
+ * as does --metrics-listen, which only the operator can enable.
  */
 #include <cjson/cJSON.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "broker.h"
 #include "text.h"
+
+/* Who reads the document [tenant-stats]. */
+struct stats_view {
+	int all;	 /* the operator: everything */
+	uint32_t tenant; /* else this tenant key's view */
+	int part;	 /* its partition, -1 while it holds none */
+};
+
+static int ns_visible(const struct broker *b, const struct stats_view *v, uint32_t id)
+{
+	return v->all || (v->part >= 0 && b->store.ns_part[id] == (uint32_t)v->part);
+}
+
+static int client_visible(const struct stats_view *v, const struct session *s)
+{
+	return v->all || (s->tenant_bound && s->tenant == v->tenant);
+}
+
+/* The members of src named in keys (NULL-terminated), copied: a tenant's part of an object. */
+static cJSON *pick(cJSON *src, const char *const keys[])
+{
+	cJSON *o = cJSON_CreateObject();
+
+	for (uint32_t i = 0; keys[i]; i++) {
+		cJSON *it = cJSON_GetObjectItemCaseSensitive(src, keys[i]);
+
+		if (it)
+			cJSON_AddItemToObject(o, keys[i], cJSON_Duplicate(it, 1));
+	}
+	cJSON_Delete(src);
+	return o;
+}
 
 static void num(cJSON *o, const char *k, double v)
 {
@@ -25,6 +67,50 @@ static void add_text(cJSON *o, const char *key, const char *s, size_t n)
 	char buf[3 * 256 + 1];
 
 	cJSON_AddStringToObject(o, key, text_utf8(buf, sizeof(buf), s, n < 256 ? n : 256));
+}
+
+/* A tenant's pool: its partition's figures and arenas, and the node's configuration. */
+static cJSON *pool_part_json(const struct broker *b, int part)
+{
+	const struct store *st = &b->store;
+	const struct store_part *sp = part >= 0 ? &st->part[part] : NULL;
+	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
+	uint64_t used[POOL_MAX_ARENAS] = {0};
+
+	for (uint32_t i = 0; i < st->nslabs; i++) {
+		const struct slab *sl = &st->slabs[i];
+
+		if (sl->cls >= 0)
+			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
+	}
+	num(p, "bytes_total", sp ? (double)sp->bytes_total : 0);
+	num(p, "bytes_used", sp ? (double)sp->bytes_used : 0);
+	num(p, "pages", sp ? (double)sp->pages : 0);
+	num(p, "pinned_bytes", sp ? (double)sp->pinned_bytes : 0);
+	num(p, "slab_bytes", (double)st->slab_bytes);
+	num(p, "max_page_bytes", (double)st->max_page);
+	num(p, "high_watermark", b->cfg.high_wm);
+	num(p, "low_watermark", b->cfg.low_wm);
+	num(p, "partition", part);
+	for (uint32_t i = 0; i < b->pool.narenas; i++) {
+		cJSON *a;
+
+		if (part < 0 || b->pool.arena[i].part != (uint32_t)part)
+			continue;
+		a = cJSON_CreateObject();
+		num(a, "id", i);
+		num(a, "node", b->pool.arena[i].node);
+		num(a, "bytes_total", (double)b->pool.arena[i].size);
+		num(a, "bytes_used", (double)used[i]);
+		num(a, "partition", b->pool.arena[i].part);
+		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
+		cJSON_AddStringToObject(a, "backing",
+					hugepage_backing_name(b->pool.arena[i].backing));
+		cJSON_AddItemToArray(arenas, a);
+	}
+	cJSON_AddItemToObject(p, "arenas", arenas);
+	cJSON_AddStringToObject(p, "numa", b->pool.interleave ? "interleave" : b->cfg.numa);
+	return p;
 }
 
 static cJSON *pool_json(const struct broker *b)
@@ -103,7 +189,7 @@ static void ident_json(cJSON *o, const struct ns *n)
 	num(o, "cp_rank", n->idf.cp_rank);
 }
 
-static cJSON *ns_json(const struct broker *b)
+static cJSON *ns_json(const struct broker *b, const struct stats_view *v)
 {
 	cJSON *arr = cJSON_CreateArray();
 	static uint32_t clients[STORE_MAX_NS];
@@ -116,8 +202,8 @@ static cJSON *ns_json(const struct broker *b)
 		cJSON *o;
 		uint64_t pages;
 
-		if (!n)
-			continue; /* freed [ns-free] */
+		if (!n || !ns_visible(b, v, i))
+			continue; /* freed [ns-free], or another tenant's [tenant-stats] */
 		l = &n->layout;
 		o = cJSON_CreateObject();
 		pages = b->store.ns_pages[n->id];
@@ -144,6 +230,48 @@ static cJSON *ns_json(const struct broker *b)
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
+}
+
+/* A tenant's counters: over its namespaces, its clients and its partition [tenant-stats]. */
+static cJSON *tenant_counters_json(const struct broker *b, const struct stats_view *v)
+{
+	struct ns_counters c = {0};
+	uint64_t dedup_bytes = 0, errors = 0, in = 0, out = 0;
+	cJSON *o = cJSON_CreateObject();
+	struct list *pos;
+
+	for (uint32_t i = 0; i < b->nst.count; i++) {
+		const struct ns *n = b->nst.ns[i];
+
+		if (!n || !ns_visible(b, v, i))
+			continue;
+		c.puts += n->c.puts;
+		c.gets += n->c.gets;
+		c.hits += n->c.hits;
+		c.misses += n->c.misses;
+		c.dedup += n->c.dedup;
+		dedup_bytes += n->c.dedup * n->page_bytes;
+	}
+	list_for_each (pos, &b->sessions) {
+		const struct session *s = list_entry(pos, struct session, link);
+
+		if (!s->hello_done || s->control_only || !client_visible(v, s))
+			continue;
+		errors += s->c.errors;
+		in += s->c.bytes_in;
+		out += s->c.bytes_out;
+	}
+	num(o, "dedup_bytes", (double)dedup_bytes);
+	num(o, "puts", (double)c.puts);
+	num(o, "gets", (double)c.gets);
+	num(o, "hits", (double)c.hits);
+	num(o, "misses", (double)c.misses);
+	num(o, "dedup", (double)c.dedup);
+	num(o, "evictions", v->part >= 0 ? (double)b->store.part[v->part].evictions : 0);
+	num(o, "errors", (double)errors);
+	num(o, "bytes_in", (double)in);
+	num(o, "bytes_out", (double)out);
+	return o;
 }
 
 static cJSON *counters_json(const struct broker *b)
@@ -194,7 +322,7 @@ static cJSON *ops_json(const struct broker *b)
 	return o;
 }
 
-static cJSON *clients_json(const struct broker *b)
+static cJSON *clients_json(const struct broker *b, const struct stats_view *v)
 {
 	cJSON *arr = cJSON_CreateArray();
 	struct list *pos;
@@ -203,7 +331,7 @@ static cJSON *clients_json(const struct broker *b)
 		const struct session *s = list_entry(pos, struct session, link);
 		cJSON *o;
 
-		if (!s->hello_done || s->control_only)
+		if (!s->hello_done || s->control_only || !client_visible(v, s))
 			continue;
 		o = cJSON_CreateObject();
 		stats_client_json(o, s);
@@ -223,9 +351,54 @@ static cJSON *clients_json(const struct broker *b)
 	return arr;
 }
 
-char *stats_json(const struct broker *b)
+/* A tenant's view [tenant-stats]: see the file's header for what it leaves out. */
+static void tenant_doc(const struct broker *b, const struct stats_view *v, cJSON *root)
+{
+	static const char *const disk_keys[] = {
+		"state",       "failed_because", "next_probe_s", "direct", "paths",
+		"queue_depth", "fixed_buffers",	 "sqpoll",	 "warm",   NULL};
+	static const char *const remote_keys[] = {"state", "backend", "publish", NULL};
+	uint32_t nclients = 0;
+	uint64_t leases = 0;
+	struct list *pos;
+	cJSON *disk, *part;
+
+	cJSON_AddStringToObject(root, "view", "tenant");
+	num(root, "partition", v->part);
+	cJSON_AddItemToObject(root, "pool", pool_part_json(b, v->part));
+	cJSON_AddItemToObject(root, "startup", startup_json(b));
+	disk = pick(tier_json(b), disk_keys);
+	part = tier_nparts(b) && v->part >= 0 ? tier_part_json(b, (uint32_t)v->part) : NULL;
+	num(disk, "bytes_total",
+	    part ? cJSON_GetNumberValue(cJSON_GetObjectItem(part, "bytes_total")) : 0);
+	num(disk, "bytes_used",
+	    part ? cJSON_GetNumberValue(cJSON_GetObjectItem(part, "bytes_used")) : 0);
+	num(disk, "pages", part ? cJSON_GetNumberValue(cJSON_GetObjectItem(part, "pages")) : 0);
+	cJSON_Delete(part);
+	cJSON_AddItemToObject(root, "disk", disk);
+	cJSON_AddItemToObject(root, "remote", pick(remote_json(b), remote_keys));
+	list_for_each (pos, &b->sessions) {
+		const struct session *s = list_entry(pos, struct session, link);
+
+		if (s->hello_done && !s->control_only && client_visible(v, s)) {
+			nclients++;
+			leases += s->nleases;
+		}
+	}
+	num(root, "clients", nclients);
+	num(root, "leases", (double)leases);
+	cJSON_AddItemToObject(root, "namespaces", ns_json(b, v));
+	cJSON_AddItemToObject(root, "counters", tenant_counters_json(b, v));
+	cJSON_AddItemToObject(root, "client_list", clients_json(b, v));
+	/* -1 is every arena to stats_map_json: a tenant without a partition has none. */
+	cJSON_AddItemToObject(root, "map",
+			      v->part >= 0 ? stats_map_json(b, v->part) : cJSON_CreateArray());
+}
+
+static char *render(const struct broker *b, const struct stats_view *v)
 {
 	cJSON *root = cJSON_CreateObject();
+	cJSON *disk;
 	char *out;
 
 	if (!root)
@@ -234,24 +407,58 @@ char *stats_json(const struct broker *b)
 	num(root, "pid", getpid());
 	num(root, "uptime_s", clock_now() - b->start_time);
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);
+	if (!v->all) {
+		tenant_doc(b, v, root);
+		goto out;
+	}
+	cJSON_AddStringToObject(root, "view", "all");
 	cJSON_AddItemToObject(root, "copy", xfer_stats_json(b));
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
-	cJSON_AddItemToObject(root, "disk", tier_json(b));
+	disk = tier_json(b);
+	if (tier_nparts(b) > 1) {
+		/* [tenant-disk] each partition's region of the disk */
+		cJSON *parts = cJSON_AddArrayToObject(disk, "partitions");
+
+		for (uint32_t p = 0; p < tier_nparts(b); p++)
+			cJSON_AddItemToArray(parts, tier_part_json(b, p));
+	}
+	cJSON_AddItemToObject(root, "disk", disk);
 	cJSON_AddItemToObject(root, "remote", remote_json(b));
 	num(root, "clients", b->nsessions);
 	num(root, "control_clients", b->ncontrol);
 	num(root, "handshakes", b->npending);
 	num(root, "leases", (double)b->leases);
-	cJSON_AddItemToObject(root, "namespaces", ns_json(b));
+	cJSON_AddItemToObject(root, "namespaces", ns_json(b, v));
 	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
-	cJSON_AddItemToObject(root, "client_list", clients_json(b));
-	cJSON_AddItemToObject(root, "map", stats_map_json(b));
+	cJSON_AddItemToObject(root, "client_list", clients_json(b, v));
+	cJSON_AddItemToObject(root, "map", stats_map_json(b, -1));
 	if (b->metrics_addr[0])
 		cJSON_AddStringToObject(root, "metrics_listen", b->metrics_addr);
+out:
 	out = cJSON_PrintUnformatted(root);
 	cJSON_Delete(root);
 	return out;
+}
+
+char *stats_json(const struct broker *b)
+{
+	static const struct stats_view all = {.all = 1, .part = -1};
+
+	return render(b, &all);
+}
+
+char *stats_json_for(const struct broker *b, const struct session *s)
+{
+	struct stats_view v = {.tenant = s->tenant, .part = -1};
+
+	v.all = b->tt.mode == TENANTS_NONE || s->uid == geteuid() || s->uid == 0;
+	if (s->tenant_bound)
+		v.part = (int)s->part;
+	for (uint32_t p = 0; v.part < 0 && p < b->tt.n; p++)
+		if (b->tt.t[p].used && b->tt.t[p].key == s->tenant)
+			v.part = (int)p;
+	return render(b, &v);
 }

@@ -71,11 +71,12 @@ static cJSON *arena_map(const struct broker *b, uint32_t arena)
 	return o;
 }
 
-cJSON *stats_map_json(const struct broker *b)
+cJSON *stats_map_json(const struct broker *b, int part)
 {
 	cJSON *arr = cJSON_CreateArray();
 
 	for (uint32_t a = 0; arr && a < b->pool.narenas; a++)
-		cJSON_AddItemToArray(arr, arena_map(b, a));
+		if (part < 0 || b->pool.arena[a].part == (uint32_t)part)
+			cJSON_AddItemToArray(arr, arena_map(b, a));
 	return arr;
 }

@@ -414,8 +414,9 @@ static struct pmeta_hdr *hdr_of(const struct store *s, const struct page *pg)
 					    PHDR_UNIT);
 }
 
-/* [pagehdr] The page's bytes are complete: vouch for them in the side table. */
-static void hdr_seal(struct store *s, const struct page *pg)
+/* [pagehdr] The page's bytes are complete: vouch for them in the side table (crc: its crc32c
+ * when the copy worker computed it, else NULL). */
+static void hdr_seal(struct store *s, const struct page *pg, const uint32_t *crc)
 {
 	struct pmeta_hdr h = {.ns = (uint16_t)pg->ns,
 			      .slot_bytes = (uint32_t)s->cls[pg->cls].slot_bytes,
@@ -425,7 +426,10 @@ static void hdr_seal(struct store *s, const struct page *pg)
 
 	if (!s->pool->meta || pg->ns >= STORE_MAX_NS)
 		return;
-	pmeta_hdr_seal(&h, store_addr(s, pg));
+	if (crc)
+		pmeta_hdr_seal_crc(&h, *crc);
+	else
+		pmeta_hdr_seal(&h, store_addr(s, pg));
 	*hdr_of(s, pg) = h;
 }
 
@@ -617,7 +621,12 @@ void store_unpin(struct store *s, struct page *pg)
 
 void store_commit(struct store *s, struct page *pg)
 {
-	hdr_seal(s, pg);
+	store_commit_crc(s, pg, NULL);
+}
+
+void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc)
+{
+	hdr_seal(s, pg, crc);
 	pg->state = PAGE_READY;
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);

@@ -195,6 +195,8 @@ uint32_t store_arena(const struct store *s, const struct page *pg);
 
 /* WRITING -> READY, drops the writer's pin. */
 void store_commit(struct store *s, struct page *pg);
+/* The same, with the slot's crc32c already computed (by its copy worker), or NULL. */
+void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc);
 
 /* A failed write: unindex and free (drops the writer's pin). */
 void store_abort(struct store *s, struct page *pg);

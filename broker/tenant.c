@@ -24,6 +24,11 @@
  * (--tenant-share, by default TENANT_SLOTS_DEFAULT of them) that tenants not named take at
  * their first attach and keep for the broker's life. When none is left a new tenant is refused
  * with -EUSERS. Shares are hard: a tenant's pages never borrow another partition's memory.
+ *
+ * [tenant-disk] A partition owns a share of the disk tier too (--tenant ID=RAM,DISK,
+ * --tenant-share RAM,DISK; by default the disk in proportion to RAM): its own region of every
+ * cache path, a log of its own (tier.c), so a tenant over its disk share wraps over its own
+ * oldest pages and a flood cannot drop another tenant's disk pages.
  */
 #include <errno.h>
 #include <grp.h>
@@ -76,9 +81,29 @@ static int parse_amount(const char *arg, uint64_t *bytes, double *frac)
 	return parse_size(arg, bytes) || !*bytes ? -EINVAL : 0;
 }
 
+/* "RAM" or "RAM,DISK": each N% or a size; no DISK leaves *disk and *disk_frac 0. */
+static int parse_ram_disk(const char *arg, uint64_t *bytes, double *frac, uint64_t *disk,
+			  double *disk_frac)
+{
+	char buf[64];
+	char *comma;
+
+	*disk = 0;
+	*disk_frac = 0;
+	if (snprintf(buf, sizeof(buf), "%s", arg) >= (int)sizeof(buf))
+		return -EINVAL;
+	comma = strchr(buf, ',');
+	if (comma) {
+		*comma = '\0';
+		if (parse_amount(comma + 1, disk, disk_frac))
+			return -EINVAL;
+	}
+	return parse_amount(buf, bytes, frac);
+}
+
 int tenant_parse_share(const char *arg, struct tenant_cfg *c)
 {
-	return parse_amount(arg, &c->share, &c->share_frac);
+	return parse_ram_disk(arg, &c->share, &c->share_frac, &c->share_disk, &c->share_disk_frac);
 }
 
 uint32_t tenant_key(int mode, uid_t uid, gid_t gid)
@@ -120,7 +145,8 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 	tt->mode = c->mode;
 	pc->nparts = 0;
 	if (c->mode == TENANTS_NONE) {
-		if (c->nlisted || c->share || c->share_frac) {
+		if (c->nlisted || c->share || c->share_frac || c->share_disk ||
+		    c->share_disk_frac) {
 			fprintf(stderr, "kvbrokerd: --tenant and --tenant-share need --tenants\n");
 			return -EINVAL;
 		}
@@ -130,18 +156,20 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 	}
 	for (uint32_t i = 0; i < c->nlisted; i++) {
 		char buf[128], *eq;
-		uint64_t bytes;
-		double frac;
+		uint64_t bytes, disk;
+		double frac, disk_frac;
 		uint32_t id;
 
 		snprintf(buf, sizeof(buf), "%s", c->listed_arg[i]);
 		eq = strchr(buf, '=');
 		if (!eq || eq == buf) {
-			fprintf(stderr, "kvbrokerd: --tenant %s: want ID=SIZE or ID=N%%\n", buf);
+			fprintf(stderr,
+				"kvbrokerd: --tenant %s: want ID=RAM[,DISK], each SIZE or N%%\n",
+				buf);
 			return -EINVAL;
 		}
 		*eq = '\0';
-		if (parse_amount(eq + 1, &bytes, &frac)) {
+		if (parse_ram_disk(eq + 1, &bytes, &frac, &disk, &disk_frac)) {
 			fprintf(stderr, "kvbrokerd: --tenant %s: bad size '%s'\n", buf, eq + 1);
 			return -EINVAL;
 		}
@@ -159,6 +187,8 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 		}
 		tt->t[n] = (struct tenant){
 			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1};
+		tt->disk_bytes[n] = disk;
+		tt->disk_frac[n] = disk_frac;
 		pc->part_size[n++] = bytes;
 		used += bytes;
 	}
@@ -173,8 +203,11 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 		share = rest / (slots < TENANT_SLOTS_DEFAULT ? slots : TENANT_SLOTS_DEFAULT);
 	if (share && rest / share < slots)
 		slots = (uint32_t)(rest / share);
-	for (uint32_t i = 0; i < slots && share >= TENANT_MIN_BYTES; i++)
+	for (uint32_t i = 0; i < slots && share >= TENANT_MIN_BYTES; i++) {
+		tt->disk_bytes[n] = c->share_disk;
+		tt->disk_frac[n] = c->share_disk_frac;
 		pc->part_size[n++] = share;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		if (pc->part_size[i] < TENANT_MIN_BYTES) {
 			fprintf(stderr, "kvbrokerd: a tenant share below %llu MiB\n",

@@ -19,10 +19,12 @@ enum tenant_mode {
 
 struct tenant_cfg {
 	int mode;	  /* enum tenant_mode */
-	uint32_t nlisted; /* --tenant ID=SIZE entries */
+	uint32_t nlisted; /* --tenant ID=RAM[,DISK] entries */
 	char *listed_arg[POOL_MAX_PARTS];
-	uint64_t share;	   /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
-	double share_frac; /* --tenant-share N%: of the pool */
+	uint64_t share;	     /* --tenant-share bytes; 0: the rest split in TENANT_SLOTS_DEFAULT */
+	double share_frac;   /* --tenant-share N%: of the pool */
+	uint64_t share_disk; /* --tenant-share RAM,DISK: bytes of disk; 0: see tenant_table */
+	double share_disk_frac; /* ... or N% of the disk */
 };
 
 #define TENANT_SLOTS_DEFAULT 4u
@@ -37,15 +39,22 @@ struct tenant {
 	uint64_t attaches;
 };
 
+/*
+ * [tenant-disk] Each partition's share of the disk tier, asked by --tenant ID=RAM,DISK or
+ * --tenant-share RAM,DISK: bytes or a fraction of the disk; both 0: the disk left over, split
+ * in proportion to the partitions' RAM (tier.c cuts the disk; these survive tenant_attach).
+ */
 struct tenant_table {
 	int mode;
 	uint32_t n; /* partitions, = pool.nparts */
 	struct tenant t[POOL_MAX_PARTS];
+	uint64_t disk_bytes[POOL_MAX_PARTS];
+	double disk_frac[POOL_MAX_PARTS];
 };
 
 /* Parses --tenants; -EINVAL for anything but none, uid, gid. */
 int tenant_parse_mode(const char *arg, int *mode);
-/* Parses --tenant-share SIZE or N%. */
+/* Parses --tenant-share SIZE or N%, optionally ",DISK" (SIZE or N% of the disk tier). */
 int tenant_parse_share(const char *arg, struct tenant_cfg *c);
 
 /*

@@ -10,6 +10,13 @@
  * demoted again without being rewritten keeps its old place: its recency on disk is that of its
  * first write. That is the price of clean demotions, which cost no I/O at all.)
  *
+ * Tenant regions [tenant-disk]. With --tenants every path is cut into one region per pool
+ * partition (cut_disk: the same fraction of each path, in partition order), and each region is
+ * a circular log of its own: a page is demoted into its partition's region, so the oldest data
+ * its head overwrites is always its own tenant's, and the scan reads each region as a log. The
+ * slot format knows nothing of it; the cut follows from the flags. Without tenants there is
+ * one region per path, the whole slot area.
+ *
  * Records. A slot on disk is a struct dslot: its path, offset, length, payload crc, generation,
  * the namespace identity (an index into the dns table: namespace ids are per-run numbers, the
  * disk knows identities, and a namespace opened later finds its pages by identity) and key.
@@ -60,7 +67,7 @@
  * its back-off (a flapping device is probed ever less often); later failures start afresh.
  * The probe runs through the ring like any I/O, so a device that hangs never blocks the loop.
  *
- * Warm restart. On paths whose superblocks match, each path is read sequentially in large
+ * Warm restart. On paths whose superblocks match, each region of each path is read in large
  * chunks and every 4 KiB block is checked for a slot header; a valid header whose payload crc
  * matches becomes a slot ON DISK (of two copies of a key, the higher generation wins). Torn
  * slots (a header that does not check, or a slot that runs past the end of a file cut short)
@@ -119,13 +126,13 @@ struct dslot {
 	uint8_t indexed;
 	uint8_t dead;
 	uint8_t pending; /* CQEs still owed */
-	uint8_t resv;
-	uint32_t hdr; /* header block while writing */
-	int32_t err;  /* first error of the I/O in flight */
+	uint8_t part;	 /* [tenant-disk] the partition whose region of the path holds it */
+	uint32_t hdr;	 /* header block while writing */
+	int32_t err;	 /* first error of the I/O in flight */
 };
 
 struct tlog {
-	uint64_t start, end; /* slot area */
+	uint64_t start, end; /* slot area: a partition's region of the path [tenant-disk] */
 	uint64_t head;	     /* next slot goes here (or at start, if it does not fit) */
 	uint64_t used;	     /* bytes of live slots */
 	struct list slots;   /* oldest first */
@@ -147,8 +154,11 @@ struct tier {
 	struct disk d;
 	int state;
 	const char *fail_why;
-	struct tlog log[DISK_MAX_PATHS];
-	uint32_t next_path;
+	struct tlog log[DISK_MAX_PATHS][POOL_MAX_PARTS]; /* per path, per partition's region */
+	uint32_t nparts;				 /* regions of each path */
+	uint32_t next_path[POOL_MAX_PARTS];		 /* each partition stripes on its own */
+	uint64_t part_used[POOL_MAX_PARTS];		 /* bytes of live slots per partition */
+	uint64_t part_slots[POOL_MAX_PARTS];		 /* live slots per partition */
 	struct index ix; /* (dns, key) -> slot ON DISK or READING: index.c, as the store's */
 	uint64_t bytes_used;
 	struct dns_ent *dns;
@@ -271,7 +281,9 @@ static void forget(struct tier *t, struct dslot *d, int dropped)
 	dremove(t, d);
 	if (list_linked(&d->log)) {
 		list_del(&d->log);
-		t->log[d->path].used -= stride_of(d);
+		t->log[d->path][d->part].used -= stride_of(d);
+		t->part_used[d->part] -= stride_of(d);
+		t->part_slots[d->part]--;
 		t->bytes_used -= stride_of(d);
 	}
 	if (d->state == DS_READING || d->state == DS_WRITING) {
@@ -282,12 +294,13 @@ static void forget(struct tier *t, struct dslot *d, int dropped)
 }
 
 /*
- * Room for a slot of stride bytes at path pi's head. What lies in the way is the oldest data of
- * that path: it is dropped. -EBUSY when a slot in the way has I/O in flight.
+ * Room for a slot of stride bytes at the head of partition part's region of path pi. What lies
+ * in the way is the oldest data of that region, which is the partition's own [tenant-disk]: it
+ * is dropped. -EBUSY when a slot in the way has I/O in flight.
  */
-static int log_alloc(struct tier *t, uint32_t pi, uint64_t stride, uint64_t *off)
+static int log_alloc(struct tier *t, uint32_t pi, uint32_t part, uint64_t stride, uint64_t *off)
 {
-	struct tlog *l = &t->log[pi];
+	struct tlog *l = &t->log[pi][part];
 	uint64_t head = l->head;
 
 	if (stride > l->end - l->start)
@@ -321,8 +334,10 @@ static int log_alloc(struct tier *t, uint32_t pi, uint64_t stride, uint64_t *off
 
 static void log_add(struct tier *t, struct dslot *d)
 {
-	list_add_tail(&t->log[d->path].slots, &d->log);
-	t->log[d->path].used += stride_of(d);
+	list_add_tail(&t->log[d->path][d->part].slots, &d->log);
+	t->log[d->path][d->part].used += stride_of(d);
+	t->part_used[d->part] += stride_of(d);
+	t->part_slots[d->part]++;
 	t->bytes_used += stride_of(d);
 }
 
@@ -570,10 +585,13 @@ static int demote(void *arg, struct page *pg)
 	struct dslot *d;
 	uint64_t stride, off = 0;
 	int dns, err = -EBUSY;
-	uint32_t pi;
+	uint32_t pi, part;
 
 	if (t->state != TIER_OK || !n)
 		return 0;
+	part = store_part_of(&b->store, pg);
+	if (part >= t->nparts)
+		return 0; /* cannot happen: every partition has a region */
 	if (t->writes + t->reads >= t->qd || !t->nfree_hdrs || disk_space(&t->d) < 2)
 		return -EBUSY;
 	dns = dns_of(t, n, 1);
@@ -581,12 +599,12 @@ static int demote(void *arg, struct page *pg)
 		return 0;
 	stride = slot_stride(n->page_bytes);
 	for (uint32_t i = 0; i < t->d.npaths && err == -EBUSY; i++) {
-		pi = (t->next_path + i) % t->d.npaths;
-		err = log_alloc(t, pi, stride, &off);
+		pi = (t->next_path[part] + i) % t->d.npaths;
+		err = log_alloc(t, pi, part, stride, &off);
 	}
 	if (err)
 		return err == -EBUSY ? -EBUSY : 0;
-	t->next_path = (pi + 1) % t->d.npaths;
+	t->next_path[part] = (pi + 1) % t->d.npaths;
 	d = calloc(1, sizeof(*d));
 	if (!d)
 		return -EBUSY;
@@ -597,6 +615,7 @@ static int demote(void *arg, struct page *pg)
 	d->crc = slot_crc32c(store_addr(&b->store, pg), n->page_bytes);
 	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
+	d->part = (uint8_t)part;
 	d->state = DS_WRITING;
 	d->pg = pg;
 	d->pending = 2;
@@ -649,7 +668,16 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 		ops_park(b, op, &t->wait, "room in the disk queue");
 		return 1;
 	}
+	/*
+	 * The slot is held (READING) across the allocation: store_alloc may evict, and a page it
+	 * demotes takes its room at the log head, which drops the oldest slots in the way; this
+	 * slot may be one of them (a read sweeping the log oldest first meets the head). Held, it
+	 * stops the head (log_alloc: -EBUSY) instead of being freed under us.
+	 */
+	d->state = DS_READING;
 	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
+	if (err)
+		d->state = DS_ONDISK;
 	if (err == -ENOSPC && t->writes + t->reads) {
 		t->st.parked++;
 		ops_park(b, op, &t->wait, "RAM for a promotion (demotions in flight)");
@@ -658,11 +686,11 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	if (err)
 		return 0;
 	if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
+		d->state = DS_ONDISK;
 		store_abort(&b->store, pg);
 		op->cqe.res = 0;
 		return 0;
 	}
-	d->state = DS_READING;
 	d->pg = pg;
 	d->pending = 1;
 	d->err = 0;
@@ -792,7 +820,8 @@ static int scan_wait(struct tier *t, struct scan_buf *bufs, uint32_t i)
 }
 
 /* A valid header whose payload checks: the slot goes into the index (newest copy wins). */
-static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct slot_hdr *h)
+static void scan_found(struct tier *t, uint32_t pi, uint32_t part, uint64_t off,
+		       const struct slot_hdr *h)
 {
 	int dns = dns_ident(t, h->ns_ident);
 	struct dslot *d, *old;
@@ -809,6 +838,7 @@ static void scan_found(struct tier *t, uint32_t pi, uint64_t off, const struct s
 	d->crc = h->payload_crc;
 	d->dns = (uint32_t)dns;
 	d->path = (uint8_t)pi;
+	d->part = (uint8_t)part;
 	d->state = DS_ONDISK;
 	old = dfind(t, d->dns, &d->key);
 	if (old && old->gen > d->gen) {
@@ -844,10 +874,10 @@ static int overwritten(struct tier *t, const uint8_t *from, const uint8_t *to, u
  * sb->off, and the carry sits just before the region). Stops at a slot that runs past limit
  * when more of the path follows; *pos is then where the next region's carry starts.
  */
-static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, uint64_t room,
-			uint64_t *pos, uint64_t *newest, uint64_t max_len)
+static void scan_region(struct tier *t, uint32_t pi, uint32_t part, const struct scan_buf *sb,
+			uint64_t room, uint64_t *pos, uint64_t *newest, uint64_t max_len)
 {
-	struct tlog *l = &t->log[pi];
+	struct tlog *l = &t->log[pi][part];
 	uint64_t limit = sb->off + sb->len;
 
 	while (*pos + SLOT_BLOCK <= limit) {
@@ -864,7 +894,8 @@ static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, 
 		memcpy(&h, p, sizeof(h));
 		stride = slot_stride(h.len);
 		if (*pos + stride > l->end) {
-			t->st.torn++; /* cannot be a whole slot of this geometry */
+			/* Cannot be a whole slot of this geometry (or of this cut [tenant-disk]). */
+			t->st.torn++;
 			*pos += SLOT_BLOCK;
 			continue;
 		}
@@ -878,7 +909,7 @@ static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, 
 			*pos += SLOT_BLOCK;
 			continue;
 		}
-		scan_found(t, pi, *pos, &h);
+		scan_found(t, pi, part, *pos, &h);
 		if (h.gen >= *newest) {
 			*newest = h.gen;
 			l->head = *pos + stride;
@@ -887,14 +918,17 @@ static void scan_region(struct tier *t, uint32_t pi, const struct scan_buf *sb, 
 	}
 }
 
-static int scan_path(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint64_t room,
-		     uint64_t region, uint64_t max_len)
+/* Scans partition part's region of path pi [tenant-disk]: each region is a log of its own. */
+static int scan_path(struct tier *t, uint32_t pi, uint32_t part, struct scan_buf *bufs,
+		     uint64_t room, uint64_t region, uint64_t max_len)
 {
-	struct tlog *l = &t->log[pi];
+	struct tlog *l = &t->log[pi][part];
 	uint64_t pos = l->start, newest = 0, n = 0, next = l->start;
 	uint32_t cur = 0;
 	int err;
 
+	if (l->end <= l->start)
+		return 0; /* an empty region */
 	err = scan_submit(t, pi, bufs, 0, room, next,
 			  region < l->end - next ? region : l->end - next);
 	next += bufs[0].len;
@@ -914,7 +948,7 @@ static int scan_path(struct tier *t, uint32_t pi, struct scan_buf *bufs, uint64_
 					  region < l->end - next ? region : l->end - next);
 			next += other->len;
 		}
-		scan_region(t, pi, sb, room, &pos, &newest, max_len);
+		scan_region(t, pi, part, sb, room, &pos, &newest, max_len);
 		if (sb->off + sb->len >= l->end)
 			break;
 		cur ^= 1;
@@ -955,7 +989,8 @@ static int scan(struct tier *t, uint64_t slab_bytes)
 			err = -ENOMEM;
 	}
 	for (uint32_t i = 0; i < t->d.npaths && !err; i++)
-		err = scan_path(t, i, bufs, room, region, max_len);
+		for (uint32_t p = 0; p < t->nparts && !err; p++)
+			err = scan_path(t, i, p, bufs, room, region, max_len);
 	for (int i = 0; i < 2; i++)
 		if (bufs[i].mem != MAP_FAILED)
 			munmap(bufs[i].mem, room + region);
@@ -1015,11 +1050,15 @@ static void faults_parse(struct tier *t)
 static void tier_free(struct tier *t)
 {
 	for (uint32_t i = 0; i < DISK_MAX_PATHS; i++) {
-		while (t->log[i].slots.next && !list_empty(&t->log[i].slots)) {
-			struct dslot *d = list_entry(t->log[i].slots.next, struct dslot, log);
+		for (uint32_t p = 0; p < POOL_MAX_PARTS; p++) {
+			struct tlog *l = &t->log[i][p];
 
-			list_del(&d->log);
-			free(d);
+			while (l->slots.next && !list_empty(&l->slots)) {
+				struct dslot *d = list_entry(l->slots.next, struct dslot, log);
+
+				list_del(&d->log);
+				free(d);
+			}
 		}
 	}
 	index_fini(&t->ix);
@@ -1027,6 +1066,68 @@ static void tier_free(struct tier *t)
 	free(t->free_hdrs);
 	free(t->dns);
 	free(t);
+}
+
+/*
+ * [tenant-disk] Cuts every path's slot area into one region per tenant partition, in partition
+ * order, each the same fraction of every path: the fraction asked for (--tenant ID=RAM,DISK,
+ * --tenant-share RAM,DISK: bytes of the whole disk or N% of it), the disk left over split in
+ * proportion to RAM among the partitions that asked for none. The cut is a function of the
+ * flags alone, never stored: a restart with the same flags finds every slot in its region.
+ * -EINVAL when the shares asked for exceed the disk.
+ */
+static int cut_disk(struct tier *t)
+{
+	const struct broker *b = t->b;
+	uint64_t area = 0, asked = 0, ram_rest = 0, want[POOL_MAX_PARTS] = {0};
+	uint32_t np = b->pool.nparts ? b->pool.nparts : 1;
+
+	t->nparts = np;
+	for (uint32_t i = 0; i < t->d.npaths; i++) {
+		uint64_t end = t->d.path[i].bytes & ~(uint64_t)(SLOT_BLOCK - 1);
+
+		area += end > SLOT_DATA_OFF ? end - SLOT_DATA_OFF : 0;
+	}
+	for (uint32_t p = 0; p < np; p++) {
+		want[p] = b->tt.disk_frac[p] ? (uint64_t)(b->tt.disk_frac[p] * (double)area)
+					     : b->tt.disk_bytes[p];
+		asked += want[p];
+		if (!want[p])
+			ram_rest += np > 1 ? b->pool.part[p].size : 1;
+	}
+	if (asked > area) {
+		log_error("disk: the tenants' disk shares (%llu MiB) exceed the disk (%llu MiB)",
+			  (unsigned long long)(asked >> 20), (unsigned long long)(area >> 20));
+		return -EINVAL;
+	}
+	for (uint32_t p = 0; p < np; p++)
+		if (!want[p] && ram_rest)
+			want[p] = (uint64_t)((double)(area - asked) *
+					     (double)(np > 1 ? b->pool.part[p].size : 1) /
+					     (double)ram_rest);
+	for (uint32_t i = 0; i < t->d.npaths; i++) {
+		uint64_t end = t->d.path[i].bytes & ~(uint64_t)(SLOT_BLOCK - 1), at = SLOT_DATA_OFF;
+		uint64_t parea = end > at ? end - at : 0;
+
+		for (uint32_t p = 0; p < np; p++) {
+			struct tlog *l = &t->log[i][p];
+			uint64_t len = area ? (uint64_t)((double)parea * (double)want[p] /
+							 (double)area)
+					    : 0;
+
+			len &= ~(uint64_t)(SLOT_BLOCK - 1);
+			if (p == np - 1 && asked + (ram_rest ? area - asked : 0) >= area)
+				len = end - at; /* the last region takes the rounding */
+			l->start = l->head = at;
+			l->end = at + len > end ? end : at + len;
+			list_init(&l->slots);
+			at = l->end;
+		}
+	}
+	for (uint32_t p = 0; np > 1 && p < np; p++)
+		log_info("disk: tenant partition %u: %llu MiB of the disk", p,
+			 (unsigned long long)(want[p] >> 20));
+	return 0;
 }
 
 int tier_open(struct broker *b, const struct disk_cfg *c)
@@ -1058,11 +1159,9 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 	}
 	if (err)
 		goto err_free;
-	for (uint32_t i = 0; i < t->d.npaths; i++) {
-		t->log[i].start = t->log[i].head = SLOT_DATA_OFF;
-		t->log[i].end = t->d.path[i].bytes & ~(uint64_t)(SLOT_BLOCK - 1);
-		list_init(&t->log[i].slots);
-	}
+	err = cut_disk(t);
+	if (err)
+		goto err_close;
 #ifdef KVB_TEST_HOOKS
 	faults_parse(t);
 #endif
@@ -1169,7 +1268,8 @@ struct cJSON *tier_json(const struct broker *b)
 		/* The stats document is valid UTF-8 throughout (protocol.md §7). */
 		text_utf8(name, sizeof(name), p->name, sizeof(p->name));
 		cJSON_AddItemToArray(paths, cJSON_CreateString(name));
-		total += t->log[i].end - t->log[i].start;
+		for (uint32_t j = 0; j < t->nparts; j++)
+			total += t->log[i][j].end - t->log[i][j].start;
 	}
 	cJSON_AddItemToObject(o, "paths", paths);
 	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
@@ -1196,5 +1296,27 @@ struct cJSON *tier_json(const struct broker *b)
 	cJSON_AddBoolToObject(o, "fixed_buffers", t && t->d.fixed_bufs);
 	cJSON_AddBoolToObject(o, "sqpoll", t && t->d.sqpoll);
 	cJSON_AddBoolToObject(o, "warm", t && t->d.warm);
+	return o;
+}
+
+uint32_t tier_nparts(const struct broker *b)
+{
+	return b->tier ? b->tier->nparts : 0;
+}
+
+struct cJSON *tier_part_json(const struct broker *b, uint32_t part)
+{
+	const struct tier *t = b->tier;
+	cJSON *o = cJSON_CreateObject();
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; t && part < t->nparts && i < t->d.npaths; i++)
+		total += t->log[i][part].end - t->log[i][part].start;
+	cJSON_AddNumberToObject(o, "partition", part);
+	cJSON_AddNumberToObject(o, "bytes_total", (double)total);
+	cJSON_AddNumberToObject(o, "bytes_used",
+				t && part < t->nparts ? (double)t->part_used[part] : 0);
+	cJSON_AddNumberToObject(o, "pages",
+				t && part < t->nparts ? (double)t->part_slots[part] : 0);
 	return o;
 }

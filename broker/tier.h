@@ -60,5 +60,9 @@ int tier_delete(struct broker *b, const struct ns *n, const kvb_key *key);
 
 /* stats.c: the "disk" object (state "off" without a tier). */
 struct cJSON *tier_json(const struct broker *b);
+/* [tenant-disk] Regions of each path (the tenant partitions), 0 without a tier. */
+uint32_t tier_nparts(const struct broker *b);
+/* stats.c: one partition's region of the disk: partition, bytes_total, bytes_used, pages. */
+struct cJSON *tier_part_json(const struct broker *b, uint32_t part);
 
 #endif /* KVB_BROKER_TIER_H */

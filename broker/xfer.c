@@ -43,7 +43,8 @@ static void xfer_finish(struct broker *b, struct op *op)
 	op->pg = NULL;
 	if (op->job.dir == COPY_TO_POOL) {
 		if (!res) {
-			store_commit(&b->store, pg); /* wakes the PUTs that waited for it */
+			/* Wakes the PUTs that waited for it. [crc-worker] */
+			store_commit_crc(&b->store, pg, op->job.has_crc ? &op->job.crc : NULL);
 			op->bytes_in = op->n->page_bytes;
 			remote_on_put(b, op->n, pg); /* still READY here: nothing ran since */
 		} else {
@@ -82,6 +83,11 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 				    .segs = op->segs ? op->segs : &op->seg1};
 	for (uint32_t i = 0; i < op->job.nsegs; i++)
 		op->job.bytes += op->job.segs[i].len;
+	/* [crc-worker] A host worker that writes the slot checksums it too (copy.h). */
+	if (dir == COPY_TO_POOL && op->dev == COPY_HOST && b->pool.meta && op->pg) {
+		op->job.crc_at = store_addr(&b->store, op->pg);
+		op->job.crc_len = b->store.cls[op->pg->cls].slot_bytes;
+	}
 	/* KVB_BUF_FDCOPY buffers: each segment's file side, kept with the op (fdcopy.c). */
 	if (op->dev == COPY_HOST && op->s->nfdbufs) {
 		op->fds = malloc((size_t)op->job.nsegs * sizeof(*op->fds));

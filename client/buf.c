@@ -173,7 +173,7 @@ struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len)
 
 int kvbc_staging_locked(struct kvb_client *c, size_t len)
 {
-	struct kvbc_buf nb;
+	struct kvbc_buf nb = {0}; /* gpu, foreign: 0 (a reconnect registers it again as host) */
 	size_t want;
 	int err;
 

@@ -25,8 +25,9 @@
  * ids as the caller's and translates them in every SQE and message (kvbc_sqe_ids). In-flight
  * async ops complete with -ECONNRESET first (kvb_reap delivers them) and the reconnect waits
  * until they are reaped. Leases of the old broker stay readable (its arena mappings are kept,
- * retired, until the last of them is released, which is then local). GPU buffers are not
- * registered again (their ops fail -EBADF: register them anew).
+ * retired, until the last of them is released, which is then local). GPU buffers are exported
+ * again from their device pointer and registered (cuda.c kvbc_gpu_again); one whose allocation
+ * is gone, or that the new broker refuses, is lost alone: its ops fail -EBADF.
  *
  * kvb_close() needs no goodbye message: closing the socket is the hang-up by which the broker
  * reclaims this client's leases, buffers and views, exactly as when the process dies.
@@ -626,7 +627,9 @@ static int ctl_id(struct kvb_client *c, uint16_t type, const void *msg, size_t l
 
 static int buf_again(struct kvb_client *c, struct kvbc_buf *b)
 {
-	if (b->gpu || b->fd < 0) {
+	if (b->gpu)
+		return kvbc_gpu_again(c, b);
+	if (b->fd < 0) {
 		b->bid = UINT32_MAX; /* gone: the broker answers -EBADF */
 		return 0;
 	}
@@ -655,6 +658,10 @@ static int view_again(struct kvb_client *c, struct kvbc_view *v)
 	kvbc_view_msg_bids(c, v->type, m);
 	err = ctl_id(c, v->type, m, v->len, -1, &v->bid);
 	free(m);
+	if (err && !kvbc_transport_err(err)) {
+		v->bid = UINT32_MAX; /* over a buffer that was lost: its ops fail -EBADF */
+		err = 0;
+	}
 	return err;
 }
 

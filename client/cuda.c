@@ -133,6 +133,8 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
 	b->bid = id.id;
 	b->fd = -1;
 	b->gpu = 1;
+	b->gpu_base = m.alloc_base;
+	b->gpu_size = m.alloc_size;
 	b->next = c->bufs;
 	c->bufs = b;
 	*buf = id.id;
@@ -146,5 +148,50 @@ err_free:
 	return err;
 #else
 	return -ENODEV; /* built without the CUDA headers */
+#endif
+}
+
+/*
+ * [RECONNECT] The new broker knows nothing of the old one's GPU registrations: export the
+ * buffer's allocation again from the device pointer we kept (a legacy IPC handle of the same
+ * allocation, or a fresh POSIX fd of cuMem memory: keeping the first fd open would pin the
+ * allocation after the caller freed it) and register it under the same caller id. The
+ * allocation must still be the one registered (same base and size): one the caller freed, or
+ * replaced at that address, is not ours to register, and a broker without GPU copies refuses;
+ * either way that buffer alone is lost (-EBADF on its ops), not the reconnect.
+ */
+int kvbc_gpu_again(struct kvb_client *c, struct kvbc_buf *b)
+{
+#ifdef KVB_HAVE_CUDA
+	struct kvb_msg_buf_reg_gpu m;
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	int err, fd = -1;
+
+	b->bid = UINT32_MAX;
+	if (!cuda || load_err || c->broker_minor < 1)
+		return 0;
+	err = gpu_export(cuda, (CUdeviceptr)(uintptr_t)b->addr, b->len, &m, &fd);
+	if (err || m.alloc_base != b->gpu_base || m.alloc_size != b->gpu_size) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	err = kvbc_ctl(c, KVB_MSG_BUF_REG_GPU, &m, sizeof(m), fd, &r);
+	if (fd >= 0)
+		close(fd);
+	if (err >= 0) {
+		err = kvbc_reply_body(&r, &id, sizeof(id));
+		kvbc_reply_free(&r);
+		if (!err)
+			b->bid = id.id;
+		return err;
+	}
+	/* The transport's errors fail the reconnect; the broker's refusal loses the buffer. */
+	return kvbc_transport_err(err) ? err : 0;
+#else
+	(void)c;
+	b->bid = UINT32_MAX;
+	return 0;
 #endif
 }

@@ -93,6 +93,8 @@ struct kvbc_buf {
 	int fd;	     /* host: our own fd of the file, to register it again; -1 none */
 	uint64_t off;	   /* BUF_REG_FD: offset in the file */
 	uint32_t regflags; /* BUF_REG_FD: KVB_BUF_REG_FD_* */
+	/* GPU: the allocation the buffer was in, to register it again after a reconnect. */
+	uint64_t gpu_base, gpu_size;
 };
 
 /* A view, kept to be created again on a reconnect (with the caller's ns and buffer ids). */
@@ -231,6 +233,18 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
 
 /* buf.c */
 struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
+/*
+ * [RECONNECT] Registers GPU buffer b with the broker just re-attached to (cuda.c): exported
+ * again from its device pointer. 0 when done or when the buffer is lost (b->bid = UINT32_MAX:
+ * its ops fail -EBADF), a negative errno when the connection failed meanwhile.
+ */
+int kvbc_gpu_again(struct kvb_client *c, struct kvbc_buf *b);
+/* [RECONNECT] Whether err of a control call is the connection's (else it is the broker's no). */
+static inline int kvbc_transport_err(int err)
+{
+	return err == -EPIPE || err == -ECONNRESET || err == -ETIMEDOUT || err == -EPROTO ||
+	       err == -ENOTCONN || err == -ESHUTDOWN;
+}
 int kvbc_buf_alloc_locked(struct kvb_client *c, size_t len, struct kvbc_buf *b);
 void kvbc_buf_free_all(struct kvb_client *c);
 int kvbc_staging_locked(struct kvb_client *c, size_t len);

@@ -154,7 +154,11 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     other threads' calls wait with it). A broker that is starting counts as away.
  *   - Ids stay valid: namespace, buffer and view ids the caller holds keep naming the same
  *     objects (the library translates them; the new broker's ids may differ). GPU buffers are
- *     not registered again: their ops fail -EBADF until the caller registers them anew.
+ *     registered again too: the library exports each one's allocation anew from the device
+ *     pointer it was registered with (a CUDA IPC handle, or a fresh fd of cuMem memory), in the
+ *     calling thread. One whose allocation is no longer the one registered (freed, replaced at
+ *     that address), or that the new broker refuses (started --no-gpu), is lost alone: its
+ *     ops, and those of views over it, fail -EBADF until the caller registers it anew.
  *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one
  *     returns 0 without a round trip, and the old mapping goes with the last of them. Pages
  *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:

@@ -19,6 +19,10 @@
 # vanish with it and never reach the host's mount table, so removing ROOT afterwards cannot
 # touch the host's /dev or /sys (checked anyway before rm -rf).
 #
+# What a new machine here has besides Debian, the chroot gets too: pip's configuration
+# (/etc/xdg/pip, PIP_FIND_LINKS) and the wheels it points at (/opt/wheels, bound read-only), so
+# that make pytest's venv takes the CPU torch on disk as it would on the host.
+#
 # What is not as on a new machine, and said in the report: the kernel is the host's (io_uring,
 # loop devices, NUMA, hugepages are what the host has: tests that need what it lacks skip, and
 # the report lists every SKIP line); /dev is the host's (t_disk_blockdev and t_disk_nospace use
@@ -90,6 +94,13 @@ if ! debootstrap --variant=minbase --cache-dir="$CACHE" "$SUITE" "$ROOT" "$MIRRO
 fi
 t1=$(now)
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# What a new machine of this workplace has besides Debian: pip's configuration (the cap on
+# torch releases) and the wheels on disk it points at (the CPU torch that make pytest's venv
+# takes; without them pip would fetch a CUDA build of several GB). Bound in read-only below.
+if [ -d /etc/xdg/pip ]; then
+	mkdir -p "$ROOT/etc/xdg"
+	cp -r /etc/xdg/pip "$ROOT/etc/xdg/pip"
+fi
 # What a new user has: the tree, cloned. (Host git: the minbase chroot has none yet.)
 git clone -q --no-local "$here" "$ROOT/root/kvbroker"
 printf '%s\n' "$commit" >"$ROOT/root/kvbroker.commit"
@@ -119,8 +130,13 @@ unshare -m --propagation private sh -c '
 	mount --rbind /dev "$R/dev"
 	mount -t tmpfs -o mode=1777 tmpfs "$R/dev/shm"
 	mount -t tmpfs -o mode=1777 tmpfs "$R/tmp"
+	if [ -d /opt/wheels ]; then
+		mkdir -p "$R/opt/wheels"
+		mount --bind -o ro /opt/wheels "$R/opt/wheels"
+	fi
 	chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		${PIP_FIND_LINKS:+PIP_FIND_LINKS=$PIP_FIND_LINKS} \
 		nice -n 10 sh /root/fresh-run.sh
 ' fresh "$ROOT"
 t2=$(now)

@@ -79,18 +79,18 @@ static int path_arg(PyObject *o, PyObject **keep, const char **out)
 
 static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = {"socket",	    "name",    "gpu_busid", "numa_node",
-			      "sq_entries", "control", NULL};
+	static char *kwl[] = {"socket",	 "name",      "gpu_busid",    "numa_node", "sq_entries",
+			      "control", "reconnect", "reconnect_ms", NULL};
 	kvbpy_client *cl = (kvbpy_client *)self;
 	PyObject *sock = NULL, *name = NULL, *busid = NULL, *numa = Py_None;
 	PyObject *ks = NULL, *kn = NULL, *kb = NULL;
 	struct kvb_opts o;
-	unsigned int sq = 0;
-	int control = 0, err;
+	unsigned int sq = 0, reconnect_ms = 0;
+	int control = 0, reconnect = 1, err;
 	kvb_client *c = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OOOIp:Client", kwl, &sock, &name, &busid,
-					 &numa, &sq, &control))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OOOIppI:Client", kwl, &sock, &name, &busid,
+					 &numa, &sq, &control, &reconnect, &reconnect_ms))
 		return -1;
 	if (cl->c) {
 		PyErr_SetString(PyExc_RuntimeError, "Client is already connected");
@@ -114,6 +114,9 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 	}
 	if (control)
 		o.flags |= KVB_CONNECT_CONTROL;
+	if (!reconnect) /* [RECONNECT] of client/conn.c: on by default, as in C */
+		o.flags |= KVB_CONNECT_NO_RECONNECT;
+	o.reconnect_ms = reconnect_ms;
 	o.sq_entries = sq;
 	{
 		PyThreadState *ts_ = PyEval_SaveThread();

@@ -156,10 +156,14 @@ static int init_errors(PyObject *m)
 			      "API's and whose strerror is kvb_strerror()'s text.");
 	if (!kvbpy_Error)
 		return -1;
-	kvbpy_BrokerGone = new_exc(m, "BrokerGone",
-				   Py_BuildValue("(OO)", kvbpy_Error, PyExc_ConnectionResetError),
-				   "The broker went away (ECONNRESET): every later call on this "
-				   "client fails the same way; connect again.");
+	kvbpy_BrokerGone = new_exc(
+		m, "BrokerGone", Py_BuildValue("(OO)", kvbpy_Error, PyExc_ConnectionResetError),
+		"The broker went away (ECONNRESET). The call failed (a page op "
+		"may or may not have run: they are idempotent, repeat it). Unless "
+		"the client was made with reconnect=False, a later call "
+		"reconnects by itself once a broker is back on the socket "
+		"(namespaces, buffers and views re-made, same ids); until then "
+		"calls fail fast with this, or wait up to reconnect_ms.");
 	kvbpy_NoBroker = new_exc(m, "NoBroker",
 				 Py_BuildValue("(OO)", kvbpy_Error, PyExc_ConnectionRefusedError),
 				 "connect() found no broker at the socket path (ENOENT or "

@@ -3,8 +3,12 @@
  * fuzz_ctl.c - libFuzzer target over the control channel: a sequence of datagrams (with or
  * without a memfd attached) sent on a real SOCK_SEQPACKET socketpair to the broker's own
  * ctl_on_msg(), which validates, dispatches (HELLO, NS_OPEN with and without the ABI 1.2
- * identity, BUF_REG, BUF_REG_FD, BUF_UNREG, VIEW_CREATE, VIEW_CREATE2, VIEW_DESTROY, STATS) and
- * replies.
+ * identity, BUF_REG, BUF_REG_FD, BUF_UNREG, VIEW_CREATE, VIEW_CREATE2, VIEW_DESTROY, STATS whole
+ * and paged, DROP) and replies.
+ *
+ * A victim ring client is attached beside the fuzzed session, so that DROP can end a real
+ * session (its rings, buffers and views): session ids are per-run numbers an input cannot
+ * know, so a DROP whose id is 0 (never a session's) names the victim.
  *
  * Input: records of [u8 flags][u16 len][len bytes of datagram]; flags bit 0 attaches a memfd
  * whose size follows as a u32 before the datagram (clamped to 1 MiB), bits 1-3 seal it
@@ -127,8 +131,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct fuzz_broker *fb = fuzz_broker();
+	struct session *victim = fuzz_session_ring(fb, 8, 0);
 	int peer, alive = 1;
 	struct session *s = fuzz_session_sock(fb, &peer);
+	uint8_t dgram[KVB_MSG_MAX];
 	size_t pos = 0;
 
 	while (alive && pos + 3 <= size) {
@@ -150,11 +156,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fds[nfds++] = dup(2);
 		if (len > size - pos)
 			len = size - pos;
+		if (len > sizeof(dgram))
+			len = sizeof(dgram);
+		memcpy(dgram, data + pos, len);
 		if (len >= sizeof(req)) {
-			memcpy(&req, data + pos, sizeof(req));
+			memcpy(&req, dgram, sizeof(req));
 			reqp = &req;
 		}
-		send_dgram(peer, data + pos, len, fds, nfds);
+		if (reqp && req.type == KVB_MSG_DROP && len >= sizeof(req) + sizeof(uint32_t) &&
+		    !memcmp(dgram + sizeof(req), "\0\0\0\0", 4))
+			memcpy(dgram + sizeof(req), &victim->id, sizeof(uint32_t));
+		send_dgram(peer, dgram, len, fds, nfds);
 		pos += len;
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
@@ -163,6 +175,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		drain(peer, reqp);
 	}
 	close(peer);
+	if (!victim->dead)
+		session_destroy(&fb->b, victim, NULL);
 	fuzz_session_end(fb, s, alive);
 	return 0;
 }

@@ -16,6 +16,8 @@ MSG_MAGIC = 0x4B56424D
 REGION_MAGIC = 0x4B564252
 HELLO, NS_OPEN, BUF_REG, BUF_UNREG, VIEW_CREATE, VIEW_DESTROY, STATS, BUF_REG_GPU = range(1, 9)
 BUF_REG_FD, VIEW_CREATE2 = 9, 10  # ABI 1.2
+DROP = 11  # ABI 1.3, as is the paged STATS body (struct kvb_msg_stats_page)
+STATS_PAGE = 48 * 1024
 NOP, PUT, GET, ACQUIRE, RELEASE, DELETE, LOOKUP, PREFETCH = range(8)
 
 
@@ -173,6 +175,31 @@ def main():
         + rec(msg(BUF_REG, struct.pack("<QII", 65536, 1, 0), 3), 65536, 1)
         + rec(msg(VIEW_CREATE2, struct.pack("<IIII", 1, 5, 0, 0) + parts2, 4))
         + rec(msg(VIEW_DESTROY, struct.pack("<II", 0, 0), 5)) + rec(msg(STATS, b"", 6)))
+    # ABI 1.3: paged STATS (offset, max, flags) and DROP (id, resv); fuzz_ctl reads a DROP of
+    # id 0 as its victim client's id.
+    def page(off, mx=0, flags=0):
+        return struct.pack("<QII", off, mx, flags)
+
+    def drop(cid, resv=0):
+        return struct.pack("<II", cid, resv)
+
+    put("ctl", "stats-paged",
+        rec(msg(HELLO, hello(0, 1))) + rec(msg(STATS, page(0), 2))
+        + rec(msg(STATS, page(STATS_PAGE), 3)) + rec(msg(STATS, page(2 * STATS_PAGE), 4)))
+    put("ctl", "stats-paged-small",
+        rec(msg(HELLO, hello())) + rec(msg(NS_OPEN, lay_a, 2)) + rec(msg(STATS, page(0, 100), 3))
+        + rec(msg(STATS, page(100, 100), 4)) + rec(msg(STATS, page(0, 1), 5)))
+    put("ctl", "stats-paged-odd",
+        rec(msg(HELLO, hello(0, 1))) + rec(msg(STATS, page(5), 2))
+        + rec(msg(STATS, page(1 << 40), 3)) + rec(msg(STATS, page(0, 0xFFFFFFFF), 4))
+        + rec(msg(STATS, page(0, 0, 1), 5)) + rec(msg(STATS, page(0)[:8], 6)))
+    put("ctl", "drop-victim",
+        rec(msg(HELLO, hello(0, 1))) + rec(msg(DROP, drop(0), 2)) + rec(msg(DROP, drop(0), 3))
+        + rec(msg(STATS, page(0), 4)))
+    put("ctl", "drop-odd",
+        rec(msg(DROP, drop(0), 1)) + rec(msg(HELLO, hello())) + rec(msg(DROP, drop(0, 1), 2))
+        + rec(msg(DROP, drop(0xFFFFFFFF), 3)) + rec(msg(DROP, drop(1), 4))
+        + rec(msg(DROP, b"", 5)) + rec(msg(DROP, drop(0), 6)))
     # ---- ring ---- keys: PUT from buf 0 into ns 0 (a) and a view PUT on ns 1 (b)
     k1, k2 = bytes(range(32)), bytes(range(1, 33))
     arg = k1 + k2 + b"\0" * 64

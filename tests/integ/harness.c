@@ -384,6 +384,9 @@ static int try_control_connect(const struct harness_broker *b)
 	return rc;
 }
 
+void (*harness_broker_preexec)(void *arg);
+void *harness_broker_preexec_arg;
+
 struct harness_broker *harness_broker_startv(const char *const *args)
 {
 	struct harness_broker *b;
@@ -461,6 +464,8 @@ struct harness_broker *harness_broker_startv(const char *const *args)
 			dup2(null, 0);
 		dup2(logfd, 1);
 		dup2(logfd, 2);
+		if (harness_broker_preexec)
+			harness_broker_preexec(harness_broker_preexec_arg);
 		execv(path, (char *const *)(uintptr_t)argv);
 		dprintf(2, "harness: exec %s: %s\n", path, strerror(errno));
 		_exit(127);

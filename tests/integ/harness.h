@@ -121,6 +121,14 @@ struct harness_broker {
 struct harness_broker *harness_broker_startv(const char *const *args);
 #define harness_broker_start(...) harness_broker_startv((const char *const[]){__VA_ARGS__, NULL})
 
+/*
+ * When set, called in the broker's child after its stdio is set up, just before the exec: a test
+ * that plays the service manager passes fds and environment this way (t_fdstore). It must not
+ * touch fds 0-2.
+ */
+extern void (*harness_broker_preexec)(void *arg);
+extern void *harness_broker_preexec_arg;
+
 /* SIGTERM, wait up to 5 s, and fail the test unless it exited with status 0. */
 void harness_broker_stop(struct harness_broker *b);
 

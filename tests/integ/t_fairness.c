@@ -14,7 +14,10 @@
  * P50_FACTOR of the quiet p50 plus P50_SLACK_US, its p99 within 2x the quiet p99 plus
  * P99_SLACK_US. Before the fix the p50s were 95 ms and 149 ms. Under the sanitizers (KVB_SCALE
  * small) every unit of work costs 5-20x more, and so does a turn: the slack is 10x, and the
- * figures are printed all the same.
+ * figures are printed all the same. A failed comparison is measured again, quiet figure
+ * included, up to ATTEMPTS times: the regression this guards against fails every attempt by
+ * 50-100x, while a busy machine (load 10 on 2 vCPUs: p99 44 ms against 2 ms quiet, once, in a
+ * fresh-check chroot) rarely misses twice in a row.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,7 @@
 #define P50_FACTOR 4
 #define P50_SLACK_US 1000
 #define P99_SLACK_US 30000
+#define ATTEMPTS 3 /* a regression fails every one; a scheduler hiccup rarely twice */
 
 static struct harness_broker *br;
 static volatile int *stop;  /* shared: the flooders run until it is set */
@@ -184,6 +188,13 @@ static struct figures next_to(int (*flood)(int, void *), int idx, const char *wh
 	return f;
 }
 
+/* The bounds of the checks below, as one predicate for deciding whether to measure again. */
+static int within(const struct figures *f, const struct figures *quiet, double slack)
+{
+	return f->p50_us <= P50_FACTOR * quiet->p50_us + slack * P50_SLACK_US &&
+	       f->p99_us <= 2 * quiet->p99_us + slack * P99_SLACK_US;
+}
+
 int main(int argc, char **argv)
 {
 	struct figures quiet, lk, vw;
@@ -206,14 +217,23 @@ int main(int argc, char **argv)
 	harness_fill(reg, pb, &(kvb_key){{0}}, SEED);
 
 	(void)honest(c, ns, pb, reg, SEED + 100); /* warm-up */
-	quiet = honest(c, ns, pb, reg, SEED + 101);
-	harness_log("quiet: p50 %.0f us, p99 %.0f us", quiet.p50_us, quiet.p99_us);
-	lk = next_to(lookup_flood, 0, "LOOKUP", c, ns, pb, reg, SEED + 102);
-	vw = next_to(view_flood, 1, "view-segment", c, ns, pb, reg, SEED + 103);
-	printf("fairness: quiet p50 %.0f p99 %.0f us; LOOKUP flood p50 %.0f p99 %.0f us (%.1fx); "
-	       "view flood p50 %.0f p99 %.0f us (%.1fx)\n",
-	       quiet.p50_us, quiet.p99_us, lk.p50_us, lk.p99_us, lk.p99_us / quiet.p99_us,
-	       vw.p50_us, vw.p99_us, vw.p99_us / quiet.p99_us);
+	for (int a = 1;; a++) {
+		uint64_t seed = SEED + 101 + 10 * (uint64_t)a;
+		int ok;
+
+		quiet = honest(c, ns, pb, reg, seed);
+		harness_log("attempt %d: quiet: p50 %.0f us, p99 %.0f us", a, quiet.p50_us,
+			    quiet.p99_us);
+		lk = next_to(lookup_flood, 0, "LOOKUP", c, ns, pb, reg, seed + 1);
+		vw = next_to(view_flood, 1, "view-segment", c, ns, pb, reg, seed + 2);
+		printf("fairness (attempt %d): quiet p50 %.0f p99 %.0f us; LOOKUP flood p50 %.0f "
+		       "p99 %.0f us (%.1fx); view flood p50 %.0f p99 %.0f us (%.1fx)\n",
+		       a, quiet.p50_us, quiet.p99_us, lk.p50_us, lk.p99_us,
+		       lk.p99_us / quiet.p99_us, vw.p50_us, vw.p99_us, vw.p99_us / quiet.p99_us);
+		ok = within(&lk, &quiet, slack) && within(&vw, &quiet, slack);
+		if (ok || a == ATTEMPTS)
+			break;
+	}
 	CHECKF(lk.p50_us <= P50_FACTOR * quiet.p50_us + slack * P50_SLACK_US,
 	       "LOOKUP flood: p50 %.0f us against %.0f us quiet", lk.p50_us, quiet.p50_us);
 	CHECKF(vw.p50_us <= P50_FACTOR * quiet.p50_us + slack * P50_SLACK_US,

@@ -13,6 +13,7 @@
  *     second key's promotion waits for disk-queue room and then goes;
  *   - a crc mismatch: the read is aborted, the waiters miss, the disk copy is forgotten;
  *   - the log wraps: the oldest slots are dropped, the newest still promote;
+ *   - a promotion of the slot the log head is about to drop, with RAM full of dirty pages;
  *   - warm restart: a slot that straddles two 32 MiB scan regions is found whole.
  */
 #include <cjson/cJSON.h>
@@ -488,6 +489,38 @@ static void test_tier_log_wraps(void **state)
 	stop(0);
 }
 
+/*
+ * A promotion whose RAM allocation demotes a page while the log head sits on the very slot
+ * being promoted (a read sweeping the log oldest first, RAM full of dirty pages): the slot is
+ * held across the allocation, so the head stops at it instead of freeing it under the
+ * promotion (a use-after-free that hijacked the new demotion's slot: t_disk_tmpfs lost a
+ * recent page under load). Its promotion misses (nothing can make room but dropping it); the
+ * next slot's promotion waits for the demotion and is served exact.
+ */
+static void test_tier_promote_at_log_head(void **state)
+{
+	uint64_t stride = slot_stride(64 * KiB), room = 2 * MiB - SLOT_DATA_OFF;
+	uint32_t fit = (uint32_t)(room / stride), ram = (uint32_t)(8 * MiB / (64 * KiB));
+
+	(void)state;
+	start(64 * KiB, 2 * MiB, 8);
+	for (uint32_t i = 0; i < fit; i++)
+		store_page(i);
+	demote_all();
+	assert_int_equal(tstat("pages"), fit);
+	assert_int_equal(tstat("dropped"), 0);
+	for (uint32_t i = 0; i < ram; i++) /* RAM full, every page dirty */
+		store_page(100 + i);
+	assert_int_equal(submit(KVB_OP_GET, 0, 0, 1), 0);
+	assert_int_equal(cqe_of(1)->res, -ENOENT);
+	assert_int_equal(submit(KVB_OP_GET, 1, 1, 2), 1);
+	settle();
+	assert_int_equal(cqe_of(2)->res, (int)F.pb);
+	check_slot(1, 1);
+	assert_int_equal(tstat("corrupt"), 0);
+	stop(0);
+}
+
 static void test_tier_scan_slot_straddles_regions(void **state)
 {
 	uint64_t page = 256 * KiB, stride = slot_stride(page);
@@ -530,6 +563,7 @@ int main(void)
 		cmocka_unit_test(test_tier_joined_and_parked_promotions),
 		cmocka_unit_test(test_tier_crc_mismatch_misses),
 		cmocka_unit_test(test_tier_log_wraps),
+		cmocka_unit_test(test_tier_promote_at_log_head),
 		cmocka_unit_test(test_tier_scan_slot_straddles_regions),
 	};
 

@@ -123,12 +123,20 @@ class Client(_kvbroker.Client):
     """A connection to the node's kvbrokerd (``kvb_connect``); see :func:`connect`.
 
     Client(socket=None, *, name=None, gpu_busid=None, numa_node=None, sq_entries=0,
-    control=False). socket None means $KVB_SOCKET, then the default path. gpu_busid (as
-    cudaDeviceGetPCIBusId writes it) or numa_node place this client's new pages in the
-    nearest NUMA arena. A context manager; close() is idempotent and waits for calls other
-    threads have in flight. Threads may share a client (calls are serialized in the C
-    library; open one client per thread for parallel I/O). After fork() the child must
-    connect again: the parent's client raises ForkedClient there.
+    control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then the
+    default path. gpu_busid (as cudaDeviceGetPCIBusId writes it) or numa_node place this
+    client's new pages in the nearest NUMA arena. A context manager; close() is idempotent
+    and waits for calls other threads have in flight. Threads may share a client (calls are
+    serialized in the C library; open one client per thread for parallel I/O). After fork()
+    the child must connect again: the parent's client raises ForkedClient there.
+
+    Broker restarts (a crash, a hand-over): the call in progress raises BrokerGone; a later
+    call reconnects by itself (backoff 1 ms to 200 ms) and re-opens the namespaces, buffers
+    (host and GPU) and views, which keep their ids and Python objects; pages the new broker
+    adopted are served again. While no broker answers, calls raise BrokerGone at once, or
+    with reconnect_ms keep trying for up to that many milliseconds first (holding the
+    client: other threads' calls on it wait too). reconnect=False: every call after the loss
+    raises BrokerGone (connect a new Client). See include/kvbroker.h "Broker restarts".
     """
 
     def stats(self) -> dict[str, Any]:
@@ -154,10 +162,12 @@ class Client(_kvbroker.Client):
 
 def connect(socket: str | None = None, *, name: str | None = None,
             gpu_busid: str | None = None, numa_node: int | None = None,
-            sq_entries: int = 0, control: bool = False) -> Client:
+            sq_entries: int = 0, control: bool = False, reconnect: bool = True,
+            reconnect_ms: int = 0) -> Client:
     """Connects to the broker: ``Client(...)``, usable as ``with kvb.connect() as c:``."""
     return Client(socket, name=name, gpu_busid=gpu_busid, numa_node=numa_node,
-                  sq_entries=sq_entries, control=control)
+                  sq_entries=sq_entries, control=control, reconnect=reconnect,
+                  reconnect_ms=reconnect_ms)
 
 
 def key_hex(key: bytes) -> str:
