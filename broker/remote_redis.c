@@ -17,8 +17,9 @@
  * Routing. slot_node[] maps each of the 16384 slots to the node that owns it, from CLUSTER
  * SLOTS (asked of a seed at start, after every MOVED, and every REFRESH_EVERY seconds). A
  * request goes to its key's node; MOVED updates that slot and resends there, ASK resends once
- * after ASKING, at most MAX_REDIRECTS times. A server without cluster support owns every slot
- * (a single Redis works too).
+ * after ASKING, at most MAX_REDIRECTS times. A publish is not resent (its page went straight
+ * into hiredis's output buffer, no copy of the request is kept): it fails, a page not shared.
+ * A server without cluster support owns every slot (a single Redis works too).
  *
  * Node states: CONNECTING -> UP on connect; any of refused, reset, or a request unanswered for
  * STALL_MIN or 4 timeouts with no sign of life meanwhile (a stopped or partitioned node: TCP
@@ -59,6 +60,7 @@ void redisProcessCallbacks(redisAsyncContext *ac);
 #define RN_MAX 64	      /* cluster nodes known */
 #define MAX_REDIRECTS 3	      /* MOVED/ASK hops of one request */
 #define RBUF_BYTES (1u << 20) /* bytes per read */
+#define OBUF_KEEP (16u << 20) /* output buffer kept between requests, at most */
 #define READS_PER_EVENT 8     /* reads per readable event (a fair share of the loop) */
 #define BACKOFF_FIRST 0.25    /* seconds from a node's failure to its first retry */
 #define BACKOFF_MAX 8.0	      /* the longest back-off */
@@ -357,8 +359,13 @@ static void node_write(struct rnode *n)
 		redisAsyncHandleWrite(ac);
 		return;
 	}
-	sdsfree(c->obuf);
-	c->obuf = sdsempty();
+	/* Kept for the next request (a page-sized buffer freed each time is an mmap), unless big. */
+	if (sdsAllocSize(c->obuf) > OBUF_KEEP) {
+		sdsfree(c->obuf);
+		c->obuf = sdsempty();
+	} else {
+		sdsclear(c->obuf);
+	}
 	n->woff = 0;
 	ev_del_write(n);
 }
@@ -682,9 +689,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 			if (rc->refresh_at > clock_now() + REFRESH_GAP)
 				rc->refresh_at = clock_now() + REFRESH_GAP;
 		}
-		if (to && !send_on(to, c, rd.ask))
+		if (to && c->cmd && !send_on(to, c, rd.ask))
 			return;
-		remote_call_done(c, -EHOSTUNREACH, NULL, 0);
+		remote_call_done(c, c->cmd ? -EHOSTUNREACH : -EAGAIN, NULL, 0);
 		return;
 	}
 	n->errors++;
@@ -693,42 +700,36 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 	remote_call_done(c, !strncmp(r->str, "OOM", 3) ? -ENOSPC : -EAGAIN, NULL, 0);
 }
 
-/* RESP: "*argc\r\n" then "$len\r\n<bytes>\r\n" per argument; the value may come in two parts. */
-static char *resp_put(char *p, const void *a, size_t alen, const void *b, size_t blen)
+/* RESP: "*argc\r\n" then "$len\r\n<bytes>\r\n" per argument. */
+static char *resp_put(char *p, const void *a, size_t alen)
 {
-	p += sprintf(p, "$%zu\r\n", alen + blen);
+	p += sprintf(p, "$%zu\r\n", alen);
 	memcpy(p, a, alen);
-	p += alen;
-	if (blen) {
-		memcpy(p, b, blen);
-		p += blen;
-	}
-	memcpy(p, "\r\n", 2);
-	return p + 2;
+	memcpy(p + alen, "\r\n", 2);
+	return p + alen + 2;
 }
 
-static int format_cmd(struct remote_call *c, const char *verb, const struct remote_hdr *h,
-		      const void *page, size_t len)
+/*
+ * verb and c's key into c->cmd; with vlen, the head of "verb key <value> NX" up to the value's
+ * bytes (rc_publish adds them).
+ */
+static int format_cmd(struct remote_call *c, const char *verb, size_t vlen)
 {
-	size_t cap = 64 + c->klen + (h ? sizeof(*h) + len + 32 : 0);
-	char *p = malloc(cap);
+	char *p = malloc(96 + c->klen);
 
 	if (!p)
 		return -ENOMEM;
 	c->cmd = p;
-	p += sprintf(p, "*%d\r\n", h ? 4 : 2);
-	p = resp_put(p, verb, strlen(verb), NULL, 0);
-	p = resp_put(p, c->key, c->klen, NULL, 0);
-	if (h) {
-		p = resp_put(p, h, sizeof(*h), page, len);
-		p = resp_put(p, "NX", 2, NULL, 0);
-	}
+	p += sprintf(p, "*%d\r\n", vlen ? 4 : 2);
+	p = resp_put(p, verb, strlen(verb));
+	p = resp_put(p, c->key, c->klen);
+	if (vlen)
+		p += sprintf(p, "$%zu\r\n", vlen);
 	c->cmdlen = (size_t)(p - c->cmd);
 	return 0;
 }
 
-static int submit(void *be, struct remote_call *c, const char *verb, const struct remote_hdr *h,
-		  const void *page, size_t len)
+static int submit(void *be, struct remote_call *c, const char *verb)
 {
 	struct rcluster *rc = be;
 	struct rnode *n = node_of(rc, c);
@@ -736,7 +737,7 @@ static int submit(void *be, struct remote_call *c, const char *verb, const struc
 
 	if (!usable(n))
 		return -EHOSTUNREACH;
-	err = format_cmd(c, verb, h, page, len);
+	err = format_cmd(c, verb, 0);
 	if (!err)
 		err = send_on(n, c, 0);
 	return err;
@@ -744,18 +745,49 @@ static int submit(void *be, struct remote_call *c, const char *verb, const struc
 
 static int rc_lookup(void *be, struct remote_call *c)
 {
-	return submit(be, c, "EXISTS", NULL, NULL, 0);
+	return submit(be, c, "EXISTS");
 }
 
 static int rc_fetch(void *be, struct remote_call *c)
 {
-	return submit(be, c, "GET", NULL, NULL, 0);
+	return submit(be, c, "GET");
 }
 
+/*
+ * SET key <hdr + page> NX, the page copied once, straight into hiredis's output buffer (no
+ * request of our own in between): room for all of it is made first, so nothing fails half-way
+ * through the command. No copy of the request is kept, so a publish redirected (MOVED, ASK:
+ * the slot moved) is not resent but fails; the slot map is updated for the next.
+ */
 static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *h, const void *page,
 		      size_t len)
 {
-	return submit(be, c, "SET", h, page, len);
+	static const char tail[] = "\r\n$2\r\nNX\r\n";
+	struct rcluster *rc = be;
+	struct rnode *n = node_of(rc, c);
+	redisContext *ctx;
+	sds ob;
+	int err;
+
+	if (!usable(n))
+		return -EHOSTUNREACH;
+	err = format_cmd(c, "SET", sizeof(*h) + len);
+	if (err)
+		return err;
+	ctx = &n->ac->c;
+	ob = sdsMakeRoomFor(ctx->obuf, c->cmdlen + sizeof(*h) + len + sizeof(tail) - 1);
+	if (!ob)
+		return -ENOMEM;
+	ctx->obuf = ob;
+	err = send_on(n, c, 0); /* the head; the rest fits the room made */
+	if (err)
+		return err;
+	ob = sdscatlen(ctx->obuf, h, sizeof(*h));
+	ob = sdscatlen(ob, page, len);
+	ctx->obuf = sdscatlen(ob, tail, sizeof(tail) - 1);
+	free(c->cmd);
+	c->cmd = NULL;
+	return 0;
 }
 
 /* ---- upkeep ---- */

@@ -127,8 +127,10 @@ while [ "$r" -lt "$PROUNDS" ]; do
 	first=$((1000000 + r * N))
 	echo "bench-remote: publish round $r" >&2
 	"$B/bin/kvbfetch" put "$D/c.sock" "$N" "$first" >"$D/pub-off-$r.json"
+	c0=$(cpu_ns "$pid_a")
 	"$B/bin/kvbfetch" put "$D/a.sock" "$N" $((first + 100000)) >"$D/pub-put-$r.json"
 	settle "$D/a.sock"
+	echo $(($(cpu_ns "$pid_a") - c0)) >"$D/pub-cpu-$r"
 	"$B/bin/kvbfetch" put "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-reuse-$r.json"
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get1-$r.json"
 	settle "$D/d.sock"
@@ -207,6 +209,10 @@ for label, k in cases:
     med = lambda f: statistics.median(j[f] for j in js)
     print("| %s | %.0f [%.0f-%.0f] | %.2f | %.0f | %.0f |" % (label, statistics.median(ops), min(ops),
           max(ops), med("gb_per_s"), med("p50_us"), med("p99_us")))
+cpu = [int(open(os.path.join(d, "pub-cpu-%d" % r)).read()) / 1e6 for r in range(rounds)]
+n = json.load(open(os.path.join(d, "pub-put-0.json")))["hits"]
+print("\nBroker A's CPU time (all its threads) per page PUT and published: median %.2f ms." %
+      (statistics.median(cpu) / n))
 EOF
 	echo
 fi
