@@ -78,6 +78,11 @@ struct config {
 /* xfer.c: page copies (see stats "copy"). */
 struct xfer_stats {
 	uint64_t inline_jobs, queued_jobs, parked, errors, gpu_jobs;
+	/*
+	 * Filled PUTs (KVB_SQEF_FILL, xfer_fill): run, completed EXISTED having read nothing
+	 * (ask-first), bytes they copied, steps that found nothing new, and given up (-EAGAIN).
+	 */
+	uint64_t fill_puts, fill_existed, fill_bytes, fill_waits, fill_gaveup;
 	double pin_seconds; /* registering the pool with CUDA */
 	uint64_t pinned_bytes;
 };
@@ -156,6 +161,9 @@ struct session {
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
+	kvb_atomic_u32 *fill, *fill_stop;    /* KVB_SQEF_FILL (wire.h): the client's, ours */
+	uint32_t fill_seq;		     /* KVB_SQEF_FILL SQEs taken from its SQ */
+	uint32_t fill_seen;		     /* the fill word as its filled PUT last read it */
 	uint8_t *arg;
 	uint32_t arg_size;
 
@@ -297,6 +305,12 @@ void session_complete(struct broker *b, struct session *s, const struct kvb_cqe 
  * engine completes the op (ops_complete) from xfer_poll.
  */
 int xfer_start(struct broker *b, struct op *op, uint32_t dir);
+/*
+ * xfer.c [fill]: one step of a filled PUT's copy (KVB_SQEF_FILL): op->pg WRITING, op->seg1 the
+ * whole page. Copies what the client's fill word says is ready; OPS_DONE once the page is
+ * committed (or the fill given up: -EAGAIN), else parks op on its session's yield queue.
+ */
+int xfer_fill(struct broker *b, struct op *op);
 uint32_t xfer_poll(struct broker *b);
 /*
  * The loop saw a copy engine's eventfd readable: drains both eventfds whatever is in flight,

@@ -80,6 +80,12 @@ struct copy_job {
 	uint64_t crc_len;
 	uint32_t crc;
 	uint32_t has_crc;
+	/* The host engine's, while queued: a job split into parts (copy_host.c). */
+	uint64_t part_bytes; /* bytes per part */
+	uint64_t taken;	     /* bytes handed to workers so far */
+	uint32_t cur_seg;    /* where the next part starts: segment, */
+	uint64_t cur_off;    /* and offset in it */
+	uint32_t running;    /* parts taken and not yet finished */
 };
 
 struct copy_engine {
@@ -112,8 +118,9 @@ static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst
 
 /*
  * The host engine: memcpy. Jobs of at most inline_max bytes run inside submit() (COPY_DONE);
- * larger ones go to nthreads worker threads (0: every job inline). See copy_host.c for the
- * numbers behind the defaults.
+ * larger ones go to nthreads worker threads (0: every job inline), a job of at least
+ * 2 x COPY_HOST_PART_MIN bytes split into parts that idle workers copy side by side. See
+ * copy_host.c for the numbers behind the defaults.
  */
 struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
 /*
@@ -122,7 +129,8 @@ struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
  */
 void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
 #define COPY_HOST_INLINE_DEFAULT (4ull << 20)
-#define COPY_HOST_INLINE_SEGS 16384u /* more segments go to a worker, whatever the bytes */
+#define COPY_HOST_INLINE_SEGS 16384u	/* more segments go to a worker, whatever the bytes */
+#define COPY_HOST_PART_MIN (1ull << 20) /* a queued job's parts are at least this big */
 
 /*
  * Runs a host job that has fds (fdcopy.c): memcpy for memory segments, preadv/pwritev for file

@@ -14,9 +14,20 @@
  * two vCPUs shared by the client and the broker there is no idle core for a worker anyway.
  * Above it, a worker keeps the loop serving other clients' small ops while a big page copies.
  *
+ * Fan-out: eight TP ranks loading one MLA page are eight queued jobs of the same bytes. With one
+ * worker they copied one after another while the ranks waited (TP=8 load p50 3.7x private
+ * pools). So a queued job of two COPY_HOST_PART_MIN or more is split into parts, one per worker,
+ * taken from the head of the queue in order: every worker copies the oldest job, which finishes
+ * in 1/nthreads of its time and leaves first (first come, first done: the mean wait is lower
+ * than each worker taking whole jobs, and no job waits for a later one). A part is bytes
+ * [cur_seg/cur_off, +part_bytes) of the job's segments; the job completes when its last part
+ * does, with the first error any part had.
+ *
  * Threads: submit() and poll() run on the loop thread; workers touch only jobs on the pending
- * queue (taken under the lock) and push them to the done queue. A job's memory belongs to the
- * worker from the moment it takes it until it pushes it back. Lock order: just the one mutex.
+ * queue (their parts taken under the lock) and push them to the done queue. A job's memory
+ * belongs to the workers from the moment the first takes a part until the last pushes it back;
+ * its bookkeeping (cursor, running parts, res) changes only under the lock, its bytes outside
+ * it, each part's by one worker. Lock order: just the one mutex.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -46,6 +57,7 @@ struct host_engine {
 	uint32_t fail_every; /* testing: every n-th queued job fails with -EIO */
 	uint64_t queued;     /* jobs taken by workers */
 	uint32_t nthreads;
+	uint32_t whole_running; /* jobs of one part being copied (see may_take) */
 	int stop;
 	pthread_t threads[HOST_MAX_THREADS];
 };
@@ -58,6 +70,74 @@ static int run_segs(const struct copy_job *j)
 	for (uint32_t i = 0; i < j->nsegs; i++)
 		kvb_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len);
 	return 0;
+}
+
+/* One part of a job: len bytes of its segments from segment seg, offset off. */
+struct part {
+	struct copy_job *j;
+	uint32_t seg;
+	uint64_t off, len;
+};
+
+static int run_part(const struct part *p)
+{
+	uint64_t left = p->len, off = p->off;
+
+	if (p->seg == 0 && off == 0 && left == p->j->bytes)
+		return run_segs(p->j); /* the whole job (the only way a job with fds runs) */
+	for (uint32_t i = p->seg; left; i++, off = 0) {
+		const struct copy_seg *s = &p->j->segs[i];
+		uint64_t n = s->len - off < left ? s->len - off : left;
+
+		kvb_copy((uint8_t *)s->dst + off, (const uint8_t *)s->src + off, n);
+		left -= n;
+	}
+	return 0;
+}
+
+/*
+ * Under the lock: the next part of the job at the head of the queue, which leaves the queue
+ * with its last part (its memory is then the workers' until the last part finished).
+ */
+static void take_part(struct host_engine *h, struct part *p)
+{
+	struct copy_job *j = h->pend_head;
+	uint64_t left = j->bytes - j->taken < j->part_bytes ? j->bytes - j->taken : j->part_bytes;
+
+	*p = (struct part){j, j->cur_seg, j->cur_off, left};
+	while (left) {
+		uint64_t room = j->segs[j->cur_seg].len - j->cur_off;
+
+		if (room > left) {
+			j->cur_off += left;
+			break;
+		}
+		left -= room;
+		j->cur_seg++;
+		j->cur_off = 0;
+	}
+	j->taken += p->len;
+	j->running++;
+	if (j->taken == j->bytes) {
+		h->pend_head = j->next;
+		if (!h->pend_head)
+			h->pend_tail = &h->pend_head;
+	}
+}
+
+/*
+ * Whether a worker may take the head job now. A job of one part (not split: smaller, or with
+ * file segments, or a view's many segments) runs on at most nthreads - 1 workers at a time
+ * (one of one, with fewer than three): one worker is kept for the parts of large pages, so
+ * that a TP fan-out never waits behind a flood of whole jobs, and on two CPUs such a flood
+ * keeps one worker busy, as it did before jobs were split (t_fairness's view flood).
+ */
+static int may_take(const struct host_engine *h)
+{
+	const struct copy_job *j = h->pend_head;
+	uint32_t max = h->nthreads > 2 ? h->nthreads - 1 : 1;
+
+	return j && (j->part_bytes < j->bytes || h->whole_running < max);
 }
 
 static void *worker(void *arg)
@@ -74,19 +154,25 @@ static void *worker(void *arg)
 	pthread_mutex_lock(&h->lock);
 	for (;;) {
 		struct copy_job *j;
-		uint32_t delay;
-		int fail;
+		struct part p;
+		uint32_t delay = 0;
+		int fail = 0, res, whole, last;
 
-		while (!h->pend_head && !h->stop)
+		while (!may_take(h) && !h->stop)
 			pthread_cond_wait(&h->cond, &h->lock);
-		if (!h->pend_head)
-			break; /* stop, and nothing left to do */
+		/* Stopping: what is left is ours, or that of the worker a whole job keeps busy. */
+		if (!may_take(h))
+			break;
 		j = h->pend_head;
-		h->pend_head = j->next;
-		if (!h->pend_head)
-			h->pend_tail = &h->pend_head;
-		delay = h->delay_us;
-		fail = h->fail_every && !(++h->queued % h->fail_every);
+		if (!j->taken) { /* the testing knobs act once per job, on its first part */
+			delay = h->delay_us;
+			fail = h->fail_every && !(++h->queued % h->fail_every);
+		}
+		whole = j->part_bytes >= j->bytes;
+		h->whole_running += (uint32_t)whole;
+		take_part(h, &p);
+		if (may_take(h))
+			pthread_cond_signal(&h->cond); /* more for another worker */
 		pthread_mutex_unlock(&h->lock);
 
 		if (delay) {
@@ -94,14 +180,31 @@ static void *worker(void *arg)
 
 			nanosleep(&ts, NULL);
 		}
-		j->res = fail ? -EIO : run_segs(j);
-		if (!j->res && j->crc_len) { /* [crc-worker] off the loop thread */
-			j->crc = slot_crc32c(j->crc_at, j->crc_len);
-			j->has_crc = 1;
-		}
-		j->next = NULL;
+		res = fail ? -EIO : run_part(&p);
 
 		pthread_mutex_lock(&h->lock);
+		if (res && !j->res)
+			j->res = res;
+		last = !--j->running && j->taken == j->bytes;
+		/*
+		 * [crc-worker] The last part's worker has the job to itself: the slot's crc off the
+		 * loop thread, and off the lock (the other parts' bytes may be in other caches).
+		 */
+		if (last && !j->res && j->crc_len) {
+			pthread_mutex_unlock(&h->lock);
+			j->crc = slot_crc32c(j->crc_at, j->crc_len);
+			j->has_crc = 1;
+			pthread_mutex_lock(&h->lock);
+		}
+		if (whole) {
+			h->whole_running--;
+			/* A whole job that another worker may take now. */
+			if (may_take(h))
+				pthread_cond_signal(&h->cond);
+		}
+		if (!last)
+			continue; /* other parts are still being copied, or still queued */
+		j->next = NULL;
 		*h->done_tail = j;
 		h->done_tail = &j->next;
 		/* Wakes the loop; poll() drains the eventfd and takes the queue under this lock. */
@@ -111,6 +214,23 @@ static void *worker(void *arg)
 	}
 	pthread_mutex_unlock(&h->lock);
 	return NULL;
+}
+
+/*
+ * How many parts a queued job is copied in: one per worker, each at least COPY_HOST_PART_MIN
+ * (a part costs a lock round and maybe a wake-up, ~10 us; below a MiB that is more than the
+ * copy time it saves). A job with file segments is one part (fdcopy_run takes whole jobs).
+ */
+static uint64_t part_bytes(const struct host_engine *h, const struct copy_job *j)
+{
+	uint64_t parts = j->bytes / COPY_HOST_PART_MIN, per;
+
+	if (j->fds || h->nthreads < 2 || parts < 2)
+		return j->bytes;
+	if (parts > h->nthreads)
+		parts = h->nthreads;
+	per = (j->bytes + parts - 1) / parts;
+	return (per + 4095) & ~4095ull; /* whole 4 KiB pages: no two workers on one */
 }
 
 static int host_submit(struct copy_engine *e, struct copy_job *j)
@@ -134,10 +254,17 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 		return COPY_DONE;
 	}
 	j->next = NULL;
+	j->res = 0;
+	j->part_bytes = part_bytes(h, j);
+	j->taken = j->cur_off = 0;
+	j->cur_seg = j->running = 0;
 	pthread_mutex_lock(&h->lock);
 	*h->pend_tail = j;
 	h->pend_tail = &j->next;
-	pthread_cond_signal(&h->cond);
+	if (j->part_bytes < j->bytes)
+		pthread_cond_broadcast(&h->cond);
+	else
+		pthread_cond_signal(&h->cond);
 	pthread_mutex_unlock(&h->lock);
 	e->inflight++;
 	return COPY_QUEUED;

@@ -100,6 +100,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
+	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
+	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
 	kvb_store_relaxed(s->loop_cpu, (uint32_t)sched_getcpu() + 1u);
 	return 0;
 

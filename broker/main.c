@@ -126,7 +126,7 @@ static void usage(FILE *f)
 		"                         PUTs then pay the page faults\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
-		"  --copy-threads N       host copy worker threads (default: CPUs / 2, 1..4)\n"
+		"  --copy-threads N       host copy worker threads (default: CPUs / 2, 2..4)\n"
 		"  --copy-inline SIZE     host copies up to SIZE run on the loop thread, larger\n"
 		"                         ones on the workers (default 4M; 0: every copy on a\n"
 		"                         worker)\n"
@@ -188,12 +188,16 @@ static uint64_t default_pool(void)
 	return p;
 }
 
-/* Host copy workers: half the CPUs (the loop and the clients need the rest), 1..4. */
+/*
+ * Host copy workers: half the CPUs (the loop and the clients need the rest), 2..4. At least two
+ * even on two CPUs: a page of 2 MiB or more copies in two parts side by side, and eight TP
+ * ranks loading one MLA page are never queued on a single thread (copy_host.c, fan-out).
+ */
 static uint32_t default_copy_threads(void)
 {
 	long n = sysconf(_SC_NPROCESSORS_ONLN) / 2;
 
-	return n < 1 ? 1 : n > 4 ? 4 : (uint32_t)n;
+	return n < 2 ? 2 : n > 4 ? 4 : (uint32_t)n;
 }
 
 /* The pool memfds' name from the socket path: /proc/PID/maps tells whose pool it is. */

@@ -261,6 +261,15 @@ static int op_fail(struct op *op, int err)
 	return OPS_DONE;
 }
 
+/* A filled PUT whose source we need no more of: its client stops filling (wire.h). */
+static void fill_stop(struct op *op)
+{
+	if (!op->fill || op->fill_stopped)
+		return;
+	op->fill_stopped = 1;
+	kvb_store_release(op->s->fill_stop, op->fill_seq);
+}
+
 /* A long op's next step waits for its session's next turn (fair rounds). */
 static int op_yield(struct broker *b, struct op *op)
 {
@@ -451,6 +460,11 @@ void ops_session_dead(struct broker *b, struct session *s)
  * copy into it; the page is committed when the copy completed (xfer.c). A PUT of a key whose
  * page is being written (another PUT's copy, or a promotion from disk) waits for that page's
  * next state: committed, it completes EXISTED; aborted, it runs again and writes it itself.
+ *
+ * A filled PUT (KVB_SQEF_FILL, xfer.c [fill]) asks first: stored, or being written, its client
+ * is told to stop filling at once, so eight TP ranks' PUTs of one page copy it once, into
+ * staging and into the pool; one told to stop that must write after all (the page it waited
+ * for was aborted) completes -EAGAIN, and its client sends a plain PUT.
  */
 static int op_put(struct broker *b, struct op *op)
 {
@@ -473,11 +487,15 @@ static int op_put(struct broker *b, struct op *op)
 			err = view_check(s, op->v, op->sqe.off, &op->dev);
 		else
 			src = buf_range(s, op->sqe.buf, op->sqe.off, n->page_bytes, &op->dev, &err);
+		/* Filled bytes are followed by our own loads: mapped host memory only. */
+		if (!err && op->fill && (op->dev != COPY_HOST || s->bufs[op->sqe.buf].fdb))
+			err = -EINVAL;
 		if (err)
 			return op_fail(op, err);
 		pg = store_find(&b->store, n->id, &op->key);
 		if (pg && pg->state == PAGE_WRITING) {
 			b->xs.parked++;
+			fill_stop(op);
 			return ops_park_page(b, op, pg, "the same page being written");
 		}
 		if (pg || tier_has(b, n, &op->key)) {
@@ -486,7 +504,16 @@ static int op_put(struct broker *b, struct op *op)
 			op->cqe.flags |= KVB_CQEF_EXISTED;
 			if (pg)
 				store_touch(&b->store, pg);
+			if (op->fill) {
+				b->xs.fill_existed++;
+				fill_stop(op);
+			}
 			return OPS_DONE;
+		}
+		if (op->fill_stopped) {
+			b->xs.fill_gaveup++;
+			return op_fail(op,
+				       -EAGAIN); /* its client stopped filling: a plain PUT now */
 		}
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);
@@ -497,6 +524,8 @@ static int op_put(struct broker *b, struct op *op)
 		op->pg = pg;
 		op->seg1 = (struct copy_seg){store_addr(&b->store, pg), src, n->page_bytes};
 	}
+	if (op->fill)
+		return xfer_fill(b, op);
 	if (op->v) {
 		err = view_build(op, store_addr(&b->store, op->pg), 1);
 		if (!err)
@@ -810,10 +839,14 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 	op->dev = COPY_HOST;
 	op->cqe.user_data = sqe->user_data;
 	list_init(&op->link);
+	/* Numbered before the check: the client numbers every one it posts (wire.h). */
+	if (sqe->flags & KVB_SQEF_FILL)
+		op->fill_seq = ++s->fill_seq;
 	op->cqe.res = kvb_sqe_check(sqe, s->arg_size);
 	if (op->cqe.res)
 		return;
 	op->as_get = !!(sqe->flags & KVB_SQEF_GET);
+	op->fill = !!(sqe->flags & KVB_SQEF_FILL);
 	if (sqe->opcode == KVB_OP_LOOKUP || sqe->opcode == KVB_OP_NOP ||
 	    sqe->opcode == KVB_OP_RELEASE) {
 		if (sqe->opcode == KVB_OP_LOOKUP)

@@ -53,6 +53,11 @@ struct op {
 	int8_t hit;	   /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	   /* PUT: the key was stored */
 	uint8_t remote;	   /* the remote tier was asked (once per op: remote.c) */
+	uint8_t fill;	   /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
+	uint8_t fill_stopped;  /* the client was told to stop filling (fill-stop word) */
+	uint32_t fill_seq;     /* its number among the session's filled PUTs (wire.h) */
+	uint32_t filled;       /* bytes of it copied into the page so far */
+	double fill_at;	       /* when the fill word last moved on (or the copy began) */
 	struct remote_lq *rlq; /* LOOKUP: its questions to the remote tier, while asked */
 	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
 	uint32_t cursor, lead;

@@ -124,6 +124,20 @@ int session_prepare_sleep(struct broker *b)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
 			return 0;
+		/*
+		 * A filled PUT waiting for its bytes (xfer.c [fill]): its client rings the SQ
+		 * doorbell after publishing more while NEED_WAKEUP is set, so re-check the fill
+		 * word after announcing the sleep ([W1], as for the SQ tail); the timeout bounds
+		 * how late a stalled fill is given up.
+		 */
+		if (!list_empty(&s->yieldq.ops)) {
+			if (kvb_load_acquire(s->fill) != s->fill_seen) {
+				kvb_flag_clear(s->sq.flags, KVB_SQ_NEED_WAKEUP);
+				return 0;
+			}
+			if (timeout > 20)
+				timeout = 20;
+		}
 	}
 	return timeout;
 }
@@ -510,7 +524,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
 	if (!list_empty(&s->yieldq.ops)) {
 		work = ops_run_yielded(b, s, OPS_ROUND_WORK);
-		ran = 1;
+		ran = work > 0; /* a filled PUT waiting for its bytes did none (xfer.c [fill]) */
 		if (work >= OPS_ROUND_WORK)
 			return 1;
 	}

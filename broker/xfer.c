@@ -29,7 +29,9 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "clock.h"
 #include "copy_cuda.h"
+#include "fastcopy.h"
 #include "log.h"
 
 #define OPS_HOLD_SEGS 64 /* more segments: no loop_hold() for the job */
@@ -121,6 +123,67 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 	}
 	xfer_finish(b, op);
 	return OPS_DONE;
+}
+
+/*
+ * [fill] A filled PUT (KVB_SQEF_FILL, wire.h): the client copies its page into its staging
+ * buffer while we copy it out, so the page costs about one copy's time rather than two. Each
+ * step copies what the fill word says is in place ([F1]: its load-acquire pairs with the
+ * client's store-release after the bytes), at most FILL_STEP bytes (about a turn of work:
+ * fair rounds), then yields; a step that found nothing new counts no work, so the loop idles
+ * between steps and yields its CPU to a client filling on it (the spinning hints), and no
+ * hold keeps it up past the poll window: a client descheduled mid-fill finds the loop asleep
+ * and rings its doorbell, rather than a broker spinning for milliseconds against the CPUs
+ * that client needs (on a loaded 2-vCPU machine, a spinning loop also loses its share and
+ * then waits for a whole time slice when the bytes come). The page
+ * stays WRITING (never served, never evicted) until every byte was copied, then is committed
+ * as a copied PUT is. The client dying parks nothing: its op is on its yield queue, cancelled
+ * with the session (ops_session_dead: the page is aborted). A fill that stops moving for
+ * FILL_GIVE_UP ends in -EAGAIN and the page is aborted; the client sends a plain PUT then.
+ */
+#define FILL_STEP (1ull << 20)
+#define FILL_GIVE_UP 0.1 /* seconds: a client descheduled that long on a loaded machine */
+
+int xfer_fill(struct broker *b, struct op *op)
+{
+	struct session *s = op->s;
+	uint64_t len = op->seg1.len, f = kvb_load_acquire(s->fill); /* [F1] acquire */
+	double now = clock_now();
+
+	s->fill_seen = (uint32_t)f; /* a sleep needs it moved on to wake early (session.c) */
+
+	if (!op->fill_at) {
+		op->fill_at = now;
+		b->xs.fill_puts++;
+	}
+	if (f > len)
+		f = len; /* a client's word: what lies past the page is not ours to read */
+	if (f > op->filled) {
+		uint64_t n = f - op->filled < FILL_STEP ? f - op->filled : FILL_STEP;
+
+		kvb_copy((uint8_t *)op->seg1.dst + op->filled,
+			 (const uint8_t *)op->seg1.src + op->filled, (size_t)n);
+		op->filled += (uint32_t)n;
+		op->fill_at = now;
+		op->work += n / OPS_WORK_BYTES;
+		b->xs.fill_bytes += n;
+		if (op->filled == len) {
+			op->job.dir = COPY_TO_POOL;
+			op->job.res = 0;
+			xfer_finish(b, op); /* committed, counted, as a copied PUT */
+			return OPS_DONE;
+		}
+	} else if (now - op->fill_at > FILL_GIVE_UP) {
+		b->xs.fill_gaveup++;
+		store_abort(&b->store, op->pg);
+		op->pg = NULL;
+		op->cqe.res = -EAGAIN;
+		return OPS_DONE;
+	} else {
+		b->xs.fill_waits++;
+		op->work = 0;
+	}
+	return ops_park(b, op, &s->yieldq, "its source being filled");
 }
 
 uint32_t xfer_poll(struct broker *b)
@@ -216,6 +279,11 @@ cJSON *xfer_stats_json(const struct broker *b)
 	cJSON_AddNumberToObject(o, "parked_puts", (double)b->xs.parked);
 	cJSON_AddNumberToObject(o, "sessions_draining", draining);
 	cJSON_AddNumberToObject(o, "errors", (double)b->xs.errors);
+	cJSON_AddNumberToObject(o, "fill_puts", (double)b->xs.fill_puts);
+	cJSON_AddNumberToObject(o, "fill_existed", (double)b->xs.fill_existed);
+	cJSON_AddNumberToObject(o, "fill_bytes", (double)b->xs.fill_bytes);
+	cJSON_AddNumberToObject(o, "fill_waits", (double)b->xs.fill_waits);
+	cJSON_AddNumberToObject(o, "fill_gaveup", (double)b->xs.fill_gaveup);
 	cJSON_AddItemToObject(o, "gpu", copy_cuda_stats_json(b));
 	return o;
 }

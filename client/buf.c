@@ -392,55 +392,65 @@ static int view_send(struct kvb_client *c, uint16_t type, const void *msg, size_
 	return err;
 }
 
+/*
+ * Enters the client and finds the namespace a view of nparts parts is made over: one part per
+ * (component, layer), component-major, or it cannot be a view of it. Returns 0 with the lock
+ * held, else an error with it released.
+ */
+static int view_enter(struct kvb_client *c, uint32_t ns, size_t nparts, const struct kvbc_ns **n)
+{
+	int err = kvbc_enter(c);
+
+	if (err)
+		return err;
+	*n = kvbc_ns_find(c, ns);
+	err = !*n ? -EBADF : nparts != (*n)->nparts ? -EINVAL : 0;
+	if (err)
+		kvbc_leave(c);
+	return err;
+}
+
+/*
+ * Sends a VIEW_CREATE(2) of header hdr and the parts, lock held, and records the view (what a
+ * reconnect sends again).
+ */
+static int view_create_locked(struct kvb_client *c, uint16_t type, const void *hdr, size_t hlen,
+			      const void *parts, size_t plen, uint32_t *view)
+{
+	uint8_t *msg = malloc(hlen + plen);
+	struct kvb_msg_id id;
+	struct kvbc_reply r;
+	int err;
+
+	if (!msg)
+		return -ENOMEM;
+	memcpy(msg, hdr, hlen);
+	memcpy(msg + hlen, parts, plen);
+	err = view_send(c, type, msg, hlen + plen, &r);
+	if (err >= 0) {
+		err = kvbc_reply_body(&r, &id, sizeof(id));
+		if (!err)
+			err = kvbc_view_add(c, id.id, type, msg, (uint32_t)(hlen + plen), view);
+		kvbc_reply_free(&r);
+	}
+	free(msg);
+	return err;
+}
+
 int kvb_view_create(kvb_client *c, uint32_t ns, const struct kvb_view_part *parts, size_t nparts,
 		    uint32_t *view)
 {
-	struct kvb_msg_view_create *msg;
+	struct kvb_msg_view_create h = {.ns = ns, .nparts = (uint32_t)nparts};
 	const struct kvbc_ns *n;
-	struct kvb_msg_id id;
-	struct kvbc_reply r;
-	size_t len;
 	int err;
 
 	if (!parts || !view || nparts == 0 || nparts > KVB_MAX_VIEW_PARTS)
 		return -EINVAL;
-	err = kvbc_enter(c);
+	err = view_enter(c, ns, nparts, &n);
 	if (err)
 		return err;
-	n = kvbc_ns_find(c, ns);
-	if (!n) {
-		err = -EBADF;
-		goto out;
-	}
-	/* One part per (component, layer), component-major: anything else cannot be a view of it. */
-	if (nparts != n->nparts) {
-		err = -EINVAL;
-		goto out;
-	}
-	len = sizeof(*msg) + nparts * sizeof(*parts);
-	msg = malloc(len);
-	if (!msg) {
-		err = -ENOMEM;
-		goto out;
-	}
-	msg->ns = ns;
-	msg->nparts = (uint32_t)nparts;
-	memcpy(msg + 1, parts, nparts * sizeof(*parts));
-	err = view_send(c, KVB_MSG_VIEW_CREATE, msg, len, &r);
-	if (err < 0) {
-		free(msg);
-		goto out;
-	}
-	err = kvbc_reply_body(&r, &id, sizeof(id));
-	if (!err)
-		err = kvbc_view_add(c, id.id, KVB_MSG_VIEW_CREATE, msg, (uint32_t)len, view);
-	free(msg);
-	if (err)
-		goto out_reply;
-	err = 0;
-out_reply:
-	kvbc_reply_free(&r);
-out:
+	err = view_create_locked(c, KVB_MSG_VIEW_CREATE, &h, sizeof(h), parts,
+				 nparts * sizeof(*parts), view);
 	kvbc_leave(c);
 	return err;
 }
@@ -452,32 +462,19 @@ out:
 int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *parts, size_t nparts,
 		     uint32_t flags, uint32_t *view)
 {
-	struct kvb_msg_view_create2 *msg;
+	struct kvb_msg_view_create2 h = {.ns = ns, .nparts = (uint32_t)nparts};
 	const struct kvbc_ns *n;
-	struct kvb_msg_id id;
-	struct kvbc_reply r;
-	size_t len;
-	int err, v2;
+	int err;
 
 	if (!parts || !view || flags || nparts == 0 || nparts > KVB_MAX_VIEW_PARTS)
 		return -EINVAL;
 	for (size_t i = 0; i < nparts; i++)
 		if (parts[i].flags || parts[i].resv)
 			return -EINVAL;
-	err = kvbc_enter(c);
+	err = view_enter(c, ns, nparts, &n);
 	if (err)
 		return err;
-	n = kvbc_ns_find(c, ns);
-	if (!n) {
-		err = -EBADF;
-		goto out;
-	}
-	if (nparts != n->nparts) {
-		err = -EINVAL;
-		goto out;
-	}
-	v2 = c->broker_minor >= 2;
-	if (!v2) {
+	if (c->broker_minor < 2) {
 		struct kvb_view_part *old = malloc(nparts * sizeof(*old));
 
 		for (size_t i = 0; old && i < nparts; i++) {
@@ -485,41 +482,21 @@ int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *pa
 
 			if (p->page_stride && p->page_stride != (uint64_t)n->tpp * p->stride) {
 				free(old);
-				err = -EOPNOTSUPP;
-				goto out;
+				kvbc_leave(c);
+				return -EOPNOTSUPP;
 			}
 			old[i] = (struct kvb_view_part){
 				.buf = p->buf, .stride = p->stride, .base = p->base};
 		}
-		if (!old) {
-			err = -ENOMEM;
-			goto out;
-		}
 		kvbc_leave(c);
+		if (!old)
+			return -ENOMEM;
 		err = kvb_view_create(c, ns, old, nparts, view);
 		free(old);
 		return err;
 	}
-	len = sizeof(*msg) + nparts * sizeof(*parts);
-	msg = calloc(1, len);
-	if (!msg) {
-		err = -ENOMEM;
-		goto out;
-	}
-	msg->ns = ns;
-	msg->nparts = (uint32_t)nparts;
-	memcpy(msg + 1, parts, nparts * sizeof(*parts));
-	err = view_send(c, KVB_MSG_VIEW_CREATE2, msg, len, &r);
-	if (err < 0) {
-		free(msg);
-		goto out;
-	}
-	err = kvbc_reply_body(&r, &id, sizeof(id));
-	if (!err)
-		err = kvbc_view_add(c, id.id, KVB_MSG_VIEW_CREATE2, msg, (uint32_t)len, view);
-	free(msg);
-	kvbc_reply_free(&r);
-out:
+	err = view_create_locked(c, KVB_MSG_VIEW_CREATE2, &h, sizeof(h), parts,
+				 nparts * sizeof(*parts), view);
 	kvbc_leave(c);
 	return err;
 }

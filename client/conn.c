@@ -293,21 +293,22 @@ static uint64_t spin_ns_from_env(void)
 }
 
 /*
- * KVB_CLIENT_GET_SELF_KB: from which page size kvb_get() into a buffer of ours copies the page
- * itself (ops.c); 0 turns it off (every GET into a registered buffer is the broker's copy).
+ * A page size in KiB from the environment, 0 meaning never (UINT64_MAX): KVB_CLIENT_GET_SELF_KB,
+ * from which size kvb_get() into a buffer of ours copies the page itself, and
+ * KVB_CLIENT_FILL_KB, from which size kvb_put() from plain memory is a filled PUT (ops.c).
  */
-static uint64_t get_self_from_env(void)
+static uint64_t kb_from_env(const char *name, uint64_t dflt)
 {
-	const char *s = getenv("KVB_CLIENT_GET_SELF_KB");
+	const char *s = getenv(name);
 	char *end;
 	unsigned long long kb;
 
 	if (!s || !*s)
-		return KVBC_GET_SELF_DEFAULT;
+		return dflt;
 	errno = 0;
 	kb = strtoull(s, &end, 10);
 	if (errno || *end || kb > (1ull << 40))
-		return KVBC_GET_SELF_DEFAULT;
+		return dflt;
 	return kb ? kb << 10 : UINT64_MAX;
 }
 
@@ -359,7 +360,8 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	c->staging.fd = -1;
 	c->flags = opts ? opts->flags : 0;
 	c->spin_ns = spin_ns_from_env();
-	c->get_self_min = get_self_from_env();
+	c->get_self_min = kb_from_env("KVB_CLIENT_GET_SELF_KB", KVBC_GET_SELF_DEFAULT);
+	c->fill_min = kb_from_env("KVB_CLIENT_FILL_KB", KVBC_FILL_MIN_DEFAULT);
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
 		free(c);

@@ -36,11 +36,15 @@
 /* How long a waiter spins on the CQ before it sleeps on the doorbell (see ring.c). */
 #define KVBC_SPIN_NS_DEFAULT 30000ull
 /*
- * kvb_get() of pages this big into a buffer of ours: ACQUIRE and our own copy (ops.c). Off
- * by default: on the 2-vCPU machines measured, eight TP ranks copying a Kimi page each
- * loaded in 115 ms (median of 5) against 66 ms with the broker's copy thread.
+ * kvb_get() of pages this big into a buffer of ours: ACQUIRE and our own copy (ops.c), when
+ * KVB_CLIENT_GET_SELF_KB is set but unreadable: off. Unset, ops.c's self_get_rule() decides.
  */
 #define KVBC_GET_SELF_DEFAULT UINT64_MAX
+/*
+ * kvb_put() from plain memory of pages this big: a filled PUT (ops.c), the staging copy and the
+ * broker's overlapping. Smaller pages: copy, then a plain PUT.
+ */
+#define KVBC_FILL_MIN_DEFAULT (64ull << 10)
 /* How long a control request waits for its reply. */
 #define KVBC_CTL_TIMEOUT_MS 30000
 
@@ -76,6 +80,7 @@ struct kvbc_ns {
 	uint32_t nparts; /* (component, layer) pairs: the part count of its views */
 	uint32_t tpp;	 /* tokens_per_page */
 	uint64_t page_bytes;
+	int self_get; /* kvb_get() into a buffer of ours: our own copy (ops.c, self_get_rule) */
 };
 
 /*
@@ -131,7 +136,10 @@ struct kvb_client {
 	struct kvb_ring sq;		       /* we produce */
 	struct kvb_ring cq;		       /* we consume */
 	kvb_atomic_u32 *broker_cpu, *spin_cpu; /* spinning hints (wire.h) */
-	uint8_t *arg;			       /* argument area */
+	kvb_atomic_u32 *fill, *fill_stop;      /* KVB_SQEF_FILL (wire.h): ours, the broker's */
+	uint32_t fill_seq;		       /* KVB_SQEF_FILL SQEs posted to this region */
+	uint64_t fill_min; /* kvb_put() from plain memory fills from this size */
+	uint8_t *arg;	   /* argument area */
 	uint32_t arg_size;
 
 	struct kvbc_arena arenas[KVB_MAX_ARENAS];
@@ -225,6 +233,17 @@ void kvbc_pool_revoke(struct kvb_client *c);
 int kvbc_ring_setup(struct kvb_client *c);
 void kvbc_ring_teardown(struct kvb_client *c);
 int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe);
+/*
+ * kvbc_sync_locked() in parts, for a call that works while its op runs (a filled PUT): posts
+ * sqe and returns its slot (or a negative errno); kvbc_sync_done_locked() says whether its CQE
+ * came, draining what is there without waiting; kvbc_wait_sync_locked() waits for it and frees
+ * the slot (as kvbc_sync_locked() returns).
+ */
+int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
+/* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
+void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);
+int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe);
 int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 

@@ -7,7 +7,9 @@
  * Data paths (docs/protocol.md, "Client library"):
  *   - kvb_put(): src inside a buffer from kvb_buf_alloc_host() is copied by the broker straight
  *     into the pool; any other src is first copied into the library's staging buffer, a
- *     registered host buffer grown to the largest page put so far.
+ *     registered host buffer grown to the largest page put so far; from KVB_CLIENT_FILL_KB
+ *     (64 KiB) up, to a broker of ABI 1.4, as a filled PUT: the PUT goes first and the copy
+ *     into staging overlaps the broker's copy out of it (put_fill, wire.h KVB_SQEF_FILL).
  *   - kvb_get(): dst inside a registered host buffer is written by the broker; any other dst is
  *     filled by ACQUIRE, one memcpy from the read-only pool mapping, and a RELEASE that is posted
  *     without waiting for its completion (the broker runs SQEs in order, so the lease is gone
@@ -20,8 +22,10 @@
  * its length against it before anything is queued, and lease.len comes from it.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fastcopy.h"
 #include "internal.h"
@@ -33,6 +37,29 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
 		if (c->ns[i].id == ns)
 			return &c->ns[i];
 	return NULL;
+}
+
+/*
+ * Whether kvb_get() of this namespace's pages into a buffer of ours copies them itself (ACQUIRE,
+ * our copy, a deferred RELEASE) rather than leaving the copy to the broker's workers. Set,
+ * KVB_CLIENT_GET_SELF_KB decides by page size. Unset, the fan-out rule (docs/benchmarks.md,
+ * "MLA TP=8"): pages of 1 MiB or more of an MLA namespace shared by tp_size ranks, on a machine
+ * with at least two CPUs per rank, because there the ranks' eight copies of one page run side
+ * by side on their own CPUs where the broker has at most four workers; with fewer CPUs the
+ * ranks' copies only contend (measured slower on 2 vCPUs) and the broker's workers split each
+ * page instead.
+ */
+static int self_get_rule(const struct kvb_client *c, const struct kvb_layout *l, uint64_t pb)
+{
+	const char *env = getenv("KVB_CLIENT_GET_SELF_KB");
+	long cpus;
+
+	if (env && *env)
+		return pb >= c->get_self_min;
+	if (l->kind != KVB_LAYOUT_MLA || l->tp_size < 2 || pb < (1ull << 20))
+		return 0;
+	cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	return cpus >= 2 * (long)l->tp_size;
 }
 
 static int ns_reserve(struct kvb_client *c)
@@ -117,6 +144,7 @@ int kvb_ns_open2(kvb_client *c, const struct kvb_layout *l, const struct kvb_ns_
 				.tpp = l->tokens_per_page,
 				.page_bytes = pb,
 				.mlen = (uint32_t)mlen,
+				.self_get = self_get_rule(c, l, pb),
 			};
 			memcpy(n->msg, msg, mlen); /* [RECONNECT] opened again from this */
 		}
@@ -176,6 +204,76 @@ static int put_result(int res, uint32_t flags)
 	return (flags & KVB_CQEF_EXISTED) ? 1 : 0;
 }
 
+/*
+ * A filled PUT's staging copy goes in chunks, each published in the fill word: the first
+ * small, so that the broker starts its copy early and tells us of a stored page before we
+ * copied much of it, then doubling up to FILL_CHUNK_MAX, which bounds how far the broker's
+ * copy trails ours (at most a chunk, a few tens of microseconds) while keeping the stores to
+ * the shared word rare. Plain memcpy, not kvb_copy's streaming stores: the broker reads each
+ * chunk right after us, from the cache.
+ */
+#define FILL_CHUNK_FIRST (16u << 10)
+#define FILL_CHUNK_MAX (256u << 10)
+
+/*
+ * kvb_put() from plain memory to a broker of ABI 1.4 (wire.h, KVB_SQEF_FILL): posts the PUT of
+ * the staging buffer first, then copies src into it while the broker copies out what is
+ * there, and stops as soon as the broker says the page is stored or being stored by another
+ * (ask-first: EXISTED). -EAGAIN from the broker (it gave up on the fill): finish the copy and
+ * send a plain PUT. Returns the CQE's res with its flags in *flags, or the transport's error.
+ */
+static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const void *src, size_t len,
+		    uint32_t *flags)
+{
+	size_t done = 0, chunk = FILL_CHUNK_FIRST;
+	struct kvb_cqe cqe;
+	int stopped = 0;
+	uint32_t seq;
+	int idx, err;
+
+	sqe->flags = KVB_SQEF_FILL;
+	kvb_store_relaxed(c->fill, 0); /* before the SQE: the SQ tail's release publishes it [R1] */
+	idx = kvbc_post_sync_locked(c, sqe);
+	if (idx < 0)
+		return idx;
+	seq = ++c->fill_seq;
+	/* Busy on this CPU: a broker polling on it yields to us (the spinning hints, wire.h). */
+	kvb_store_relaxed(c->spin_cpu, (uint32_t)sched_getcpu() + 1u);
+	while (done < len) {
+		size_t n = len - done < chunk ? len - done : chunk;
+
+		memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, n);
+		done += n;
+		kvbc_fill_publish_locked(c, (uint32_t)done);
+		if (chunk < FILL_CHUNK_MAX)
+			chunk *= 2;
+		stopped = kvb_load_relaxed(c->fill_stop) == seq;
+		if (stopped || kvbc_sync_done_locked(c, (uint32_t)idx))
+			break;
+	}
+	kvb_store_relaxed(c->spin_cpu, 0);
+	/*
+	 * Spin for the rest of the broker's copy of ours; told to stop, we wait for another
+	 * rank's PUT instead, and spinning for it would take the CPUs that rank and the broker
+	 * copy on (seven MLA ranks, two vCPUs): a short spin, then sleep until the CQE.
+	 */
+	c->expect_bytes = stopped ? 0 : len;
+	err = kvbc_wait_sync_locked(c, (uint32_t)idx, &cqe);
+	c->expect_bytes = 0;
+	if (err)
+		return err;
+	if (cqe.res != -EAGAIN) {
+		*flags = cqe.flags;
+		return cqe.res;
+	}
+	memcpy((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, len - done);
+	sqe->flags = 0;
+	c->expect_bytes = len;
+	err = run(c, sqe, flags);
+	c->expect_bytes = 0;
+	return err;
+}
+
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len)
 {
 	const struct kvbc_ns *n;
@@ -202,9 +300,14 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 		err = kvbc_staging_locked(c, len);
 		if (err)
 			goto out;
-		kvb_copy(c->staging.addr, src, len);
 		sqe.buf = c->staging.id;
 		sqe.off = 0;
+		if (c->broker_minor >= 4 && len >= c->fill_min) {
+			err = put_fill(c, &sqe, src, len, &flags);
+			err = put_result(err, flags);
+			goto out;
+		}
+		kvb_copy(c->staging.addr, src, len);
 	}
 	c->expect_bytes = len; /* the broker copies it (ring.c) */
 	err = run(c, &sqe, &flags);
@@ -284,7 +387,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
 	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
 	 */
-	if (b && !b->gpu && !b->foreign && n->page_bytes >= c->get_self_min)
+	if (b && !b->gpu && !b->foreign && n->self_get)
 		b = NULL;
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);

@@ -120,6 +120,10 @@ int kvbc_ring_setup(struct kvb_client *c)
 		return -EPROTO;
 	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
 	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
+	/* KVB_REGION_FILL and _FILL_STOP: a fresh region, so filled PUTs are numbered anew. */
+	c->fill = region_word(c, h->cq_head_off + 16u);
+	c->fill_stop = region_word(c, h->sq_head_off + 16u);
+	c->fill_seq = 0;
 	c->arg = (uint8_t *)c->region + h->arg_off;
 	c->arg_size = h->arg_size;
 
@@ -513,13 +517,39 @@ static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind
  */
 int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *cqe)
 {
-	uint32_t idx;
-	int err;
+	int idx = kvbc_post_sync_locked(c, sqe);
 
-	err = reserve_one(c);
+	if (idx < 0)
+		return idx;
+	return kvbc_wait_sync_locked(c, (uint32_t)idx, cqe);
+}
+
+int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+{
+	int err = reserve_one(c);
+
 	if (err)
 		return err;
-	idx = post_one(c, sqe, KVBC_SLOT_SYNC);
+	return (int)post_one(c, sqe, KVBC_SLOT_SYNC);
+}
+
+void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes)
+{
+	kvb_store_release(c->fill, bytes); /* [F1] release: the bytes before the word */
+	sq_doorbell(c);			   /* [W1]: a broker asleep waits for them too */
+}
+
+int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx)
+{
+	if (!c->slots[idx].done && cq_nonempty(c))
+		(void)cq_drain(c); /* a fatal error shows at the wait */
+	return c->slots[idx].done;
+}
+
+int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe)
+{
+	int err = 0;
+
 	while (!c->slots[idx].done) {
 		err = cq_step(c);
 		if (err)

@@ -278,6 +278,13 @@ kvb_key kvb_key_chain_eagle(const kvb_key *parent, const uint32_t *tokens, size_
  * stored (nothing copied). src inside a buffer from kvb_buf_alloc_host() (or inside the addr range
  * of kvb_buf_register_host_fd(), or a registered GPU buffer) is copied by the broker directly;
  * any other src goes through a staging buffer (one extra memcpy).
+ *
+ * From 64 KiB pages up (KVB_CLIENT_FILL_KB) and with a broker of ABI 1.4, a src in plain memory
+ * is a filled PUT: the PUT is sent first and the library's copy into staging overlaps the
+ * broker's copy out of it (about one copy's time, not two), and the broker asks first: a key
+ * stored, or being stored by another client (TP ranks of one MLA page), returns 1 with nothing
+ * copied by anyone beyond the library's first chunks. src must not change until the call
+ * returns; the page becomes visible to GETs only once all of it is stored.
  * Errors: -EINVAL length or ns, -ENOSPC pool full of leased pages, -ECONNRESET broker gone.
  */
 int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len);

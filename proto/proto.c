@@ -274,7 +274,11 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 
 	if (sqe->resv0)
 		return -EINVAL;
-	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET))
+	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_SQEF_FILL))
+		return -EINVAL;
+	/* A filled PUT copies from one host buffer of the client (wire.h): no view, no other op. */
+	if ((sqe->flags & KVB_SQEF_FILL) &&
+	    (sqe->opcode != KVB_OP_PUT || (sqe->flags & KVB_OPF_VIEW)))
 		return -EINVAL;
 	switch (sqe->opcode) {
 	case KVB_OP_ACQUIRE:

@@ -61,8 +61,9 @@
 
 #define KVB_ABI_MAJOR 1
 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET;
- * 3: DROP, paged STATS (struct kvb_msg_stats_page) */
-#define KVB_ABI_MINOR 3
+ * 3: DROP, paged STATS (struct kvb_msg_stats_page);
+ * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory) */
+#define KVB_ABI_MINOR 4
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -313,6 +314,19 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
  * hit or miss), not as an ACQUIRE and a RELEASE. Refused on any other op.
  */
 #define KVB_SQEF_GET (1u << 7)
+/*
+ * KVB_SQEF_FILL (ABI 1.4, issue 19): a PUT whose source, a host buffer of the client, is being
+ * filled while the op runs (kvb_put() from plain memory: the library's copy into its staging
+ * buffer overlaps the broker's copy out of it). The broker asks first: a key stored (RAM or
+ * disk) completes EXISTED having read nothing, and a key being written waits for that write;
+ * either way the broker then stores this PUT's sequence number in the fill-stop word, and the
+ * client stops filling. Otherwise the broker copies the bytes the fill word says are ready,
+ * as they become ready, into a WRITING page that is committed (made visible) only once all of
+ * it was copied. -EAGAIN when the broker gave up on the fill (no progress for a while, or told
+ * the client to stop and then found it must write after all): the client sends a plain PUT.
+ * Refused with KVB_OPF_VIEW and on every other op. See docs/protocol.md, "Filled PUT".
+ */
+#define KVB_SQEF_FILL (1u << 1)
 struct kvb_sqe {
 	uint8_t opcode;	    /* enum kvb_opcode */
 	uint8_t flags;	    /* KVB_OPF_* */
@@ -374,5 +388,15 @@ static_assert(offsetof(struct kvb_cqe, lease) == 16, "cqe lease");
  */
 #define KVB_REGION_BROKER_CPU (KVB_REGION_SQ_HEAD + 8u)
 #define KVB_REGION_CLIENT_CPU (KVB_REGION_CQ_HEAD + 8u)
+/*
+ * KVB_SQEF_FILL's two words (ABI 1.4), one in each side's line. The fill word (client): bytes
+ * of the current filled PUT's source that are in place, stored with release after the bytes
+ * [F1]; 0 before the SQE is published. The fill-stop word (broker): the sequence number of the
+ * last filled PUT whose source it needs no more of; both sides number this session's
+ * KVB_SQEF_FILL SQEs 1, 2, ... in ring order. The broker trusts neither: bytes past the page
+ * or going backwards are ignored, and a stop for another PUT only ends that client's fill.
+ */
+#define KVB_REGION_FILL (KVB_REGION_CQ_HEAD + 16u)
+#define KVB_REGION_FILL_STOP (KVB_REGION_SQ_HEAD + 16u)
 
 #endif /* KVB_PROTO_WIRE_H */

@@ -21,7 +21,9 @@
 #   vllm      tools/bench_vllm.py in build/venv: kvbroker.vllm's scheduler-side match of a
 #             32K-token request and its worker-side store/load on CPU tensors against memcpy
 #   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
-#             memory allows, or KVB_BENCH_STARTUP_SIZE) and, with the disk tier,
+#             memory allows, or KVB_BENCH_STARTUP_SIZE), tools/bench-datapath.sh B (issue 19's
+#             table: GET, get-user, ACQUIRE, PUT against memcpy with rotating and cache-hot
+#             destinations, 2 and 4 processes, one CPU, TP=8 load) and, with the disk tier,
 #             tools/bench-disk.sh B (its own QD-8 figures and the warm-restart scan), when
 #             present: each prints markdown on stdout, which goes into the report as is; a
 #             non-zero exit is reported as a failure
@@ -440,6 +442,16 @@ if [ -f tools/bench-startup.sh ]; then
 		2>"$tmp/hook.err" || hrc=$?
 	[ "$hrc" -eq 0 ] ||
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+fi
+
+# ---- issue 19's data-path table (ratios to memcpy, cache-hot, TP=8), when its script exists ----
+if [ -f tools/bench-datapath.sh ]; then
+	echo "bench: tools/bench-datapath.sh $B"
+	hrc=0
+	KVB_BENCH_QUICK=$QUICK sh tools/bench-datapath.sh "$B" >"$extra/datapath.md" \
+		2>"$tmp/hook.err" || hrc=$?
+	[ "$hrc" -eq 0 ] ||
+		fail "tools/bench-datapath.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
 # ---- kvbroker.sglang as SGLang's HiCache L3 tier, when the Python venv has SGLang ----

@@ -212,6 +212,14 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	memcpy(r + h.cq_tail_off, &base, 4);
 	s->region = r;
 	s->region_size = (uint64_t)size;
+	/*
+	 * KVB_SQEF_FILL's words (ctl.c sets them so): a client that filled all before posting
+	 * (and a word past any page: clamped), so that a filled PUT completes in its first run,
+	 * as the one-CQE-per-consumed-SQE oracle of fuzz_ring needs.
+	 */
+	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
+	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
+	kvb_store_relaxed(s->fill, UINT32_MAX);
 	s->arg = r + h.arg_off;
 	s->arg_size = h.arg_size;
 	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h.sq_head_off),

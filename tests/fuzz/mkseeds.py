@@ -217,6 +217,12 @@ def main():
         (0, 0, [sqe(PUT, 0, k2, 1, 2, flags=1, ud=1), sqe(GET, 0, k2, 1, 5, flags=1, ud=2),
                 sqe(GET, 0, k2, 1, 0, flags=1, ud=3, lf=0, lc=1)]),
     ]))
+    # KVB_SQEF_FILL (2): filled PUTs, stored then EXISTED; refused on GET and with VIEW
+    put("ring", "fill-put", ring(0, 0xFFFFFFFE, b"", [
+        (0, 0, [sqe(PUT, 0, k2, 0, 0, flags=2, ud=1), sqe(PUT, 0, k2, 0, 0, flags=2, ud=2),
+                sqe(GET, 0, k2, 0, 0, flags=2, ud=3), sqe(PUT, 0, k2, 0, 0, flags=3, ud=4),
+                sqe(PUT, 1, k1, 1, 4096, flags=2, ud=5), sqe(GET, 1, k1, 1, 0, ud=6)]),
+    ]))
     put("ring", "bad-tail", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (100, 0, [sqe(NOP)])]))
     put("ring", "bad-cq-head", ring(0, 5, b"", [(0, 0, [sqe(NOP)]), (0, 1000, [sqe(NOP)])]))
     put("ring", "acquire-many", ring(2, 0x7FFFFFFF, b"", [
@@ -235,6 +241,7 @@ def main():
     put("proto", "region", b"\2" + struct.pack("<Q", 8192) + hdr)
     put("proto", "sqe-lookup", b"\3\0" + lookup(0, 0, 4, 128))
     put("proto", "sqe-put", b"\3\0" + sqe(PUT, 0, k1, 0, 0))
+    put("proto", "sqe-put-fill", b"\3\0" + sqe(PUT, 0, k1, 0, 0, flags=2))
 
 
 if __name__ == "__main__":

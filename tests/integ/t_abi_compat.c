@@ -12,6 +12,10 @@
  *     a page stride it is -EOPNOTSUPP;
  *   - kvb_buf_register_host_fd() is -EOPNOTSUPP;
  *   - kvb_completion_fd() needs nothing new on the wire and works;
+ *   - kvb_put() from plain memory is copy-then-PUT, never a filled PUT (KVB_SQEF_FILL, ABI
+ *     1.4, which an older broker refuses): the broker counts no filled PUT, while the same
+ *     library attached straight to it fills (KVB_CLIENT_FILL_KB=1 makes these small pages
+ *     qualify);
  *   - no request of type BUF_REG_FD or VIEW_CREATE2, and no NS_OPEN longer than a layout, ever
  *     reaches the broker.
  */
@@ -171,6 +175,7 @@ int main(int argc, char **argv)
 	paths[0] = psock;
 	paths[1] = b->sock;
 	pid = harness_fork(proxy, 0, paths);
+	setenv("KVB_CLIENT_FILL_KB", "1", 1);
 	o.socket_path = psock;
 	for (int i = 0; i < 500 && rc; i++) {
 		rc = kvb_connect(&o, &c);
@@ -198,6 +203,7 @@ int main(int argc, char **argv)
 	CHECK_OK(kvb_view_create2(c, ns, parts, LAYERS, 0, &view)); /* as VIEW_CREATE */
 	harness_fill(page, PB, &k, 77);
 	CHECK_RC(kvb_put(c, ns, k, page, PB), 0);
+	CHECK_EQ(harness_stat(c, "copy.fill_puts"), 0);
 	memset(hb, 0, 64 * 1024);
 	CHECK_RC(kvb_view_get(c, view, k, 0, 0, 0), PB);
 	CHECK(harness_verify(hb, TPP * BPT, &k, 77, "view GET through the fallback") == 0);
@@ -234,6 +240,21 @@ int main(int argc, char **argv)
 				 sizeof(struct kvb_msg_hdr) + sizeof(struct kvb_layout));
 	CHECK_EQ(count_type(KVB_MSG_NS_OPEN), 2);
 	harness_log("ABI 1.1 broker: %u requests, none of ABI 1.2", seen->n);
+
+	/* The same library straight to the broker: a filled PUT, and a byte-exact page. */
+	{
+		kvb_client *d = harness_connect(b, "t_abi_compat-direct", 0);
+		kvb_key k2 = harness_key(77, 2);
+
+		CHECK_OK(kvb_ns_open(d, &l, &ns, &pb));
+		harness_fill(page, PB, &k2, 77);
+		CHECK_RC(kvb_put(d, ns, k2, page, PB), 0);
+		CHECK_EQ(harness_stat(d, "copy.fill_puts"), 1);
+		memset(page, 0, PB);
+		CHECK_RC(kvb_get(d, ns, k2, page, PB), PB);
+		CHECK(harness_verify(page, PB, &k2, 77, "filled PUT") == 0);
+		kvb_close(d);
+	}
 
 	kvb_close(c);
 	kill(pid, SIGKILL);

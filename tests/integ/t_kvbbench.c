@@ -69,6 +69,10 @@ int main(int argc, char **argv)
 		"--page 64K --ws 4M --iters 100 --dist zipf get-user",
 		"--page 64K --ws 4M --iters 100 --dist uniform acquire",
 		"--page 64K --ws 4M --iters 100 --read sum acquire",
+		"--page 64K --ws 4M --iters 100 --dst hot get",
+		"--page 64K --ws 4M --iters 20 --qd 4 --dst hot get",
+		"--page 64K --ws 4M --iters 100 --dst hot get-user",
+		"--page 64K --ws 4M --iters 100 --dst hot acquire",
 	};
 	char tmp[PATH_MAX], *out;
 	cJSON *r;
@@ -124,12 +128,33 @@ int main(int argc, char **argv)
 	CHECK_LE(num(r, "pages_hit"), 150); /* never the request's own page */
 	cJSON_Delete(r);
 
+	/*
+	 * Two engines of TP=2 ranks, open loop at 200 requests/s for 0.3 s: each rank runs its
+	 * engine's requests (4 pages, loads in batches of 2), load and write-back timed apart.
+	 */
+	r = run_json("--json --page 64K --procs 2 --threads 2 --tp 2 --prefixes 4 --prefix-pages 2 "
+		     "--branches 2 --branch-pages 1 --suffix-pages 1 --qd 2 --warmup 0 --rate 200 "
+		     "--seconds 0.3 engine");
+	CHECK_EQ(num(r, "engines"), 2);
+	CHECK_EQ(num(r, "tp"), 2);
+	CHECK_EQ(num(r, "rate"), 200);
+	CHECK_GT(num(r, "ops"), 0);
+	CHECK_GT(num(r, "dedup"), 0); /* the second rank's write-backs of its engine's pages */
+	{
+		const cJSON *k = cJSON_GetObjectItem(r, "kinds");
+
+		CHECK(k && cJSON_GetObjectItem(k, "load") && cJSON_GetObjectItem(k, "write_back"));
+		CHECK_EQ(num(cJSON_GetObjectItem(k, "load"), "ops"), num(r, "ops"));
+	}
+	cJSON_Delete(r);
+
 	/* MLA TP=4: one copy through the broker, four with private pools. */
 	r = run_json("--json --page 64K --procs 4 --pages 6 mla-tp");
 	CHECK_EQ(num(r, "copies"), 6);
 	CHECK_EQ(num(r, "dedup_puts"), 18);
 	CHECK_EQ(num(r, "pages_held"), 6);
 	CHECK_EQ(num(r, "mem_x_one_copy"), 1);
+	CHECK(num(r, "load_ms") > 0);
 	cJSON_Delete(r);
 	r = run_json("--json --page 64K --procs 4 --pages 6 --private mla-tp");
 	CHECK_EQ(num(r, "copies"), 24);

@@ -11,17 +11,20 @@
  * Also: many jobs through two workers, every one completed exactly once, the eventfd quiet at
  * the end.
  */
+#include <errno.h>
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "copy.h"
+#include "slot.h"
 
 static int window_fd = -1; /* read() of this fd holds the window open, once */
 
@@ -127,11 +130,76 @@ static void test_copy_host_many_jobs_quiet_after(void **state)
 	e->destroy(e);
 }
 
+/*
+ * Fan-out: jobs of several MiB split into parts that four workers copy side by side. Segments
+ * of odd lengths (parts begin and end inside them) and an empty one; every byte lands where it
+ * belongs, each job completes once with the crc of all its bytes, and one that fails (every
+ * 3rd) fails as a whole, with no crc.
+ */
+static void test_copy_host_split_jobs(void **state)
+{
+	enum { NJOBS = 6, NSEGS = 5, LEN = 9 << 20 };
+	static const uint64_t seglen[NSEGS] = {1234567, 0, 3 << 20, 777,
+					       LEN - 1234567 - (3 << 20) - 777};
+	static struct copy_seg segs[NJOBS][NSEGS];
+	static struct copy_job jobs[NJOBS];
+	uint8_t *src = malloc(LEN), *dst = malloc((size_t)NJOBS * LEN);
+	struct copy_engine *e = copy_host_create(4, 0);
+
+	(void)state;
+	assert_non_null(e);
+	assert_non_null(src);
+	assert_non_null(dst);
+	for (size_t i = 0; i < LEN; i++)
+		src[i] = (uint8_t)(i * 7 + i / 4099);
+	memset(dst, 0, (size_t)NJOBS * LEN);
+	copy_host_test(e, 0, 3);
+	ndone = 0;
+	for (int k = 0; k < NJOBS; k++) {
+		uint64_t off = 0;
+
+		/* Job k copies src into its own LEN bytes of dst, segment by segment. */
+		for (int s = 0; s < NSEGS; s++) {
+			segs[k][s] = (struct copy_seg){dst + (size_t)k * LEN + off, src + off,
+						       seglen[s]};
+			off += seglen[s];
+		}
+		/* A PUT's slot crc: computed once, by the last part's worker, over all of it. */
+		jobs[k] = (struct copy_job){.done = done,
+					    .dev = COPY_HOST,
+					    .nsegs = NSEGS,
+					    .bytes = LEN,
+					    .segs = segs[k],
+					    .crc_at = dst + (size_t)k * LEN,
+					    .crc_len = LEN};
+		assert_int_equal(e->submit(e, &jobs[k]), COPY_QUEUED);
+	}
+	drain(e);
+	assert_int_equal(ndone, NJOBS);
+	assert_int_equal(e->inflight, 0);
+	for (int k = 0; k < NJOBS; k++) {
+		if (k % 3 == 2) {
+			assert_int_equal(jobs[k].res, -EIO);
+			assert_int_equal(jobs[k].has_crc, 0);
+			continue;
+		}
+		assert_int_equal(jobs[k].res, 0);
+		assert_memory_equal(dst + (size_t)k * LEN, src, LEN);
+		assert_int_equal(jobs[k].has_crc, 1);
+		assert_int_equal(jobs[k].crc, slot_crc32c(src, LEN));
+	}
+	assert_false(readable(e->efd));
+	e->destroy(e);
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_copy_host_ring_taken_with_its_job),
 		cmocka_unit_test(test_copy_host_many_jobs_quiet_after),
+		cmocka_unit_test(test_copy_host_split_jobs),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -611,6 +611,14 @@ static void test_proto_sqe_put_get(void **state)
 	expect_sqe(&s, 4096, -EINVAL, "view put with layer_count");
 	s.flags = 0;
 	expect_sqe(&s, 4096, -EINVAL, "put with layer_count");
+	sqe_init(&s, KVB_OP_PUT);
+	s.flags = KVB_SQEF_FILL;
+	expect_sqe(&s, 4096, 0, "filled put");
+	s.flags = KVB_SQEF_FILL | KVB_OPF_VIEW;
+	expect_sqe(&s, 4096, -EINVAL, "filled put of a view: one host buffer only");
+	s.flags = KVB_SQEF_FILL;
+	s.layer_count = 1;
+	expect_sqe(&s, 4096, -EINVAL, "filled put with layer_count");
 
 	sqe_init(&s, KVB_OP_GET);
 	expect_sqe(&s, 4096, 0, "get");
@@ -651,10 +659,15 @@ static void test_proto_sqe_bad_header(void **state)
 		s.resv0 = 0;
 		for (unsigned bit = 1; bit < 8; bit++) {
 			int get_pair = all_ops[i] == KVB_OP_ACQUIRE || all_ops[i] == KVB_OP_RELEASE;
+			int put = all_ops[i] == KVB_OP_PUT;
 
 			s.flags = (uint8_t)(1u << bit);
-			/* KVB_SQEF_GET: on a kvb_get()'s ACQUIRE and RELEASE only. */
-			expect_sqe(&s, 4096, s.flags == KVB_SQEF_GET && get_pair ? 0 : -EINVAL,
+			/* KVB_SQEF_GET: on a kvb_get()'s ACQUIRE and RELEASE only; _FILL on PUT. */
+			expect_sqe(&s, 4096,
+				   (s.flags == KVB_SQEF_GET && get_pair) ||
+						   (s.flags == KVB_SQEF_FILL && put)
+					   ? 0
+					   : -EINVAL,
 				   "unknown flag");
 			s.flags = (uint8_t)((1u << bit) | KVB_OPF_VIEW);
 			expect_sqe(&s, 4096, -EINVAL, "unknown flag with VIEW");

@@ -36,8 +36,12 @@
 unsigned kvbb_h_index(uint64_t v);
 double kvbb_h_quantile(const uint64_t *h, double q);
 
-/* Kinds of op inside one mode: only "mix" uses more than the first. */
-enum kvbb_kind { K_MAIN, K_GET, K_PUT, K_LOOKUP, K_ACQUIRE, NKIND };
+/*
+ * Kinds of op inside one mode: "mix" uses get..acquire; "engine" adds samples of the parts of
+ * its requests (load, write_back), which are not ops of their own (not in the overall figures).
+ */
+enum kvbb_kind { K_MAIN, K_GET, K_PUT, K_LOOKUP, K_ACQUIRE, K_LOAD, K_WRITE, NKIND };
+#define K_NMIX (K_ACQUIRE + 1) /* the kinds --mix draws from */
 extern const char *const kvbb_kind_name[NKIND];
 
 enum kvbb_dist { D_SEQ, D_UNIFORM, D_ZIPF };
@@ -76,6 +80,9 @@ struct kvbb_cfg {
 	int host_buf; /* get, put, mix: KVBB_BUF_* (where the registered buffer comes from) */
 	double timeout;
 	unsigned gap_us; /* sleep between ops, untimed: lets the broker fall asleep */
+	double rate;	 /* > 0: open loop, ops (engine: requests) per second in all (--rate) */
+	int dst_hot;	 /* --dst hot: every copy lands in one reused (cache-hot) destination */
+	uint32_t tp;	 /* engine: TP ranks per engine (--tp) */
 	enum kvbb_dist dist;
 	double zipf_s;
 	struct kvbb_zipf zipf; /* over the working set, or over prefixes in engine mode */
@@ -107,6 +114,9 @@ struct kvbb_slot {
 	uint64_t pg_hits;  /* engine: pages found by LOOKUP */
 	uint64_t pg_total; /* engine: pages asked for */
 	uint64_t sink;	   /* acquire --read sum: keeps the reads alive */
+	uint64_t load_t0;  /* mla-tp: CLOCK_MONOTONIC ns of the first GET's start, */
+	uint64_t load_t1;  /* and of the last GET's end (the load phase) */
+	uint64_t late;	   /* open loop: ops that started after their arrival time */
 	double elapsed;
 	char err[160];
 	uint64_t kops[NKIND];
@@ -117,9 +127,11 @@ struct kvbb_slot {
  * --host-buf: the registered host buffer of get/put/mix. ALLOC: kvb_buf_alloc_host (the
  * library's sealed memfd); MEMFD: our own memfd, sealed, kvb_buf_register_host_fd (the broker
  * maps it); FDCOPY: a memfd made as SGLang 0.5.23's alloc_shm makes it (unsealable),
- * registered with KVB_BUF_FDCOPY (the broker copies with pread/pwrite).
+ * registered with KVB_BUF_FDCOPY (the broker copies with pread/pwrite). USER: no registered
+ * buffer, plain memory (kvb_put through staging: a filled PUT; kvb_get through a lease), so
+ * that mla-tp's ranks PUT as an engine with its own host memory does.
  */
-enum { KVBB_BUF_ALLOC = 0, KVBB_BUF_MEMFD, KVBB_BUF_FDCOPY };
+enum { KVBB_BUF_ALLOC = 0, KVBB_BUF_MEMFD, KVBB_BUF_FDCOPY, KVBB_BUF_USER };
 
 /* A thread's state. */
 struct kvbb_w {
@@ -139,7 +151,9 @@ struct kvbb_w {
 	uint32_t *tok;	/* engine: one page's token ids */
 	uint64_t rng;
 	int verify;
-	int kind; /* set by op(): which histogram */
+	int kind;  /* set by op(): which histogram */
+	int group; /* engine --tp: which engine this rank belongs to (ranks share requests) */
+	uint64_t t_start; /* the driver's start of this op (its arrival time, open loop), ns */
 	void *peer;
 };
 
@@ -188,6 +202,8 @@ void *kvbb_alloc_touched(size_t len);
 /* The working-set page the i-th read of this thread touches, by --dist. */
 uint64_t kvbb_pick(struct kvbb_w *w, uint64_t i);
 void kvbb_fail(struct kvbb_slot *s, int rc, const char *what);
+/* One sample of a kind of its own inside an op (engine: load and write-back apart). */
+void kvbb_record(struct kvbb_w *w, enum kvbb_kind kind, uint64_t ns);
 /* Peers name pages by text keys: "kvbb:<page bytes>:<index>". Returns the length. */
 int kvbb_text_key(char *out, size_t len, size_t page_bytes, uint64_t i);
 

@@ -16,6 +16,11 @@
  * for percentiles and sums each thread's own ops/elapsed for throughput, so a straggler does
  * not dilute the aggregate.
  *
+ * Open loop (--rate R): ops arrive at R per second in all, as a Poisson process per thread
+ * (R / threads each), whether or not the previous one finished; an op is timed from its
+ * arrival, so a backlog shows up in the latency (what a request waiting for a busy engine
+ * sees) instead of slowing the arrivals down (closed loop: the default).
+ *
  * Working sets default to at least 128 MiB (four times this machine's 32 MiB LLC) and every
  * copy walks a destination of the same size, so GET, ACQUIRE, the peers and the memcpy limit
  * all move cold data into cold data and their ratios mean something.
@@ -61,7 +66,8 @@ static void thread_run(int idx)
 	uint64_t i, t0, t1, deadline;
 	struct kvbb_w w;
 	char err[160] = "";
-	double start;
+	double start, gap_ns = 0;
+	uint64_t arr_rng = 0;
 	int64_t r;
 	int go, rc;
 
@@ -71,7 +77,9 @@ static void thread_run(int idx)
 	w.idx = idx;
 	w.slots = cfg.pages;
 	w.start = cfg.pages * (uint64_t)idx / (uint64_t)cfg.nslots;
-	w.rng = kvbb_mix64(cfg.put_seed ^ ((uint64_t)idx << 20));
+	/* engine --tp: the ranks of one engine see the same requests in the same order. */
+	w.group = cfg.tp > 1 ? idx / (int)cfg.tp : idx;
+	w.rng = kvbb_mix64(cfg.put_seed ^ ((uint64_t)w.group << 20));
 	rc = m->setup(&w, err, sizeof(err));
 	if (rc < 0) {
 		s->rc = rc;
@@ -90,7 +98,9 @@ static void thread_run(int idx)
 	}
 	w.verify = 0;
 	memset(s->hist, 0, sizeof(s->hist));
+	memset(s->kops, 0, sizeof(s->kops));
 	s->dedup = s->stored = s->misses = s->pg_hits = s->pg_total = 0;
+	s->load_t0 = s->load_t1 = 0;
 
 	atomic_fetch_add(&sh->ready, 1);
 	while ((go = atomic_load(&sh->go)) == 0)
@@ -101,8 +111,29 @@ static void thread_run(int idx)
 	start = kvbb_now_s();
 	t0 = kvbb_now_ns();
 	deadline = cfg.iters ? UINT64_MAX : t0 + (uint64_t)(cfg.seconds * 1e9);
+	if (cfg.rate > 0) {
+		/* Per arrival stream (a thread, or an engine's ranks together): its share of R. */
+		int streams = cfg.tp > 1 ? cfg.nslots / (int)cfg.tp : cfg.nslots;
+
+		gap_ns = 1e9 * streams / cfg.rate;
+		arr_rng = kvbb_mix64(cfg.put_seed ^ 0x617272ull ^ ((uint64_t)w.group << 24));
+	}
 	for (i = 0; !cfg.iters || i < cfg.iters; i++) {
+		if (gap_ns > 0) {
+			/* Exponential gaps: -ln(U) x mean, U in (0, 1]. */
+			double u = (double)((kvbb_rand(&arr_rng) >> 11) + 1) / 9007199254740992.0;
+			uint64_t now = kvbb_now_ns();
+
+			t0 += (uint64_t)(-log(u) * gap_ns);
+			if (t0 >= deadline && !cfg.iters)
+				break;
+			if (t0 > now)
+				sleep_us((unsigned)((t0 - now) / 1000));
+			else
+				s->late++;
+		}
 		w.kind = K_MAIN;
+		w.t_start = t0;
 		r = m->op(&w, cfg.warmup + i);
 		t1 = kvbb_now_ns();
 		if (r < 0) {
@@ -117,6 +148,8 @@ static void thread_run(int idx)
 		atomic_store_explicit(&s->prog_bytes, s->bytes, memory_order_relaxed);
 		if (t1 >= deadline)
 			break;
+		if (gap_ns > 0)
+			continue; /* the next op's start is its arrival, not our end */
 		if (cfg.gap_us) {
 			sleep_us(cfg.gap_us);
 			t1 = kvbb_now_ns();
@@ -184,6 +217,13 @@ static void usage(FILE *f)
 		"  --warmup N        untimed ops per thread first (default: one pass over the\n"
 		"                    working set; nop 1000, engine 100)\n"
 		"  --gap-us N        sleep N us between ops, untimed (lets the broker sleep)\n"
+		"  --rate R          open loop: R ops per second in all (engine: requests; "
+		"Poisson\n"
+		"                    arrivals), each op timed from its arrival (default: closed "
+		"loop)\n"
+		"  --dst rotate|hot  get, get-user, acquire, memcpy: copies land in a destination\n"
+		"                    larger than the LLC (rotate, default) or in one reused page "
+		"(hot)\n"
 		"  --dist D          keys: seq (default), uniform, zipf or zipf:S (S default "
 		"0.99);\n"
 		"                    engine: how requests pick their prefix (default zipf)\n"
@@ -192,18 +232,26 @@ static void usage(FILE *f)
 		"  --mix SPEC        mix: weights, e.g. get=80,put=10,lookup=5,acquire=5\n"
 		"  --batch N         lookup: keys per kvb_lookup (default 1024)\n"
 		"  --qd N            get, put: one op is N pages in one kvb_submit, all reaped\n"
-		"                    before the next (latency is per batch; default 1)\n"
+		"                    before the next (latency is per batch; default 1); engine:\n"
+		"                    pages per kvb_submit of a request's loads (default %d)\n"
 		"  --read sum|copy   acquire: sum the page as uint64 or copy it out (default "
 		"copy)\n"
 		"  --host-buf B      get, put, mix: the registered buffer: alloc "
 		"(kvb_buf_alloc_host,\n"
 		"                    default), memfd (own sealed memfd, registered by fd: mapped)\n"
-		"                    or fdcopy (SGLang's unsealable memfd, KVB_BUF_FDCOPY)\n"
+		"                    or fdcopy (SGLang's unsealable memfd, KVB_BUF_FDCOPY);\n"
+		"                    user: none, malloc'd memory (mla-tp: PUTs via staging)\n"
 		"  --prefixes N      engine: system prompts (default 16)\n"
 		"  --prefix-pages N  engine: pages per system prompt (default 8)\n"
 		"  --branches N      engine: conversation branches under each prompt (default 4)\n"
 		"  --branch-pages N  engine: pages per branch (default 4)\n"
 		"  --suffix-pages N  engine: pages of each request's own (default 4)\n"
+		"  --tp N            engine: N TP ranks per engine (--procs x --threads / N "
+		"engines),\n"
+		"                    MLA: each rank loads every page of the request into its "
+		"buffer\n"
+		"                    (a Kimi-K2.5 8K-token context: --layout kimi, 128 pages in "
+		"all)\n"
 		"  --private         mla-tp: each rank keeps its own pool (what engines do today)\n"
 		"  --timeout S       give up after S seconds (default 60 + 2 x --seconds)\n"
 		"  --progress        a progress line on stderr every second (default: when stderr\n"
@@ -212,7 +260,8 @@ static void usage(FILE *f)
 		"  -h, --help        this text\n"
 		"\n"
 		"GB/s are 1e9 bytes of page data per second; latencies are per op, all threads\n"
-		"merged; ops/s and GB/s are summed over threads.\n");
+		"merged; ops/s and GB/s are summed over threads.\n",
+		KVBB_MAX_QD);
 }
 
 static const struct kvbb_mode *find_mode(const char *name)
@@ -275,7 +324,7 @@ static int parse_mix(const char *spec)
 		if (!eq)
 			break;
 		*eq = 0;
-		for (k = K_GET; k < NKIND; k++)
+		for (k = K_GET; k < K_NMIX; k++)
 			if (!strcmp(tok, kvbb_kind_name[k])) {
 				cfg.mix[k] = (unsigned)strtoul(eq + 1, NULL, 10);
 				cfg.mix_total += cfg.mix[k];
@@ -316,6 +365,9 @@ enum {
 	O_PROTO,
 	O_QD,
 	O_HOST_BUF,
+	O_RATE,
+	O_DST,
+	O_TP,
 };
 
 static int parse_args(int argc, char **argv)
@@ -350,6 +402,9 @@ static int parse_args(int argc, char **argv)
 		{"proto", required_argument, NULL, O_PROTO},
 		{"host-buf", required_argument, NULL, O_HOST_BUF},
 		{"qd", required_argument, NULL, O_QD},
+		{"rate", required_argument, NULL, O_RATE},
+		{"dst", required_argument, NULL, O_DST},
+		{"tp", required_argument, NULL, O_TP},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -371,6 +426,7 @@ static int parse_args(int argc, char **argv)
 	cfg.branch_pages = 4;
 	cfg.suffix_pages = 4;
 	cfg.progress = -1;
+	cfg.tp = 1;
 	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
 		switch (opt) {
 		case O_SOCKET:
@@ -452,9 +508,11 @@ static int parse_args(int argc, char **argv)
 				cfg.host_buf = KVBB_BUF_MEMFD;
 			} else if (!strcmp(optarg, "fdcopy")) {
 				cfg.host_buf = KVBB_BUF_FDCOPY;
+			} else if (!strcmp(optarg, "user")) {
+				cfg.host_buf = KVBB_BUF_USER;
 			} else {
-				fprintf(stderr,
-					"kvbbench: --host-buf takes alloc, memfd or fdcopy\n");
+				fprintf(stderr, "kvbbench: --host-buf takes alloc, memfd, fdcopy "
+						"or user\n");
 				return -1;
 			}
 			break;
@@ -494,6 +552,19 @@ static int parse_args(int argc, char **argv)
 			break;
 		case O_QD:
 			cfg.qd = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case O_RATE:
+			cfg.rate = atof(optarg);
+			break;
+		case O_DST:
+			if (strcmp(optarg, "hot") && strcmp(optarg, "rotate")) {
+				fprintf(stderr, "kvbbench: --dst takes rotate or hot\n");
+				return -1;
+			}
+			cfg.dst_hot = !strcmp(optarg, "hot");
+			break;
+		case O_TP:
+			cfg.tp = (uint32_t)strtoul(optarg, NULL, 0);
 			break;
 		case O_PROTO:
 			if (strcmp(optarg, "binary") && strcmp(optarg, "ascii")) {
@@ -555,6 +626,11 @@ static int parse_args(int argc, char **argv)
 	if (!strcmp(cfg.mode->name, "engine")) {
 		if (!dist_given)
 			cfg.dist = D_ZIPF;
+		if (cfg.tp < 1 || (cfg.procs * cfg.threads) % (int)cfg.tp) {
+			fprintf(stderr, "kvbbench: --tp must divide --procs x --threads\n");
+			return -1;
+		}
+		cfg.layout.tp_size = cfg.tp; /* MLA: the ranks of an engine share its pages */
 		if (!cfg.prefixes || !cfg.prefix_pages || (cfg.branch_pages && !cfg.branches)) {
 			fprintf(stderr, "kvbbench: engine needs --prefixes and --prefix-pages >= 1 "
 					"(and --branches with --branch-pages)\n");
@@ -574,7 +650,7 @@ static int parse_args(int argc, char **argv)
 		fprintf(stderr, "kvbbench: lookup needs --pages >= --batch\n");
 		return -1;
 	}
-	if (cfg.qd > KVBB_MAX_QD || cfg.qd > cfg.pages) {
+	if (cfg.qd > KVBB_MAX_QD || (cfg.qd > cfg.pages && strcmp(cfg.mode->name, "engine"))) {
 		fprintf(stderr, "kvbbench: --qd at most %d and at most --pages\n", KVBB_MAX_QD);
 		return -1;
 	}
@@ -704,6 +780,9 @@ static void print_json(const struct kvbb_slot *t, const uint64_t *hall, double s
 		}
 		printf("}");
 	}
+	if (cfg.rate > 0)
+		printf(",\"rate\":%.1f,\"late\":%" PRIu64, cfg.rate, t->late);
+	printf(",\"dst\":\"%s\"", cfg.dst_hot ? "hot" : "rotate");
 	if (extra[0])
 		printf(",%s", extra);
 	printf("}\n");
@@ -740,7 +819,10 @@ static void print_text(const struct kvbb_slot *t, const uint64_t *hall, double s
 	printf("  latency us: p50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f\n",
 	       kvbb_h_quantile(hall, 0.50) / 1e3, kvbb_h_quantile(hall, 0.90) / 1e3,
 	       kvbb_h_quantile(hall, 0.99) / 1e3, kvbb_h_quantile(hall, 0.999) / 1e3);
-	if (!strcmp(name, "mix"))
+	if (cfg.rate > 0)
+		printf("  open loop at %.1f ops/s: %" PRIu64 " ops started late (a backlog)\n",
+		       cfg.rate, t->late);
+	if (!strcmp(name, "mix") || !strcmp(name, "engine") || !strcmp(name, "mla-tp"))
 		for (k = K_GET; k < NKIND; k++)
 			if (t->kops[k])
 				printf("    %-8s %" PRIu64 " ops  p50 %.2f  p99 %.2f\n",
@@ -814,6 +896,11 @@ int main(int argc, char **argv)
 		total.misses += s->misses;
 		total.pg_hits += s->pg_hits;
 		total.pg_total += s->pg_total;
+		total.late += s->late;
+		if (s->load_t0 && (!total.load_t0 || s->load_t0 < total.load_t0))
+			total.load_t0 = s->load_t0;
+		if (s->load_t1 > total.load_t1)
+			total.load_t1 = s->load_t1;
 		if (s->elapsed > seconds)
 			seconds = s->elapsed;
 		if (s->elapsed > 0) {
@@ -824,7 +911,8 @@ int main(int argc, char **argv)
 			total.kops[k] += s->kops[k];
 			for (j = 0; j < (int)H_BUCKETS; j++) {
 				total.hist[k][j] += s->hist[k][j];
-				hall[j] += s->hist[k][j];
+				if (k < K_NMIX) /* load, write_back: parts of ops, not ops */
+					hall[j] += s->hist[k][j];
 			}
 		}
 	}

@@ -13,8 +13,11 @@
  *
  * engine: one op is one request of an inference engine: the keys of its token prefix (a system
  * prompt shared by many requests, one of several conversation branches under it, and pages of
- * its own), one LOOKUP for all of them, a GET of every page found and a PUT of every page that
- * was not. Keys are real SHA-256 chains (kvb_key_chain) over synthetic tokens.
+ * its own), one LOOKUP for all of them, the pages found loaded in kvb_submit batches and the
+ * pages that were not written back the same way. Keys are real SHA-256 chains (kvb_key_chain)
+ * over synthetic tokens. --tp makes each engine several TP ranks (processes or threads) that
+ * serve the same requests; --rate makes arrivals open-loop; load latency (arrival to the last
+ * page loaded) and write-back time are reported apart from the request's whole time.
  *
  * mla-tp: --procs ranks of one MLA model (TP=procs) store the same pages and load them back,
  * through the broker (one shared namespace: the first PUT of a page copies it, the others find
@@ -218,6 +221,14 @@ static int alloc_reg(struct kvbb_w *w, char *err, size_t errlen)
 {
 	size_t len = w->slots * w->cfg->page_bytes;
 
+	if (w->cfg->host_buf == KVBB_BUF_USER) {
+		w->buf = kvbb_alloc_touched(len); /* freed by teardown: not buf_reg */
+		if (!w->buf) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		return 0;
+	}
 	if (w->cfg->host_buf != KVBB_BUF_ALLOC)
 		return own_memfd(w, len, err, errlen);
 	w->buf = kvb_buf_alloc_host(w->c, len, &w->bufid);
@@ -308,6 +319,16 @@ static uint8_t *slot_of(struct kvbb_w *w, uint64_t i)
 	return w->buf + (i % w->slots) * w->cfg->page_bytes;
 }
 
+/*
+ * Where the i-th read lands: the rotating slot, or with --dst hot always the first, so that
+ * the copy writes into cache-hot memory (an engine reusing one staging page) instead of a
+ * destination larger than the LLC.
+ */
+static uint8_t *dst_of(struct kvbb_w *w, uint64_t i)
+{
+	return w->cfg->dst_hot ? w->buf : slot_of(w, i);
+}
+
 static int64_t op_nop(struct kvbb_w *w, uint64_t i)
 {
 	int rc = kvb_nop(w->c);
@@ -329,6 +350,37 @@ static int64_t put_new(struct kvbb_w *w, uint64_t i)
 }
 
 /*
+ * Hands n ops to the broker (kvb_submit, as often as the SQ takes them) and reaps all n
+ * completions into comp[], in the order they came.
+ */
+static int submit_all(struct kvbb_w *w, const struct kvb_op *ops, size_t n,
+		      struct kvb_completion *comp)
+{
+	size_t sent = 0, done = 0;
+	int rc;
+
+	while (done < n) {
+		if (sent < n) {
+			rc = kvb_submit(w->c, ops + sent, n - sent);
+			if (rc < 0)
+				return rc;
+			sent += (size_t)rc;
+		}
+		rc = kvb_reap(w->c, comp + done, n - done, 1, 10000);
+		if (rc < 0)
+			return rc;
+		done += (size_t)rc;
+	}
+	return 0;
+}
+
+static void count_put(struct kvbb_w *w, uint32_t flags)
+{
+	w->s->dedup += (flags & KVB_CQEF_EXISTED) != 0;
+	w->s->stored += (flags & KVB_CQEF_EXISTED) == 0;
+}
+
+/*
  * --qd N (get, put): one op is N GETs or PUTs handed to the broker with one kvb_submit and all
  * reaped before the next op, which is how an engine moves the pages of one request. Pages
  * i*N .. i*N+N-1 of the thread's sequence, each in its own slot of the registered buffer.
@@ -338,7 +390,7 @@ static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
 	const struct kvbb_cfg *cfg = w->cfg;
 	struct kvb_op ops[KVBB_MAX_QD];
 	struct kvb_completion comp[KVBB_MAX_QD];
-	size_t pb = cfg->page_bytes, n = cfg->qd, sent = 0, done = 0, j;
+	size_t pb = cfg->page_bytes, n = cfg->qd, j;
 	int64_t moved = 0;
 	int rc;
 
@@ -351,35 +403,24 @@ static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
 		ops[j].buf = w->bufid;
 		ops[j].key = put ? kvbb_key(cfg->put_seed, (uint64_t)w->idx + 1, idx)
 				 : kvbb_key(cfg->ws_seed, 0, kvbb_pick(w, idx));
-		ops[j].off = (idx % w->slots) * pb;
+		ops[j].off = (put || !cfg->dst_hot ? idx % w->slots : j) * pb;
 		ops[j].user_data = j;
 	}
-	while (done < n) {
-		if (sent < n) {
-			rc = kvb_submit(w->c, ops + sent, n - sent);
-			if (rc < 0)
-				return rc;
-			sent += (size_t)rc;
-		}
-		rc = kvb_reap(w->c, comp, n, 1, 10000);
-		if (rc < 0)
-			return rc;
-		for (j = 0; j < (size_t)rc; j++) {
-			int32_t res = comp[j].res;
+	rc = submit_all(w, ops, n, comp);
+	if (rc < 0)
+		return rc;
+	for (j = 0; j < n; j++) {
+		int32_t res = comp[j].res;
 
-			if (res == -ENOENT && !put && (cfg->miss_ok || cfg->miss_fill)) {
-				w->s->misses++;
-				continue;
-			}
-			if (res < 0)
-				return res;
-			if (put) {
-				w->s->dedup += (comp[j].flags & KVB_CQEF_EXISTED) != 0;
-				w->s->stored += (comp[j].flags & KVB_CQEF_EXISTED) == 0;
-			}
-			moved += (int64_t)pb;
+		if (res == -ENOENT && !put && (cfg->miss_ok || cfg->miss_fill)) {
+			w->s->misses++;
+			continue;
 		}
-		done += (size_t)rc;
+		if (res < 0)
+			return res;
+		if (put)
+			count_put(w, comp[j].flags);
+		moved += (int64_t)pb;
 	}
 	for (j = 0; w->verify && !put && j < n; j++)
 		if (kvbb_check_page(w->buf + ops[j].off, pb, &ops[j].key) && !cfg->miss_ok &&
@@ -418,7 +459,7 @@ static int64_t on_miss(struct kvbb_w *w, kvb_key key, uint8_t *slot)
 static int64_t op_get(struct kvbb_w *w, uint64_t i)
 {
 	size_t pb = w->cfg->page_bytes;
-	uint8_t *slot = slot_of(w, i);
+	uint8_t *slot = dst_of(w, i);
 	kvb_key key = kvbb_key(w->cfg->ws_seed, 0, kvbb_pick(w, i));
 	int rc;
 
@@ -466,7 +507,7 @@ static int64_t op_acquire(struct kvbb_w *w, uint64_t i)
 			s += p[k];
 		w->s->sink += s;
 	} else {
-		memcpy(slot_of(w, i), lease.data, pb);
+		memcpy(dst_of(w, i), lease.data, pb);
 	}
 	if (w->verify && kvbb_check_page(lease.data, pb, &key)) {
 		kvb_release(w->c, &lease);
@@ -503,7 +544,7 @@ static int64_t op_memcpy(struct kvbb_w *w, uint64_t i)
 {
 	size_t pb = w->cfg->page_bytes;
 
-	memcpy(slot_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
+	memcpy(dst_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
 	return (int64_t)pb;
 }
 
@@ -512,7 +553,7 @@ static int64_t op_memcpy_nt(struct kvbb_w *w, uint64_t i)
 {
 	size_t pb = w->cfg->page_bytes;
 
-	kvb_copy(slot_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
+	kvb_copy(dst_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
 	return (int64_t)pb;
 }
 
@@ -522,7 +563,7 @@ static int64_t op_mix(struct kvbb_w *w, uint64_t i)
 	const struct kvbb_cfg *cfg = w->cfg;
 	unsigned r = (unsigned)(kvbb_rand(&w->rng) % cfg->mix_total), k;
 
-	for (k = K_GET; k < NKIND - 1 && r >= cfg->mix[k]; k++)
+	for (k = K_GET; k < K_NMIX - 1 && r >= cfg->mix[k]; k++)
 		r -= cfg->mix[k];
 	switch (k) {
 	case K_PUT:
@@ -616,11 +657,17 @@ static int prep_engine(struct kvbb_cfg *cfg, char *err, size_t errlen)
 
 static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 {
+	struct kvb_layout l = w->cfg->layout;
 	int rc;
 
 	if (w->slots < req_pages(w->cfg))
 		w->slots = req_pages(w->cfg);
-	rc = setup_reg(w, err, errlen);
+	/* --tp: each rank opens the namespace as itself (MLA ranks resolve to one). */
+	l.tp_rank = (uint32_t)w->idx % l.tp_size;
+	rc = setup_conn_as(w, &l, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = alloc_reg(w, err, errlen);
 	if (rc < 0)
 		return rc;
 	w->req = calloc(req_pages(w->cfg), sizeof(*w->req));
@@ -632,13 +679,59 @@ static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * One kvb_submit of n page ops (GETs or PUTs, page j of the request in slot base + j), all
+ * reaped. A GET that finds nothing (evicted since the LOOKUP) lowers *first_miss to its page;
+ * PUTs count what they stored.
+ */
+static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, uint32_t n,
+			uint64_t base, int put, uint32_t *first_miss)
+{
+	const struct kvbb_cfg *cfg = w->cfg;
+	struct kvb_op ops[KVBB_MAX_QD];
+	struct kvb_completion comp[KVBB_MAX_QD];
+	uint32_t j;
+	int rc;
+
+	memset(ops, 0, n * sizeof(ops[0]));
+	for (j = 0; j < n; j++) {
+		ops[j].opcode = put ? KVB_OP_PUT : KVB_OP_GET;
+		ops[j].ns = w->ns;
+		ops[j].buf = w->bufid;
+		ops[j].key = keys[from + j];
+		ops[j].off = ((base + from + j) % w->slots) * cfg->page_bytes;
+		ops[j].user_data = from + j;
+	}
+	rc = submit_all(w, ops, n, comp);
+	for (j = 0; !rc && j < n; j++) {
+		if (!put && comp[j].res == -ENOENT) {
+			if (comp[j].user_data < *first_miss)
+				*first_miss = (uint32_t)comp[j].user_data;
+			continue;
+		}
+		if (comp[j].res < 0)
+			return comp[j].res;
+		if (put)
+			count_put(w, comp[j].flags);
+	}
+	return rc;
+}
+
+/*
+ * One request, as an engine serves it: LOOKUP of its chain, the pages found loaded in batches
+ * of --qd (kvb_submit into the registered KV buffer), then the pages computed (here: stamped)
+ * written back in batches. Load latency (arrival to the last page loaded: what delays the
+ * first token) and write-back time go to histograms of their own. With --tp every rank of an
+ * engine runs the same request (same keys, same arrival): MLA ranks each load every page into
+ * their own buffer, and their PUTs of one page make one copy (the rest find it stored).
+ */
 static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 {
 	const struct kvbb_cfg *cfg = w->cfg;
 	uint32_t n = req_pages(cfg), per = cfg->prefix_pages + cfg->branches * cfg->branch_pages;
-	uint32_t *tok = w->tok, j;
+	uint32_t qd = cfg->qd ? cfg->qd : KVBB_MAX_QD, *tok = w->tok, j, hits32, miss;
 	size_t pb = cfg->page_bytes, hits = 0;
-	uint64_t p, b;
+	uint64_t p, b, base = i * n, t_load;
 	const kvb_key *row;
 	int rc;
 
@@ -647,7 +740,7 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 	else if (cfg->dist == D_UNIFORM)
 		p = kvbb_rand(&w->rng) % cfg->prefixes;
 	else
-		p = (w->start + i) % cfg->prefixes;
+		p = ((uint64_t)w->group + i) % cfg->prefixes;
 	b = cfg->branches ? kvbb_rand(&w->rng) % cfg->branches : 0;
 	row = cfg->tree_keys + p * per;
 	memcpy(w->req, row, cfg->prefix_pages * sizeof(kvb_key));
@@ -655,7 +748,7 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 		memcpy(w->req + cfg->prefix_pages, row + cfg->prefix_pages + b * cfg->branch_pages,
 		       cfg->branch_pages * sizeof(kvb_key));
 	for (j = cfg->prefix_pages + cfg->branch_pages; j < n; j++) {
-		tokens_of(cfg, tok, cfg->put_seed, ((uint64_t)w->idx << 40) ^ i, j);
+		tokens_of(cfg, tok, cfg->put_seed, ((uint64_t)w->group << 40) ^ i, j);
 		w->req[j] = kvb_key_chain(j ? &w->req[j - 1] : NULL, tok,
 					  cfg->layout.tokens_per_page);
 	}
@@ -664,27 +757,28 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 		return rc;
 	w->s->pg_hits += hits;
 	w->s->pg_total += n;
-	for (j = 0; j < n; j++) {
-		uint8_t *slot = slot_of(w, i * n + j);
-
-		if (j < hits) {
-			rc = kvb_get(w->c, w->ns, w->req[j], slot, pb);
-			if (rc == -ENOENT) { /* evicted since the lookup: recompute and store */
-				w->s->misses++;
-				hits = j;
-			} else if (rc < 0) {
-				return rc;
-			} else {
-				continue;
-			}
-		}
-		memcpy(slot, w->req[j].b, sizeof(kvb_key));
-		rc = kvb_put(w->c, w->ns, w->req[j], slot, pb);
+	hits32 = (uint32_t)hits;
+	miss = hits32;
+	for (j = 0; j < hits32; j += qd) {
+		rc = engine_batch(w, w->req, j, hits32 - j < qd ? hits32 - j : qd, base, 0, &miss);
 		if (rc < 0)
 			return rc;
-		w->s->stored += rc == 0;
-		w->s->dedup += rc == 1;
 	}
+	if (miss < hits32) { /* evicted since the lookup: recomputed and stored from there on */
+		w->s->misses += hits32 - miss;
+		hits32 = miss;
+	}
+	t_load = kvbb_now_ns();
+	kvbb_record(w, K_LOAD, t_load - w->t_start);
+	for (j = hits32; j < n; j++)
+		memcpy(slot_of(w, base + j), w->req[j].b, sizeof(kvb_key));
+	for (j = hits32; j < n; j += qd) {
+		rc = engine_batch(w, w->req, j, n - j < qd ? n - j : qd, base, 1, &miss);
+		if (rc < 0)
+			return rc;
+	}
+	if (hits32 < n)
+		kvbb_record(w, K_WRITE, kvbb_now_ns() - t_load);
 	return (int64_t)(n * pb);
 }
 
@@ -769,6 +863,8 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 		return (int64_t)pb;
 	}
 	w->kind = K_GET; /* load it back */
+	if (!k)
+		w->s->load_t0 = kvbb_now_ns();
 	if (cfg->private_pools) {
 		memcpy(slot, w->src + k * pb, pb);
 	} else {
@@ -776,6 +872,7 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 		if (rc < 0)
 			return rc;
 	}
+	w->s->load_t1 = kvbb_now_ns();
 	return kvbb_check_page(slot, pb, key) ? -EBADMSG : (int64_t)pb;
 }
 
@@ -822,17 +919,21 @@ static void finish_tp(const struct kvbb_cfg *cfg, const struct kvbb_slot *t, cha
 	} else {
 		ns_usage(cfg, &pages, &bytes);
 	}
+	double load_ms = t->load_t1 > t->load_t0 ? (double)(t->load_t1 - t->load_t0) / 1e6 : 0;
+
+	/* load_ms: the load phase, first rank's first GET to last rank's last (one clock). */
 	snprintf(json, jlen,
 		 "\"tp\":%d,\"pool\":\"%s\",\"prefix_pages\":%" PRIu64 ",\"copies\":%" PRIu64
 		 ",\"dedup_puts\":%" PRIu64 ",\"pages_held\":%.0f,\"mem_bytes\":%.0f,"
-		 "\"mem_x_one_copy\":%.3f",
+		 "\"mem_x_one_copy\":%.3f,\"load_ms\":%.3f",
 		 cfg->nslots, cfg->private_pools ? "private" : "kvbroker", cfg->pages, t->stored,
-		 t->dedup, pages, bytes, bytes / ideal);
+		 t->dedup, pages, bytes, bytes / ideal, load_ms);
 	snprintf(text, tlen,
 		 "  TP=%d ranks stored %" PRIu64 " pages each: %" PRIu64 " copies made, %" PRIu64
-		 " PUTs found the page stored; %.0f pages held in %.1f MiB (%.2fx one copy)\n",
+		 " PUTs found the page stored; %.0f pages held in %.1f MiB (%.2fx one copy);"
+		 " load phase %.1f ms\n",
 		 cfg->nslots, cfg->pages, t->stored, t->dedup, pages, bytes / 1048576,
-		 bytes / ideal);
+		 bytes / ideal, load_ms);
 }
 
 static void finish_engine(const struct kvbb_cfg *cfg, const struct kvbb_slot *t, char *json,
@@ -841,11 +942,14 @@ static void finish_engine(const struct kvbb_cfg *cfg, const struct kvbb_slot *t,
 	double hr = t->pg_total ? (double)t->pg_hits / (double)t->pg_total : 0;
 
 	snprintf(json, jlen,
-		 "\"request_pages\":%u,\"pages_asked\":%" PRIu64 ",\"pages_hit\":%" PRIu64
-		 ",\"page_hit_ratio\":%.4f,\"pages_stored\":%" PRIu64,
-		 req_pages(cfg), t->pg_total, t->pg_hits, hr, t->stored);
-	snprintf(text, tlen, "  %u pages per request, %.1f%% of pages found stored\n",
-		 req_pages(cfg), 100 * hr);
+		 "\"request_pages\":%u,\"request_bytes\":%zu,\"pages_asked\":%" PRIu64
+		 ",\"pages_hit\":%" PRIu64 ",\"page_hit_ratio\":%.4f,\"pages_stored\":%" PRIu64
+		 ",\"engines\":%d,\"tp\":%u",
+		 req_pages(cfg), req_pages(cfg) * cfg->page_bytes, t->pg_total, t->pg_hits, hr,
+		 t->stored, cfg->nslots / (int)cfg->tp, cfg->tp);
+	snprintf(text, tlen,
+		 "  %d engine(s) of TP=%u, %u pages per request, %.1f%% of pages found stored\n",
+		 cfg->nslots / (int)cfg->tp, cfg->tp, req_pages(cfg), 100 * hr);
 }
 
 const struct kvbb_mode kvbb_broker_modes[] = {

@@ -15,7 +15,8 @@
 
 #include "kvbbench.h"
 
-const char *const kvbb_kind_name[NKIND] = {"all", "get", "put", "lookup", "acquire"};
+const char *const kvbb_kind_name[NKIND] = {"all",     "get",  "put",	   "lookup",
+					   "acquire", "load", "write_back"};
 
 unsigned kvbb_h_index(uint64_t v)
 {
@@ -219,6 +220,12 @@ void *kvbb_alloc_touched(size_t len)
 		return NULL;
 	memset(p, 0x5a, len); /* fault every page in before timing */
 	return p;
+}
+
+void kvbb_record(struct kvbb_w *w, enum kvbb_kind kind, uint64_t ns)
+{
+	w->s->hist[kind][kvbb_h_index(ns)]++;
+	w->s->kops[kind]++;
 }
 
 void kvbb_fail(struct kvbb_slot *s, int rc, const char *what)
