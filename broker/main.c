@@ -80,7 +80,9 @@ static void usage(FILE *f)
 		"  --remote-prefix P      prefix of every key there (default \"kvb:\")\n"
 		"  --remote-timeout MS    deadline of a remote lookup or fetch (default 200)\n"
 		"  --remote-inflight SIZE value bytes on the wire at most (default 256M)\n"
-		"  --remote-publish WHEN  put (publish each page a PUT stores, default) or never\n"
+		"  --remote-publish WHEN  put (publish each page a PUT stores, default), reuse (at "
+		"its\n"
+		"                         first GET or ACQUIRE hit here) or never\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
@@ -542,6 +544,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 				c->remote.publish = REMOTE_PUB_PUT;
 			else if (!strcmp(optarg, "never"))
 				c->remote.publish = REMOTE_PUB_NEVER;
+			else if (!strcmp(optarg, "reuse"))
+				c->remote.publish = REMOTE_PUB_REUSE;
 			else
 				goto bad;
 			break;

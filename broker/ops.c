@@ -574,6 +574,7 @@ static int op_get(struct broker *b, struct op *op)
 			return op_fail(op, -ENOENT);
 		}
 		op->hit = 1;
+		remote_on_hit(b, n, pg);
 		/* Pinned for the copy's duration: neither eviction nor DELETE frees it. */
 		store_pin(&b->store, pg);
 		op->pg = pg;
@@ -685,6 +686,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return op_fail(op, -ENOENT);
 	}
 	op->hit = 1;
+	remote_on_hit(b, n, pg);
 	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
 	if (err)
 		return op_fail(op, err);

@@ -10,24 +10,31 @@
  * over every shard by the key's own slot. A value is a struct remote_hdr (magic, version, page
  * length, crc32c of the page, crc32c of the header) followed by the page.
  *
- * Publish (at PUT). When a PUT commits a page it stored (not a dedup), the page is published
- * with SET NX: the first node's copy wins, a second one is answered "exists" and stores nothing.
- * A page is published at most once from a node: pages fetched from the store or promoted from
- * disk are never published, and a small table of the keys published (PUB_FP slots, direct
- * mapped) keeps a page evicted and PUT again from being sent twice. Why at PUT rather than at
- * demotion or first reuse: in a fleet behind a router the next request for a prefix often lands
- * on another node right away, and the page is hottest (in cache, just written) then; the cost is
- * the bandwidth of pages nobody reuses (docs/benchmarks.md measures PUT with and without it).
- * --remote-publish never makes a node a reader only. The value is copied into the request when
- * it is sent, so nothing stays pinned. Publishes go through a bounded queue (by key: a page
- * evicted meanwhile is skipped), drained after each loop round (so the PUT's completion is
+ * Publish (at PUT, or at first reuse). When a PUT commits a page it stored (not a dedup), the
+ * page is published with SET NX: the first node's copy wins, a second one is answered "exists"
+ * and stores nothing. A page is published at most once from a node: pages fetched from the
+ * store are never published, and a small table of the keys published (PUB_FP slots, direct
+ * mapped) keeps a page evicted and PUT again from being sent twice. Why at PUT by default: in a
+ * fleet behind a router the next request for a prefix often lands on another node right away,
+ * and the page is hottest (in cache, just written) then; the cost is the bandwidth of pages
+ * nobody reuses, and on a small machine the PUT rate (docs/benchmarks.md). --remote-publish
+ * reuse publishes instead at a page's first GET or ACQUIRE hit on this node (remote_on_hit;
+ * a page promoted from disk counts, it was this node's own): PUTs then cost nothing more, and
+ * only pages reused cross the network. Demotion (eviction from RAM) would be the third moment;
+ * it is not a hook of this tier. --remote-publish never makes a node a reader only. The value
+ * is copied into the request when it is sent, so nothing stays pinned. Publishes go through a
+ * bounded queue (by key: a page evicted meanwhile is skipped; REMOTE_PG_QUEUED keeps a page
+ * hit again from being queued twice), drained after each loop round (so the op's completion is
  * posted before the page is checksummed and copied) while --remote-inflight allows.
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk
  * (tier.c): a RAM slot is allocated WRITING (never served), the op parks on it (pg->waiters),
- * and ops for the same key join it. The reply is checked (header, length, crc32c of the bytes
- * as they landed in the slot) and only then committed; anything else aborts the slot: a miss,
- * never a wrong page. Each fetch has a deadline (--remote-timeout): past it the slot is aborted
+ * and ops for the same key join it. The backend lands the value in place (c->dst: the slot
+ * itself, no whole-value buffer in between) and the crc32c is computed piece by piece as the
+ * bytes land, while they are in the cache (remote_call_landed); a reply it could not land is
+ * copied into the slot and checked there. Either way the check (header, length, crc32c of the
+ * bytes as they are in the slot) comes before the commit; anything else aborts the slot: a
+ * miss, never a wrong page. Each fetch has a deadline (--remote-timeout): past it the slot is aborted
  * and the ops miss; a reply that comes later finds its call settled and is dropped. An op asks
  * the store once (op->remote): run again after a failed fetch, it misses.
  *
@@ -75,9 +82,9 @@ struct pubq_ent {
 };
 
 struct remote_stats {
-	uint64_t lookups, lookup_found, fetches, fetched, fetch_misses, fetch_bytes, corrupt,
-		timeouts, errors, unreachable, busy, published, existed, publish_bytes,
-		publish_queued, publish_dropped, publish_skipped;
+	uint64_t lookups, lookup_found, fetches, fetched, fetched_in_place, fetch_misses,
+		fetch_bytes, corrupt, timeouts, errors, unreachable, busy, published, existed,
+		publish_bytes, publish_queued, publish_dropped, publish_skipped;
 };
 
 struct remote {
@@ -96,6 +103,8 @@ struct remote {
 	struct remote_stats st;
 	struct log_throttle lt_corrupt, lt_err;
 };
+
+static const char *const publish_name[] = {"put", "never", "reuse"}; /* enum remote_publish */
 
 /* ---- names and values ---- */
 
@@ -136,12 +145,9 @@ static uint64_t fp_of(const struct ns *n, const kvb_key *key)
 	return h ? h : 1;
 }
 
-/* 0 when the value (val, len) is a well-formed copy of a page_bytes page, else -EBADMSG. */
-static int value_check(const void *val, size_t len, uint64_t page_bytes, struct remote_hdr *h)
+/* 0 when header h heads a well-formed len-byte value of a page_bytes page, else -EBADMSG. */
+static int hdr_check(const struct remote_hdr *h, size_t len, uint64_t page_bytes)
 {
-	if (!val || len < sizeof(*h))
-		return -EBADMSG;
-	memcpy(h, val, sizeof(*h));
 	if (h->magic != REMOTE_MAGIC || h->version != REMOTE_VERSION || h->hdr_len != sizeof(*h) ||
 	    slot_crc32c(h, offsetof(struct remote_hdr, hcrc)) != h->hcrc || h->len != page_bytes ||
 	    len != sizeof(*h) + page_bytes)
@@ -182,21 +188,27 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 	int ok = 0;
 
 	c->pg = NULL;
+	c->dst = NULL; /* the backend lands nothing more in the slot, whatever comes */
 	pg->rflags &= (uint8_t)~REMOTE_PG_FETCHING;
-	if (res > 0) {
-		if (!value_check(val, len, c->page_bytes, &h)) {
+	if (res > 0 && c->landed) {
+		/* Landed in place: the crc is of the bytes as they are in the slot. */
+		ok = !hdr_check(&c->vhdr, len, c->page_bytes) && c->got == c->page_bytes &&
+		     c->crc == c->vhdr.crc;
+	} else if (res > 0 && val && len >= sizeof(h)) {
+		/* A reply the backend could not land (it came behind others): copied, then checked. */
+		memcpy(&h, val, sizeof(h));
+		if (!hdr_check(&h, len, c->page_bytes)) {
 			uint8_t *dst = store_addr(s, pg);
 
 			memcpy(dst, (const uint8_t *)val + sizeof(h), c->page_bytes);
 			/* The bytes as they are in the slot: what is served is what was checked. */
 			ok = slot_crc32c(dst, c->page_bytes) == h.crc;
 		}
-		if (!ok) {
-			r->st.corrupt++;
-			log_throttled(&r->lt_corrupt,
-				      "remote: %.*s: damaged value (%zu bytes): not served", 24,
-				      c->key, len);
-		}
+	}
+	if (res > 0 && !ok) {
+		r->st.corrupt++;
+		log_throttled(&r->lt_corrupt, "remote: %.*s: damaged value (%zu bytes): not served",
+			      24, c->key, len);
 	} else if (res == 0) {
 		r->st.fetch_misses++;
 	}
@@ -204,6 +216,7 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 		pg->rflags |= REMOTE_PG_PUBLISHED; /* it came from there: never sent back */
 		store_commit(s, pg);
 		r->st.fetched++;
+		r->st.fetched_in_place += c->landed;
 		r->st.fetch_bytes += c->page_bytes;
 	} else if (pg->unlinked) {
 		store_unpin(s, pg);
@@ -253,6 +266,12 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 			r->st.existed++;
 		break;
 	}
+}
+
+void remote_call_landed(struct remote_call *c, size_t n)
+{
+	c->crc = slot_crc32c_more(c->crc, c->dst + c->got, n);
+	c->got += n;
 }
 
 void remote_call_done(struct remote_call *c, int res, const void *val, size_t len)
@@ -343,6 +362,7 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg)
 		return 0; /* no RAM to fetch into: a miss */
 	}
 	c->pg = pg;
+	c->dst = store_addr(&b->store, pg);
 	r->st.fetches++;
 	if (call_submit(r, c, NULL, NULL)) {
 		store_abort(&b->store, pg);
@@ -486,21 +506,33 @@ static int publish_page(struct remote *r, const struct ns *n, struct page *pg)
 	return 0;
 }
 
-void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
+/*
+ * Queued, sent from remote_tick after this round: the op's completion is posted first, so the
+ * checksum and the copy into the request never add to the PUT's (or the GET's) latency.
+ */
+static void pubq_add(struct remote *r, const struct ns *n, struct page *pg)
 {
-	struct remote *r = b->remote;
-
-	if (!r || r->cfg.publish != REMOTE_PUB_PUT || (pg->rflags & REMOTE_PG_PUBLISHED))
+	if (pg->rflags & (REMOTE_PG_PUBLISHED | REMOTE_PG_QUEUED))
 		return;
-	/*
-	 * Queued, sent from remote_tick after this round: the PUT's completion is posted first,
-	 * so the checksum and the copy into the request never add to the PUT's latency.
-	 */
 	if (r->pq_len == PUBQ_CAP) {
 		r->st.publish_dropped++;
 		return;
 	}
+	pg->rflags |= REMOTE_PG_QUEUED;
 	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){n->id, pg->key};
+}
+
+void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
+{
+	if (b->remote && b->remote->cfg.publish == REMOTE_PUB_PUT)
+		pubq_add(b->remote, n, pg);
+}
+
+void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg)
+{
+	/* A page fetched from the store is marked published: only this node's own are sent. */
+	if (b->remote && b->remote->cfg.publish == REMOTE_PUB_REUSE)
+		pubq_add(b->remote, n, pg);
 }
 
 /* Publishes what waited while there is room on the wire; a page gone meanwhile is skipped. */
@@ -518,6 +550,8 @@ static uint32_t pubq_drain(struct remote *r)
 		r->pq_head = (r->pq_head + 1) % PUBQ_CAP;
 		r->pq_len--;
 		pg = ns ? store_find(&r->b->store, e->ns, &e->key) : NULL;
+		if (pg)
+			pg->rflags &= (uint8_t)~REMOTE_PG_QUEUED;
 		if (!pg || pg->state != PAGE_READY || (pg->rflags & REMOTE_PG_PUBLISHED)) {
 			r->st.publish_dropped += !pg || pg->state != PAGE_READY;
 			continue;
@@ -577,6 +611,14 @@ int remote_sleep_ms(struct broker *b)
 
 /* ---- life ---- */
 
+/* The tier's own memory (the backend's is its close's to free). */
+static void remote_free(struct remote *r)
+{
+	free(r->pub_fp);
+	free(r->pubq);
+	free(r);
+}
+
 int remote_open(struct broker *b, const struct remote_cfg *cfg)
 {
 	struct remote *r = calloc(1, sizeof(*r));
@@ -592,39 +634,56 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 	r->be_ops = &remote_redis_backend;
 	r->pubq = calloc(PUBQ_CAP, sizeof(*r->pubq));
 	r->pub_fp = calloc(PUB_FP, sizeof(*r->pub_fp));
-	if (!r->pubq || !r->pub_fp) {
-		err = -ENOMEM;
-		goto err_free;
+	err = r->pubq && r->pub_fp ? r->be_ops->open(r, &r->cfg, &b->loop, &r->be) : -ENOMEM;
+	if (err) {
+		remote_free(r);
+		return err;
 	}
-	err = r->be_ops->open(r, &r->cfg, &b->loop, &r->be);
-	if (err)
-		goto err_free;
 	b->remote = r;
 	log_info("remote tier: %s %s, prefix \"%s\", timeout %.0f ms, %llu MiB in flight, "
 		 "publish %s",
 		 r->be_ops->name, r->url, r->cfg.prefix, r->cfg.timeout * 1e3,
-		 (unsigned long long)(r->cfg.max_inflight >> 20),
-		 r->cfg.publish == REMOTE_PUB_PUT ? "at put" : "never");
+		 (unsigned long long)(r->cfg.max_inflight >> 20), publish_name[r->cfg.publish]);
 	return 0;
-err_free:
-	free(r->pub_fp);
-	free(r->pubq);
-	free(r);
-	return err;
 }
 
 void remote_close(struct broker *b)
 {
-	struct remote *r = b->remote;
-
-	if (!r)
-		return;
-	r->be_ops->close(r->be); /* every call in flight is done (cancelled) first */
-	b->remote = NULL;
-	free(r->pub_fp);
-	free(r->pubq);
-	free(r);
+	if (b->remote) {
+		/* Every call in flight is done (cancelled) first, while the tier still exists. */
+		b->remote->be_ops->close(b->remote->be);
+		remote_free(b->remote);
+		b->remote = NULL;
+	}
 }
+
+/* The tier's counters in its stats object (and so in kvbroker_remote_* metrics). */
+#define RSTAT(name, field)                                                                         \
+	{                                                                                          \
+		name, offsetof(struct remote_stats, field)                                         \
+	}
+static const struct {
+	const char *name;
+	size_t off;
+} stat_json[] = {
+	RSTAT("lookups", lookups),
+	RSTAT("lookup_found", lookup_found),
+	RSTAT("fetches", fetches),
+	RSTAT("fetched", fetched),
+	RSTAT("fetched_in_place", fetched_in_place),
+	RSTAT("fetch_misses", fetch_misses),
+	RSTAT("fetch_bytes", fetch_bytes),
+	RSTAT("published", published),
+	RSTAT("publish_existed", existed),
+	RSTAT("publish_bytes", publish_bytes),
+	RSTAT("publish_queued", publish_queued),
+	RSTAT("publish_dropped", publish_dropped),
+	RSTAT("publish_skipped", publish_skipped),
+	RSTAT("corrupt", corrupt),
+	RSTAT("timeouts", timeouts),
+	RSTAT("unreachable", unreachable),
+	RSTAT("busy", busy),
+};
 
 static void num(cJSON *o, const char *k, double v)
 {
@@ -636,7 +695,6 @@ cJSON *remote_json(const struct broker *b)
 	const struct remote *r = b->remote;
 	cJSON *o = cJSON_CreateObject();
 	struct remote_health h = {0};
-	uint64_t asked;
 
 	if (!r) {
 		cJSON_AddStringToObject(o, "state", "off");
@@ -650,33 +708,22 @@ cJSON *remote_json(const struct broker *b)
 	cJSON_AddStringToObject(o, "backend", r->be_ops->name);
 	cJSON_AddStringToObject(o, "seeds", r->url);
 	cJSON_AddStringToObject(o, "prefix", r->cfg.prefix);
-	cJSON_AddStringToObject(o, "publish", r->cfg.publish == REMOTE_PUB_PUT ? "put" : "never");
+	cJSON_AddStringToObject(o, "publish", publish_name[r->cfg.publish]);
 	num(o, "timeout_ms", r->cfg.timeout * 1e3);
 	num(o, "shards", h.shards);
 	num(o, "shards_reachable", h.reachable);
 	num(o, "bytes_in_flight", (double)r->inflight);
 	num(o, "max_in_flight", (double)r->cfg.max_inflight);
 	num(o, "calls_in_flight", r->ncalls);
-	num(o, "lookups", (double)r->st.lookups);
-	num(o, "lookup_found", (double)r->st.lookup_found);
-	num(o, "fetches", (double)r->st.fetches);
-	num(o, "fetched", (double)r->st.fetched);
-	num(o, "fetch_misses", (double)r->st.fetch_misses);
-	num(o, "fetch_bytes", (double)r->st.fetch_bytes);
-	asked = r->st.fetches;
-	num(o, "hit_rate", asked ? (double)r->st.fetched / (double)asked : 0);
-	num(o, "published", (double)r->st.published);
-	num(o, "publish_existed", (double)r->st.existed);
-	num(o, "publish_bytes", (double)r->st.publish_bytes);
-	num(o, "publish_queued", (double)r->st.publish_queued);
-	num(o, "publish_dropped", (double)r->st.publish_dropped);
-	num(o, "publish_skipped", (double)r->st.publish_skipped);
+	for (size_t i = 0; i < sizeof(stat_json) / sizeof(stat_json[0]); i++) {
+		uint64_t v;
+
+		memcpy(&v, (const char *)&r->st + stat_json[i].off, sizeof(v));
+		num(o, stat_json[i].name, (double)v);
+	}
+	num(o, "hit_rate", r->st.fetches ? (double)r->st.fetched / (double)r->st.fetches : 0);
 	num(o, "publish_waiting", r->pq_len);
-	num(o, "corrupt", (double)r->st.corrupt);
-	num(o, "timeouts", (double)r->st.timeouts);
 	num(o, "errors", (double)(r->st.errors + h.errors));
-	num(o, "unreachable", (double)r->st.unreachable);
-	num(o, "busy", (double)r->st.busy);
 	num(o, "backoffs", (double)h.backoffs);
 	num(o, "recoveries", (double)h.recoveries);
 	num(o, "redirects", (double)h.redirects);

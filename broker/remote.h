@@ -24,7 +24,7 @@ struct ns;
 struct cJSON;
 struct loop;
 
-enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1 };
+enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1, REMOTE_PUB_REUSE = 2 };
 
 struct remote_cfg {
 	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */
@@ -52,6 +52,7 @@ _Static_assert(sizeof(struct remote_hdr) == 24, "remote value header");
 /* struct page rflags */
 #define REMOTE_PG_FETCHING 1u  /* WRITING, being filled by a fetch of this tier */
 #define REMOTE_PG_PUBLISHED 2u /* sent to the store, or came from it: never (again) */
+#define REMOTE_PG_QUEUED 4u    /* waiting in the publish queue */
 
 enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
 
@@ -74,9 +75,20 @@ struct remote_call {
 	uint32_t klen;
 	char *cmd; /* the request, formatted by the backend (kept for redirections) */
 	size_t cmdlen;
-	uint64_t bytes;	      /* counted in the tier's bytes in flight */
-	struct page *pg;      /* RC_FETCH: the WRITING page it fills */
-	uint64_t page_bytes;  /* RC_FETCH */
+	uint64_t bytes;	     /* counted in the tier's bytes in flight */
+	struct page *pg;     /* RC_FETCH: the WRITING page it fills */
+	uint64_t page_bytes; /* RC_FETCH */
+	/*
+	 * RC_FETCH, landing in place: a backend may write the value's header into vhdr and its
+	 * page bytes, in order, straight into dst (the WRITING slot), calling remote_call_landed()
+	 * after each piece, then set landed and call remote_call_done() with val NULL. dst is
+	 * NULL (and stays so) once the tier settled the call early: the rest is read and dropped.
+	 */
+	uint8_t *dst;
+	uint64_t got; /* page bytes landed in dst */
+	uint32_t crc; /* their crc32c so far */
+	uint8_t landed;
+	struct remote_hdr vhdr;
 	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
 	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
 };
@@ -111,9 +123,16 @@ extern const struct remote_backend remote_redis_backend;
 /*
  * The backend's answer to c: res >= 0 with the value (val, len; NULL for none) for a fetch;
  * 1/0 (exists or not) for a lookup; 1 stored, 0 already there for a publish; -errno on error
- * (-ECONNRESET, -ETIMEDOUT, -EHOSTUNREACH...). val is valid only during the call. Frees c.
+ * (-ECONNRESET, -ETIMEDOUT, -EHOSTUNREACH...). val is valid only during the call; a fetch that
+ * landed in place (c->landed) passes val NULL and len, the value's length. Frees c.
  */
 void remote_call_done(struct remote_call *c, int res, const void *val, size_t len);
+
+/*
+ * The next n page bytes of fetch c landed at c->dst + c->got: checksummed now, while they are
+ * in the cache (the crc is fused with the landing, not a pass over the whole page later).
+ */
+void remote_call_landed(struct remote_call *c, size_t n);
 
 /* main.c: opens the tier when cfg->url is set (b->remote). 0 or -errno. */
 int remote_open(struct broker *b, const struct remote_cfg *cfg);
@@ -138,8 +157,10 @@ uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, ui
 /* ops.c, at every op's end: lets go of what the op held in the tier. */
 void remote_op_end(struct op *op);
 
-/* xfer.c: a PUT committed page pg of namespace n: publish it (once). */
+/* xfer.c: a PUT committed page pg of namespace n: publish it (once; --remote-publish put). */
 void remote_on_put(struct broker *b, const struct ns *n, struct page *pg);
+/* ops.c: a GET or ACQUIRE hit page pg in RAM: publish it (once; --remote-publish reuse). */
+void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg);
 
 /* rounds.c: deadlines, the publish queue, the backend's own upkeep. Returns work done. */
 uint32_t remote_tick(struct broker *b);

@@ -46,9 +46,14 @@
 
 uint32_t slot_crc32c(const void *p, size_t len)
 {
-	unsigned char *q;
-	uint32_t crc = 0xffffffffu;
+	return slot_crc32c_more(0, p, len);
+}
 
+uint32_t slot_crc32c_more(uint32_t crc, const void *p, size_t len)
+{
+	unsigned char *q;
+
+	crc = ~crc;
 	/* ISA-L takes a non-const pointer and an int length; it never writes through it. */
 	memcpy(&q, &p, sizeof(q));
 	while (len) {

@@ -61,6 +61,8 @@ static_assert(offsetof(struct slot_hdr, hdr_crc) == 124, "slot header layout");
 
 /* crc32c (Castagnoli, the iSCSI polynomial; "123456789" -> 0xe3069283), through ISA-L. */
 uint32_t slot_crc32c(const void *p, size_t len);
+/* The crc32c of (the bytes crc was of) followed by p: crc 0 starts, as slot_crc32c(p, len). */
+uint32_t slot_crc32c_more(uint32_t crc, const void *p, size_t len);
 
 /* Bytes a slot of a len-byte payload takes on disk: header block + payload rounded to blocks. */
 static inline uint64_t slot_stride(uint64_t len)

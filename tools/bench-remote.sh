@@ -7,21 +7,28 @@
 #   fetch     node A PUTs N Kimi-K2.5 pages (4.29 MiB), published to Redis; node B GETs each
 #             once: every GET is a remote fetch (GET over TCP, checked, committed). Against it,
 #             in the same run and on the same server, kvbbench-peers redis-get: hiredis GETs of
-#             values of the same size into the client's memory. Target: >= 80% of it.
+#             values of the same size into the client's memory. Target: >= 80% of it. Repeated
+#             in KVB_REMOTE_ROUNDS (5) rounds on fresh keys, each a ratio; the median decides.
+#   publish   PUT rates with the tier off, publishing at PUT and at first reuse, and the cost of
+#             that first reuse (GETs that publish) against a second one.
 #   local     GET latency of pages B holds in RAM: with the remote tier on, with the Redis
 #             server stopped (SIGSTOP: a partition) and killed, and on a broker without it.
 #             Target: unchanged.
 #
 # One Redis server (not a cluster: both sides then talk to the same single process, the only
 # fair pairing for a client that is not cluster-aware); the tier's cluster routing is tested by
-# t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48).
+# t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48),
+# KVB_REMOTE_ROUNDS (5), KVB_REMOTE_PUBLISH_ROUNDS (3; 0 skips the publish moments),
+# KVB_REMOTE_BROKERD (another kvbrokerd, e.g. an older build, to compare).
 set -eu
 
 B=${1:-build/release}
 QUICK=${KVB_BENCH_QUICK:-0}
 N=${KVB_REMOTE_PAGES:-48}
+ROUNDS=${KVB_REMOTE_ROUNDS:-5}
+PROUNDS=${KVB_REMOTE_PUBLISH_ROUNDS:-3}
 SECS=2
-[ "$QUICK" = 1 ] && N=16 && SECS=0.5
+[ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2 && PROUNDS=1
 BENCH=$B/bin/kvbbench
 PEERS=$B/bin/kvbbench-peers
 D=$(mktemp -d "${TMPDIR:-/tmp}/kvb-bench-remote-XXXXXX")
@@ -47,9 +54,13 @@ for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; slee
 broker() { # name args...: starts kvbrokerd on $D/$1.sock
 	n=$1
 	shift
-	"$B/bin/kvbrokerd" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
+	"${KVB_REMOTE_BROKERD:-$B/bin/kvbrokerd}" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
 	pids="$pids $!"
+	eval "pid_$n=$!"
 	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
+}
+cpu_ns() { # pid: CPU time of all its threads so far (ns; schedstat, not the machine's load)
+	cat /proc/"$1"/task/*/schedstat | awk '{ s += $1 } END { printf "%.0f\n", s }'
 }
 field() { # json-file key: a number from kvbbench --json
 	python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
@@ -63,27 +74,75 @@ URL=redis://127.0.0.1:$PORT
 broker a --remote "$URL"
 broker b --remote "$URL" --remote-publish never
 broker c
-echo "bench-remote: $N pages PUT on A (published)" >&2
-"$B/bin/kvbfetch" put "$D/a.sock" "$N" >"$D/put.json"
-sleep 1
-echo "bench-remote: B fetches each once" >&2
-"$B/bin/kvbfetch" get "$D/b.sock" "$N" >"$D/fetch.json"
-fetched=$("$B/bin/kvbctl" --socket "$D/b.sock" status --json |
-	python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["fetched"])')
+[ "$PROUNDS" -gt 0 ] && broker d --remote "$URL" --remote-publish reuse
+published() { # socket: publishes settled (stored or there already)
+	"$B/bin/kvbctl" --socket "$1" status --json |
+		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
+}
+# Rounds of the same fetch on fresh keys, each paired with hiredis GETs run right after it:
+# the machine's load moves both between rounds, so each round is a ratio and the verdict is
+# their median.
+r=0
+while [ "$r" -lt "$ROUNDS" ]; do
+	first=$((r * N))
+	echo "bench-remote: round $r: $N pages PUT on A (published)" >&2
+	"$B/bin/kvbfetch" put "$D/a.sock" "$N" "$first" >"$D/put-$r.json"
+	for _ in $(seq 600); do
+		[ "$(published "$D/a.sock")" -ge $((first + N)) ] && break
+		sleep 0.05
+	done
+	echo "bench-remote: round $r: B fetches each once" >&2
+	c0=$(cpu_ns "$pid_b")
+	"$B/bin/kvbfetch" get "$D/b.sock" "$N" "$first" >"$D/fetch-$r.json"
+	echo $(($(cpu_ns "$pid_b") - c0)) >"$D/cpu-$r"
+	if [ -x "$PEERS" ]; then
+		echo "bench-remote: round $r: hiredis GETs of the same size" >&2
+		"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" \
+			--json redis-get >"$D/redis-$r.json" || rm -f "$D/redis-$r.json"
+	fi
+	r=$((r + 1))
+done
+rstat() { # socket key: a member of the broker's "remote" stats
+	"$B/bin/kvbctl" --socket "$1" status --json |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"].get(sys.argv[1], "n/a"))' "$2"
+}
+fetched=$(rstat "$D/b.sock" fetched)
+in_place=$(rstat "$D/b.sock" fetched_in_place)
 "$B/bin/kvbctl" --socket "$D/a.sock" status | grep -A2 '^remote' >&2
 "$B/bin/kvbctl" --socket "$D/b.sock" status | grep -A2 '^remote' >&2
-echo "bench-remote: hiredis GETs of the same size" >&2
-peer=""
-if [ -x "$PEERS" ]; then
-	"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" --json \
-		redis-get >"$D/redis.json" && peer=1
-fi
+# Publish moments, in rounds on fresh keys: PUTs on C (tier off), A (publish at PUT) and D
+# (publish at first reuse), then D's first GETs of its pages (each one publishes) and its
+# second GETs (plain hits). Between two cases the publishes in flight settle.
+settle() { # socket: until its publishes stop moving
+	last=-1
+	for _ in $(seq 400); do
+		now=$(published "$1")
+		[ "$now" = "$last" ] && break
+		last=$now
+		sleep 0.1
+	done
+}
+r=0
+while [ "$r" -lt "$PROUNDS" ]; do
+	first=$((1000000 + r * N))
+	echo "bench-remote: publish round $r" >&2
+	"$B/bin/kvbfetch" put "$D/c.sock" "$N" "$first" >"$D/pub-off-$r.json"
+	c0=$(cpu_ns "$pid_a")
+	"$B/bin/kvbfetch" put "$D/a.sock" "$N" $((first + 100000)) >"$D/pub-put-$r.json"
+	settle "$D/a.sock"
+	echo $(($(cpu_ns "$pid_a") - c0)) >"$D/pub-cpu-$r"
+	"$B/bin/kvbfetch" put "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-reuse-$r.json"
+	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get1-$r.json"
+	settle "$D/d.sock"
+	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get2-$r.json"
+	r=$((r + 1))
+done
+[ "$PROUNDS" -gt 0 ] && d_published=$(rstat "$D/d.sock" published)
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
 }
 lat "$D/b.sock" "$D/on.json"
-"$B/bin/kvbfetch" put "$D/c.sock" "$N" >"$D/put-off.json"
 lat "$D/c.sock" "$D/off.json"
 kill -STOP "$rpid"
 lat "$D/b.sock" "$D/stopped.json"
@@ -94,31 +153,69 @@ lat "$D/b.sock" "$D/down.json"
 
 echo "### Remote tier (\`tools/bench-remote.sh\`): Kimi-K2.5 pages (4.29 MiB), one Redis server on loopback"
 echo
-echo "Fetch: node B GETs $N pages node A published, each a remote fetch ($fetched fetched)."
+echo "Fetch: node B GETs $N pages node A published, each a remote fetch, in $ROUNDS rounds on fresh"
+echo "keys ($fetched fetched, $in_place of them landed in place); each round's hiredis GETs ran right"
+echo "after its fetches:"
 echo
-echo "| case | GB/s | ops/s | p50 us | p99 us |"
-echo "| --- | --- | --- | --- | --- |"
-row "remote fetch through kvbrokerd B (GET of a page B lacks)" "$D/fetch.json"
-if [ -n "$peer" ]; then
-	row "hiredis GET of the same size (kvbbench-peers redis-get)" "$D/redis.json"
-	python3 - "$D/fetch.json" "$D/redis.json" <<'EOF'
-import json, sys
-f, r = (json.load(open(p))["gb_per_s"] for p in sys.argv[1:3])
-print("\nFetch at %.0f%% of hiredis GET (target >= 80%%: %s).\n" % (100 * f / r, "met" if f >= 0.8 * r else "MISSED"))
+if [ -x "$PEERS" ]; then
+	python3 - "$D" "$ROUNDS" <<'EOF'
+import json, os, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+print("| round | remote fetch GB/s (p50 us), hits | broker B CPU per fetch | hiredis GET GB/s (p50 us) | fetch / GET |")
+print("| --- | --- | --- | --- | --- |")
+cpus = []
+ratios = []
+for r in range(rounds):
+    f = json.load(open(os.path.join(d, "fetch-%d.json" % r)))
+    p = os.path.join(d, "redis-%d.json" % r)
+    if not os.path.exists(p):
+        continue
+    g = json.load(open(p))
+    ratios.append(f["gb_per_s"] / g["gb_per_s"])
+    cpus.append(int(open(os.path.join(d, "cpu-%d" % r)).read()) / 1e6 / max(f["hits"], 1))
+    print("| %d | %.2f (%.0f), %d | %.2f ms | %.2f (%.0f) | %.0f%% |" % (r, f["gb_per_s"],
+          f["p50_us"], f["hits"], cpus[-1], g["gb_per_s"], g["p50_us"], 100 * ratios[-1]))
+print("\nBroker B's CPU time (all its threads, from schedstat) per page fetched: median %.2f ms." %
+      statistics.median(cpus))
+m = statistics.median(ratios)
+print("\nFetch at %.0f%% of hiredis GET, median of %d rounds (range %.0f-%.0f%%; target >= 80%%: %s).\n"
+      % (100 * m, len(ratios), 100 * min(ratios), 100 * max(ratios), "met" if m >= 0.8 else "MISSED"))
 EOF
 else
+	echo "| case | GB/s | ops/s | p50 us | p99 us |"
+	echo "| --- | --- | --- | --- | --- |"
+	row "remote fetch through kvbrokerd B (round 0)" "$D/fetch-0.json"
 	echo
 	echo "(kvbbench-peers not built: no hiredis GET row; \`make bench\` builds it.)"
 	echo
 fi
-echo "Publish at PUT: what it costs a PUT (the page's crc32c and its copy into the request, on the"
-echo "loop thread), kvbfetch PUTs of new pages:"
-echo
-echo "| case | GB/s | ops/s | p50 us | p99 us |"
-echo "| --- | --- | --- | --- | --- |"
-row "PUT, tier off (broker C)" "$D/put-off.json"
-row "PUT, published at PUT (broker A)" "$D/put.json"
-echo
+if [ "$PROUNDS" -gt 0 ]; then
+	echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
+	echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
+	echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
+	echo "published $d_published pages, one per page reused):"
+	echo
+	python3 - "$D" "$PROUNDS" <<'EOF'
+import json, os, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+cases = [("PUT, tier off (C)", "off"), ("PUT, publish at PUT (A)", "put"),
+         ("PUT, publish at reuse (D)", "reuse"), ("GET, first reuse: publishes (D)", "get1"),
+         ("GET, second reuse (D)", "get2")]
+print("| case | ops/s | GB/s | p50 us | p99 us |")
+print("| --- | --- | --- | --- | --- |")
+for label, k in cases:
+    js = [json.load(open(os.path.join(d, "pub-%s-%d.json" % (k, r)))) for r in range(rounds)]
+    ops = [j["ops_per_s"] for j in js]
+    med = lambda f: statistics.median(j[f] for j in js)
+    print("| %s | %.0f [%.0f-%.0f] | %.2f | %.0f | %.0f |" % (label, statistics.median(ops), min(ops),
+          max(ops), med("gb_per_s"), med("p50_us"), med("p99_us")))
+cpu = [int(open(os.path.join(d, "pub-cpu-%d" % r)).read()) / 1e6 for r in range(rounds)]
+n = json.load(open(os.path.join(d, "pub-put-0.json")))["hits"]
+print("\nBroker A's CPU time (all its threads) per page PUT and published: median %.2f ms." %
+      (statistics.median(cpu) / n))
+EOF
+	echo
+fi
 echo "Local hits (GET of pages in B's RAM, registered buffer):"
 echo
 echo "| case | GB/s | ops/s | p50 us | p99 us |"

@@ -8,11 +8,12 @@ set -eu
 # setpriv (util-linux) for the foreign-uid tests, libmicrohttpd (--metrics-listen) and ncurses
 # (kvbctl top); what CI runs besides (.ci/run: make lint needs clang-format and cppcheck, and
 # fails without them); Python 3 with venv and headers for the Python package's tests (a venv
-# under build/, a C extension); e2fsprogs (mkfs.ext4) for t_disk_nospace; git to clone.
+# under build/, a C extension); e2fsprogs (mkfs.ext4) for t_disk_nospace; git to clone;
+# redis-server and hiredis for the remote tier, iproute2 (ip netns, veth) for t_remote_netns.
 need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-dev libcjson-dev
 	libisal-dev libmicrohttpd-dev libncurses-dev python3 clang libclang-rt-dev util-linux
 	clang-format cppcheck python3-venv python3-dev e2fsprogs git libhiredis-dev redis-server
-	redis-tools"
+	redis-tools iproute2"
 if [ "${1:-}" = bench ]; then
 	need="redis-server redis-tools memcached libhiredis-dev libmemcached-dev fio gnuplot-nox
 		python3"

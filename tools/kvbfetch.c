@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * kvbfetch.c - the remote tier's bench client (tools/bench-remote.sh): `kvbfetch put SOCK N`
- * stores N Kimi-K2.5 pages (4.29 MiB, distinct keys) on one broker; `kvbfetch get SOCK N` GETs
- * each once from another, into a registered buffer, so every GET is a remote fetch, and
- * prints {"gbps", "ops_per_s", "p50_us", "p99_us", "hits"} as JSON. kvbbench cannot do the
- * second half: its GET modes store their working set first.
+ * kvbfetch.c - the remote tier's bench client (tools/bench-remote.sh): `kvbfetch put SOCK N
+ * [FIRST]` stores N Kimi-K2.5 pages (4.29 MiB, distinct keys FIRST..FIRST+N-1) on one broker;
+ * `kvbfetch get SOCK N [FIRST]` GETs each once from another, into a registered buffer, so
+ * every GET is a remote fetch, and prints {"gb_per_s", "ops_per_s", "p50_us", "p99_us",
+ * "hits"} as JSON. kvbbench cannot do the second half: its GET modes store their working set
+ * first. FIRST lets one run repeat the fetch on fresh keys, round after round.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,12 +39,13 @@ int main(int argc, char **argv)
 	size_t pb;
 	uint8_t *page;
 	double *t, t0, total;
-	long n;
+	long n, first = 0;
 	int put, rc, hits = 0;
 
-	if (argc != 4 || (strcmp(argv[1], "put") && strcmp(argv[1], "get")) ||
-	    (n = strtol(argv[3], NULL, 10)) <= 0) {
-		fprintf(stderr, "usage: kvbfetch put|get SOCKET N\n");
+	if (argc < 4 || argc > 5 || (strcmp(argv[1], "put") && strcmp(argv[1], "get")) ||
+	    (n = strtol(argv[3], NULL, 10)) <= 0 ||
+	    (argc == 5 && (first = strtol(argv[4], NULL, 10)) < 0)) {
+		fprintf(stderr, "usage: kvbfetch put|get SOCKET N [FIRST]\n");
 		return 2;
 	}
 	put = !strcmp(argv[1], "put");
@@ -70,7 +72,7 @@ int main(int argc, char **argv)
 	if (!page || !t)
 		return 1;
 	total = now();
-	for (long i = 0; i < n; i++) {
+	for (long i = first; i < first + n; i++) {
 		kvb_key k;
 
 		memset(&k, 0, sizeof(k));
@@ -80,7 +82,7 @@ int main(int argc, char **argv)
 			memset(page, (int)(i * 7 + 1), pb);
 		t0 = now();
 		rc = put ? kvb_put(c, ns, k, page, pb) : kvb_get(c, ns, k, page, pb);
-		t[i] = (now() - t0) * 1e6;
+		t[i - first] = (now() - t0) * 1e6;
 		if (rc < 0 && rc != -ENOENT) {
 			fprintf(stderr, "kvbfetch: %s %ld: %s\n", argv[1], i, kvb_strerror(rc));
 			return 1;
