@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define KVB_VERSION_MAJOR 0
-#define KVB_VERSION_MINOR 2
+#define KVB_VERSION_MINOR 4
 #define KVB_VERSION_PATCH 0
 
 /* Returns (major << 16) | (minor << 8) | patch of the library actually linked. */

@@ -72,7 +72,7 @@ __all__ = [
     "version",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.4.0"
 
 
 def version() -> str:
