@@ -325,4 +325,15 @@ void harness_bin_path(const char *name, char *out, size_t len);
  */
 int harness_run_tool(const char *prog, const char *args, char **out);
 
+/*
+ * A client process of another uid (root only): this test binary re-executed as uid:gid with no
+ * supplementary groups through setpriv, as "self --client MODE ARG" (its main must dispatch
+ * that to client_main), or, where setpriv cannot run it, a forked child that drops to them
+ * itself and exits with client_main(mode, arg). harness_wait_exit(): its exit code, or 128 +
+ * the signal that killed it.
+ */
+pid_t harness_start_as(uid_t uid, gid_t gid, const char *mode, const char *arg,
+		       int (*client_main)(const char *mode, const char *arg));
+int harness_wait_exit(pid_t pid);
+
 #endif /* KVB_TESTS_HARNESS_H */

@@ -3,6 +3,7 @@
  * harness_run.c - running the programs built beside the tests (kvbctl, kvbrokerd) and reading
  * what they print, for the tool tests. See harness.h.
  */
+#include <grp.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,4 +54,37 @@ int harness_run_tool(const char *prog, const char *args, char **out)
 	free(cmd);
 	*out = buf;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+pid_t harness_start_as(uid_t uid, gid_t gid, const char *mode, const char *arg,
+		       int (*client_main)(const char *mode, const char *arg))
+{
+	char self[PATH_MAX], ru[32], rg[32];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	pid_t pid;
+
+	CHECKF(n > 0, "readlink /proc/self/exe");
+	self[n] = '\0';
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		snprintf(ru, sizeof(ru), "--reuid=%u", (unsigned)uid);
+		snprintf(rg, sizeof(rg), "--regid=%u", (unsigned)gid);
+		execlp("setpriv", "setpriv", ru, rg, "--clear-groups", self, "--client", mode, arg,
+		       (char *)NULL);
+		/* No setpriv, or it cannot reach our binary: the same calls it makes. */
+		if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 ||
+		    setresuid(uid, uid, uid) < 0)
+			_exit(126);
+		_exit(client_main(mode, arg));
+	}
+	return pid;
+}
+
+int harness_wait_exit(pid_t pid)
+{
+	int st;
+
+	CHECK_EQ(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

@@ -242,7 +242,6 @@ static int client_main(const char *mode, const char *sock)
 	return 99;
 }
 
-static char self[4096];
 static char dir[128], rundir[160], sockp[200];
 
 static void remove_dirs(void)
@@ -254,34 +253,12 @@ static void remove_dirs(void)
 
 static pid_t start_as(uid_t uid, gid_t gid, const char *mode)
 {
-	char ru[32], rg[32];
-	pid_t pid = fork();
-
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		snprintf(ru, sizeof(ru), "--reuid=%u", (unsigned)uid);
-		snprintf(rg, sizeof(rg), "--regid=%u", (unsigned)gid);
-		execlp("setpriv", "setpriv", ru, rg, "--clear-groups", self, "--client", mode,
-		       sockp, (char *)NULL);
-		if (setgroups(0, NULL) < 0 || setresgid(gid, gid, gid) < 0 ||
-		    setresuid(uid, uid, uid) < 0)
-			_exit(126);
-		_exit(client_main(mode, sockp));
-	}
-	return pid;
-}
-
-static int wait_exit(pid_t pid)
-{
-	int st;
-
-	CHECK_EQ(waitpid(pid, &st, 0), pid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return harness_start_as(uid, gid, mode, sockp, client_main);
 }
 
 static int run_as(uid_t uid, gid_t gid, const char *mode)
 {
-	return wait_exit(start_as(uid, gid, mode));
+	return harness_wait_exit(start_as(uid, gid, mode));
 }
 
 /* The id of the attached client named name, from the stats document; 0 when none. */
@@ -320,7 +297,6 @@ int main(int argc, char **argv)
 		g = getgrnam("nogroup");
 	if (!g)
 		harness_skip("no group 'users' or 'nogroup' to admit");
-	CHECK(readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
 	snprintf(dir, sizeof(dir), "/tmp/kvbt-tenants-XXXXXX");
 	CHECK(mkdtemp(dir) != NULL);
 	atexit(remove_dirs);
@@ -358,7 +334,7 @@ int main(int argc, char **argv)
 	CHECK_EQ(harness_run_tool("kvbctl", arg, &out), 0);
 	free(out);
 	CHECK_EQ(harness_stat_wait(c, "leases", 0, 2000), 0);
-	rc = wait_exit(holder);
+	rc = harness_wait_exit(holder);
 	CHECKF(rc == 128 + SIGSEGV, "the dropped client's lease pointer: exit %d, want SIGSEGV",
 	       rc);
 	/* Not an operator: a tenant cannot drop anyone (kvb_drop_client as uid B). */
