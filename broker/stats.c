@@ -69,6 +69,31 @@ static void add_text(cJSON *o, const char *key, const char *s, size_t n)
 	cJSON_AddStringToObject(o, key, text_utf8(buf, sizeof(buf), s, n < 256 ? n : 256));
 }
 
+/* Bytes of pages in each arena's slabs. */
+static void arenas_used(const struct store *st, uint64_t used[POOL_MAX_ARENAS])
+{
+	for (uint32_t i = 0; i < st->nslabs; i++) {
+		const struct slab *sl = &st->slabs[i];
+
+		if (sl->cls >= 0)
+			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
+	}
+}
+
+static cJSON *arena_json(const struct broker *b, uint32_t i, uint64_t used)
+{
+	cJSON *a = cJSON_CreateObject();
+
+	num(a, "id", i);
+	num(a, "node", b->pool.arena[i].node);
+	num(a, "bytes_total", (double)b->pool.arena[i].size);
+	num(a, "bytes_used", (double)used);
+	num(a, "partition", b->pool.arena[i].part);
+	cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
+	cJSON_AddStringToObject(a, "backing", hugepage_backing_name(b->pool.arena[i].backing));
+	return a;
+}
+
 /* A tenant's pool: its partition's figures and arenas, and the node's configuration. */
 static cJSON *pool_part_json(const struct broker *b, int part)
 {
@@ -77,12 +102,7 @@ static cJSON *pool_part_json(const struct broker *b, int part)
 	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
 	uint64_t used[POOL_MAX_ARENAS] = {0};
 
-	for (uint32_t i = 0; i < st->nslabs; i++) {
-		const struct slab *sl = &st->slabs[i];
-
-		if (sl->cls >= 0)
-			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
-	}
+	arenas_used(st, used);
 	num(p, "bytes_total", sp ? (double)sp->bytes_total : 0);
 	num(p, "bytes_used", sp ? (double)sp->bytes_used : 0);
 	num(p, "pages", sp ? (double)sp->pages : 0);
@@ -93,20 +113,9 @@ static cJSON *pool_part_json(const struct broker *b, int part)
 	num(p, "low_watermark", b->cfg.low_wm);
 	num(p, "partition", part);
 	for (uint32_t i = 0; i < b->pool.narenas; i++) {
-		cJSON *a;
-
 		if (part < 0 || b->pool.arena[i].part != (uint32_t)part)
 			continue;
-		a = cJSON_CreateObject();
-		num(a, "id", i);
-		num(a, "node", b->pool.arena[i].node);
-		num(a, "bytes_total", (double)b->pool.arena[i].size);
-		num(a, "bytes_used", (double)used[i]);
-		num(a, "partition", b->pool.arena[i].part);
-		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
-		cJSON_AddStringToObject(a, "backing",
-					hugepage_backing_name(b->pool.arena[i].backing));
-		cJSON_AddItemToArray(arenas, a);
+		cJSON_AddItemToArray(arenas, arena_json(b, i, used[i]));
 	}
 	cJSON_AddItemToObject(p, "arenas", arenas);
 	cJSON_AddStringToObject(p, "numa", b->pool.interleave ? "interleave" : b->cfg.numa);
@@ -117,16 +126,9 @@ static cJSON *pool_json(const struct broker *b)
 {
 	const struct store *st = &b->store;
 	cJSON *p = cJSON_CreateObject(), *arenas = cJSON_CreateArray();
-	uint64_t used[POOL_MAX_ARENAS] = {0};
+	uint64_t used[POOL_MAX_ARENAS] = {0}, total = 0;
 
-	for (uint32_t i = 0; i < st->nslabs; i++) {
-		const struct slab *sl = &st->slabs[i];
-
-		if (sl->cls >= 0)
-			used[sl->arena] += (uint64_t)sl->used * st->cls[sl->cls].slot_bytes;
-	}
-	uint64_t total = 0;
-
+	arenas_used(st, used);
 	for (uint32_t i = 0; i < b->pool.nparts; i++)
 		total += st->part[i].bytes_total;
 	num(p, "bytes_total", (double)total);
@@ -142,17 +144,7 @@ static cJSON *pool_json(const struct broker *b)
 	num(p, "low_watermark", b->cfg.low_wm);
 	num(p, "reclaimed_orphans", b->pool.reclaimed);
 	for (uint32_t i = 0; i < b->pool.narenas; i++) {
-		cJSON *a = cJSON_CreateObject();
-
-		num(a, "id", i);
-		num(a, "node", b->pool.arena[i].node);
-		num(a, "bytes_total", (double)b->pool.arena[i].size);
-		num(a, "bytes_used", (double)used[i]);
-		num(a, "partition", b->pool.arena[i].part);
-		cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
-		cJSON_AddStringToObject(a, "backing",
-					hugepage_backing_name(b->pool.arena[i].backing));
-		cJSON_AddItemToArray(arenas, a);
+		cJSON_AddItemToArray(arenas, arena_json(b, i, used[i]));
 	}
 	cJSON_AddItemToObject(p, "arenas", arenas);
 	cJSON_AddStringToObject(p, "numa", b->pool.interleave ? "interleave" : b->cfg.numa);
