@@ -187,10 +187,16 @@ static void unfinished_put(const char *sock)
 	if (writer == 0) {
 		struct kvb_opts o = {.socket_path = sock};
 
-		if (kvb_connect(&o, &c) || kvb_ns_open(c, &l, &ns, NULL))
+		uint8_t *reg;
+		uint32_t bid;
+
+		/* From a registered buffer: the broker's copy worker does the copy and sleeps in
+		 * it (from plain memory it would be a filled PUT, copied on the loop thread). */
+		if (kvb_connect(&o, &c) || kvb_ns_open(c, &l, &ns, NULL) ||
+		    !(reg = kvb_buf_alloc_host(c, PAGE, &bid)))
 			_exit(1);
-		harness_fill(page, PAGE, &k, 777);
-		kvb_put(c, ns, k, page, PAGE); /* dies with the broker */
+		harness_fill(reg, PAGE, &k, 777);
+		kvb_put(c, ns, k, reg, PAGE); /* dies with the broker */
 		_exit(0);
 	}
 	c = harness_connect(b, "watcher", 0);
