@@ -125,6 +125,9 @@ echo "fresh-check: make demo, then make test, in the chroot (commit $commit)"
 unshare -m --propagation private sh -c '
 	set -e
 	R=$1
+	# The root a mount point of its own, as on a machine: `ip netns exec` and `ip -n` make
+	# / a slave mount and fail on a chroot that is only a directory (t_remote_netns).
+	mount --bind "$R" "$R"
 	mount -t proc proc "$R/proc"
 	mount --rbind /sys "$R/sys"
 	mount --rbind /dev "$R/dev"
