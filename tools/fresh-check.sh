@@ -20,8 +20,9 @@
 # touch the host's /dev or /sys (checked anyway before rm -rf).
 #
 # What a new machine here has besides Debian, the chroot gets too: pip's configuration
-# (/etc/xdg/pip, PIP_FIND_LINKS) and the wheels it points at (/opt/wheels, bound read-only), so
-# that make pytest's venv takes the CPU torch on disk as it would on the host.
+# (/etc/xdg/pip, PIP_FIND_LINKS, the CA file of PIP_CERT) and the wheels it points at
+# (/opt/wheels, bound read-only), so that make pytest's venv reaches the registry and takes
+# the CPU torch on disk as it would on the host.
 #
 # What is not as on a new machine, and said in the report: the kernel is the host's (io_uring,
 # loop devices, NUMA, hugepages are what the host has: tests that need what it lacks skip, and
@@ -101,6 +102,13 @@ if [ -d /etc/xdg/pip ]; then
 	mkdir -p "$ROOT/etc/xdg"
 	cp -r /etc/xdg/pip "$ROOT/etc/xdg/pip"
 fi
+# And the certificate authorities pip trusts here (PIP_CERT): the registry may be reached
+# through a proxy whose CA Debian's bundle in the chroot does not have.
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+	cp "$PIP_CERT" "$ROOT/etc/kvb-fresh-pip-ca.crt"
+	PIP_CERT=/etc/kvb-fresh-pip-ca.crt
+	export PIP_CERT
+fi
 # What a new user has: the tree, cloned. (Host git: the minbase chroot has none yet.)
 git clone -q --no-local "$here" "$ROOT/root/kvbroker"
 printf '%s\n' "$commit" >"$ROOT/root/kvbroker.commit"
@@ -139,7 +147,7 @@ unshare -m --propagation private sh -c '
 	fi
 	chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-		${PIP_FIND_LINKS:+PIP_FIND_LINKS=$PIP_FIND_LINKS} \
+		${PIP_FIND_LINKS:+PIP_FIND_LINKS=$PIP_FIND_LINKS} ${PIP_CERT:+PIP_CERT=$PIP_CERT} \
 		nice -n 10 sh /root/fresh-run.sh
 ' fresh "$ROOT"
 t2=$(now)
