@@ -51,17 +51,8 @@ static int reply(struct session *s, const struct kvb_msg_hdr *req, int32_t res, 
 	/* sendmsg never writes through iov_base; the const is shed without a cast. */
 	memcpy(&iov[2].iov_base, &body, sizeof(body));
 	h.len = (uint32_t)(sizeof(h) + sizeof(r) + blen);
-	if (nfds) {
-		struct cmsghdr *c;
-
-		mh.msg_control = cm.buf;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-	}
+	if (nfds)
+		kvb_msg_attach_fds(&mh, cm.buf, fds, nfds);
 	if (sendmsg(s->sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
 		return -errno;
 	return 0;

@@ -42,6 +42,7 @@
 
 #include "keeper.h"
 #include "log.h"
+#include "proto.h"
 
 #define KEEPER_MAGIC 0x4b50564bu /* "KVPK" */
 #define KEEPER_GET 1u
@@ -98,17 +99,8 @@ static int msg_send(int fd, const struct keeper_msg *m, const int *fds, uint32_t
 	struct iovec iov = {&copy, sizeof(copy)};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
 
-	if (n) {
-		struct cmsghdr *c;
-
-		mh.msg_control = cm.b;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-		c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-	}
+	if (n)
+		kvb_msg_attach_fds(&mh, cm.b, fds, n);
 	return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -errno;
 }
 

@@ -29,6 +29,7 @@
 
 #include "log.h"
 #include "pool.h"
+#include "proto.h"
 #include "sdnotify.h"
 
 #define SDN_FD0 3	    /* SD_LISTEN_FDS_START */
@@ -89,17 +90,8 @@ int sdn_send(const char *text, const int *fds, uint32_t n)
 		return err;
 	if (n > 1 + POOL_MAX_ARENAS)
 		return -EINVAL;
-	if (n) {
-		struct cmsghdr *c;
-
-		mh.msg_control = cm.b;
-		mh.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-		c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-	}
+	if (n)
+		kvb_msg_attach_fds(&mh, cm.b, fds, n);
 	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;

@@ -321,6 +321,30 @@ static void slab_record(struct store *s, uint32_t sid, const struct slab *sl, ui
 	pmeta_slab_write(s->pool->meta, sid, sl->arena, sl->off, sl->len, slot_bytes);
 }
 
+/* A slab's page records (free, off every list) and its free stack, unfilled; -ENOMEM. */
+static int slab_pages_alloc(struct slab *sl, uint32_t sid, int ci, uint32_t n)
+{
+	sl->pages = calloc(n, sizeof(*sl->pages));
+	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
+	if (!sl->pages || !sl->free_stack) {
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct page *pg = &sl->pages[i];
+
+		pg->id = (sid << STORE_SLOT_BITS) | i;
+		pg->cls = (uint16_t)ci;
+		list_init(&pg->lru);
+		list_init(&pg->clru);
+		list_init(&pg->nlru);
+	}
+	return 0;
+}
+
 /* Carves a new slab of class ci in arena a (short_ok: fewer slots than a full one). */
 static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 {
@@ -338,28 +362,13 @@ static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 	n = (uint32_t)(len / c->slot_bytes);
 	sid = s->nrec_free ? s->rec_free[--s->nrec_free] : s->nslabs++;
 	sl = &s->slabs[sid];
-	sl->pages = calloc(n, sizeof(*sl->pages));
-	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
-	if (!sl->pages || !sl->free_stack) {
-		free(sl->pages);
-		free(sl->free_stack);
-		sl->pages = NULL;
-		sl->free_stack = NULL;
+	if (slab_pages_alloc(sl, sid, ci, n)) {
 		s->rec_free[s->nrec_free++] = sid;
 		ext_free(s, a, off, len);
 		return NULL;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		struct page *pg = &sl->pages[i];
-
-		pg->id = (sid << STORE_SLOT_BITS) | i;
-		pg->cls = (uint16_t)ci;
-		list_init(&pg->lru);
-		list_init(&pg->clru);
-		list_init(&pg->nlru);
-		/* Pop order = ascending offsets: neighbours stay neighbours in memory. */
-		sl->free_stack[n - 1 - i] = i;
-	}
+	for (uint32_t i = 0; i < n; i++)
+		sl->free_stack[n - 1 - i] = i; /* pop order = ascending offsets: neighbours stay */
 	sl->arena = a;
 	sl->off = off;
 	sl->len = len;
@@ -985,24 +994,9 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 	err = ext_take_at(s, a, off, len);
 	if (err)
 		return err;
-	sl->pages = calloc(n, sizeof(*sl->pages));
-	sl->free_stack = malloc(n * sizeof(*sl->free_stack));
-	if (!sl->pages || !sl->free_stack) {
-		free(sl->pages);
-		free(sl->free_stack);
-		sl->pages = NULL;
-		sl->free_stack = NULL;
+	if (slab_pages_alloc(sl, sid, ci, n)) {
 		ext_free(s, a, off, len);
 		return -ENOMEM;
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		struct page *pg = &sl->pages[i];
-
-		pg->id = (sid << STORE_SLOT_BITS) | i;
-		pg->cls = (uint16_t)ci;
-		list_init(&pg->lru);
-		list_init(&pg->clru);
-		list_init(&pg->nlru);
 	}
 	for (uint32_t k = s->nslabs; k < sid; k++)
 		s->slabs[k].cls = -1; /* records skipped over: unused */

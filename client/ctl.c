@@ -90,18 +90,8 @@ static int send_req(struct kvb_client *c, uint16_t type, const void *body, size_
 
 	if (sizeof(h) + body_len > KVB_MSG_MAX)
 		return -EMSGSIZE;
-	if (send_fd >= 0) {
-		struct cmsghdr *cm;
-
-		memset(&ctl, 0, sizeof(ctl));
-		msg.msg_control = ctl.buf;
-		msg.msg_controllen = sizeof(ctl.buf);
-		cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
-	}
+	if (send_fd >= 0)
+		kvb_msg_attach_fds(&msg, ctl.buf, &send_fd, 1);
 	do
 		n = sendmsg(c->sock, &msg, MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);

@@ -345,3 +345,17 @@ int kvb_default_socket(char *buf, size_t len)
 		return -ENAMETOOLONG;
 	return 0;
 }
+
+void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t n)
+{
+	struct cmsghdr *c;
+
+	memset(cbuf, 0, CMSG_SPACE(sizeof(int) * n));
+	mh->msg_control = cbuf;
+	mh->msg_controllen = CMSG_SPACE(sizeof(int) * n);
+	c = CMSG_FIRSTHDR(mh);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+}

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "wire.h"
 
@@ -58,6 +59,12 @@ int kvb_ident_is_default(const struct kvb_ns_ident *id);
  * Returns 0 or -EINVAL. Broker state (ns, buf, view, lease) is checked by the broker.
  */
 int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size);
+
+/*
+ * Attaches n > 0 fds to mh as one SCM_RIGHTS message in cbuf, which must hold
+ * CMSG_SPACE(n * sizeof(int)) bytes aligned for struct cmsghdr (a union with one).
+ */
+void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t n);
 
 /*
  * The control socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
