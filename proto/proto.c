@@ -350,6 +350,8 @@ void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t 
 {
 	struct cmsghdr *c;
 
+	if (!fds || !n)
+		return; /* nothing to attach: mh stays without control data */
 	memset(cbuf, 0, CMSG_SPACE(sizeof(int) * n));
 	mh->msg_control = cbuf;
 	mh->msg_controllen = CMSG_SPACE(sizeof(int) * n);

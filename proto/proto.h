@@ -61,7 +61,7 @@ int kvb_ident_is_default(const struct kvb_ns_ident *id);
 int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size);
 
 /*
- * Attaches n > 0 fds to mh as one SCM_RIGHTS message in cbuf, which must hold
+ * Attaches n fds to mh as one SCM_RIGHTS message (none: nothing) in cbuf, which must hold
  * CMSG_SPACE(n * sizeof(int)) bytes aligned for struct cmsghdr (a union with one).
  */
 void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t n);
