@@ -602,7 +602,8 @@ static void slot_free(struct store *s, struct page *pg)
  * Evicts an evictable page (READY, unpinned, indexed): the one place pages leave RAM. With a
  * disk tier a page that has no copy on disk is demoted instead: it stays READY and pinned
  * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started, -EBUSY
- * the tier cannot take it now (the page stays evictable).
+ * the tier cannot take it now, or colder pages are still being demoted (the page stays
+ * evictable).
  */
 static int evict(struct store *s, struct page *pg)
 {
@@ -620,6 +621,14 @@ static int evict(struct store *s, struct page *pg)
 			store_pin(s, pg);
 			return 0;
 		}
+		/*
+		 * No demotion now (the tier failed, say). The pages still being demoted were taken
+		 * from the cold end, so they are colder than this one, and a failed write puts them
+		 * back there: they go first. Dropping this one instead would keep old pages and
+		 * lose the newest (the op waits for the writes: tier_park_alloc).
+		 */
+		if (s->demoting_bytes)
+			return -EBUSY;
 	}
 	unindex(s, pg);
 	s->st.evictions++;

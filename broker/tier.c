@@ -40,7 +40,9 @@
  * watermark down to the low one (defaults 90/80 with a disk); an allocation that finds the pool
  * full frees a clean page, else starts demotions of the coldest pages and parks its op until one
  * completed (tier_park_alloc): PUTs then run at the disk's write speed instead of losing data.
- * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped.
+ * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped,
+ * and only once no colder page is still being demoted (a failed write returns its page to the
+ * cold end, to be dropped first).
  *
  * Promotion (ops.c -> tier_promote). A GET, ACQUIRE or PREFETCH that found no READY page in
  * RAM (RAM first: the disk index is not consulted on a RAM hit) and whose page is on disk
@@ -182,8 +184,9 @@ struct tier {
 	uint64_t probe_failures; /* probes that found the device still failing */
 #ifdef KVB_TEST_HOOKS
 	/* KVB_DISK_FAULTS: fail every Nth write / read, only the first `until` of each when set,
-	 * and the first `probes` probes */
-	uint32_t fault_w, fault_r, nw, nr, fault_until, fault_probes;
+	 * and the first `probes` probes; one completion reaped every `slow` us at most */
+	uint32_t fault_w, fault_r, nw, nr, fault_until, fault_probes, fault_slow;
+	double next_reap;
 #endif
 };
 
@@ -704,7 +707,11 @@ int tier_park_alloc(struct broker *b, struct op *op)
 {
 	struct tier *t = b->tier;
 
-	if (!t || t->state != TIER_OK || !(t->writes + t->reads))
+	/* Also when the tier failed: the writes still in flight free RAM or return their pages to
+	 * the cold end of the LRU, to be dropped before anything newer (store.c evict). */
+	/* Also when the tier failed: the writes still in flight free RAM or return their pages to
+	 * the cold end of the LRU, to be dropped before anything newer (store.c evict). */
+	if (!t || !(t->writes + t->reads))
 		return 0;
 	t->st.parked++;
 	ops_park(b, op, &t->wait, "RAM (demotions in flight)");
@@ -733,13 +740,23 @@ int tier_delete(struct broker *b, const struct ns *n, const kvb_key *key)
 uint32_t tier_poll(struct broker *b)
 {
 	struct tier *t = b->tier;
-	uint32_t n;
+	uint32_t n, max = REAP_MAX;
 	int err;
 
 	if (!t)
 		return 0;
+#ifdef KVB_TEST_HOOKS
+	if (t->fault_slow && t->writes + t->reads) {
+		double now = clock_now();
+
+		if (now < t->next_reap)
+			return 1; /* I/O pending: the loop polls on instead of sleeping */
+		t->next_reap = now + t->fault_slow * 1e-6;
+		max = 1;
+	}
+#endif
 	err = disk_submit(&t->d);
-	n = disk_reap(&t->d, REAP_MAX, 0, on_cqe, t);
+	n = disk_reap(&t->d, max, 0, on_cqe, t);
 	if (n) {
 		/* I/O completed: RAM or ring room may be free for the ops that waited. */
 		ops_wake(b, &t->wait);
@@ -1017,9 +1034,11 @@ static const char *state_name(const struct tier *t)
 
 #ifdef KVB_TEST_HOOKS
 /*
- * KVB_DISK_FAULTS="write=N,read=M,until=K,probes=P" (test builds; any subset, any order): every
- * Nth page write (probe writes included) and every Mth read fails; with until, only among the
- * first K writes and K reads (the device then heals); the first P recovery probes fail.
+ * KVB_DISK_FAULTS="write=N,read=M,until=K,probes=P,slow=U" (test builds; any subset, any
+ * order): every Nth page write (probe writes included) and every Mth read fails; with until,
+ * only among the first K writes and K reads (the device then heals); the first P recovery probes
+ * fail; with slow, one completion is reaped every U microseconds at most, so that they trickle
+ * in between ops as from a slow device instead of all in one round.
  */
 static void faults_parse(struct tier *t)
 {
@@ -1036,13 +1055,15 @@ static void faults_parse(struct tier *t)
 			t->fault_until = v;
 		else if (sscanf(f, "probes=%u", &v) == 1)
 			t->fault_probes = v;
+		else if (sscanf(f, "slow=%u", &v) == 1)
+			t->fault_slow = v;
 		f = strchr(f, ',');
 		f = f ? f + 1 : NULL;
 	}
-	if (t->fault_w || t->fault_r || t->fault_probes)
+	if (t->fault_w || t->fault_r || t->fault_probes || t->fault_slow)
 		log_warn("disk: fault injection: every %u-th write, every %u-th read fails (until "
-			 "%u), the first %u probes fail",
-			 t->fault_w, t->fault_r, t->fault_until, t->fault_probes);
+			 "%u), the first %u probes fail, one completion every %u us",
+			 t->fault_w, t->fault_r, t->fault_until, t->fault_probes, t->fault_slow);
 }
 #endif
 

@@ -5,9 +5,11 @@
  *   1. every 3rd page write and every 2nd read fails (the reads alternately with -EIO and with
  *      a short read that left garbage in the RAM slot): every PUT succeeds, every GET returns
  *      the exact page or a miss, and errors are counted;
- *   2. every write fails: after repeated errors the tier is marked failed and the broker goes
- *      on serving from RAM (PUTs still succeed, recent pages read back); the recovery probes
- *      fail too, so it stays failed;
+ *   2. every write fails, on a slow device (completions trickle in while PUTs go on): after
+ *      repeated errors the tier is marked failed and the broker goes on serving from RAM (PUTs
+ *      still succeed, and the newest pages read back: the pages whose writes were still in
+ *      flight at the failure are older, and are the ones dropped); the recovery probes fail
+ *      too, so it stays failed;
  *   3. the first 8 writes fail, then the device heals: the tier fails, its first probe (after
  *      1 s) is made to fail, the second (2 s later) succeeds and the tier is ok again: pages
  *      PUT after the recovery are demoted and promoted back exact.
@@ -174,7 +176,7 @@ int main(int argc, char **argv)
 	snprintf(cache, sizeof(cache), "%s/t_disk_faults.%d.cache", d, (int)getpid());
 	atexit(remove_cache);
 	run("write=3,read=2", 1);
-	run("write=1", 2);
+	run("write=1,slow=2000", 2);
 	recover();
 	return H_PASS;
 }
