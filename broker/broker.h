@@ -228,6 +228,7 @@ struct broker {
 	struct loop_fd on_listen, on_signal, on_copy[2];
 	int sigfd;
 	double expired_at; /* the last handshake and idle expiry (rounds.c) */
+	uint32_t loop_cpu; /* the CPU + 1 the loop last ran a round on (session_note_cpu) */
 	double start_time;
 	struct {		   /* seconds each start-up phase took (log, stats "startup") */
 		double reserve_s;  /* arenas created, bound, reserved, sealed */
@@ -266,9 +267,12 @@ uint32_t session_poll_all(struct broker *b);
  */
 int session_prepare_sleep(struct broker *b);
 /*
- * Spinning hints (wire.h): writes the CPU we poll on into every session's region; 1 when a
- * client spins on that same CPU (the loop then yields its idle rounds). Loop thread only.
+ * Spinning hints (wire.h): session_note_cpu() writes the CPU the loop runs on into every
+ * session's region when it changed (each round: a load of the rseq CPU id while it did not);
+ * session_cpu_shared() is 1 when a client spins, or sleeps waiting for us, on that same CPU
+ * (the loop then yields its idle rounds). Loop thread only.
  */
+void session_note_cpu(struct broker *b);
 int session_cpu_shared(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);

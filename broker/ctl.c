@@ -93,7 +93,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
 	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
-	kvb_store_relaxed(s->loop_cpu, (uint32_t)sched_getcpu() + 1u);
+	/* session_note_cpu() writes it again only when the loop moves. */
+	kvb_store_relaxed(s->loop_cpu, b->loop_cpu ? b->loop_cpu : (uint32_t)sched_getcpu() + 1u);
 	return 0;
 
 err_close:

@@ -877,9 +877,16 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
 	       uint64_t *work)
 {
-	struct op *op = calloc(1, sizeof(*op));
+	/*
+	 * malloc and memset, not calloc: glibc's calloc bypasses the thread cache and takes
+	 * _int_malloc's slow path every time (~460 instructions of a 64 KiB GET's ~1,600 outside
+	 * its copy, callgrind); this is ~60.
+	 */
+	struct op *op = malloc(sizeof(*op));
 	int r;
 
+	if (op)
+		memset(op, 0, sizeof(*op));
 	if (!op) {
 		*cqe = (struct kvb_cqe){.user_data = sqe->user_data, .res = -ENOMEM};
 		b->ctr.errors++;

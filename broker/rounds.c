@@ -19,7 +19,10 @@
 static uint32_t broker_poll(void *arg)
 {
 	struct broker *b = arg;
-	uint32_t work = xfer_poll(b);
+	uint32_t work;
+
+	session_note_cpu(b); /* where we poll, for clients deciding whether to spin (wire.h) */
+	work = xfer_poll(b);
 
 	work += ops_poll(b);
 	work += session_poll_all(b);

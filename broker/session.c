@@ -142,22 +142,34 @@ int session_prepare_sleep(struct broker *b)
 	return timeout;
 }
 
-int session_cpu_shared(struct broker *b)
+void session_note_cpu(struct broker *b)
 {
 	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
-	int shared = 0;
 	struct list *pos;
 
+	if (cpu == b->loop_cpu)
+		return;
+	b->loop_cpu = cpu;
 	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
-		if (!s->region || !s->loop_cpu)
-			continue;
-		if (kvb_load_relaxed(s->loop_cpu) != cpu)
+		if (s->region && s->loop_cpu)
 			kvb_store_relaxed(s->loop_cpu, cpu);
-		shared |= kvb_load_relaxed(s->spin_cpu) == cpu;
 	}
-	return shared;
+}
+
+int session_cpu_shared(struct broker *b)
+{
+	struct list *pos;
+
+	session_note_cpu(b);
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->region && s->spin_cpu && kvb_load_relaxed(s->spin_cpu) == b->loop_cpu)
+			return 1;
+	}
+	return 0;
 }
 
 void session_wake_all(struct broker *b)
@@ -537,7 +549,12 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		}
 		return (int)ran;
 	}
-	space = kvb_ring_space(&s->cq);
+	/*
+	 * The room from the client's CQ head as last seen, when that is enough: re-reading it is
+	 * a cache miss between this client's SQE and our work on it. It is read (and checked)
+	 * again after the batch below, off that path.
+	 */
+	space = kvb_ring_space_min(&s->cq, (uint32_t)(avail < max ? avail : max) + s->inflight);
 	if (space < 0) {
 		b->ctr.protocol_errors++;
 		session_destroy(b, s, "impossible completion-queue head");
@@ -582,6 +599,12 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 	if (posted) {
 		kvb_ring_publish(&s->cq, posted);
 		cq_doorbell(s);
+	}
+	/* An impossible CQ head ends the session as promptly as when it was read first. */
+	if (kvb_ring_space(&s->cq) < 0) {
+		b->ctr.protocol_errors++;
+		session_destroy(b, s, "impossible completion-queue head");
+		return -1;
 	}
 	return (int)(i + ran);
 }
