@@ -124,6 +124,35 @@ static void test_ring_empty(void **state)
 	fixture_fini(&f);
 }
 
+/*
+ * kvb_ring_space_min(): the room from the head seen last while that is enough (no load of the
+ * consumer's line), a fresh load when it is not, and the sanity check of a fresh load kept.
+ */
+static void test_ring_space_min(void **state)
+{
+	struct fixture f;
+	uint64_t wseq = 0, rseq = 0;
+
+	(void)state;
+	fixture_init(&f, 16, 0);
+	push(&f, 10, &wseq);
+	assert_int_equal(kvb_ring_space_min(&f.prod, 1), 6);
+	pop(&f, 4, &rseq);
+	/* 6 left by the cached head: enough for 1, so the consumer's new head is not read. */
+	assert_int_equal(kvb_ring_space_min(&f.prod, 1), 6);
+	/* Asking for more than that reads it: the 4 freed slots appear. */
+	assert_int_equal(kvb_ring_space_min(&f.prod, 7), 10);
+	push(&f, 10, &wseq);
+	assert_int_equal(kvb_ring_space_min(&f.prod, 1), 0);
+	pop(&f, 16, &rseq);
+	assert_int_equal(kvb_ring_space_min(&f.prod, 1), 16);
+	/* An impossible head is still caught when it has to be read. */
+	push(&f, 16, &wseq);
+	kvb_store_release(f.prod.head, f.prod.local + 5);
+	assert_int_equal(kvb_ring_space_min(&f.prod, 1), -1);
+	fixture_fini(&f);
+}
+
 static void test_ring_full(void **state)
 {
 	struct fixture f;
@@ -519,6 +548,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ring_empty),
 		cmocka_unit_test(test_ring_full),
+		cmocka_unit_test(test_ring_space_min),
 		cmocka_unit_test(test_ring_wraparound),
 		cmocka_unit_test(test_ring_batch_publish),
 		cmocka_unit_test(test_ring_insane_indices),
