@@ -257,6 +257,8 @@ static void remote_metrics(struct mbuf *m, const cJSON *rem)
 		 "Pages published to the remote tier (stored there by this node)."},
 		{"publish_existed", "kvbroker_remote_publish_existed_total", "counter",
 		 "Publishes answered: another node stored the page first."},
+		{"publish_lost", "kvbroker_remote_publish_lost_total", "counter",
+		 "Publishes redirected (slots moving) and not stored after their one resend."},
 		{"fetches", "kvbroker_remote_fetches_total", "counter",
 		 "Fetches asked of the remote tier (local misses)."},
 		{"fetched", "kvbroker_remote_fetched_total", "counter",
