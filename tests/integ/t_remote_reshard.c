@@ -274,7 +274,7 @@ static int fetcher(int idx, void *arg)
 static void case_bulk(void)
 {
 	kvb_key fresh[2 * BULK];
-	int moved[BULK], nmoved = 0;
+	int moved[BULK] = {0}, nmoved = 0;
 	uint64_t pub, lost = rt_stat(0, "remote.publish_lost");
 	uint64_t redirected = rt_stat(0, "remote.publish_redirected");
 	pid_t pid;
