@@ -82,7 +82,8 @@ static void usage(FILE *f)
 		"  --remote-inflight SIZE value bytes on the wire at most (default 256M)\n"
 		"  --remote-publish WHEN  put (publish each page a PUT stores, default), reuse (at "
 		"its\n"
-		"                         first GET or ACQUIRE hit here) or never\n"
+		"                         first GET or ACQUIRE hit here), evict (as it leaves RAM) "
+		"or never\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
@@ -546,6 +547,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 				c->remote.publish = REMOTE_PUB_NEVER;
 			else if (!strcmp(optarg, "reuse"))
 				c->remote.publish = REMOTE_PUB_REUSE;
+			else if (!strcmp(optarg, "evict"))
+				c->remote.publish = REMOTE_PUB_EVICT;
 			else
 				goto bad;
 			break;

@@ -20,8 +20,11 @@
  * nobody reuses, and on a small machine the PUT rate (docs/benchmarks.md). --remote-publish
  * reuse publishes instead at a page's first GET or ACQUIRE hit on this node (remote_on_hit;
  * a page promoted from disk counts, it was this node's own): PUTs then cost nothing more, and
- * only pages reused cross the network. Demotion (eviction from RAM) would be the third moment;
- * it is not a hook of this tier. --remote-publish never makes a node a reader only. The value
+ * only pages reused cross the network. --remote-publish evict publishes a page as it leaves
+ * RAM (dropped or demoted to disk: the store's leaving hook, on_leaving), at once, since its
+ * bytes are gone by the next round: only pages that lived their time here cross the network,
+ * and the cost moves to the allocation that evicted them. --remote-publish never makes a node
+ * a reader only. The value
  * is copied into the request when it is sent, so nothing stays pinned. Publishes go through a
  * bounded queue (by key: a page evicted meanwhile is skipped; REMOTE_PG_QUEUED keeps a page
  * hit again from being queued twice), drained after each loop round (so the op's completion is
@@ -119,7 +122,8 @@ struct remote {
 	struct log_throttle lt_corrupt, lt_err;
 };
 
-static const char *const publish_name[] = {"put", "never", "reuse"}; /* enum remote_publish */
+static const char *const publish_name[] = {"put", "never", "reuse",
+					   "evict"}; /* enum remote_publish */
 
 /* ---- names and values ---- */
 
@@ -619,6 +623,31 @@ void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg)
 		pubq_add(b->remote, n, pg);
 }
 
+/*
+ * [store leaving] --remote-publish evict: page pg leaves RAM now (dropped, or demoted to disk),
+ * its bytes still in the slot: sent at once (the copy into the request is made before this
+ * returns), not queued, since the page is gone by the next round. Over --remote-inflight it
+ * is not published (publish_dropped): eviction never waits for the network.
+ */
+static void on_leaving(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	struct remote *r = b->remote;
+	const struct ns *n;
+
+	if (!r || (pg->rflags & REMOTE_PG_PUBLISHED))
+		return;
+	n = ns_get(&b->nst, pg->ns);
+	if (!n)
+		return;
+	if (r->inflight + n->page_bytes > r->cfg.max_inflight) {
+		pg->rflags |= REMOTE_PG_PUBLISHED;
+		r->st.publish_dropped++;
+		return;
+	}
+	publish_page(r, n, pg, 0);
+}
+
 /* Publishes what waited while there is room on the wire; a page gone meanwhile is skipped. */
 static uint32_t pubq_drain(struct remote *r)
 {
@@ -729,6 +758,10 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 		return err;
 	}
 	b->remote = r;
+	if (r->cfg.publish == REMOTE_PUB_EVICT) {
+		b->store.leaving = on_leaving;
+		b->store.leaving_arg = b;
+	}
 	log_info("remote tier: %s %s, prefix \"%s\", timeout %.0f ms, %llu MiB in flight, "
 		 "publish %s",
 		 r->be_ops->name, r->url, r->cfg.prefix, r->cfg.timeout * 1e3,
@@ -739,6 +772,7 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 void remote_close(struct broker *b)
 {
 	if (b->remote) {
+		b->store.leaving = NULL;
 		/* Every call in flight is done (cancelled) first, while the tier still exists. */
 		b->remote->be_ops->close(b->remote->be);
 		remote_free(b->remote);

@@ -25,7 +25,12 @@ struct ns;
 struct cJSON;
 struct loop;
 
-enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1, REMOTE_PUB_REUSE = 2 };
+enum remote_publish {
+	REMOTE_PUB_PUT = 0,
+	REMOTE_PUB_NEVER = 1,
+	REMOTE_PUB_REUSE = 2,
+	REMOTE_PUB_EVICT = 3
+};
 
 struct remote_cfg {
 	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */

@@ -8,6 +8,7 @@
  *     client of node B, which then holds it in RAM;
  *   - two brokers publishing the same pages at once leave one copy of each in the cluster;
  *   - --remote-publish reuse: nothing at PUT, each page at its first GET/ACQUIRE hit, once;
+ *   - --remote-publish evict: nothing at PUT, each page as it leaves RAM;
  *   - fetches into registered buffers land there as they arrive (fetched_direct), and still
  *     complete only once checked;
  *   - a value damaged in Redis behind the brokers' back (SETRANGE) is never served: a miss;
@@ -96,6 +97,62 @@ static void case_publish_reuse(void)
 	free(j);
 	kvb_close(c);
 	harness_broker_stop(d);
+	free(buf);
+}
+
+/*
+ * --remote-publish evict on a broker with a 16 MiB pool: a PUT publishes nothing; the pages
+ * pushed out of RAM by later PUTs are published as they leave, and node B fetches those.
+ */
+static void case_publish_evict(void)
+{
+	enum { K = 40 };
+	char url[128], tmo[16];
+	struct harness_broker *e;
+	struct kvb_layout l;
+	kvb_client *c;
+	kvb_key keys[K];
+	uint8_t *buf = malloc(rt.page_bytes);
+	uint64_t evicted;
+	uint32_t ns;
+	size_t pb;
+	int hits = 0;
+
+	harness_log("--remote-publish evict: published as pages leave RAM, not at PUT");
+	snprintf(url, sizeof(url), "redis://%s:%u", rt.n[0].addr, rt.n[0].port);
+	snprintf(tmo, sizeof(tmo), "%d", rt.tmo);
+	e = harness_broker_start("--pool", "16M", "--remote", url, "--remote-timeout", tmo,
+				 "--remote-prefix", "t:", "--remote-publish", "evict");
+	c = harness_connect(e, "nodeE", 0);
+	rt_layout(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));
+	CHECK(harness_stat_wait(c, "remote.shards_reachable", NNODES, 10000) == NNODES);
+	harness_key_chain(keys, K, 16, 909);
+	for (int i = 0; i < 4; i++) {
+		harness_fill(buf, pb, &keys[i], 909);
+		CHECK_RC(kvb_put(c, ns, keys[i], buf, pb), 0);
+	}
+	usleep(100000);
+	CHECK_EQ(harness_stat(c, "remote.published"), 0);
+	for (int i = 4; i < K; i++) {
+		harness_fill(buf, pb, &keys[i], 909);
+		CHECK_RC(kvb_put(c, ns, keys[i], buf, pb), 0);
+	}
+	evicted = harness_stat(c, "counters.evictions");
+	harness_log("%llu pages evicted", (unsigned long long)evicted);
+	CHECK_GT(evicted, 0);
+	CHECK_EQ(harness_stat_wait(c, "remote.published", evicted, 10000), evicted);
+	/* The first pages left E's RAM (published); the last are still there (not). */
+	for (int i = 0; i < K; i++) {
+		int h = rt_get_page(1, &keys[i], 909, buf);
+
+		CHECK(i > 0 || h);
+		CHECK(i < K - 1 || !h);
+		hits += h;
+	}
+	CHECK_EQ(hits, (int)evicted);
+	kvb_close(c);
+	harness_broker_stop(e);
 	free(buf);
 }
 
@@ -408,6 +465,7 @@ int main(int argc, char **argv)
 	case_put_a_get_b();
 	case_publish_race();
 	case_publish_reuse();
+	case_publish_evict();
 	case_damaged();
 	case_client_dies();
 	case_eviction();
