@@ -84,7 +84,13 @@ if [ -n "$BASE" ]; then
 	broker o --remote "$URL" --remote-publish never
 	BD=$BD0
 fi
-[ "$PROUNDS" -gt 0 ] && broker d --remote "$URL" --remote-publish reuse
+if [ "$PROUNDS" -gt 0 ]; then
+	broker d --remote "$URL" --remote-publish reuse
+	# Publish on eviction needs PUTs that evict: E and its tier-off twin F hold 64 MiB (14
+	# pages), so past the first pages every PUT evicts one (and on E publishes it).
+	broker e --pool 64M --remote "$URL" --remote-publish evict
+	broker f --pool 64M
+fi
 published() { # socket: publishes settled (stored or there already)
 	"$B/bin/kvbctl" --socket "$1" status --json |
 		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
@@ -156,9 +162,15 @@ while [ "$r" -lt "$PROUNDS" ]; do
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get1-$r.json"
 	settle "$D/d.sock"
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get2-$r.json"
+	"$B/bin/kvbfetch" put "$D/f.sock" "$N" $((first + 300000)) >"$D/pub-off64-$r.json"
+	"$B/bin/kvbfetch" put "$D/e.sock" "$N" $((first + 400000)) >"$D/pub-evict-$r.json"
+	settle "$D/e.sock"
 	r=$((r + 1))
 done
-[ "$PROUNDS" -gt 0 ] && d_published=$(rstat "$D/d.sock" published)
+if [ "$PROUNDS" -gt 0 ]; then
+	d_published=$(rstat "$D/d.sock" published)
+	e_published=$(rstat "$D/e.sock" published)
+fi
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
@@ -225,15 +237,18 @@ fi
 if [ "$PROUNDS" -gt 0 ]; then
 	echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
 	echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
-	echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
-	echo "published $d_published pages, one per page reused):"
+	echo "its pages (each publishes it) and its second; then PUTs on two brokers of 64 MiB (every"
+	echo "PUT past the first few evicts a page): F with the tier off, E publishing each page it evicts"
+	echo "(\`--remote-publish evict\`); ops/s, median of $PROUNDS rounds [range] (D published"
+	echo "$d_published pages, one per page reused; E $e_published, one per page evicted):"
 	echo
 	python3 - "$D" "$PROUNDS" <<'EOF'
 import json, os, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 cases = [("PUT, tier off (C)", "off"), ("PUT, publish at PUT (A)", "put"),
          ("PUT, publish at reuse (D)", "reuse"), ("GET, first reuse: publishes (D)", "get1"),
-         ("GET, second reuse (D)", "get2")]
+         ("GET, second reuse (D)", "get2"), ("PUT, 64 MiB pool, tier off (F)", "off64"),
+         ("PUT, 64 MiB pool, publish at eviction (E)", "evict")]
 print("| case | ops/s | GB/s | p50 us | p99 us |")
 print("| --- | --- | --- | --- | --- |")
 for label, k in cases:
