@@ -635,6 +635,21 @@ static int parse_args(int argc, char **argv, struct config *c)
 		fprintf(stderr, "kvbrokerd: --disk needs --disk-size\n");
 		return -EINVAL;
 	}
+	/* A disk share with no disk would be a limit that never applies: say so, not ignore it. */
+	if (!c->disk.paths) {
+		int disk_share = c->tenants.share_disk || c->tenants.share_disk_frac > 0;
+
+		for (uint32_t i = 0; i < c->tenants.nlisted; i++) {
+			const char *eq = strchr(c->tenants.listed_arg[i], '=');
+
+			disk_share |= eq && strchr(eq, ',');
+		}
+		if (disk_share) {
+			fprintf(stderr, "kvbrokerd: a tenant's disk share (--tenant ID=RAM,DISK, "
+					"--tenant-share RAM,DISK) needs --disk\n");
+			return -EINVAL;
+		}
+	}
 	if (!high)
 		high = c->disk.paths ? 90 : 100;
 	if (!low)
