@@ -82,7 +82,8 @@ static void usage(FILE *f)
 		"  --remote-inflight SIZE value bytes on the wire at most (default 256M)\n"
 		"  --remote-publish WHEN  put (publish each page a PUT stores, default), reuse (at "
 		"its\n"
-		"                         first GET or ACQUIRE hit here) or never\n"
+		"                         first GET or ACQUIRE hit here), evict (as it leaves RAM) "
+		"or never\n"
 		"  --poll-us N            busy-poll the rings this long after the last op (default "
 		"200)\n"
 		"  --metrics-listen ADDR  serve Prometheus metrics at http://ADDR/metrics; ADDR "
@@ -546,6 +547,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 				c->remote.publish = REMOTE_PUB_NEVER;
 			else if (!strcmp(optarg, "reuse"))
 				c->remote.publish = REMOTE_PUB_REUSE;
+			else if (!strcmp(optarg, "evict"))
+				c->remote.publish = REMOTE_PUB_EVICT;
 			else
 				goto bad;
 			break;
@@ -631,6 +634,21 @@ static int parse_args(int argc, char **argv, struct config *c)
 	if (c->disk.paths && !c->disk.size) {
 		fprintf(stderr, "kvbrokerd: --disk needs --disk-size\n");
 		return -EINVAL;
+	}
+	/* A disk share with no disk would be a limit that never applies: say so, not ignore it. */
+	if (!c->disk.paths) {
+		int disk_share = c->tenants.share_disk || c->tenants.share_disk_frac > 0;
+
+		for (uint32_t i = 0; i < c->tenants.nlisted; i++) {
+			const char *eq = strchr(c->tenants.listed_arg[i], '=');
+
+			disk_share |= eq && strchr(eq, ',');
+		}
+		if (disk_share) {
+			fprintf(stderr, "kvbrokerd: a tenant's disk share (--tenant ID=RAM,DISK, "
+					"--tenant-share RAM,DISK) needs --disk\n");
+			return -EINVAL;
+		}
 	}
 	if (!high)
 		high = c->disk.paths ? 90 : 100;

@@ -553,6 +553,13 @@ static int op_get(struct broker *b, struct op *op)
 
 	if (!n)
 		return op_fail(op, -EBADF);
+	if (op->rfilled) {
+		/* A fetch landed in dst as well as in the slot, and was checked: nothing to copy. */
+		op->hit = 1;
+		op->bytes_out = n->page_bytes;
+		op->cqe.res = (int32_t)n->page_bytes;
+		return OPS_DONE;
+	}
 	if (!op->pg) {
 		uint8_t *dst = NULL;
 
@@ -567,8 +574,14 @@ static int op_get(struct broker *b, struct op *op)
 			return op_fail(op, err);
 		pg = store_find(&b->store, n->id, &op->key);
 		if (!pg || pg->state != PAGE_READY) {
-			/* RAM first: only now is the disk tier asked, then the remote one. */
-			if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
+			/*
+			 * RAM first: only now is the disk tier asked, then the remote one, whose
+			 * fetch also lands in a plain host destination (not a view's, a GPU's or
+			 * an fd buffer's: those keep the copy after the commit).
+			 */
+			if (tier_promote(b, op, pg) ||
+			    remote_promote(b, op, pg,
+					   op->dev == COPY_HOST && !op->s->nfdbufs ? dst : NULL))
 				return OPS_DEFERRED; /* runs again once the page is in RAM */
 			op->hit = 0;
 			return op_fail(op, -ENOENT);
@@ -680,7 +693,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return op_fail(op, -EBADF);
 	pg = store_find(&b->store, n->id, &op->key);
 	if (!pg || pg->state != PAGE_READY) {
-		if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
+		if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
 			return OPS_DEFERRED;
 		op->hit = 0;
 		return op_fail(op, -ENOENT);
@@ -758,7 +771,7 @@ static int op_prefetch(struct broker *b, struct op *op)
 	if (pg && pg->state == PAGE_READY)
 		return OPS_DONE;
 	/* A page on disk is promoted first; then this op runs again and finds it in RAM. */
-	if (tier_promote(b, op, pg) || remote_promote(b, op, pg))
+	if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
 		return OPS_DEFERRED;
 	return op_fail(op, -ENOENT);
 }

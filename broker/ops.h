@@ -19,6 +19,7 @@ struct ns;
 struct page;
 struct sview;
 struct remote_lq;
+struct remote_call;
 
 /* What an op's run returned: complete now (cqe filled), or it completes later. */
 enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
@@ -55,11 +56,13 @@ struct op {
 	uint8_t dedup;	   /* PUT: the key was stored */
 	uint8_t remote;	   /* the remote tier was asked (once per op: remote.c) */
 	uint8_t fill;	   /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
-	uint8_t fill_stopped;  /* the client was told to stop filling (fill-stop word) */
-	uint32_t fill_seq;     /* its number among the session's filled PUTs (wire.h) */
-	uint32_t filled;       /* bytes of it copied into the page so far */
-	double fill_at;	       /* when the fill word last moved on (or the copy began) */
-	struct remote_lq *rlq; /* LOOKUP: its questions to the remote tier, while asked */
+	uint8_t fill_stopped;	   /* the client was told to stop filling (fill-stop word) */
+	uint32_t fill_seq;	   /* its number among the session's filled PUTs (wire.h) */
+	uint32_t filled;	   /* bytes of it copied into the page so far */
+	double fill_at;		   /* when the fill word last moved on (or the copy began) */
+	struct remote_lq *rlq;	   /* LOOKUP: its questions to the remote tier, while asked */
+	struct remote_call *rcall; /* GET: the fetch landing in its destination too (remote.c) */
+	uint8_t rfilled;	   /* GET: that fetch checked and committed: dst holds the page */
 	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
 	uint32_t cursor, lead;
 	uint8_t leading;

@@ -20,12 +20,19 @@
  * nobody reuses, and on a small machine the PUT rate (docs/benchmarks.md). --remote-publish
  * reuse publishes instead at a page's first GET or ACQUIRE hit on this node (remote_on_hit;
  * a page promoted from disk counts, it was this node's own): PUTs then cost nothing more, and
- * only pages reused cross the network. Demotion (eviction from RAM) would be the third moment;
- * it is not a hook of this tier. --remote-publish never makes a node a reader only. The value
+ * only pages reused cross the network. --remote-publish evict publishes a page as it leaves
+ * RAM (dropped or demoted to disk: the store's leaving hook, on_leaving), at once, since its
+ * bytes are gone by the next round: only pages that lived their time here cross the network,
+ * and the cost moves to the allocation that evicted them. --remote-publish never makes a node
+ * a reader only. The value
  * is copied into the request when it is sent, so nothing stays pinned. Publishes go through a
  * bounded queue (by key: a page evicted meanwhile is skipped; REMOTE_PG_QUEUED keeps a page
  * hit again from being queued twice), drained after each loop round (so the op's completion is
- * posted before the page is checksummed and copied) while --remote-inflight allows.
+ * posted before the page is checksummed and copied) while --remote-inflight allows. A publish
+ * answered with a redirection (MOVED, ASK: its slot moved, or is moving, during a reshard)
+ * goes back into that queue once, with the backend's route to the new owner, and is sent again
+ * from the page in RAM; redirected again, or its page gone meanwhile, it is counted lost
+ * (publish_lost): that page is not shared, nothing worse.
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk
  * (tier.c): a RAM slot is allocated WRITING (never served), the op parks on it (pg->waiters),
@@ -34,8 +41,16 @@
  * bytes land, while they are in the cache (remote_call_landed); a reply it could not land is
  * copied into the slot and checked there. Either way the check (header, length, crc32c of the
  * bytes as they are in the slot) comes before the commit; anything else aborts the slot: a
- * miss, never a wrong page. Each fetch has a deadline (--remote-timeout): past it the slot is aborted
- * and the ops miss; a reply that comes later finds its call settled and is dropped. An op asks
+ * miss, never a wrong page. The GET that issued the fetch, when its destination is a plain
+ * registered host buffer (c->mdst), gets each piece copied there too as it lands, while the
+ * piece is in the cache from the kernel's copy: once the check passed it completes with no
+ * copy of its own and no hand-off to a copy worker (op->rfilled). Its completion still comes
+ * only after the check, so nothing unchecked is ever reported as a page; a miss may leave
+ * bytes in that destination (kvb_get's dst is unspecified after -ENOENT, kvbroker.h). Views,
+ * GPU and fd buffers, ACQUIRE, PREFETCH and the ops that joined a fetch copy after the commit
+ * as any hit; a GET that ends first (its client died) detaches, and nothing lands there
+ * after. Each fetch has a deadline (--remote-timeout): past it the slot is aborted and the ops
+ * miss; a reply that comes later finds its call settled and is dropped. An op asks
  * the store once (op->remote): run again after a failed fetch, it misses.
  *
  * Lookup. A LOOKUP first answers from RAM and disk; the keys it found nowhere (at most
@@ -54,6 +69,7 @@
 #include <string.h>
 
 #include "broker.h"
+#include "fastcopy.h"
 #include "log.h"
 #include "remote.h"
 #include "slot.h"
@@ -78,13 +94,15 @@ struct remote_lq {
 
 struct pubq_ent {
 	uint32_t ns;
+	uint32_t route; /* a redirected publish's one resend: where to (0: the slot map) */
 	kvb_key key;
 };
 
 struct remote_stats {
-	uint64_t lookups, lookup_found, fetches, fetched, fetched_in_place, fetch_misses,
-		fetch_bytes, corrupt, timeouts, errors, unreachable, busy, published, existed,
-		publish_bytes, publish_queued, publish_dropped, publish_skipped;
+	uint64_t lookups, lookup_found, fetches, fetched, fetched_in_place, fetched_direct,
+		fetch_misses, fetch_bytes, corrupt, timeouts, errors, unreachable, busy, published,
+		existed, publish_bytes, publish_queued, publish_dropped, publish_skipped,
+		publish_redirected, publish_resent, publish_lost;
 };
 
 struct remote {
@@ -104,7 +122,8 @@ struct remote {
 	struct log_throttle lt_corrupt, lt_err;
 };
 
-static const char *const publish_name[] = {"put", "never", "reuse"}; /* enum remote_publish */
+static const char *const publish_name[] = {"put", "never", "reuse",
+					   "evict"}; /* enum remote_publish */
 
 /* ---- names and values ---- */
 
@@ -178,17 +197,29 @@ static void lq_put(struct remote_lq *lq)
 	free(lq);
 }
 
+/* The GET whose destination fetch c also fills lets go of it: nothing lands there after. */
+static void mirror_detach(struct remote_call *c)
+{
+	if (c->mop)
+		c->mop->rcall = NULL;
+	c->mop = NULL;
+	c->mdst = NULL;
+}
+
 /* A fetch's outcome: the page committed when the value checks, else aborted (a miss). */
 static void fetch_settle(struct remote *r, struct remote_call *c, int res, const void *val,
 			 size_t len)
 {
 	struct store *s = &r->b->store;
 	struct page *pg = c->pg;
+	struct op *mop = c->mop;
+	uint8_t *mdst = c->mdst;
 	struct remote_hdr h;
 	int ok = 0;
 
 	c->pg = NULL;
 	c->dst = NULL; /* the backend lands nothing more in the slot, whatever comes */
+	mirror_detach(c);
 	pg->rflags &= (uint8_t)~REMOTE_PG_FETCHING;
 	if (res > 0 && c->landed) {
 		/* Landed in place: the crc is of the bytes as they are in the slot. */
@@ -214,6 +245,14 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 	}
 	if (ok) {
 		pg->rflags |= REMOTE_PG_PUBLISHED; /* it came from there: never sent back */
+		/*
+		 * Every byte that landed in the slot went to the issuing GET's destination as it
+		 * landed: checked now, that GET completes with no copy of its own (ops.c).
+		 */
+		if (mop && mdst && c->landed) {
+			mop->rfilled = 1;
+			r->st.fetched_direct++;
+		}
 		store_commit(s, pg);
 		r->st.fetched++;
 		r->st.fetched_in_place += c->landed;
@@ -235,6 +274,28 @@ static void lookup_settle(struct remote *r, struct remote_call *c, int res)
 		ops_wake(r->b, &lq->wq);
 }
 
+/*
+ * A publish redirected (its slot moved): sent once more, from the page still in RAM, where
+ * the backend says (through the queue, after this round: not from inside its reply). A
+ * second redirection, a page gone meanwhile or a full queue: that page is not published.
+ */
+static void publish_redirected(struct remote *r, const struct remote_call *c)
+{
+	struct page *pg;
+
+	r->st.publish_redirected++;
+	pg = c->resend || !c->route || r->pq_len == PUBQ_CAP
+		     ? NULL
+		     : store_find(&r->b->store, c->pns, &c->pkey);
+	if (!pg || pg->state != PAGE_READY) {
+		r->st.publish_lost++;
+		return;
+	}
+	pg->rflags |= REMOTE_PG_QUEUED;
+	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){
+		.ns = c->pns, .route = c->route, .key = c->pkey};
+}
+
 /* Applies an outcome once: the answer, or the deadline (-ETIMEDOUT) before it. */
 static void settle(struct remote *r, struct remote_call *c, int res, const void *val, size_t len)
 {
@@ -242,6 +303,12 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 		return;
 	c->settled = 1;
 	list_del(&c->link);
+	if (res == REMOTE_REDIRECTED && c->kind == RC_PUBLISH) {
+		publish_redirected(r, c);
+		return;
+	}
+	if (res < 0 && c->kind == RC_PUBLISH && c->resend)
+		r->st.publish_lost++; /* its one resend failed too */
 	if (res < 0 && res != -EHOSTUNREACH && res != -ETIMEDOUT) {
 		r->st.errors++;
 		log_throttled(&r->lt_err, "remote: %s of %.*s...: %s",
@@ -271,6 +338,9 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 void remote_call_landed(struct remote_call *c, size_t n)
 {
 	c->crc = slot_crc32c_more(c->crc, c->dst + c->got, n);
+	/* Still in the cache from the kernel's copy: the GET's copy costs no pass of its own. */
+	if (c->mdst)
+		kvb_copy(c->mdst + c->got, c->dst + c->got, n);
 	c->got += n;
 }
 
@@ -323,7 +393,7 @@ static int call_submit(struct remote *r, struct remote_call *c, const struct rem
 
 /* ---- fetch ---- */
 
-int remote_promote(struct broker *b, struct op *op, struct page *pg)
+int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *dst)
 {
 	struct remote *r = b->remote;
 	const struct ns *n = op->n;
@@ -373,6 +443,11 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg)
 	if (ops_park_page(b, op, pg, "a fetch from the remote tier") != OPS_DEFERRED) {
 		op->cqe.res = 0; /* out of memory: this op misses; the fetch goes on */
 		return 0;
+	}
+	if (dst) {
+		c->mop = op;
+		c->mdst = dst;
+		op->rcall = c;
 	}
 	return 1;
 }
@@ -463,6 +538,9 @@ void remote_op_end(struct op *op)
 {
 	struct remote_lq *lq = op->rlq;
 
+	/* A GET ending (its client died, say) before its fetch did: its buffer is not ours. */
+	if (op->rcall)
+		mirror_detach(op->rcall);
 	if (!lq)
 		return;
 	op->rlq = NULL;
@@ -472,8 +550,11 @@ void remote_op_end(struct op *op)
 
 /* ---- publish ---- */
 
-/* Sends page pg of n (READY) with SET NX. 0, or -errno when the backend refused it. */
-static int publish_page(struct remote *r, const struct ns *n, struct page *pg)
+/*
+ * Sends page pg of n (READY) with SET NX; route: the one resend of a redirected publish
+ * (where to), 0 a first send. 0, or -errno when the backend refused it.
+ */
+static int publish_page(struct remote *r, const struct ns *n, struct page *pg, uint32_t route)
 {
 	struct remote_hdr h = {.magic = REMOTE_MAGIC,
 			       .version = REMOTE_VERSION,
@@ -485,7 +566,7 @@ static int publish_page(struct remote *r, const struct ns *n, struct page *pg)
 	int err;
 
 	pg->rflags |= REMOTE_PG_PUBLISHED;
-	if (r->pub_fp[fp % PUB_FP] == fp) {
+	if (!route && r->pub_fp[fp % PUB_FP] == fp) {
 		r->st.publish_skipped++; /* sent before, evicted, PUT again: not twice */
 		return 0;
 	}
@@ -493,16 +574,22 @@ static int publish_page(struct remote *r, const struct ns *n, struct page *pg)
 	if (!c)
 		return -ENOMEM;
 	make_key(r, n, &pg->key, c);
+	c->pns = n->id;
+	c->pkey = pg->key;
+	c->route = route;
+	c->resend = route != 0;
 	h.crc = slot_crc32c(page, n->page_bytes);
 	h.hcrc = slot_crc32c(&h, offsetof(struct remote_hdr, hcrc));
 	c->bytes = n->page_bytes + sizeof(h);
 	err = call_submit(r, c, &h, page);
 	if (err) {
+		r->st.publish_lost += route != 0;
 		free(c);
 		return err;
 	}
 	r->pub_fp[fp % PUB_FP] = fp;
 	r->st.publish_bytes += n->page_bytes;
+	r->st.publish_resent += route != 0;
 	return 0;
 }
 
@@ -519,7 +606,8 @@ static void pubq_add(struct remote *r, const struct ns *n, struct page *pg)
 		return;
 	}
 	pg->rflags |= REMOTE_PG_QUEUED;
-	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){n->id, pg->key};
+	r->pubq[(r->pq_head + r->pq_len++) % PUBQ_CAP] = (struct pubq_ent){
+		.ns = n->id, .route = 0, .key = pg->key};
 }
 
 void remote_on_put(struct broker *b, const struct ns *n, struct page *pg)
@@ -533,6 +621,31 @@ void remote_on_hit(struct broker *b, const struct ns *n, struct page *pg)
 	/* A page fetched from the store is marked published: only this node's own are sent. */
 	if (b->remote && b->remote->cfg.publish == REMOTE_PUB_REUSE)
 		pubq_add(b->remote, n, pg);
+}
+
+/*
+ * [store leaving] --remote-publish evict: page pg leaves RAM now (dropped, or demoted to disk),
+ * its bytes still in the slot: sent at once (the copy into the request is made before this
+ * returns), not queued, since the page is gone by the next round. Over --remote-inflight it
+ * is not published (publish_dropped): eviction never waits for the network.
+ */
+static void on_leaving(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	struct remote *r = b->remote;
+	const struct ns *n;
+
+	if (!r || (pg->rflags & REMOTE_PG_PUBLISHED))
+		return;
+	n = ns_get(&b->nst, pg->ns);
+	if (!n)
+		return;
+	if (r->inflight + n->page_bytes > r->cfg.max_inflight) {
+		pg->rflags |= REMOTE_PG_PUBLISHED;
+		r->st.publish_dropped++;
+		return;
+	}
+	publish_page(r, n, pg, 0);
 }
 
 /* Publishes what waited while there is room on the wire; a page gone meanwhile is skipped. */
@@ -552,13 +665,18 @@ static uint32_t pubq_drain(struct remote *r)
 		pg = ns ? store_find(&r->b->store, e->ns, &e->key) : NULL;
 		if (pg)
 			pg->rflags &= (uint8_t)~REMOTE_PG_QUEUED;
-		if (!pg || pg->state != PAGE_READY || (pg->rflags & REMOTE_PG_PUBLISHED)) {
-			r->st.publish_dropped += !pg || pg->state != PAGE_READY;
+		if (!pg || pg->state != PAGE_READY ||
+		    (!e->route && (pg->rflags & REMOTE_PG_PUBLISHED))) {
+			/* A resend whose page went is lost; a first send's, dropped. */
+			if (!pg || pg->state != PAGE_READY) {
+				r->st.publish_dropped += !e->route;
+				r->st.publish_lost += e->route != 0;
+			}
 			continue;
 		}
 		if (r->inflight)
 			r->st.publish_queued++; /* it waited for room, or behind others */
-		publish_page(r, ns, pg);
+		publish_page(r, ns, pg, e->route);
 		n++;
 	}
 	return n;
@@ -640,6 +758,10 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 		return err;
 	}
 	b->remote = r;
+	if (r->cfg.publish == REMOTE_PUB_EVICT) {
+		b->store.leaving = on_leaving;
+		b->store.leaving_arg = b;
+	}
 	log_info("remote tier: %s %s, prefix \"%s\", timeout %.0f ms, %llu MiB in flight, "
 		 "publish %s",
 		 r->be_ops->name, r->url, r->cfg.prefix, r->cfg.timeout * 1e3,
@@ -650,6 +772,7 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 void remote_close(struct broker *b)
 {
 	if (b->remote) {
+		b->store.leaving = NULL;
 		/* Every call in flight is done (cancelled) first, while the tier still exists. */
 		b->remote->be_ops->close(b->remote->be);
 		remote_free(b->remote);
@@ -671,6 +794,7 @@ static const struct {
 	RSTAT("fetches", fetches),
 	RSTAT("fetched", fetched),
 	RSTAT("fetched_in_place", fetched_in_place),
+	RSTAT("fetched_direct", fetched_direct),
 	RSTAT("fetch_misses", fetch_misses),
 	RSTAT("fetch_bytes", fetch_bytes),
 	RSTAT("published", published),
@@ -679,6 +803,9 @@ static const struct {
 	RSTAT("publish_queued", publish_queued),
 	RSTAT("publish_dropped", publish_dropped),
 	RSTAT("publish_skipped", publish_skipped),
+	RSTAT("publish_redirected", publish_redirected),
+	RSTAT("publish_resent", publish_resent),
+	RSTAT("publish_lost", publish_lost),
 	RSTAT("corrupt", corrupt),
 	RSTAT("timeouts", timeouts),
 	RSTAT("unreachable", unreachable),

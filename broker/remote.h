@@ -11,6 +11,7 @@
 #ifndef KVB_BROKER_REMOTE_H
 #define KVB_BROKER_REMOTE_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,7 +25,12 @@ struct ns;
 struct cJSON;
 struct loop;
 
-enum remote_publish { REMOTE_PUB_PUT = 0, REMOTE_PUB_NEVER = 1, REMOTE_PUB_REUSE = 2 };
+enum remote_publish {
+	REMOTE_PUB_PUT = 0,
+	REMOTE_PUB_NEVER = 1,
+	REMOTE_PUB_REUSE = 2,
+	REMOTE_PUB_EVICT = 3
+};
 
 struct remote_cfg {
 	const char *url;       /* --remote: redis://host:port[,host:port...]; NULL: tier off */
@@ -89,9 +95,33 @@ struct remote_call {
 	uint32_t crc; /* their crc32c so far */
 	uint8_t landed;
 	struct remote_hdr vhdr;
+	/*
+	 * RC_FETCH for a plain GET into a registered host buffer (the op that issued it): each
+	 * piece that lands is also copied into that GET's destination while it is in the cache, so
+	 * the GET completes without a copy of its own once the check passed (remote.c, "Fetch").
+	 * Both NULL once that op ended or the call settled: nothing is written there after.
+	 */
+	struct op *mop;
+	uint8_t *mdst;
 	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
 	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
+	/*
+	 * RC_PUBLISH: the page (found again by these for a resend), and route: set by a backend
+	 * that is done with REMOTE_REDIRECTED, where the page now goes (its own encoding, never
+	 * 0); a call with route set on submission is that one resend and goes there.
+	 */
+	uint32_t pns;
+	kvb_key pkey;
+	uint32_t route;
+	uint8_t resend;
 };
+
+/*
+ * A publish answered with a redirection (MOVED, ASK: its slot moved, or is moving): the
+ * backend keeps no copy of the value, so the tier sends it again once, from the page still in
+ * RAM, to c->route (remote.c, "Publish").
+ */
+#define REMOTE_REDIRECTED (-EXDEV)
 
 /* What the backend says of its health (stats). */
 struct remote_health {
@@ -141,9 +171,12 @@ void remote_close(struct broker *b);
 /*
  * ops.c, GET/ACQUIRE/PREFETCH that missed in RAM and on disk (pg: the WRITING page of the key,
  * or NULL): 1 when the op was parked on a page being fetched (its fetch issued or joined), 0 a
- * miss. An op asks the cluster once: run again, it misses if the fetch did.
+ * miss. An op asks the cluster once: run again, it misses if the fetch did. dst: a plain GET's
+ * destination in a registered host buffer (NULL for the others: views, GPU and fd buffers,
+ * ACQUIRE, PREFETCH); a fetch it issues also lands there, and op->rfilled says, when it runs
+ * again, that its page was checked and is in dst already.
  */
-int remote_promote(struct broker *b, struct op *op, struct page *pg);
+int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *dst);
 
 /*
  * ops.c, LOOKUP whose local pass is done: asks the cluster about its keys that were NONE

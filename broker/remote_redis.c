@@ -17,8 +17,9 @@
  * Routing. slot_node[] maps each of the 16384 slots to the node that owns it, from CLUSTER
  * SLOTS (asked of a seed at start, after every MOVED, and every REFRESH_EVERY seconds). A
  * request goes to its key's node; MOVED updates that slot and resends there, ASK resends once
- * after ASKING, at most MAX_REDIRECTS times. A publish is not resent (its page went straight
- * into hiredis's output buffer, no copy of the request is kept): it fails, a page not shared.
+ * after ASKING, at most MAX_REDIRECTS times. A publish keeps no copy of its request (its page
+ * went straight into hiredis's output buffer): redirected, it is done with REMOTE_REDIRECTED
+ * and where to (c->route), and the tier sends it once more from the page in RAM (rc_publish).
  * A server without cluster support owns every slot (a single Redis works too).
  *
  * Node states: CONNECTING -> UP on connect; any of refused, reset, or a request unanswered for
@@ -57,16 +58,18 @@
  */
 void redisProcessCallbacks(redisAsyncContext *ac);
 
-#define RN_MAX 64	      /* cluster nodes known */
-#define MAX_REDIRECTS 3	      /* MOVED/ASK hops of one request */
-#define RBUF_BYTES (1u << 20) /* bytes per read */
-#define OBUF_KEEP (16u << 20) /* output buffer kept between requests, at most */
-#define READS_PER_EVENT 8     /* reads per readable event (a fair share of the loop) */
-#define BACKOFF_FIRST 0.25    /* seconds from a node's failure to its first retry */
-#define BACKOFF_MAX 8.0	      /* the longest back-off */
-#define STALL_MIN 1.0	      /* seconds a request may wait for its reply, at least */
-#define REFRESH_EVERY 10.0    /* seconds between two CLUSTER SLOTS while all is well */
-#define REFRESH_GAP 0.5	      /* ... and at least this far apart after redirections */
+#define RN_MAX 64		/* cluster nodes known */
+#define MAX_REDIRECTS 3		/* MOVED/ASK hops of one request */
+#define RBUF_BYTES (1u << 20)	/* bytes per read */
+#define LAND_PIECE (256u << 10) /* page bytes per read landing in place (well inside L2) */
+#define ROUTE_ASK (1u << 16)	/* remote_call.route: node index + 1, and this bit for ASK */
+#define OBUF_KEEP (16u << 20)	/* output buffer kept between requests, at most */
+#define READS_PER_EVENT 8	/* reads per readable event (a fair share of the loop) */
+#define BACKOFF_FIRST 0.25	/* seconds from a node's failure to its first retry */
+#define BACKOFF_MAX 8.0		/* the longest back-off */
+#define STALL_MIN 1.0		/* seconds a request may wait for its reply, at least */
+#define REFRESH_EVERY 10.0	/* seconds between two CLUSTER SLOTS while all is well */
+#define REFRESH_GAP 0.5		/* ... and at least this far apart after redirections */
 
 enum { RN_DOWN = 0, RN_CONNECTING = 1, RN_UP = 2 };
 
@@ -256,11 +259,16 @@ static ssize_t land_read(struct rnode *n)
 		}
 		memcpy(ld->tail, "\r\n", 2);
 	} else {
-		struct iovec iov[2] = {{c->dst + c->got, c->page_bytes - c->got},
+		/*
+		 * At most LAND_PIECE of the page a read: what the tier then does with the piece
+		 * (its crc, the GET's copy) finds it in the cache. The CRLF only with the last.
+		 */
+		size_t left = c->page_bytes - c->got;
+		struct iovec iov[2] = {{c->dst + c->got, left < LAND_PIECE ? left : LAND_PIECE},
 				       {ld->tail + ld->tail_len, 2 - ld->tail_len}};
 		size_t body;
 
-		k = readv(ac->c.fd, iov, 2);
+		k = readv(ac->c.fd, iov, left <= LAND_PIECE ? 2 : 1);
 		if (k <= 0)
 			return k;
 		body = (size_t)k < iov[0].iov_len ? (size_t)k : iov[0].iov_len;
@@ -691,6 +699,12 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 		}
 		if (to && c->cmd && !send_on(to, c, rd.ask))
 			return;
+		if (to && c->kind == RC_PUBLISH && !c->cmd) {
+			/* No copy of the value kept: the tier sends it once more, to there. */
+			c->route = (uint32_t)(to - rc->nodes + 1) | (rd.ask ? ROUTE_ASK : 0);
+			remote_call_done(c, REMOTE_REDIRECTED, NULL, 0);
+			return;
+		}
 		remote_call_done(c, c->cmd ? -EHOSTUNREACH : -EAGAIN, NULL, 0);
 		return;
 	}
@@ -757,7 +771,9 @@ static int rc_fetch(void *be, struct remote_call *c)
  * SET key <hdr + page> NX, the page copied once, straight into hiredis's output buffer (no
  * request of our own in between): room for all of it is made first, so nothing fails half-way
  * through the command. No copy of the request is kept, so a publish redirected (MOVED, ASK:
- * the slot moved) is not resent but fails; the slot map is updated for the next.
+ * the slot moved or is moving) is done with REMOTE_REDIRECTED and c->route, the node it was
+ * sent to; the tier then publishes the page once more with that route (c->resend), which goes
+ * there (after ASKING for an ASK) whatever the slot map says.
  */
 static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *h, const void *page,
 		      size_t len)
@@ -765,21 +781,26 @@ static int rc_publish(void *be, struct remote_call *c, const struct remote_hdr *
 	static const char tail[] = "\r\n$2\r\nNX\r\n";
 	struct rcluster *rc = be;
 	struct rnode *n = node_of(rc, c);
+	uint32_t to = c->route & (ROUTE_ASK - 1);
+	int ask = c->resend && (c->route & ROUTE_ASK);
 	redisContext *ctx;
 	sds ob;
 	int err;
 
+	if (c->resend && to >= 1 && to <= rc->nnodes)
+		n = &rc->nodes[to - 1];
 	if (!usable(n))
 		return -EHOSTUNREACH;
 	err = format_cmd(c, "SET", sizeof(*h) + len);
 	if (err)
 		return err;
 	ctx = &n->ac->c;
-	ob = sdsMakeRoomFor(ctx->obuf, c->cmdlen + sizeof(*h) + len + sizeof(tail) - 1);
+	/* 32: an ASKING before it ("*1\r\n$6\r\nASKING\r\n") */
+	ob = sdsMakeRoomFor(ctx->obuf, 32 + c->cmdlen + sizeof(*h) + len + sizeof(tail) - 1);
 	if (!ob)
 		return -ENOMEM;
 	ctx->obuf = ob;
-	err = send_on(n, c, 0); /* the head; the rest fits the room made */
+	err = send_on(n, c, ask); /* the head; the rest fits the room made */
 	if (err)
 		return err;
 	ob = sdscatlen(ctx->obuf, h, sizeof(*h));

@@ -278,6 +278,10 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "misses", (double)c->misses);
 	num(o, "dedup", (double)c->dedup);
 	num(o, "evictions", (double)b->store.st.evictions);
+	num(o, "chain_links", (double)b->store.st.chain_links);
+	num(o, "chain_held", (double)b->store.st.held);
+	num(o, "chain_cuts", (double)b->store.st.chain_cuts);
+	num(o, "ns_evictions", (double)b->store.st.ns_evictions);
 	num(o, "errors", (double)c->errors);
 	num(o, "acquires", (double)c->acquires);
 	num(o, "releases", (double)c->releases);

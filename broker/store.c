@@ -607,6 +607,8 @@ static void slot_free(struct store *s, struct page *pg)
  */
 static int evict(struct store *s, struct page *pg)
 {
+	if (s->leaving)
+		s->leaving(s->leaving_arg, pg);
 	if (!pg->clean && s->demote) {
 		int r = s->demote(s->demote_arg, pg);
 

@@ -150,6 +150,12 @@ struct store {
 	int (*demote)(void *arg, struct page *pg);
 	void *demote_arg;
 	/*
+	 * The remote tier (remote.c, --remote-publish evict): evict() offers it every page about
+	 * to leave RAM (dropped or demoted), READY and unpinned, its bytes still there.
+	 */
+	void (*leaving)(void *arg, struct page *pg);
+	void *leaving_arg;
+	/*
 	 * [page-wake] Every change of a page's state that someone may wait for (commit, abort,
 	 * demotion done, freed) calls wake(wake_arg, pg) when pg->waiters is set: ops.c moves
 	 * its waiters to the run queue (never runs them from inside the store).

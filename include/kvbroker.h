@@ -292,7 +292,9 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
 /*
  * Copies a page into dst (len >= page_bytes). Returns page_bytes. -ENOENT when not stored.
  * dst inside a registered host buffer is written by the broker; otherwise the page is read from
- * the client's read-only pool mapping under a lease (one memcpy).
+ * the client's read-only pool mapping under a lease (one memcpy). After -ENOENT (or any error)
+ * dst's bytes are unspecified: a fetch from the remote tier lands in a registered dst as it
+ * arrives, and one that fails its checksum is a miss.
  */
 int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len);
 

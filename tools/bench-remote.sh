@@ -19,7 +19,9 @@
 # fair pairing for a client that is not cluster-aware); the tier's cluster routing is tested by
 # t_remote. Knobs: KVB_BENCH_QUICK=1 (fewer pages, shorter runs), KVB_REMOTE_PAGES (48),
 # KVB_REMOTE_ROUNDS (5), KVB_REMOTE_PUBLISH_ROUNDS (3; 0 skips the publish moments),
-# KVB_REMOTE_BROKERD (another kvbrokerd, e.g. an older build, to compare).
+# KVB_REMOTE_BROKERD (another kvbrokerd for every broker), KVB_REMOTE_BASE (a baseline
+# kvbrokerd, e.g. an older build: a broker B0 of it fetches the same pages in every round, the
+# order of B and B0 alternating by round, and its ratio is reported beside B's).
 set -eu
 
 B=${1:-build/release}
@@ -27,6 +29,7 @@ QUICK=${KVB_BENCH_QUICK:-0}
 N=${KVB_REMOTE_PAGES:-48}
 ROUNDS=${KVB_REMOTE_ROUNDS:-5}
 PROUNDS=${KVB_REMOTE_PUBLISH_ROUNDS:-3}
+BASE=${KVB_REMOTE_BASE:-}
 SECS=2
 [ "$QUICK" = 1 ] && N=16 && SECS=0.5 && ROUNDS=2 && PROUNDS=1
 BENCH=$B/bin/kvbbench
@@ -51,10 +54,11 @@ rpid=$!
 pids="$pids $rpid"
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 
-broker() { # name args...: starts kvbrokerd on $D/$1.sock
+BD=${KVB_REMOTE_BROKERD:-$B/bin/kvbrokerd}
+broker() { # name args...: starts kvbrokerd ($BD) on $D/$1.sock
 	n=$1
 	shift
-	"${KVB_REMOTE_BROKERD:-$B/bin/kvbrokerd}" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
+	"$BD" --socket "$D/$n.sock" --pool 512M "$@" 2>"$D/$n.log" &
 	pids="$pids $!"
 	eval "pid_$n=$!"
 	for _ in $(seq 200); do [ -S "$D/$n.sock" ] && break; sleep 0.05; done
@@ -74,7 +78,19 @@ URL=redis://127.0.0.1:$PORT
 broker a --remote "$URL"
 broker b --remote "$URL" --remote-publish never
 broker c
-[ "$PROUNDS" -gt 0 ] && broker d --remote "$URL" --remote-publish reuse
+if [ -n "$BASE" ]; then
+	BD0=$BD
+	BD=$BASE
+	broker o --remote "$URL" --remote-publish never
+	BD=$BD0
+fi
+if [ "$PROUNDS" -gt 0 ]; then
+	broker d --remote "$URL" --remote-publish reuse
+	# Publish on eviction needs PUTs that evict: E and its tier-off twin F hold 64 MiB (14
+	# pages), so past the first pages every PUT evicts one (and on E publishes it).
+	broker e --pool 64M --remote "$URL" --remote-publish evict
+	broker f --pool 64M
+fi
 published() { # socket: publishes settled (stored or there already)
 	"$B/bin/kvbctl" --socket "$1" status --json |
 		python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; print(r["published"] + r["publish_existed"])'
@@ -91,10 +107,21 @@ while [ "$r" -lt "$ROUNDS" ]; do
 		[ "$(published "$D/a.sock")" -ge $((first + N)) ] && break
 		sleep 0.05
 	done
-	echo "bench-remote: round $r: B fetches each once" >&2
-	c0=$(cpu_ns "$pid_b")
-	"$B/bin/kvbfetch" get "$D/b.sock" "$N" "$first" >"$D/fetch-$r.json"
-	echo $(($(cpu_ns "$pid_b") - c0)) >"$D/cpu-$r"
+	fetch() { # name pid out-suffix: that broker GETs each page of the round once
+		echo "bench-remote: round $r: $1 fetches each once" >&2
+		c0=$(cpu_ns "$2")
+		"$B/bin/kvbfetch" get "$D/$1.sock" "$N" "$first" >"$D/fetch$3-$r.json"
+		echo $(($(cpu_ns "$2") - c0)) >"$D/cpu$3-$r"
+	}
+	# Same pages, same depth (one GET at a time) for B and the baseline B0; who goes first
+	# alternates, so neither always finds the server's (and the machine's) caches warmer.
+	if [ -n "$BASE" ] && [ $((r % 2)) = 1 ]; then
+		fetch o "$pid_o" -base
+		fetch b "$pid_b" ""
+	else
+		fetch b "$pid_b" ""
+		[ -n "$BASE" ] && fetch o "$pid_o" -base
+	fi
 	if [ -x "$PEERS" ]; then
 		echo "bench-remote: round $r: hiredis GETs of the same size" >&2
 		"$PEERS" --server "127.0.0.1:$PORT" --layout kimi --pages "$N" --seconds "$SECS" \
@@ -135,9 +162,15 @@ while [ "$r" -lt "$PROUNDS" ]; do
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get1-$r.json"
 	settle "$D/d.sock"
 	"$B/bin/kvbfetch" get "$D/d.sock" "$N" $((first + 200000)) >"$D/pub-get2-$r.json"
+	"$B/bin/kvbfetch" put "$D/f.sock" "$N" $((first + 300000)) >"$D/pub-off64-$r.json"
+	"$B/bin/kvbfetch" put "$D/e.sock" "$N" $((first + 400000)) >"$D/pub-evict-$r.json"
+	settle "$D/e.sock"
 	r=$((r + 1))
 done
-[ "$PROUNDS" -gt 0 ] && d_published=$(rstat "$D/d.sock" published)
+if [ "$PROUNDS" -gt 0 ]; then
+	d_published=$(rstat "$D/d.sock" published)
+	e_published=$(rstat "$D/e.sock" published)
+fi
 echo "bench-remote: local hits on B (tier on), C (tier off)" >&2
 lat() { # socket out
 	"$BENCH" --socket "$1" --layout kimi --pages "$N" --seconds "$SECS" --json get >"$2"
@@ -158,13 +191,13 @@ echo "keys ($fetched fetched, $in_place of them landed in place); each round's h
 echo "after its fetches:"
 echo
 if [ -x "$PEERS" ]; then
-	python3 - "$D" "$ROUNDS" <<'EOF'
+	python3 - "$D" "$ROUNDS" "$BASE" <<'EOF'
 import json, os, statistics, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
-print("| round | remote fetch GB/s (p50 us), hits | broker B CPU per fetch | hiredis GET GB/s (p50 us) | fetch / GET |")
-print("| --- | --- | --- | --- | --- |")
-cpus = []
-ratios = []
+d, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+hb = " | baseline B0 GB/s (p50 us), hits | B0 CPU per fetch | B0 / GET" if base else ""
+print("| round | remote fetch GB/s (p50 us), hits | broker B CPU per fetch | hiredis GET GB/s (p50 us) | fetch / GET%s |" % hb)
+print("| --- | --- | --- | --- | ---%s |" % (" | --- | --- | ---" if base else ""))
+cpus, ratios, bcpus, bratios = [], [], [], []
 for r in range(rounds):
     f = json.load(open(os.path.join(d, "fetch-%d.json" % r)))
     p = os.path.join(d, "redis-%d.json" % r)
@@ -173,10 +206,22 @@ for r in range(rounds):
     g = json.load(open(p))
     ratios.append(f["gb_per_s"] / g["gb_per_s"])
     cpus.append(int(open(os.path.join(d, "cpu-%d" % r)).read()) / 1e6 / max(f["hits"], 1))
-    print("| %d | %.2f (%.0f), %d | %.2f ms | %.2f (%.0f) | %.0f%% |" % (r, f["gb_per_s"],
-          f["p50_us"], f["hits"], cpus[-1], g["gb_per_s"], g["p50_us"], 100 * ratios[-1]))
+    line = "| %d | %.2f (%.0f), %d | %.2f ms | %.2f (%.0f) | %.0f%%" % (r, f["gb_per_s"],
+           f["p50_us"], f["hits"], cpus[-1], g["gb_per_s"], g["p50_us"], 100 * ratios[-1])
+    if base:
+        o = json.load(open(os.path.join(d, "fetch-base-%d.json" % r)))
+        bratios.append(o["gb_per_s"] / g["gb_per_s"])
+        bcpus.append(int(open(os.path.join(d, "cpu-base-%d" % r)).read()) / 1e6 /
+                     max(o["hits"], 1))
+        line += " | %.2f (%.0f), %d | %.2f ms | %.0f%%" % (o["gb_per_s"], o["p50_us"], o["hits"],
+                                                         bcpus[-1], 100 * bratios[-1])
+    print(line + " |")
 print("\nBroker B's CPU time (all its threads, from schedstat) per page fetched: median %.2f ms." %
       statistics.median(cpus))
+if base:
+    print("\nBaseline B0 (`%s`): fetch at %.0f%% of hiredis GET (median; range %.0f-%.0f%%), "
+          "CPU per fetch median %.2f ms." % (base, 100 * statistics.median(bratios),
+          100 * min(bratios), 100 * max(bratios), statistics.median(bcpus)))
 m = statistics.median(ratios)
 print("\nFetch at %.0f%% of hiredis GET, median of %d rounds (range %.0f-%.0f%%; target >= 80%%: %s).\n"
       % (100 * m, len(ratios), 100 * min(ratios), 100 * max(ratios), "met" if m >= 0.8 else "MISSED"))
@@ -192,15 +237,18 @@ fi
 if [ "$PROUNDS" -gt 0 ]; then
 	echo "Publish moments: kvbfetch PUTs of new pages on a broker with the tier off (C), publishing at"
 	echo "PUT (A, the default) and at first reuse (D, \`--remote-publish reuse\`), then D's first GETs of"
-	echo "its pages (each publishes it) and its second; ops/s, median of $PROUNDS rounds [range] (D"
-	echo "published $d_published pages, one per page reused):"
+	echo "its pages (each publishes it) and its second; then PUTs on two brokers of 64 MiB (every"
+	echo "PUT past the first few evicts a page): F with the tier off, E publishing each page it evicts"
+	echo "(\`--remote-publish evict\`); ops/s, median of $PROUNDS rounds [range] (D published"
+	echo "$d_published pages, one per page reused; E $e_published, one per page evicted):"
 	echo
 	python3 - "$D" "$PROUNDS" <<'EOF'
 import json, os, statistics, sys
 d, rounds = sys.argv[1], int(sys.argv[2])
 cases = [("PUT, tier off (C)", "off"), ("PUT, publish at PUT (A)", "put"),
          ("PUT, publish at reuse (D)", "reuse"), ("GET, first reuse: publishes (D)", "get1"),
-         ("GET, second reuse (D)", "get2")]
+         ("GET, second reuse (D)", "get2"), ("PUT, 64 MiB pool, tier off (F)", "off64"),
+         ("PUT, 64 MiB pool, publish at eviction (E)", "evict")]
 print("| case | ops/s | GB/s | p50 us | p99 us |")
 print("| --- | --- | --- | --- | --- |")
 for label, k in cases:

@@ -300,6 +300,18 @@ static void many_free(struct many *b)
 		PyBuffer_Release(&b->kview);
 }
 
+/* The batch's error, else its first member's other than a miss, raised: -1; 0 when none. */
+static int many_raise(int err, const struct many *b)
+{
+	for (size_t i = 0; err >= 0 && i < b->n; i++)
+		if (b->res[i] < 0 && b->res[i] != -ENOENT)
+			err = b->res[i];
+	if (err >= 0)
+		return 0;
+	kvbpy_raise(err);
+	return -1;
+}
+
 static int many_alloc(struct many *b, PyObject *keys, PyObject *bufs, const char *what)
 {
 	Py_ssize_t nb = bufs ? PySequence_Size(bufs) : -2;
@@ -419,15 +431,8 @@ static PyObject *ns_many(kvbpy_ns *ns, PyObject *keys, PyObject *bufs, PyObject 
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
-	if (err < 0) {
-		kvbpy_raise(err);
+	if (many_raise(err, &b) < 0)
 		goto out;
-	}
-	for (size_t i = 0; i < b.n; i++)
-		if (b.res[i] < 0 && b.res[i] != -ENOENT) {
-			kvbpy_raise(b.res[i]);
-			goto out;
-		}
 	list = PyList_New((Py_ssize_t)b.n);
 	for (size_t i = 0; list && i < b.n; i++) {
 		int v = put ? !(b.flags[i] & KVB_CQEF_EXISTED) : b.res[i] >= 0;
@@ -481,15 +486,8 @@ static PyObject *ns_prefetch(PyObject *self, PyObject *keys)
 		PyEval_RestoreThread(ts_);
 	}
 	kvbpy_leave(cl);
-	if (err < 0) {
-		kvbpy_raise(err);
+	if (many_raise(err, &b) < 0)
 		goto out;
-	}
-	for (size_t i = 0; i < b.n; i++)
-		if (b.res[i] < 0 && b.res[i] != -ENOENT) {
-			kvbpy_raise(b.res[i]);
-			goto out;
-		}
 	r = Py_NewRef(Py_None);
 out:
 	many_free(&b);

@@ -336,4 +336,7 @@ pid_t harness_start_as(uid_t uid, gid_t gid, const char *mode, const char *arg,
 		       int (*client_main)(const char *mode, const char *arg));
 int harness_wait_exit(pid_t pid);
 
+/* Keepers of the broker on sock (pool.c [keep]): processes "kvbrokerd --keeper N <sock>". */
+int harness_keepers(const char *sock);
+
 #endif /* KVB_TESTS_HARNESS_H */

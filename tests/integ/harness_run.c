@@ -3,6 +3,7 @@
  * harness_run.c - running the programs built beside the tests (kvbctl, kvbrokerd) and reading
  * what they print, for the tool tests. See harness.h.
  */
+#include <dirent.h>
 #include <grp.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -87,4 +88,34 @@ int harness_wait_exit(pid_t pid)
 
 	CHECK_EQ(waitpid(pid, &st, 0), pid);
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int harness_keepers(const char *sock)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	int n = 0;
+
+	while (d && (e = readdir(d))) {
+		char p[300], buf[512];
+		FILE *f;
+		size_t len;
+
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		snprintf(p, sizeof(p), "/proc/%s/cmdline", e->d_name);
+		f = fopen(p, "r");
+		if (!f)
+			continue;
+		len = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[len] = 0;
+		for (size_t i = 0; i + 1 < len; i++)
+			if (!buf[i])
+				buf[i] = ' ';
+		n += strstr(buf, "--keeper") && strstr(buf, sock);
+	}
+	if (d)
+		closedir(d);
+	return n;
 }

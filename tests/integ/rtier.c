@@ -375,6 +375,26 @@ int rt_get_page(int node, const kvb_key *k, uint64_t seed, uint8_t *buf)
 	return 1;
 }
 
+int rt_get_page_reg(int node, const kvb_key *k, uint64_t seed)
+{
+	struct rt_node *n = &rt.n[node];
+	uint32_t id;
+	int rc;
+
+	if (!n->reg) {
+		n->reg = kvb_buf_alloc_host(n->cl, rt.page_bytes, &id);
+		CHECK(n->reg);
+	}
+	/* Poisoned first: a hit must have written every byte. */
+	memset(n->reg, 0xee, rt.page_bytes);
+	rc = kvb_get(n->cl, n->ns, *k, n->reg, rt.page_bytes);
+	if (rc == -ENOENT)
+		return 0;
+	CHECK_RC(rc, (long long)rt.page_bytes);
+	CHECK(harness_verify(n->reg, rt.page_bytes, k, seed, "remote page (registered)") == 0);
+	return 1;
+}
+
 double rt_local_get_us(int node, const kvb_key *keys, int n, uint64_t seed, uint8_t *buf)
 {
 	double t[64];
@@ -398,8 +418,9 @@ double rt_local_get_us(int node, const kvb_key *keys, int n, uint64_t seed, uint
 void rt_finish(void)
 {
 	for (int i = 0; i < RT_NODES; i++) {
-		kvb_close(rt.n[i].cl);
+		kvb_close(rt.n[i].cl); /* frees rt_get_page_reg's buffer too */
 		rt.n[i].cl = NULL;
+		rt.n[i].reg = NULL;
 		harness_broker_stop(rt.n[i].bk);
 	}
 	rt_atexit();

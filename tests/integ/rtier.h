@@ -30,6 +30,7 @@ struct rt_node {
 	struct harness_broker *bk;
 	kvb_client *cl;
 	uint32_t ns;
+	uint8_t *reg; /* rt_get_page_reg's buffer, registered with bk */
 };
 
 struct rt {
@@ -77,6 +78,12 @@ uint64_t rt_settled(int node);
 void rt_publish_wait(int node, uint64_t want);
 /* GET of k on node: 1 byte-exact hit, 0 miss; any wrong byte fails the test. */
 int rt_get_page(int node, const kvb_key *k, uint64_t seed, uint8_t *buf);
+/*
+ * The same into a buffer registered with node's broker (allocated at the first call): the
+ * broker writes it, and a remote fetch lands there as it arrives (remote.c, fetched_direct),
+ * where rt_get_page's plain buffer goes through a lease.
+ */
+int rt_get_page_reg(int node, const kvb_key *k, uint64_t seed);
 /* Median microseconds of a GET of pages node holds in RAM (keys[0..n), filled with seed). */
 double rt_local_get_us(int node, const kvb_key *keys, int n, uint64_t seed, uint8_t *buf);
 /* Clients closed, brokers stopped (each must exit 0), shards killed, the directory removed. */

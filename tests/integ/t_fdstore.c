@@ -23,7 +23,6 @@
  *     start (the page put before the kill is gone), and a new pool in the store;
  *   - $NOTIFY_SOCKET without $FDSTORE (no FileDescriptorStoreMax=): a keeper keeps the pool.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -444,44 +443,13 @@ static int loader(int idx, void *arg)
 	return 0;
 }
 
-/* Keepers of our socket: processes "kvbrokerd --keeper N <socket>". */
-static int keepers(const char *sock)
-{
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	int n = 0;
-
-	while (d && (e = readdir(d))) {
-		char p[300], buf[512];
-		FILE *f;
-		size_t len;
-
-		if (e->d_name[0] < '0' || e->d_name[0] > '9')
-			continue;
-		snprintf(p, sizeof(p), "/proc/%s/cmdline", e->d_name);
-		f = fopen(p, "r");
-		if (!f)
-			continue;
-		len = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-		buf[len] = 0;
-		for (size_t i = 0; i + 1 < len; i++)
-			if (!buf[i])
-				buf[i] = ' ';
-		n += strstr(buf, "--keeper") && strstr(buf, sock);
-	}
-	if (d)
-		closedir(d);
-	return n;
-}
-
 static void no_keeper(const char *sock)
 {
 	char keep[120];
 	struct stat st;
 
 	snprintf(keep, sizeof(keep), "%s.keep", sock);
-	CHECK_EQ(keepers(sock), 0);
+	CHECK_EQ(harness_keepers(sock), 0);
 	CHECKF(stat(keep, &st) < 0, "%s exists: a keeper was spawned", keep);
 }
 
@@ -704,12 +672,12 @@ int main(int argc, char **argv)
 	b = sd_start(sh->sock);
 	CHECKF(ev_wait(from, "READY=1", 5000) >= 0, "no READY=1 without $FDSTORE");
 	CHECK(ev_wait(from, "a keeper process", 0) >= 0);
-	CHECK_EQ(keepers(sh->sock), 1);
+	CHECK_EQ(harness_keepers(sh->sock), 1);
 	CHECK_EQ(store_count(), 0);
 	harness_broker_stop(b);
-	for (int i = 0; i < 200 && keepers(sh->sock); i++)
+	for (int i = 0; i < 200 && harness_keepers(sh->sock); i++)
 		rel_sleep_ms(10);
-	CHECK_EQ(keepers(sh->sock), 0);
+	CHECK_EQ(harness_keepers(sh->sock), 0);
 	mgr_close();
 	rmdir(dir);
 	return H_PASS;

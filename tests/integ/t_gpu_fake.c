@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cuda_api.h"
+#include "gpu_fake.h"
 #include "harness.h"
 
 #ifdef KVB_HAVE_CUDA
@@ -42,28 +43,11 @@
 #define SEED 9090
 #define LAYER_BYTES ((size_t)NSLOTS * BPT)
 
+static const struct gf_shape shape = {LAYERS, TPP, BPT, SEED};
+
 static struct harness_broker *br;
 static struct kvb_cuda_api *cu;
 static size_t pb;
-
-static void reexec_with_fake(int argc, char **argv)
-{
-	char self[PATH_MAX], dir[PATH_MAX + 8];
-
-	(void)argc;
-	if (getenv("KVB_FAKE_CUDA"))
-		return;
-	if (!realpath(argv[0], self)) {
-		perror("realpath");
-		exit(1);
-	}
-	snprintf(dir, sizeof(dir), "%s/fake", dirname(self));
-	setenv("LD_LIBRARY_PATH", dir, 1);
-	setenv("KVB_FAKE_CUDA", dir, 1);
-	execv(argv[0], argv);
-	perror("execv");
-	exit(1);
-}
 
 static kvb_client *attach(const char *name, uint32_t *ns)
 {
@@ -88,35 +72,6 @@ static uint32_t gpu_view(kvb_client *c, uint32_t ns, uint8_t *const layer[LAYERS
 	}
 	CHECK_OK(kvb_view_create(c, ns, parts, LAYERS, &view));
 	return view;
-}
-
-static uint8_t byte_of(int page, int l, int t, int i)
-{
-	kvb_key k = harness_key(SEED, (uint64_t)page);
-
-	return harness_byte(&k, SEED, ((size_t)l * TPP + t) * BPT + (size_t)i);
-}
-
-static void fill(uint8_t *const layer[LAYERS], int page, int slot)
-{
-	for (int l = 0; l < LAYERS; l++)
-		for (int t = 0; t < TPP; t++)
-			for (int i = 0; i < BPT; i++)
-				layer[l][((size_t)slot * TPP + t) * BPT + i] = byte_of(page, l, t,
-										       i);
-}
-
-static void check(uint8_t *const layer[LAYERS], int page, int slot, const char *what)
-{
-	for (int l = 0; l < LAYERS; l++)
-		for (int t = 0; t < TPP; t++)
-			for (int i = 0; i < BPT; i++) {
-				uint8_t got = layer[l][((size_t)slot * TPP + t) * BPT + i];
-
-				CHECKF(got == byte_of(page, l, t, i),
-				       "%s: page %d layer %d token %d byte %d: 0x%02x, want 0x%02x",
-				       what, page, l, t, i, got, byte_of(page, l, t, i));
-			}
 }
 
 /* The loading process: cuMemCreate memory, exported as a POSIX fd. */
@@ -154,7 +109,7 @@ static int vmm_loader(int idx, void *arg)
 
 		CHECK_RC(kvb_view_get(c, view, k, (uint64_t)slot * TPP, 0, 2), (long long)pb);
 		CHECK_RC(kvb_view_get(c, view, k, (uint64_t)slot * TPP, 2, 2), (long long)pb);
-		check(layer, p, slot, "loaded into cuMem memory");
+		gf_check(&shape, layer, p, slot, "loaded into cuMem memory");
 	}
 	kvb_close(c); /* the broker closes the allocation */
 	return 0;
@@ -173,7 +128,7 @@ static kvb_client *store_pages(uint32_t *ns, uint8_t *layer[LAYERS], uint32_t *b
 	*view = gpu_view(c, *ns, layer, bufs);
 	CHECK_EQ(harness_stat(c, "copy.gpu.open_handles"), 1);
 	for (int p = 0; p < NPAGES; p++) {
-		fill(layer, p, p);
+		gf_fill(&shape, layer, p, p);
 		CHECK_RC(kvb_view_put(c, *view, harness_key(SEED, (uint64_t)p), (uint64_t)p * TPP),
 			 0);
 	}
@@ -188,7 +143,7 @@ int main(int argc, char **argv)
 	kvb_client *c;
 	kvb_key k0 = harness_key(SEED, 0);
 
-	reexec_with_fake(argc, argv);
+	gf_reexec(argv);
 	harness_init(argc, argv);
 	if (kvb_cuda_load(&cu, why, sizeof(why)) || cu->cuInit(0) != CUDA_SUCCESS)
 		harness_fail(__FILE__, __LINE__, "the fake CUDA driver did not load: %s", why);
@@ -202,7 +157,8 @@ int main(int argc, char **argv)
 	CHECK_RC(kvb_get(c, ns, k0, page, pb), (long long)pb);
 	for (int l = 0; l < LAYERS; l++)
 		for (int t = 0; t < TPP; t++)
-			CHECK_EQ(page[((size_t)l * TPP + t) * BPT + 7], byte_of(0, l, t, 7));
+			CHECK_EQ(page[((size_t)l * TPP + t) * BPT + 7],
+				 gf_byte(&shape, 0, l, t, 7));
 	CHECK(harness_broker_log_has(br, "fake-cuda: ipc open"));
 	/* GPU copies always complete later: still counted for their client (regression). */
 	CHECK_EQ(harness_stat(c, "client_list[name=gpu-storer].puts"), NPAGES);
@@ -266,7 +222,7 @@ int main(int argc, char **argv)
 		CHECK_RC(kvb_view_get(c, view, harness_key(SEED, (uint64_t)p), (uint64_t)p * TPP, 0,
 				      0),
 			 (long long)pb);
-		check(layer, p, p, "kernel path");
+		gf_check(&shape, layer, p, p, "kernel path");
 	}
 	CHECK_EQ(harness_stat(c, "copy.gpu.jobs_kernel"), 2 * NPAGES);
 	CHECK(harness_broker_log_has(br, "fake-cuda: kernel over 4 segments"));

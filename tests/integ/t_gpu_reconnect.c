@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cuda_api.h"
+#include "gpu_fake.h"
 #include "reliab.h"
 
 #ifdef KVB_HAVE_CUDA
@@ -38,55 +39,10 @@
 #define SEED 7171
 #define LAYER_BYTES ((size_t)NTOK * BPT)
 
+static const struct gf_shape shape = {LAYERS, TPP, BPT, SEED};
+
 static struct kvb_cuda_api *cu;
 static size_t pb;
-
-static void reexec_with_fake(char **argv)
-{
-	char self[PATH_MAX], dir[PATH_MAX + 8];
-
-	if (getenv("KVB_FAKE_CUDA"))
-		return;
-	if (!realpath(argv[0], self)) {
-		perror("realpath");
-		exit(1);
-	}
-	snprintf(dir, sizeof(dir), "%s/fake", dirname(self));
-	setenv("LD_LIBRARY_PATH", dir, 1);
-	setenv("KVB_FAKE_CUDA", dir, 1);
-	execv(argv[0], argv);
-	perror("execv");
-	exit(1);
-}
-
-static uint8_t byte_of(int page, int l, int t, int i)
-{
-	kvb_key k = harness_key(SEED, (uint64_t)page);
-
-	return harness_byte(&k, SEED, ((size_t)l * TPP + t) * BPT + (size_t)i);
-}
-
-static void fill(uint8_t *const layer[LAYERS], int page, int slot)
-{
-	for (int l = 0; l < LAYERS; l++)
-		for (int t = 0; t < TPP; t++)
-			for (int i = 0; i < BPT; i++)
-				layer[l][((size_t)slot * TPP + t) * BPT + i] = byte_of(page, l, t,
-										       i);
-}
-
-static void check(uint8_t *const layer[LAYERS], int page, int slot, const char *what)
-{
-	for (int l = 0; l < LAYERS; l++)
-		for (int t = 0; t < TPP; t++)
-			for (int i = 0; i < BPT; i++) {
-				uint8_t got = layer[l][((size_t)slot * TPP + t) * BPT + i];
-
-				CHECKF(got == byte_of(page, l, t, i),
-				       "%s: page %d layer %d token %d byte %d: 0x%02x, want 0x%02x",
-				       what, page, l, t, i, got, byte_of(page, l, t, i));
-			}
-}
 
 /* cuMemCreate memory of size bytes (rounded up to the granularity), mapped read-write. */
 static uint8_t *vmm_alloc(size_t size)
@@ -134,7 +90,7 @@ int main(int argc, char **argv)
 	long long rc;
 
 	(void)argc;
-	reexec_with_fake(argv);
+	gf_reexec(argv);
 	harness_init(argc, argv);
 	if (kvb_cuda_load(&cu, why, sizeof(why)) || cu->cuInit(0) != CUDA_SUCCESS)
 		harness_fail(__FILE__, __LINE__, "the fake CUDA driver did not load: %s", why);
@@ -172,7 +128,7 @@ int main(int argc, char **argv)
 		free(host);
 	}
 	for (int p = 0; p < NPAGES; p++) {
-		fill(layer, p, p);
+		gf_fill(&shape, layer, p, p);
 		CHECK_RC(kvb_view_put(c, view, harness_key(SEED, (uint64_t)p), (uint64_t)p * TPP),
 			 0);
 	}
@@ -191,12 +147,12 @@ int main(int argc, char **argv)
 		memset(layer[l], 0, LAYER_BYTES);
 	UNTIL_BACK(rc, kvb_view_get(c, view, k0, (uint64_t)NPAGES * TPP, 0, 0));
 	CHECK_RC(rc, (long long)pb);
-	check(layer, 0, NPAGES, "view GET after the reconnect");
+	gf_check(&shape, layer, 0, NPAGES, "view GET after the reconnect");
 	for (int p = 1; p < NPAGES; p++) {
 		CHECK_RC(kvb_view_get(c, view, harness_key(SEED, (uint64_t)p),
 				      (uint64_t)(NPAGES + p) * TPP, 0, 0),
 			 (long long)pb);
-		check(layer, p, NPAGES + p, "view GET after the reconnect");
+		gf_check(&shape, layer, p, NPAGES + p, "view GET after the reconnect");
 	}
 
 	harness_log("view PUT and device-pointer PUT/GET through the re-registered buffers");
@@ -204,12 +160,12 @@ int main(int argc, char **argv)
 		kvb_key k = harness_key(SEED, 50), kd = harness_key(SEED, 51);
 		uint8_t *dev_page = layer[2] + 80 * 1024; /* inside layer 2's buffer */
 
-		fill(layer, 50, 2 * NPAGES);
+		gf_fill(&shape, layer, 50, 2 * NPAGES);
 		CHECK_RC(kvb_view_put(c, view, k, (uint64_t)2 * NPAGES * TPP), 0);
 		for (int l = 0; l < LAYERS; l++)
 			memset(layer[l] + (size_t)2 * NPAGES * TPP * BPT, 0, TPP * BPT);
 		CHECK_RC(kvb_view_get(c, view, k, (uint64_t)2 * NPAGES * TPP, 0, 0), (long long)pb);
-		check(layer, 50, 2 * NPAGES, "view PUT after the reconnect");
+		gf_check(&shape, layer, 50, 2 * NPAGES, "view PUT after the reconnect");
 		CHECK((size_t)(dev_page + pb - layer[2]) <= LAYER_BYTES);
 		harness_fill(dev_page, pb, &kd, SEED);
 		CHECK_RC(kvb_put(c, ns, kd, dev_page, pb), 0);
@@ -237,7 +193,7 @@ int main(int argc, char **argv)
 	CHECK_RC(kvb_get(c, ns, k0, vmm, pb), (long long)pb);
 	for (int l = 0; l < LAYERS; l++)
 		for (int t = 0; t < TPP; t++)
-			CHECK_EQ(vmm[((size_t)l * TPP + t) * BPT + 5], byte_of(0, l, t, 5));
+			CHECK_EQ(vmm[((size_t)l * TPP + t) * BPT + 5], gf_byte(&shape, 0, l, t, 5));
 	CHECK(harness_broker_log_has(br, "fake-cuda: vmm import"));
 
 	harness_log("the freed allocation's buffer alone is lost");

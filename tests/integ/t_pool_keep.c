@@ -14,7 +14,6 @@
  * killed: the page it was writing is never served afterwards. Last, a clean stop frees the
  * pool: the keeper exits and its socket file goes; --free-pool frees a dead broker's pool.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -74,37 +73,6 @@ static int loader(int idx, void *arg)
 	kvb_close(c);
 	free(page);
 	return 0;
-}
-
-/* Keepers of our socket: processes "kvbrokerd --keeper N <socket>". */
-static int keepers(const char *sock)
-{
-	DIR *d = opendir("/proc");
-	struct dirent *e;
-	int n = 0;
-
-	while (d && (e = readdir(d))) {
-		char p[300], buf[512];
-		FILE *f;
-		size_t len;
-
-		if (e->d_name[0] < '0' || e->d_name[0] > '9')
-			continue;
-		snprintf(p, sizeof(p), "/proc/%s/cmdline", e->d_name);
-		f = fopen(p, "r");
-		if (!f)
-			continue;
-		len = fread(buf, 1, sizeof(buf) - 1, f);
-		fclose(f);
-		buf[len] = 0;
-		for (size_t i = 0; i + 1 < len; i++)
-			if (!buf[i])
-				buf[i] = ' ';
-		n += strstr(buf, "--keeper") && strstr(buf, sock);
-	}
-	if (d)
-		closedir(d);
-	return n;
 }
 
 /* Mappings of pid whose name has text. */
@@ -236,7 +204,7 @@ int main(int argc, char **argv)
 	snprintf(sh->sock, sizeof(sh->sock), "%s", b->sock);
 	snprintf(keep, sizeof(keep), "%s.keep", b->sock);
 	CHECKF(stat(keep, &st) == 0, "no keeper socket %s", keep);
-	CHECK_EQ(keepers(sh->sock), 1);
+	CHECK_EQ(harness_keepers(sh->sock), 1);
 	fd0 = rel_fd_count(getpid(), fdl0, sizeof(fdl0));
 
 	for (int cyc = 0; cyc < cycles; cyc++) {
@@ -268,7 +236,7 @@ int main(int argc, char **argv)
 
 		b = restart(sh->sock, NULL);
 		CHECKF(harness_broker_log_has(b, "adopt: "), "cycle %d: no adoption logged", cyc);
-		CHECK_EQ(keepers(sh->sock), 1);
+		CHECK_EQ(harness_keepers(sh->sock), 1);
 		c = harness_connect(b, "verify", 0);
 		harness_layout(&l, "keep", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
 		CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
@@ -315,14 +283,14 @@ int main(int argc, char **argv)
 
 	/* A clean stop frees the pool: its keeper exits, its socket file goes. */
 	harness_broker_stop(b);
-	for (int i = 0; i < 200 && (keepers(sh->sock) || stat(keep, &st) == 0); i++)
+	for (int i = 0; i < 200 && (harness_keepers(sh->sock) || stat(keep, &st) == 0); i++)
 		rel_sleep_ms(10);
-	CHECK_EQ(keepers(sh->sock), 0);
+	CHECK_EQ(harness_keepers(sh->sock), 0);
 	CHECKF(stat(keep, &st) < 0, "%s left after a clean stop", keep);
 
 	/* The page being written at the kill, then --free-pool on the dead broker's pool. */
 	unfinished_put(sh->sock);
-	CHECK_EQ(keepers(sh->sock), 1);
+	CHECK_EQ(harness_keepers(sh->sock), 1);
 	{
 		char cmdargs[300], *out = NULL;
 
@@ -330,8 +298,8 @@ int main(int argc, char **argv)
 		CHECK_EQ(harness_run_tool("kvbrokerd", cmdargs, &out), 0);
 		free(out);
 	}
-	for (int i = 0; i < 200 && keepers(sh->sock); i++)
+	for (int i = 0; i < 200 && harness_keepers(sh->sock); i++)
 		rel_sleep_ms(10);
-	CHECK_EQ(keepers(sh->sock), 0);
+	CHECK_EQ(harness_keepers(sh->sock), 0);
 	return H_PASS;
 }

@@ -8,7 +8,12 @@
  *     client of node B, which then holds it in RAM;
  *   - two brokers publishing the same pages at once leave one copy of each in the cluster;
  *   - --remote-publish reuse: nothing at PUT, each page at its first GET/ACQUIRE hit, once;
+ *   - --remote-publish evict: nothing at PUT, each page as it leaves RAM;
+ *   - fetches into registered buffers land there as they arrive (fetched_direct), and still
+ *     complete only once checked;
  *   - a value damaged in Redis behind the brokers' back (SETRANGE) is never served: a miss;
+ *   - a client killed while its GET's fetch lands in its buffer: nothing written there after,
+ *     the fetch completes into RAM;
  *   - eviction under the shards' memory limit: misses, and every hit byte-exact;
  *   - one shard killed: local hits unaffected, misses on its slots only (at once, not after a
  *     deadline each), recovery once it is back;
@@ -95,6 +100,62 @@ static void case_publish_reuse(void)
 	free(buf);
 }
 
+/*
+ * --remote-publish evict on a broker with a 16 MiB pool: a PUT publishes nothing; the pages
+ * pushed out of RAM by later PUTs are published as they leave, and node B fetches those.
+ */
+static void case_publish_evict(void)
+{
+	enum { K = 40 };
+	char url[128], tmo[16];
+	struct harness_broker *e;
+	struct kvb_layout l;
+	kvb_client *c;
+	kvb_key keys[K];
+	uint8_t *buf = malloc(rt.page_bytes);
+	uint64_t evicted;
+	uint32_t ns;
+	size_t pb;
+	int hits = 0;
+
+	harness_log("--remote-publish evict: published as pages leave RAM, not at PUT");
+	snprintf(url, sizeof(url), "redis://%s:%u", rt.n[0].addr, rt.n[0].port);
+	snprintf(tmo, sizeof(tmo), "%d", rt.tmo);
+	e = harness_broker_start("--pool", "16M", "--remote", url, "--remote-timeout", tmo,
+				 "--remote-prefix", "t:", "--remote-publish", "evict");
+	c = harness_connect(e, "nodeE", 0);
+	rt_layout(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));
+	CHECK(harness_stat_wait(c, "remote.shards_reachable", NNODES, 10000) == NNODES);
+	harness_key_chain(keys, K, 16, 909);
+	for (int i = 0; i < 4; i++) {
+		harness_fill(buf, pb, &keys[i], 909);
+		CHECK_RC(kvb_put(c, ns, keys[i], buf, pb), 0);
+	}
+	usleep(100000);
+	CHECK_EQ(harness_stat(c, "remote.published"), 0);
+	for (int i = 4; i < K; i++) {
+		harness_fill(buf, pb, &keys[i], 909);
+		CHECK_RC(kvb_put(c, ns, keys[i], buf, pb), 0);
+	}
+	evicted = harness_stat(c, "counters.evictions");
+	harness_log("%llu pages evicted", (unsigned long long)evicted);
+	CHECK_GT(evicted, 0);
+	CHECK_EQ(harness_stat_wait(c, "remote.published", evicted, 10000), evicted);
+	/* The first pages left E's RAM (published); the last are still there (not). */
+	for (int i = 0; i < K; i++) {
+		int h = rt_get_page(1, &keys[i], 909, buf);
+
+		CHECK(i > 0 || h);
+		CHECK(i < K - 1 || !h);
+		hits += h;
+	}
+	CHECK_EQ(hits, (int)evicted);
+	kvb_close(c);
+	harness_broker_stop(e);
+	free(buf);
+}
+
 static void case_put_a_get_b(void)
 {
 	enum { N = 24 };
@@ -111,11 +172,16 @@ static void case_put_a_get_b(void)
 	CHECK_EQ(hits, N);
 	for (int i = 0; i < N; i++)
 		CHECK_EQ(tiers[i], KVB_TIER_REMOTE);
+	/* Odd pages into a registered buffer: they land in the GET's destination as they come. */
 	for (int i = 0; i < N; i++)
-		CHECK_EQ(rt_get_page(1, &keys[i], 101, buf), 1);
+		CHECK_EQ(i % 2 ? rt_get_page_reg(1, &keys[i], 101)
+			       : rt_get_page(1, &keys[i], 101, buf),
+			 1);
 	CHECK_EQ(rt_stat(1, "remote.fetched"), N);
 	/* One at a time, each value lands in its slot (a reply behind another may be copied). */
 	CHECK_GT(rt_stat(1, "remote.fetched_in_place"), N / 2);
+	CHECK_GT(rt_stat(1, "remote.fetched_direct"), N / 4);
+	CHECK_LE(rt_stat(1, "remote.fetched_direct"), N / 2);
 	CHECK_OK(kvb_lookup_tiers(rt.n[1].cl, rt.n[1].ns, keys, N, &hits, tiers));
 	CHECK_EQ(hits, N);
 	for (int i = 0; i < N; i++)
@@ -200,12 +266,15 @@ static void case_damaged(void)
 	freeReplyObject(r);
 	CHECK_EQ(rt_get_page(2, &k, 303, buf), 0);
 	CHECK_EQ(rt_stat(2, "remote.corrupt"), corrupt + 1);
+	/* Landing in a registered destination as it comes: still a miss, never a hit. */
+	CHECK_EQ(rt_get_page_reg(2, &k, 303), 0);
+	CHECK_EQ(rt_stat(2, "remote.corrupt"), corrupt + 2);
 	/* And a header cut short. */
 	r = rt_cmd(owner, "SET %s %b", name, "KVBR", (size_t)4);
 	CHECK(r && r->type == REDIS_REPLY_STATUS);
 	freeReplyObject(r);
 	CHECK_EQ(rt_get_page(2, &k, 303, buf), 0);
-	CHECK_EQ(rt_stat(2, "remote.corrupt"), corrupt + 2);
+	CHECK_EQ(rt_stat(2, "remote.corrupt"), corrupt + 3);
 	free(buf);
 }
 
@@ -240,6 +309,63 @@ static void case_eviction(void)
 		freeReplyObject(r);
 	}
 	free(keys);
+	free(buf);
+}
+
+static int dying_getter(int idx, void *arg)
+{
+	struct kvb_opts o = {.name = "dying"};
+	struct kvb_layout l;
+	kvb_client *c = NULL;
+	const kvb_key *k = arg;
+	uint8_t *buf;
+	uint32_t ns, id;
+	size_t pb;
+
+	(void)idx;
+	o.socket_path = rt.n[2].bk->sock;
+	CHECK_OK(kvb_connect(&o, &c));
+	rt_layout(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));
+	buf = kvb_buf_alloc_host(c, pb, &id);
+	CHECK(buf);
+	kvb_get(c, ns, *k, buf, pb); /* killed while its fetch waits on a stopped shard */
+	return H_FAIL;
+}
+
+/*
+ * A client dies while its GET's fetch is in flight, the fetch landing in its registered
+ * buffer: the broker lets go of that buffer (unmapped with the session) and writes nothing
+ * there after; the fetch itself completes into RAM and serves the next GET byte-exact.
+ */
+static void case_client_dies(void)
+{
+	kvb_key k;
+	uint64_t pub = rt_settled(0), fetches, fetched, direct;
+	uint8_t *buf = malloc(rt.page_bytes);
+	int owner;
+	pid_t pid;
+
+	harness_log("a client dies while its GET's fetch lands in its buffer");
+	harness_key_chain(&k, 1, 16, 707);
+	rt_put_pages(0, &k, 1, 707);
+	rt_publish_wait(0, pub + 1);
+	owner = rt_key_owner(&k, NULL, 0);
+	CHECK_GE(owner, 0);
+	fetches = rt_stat(2, "remote.fetches");
+	fetched = rt_stat(2, "remote.fetched");
+	direct = rt_stat(2, "remote.fetched_direct");
+	kill(rt.n[owner].pid, SIGSTOP); /* the GET's reply waits */
+	pid = harness_fork(dying_getter, 0, &k);
+	CHECK_EQ(harness_stat_wait(rt.n[2].cl, "remote.fetches", fetches + 1, 5000), fetches + 1);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	usleep(100000); /* its session is gone (and its buffer unmapped) before the reply */
+	kill(rt.n[owner].pid, SIGCONT);
+	CHECK_EQ(harness_stat_wait(rt.n[2].cl, "remote.fetched", fetched + 1, 5000), fetched + 1);
+	CHECK_EQ(rt_stat(2, "remote.fetched_direct"), direct);
+	CHECK_EQ(rt_get_page(2, &k, 707, buf), 1);
+	CHECK_EQ(rt_stat(2, "remote.fetched"), fetched + 1); /* from RAM now */
 	free(buf);
 }
 
@@ -282,7 +408,8 @@ static void case_fault(int down, int stop, uint64_t seed)
 		int h;
 
 		t0 = harness_now_ms();
-		h = rt_get_page(2, &keys[i], seed, buf);
+		h = i % 2 ? rt_get_page_reg(2, &keys[i], seed)
+			  : rt_get_page(2, &keys[i], seed, buf);
 		if (harness_now_ms() - t0 > worst)
 			worst = harness_now_ms() - t0;
 		CHECKF(h == (owner[i] != down), "key %d on shard %d: %s", i, owner[i],
@@ -338,7 +465,9 @@ int main(int argc, char **argv)
 	case_put_a_get_b();
 	case_publish_race();
 	case_publish_reuse();
+	case_publish_evict();
 	case_damaged();
+	case_client_dies();
 	case_eviction();
 	case_fault(2, 0, 505);
 	case_fault(1, 1, 606);

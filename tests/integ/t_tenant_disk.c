@@ -289,6 +289,20 @@ int main(int argc, char **argv)
 	if (argc == 4 && !strcmp(argv[1], "--client"))
 		return client_main(argv[2], argv[3]);
 	harness_init(argc, argv);
+	/* A disk share with no disk tier would never apply: refused at start-up, not ignored. */
+	for (int i = 0; i < 2; i++) {
+		char *out;
+		int st = harness_run_tool(
+			"kvbrokerd",
+			i ? "--socket /tmp/kvbt-nodisk.sock --pool 64M --tenants uid "
+			    "--tenant-share 8M,1G"
+			  : "--socket /tmp/kvbt-nodisk.sock --pool 64M --tenants uid "
+			    "--tenant 0=32M,64M",
+			&out);
+
+		CHECKF(st == 2 && strstr(out, "needs --disk"), "exit %d:\n%s", st, out);
+		free(out);
+	}
 	if (geteuid() != 0)
 		harness_skip("needs root to run clients as two uids");
 	if (io_uring_queue_init(2, &r, 0))

@@ -100,13 +100,15 @@ static void test_metrics_remote(void **state)
 {
 	char *t = render("{\"version\":\"0.0.1\",\"remote\":{\"state\":\"degraded\","
 			 "\"shards\":3,\"shards_reachable\":2,\"published\":5,\"fetched\":4,"
-			 "\"fetch_bytes\":4096,\"publish_bytes\":8192,\"bytes_in_flight\":7}}");
+			 "\"fetch_bytes\":4096,\"publish_bytes\":8192,\"bytes_in_flight\":7,"
+			 "\"publish_lost\":3}}");
 
 	(void)state;
 	has(t, "kvbroker_remote_state{state=\"degraded\"} 1\n");
 	has(t, "kvbroker_remote_state{state=\"ok\"} 0\n");
 	has(t, "kvbroker_remote_shards_reachable 2\n");
 	has(t, "kvbroker_remote_published_total 5\n");
+	has(t, "kvbroker_remote_publish_lost_total 3\n");
 	has(t, "kvbroker_remote_bytes_total{direction=\"fetch\"} 4096\n");
 	has(t, "kvbroker_remote_bytes_in_flight 7\n");
 	free(t);
