@@ -229,6 +229,12 @@ struct broker {
 	int sigfd;
 	double expired_at; /* the last handshake and idle expiry (rounds.c) */
 	uint32_t loop_cpu; /* the CPU + 1 the loop last ran a round on (session_note_cpu) */
+	/*
+	 * Page copies queued on host workers (not views' many-segment jobs), and whether the
+	 * loop yields its idle rounds while there are any (xfer.c [copy-yield]).
+	 */
+	uint32_t copy_yield;
+	int copy_yield_on;
 	double start_time;
 	struct {		   /* seconds each start-up phase took (log, stats "startup") */
 		double reserve_s;  /* arenas created, bound, reserved, sealed */

@@ -45,17 +45,18 @@ struct op {
 	struct kvb_sqe sqe; /* the private copy; sqe.key is never read again, key is */
 	struct kvb_cqe cqe;
 	kvb_key key;
-	kvb_key parent;	   /* [chain] PUT with KVB_OPF_PARENT: read once from the arg area */
-	const char *waits; /* what it is parked on (drain log), NULL while it runs */
-	double since;	   /* taken from the SQ (drain log) */
-	struct page *pg;   /* the page a PUT writes or a GET copies from, while it is held */
-	int32_t dev;	   /* COPY_HOST or the CUDA device of the client side */
-	uint8_t parked;	   /* on a waitq, the run queue or its session's yield queue */
-	uint8_t as_get;	   /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
-	int8_t hit;	   /* 1 found, 0 missed, -1 no lookup (counted at completion) */
-	uint8_t dedup;	   /* PUT: the key was stored */
-	uint8_t remote;	   /* the remote tier was asked (once per op: remote.c) */
-	uint8_t fill;	   /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
+	kvb_key parent;	    /* [chain] PUT with KVB_OPF_PARENT: read once from the arg area */
+	const char *waits;  /* what it is parked on (drain log), NULL while it runs */
+	double since;	    /* taken from the SQ (drain log) */
+	struct page *pg;    /* the page a PUT writes or a GET copies from, while it is held */
+	int32_t dev;	    /* COPY_HOST or the CUDA device of the client side */
+	uint8_t parked;	    /* on a waitq, the run queue or its session's yield queue */
+	uint8_t as_get;	    /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
+	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
+	uint8_t dedup;	    /* PUT: the key was stored */
+	uint8_t remote;	    /* the remote tier was asked (once per op: remote.c) */
+	uint8_t fill;	    /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
+	uint8_t copy_yield; /* counted in b->copy_yield while its copy is queued */
 	uint8_t fill_stopped;	   /* the client was told to stop filling (fill-stop word) */
 	uint32_t fill_seq;	   /* its number among the session's filled PUTs (wire.h) */
 	uint32_t filled;	   /* bytes of it copied into the page so far */

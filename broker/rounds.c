@@ -51,7 +51,14 @@ static void broker_wake(void *arg)
 
 static int broker_share_cpu(void *arg)
 {
-	return session_cpu_shared(arg);
+	struct broker *b = arg;
+
+	/* A worker copies a page for us: let it have the CPU (xfer.c [copy-yield]). */
+	if (b->copy_yield && b->copy_yield_on) {
+		session_note_cpu(b);
+		return 1;
+	}
+	return session_cpu_shared(b);
 }
 
 static void broker_tick(void *arg, int slept)

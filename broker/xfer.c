@@ -69,6 +69,9 @@ static void xfer_done(struct copy_job *job)
 	struct op *op = (struct op *)(void *)((char *)job - offsetof(struct op, job));
 	struct broker *b = op->b;
 
+	if (op->copy_yield)
+		b->copy_yield--;
+
 	xfer_finish(b, op);
 	ops_complete(b, op);
 }
@@ -109,8 +112,12 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		 * segments (a view), whose time is not its bytes and which needs the CPU we would
 		 * poll on (t_fairness's view flood).
 		 */
-		if (op->job.nsegs <= OPS_HOLD_SEGS)
+		if (op->job.nsegs <= OPS_HOLD_SEGS) {
 			loop_hold_bytes(&b->loop, op->job.bytes);
+			/* [copy-yield] */
+			op->copy_yield = op->dev == COPY_HOST;
+			b->copy_yield += op->copy_yield;
+		}
 		op->waits = op->dev == COPY_HOST ? "a host copy" : "a GPU copy";
 		return OPS_DEFERRED;
 	}
@@ -229,9 +236,27 @@ static int ep_add_copy(struct broker *b, const struct copy_engine *e, struct loo
 	return loop_add(&b->loop, e->efd, h);
 }
 
+/*
+ * [copy-yield] While a page copy runs on a host worker, the loop's idle rounds (it holds on
+ * for the completion, loop_hold) yield the CPU, where the machine has fewer CPUs than the
+ * workers, the loop and a client spinning on its CQ: on two vCPUs those three spun against
+ * each other, and the worker (nice 5) lost, so a 4.29 MiB Kimi GET ran at 0.4-0.5x memcpy
+ * against 1.0-1.45x yielding (docs/benchmarks.md). Not for views' many-segment jobs: their
+ * floods would make every idle round a yield (t_fairness). A yield with nothing else runnable
+ * on the CPU returns at once.
+ */
+static int copy_yield_wanted(const struct broker *b)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return cpus > 0 && cpus < (long)b->cfg.copy_threads + 2;
+}
+
 int xfer_init(struct broker *b)
 {
 	int err;
+
+	b->copy_yield_on = copy_yield_wanted(b);
 
 	b->copy = copy_host_create(b->cfg.copy_threads, b->cfg.copy_inline);
 	if (!b->copy)
