@@ -23,7 +23,8 @@
  * (sched_yield) when a client spins on this same CPU, so that it runs
  * rather than waits for our time slice to end: with client and broker pinned to one CPU, both
  * spinning turned a 64 KiB GET into milliseconds. Only then (the share_cpu hook, the spinning
- * hints of wire.h): on a loaded machine a yield hands the CPU to unrelated tasks for a time
+ * hints of wire.h), or while a worker copies a page for us on a machine short of CPUs
+ * (xfer.c [copy-yield]): on a loaded machine a yield hands the CPU to unrelated tasks for a time
  * slice, which took t_fairness's p99 from ~5 to 20-40 ms.
  */
 #include <errno.h>

@@ -25,7 +25,8 @@ struct loop_hooks {
 	int (*prepare_sleep)(void *arg);
 	/* After a sleep, or a sleep given up: undo what prepare_sleep announced. */
 	void (*wake)(void *arg);
-	/* An idle polling round: 1 to yield the CPU (a client spins on ours); may be NULL. */
+	/* An idle polling round: 1 to yield the CPU (a client spins on ours, a worker copies
+	 * for us: rounds.c); may be NULL. */
 	int (*share_cpu)(void *arg);
 	/* After each epoll batch; slept: the batch followed a sleep. */
 	void (*tick)(void *arg, int slept);
