@@ -898,14 +898,13 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 	struct op *op = malloc(sizeof(*op));
 	int r;
 
-	if (op)
-		memset(op, 0, sizeof(*op));
 	if (!op) {
 		*cqe = (struct kvb_cqe){.user_data = sqe->user_data, .res = -ENOMEM};
 		b->ctr.errors++;
 		*work = 1;
 		return OPS_DONE;
 	}
+	memset(op, 0, sizeof(*op));
 	op_decode(b, s, sqe, op);
 	list_add_tail(&s->live, &op->slink);
 	s->nops++;

@@ -54,10 +54,8 @@ static int broker_share_cpu(void *arg)
 	struct broker *b = arg;
 
 	/* A worker copies a page for us: let it have the CPU (xfer.c [copy-yield]). */
-	if (b->copy_yield && b->copy_yield_on) {
-		session_note_cpu(b);
+	if (b->copy_yield && b->copy_yield_on)
 		return 1;
-	}
 	return session_cpu_shared(b);
 }
 

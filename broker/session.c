@@ -162,7 +162,8 @@ int session_cpu_shared(struct broker *b)
 {
 	struct list *pos;
 
-	session_note_cpu(b);
+	/* b->loop_cpu is this round's: broker_poll noted it (the loop polls before each idle
+	 * round asks this). */
 	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
