@@ -207,6 +207,8 @@ struct broker {
 	struct bg *bg;		  /* populates and unmaps clients' memory (bg.c); NULL: inline */
 	struct waitq runq;	  /* woken ops, run again by ops_poll (ops.c) */
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
+	struct op *op_cache;	  /* [op-cache] freed ops kept for the next SQEs (ops.c) */
+	uint32_t op_ncached;
 	struct xfer_stats xs;
 	struct tier *tier;     /* NULL without --disk */
 	struct remote *remote; /* NULL without --remote */

@@ -89,6 +89,8 @@ struct op {
 
 /* The loop: initialises the run queue. */
 void ops_init(struct broker *b);
+/* At exit: frees the ops kept for reuse ([op-cache], ops.c). */
+void ops_fini(struct broker *b);
 /* [ns-free] A session that had namespace id open is gone (its last op completed). */
 void ops_ns_close(struct broker *b, uint32_t id);
 

@@ -167,6 +167,7 @@ static int teardown(void **state)
 	free(f->s->leases);
 	free(f->s);
 	free(f->mem);
+	ops_fini(&f->b);
 	ns_table_fini(&f->b.nst);
 	store_fini(&f->b.store);
 	pool_close(&f->b.pool);

@@ -245,6 +245,7 @@ static void stop(int keep_image)
 	assert_int_equal(F.s->nops, 0);
 	free(F.s);
 	free(F.mem);
+	ops_fini(&F.b);
 	ns_table_fini(&F.b.nst);
 	store_fini(&F.b.store);
 	pool_close(&F.b.pool);
