@@ -33,6 +33,7 @@
 #include "copy_cuda.h"
 #include "fastcopy.h"
 #include "log.h"
+#include "slot.h"
 
 #define OPS_HOLD_SEGS 64 /* more segments: no loop_hold() for the job */
 
@@ -74,6 +75,39 @@ static void xfer_done(struct copy_job *job)
 
 	xfer_finish(b, op);
 	ops_complete(b, op);
+}
+
+/*
+ * [crc-src] The checksum of a PUT's slot (pagehdr, for a restart) taken from what it was
+ * copied from, right after the copy, into op->job.crc: the source is in the cache then,
+ * where the slot written with streaming stores (fastcopy.h [nt-fresh]) is not, and reading
+ * it back from DRAM cost more than the copy's saving. A source changed under the copy
+ * (a client writing its own buffer meanwhile) leaves a checksum that does not match the slot:
+ * the page is then dropped as torn at a restart, the same as a copy cut short, and that
+ * client's own page is all it can lose. The slot's bytes past the page (a larger class's
+ * slot) are read from the slot. crc is the checksum so far (0: none yet) of the first
+ * done bytes; len more are added from src.
+ */
+static uint32_t slot_crc_from(const struct broker *b, const struct op *op, uint32_t crc,
+			      const uint8_t *src, uint64_t done, uint64_t len)
+{
+	uint64_t page = op->n->page_bytes, slot = b->store.cls[op->pg->cls].slot_bytes;
+
+	crc = slot_crc32c_more(crc, src, (size_t)len);
+	if (done + len == page && slot > page)
+		crc = slot_crc32c_more(crc, (const uint8_t *)store_addr(&b->store, op->pg) + page,
+				       (size_t)(slot - page));
+	return crc;
+}
+
+/* [crc-src] An inline PUT's copy of one plain host segment: its checksum from the source. */
+static void src_crc(struct broker *b, struct op *op)
+{
+	if (op->job.dir != COPY_TO_POOL || op->dev != COPY_HOST || !b->pool.meta || !op->pg ||
+	    op->segs || op->fds || op->job.nsegs != 1)
+		return;
+	op->job.crc = slot_crc_from(b, op, 0, op->seg1.src, 0, op->seg1.len);
+	op->job.has_crc = 1;
 }
 
 int xfer_start(struct broker *b, struct op *op, uint32_t dir)
@@ -125,6 +159,7 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		op->job.res = r;
 	} else {
 		b->xs.inline_jobs++;
+		src_crc(b, op);
 		/* Fair rounds: a copy on the loop thread is work of this turn (ops.h). */
 		op->work += op->job.bytes / OPS_WORK_BYTES;
 	}
@@ -170,6 +205,11 @@ int xfer_fill(struct broker *b, struct op *op)
 
 		kvb_copy((uint8_t *)op->seg1.dst + op->filled,
 			 (const uint8_t *)op->seg1.src + op->filled, (size_t)n);
+		/* [crc-src] chunk by chunk, while each is in the cache */
+		if (b->pool.meta)
+			op->job.crc = slot_crc_from(b, op, op->job.crc,
+						    (const uint8_t *)op->seg1.src + op->filled,
+						    op->filled, n);
 		op->filled += (uint32_t)n;
 		op->fill_at = now;
 		op->work += n / OPS_WORK_BYTES;
@@ -177,6 +217,7 @@ int xfer_fill(struct broker *b, struct op *op)
 		if (op->filled == len) {
 			op->job.dir = COPY_TO_POOL;
 			op->job.res = 0;
+			op->job.has_crc = b->pool.meta != NULL;
 			xfer_finish(b, op); /* committed, counted, as a copied PUT */
 			return OPS_DONE;
 		}
