@@ -118,6 +118,7 @@ static void client_destroy(struct kvb_client *c)
 	for (uint32_t i = 0; i < c->nviews; i++)
 		free(c->views[i].msg);
 	free(c->views);
+	free(c->held);
 	free(c->ns);
 	pthread_cond_destroy(&c->reaped);
 	pthread_mutex_destroy(&c->lock);
@@ -607,6 +608,7 @@ static void detach_locked(struct kvb_client *c)
 			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
 	}
 	c->old_leases = c->leases;
+	c->nheld = 0; /* [release-post] they are retired now: kvbc_lease_retired() */
 	c->narenas = 0;
 }
 

@@ -183,11 +183,21 @@ struct kvb_client {
 	uint64_t retry_at, backoff_ns; /* the next attempt, CLOCK_MONOTONIC ns */
 	uint32_t leases;	       /* leases acquired here and not released */
 	uint32_t old_leases;	       /* of them, leases of a previous broker (retired maps) */
+	uint64_t *held;		       /* [release-post] ids of this broker's leases we hold */
+	uint32_t nheld, held_cap;
 	struct kvbc_arena retired[KVB_MAX_ARENAS * 4];
 	uint32_t nretired;
 	struct kvbc_view *views;
 	uint32_t nviews, views_cap;
 };
+
+/*
+ * ops.c [release-post]: lease id was handed to the caller (kvb_acquire, an async ACQUIRE's
+ * completion), or given back by an async RELEASE; kvb_release() posts without waiting only
+ * for an id noted here. A failed note only costs the wait.
+ */
+void kvbc_lease_note(struct kvb_client *c, uint64_t id);
+void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
 
 /* conn.c [RECONNECT]: the broker is gone (sets fatal, fails in-flight async ops). */
 int kvbc_lost(struct kvb_client *c, int err);

@@ -521,12 +521,49 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 	err = acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
 		c->leases++;
+		kvbc_lease_note(c, id); /* [release-post] */
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
 		lease->id = id;
 	}
 	kvbc_leave(c);
 	return err;
+}
+
+/*
+ * [release-post] The lease ids this client holds, as a list searched from its newest end
+ * (a lease is most often released soon, and there are few). An id may be held more than
+ * once: two ACQUIREs of one page give it twice, and the broker wants two RELEASEs.
+ */
+void kvbc_lease_note(struct kvb_client *c, uint64_t id)
+{
+	if (c->nheld == c->held_cap) {
+		uint32_t cap = c->held_cap ? 2 * c->held_cap : 16;
+		uint64_t *n = realloc(c->held, cap * sizeof(*n));
+
+		if (!n)
+			return; /* not noted: its kvb_release() waits for the broker's answer */
+		c->held = n;
+		c->held_cap = cap;
+	}
+	c->held[c->nheld++] = id;
+}
+
+/* Removes one instance of id; 1 when it was held. */
+static int lease_unnote(struct kvb_client *c, uint64_t id)
+{
+	for (uint32_t i = c->nheld; i-- > 0;) {
+		if (c->held[i] == id) {
+			c->held[i] = c->held[--c->nheld];
+			return 1;
+		}
+	}
+	return 0;
+}
+
+void kvbc_lease_forget(struct kvb_client *c, uint64_t id)
+{
+	(void)lease_unnote(c, id);
 }
 
 int kvb_release(kvb_client *c, struct kvb_lease *lease)
@@ -548,7 +585,20 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	}
 	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
 	sqe.off = lease->id;
-	err = run(c, &sqe, NULL);
+	/*
+	 * [release-post] A lease we hold is released without waiting for the broker's answer,
+	 * which can only be success: the RELEASE is posted (its doorbell rung when the broker
+	 * sleeps), runs before any later op of ours and before the broker answers our next
+	 * control request (session.c), and in the broker's next round for everyone else. Any
+	 * other id (released already, forged, another client's) waits for the broker's -EINVAL.
+	 */
+	if (lease_unnote(c, lease->id)) {
+		err = kvbc_post_discard_locked(c, &sqe);
+		if (err)
+			kvbc_lease_note(c, lease->id); /* the broker is gone: still the caller's */
+	} else {
+		err = run(c, &sqe, NULL);
+	}
 	if (err >= 0) {
 		if (c->leases)
 			c->leases--;

@@ -691,6 +691,8 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		uint32_t idx;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
+		if (sqe.opcode == KVB_OP_RELEASE)
+			kvbc_lease_forget(c, sqe.off); /* [release-post] */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
 		kvbc_sqe_ids(c, &sqe);
@@ -724,6 +726,7 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 
 		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
 			c->leases++;
+			kvbc_lease_note(c, s->cqe.lease); /* [release-post] */
 			out->lease.data = data;
 			out->lease.len = (size_t)len;
 			out->lease.id = s->cqe.lease;
