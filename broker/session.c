@@ -62,14 +62,6 @@ static void on_sock(void *arg)
 {
 	struct session *s = arg;
 
-	/*
-	 * [release-post] What the client posted on its ring before sending this request runs
-	 * first (kvb_release() does not wait for its RELEASE: a stats request right after it
-	 * must see the lease gone). From a loop asleep, the doorbell and the socket wake it
-	 * together, and callbacks run before the next round polls the rings.
-	 */
-	if (!s->dead && s->region)
-		(void)session_poll(s->b, s, SESSION_POLL_BATCH);
 	if (!s->dead)
 		ctl_on_msg(s->b, s);
 }

@@ -225,6 +225,14 @@ int kvbc_ctl(struct kvb_client *c, uint16_t type, const void *body, size_t body_
 	memset(r, 0, sizeof(*r));
 	if (c->fatal)
 		return c->fatal;
+	/*
+	 * [release-post] The broker answers control requests as they come, apart from the
+	 * rings: RELEASEs we posted without waiting complete first, so that this request sees
+	 * their leases gone (a stats request right after kvb_release(), a buffer unregistered).
+	 */
+	err = kvbc_wait_discards_locked(c);
+	if (err)
+		return err;
 	c->seq++;
 	err = send_req(c, type, body, body_len, send_fd);
 	if (err)

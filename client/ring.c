@@ -604,6 +604,22 @@ int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *
 	return kvbc_sync_parent_locked(c, sqe, NULL, cqe);
 }
 
+int kvbc_wait_discards_locked(struct kvb_client *c)
+{
+	for (;;) {
+		uint32_t i = 0;
+		int err;
+
+		while (i < c->nslots && c->slots[i].kind != KVBC_SLOT_DISCARD)
+			i++;
+		if (i == c->nslots)
+			return 0;
+		err = cq_step(c);
+		if (err)
+			return err;
+	}
+}
+
 /* Posts an SQE whose completion nobody waits for (its result is dropped). */
 int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
