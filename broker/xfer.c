@@ -203,8 +203,9 @@ int xfer_fill(struct broker *b, struct op *op)
 	if (f > op->filled) {
 		uint64_t n = f - op->filled < FILL_STEP ? f - op->filled : FILL_STEP;
 
-		kvb_copy((uint8_t *)op->seg1.dst + op->filled,
-			 (const uint8_t *)op->seg1.src + op->filled, (size_t)n);
+		/* The slot is fresh and read by nobody soon: streaming stores at any chunk size. */
+		kvb_copy_nt((uint8_t *)op->seg1.dst + op->filled,
+			    (const uint8_t *)op->seg1.src + op->filled, (size_t)n);
 		/* [crc-src] chunk by chunk, while each is in the cache */
 		if (b->pool.meta)
 			op->job.crc = slot_crc_from(b, op, op->job.crc,

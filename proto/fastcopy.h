@@ -36,7 +36,7 @@ __attribute__((target("avx2"))) static inline void kvb_copy_nt_avx2(uint8_t *dst
 {
 	size_t head = (32 - ((uintptr_t)dst & 31)) & 31;
 
-	memcpy(dst, src, head); /* n >= KVB_COPY_NT_FRESH > 32 */
+	memcpy(dst, src, head); /* n >= 256 > 32 */
 	dst += head;
 	src += head;
 	n -= head;
@@ -100,8 +100,28 @@ static inline void kvb_copy(void *dst, const void *src, size_t n)
 		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
 	}
 }
+
+/*
+ * Streaming stores whatever the size (from 256 bytes): for a destination nobody reads soon
+ * whose caller knows it, such as a filled PUT's chunks (16-256 KiB) into a fresh pool slot,
+ * where plain stores first read every destination line from DRAM.
+ */
+static inline void kvb_copy_nt(void *dst, const void *src, size_t n)
+{
+	if (n < 256)
+		memcpy(dst, src, n);
+	else if (__builtin_cpu_supports("avx2"))
+		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
+	else
+		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
+}
 #else
 static inline void kvb_copy(void *dst, const void *src, size_t n)
+{
+	memcpy(dst, src, n);
+}
+
+static inline void kvb_copy_nt(void *dst, const void *src, size_t n)
 {
 	memcpy(dst, src, n);
 }

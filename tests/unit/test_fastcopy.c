@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * test_fastcopy.c - the data path's memory helpers. kvb_copy() (proto/fastcopy.h) is byte-exact
- * at every size around its streaming threshold and the vector widths, at every alignment of
- * either side, and writes nothing outside [dst, dst + n); the SSE2 and AVX2 loops are checked
+ * at every size around its streaming thresholds and the vector widths, at every alignment of
+ * either side, into a reused destination and a fresh one, and writes nothing outside
+ * [dst, dst + n); so is kvb_copy_nt() from 256 bytes; the SSE2 and AVX2 loops are checked
  * one by one. The background thread (broker/bg.c) populates a mapping (every page resident
  * after it, its bytes unchanged) and unmaps only after an earlier populate of the same range,
  * and does both inline-or-not without a thread (NULL). loop_hold() keeps the loop's deadline
@@ -68,6 +69,9 @@ static const size_t sizes[] = {0,
 			       1,
 			       63,
 			       4096,
+			       KVB_COPY_NT_FRESH - 1,
+			       KVB_COPY_NT_FRESH,
+			       KVB_COPY_NT_FRESH + 33,
 			       KVB_COPY_NT_MIN - 1,
 			       KVB_COPY_NT_MIN,
 			       KVB_COPY_NT_MIN + 1,
@@ -86,6 +90,44 @@ static void test_copy_sizes_alignments(void **state)
 	/* Every destination alignment within a vector, at one size above the threshold. */
 	for (size_t dso = 0; dso < 64; dso++)
 		check_copy(kvb_copy, KVB_COPY_NT_MIN + 100, 5, dso);
+}
+
+/*
+ * [nt-fresh] The same destination twice in a row (plain stores the second time) and then a
+ * new one (streaming stores), each byte-exact: the choice changes speed, never the bytes.
+ */
+static void test_copy_fresh_and_reused(void **state)
+{
+	size_t n = KVB_COPY_NT_FRESH + 4097;
+	uint8_t *src = malloc(2 * n), *dst = malloc(2 * n + GUARD);
+
+	(void)state;
+	assert_non_null(src);
+	assert_non_null(dst);
+	for (size_t i = 0; i < 2 * n; i++)
+		src[i] = pattern(i);
+	for (int round = 0; round < 3; round++) {
+		uint8_t *d = dst + (round == 2 ? n : 0) + 3;
+
+		memset(dst, 0xa5, 2 * n + GUARD);
+		kvb_copy(d, src + (size_t)round * 7, n);
+		assert_memory_equal(d, src + (size_t)round * 7, n);
+		assert_int_equal(d[-1], 0xa5);
+		assert_int_equal(d[n], 0xa5);
+	}
+	free(src);
+	free(dst);
+}
+
+/* kvb_copy_nt(): streaming stores from 256 bytes, any alignment, nothing written outside. */
+static void test_copy_nt_any_size(void **state)
+{
+	static const size_t nt_sizes[] = {0, 1, 255, 256, 257, 4096 + 3, 16384, 65536 + 65};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(nt_sizes) / sizeof(nt_sizes[0]); i++)
+		for (size_t dso = 0; dso < 40; dso += 13)
+			check_copy(kvb_copy_nt, nt_sizes[i], 5, dso);
 }
 
 static void test_copy_each_kernel(void **state)
@@ -181,6 +223,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_copy_sizes_alignments),
 		cmocka_unit_test(test_copy_each_kernel),
+		cmocka_unit_test(test_copy_fresh_and_reused),
+		cmocka_unit_test(test_copy_nt_any_size),
 		cmocka_unit_test(test_bg_populate_unmap),
 		cmocka_unit_test(test_loop_hold),
 	};
