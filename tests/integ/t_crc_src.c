@@ -66,6 +66,7 @@ int main(int argc, char **argv)
 	/* Committed, every one: no clean stop, the next broker adopts what the keeper holds. */
 	rel_kill(b->pid);
 	b->pid = 0;
+	kvb_close(c); /* attached through the kill */
 	b = harness_broker_start("--socket", sock, "--pool", "64M", "--slab", "8M");
 	c = harness_connect(b, "reader", 0);
 	for (size_t p = 0; p < sizeof(page_bytes) / sizeof(page_bytes[0]); p++) {
