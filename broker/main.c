@@ -1187,7 +1187,7 @@ out_store:
 	if (b.sigfd >= 0)
 		close(b.sigfd);
 	xfer_fini(&b);
-	ops_fini(&b); /* after the last op completed */
+	ops_fini(&b);  /* after the last op completed */
 	bg_stop(b.bg); /* after the last session: its unmaps are queued */
 	if (b.spare_fd >= 0)
 		close(b.spare_fd);
