@@ -14,7 +14,10 @@
 #   one CPU   client and broker pinned to CPU 0 (taskset): 64 KiB GET in GB/s
 #   TP=8      kvbbench --procs 8 --layout kimi mla-tp through the broker (its defaults), with the
 #             ranks copying for themselves (KVB_CLIENT_GET_SELF_KB=1), and --private: GET p50,
-#             load phase (first rank's first GET to last rank's last) and whole-run wall time
+#             load phase (first rank's first GET to last rank's last) and whole-run wall time,
+#             with one synchronous kvb_get per page and with --qd 16 (each rank's 16 pages in
+#             one kvb_submit batch, as an engine loads a request: the batch's p50, what delays
+#             the first token, and each page's, from its batch's start)
 #
 # Every measurement runs REPS times, interleaved (the repetition is the outer loop); the table
 # gives medians and, for ratios, the ratio of the medians. Verdicts against the issue's
@@ -122,6 +125,8 @@ for r in $(seq "$TPREPS"); do
 	run "tp self" env KVB_CLIENT_GET_SELF_KB=1 "$K" --socket "$tmp/main.sock" --procs 8 \
 		--layout kimi mla-tp
 	run "tp private" "$K" --procs 8 --layout kimi --private mla-tp
+	run "tpq broker" "$K" --socket "$tmp/main.sock" --procs 8 --layout kimi --qd 16 mla-tp
+	run "tpq private" "$K" --procs 8 --layout kimi --qd 16 --private mla-tp
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
@@ -204,6 +209,18 @@ for label, f, fmt in (("GET p50 (us)", get_p50, "%.0f"), ("load phase (ms)", loa
     x = ratio(b, p)
     print("| %s | %s | %s | %s | %s | <= 1.2x | %s |" % (
         label, fx(b, fmt), fx(s, fmt), fx(p, fmt), fx(x, "%.2fx"), verdict(x, lambda v: v <= 1.2)))
+batch_p50 = lambda r: r["kinds"]["load"]["p50_us"] / 1e3
+page_p50 = lambda r: r["kinds"]["get"]["p50_us"] / 1e3
+print("\n| TP=8, Kimi pages, --qd 16 (one batch per rank) | broker | private pools | "
+      "broker / private | target | verdict |")
+print("| --- | ---: | ---: | ---: | --- | --- |")
+for label, f in (("batch p50 (ms)", batch_p50), ("page p50, from its batch's start (ms)",
+                                                page_p50), ("load phase (ms)", load),
+                 ("wall, PUT + GET (ms)", wall)):
+    b, p = med("tpq broker", f), med("tpq private", f)
+    x = ratio(b, p)
+    print("| %s | %s | %s | %s | <= 1.2x | %s |" % (
+        label, fx(b, "%.1f"), fx(p, "%.1f"), fx(x, "%.2fx"), verdict(x, lambda v: v <= 1.2)))
 if fails:
     print("\nFailed runs: " + "; ".join(fails))
 PY

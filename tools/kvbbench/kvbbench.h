@@ -95,6 +95,7 @@ struct kvbb_cfg {
 	kvb_key *tree_keys; /* [prefix][prefix_pages + branches * branch_pages] */
 	/* mla-tp */
 	int private_pools;
+	int leave_early; /* --leave-early: no end barrier */
 	size_t page_bytes;
 	struct kvb_layout layout;
 	uint64_t ws_seed, put_seed;

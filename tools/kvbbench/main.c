@@ -165,7 +165,7 @@ static void thread_run(int idx)
 	 * the others still loaded: 10-20 ms of CPU per rank inside their load phase on 2 vCPUs,
 	 * which no engine pays and the private pools, whose ranks all end together, did not.
 	 */
-	if (!strcmp(m->name, "mla-tp")) {
+	if (!strcmp(m->name, "mla-tp") && !cfg.leave_early) {
 		double until = kvbb_now_s() + cfg.timeout;
 
 		atomic_fetch_add(&sh->ended, 1);
@@ -270,6 +270,8 @@ static void usage(FILE *f)
 		"                    (a Kimi-K2.5 8K-token context: --layout kimi, 128 pages in "
 		"all)\n"
 		"  --private         mla-tp: each rank keeps its own pool (what engines do today)\n"
+		"  --leave-early     mla-tp: ranks tear down once their own loads are done\n"
+		"                    (default: once every rank's are, as an engine's ranks stay)\n"
 		"  --timeout S       give up after S seconds (default 60 + 2 x --seconds)\n"
 		"  --progress        a progress line on stderr every second (default: when stderr\n"
 		"                    is a terminal and the run is 5 s or longer)\n"
@@ -376,6 +378,7 @@ enum {
 	O_BRANCH_PAGES,
 	O_SUFFIX_PAGES,
 	O_PRIVATE,
+	O_LEAVE_EARLY,
 	O_TIMEOUT,
 	O_PROGRESS,
 	O_JSON,
@@ -413,6 +416,7 @@ static int parse_args(int argc, char **argv)
 		{"branch-pages", required_argument, NULL, O_BRANCH_PAGES},
 		{"suffix-pages", required_argument, NULL, O_SUFFIX_PAGES},
 		{"private", no_argument, NULL, O_PRIVATE},
+		{"leave-early", no_argument, NULL, O_LEAVE_EARLY},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"progress", no_argument, NULL, O_PROGRESS},
 		{"json", no_argument, NULL, O_JSON},
@@ -555,6 +559,9 @@ static int parse_args(int argc, char **argv)
 		case O_SUFFIX_PAGES:
 			cfg.suffix_pages = (uint32_t)strtoul(optarg, NULL, 0);
 			break;
+		case O_LEAVE_EARLY:
+			cfg.leave_early = 1;
+			break;
 		case O_PRIVATE:
 			cfg.private_pools = 1;
 			break;
@@ -635,7 +642,8 @@ static int parse_args(int argc, char **argv)
 			cfg.pages = 16;
 		cfg.threads = 1;
 		/* --qd N: the load phase in batches of N pages (modes_broker.c, tp_load_batch). */
-		cfg.iters = cfg.pages + (cfg.qd > 1 ? (cfg.pages + cfg.qd - 1) / cfg.qd : cfg.pages);
+		cfg.iters = cfg.pages +
+			    (cfg.qd > 1 ? (cfg.pages + cfg.qd - 1) / cfg.qd : cfg.pages);
 		warm = 0;
 		cfg.layout.tp_size = (uint32_t)cfg.procs;
 		snprintf(cfg.layout.model, sizeof(cfg.layout.model), "kimi-k2.5-tp-%016" PRIx64,
@@ -939,8 +947,6 @@ int main(int argc, char **argv)
 			cfg.mode->name, bad ? bad : cfg.procs);
 		goto out;
 	}
-	if (getenv("KVBB_LOAD_WINDOW")) /* TMPDEBUG */
-		fprintf(stderr, "loadwin %" PRIu64 " %" PRIu64 "\n", total.load_t0, total.load_t1);
 	if (cfg.mode->finish)
 		cfg.mode->finish(&cfg, &total, xjson, sizeof(xjson), xtext, sizeof(xtext));
 	if (cfg.json)
