@@ -75,9 +75,9 @@ static void *bg_main(void *arg)
 	 * [bg-nice] Below the copy workers (nice 5): where no core is idle, the other clients'
 	 * copies and the loop come before one client's page tables. TP=8 Kimi ranks that left
 	 * as soon as their own pages were in had their buffers unmapped here, 10-20 ms each, while
-	 * the others still loaded: at nice 0 that took the workers' CPU (load phase 104 -> 65 ms,
-	 * docs/benchmarks.md). A populate that waits longer only leaves its first faults to the
-	 * copies, as before there was this thread.
+	 * the others still loaded: at nice 0 that took the workers' CPU (load phase 131 -> 71 ms
+	 * at --qd 16, noisy: docs/benchmarks.md). A populate that waits longer only leaves its
+	 * first faults to the copies, as before there was this thread.
 	 */
 	if (setpriority(PRIO_PROCESS, (id_t)gettid(), bg_nice()) < 0)
 		log_debug("bg thread: setpriority: %d", errno);

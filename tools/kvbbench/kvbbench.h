@@ -121,6 +121,7 @@ struct kvbb_slot {
 	double elapsed;
 	char err[160];
 	uint64_t kops[NKIND];
+	uint64_t kns[NKIND]; /* summed latencies, ns: the mean beside the quantiles */
 	uint64_t hist[NKIND][H_BUCKETS];
 };
 

@@ -100,6 +100,7 @@ static void thread_run(int idx)
 	w.verify = 0;
 	memset(s->hist, 0, sizeof(s->hist));
 	memset(s->kops, 0, sizeof(s->kops));
+	memset(s->kns, 0, sizeof(s->kns));
 	s->dedup = s->stored = s->misses = s->pg_hits = s->pg_total = 0;
 	s->load_t0 = s->load_t1 = 0;
 
@@ -143,6 +144,7 @@ static void thread_run(int idx)
 		}
 		s->hist[w.kind][kvbb_h_index(t1 - t0)]++;
 		s->kops[w.kind]++;
+		s->kns[w.kind] += t1 - t0;
 		s->ops++;
 		s->bytes += (uint64_t)r;
 		atomic_store_explicit(&s->prog_ops, s->ops, memory_order_relaxed);
@@ -799,10 +801,12 @@ static void print_json(const struct kvbb_slot *t, const uint64_t *hall, double s
 		for (k = 0, nk = 0; k < NKIND; k++) {
 			if (!t->kops[k])
 				continue;
-			printf("%s\"%s\":{\"ops\":%" PRIu64 ",\"p50_us\":%.3f,\"p99_us\":%.3f}",
+			printf("%s\"%s\":{\"ops\":%" PRIu64
+			       ",\"p50_us\":%.3f,\"p99_us\":%.3f,\"mean_us\":%.3f}",
 			       nk++ ? "," : "", kvbb_kind_name[k], t->kops[k],
 			       kvbb_h_quantile(t->hist[k], 0.50) / 1e3,
-			       kvbb_h_quantile(t->hist[k], 0.99) / 1e3);
+			       kvbb_h_quantile(t->hist[k], 0.99) / 1e3,
+			       (double)t->kns[k] / (double)t->kops[k] / 1e3);
 		}
 		printf("}");
 	}
@@ -935,6 +939,7 @@ int main(int argc, char **argv)
 		}
 		for (k = 0; k < NKIND; k++) {
 			total.kops[k] += s->kops[k];
+			total.kns[k] += s->kns[k];
 			for (j = 0; j < (int)H_BUCKETS; j++) {
 				total.hist[k][j] += s->hist[k][j];
 				if (k < K_NMIX) /* load, write_back: parts of ops, not ops */
