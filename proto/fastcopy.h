@@ -11,6 +11,12 @@
  * and no slower with one reused destination; 64 KiB was faster with rotating destinations
  * but slower with a reused one, so small copies keep glibc's memcpy. AVX2 when the CPU has it
  * (checked once), SSE2 otherwise (every x86-64); other architectures always use memcpy.
+ *
+ * kvb_copy_part() decides by the whole copy's size instead, for one segment of many: a view
+ * GET or PUT of a page is one segment per layer (a Kimi-K2.5 page: 61 of 72 KiB), which glibc
+ * copied with ordinary stores, 1.45x slower than the same page in one run (kvbbench engine
+ * with --layers 1 against without, docs/benchmarks.md). Segments under KVB_COPY_SEG_NT_MIN keep
+ * memcpy: a streaming copy's partial lines at both ends would cost more than it saves.
  */
 #ifndef KVB_PROTO_FASTCOPY_H
 #define KVB_PROTO_FASTCOPY_H
@@ -20,6 +26,7 @@
 #include <string.h>
 
 #define KVB_COPY_NT_MIN (256u << 10)
+#define KVB_COPY_SEG_NT_MIN (4u << 10)
 
 #if defined(__x86_64__) && !defined(KVB_NO_NT)
 #include <immintrin.h>
@@ -73,9 +80,10 @@ static inline void kvb_copy_nt_sse2(uint8_t *dst, const uint8_t *src, size_t n)
 	memcpy(dst, src, n);
 }
 
-static inline void kvb_copy(void *dst, const void *src, size_t n)
+/* n bytes of a copy of total bytes in all (n <= total). */
+static inline void kvb_copy_part(void *dst, const void *src, size_t n, uint64_t total)
 {
-	if (n < KVB_COPY_NT_MIN) {
+	if (total < KVB_COPY_NT_MIN || n < KVB_COPY_SEG_NT_MIN) {
 		memcpy(dst, src, n);
 	} else if (__builtin_cpu_supports("avx2")) {
 		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
@@ -84,10 +92,16 @@ static inline void kvb_copy(void *dst, const void *src, size_t n)
 	}
 }
 #else
-static inline void kvb_copy(void *dst, const void *src, size_t n)
+static inline void kvb_copy_part(void *dst, const void *src, size_t n, uint64_t total)
 {
+	(void)total;
 	memcpy(dst, src, n);
 }
 #endif
+
+static inline void kvb_copy(void *dst, const void *src, size_t n)
+{
+	kvb_copy_part(dst, src, n, n);
+}
 
 #endif /* KVB_PROTO_FASTCOPY_H */

@@ -149,6 +149,28 @@ int main(int argc, char **argv)
 	}
 	cJSON_Delete(r);
 
+	/*
+	 * --layers: Kimi pages (61 layers) loaded through a view in 4 layer groups, 3 view GETs
+	 * in flight; the warm-up checks every page loaded carries its key (a group that skipped
+	 * a layer fails it), and the time to the first group is reported beside the load.
+	 */
+	r = run_json("--json --layout kimi --procs 2 --tp 2 --prefixes 2 --prefix-pages 2 "
+		     "--branches 1 --branch-pages 1 --suffix-pages 1 --layers 4 --qd 3 --warmup 4 "
+		     "--iters 4 engine");
+	CHECK_EQ(num(r, "layer_groups"), 4);
+	CHECK_GT(num(r, "pages_hit"), 0);
+	{
+		const cJSON *k = cJSON_GetObjectItem(r, "kinds");
+		const cJSON *first = k ? cJSON_GetObjectItem(k, "load_first") : NULL;
+
+		CHECK(first && cJSON_GetObjectItem(k, "load"));
+		CHECK_GT(num(first, "ops"), 0);
+		CHECK_LE(num(first, "p50_us"), num(cJSON_GetObjectItem(k, "load"), "p50_us"));
+	}
+	cJSON_Delete(r);
+	CHECK_EQ(run("--layers 4 get", &out), 2);
+	free(out);
+
 	/* MLA TP=4: one copy through the broker, four with private pools. */
 	r = run_json("--json --page 64K --procs 4 --pages 6 mla-tp");
 	CHECK_EQ(num(r, "copies"), 6);

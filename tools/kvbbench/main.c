@@ -271,6 +271,12 @@ static void usage(FILE *f)
 		"buffer\n"
 		"                    (a Kimi-K2.5 8K-token context: --layout kimi, 128 pages in "
 		"all)\n"
+		"  --layers G        engine: the KV buffer in an engine's layer-first layout, a "
+		"view;\n"
+		"                    loads are layer-range GETs of G groups in layer order, all "
+		"in\n"
+		"                    flight (--qd at a time); load_first: arrival to group 0 "
+		"loaded\n"
 		"  --private         mla-tp: each rank keeps its own pool (what engines do today)\n"
 		"  --leave-early     mla-tp: ranks tear down once their own loads are done\n"
 		"                    (default: once every rank's are, as an engine's ranks stay)\n"
@@ -390,6 +396,7 @@ enum {
 	O_RATE,
 	O_DST,
 	O_TP,
+	O_LAYERS,
 };
 
 static int parse_args(int argc, char **argv)
@@ -428,6 +435,7 @@ static int parse_args(int argc, char **argv)
 		{"rate", required_argument, NULL, O_RATE},
 		{"dst", required_argument, NULL, O_DST},
 		{"tp", required_argument, NULL, O_TP},
+		{"layers", required_argument, NULL, O_LAYERS},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -592,6 +600,13 @@ static int parse_args(int argc, char **argv)
 		case O_TP:
 			cfg.tp = (uint32_t)strtoul(optarg, NULL, 0);
 			break;
+		case O_LAYERS:
+			cfg.layer_groups = (uint32_t)strtoul(optarg, NULL, 0);
+			if (!cfg.layer_groups) {
+				fprintf(stderr, "kvbbench: --layers takes a group count >= 1\n");
+				return -1;
+			}
+			break;
 		case O_PROTO:
 			if (strcmp(optarg, "binary") && strcmp(optarg, "ascii")) {
 				fprintf(stderr, "kvbbench: --proto ascii|binary\n");
@@ -651,6 +666,10 @@ static int parse_args(int argc, char **argv)
 		snprintf(cfg.layout.model, sizeof(cfg.layout.model), "kimi-k2.5-tp-%016" PRIx64,
 			 cfg.put_seed);
 	}
+	if (cfg.layer_groups && strcmp(cfg.mode->name, "engine")) {
+		fprintf(stderr, "kvbbench: --layers is for engine\n");
+		return -1;
+	}
 	if (!strcmp(cfg.mode->name, "engine")) {
 		if (!dist_given)
 			cfg.dist = D_ZIPF;
@@ -659,6 +678,14 @@ static int parse_args(int argc, char **argv)
 			return -1;
 		}
 		cfg.layout.tp_size = cfg.tp; /* MLA: the ranks of an engine share its pages */
+		if (cfg.layer_groups > cfg.layout.comp[0].num_layers ||
+		    (cfg.layer_groups && cfg.host_buf == KVBB_BUF_USER)) {
+			fprintf(stderr,
+				"kvbbench: --layers: at most the layout's %u layers, and a "
+				"registered buffer (not --host-buf user)\n",
+				cfg.layout.comp[0].num_layers);
+			return -1;
+		}
 		if (!cfg.prefixes || !cfg.prefix_pages || (cfg.branch_pages && !cfg.branches)) {
 			fprintf(stderr, "kvbbench: engine needs --prefixes and --prefix-pages >= 1 "
 					"(and --branches with --branch-pages)\n");

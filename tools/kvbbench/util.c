@@ -15,8 +15,8 @@
 
 #include "kvbbench.h"
 
-const char *const kvbb_kind_name[NKIND] = {"all",     "get",  "put",	   "lookup",
-					   "acquire", "load", "write_back"};
+const char *const kvbb_kind_name[NKIND] = {"all",     "get",  "put",	    "lookup",
+					   "acquire", "load", "write_back", "load_first"};
 
 unsigned kvbb_h_index(uint64_t v)
 {
