@@ -992,7 +992,8 @@ static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 	} else {
 		if (cfg->qd > 1 && cfg->host_buf == KVBB_BUF_USER) {
 			/* kvb_submit GETs land in a registered buffer only */
-			snprintf(err, errlen, "--qd needs a registered buffer, not --host-buf user");
+			snprintf(err, errlen,
+				 "--qd needs a registered buffer, not --host-buf user");
 			return -EINVAL;
 		}
 		/* Each rank opens the namespace as itself: MLA ranks must resolve to one. */
