@@ -21,6 +21,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "bg.h"
 #include "log.h"
@@ -28,6 +30,8 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
+
+#define BG_NICE 10 /* the thread's nice value, relative to 0 ([bg-nice]) */
 
 enum bg_kind { BG_POPULATE, BG_UNMAP };
 
@@ -55,10 +59,28 @@ static void bg_run(const struct bg_job *j)
 		log_debug("populate %zu bytes: %d", j->len, errno);
 }
 
+/* KVB_BG_NICE (0..19) overrides BG_NICE: A/B runs of the same build. */
+static int bg_nice(void)
+{
+	const char *e = getenv("KVB_BG_NICE");
+
+	return e && *e >= '0' && *e <= '9' ? atoi(e) : BG_NICE;
+}
+
 static void *bg_main(void *arg)
 {
 	struct bg *g = arg;
 
+	/*
+	 * [bg-nice] Below the copy workers (nice 5): where no core is idle, the other clients'
+	 * copies and the loop come before one client's page tables. TP=8 Kimi ranks that left
+	 * as soon as their own pages were in had their buffers unmapped here, 10-20 ms each, while
+	 * the others still loaded: at nice 0 that took the workers' CPU (load phase 131 -> 71 ms
+	 * at --qd 16, noisy: docs/benchmarks.md). A populate that waits longer only leaves its
+	 * first faults to the copies, as before there was this thread.
+	 */
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), bg_nice()) < 0)
+		log_debug("bg thread: setpriority: %d", errno);
 	pthread_mutex_lock(&g->lock);
 	for (;;) {
 		struct bg_job *j = g->head;

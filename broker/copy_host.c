@@ -68,7 +68,7 @@ static int run_segs(const struct copy_job *j)
 	if (j->fds)
 		return fdcopy_run(j);
 	for (uint32_t i = 0; i < j->nsegs; i++)
-		kvb_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len);
+		kvb_copy_part(j->segs[i].dst, j->segs[i].src, j->segs[i].len, j->bytes);
 	return 0;
 }
 
@@ -89,7 +89,8 @@ static int run_part(const struct part *p)
 		const struct copy_seg *s = &p->j->segs[i];
 		uint64_t n = s->len - off < left ? s->len - off : left;
 
-		kvb_copy((uint8_t *)s->dst + off, (const uint8_t *)s->src + off, n);
+		kvb_copy_part((uint8_t *)s->dst + off, (const uint8_t *)s->src + off, n,
+			      p->j->bytes);
 		left -= n;
 	}
 	return 0;

@@ -16,6 +16,12 @@
  * destinations, shared memory on both sides: 5.3-5.8 -> 3.8-4.2 us). Smaller copies always
  * keep memcpy. AVX2 when the CPU has it (checked once), SSE2 otherwise (every x86-64); other
  * architectures always use memcpy.
+ *
+ * kvb_copy_part() decides by the whole copy's size instead, for one segment of many: a view
+ * GET or PUT of a page is one segment per layer (a Kimi-K2.5 page: 61 of 72 KiB), which glibc
+ * copied with ordinary stores, 1.45x slower than the same page in one run (kvbbench engine
+ * with --layers 1 against without, docs/benchmarks.md). Segments under KVB_COPY_SEG_NT_MIN keep
+ * memcpy: a streaming copy's partial lines at both ends would cost more than it saves.
  */
 #ifndef KVB_PROTO_FASTCOPY_H
 #define KVB_PROTO_FASTCOPY_H
@@ -26,6 +32,7 @@
 
 #define KVB_COPY_NT_MIN (256u << 10)
 #define KVB_COPY_NT_FRESH (64u << 10)
+#define KVB_COPY_SEG_NT_MIN (4u << 10)
 
 #if defined(__x86_64__) && !defined(KVB_NO_NT)
 #include <immintrin.h>
@@ -79,6 +86,14 @@ static inline void kvb_copy_nt_sse2(uint8_t *dst, const uint8_t *src, size_t n)
 	memcpy(dst, src, n);
 }
 
+static inline void kvb_copy_stream(void *dst, const void *src, size_t n)
+{
+	if (__builtin_cpu_supports("avx2"))
+		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
+	else
+		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
+}
+
 /* [nt-fresh] Where this thread's last kvb_copy() of KVB_COPY_NT_FRESH or more wrote. */
 static _Thread_local const void *kvb_copy_last_dst;
 
@@ -92,13 +107,24 @@ static inline void kvb_copy(void *dst, const void *src, size_t n)
 	}
 	last = kvb_copy_last_dst;
 	kvb_copy_last_dst = dst;
-	if (n < KVB_COPY_NT_MIN && dst == last) {
+	if (n < KVB_COPY_NT_MIN && dst == last)
 		memcpy(dst, src, n);
-	} else if (__builtin_cpu_supports("avx2")) {
-		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
-	} else {
-		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
-	}
+	else
+		kvb_copy_stream(dst, src, n);
+}
+
+/*
+ * n bytes of a copy of total bytes in all (n <= total). The whole copy in one run goes by
+ * kvb_copy()'s rules ([nt-fresh]: a 64 KiB GET or PUT the copy engine runs).
+ */
+static inline void kvb_copy_part(void *dst, const void *src, size_t n, uint64_t total)
+{
+	if (n == total)
+		kvb_copy(dst, src, n);
+	else if (total < KVB_COPY_NT_MIN || n < KVB_COPY_SEG_NT_MIN)
+		memcpy(dst, src, n);
+	else
+		kvb_copy_stream(dst, src, n);
 }
 
 /*
@@ -110,12 +136,16 @@ static inline void kvb_copy_nt(void *dst, const void *src, size_t n)
 {
 	if (n < 256)
 		memcpy(dst, src, n);
-	else if (__builtin_cpu_supports("avx2"))
-		kvb_copy_nt_avx2((uint8_t *)dst, (const uint8_t *)src, n);
 	else
-		kvb_copy_nt_sse2((uint8_t *)dst, (const uint8_t *)src, n);
+		kvb_copy_stream(dst, src, n);
 }
 #else
+static inline void kvb_copy_part(void *dst, const void *src, size_t n, uint64_t total)
+{
+	(void)total;
+	memcpy(dst, src, n);
+}
+
 static inline void kvb_copy(void *dst, const void *src, size_t n)
 {
 	memcpy(dst, src, n);

@@ -14,7 +14,15 @@
 #   one CPU   client and broker pinned to CPU 0 (taskset): 64 KiB GET in GB/s
 #   TP=8      kvbbench --procs 8 --layout kimi mla-tp through the broker (its defaults), with the
 #             ranks copying for themselves (KVB_CLIENT_GET_SELF_KB=1), and --private: GET p50,
-#             load phase (first rank's first GET to last rank's last) and whole-run wall time
+#             load phase (first rank's first GET to last rank's last) and whole-run wall time,
+#             with one synchronous kvb_get per page and with --qd 16 (each rank's 16 pages in
+#             one kvb_submit batch, as an engine loads a request: the batch's p50, what delays
+#             the first token, and each page's, from its batch's start)
+#   engine    kvbbench engine, one engine of TP=2 serving Kimi-K2.5 8K-token requests (128
+#             pages: a 96-page prompt, one of two 24-page branches, 8 pages of its own), its
+#             loads as page GETs (kvb_submit) and through a layer-first view in 4 and in 61
+#             layer groups (--layers): load p50 and time to the first layer group, against
+#             the memcpy time of the same bytes (Kimi memcpy GB/s of this run)
 #
 # Every measurement runs REPS times, interleaved (the repetition is the outer loop); the table
 # gives medians and, for ratios, the ratio of the medians. Verdicts against the issue's
@@ -122,6 +130,23 @@ for r in $(seq "$TPREPS"); do
 	run "tp self" env KVB_CLIENT_GET_SELF_KB=1 "$K" --socket "$tmp/main.sock" --procs 8 \
 		--layout kimi mla-tp
 	run "tp private" "$K" --procs 8 --layout kimi --private mla-tp
+	run "tpq broker" "$K" --socket "$tmp/main.sock" --procs 8 --layout kimi --qd 16 mla-tp
+	run "tpq private" "$K" --procs 8 --layout kimi --qd 16 --private mla-tp
+done
+ENG="--layout kimi --procs 2 --tp 2 --prefixes 1 --prefix-pages 96 --branches 2 --branch-pages 24
+--suffix-pages 8 --warmup 2"
+[ "$QUICK" = 1 ] && ENG="--layout kimi --procs 2 --tp 2 --prefixes 1 --prefix-pages 8 --branches 2
+--branch-pages 2 --suffix-pages 2 --warmup 2"
+ESECS=$(awk "BEGIN { print 3 * $SECS }")
+for r in $(seq "$REPS"); do
+	echo "bench-datapath: engine repetition $r of $REPS" >&2
+	for g in 0 4 61; do
+		la=""
+		[ "$g" = 0 ] || la="--layers $g"
+		# shellcheck disable=SC2086
+		run "engine layers$g" "$K" --socket "$tmp/main.sock" $ENG $la --seconds "$ESECS" \
+			engine
+	done
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
@@ -204,6 +229,35 @@ for label, f, fmt in (("GET p50 (us)", get_p50, "%.0f"), ("load phase (ms)", loa
     x = ratio(b, p)
     print("| %s | %s | %s | %s | %s | <= 1.2x | %s |" % (
         label, fx(b, fmt), fx(s, fmt), fx(p, fmt), fx(x, "%.2fx"), verdict(x, lambda v: v <= 1.2)))
+batch_p50 = lambda r: r["kinds"]["load"]["p50_us"] / 1e3
+page_p50 = lambda r: r["kinds"]["get"]["p50_us"] / 1e3
+print("\n| TP=8, Kimi pages, --qd 16 (one batch per rank) | broker | private pools | "
+      "broker / private | target | verdict |")
+print("| --- | ---: | ---: | ---: | --- | --- |")
+for label, f in (("batch p50 (ms)", batch_p50), ("page p50, from its batch's start (ms)",
+                                                page_p50), ("load phase (ms)", load),
+                 ("wall, PUT + GET (ms)", wall)):
+    b, p = med("tpq broker", f), med("tpq private", f)
+    x = ratio(b, p)
+    print("| %s | %s | %s | %s | <= 1.2x | %s |" % (
+        label, fx(b, "%.1f"), fx(p, "%.1f"), fx(x, "%.2fx"), verdict(x, lambda v: v <= 1.2)))
+kimi = med("kimi rotate memcpy")
+rp = med("engine layers0", lambda r: r["request_pages"])
+print("\n| engine TP=2, Kimi requests of %s pages | pages loaded per request | load p50 (ms) | "
+      % fx(rp, "%.0f") +
+      "x memcpy of those bytes | first layer group p50 (ms) | write-back p50 (ms) |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
+for g, label in ((0, "page GETs (kvb_submit)"), (4, "view, 4 layer groups"),
+                 (61, "view, 61 layer groups (one per layer)")):
+    tag = "engine layers%d" % g
+    pages = med(tag, lambda r: r["pages_hit"] / max(r["ops"], 1))
+    lp = med(tag, lambda r: r["kinds"]["load"]["p50_us"] / 1e3)
+    fp = med(tag, lambda r: r["kinds"]["load_first"]["p50_us"] / 1e3) if g else None
+    wp = med(tag, lambda r: r["kinds"]["write_back"]["p50_us"] / 1e3
+             if "write_back" in r["kinds"] else 0)
+    ideal = pages * 4497408 / (kimi * 1e9) * 1e3 if pages and kimi else None
+    print("| %s | %s | %s | %s | %s | %s |" % (label, fx(pages, "%.1f"), fx(lp, "%.1f"),
+          fx(ratio(lp, ideal), "%.2fx"), fx(fp, "%.1f"), fx(wp, "%.1f")))
 if fails:
     print("\nFailed runs: " + "; ".join(fails))
 PY

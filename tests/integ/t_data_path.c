@@ -12,7 +12,9 @@
  *     own lease copy, byte-exact, and the lease is given back (no lease left).
  *   - Parallel fan-out: four processes GET the same pages at once, each byte-exact.
  *   - Off-loop release: a client with a 64 MiB buffer exits without closing while we keep
- *     running ops; the broker serves on and its page stays readable.
+ *     running ops; the broker serves on, its page stays readable, and the background thread
+ *     that unmapped the buffer (STATS bg_jobs back to 0) runs at nice 10, below the copy
+ *     workers (bg.c [bg-nice]).
  *   - One CPU: this process and every broker thread pinned to one CPU; NOP, PUT and GET of
  *     64 KiB pages complete and are byte-exact (client and broker yield to each other).
  */
@@ -208,6 +210,40 @@ static int exiter(int idx, void *arg)
 	_exit(0); /* no kvb_close(): the broker releases what we leave */
 }
 
+/* How many threads of pid run at this nice value (/proc/PID/task/TID/stat, field 19). */
+static int threads_at_nice(pid_t pid, int nice)
+{
+	char path[320], line[1024];
+	struct dirent *e;
+	int n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	CHECK(d != NULL);
+	while ((e = readdir(d))) {
+		const char *p;
+		FILE *f;
+		int field, v;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue; /* the thread left */
+		p = fgets(line, sizeof(line), f) ? strrchr(line, ')') : NULL;
+		fclose(f);
+		/* Fields after the comm: state is field 3, nice field 19. */
+		for (field = 2; p && field < 19; field++)
+			p = strchr(p + 1, ' ');
+		if (p && sscanf(p, " %d", &v) == 1 && v == nice)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
 static void test_exit_release(kvb_client *c)
 {
 	kvb_key key = harness_key(55, 1);
@@ -223,6 +259,8 @@ static void test_exit_release(kvb_client *c)
 	CHECK_EQ(harness_wait(&pid, 1, 30000, NULL), 0);
 	for (int i = 0; i < 200; i++)
 		CHECK_OK(kvb_nop(c));
+	CHECK_EQ(harness_stat_wait(c, "bg_jobs", 0, 20000), 0);
+	CHECK_EQ(threads_at_nice(br->pid, 10), 1);
 	CHECK_RC(kvb_get(c, ns, key, dst, pb), (long long)pb);
 	CHECK(harness_verify(dst, pb, &key, 55, "exiter's page") == 0);
 	free(dst);

@@ -2,7 +2,8 @@
 /*
  * t_kvbbench.c - every kvbbench mode runs against a real broker and its --json says what the
  * mode did: the right number of ops, PUTs that stored, reads without misses, TP ranks that made
- * one copy, a too-small pool refused with a clear message. Small working sets and --iters keep
+ * one copy (also loading in kvb_submit batches, --qd), a too-small pool refused with a clear
+ * message. Small working sets and --iters keep
  * it to a few seconds; the figures themselves are `make bench`'s business, not this test's.
  */
 #include <cjson/cJSON.h>
@@ -148,6 +149,28 @@ int main(int argc, char **argv)
 	}
 	cJSON_Delete(r);
 
+	/*
+	 * --layers: Kimi pages (61 layers) loaded through a view in 4 layer groups, 3 view GETs
+	 * in flight; the warm-up checks every page loaded carries its key (a group that skipped
+	 * a layer fails it), and the time to the first group is reported beside the load.
+	 */
+	r = run_json("--json --layout kimi --procs 2 --tp 2 --prefixes 2 --prefix-pages 2 "
+		     "--branches 1 --branch-pages 1 --suffix-pages 1 --layers 4 --qd 3 --warmup 4 "
+		     "--iters 4 engine");
+	CHECK_EQ(num(r, "layer_groups"), 4);
+	CHECK_GT(num(r, "pages_hit"), 0);
+	{
+		const cJSON *k = cJSON_GetObjectItem(r, "kinds");
+		const cJSON *first = k ? cJSON_GetObjectItem(k, "load_first") : NULL;
+
+		CHECK(first && cJSON_GetObjectItem(k, "load"));
+		CHECK_GT(num(first, "ops"), 0);
+		CHECK_LE(num(first, "p50_us"), num(cJSON_GetObjectItem(k, "load"), "p50_us"));
+	}
+	cJSON_Delete(r);
+	CHECK_EQ(run("--layers 4 get", &out), 2);
+	free(out);
+
 	/* MLA TP=4: one copy through the broker, four with private pools. */
 	r = run_json("--json --page 64K --procs 4 --pages 6 mla-tp");
 	CHECK_EQ(num(r, "copies"), 6);
@@ -159,6 +182,27 @@ int main(int argc, char **argv)
 	r = run_json("--json --page 64K --procs 4 --pages 6 --private mla-tp");
 	CHECK_EQ(num(r, "copies"), 24);
 	CHECK_EQ(num(r, "mem_x_one_copy"), 4);
+	cJSON_Delete(r);
+	/* --qd 4: each rank loads its 6 pages in batches of 4 and 2 (kvb_submit), every page
+	 * checked; "load" is per batch, "get" per page. Also with ranks that leave early. */
+	for (int priv = 0; priv < 2; priv++) {
+		const char *a[] = {"--json --page 64K --procs 4 --pages 6 --qd 4 mla-tp",
+				   "--json --page 64K --procs 4 --pages 6 --qd 4 --private "
+				   "--leave-early mla-tp"};
+		const cJSON *k;
+
+		r = run_json(a[priv]);
+		k = cJSON_GetObjectItem(r, "kinds");
+		CHECK(k && cJSON_GetObjectItem(k, "load") && cJSON_GetObjectItem(k, "get"));
+		CHECK_EQ(num(cJSON_GetObjectItem(k, "load"), "ops"), 4 * 2);
+		CHECK_EQ(num(cJSON_GetObjectItem(k, "get"), "ops"), 4 * 6);
+		CHECK_EQ(num(cJSON_GetObjectItem(k, "put"), "ops"), 4 * 6);
+		CHECK_EQ(num(r, "copies"), priv ? 24 : 6);
+		CHECK(num(r, "load_ms") > 0);
+		cJSON_Delete(r);
+	}
+	r = run_json("--json --page 64K --procs 2 --pages 3 --leave-early mla-tp");
+	CHECK_EQ(num(r, "copies"), 3);
 	cJSON_Delete(r);
 
 	/* A working set twice the pool: refused, unless misses are what is being measured. */

@@ -3,8 +3,9 @@
  * test_fastcopy.c - the data path's memory helpers. kvb_copy() (proto/fastcopy.h) is byte-exact
  * at every size around its streaming thresholds and the vector widths, at every alignment of
  * either side, into a reused destination and a fresh one, and writes nothing outside
- * [dst, dst + n); so is kvb_copy_nt() from 256 bytes; the SSE2 and AVX2 loops are checked
- * one by one. The background thread (broker/bg.c) populates a mapping (every page resident
+ * [dst, dst + n); so is kvb_copy_nt() from 256 bytes, and kvb_copy_part() as one segment of
+ * a large copy; the SSE2 and AVX2 loops are checked one by one. The background thread
+ * (broker/bg.c) populates a mapping (every page resident
  * after it, its bytes unchanged) and unmaps only after an earlier populate of the same range,
  * and does both inline-or-not without a thread (NULL). loop_hold() keeps the loop's deadline
  * monotonic and clamped.
@@ -130,6 +131,27 @@ static void test_copy_nt_any_size(void **state)
 			check_copy(kvb_copy_nt, nt_sizes[i], 5, dso);
 }
 
+/* One segment of a copy of 4 MiB in all: streaming stores from KVB_COPY_SEG_NT_MIN up. */
+static void copy_seg_of_big(void *d, const void *s, size_t n)
+{
+	kvb_copy_part(d, s, n, 4u << 20);
+}
+
+static void test_copy_part_segments(void **state)
+{
+	static const size_t seg[] = {0,
+				     33,
+				     KVB_COPY_SEG_NT_MIN - 1,
+				     KVB_COPY_SEG_NT_MIN,
+				     KVB_COPY_SEG_NT_MIN + 1,
+				     72u * 1024 + 3};
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(seg) / sizeof(seg[0]); i++)
+		for (size_t dso = 0; dso < 40; dso += 13)
+			check_copy(copy_seg_of_big, seg[i], 7, dso);
+}
+
 static void test_copy_each_kernel(void **state)
 {
 	(void)state;
@@ -225,6 +247,7 @@ int main(void)
 		cmocka_unit_test(test_copy_each_kernel),
 		cmocka_unit_test(test_copy_fresh_and_reused),
 		cmocka_unit_test(test_copy_nt_any_size),
+		cmocka_unit_test(test_copy_part_segments),
 		cmocka_unit_test(test_bg_populate_unmap),
 		cmocka_unit_test(test_loop_hold),
 	};

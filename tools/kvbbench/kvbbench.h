@@ -38,9 +38,10 @@ double kvbb_h_quantile(const uint64_t *h, double q);
 
 /*
  * Kinds of op inside one mode: "mix" uses get..acquire; "engine" adds samples of the parts of
- * its requests (load, write_back), which are not ops of their own (not in the overall figures).
+ * its requests (load, write_back, and with --layers load_first: arrival to the first layer group
+ * of every page loaded), which are not ops of their own (not in the overall figures).
  */
-enum kvbb_kind { K_MAIN, K_GET, K_PUT, K_LOOKUP, K_ACQUIRE, K_LOAD, K_WRITE, NKIND };
+enum kvbb_kind { K_MAIN, K_GET, K_PUT, K_LOOKUP, K_ACQUIRE, K_LOAD, K_WRITE, K_FIRST, NKIND };
 #define K_NMIX (K_ACQUIRE + 1) /* the kinds --mix draws from */
 extern const char *const kvbb_kind_name[NKIND];
 
@@ -83,6 +84,8 @@ struct kvbb_cfg {
 	double rate;	 /* > 0: open loop, ops (engine: requests) per second in all (--rate) */
 	int dst_hot;	 /* --dst hot: every copy lands in one reused (cache-hot) destination */
 	uint32_t tp;	 /* engine: TP ranks per engine (--tp) */
+	uint32_t
+		layer_groups; /* engine: loads through a view, in this many layer groups (--layers) */
 	enum kvbb_dist dist;
 	double zipf_s;
 	struct kvbb_zipf zipf; /* over the working set, or over prefixes in engine mode */
@@ -95,6 +98,7 @@ struct kvbb_cfg {
 	kvb_key *tree_keys; /* [prefix][prefix_pages + branches * branch_pages] */
 	/* mla-tp */
 	int private_pools;
+	int leave_early; /* --leave-early: no end barrier */
 	size_t page_bytes;
 	struct kvb_layout layout;
 	uint64_t ws_seed, put_seed;
@@ -120,6 +124,7 @@ struct kvbb_slot {
 	double elapsed;
 	char err[160];
 	uint64_t kops[NKIND];
+	uint64_t kns[NKIND]; /* summed latencies, ns: the mean beside the quantiles */
 	uint64_t hist[NKIND][H_BUCKETS];
 };
 
@@ -140,6 +145,7 @@ struct kvbb_w {
 	int idx; /* slot index, 0..nslots-1 */
 	kvb_client *c;
 	uint32_t ns, bufid;
+	uint32_t view;	/* engine --layers: the view over buf in an engine's layer-first layout */
 	uint8_t *buf;	/* registered or private destination/source ring */
 	int buf_reg;	/* buf came from kvb_buf_alloc_host (kvb_close unmaps it) */
 	size_t buf_own; /* > 0: buf is our own memfd mapping of this many bytes (--host-buf) */

@@ -44,6 +44,7 @@
 struct shared {
 	atomic_int ready; /* threads that finished set-up and warm-up (or failed) */
 	atomic_int go;	  /* 1 start, -1 abort */
+	atomic_int ended; /* mla-tp: threads past their timed ops (the end barrier) */
 	struct kvbb_slot slot[];
 };
 
@@ -99,6 +100,7 @@ static void thread_run(int idx)
 	w.verify = 0;
 	memset(s->hist, 0, sizeof(s->hist));
 	memset(s->kops, 0, sizeof(s->kops));
+	memset(s->kns, 0, sizeof(s->kns));
 	s->dedup = s->stored = s->misses = s->pg_hits = s->pg_total = 0;
 	s->load_t0 = s->load_t1 = 0;
 
@@ -142,6 +144,7 @@ static void thread_run(int idx)
 		}
 		s->hist[w.kind][kvbb_h_index(t1 - t0)]++;
 		s->kops[w.kind]++;
+		s->kns[w.kind] += t1 - t0;
 		s->ops++;
 		s->bytes += (uint64_t)r;
 		atomic_store_explicit(&s->prog_ops, s->ops, memory_order_relaxed);
@@ -157,6 +160,20 @@ static void thread_run(int idx)
 		t0 = t1;
 	}
 	s->elapsed = kvbb_now_s() - start;
+	/*
+	 * mla-tp: TP ranks stay attached until every rank has loaded, as an engine's do. A rank
+	 * that tore down as soon as its own pages were in (the broker serves the first ranks'
+	 * batches first) had its buffers unmapped and freed, by itself and by the broker, while
+	 * the others still loaded: 10-20 ms of CPU per rank inside their load phase on 2 vCPUs,
+	 * which no engine pays and the private pools, whose ranks all end together, did not.
+	 */
+	if (!strcmp(m->name, "mla-tp") && !cfg.leave_early) {
+		double until = kvbb_now_s() + cfg.timeout;
+
+		atomic_fetch_add(&sh->ended, 1);
+		while (atomic_load(&sh->ended) < cfg.nslots && kvbb_now_s() < until)
+			sleep_us(200);
+	}
 out:
 	if (s->rc && !atomic_load(&sh->go))
 		atomic_fetch_add(&sh->ready, 1); /* do not leave the parent waiting */
@@ -233,7 +250,9 @@ static void usage(FILE *f)
 		"  --batch N         lookup: keys per kvb_lookup (default 1024)\n"
 		"  --qd N            get, put: one op is N pages in one kvb_submit, all reaped\n"
 		"                    before the next (latency is per batch; default 1); engine:\n"
-		"                    pages per kvb_submit of a request's loads (default %d)\n"
+		"                    pages per kvb_submit of a request's loads (default %d);\n"
+		"                    mla-tp: each rank loads its pages N at a time (\"load\" is\n"
+		"                    per batch, \"get\" per page from its batch's start)\n"
 		"  --read sum|copy   acquire: sum the page as uint64 or copy it out (default "
 		"copy)\n"
 		"  --host-buf B      get, put, mix: the registered buffer: alloc "
@@ -252,7 +271,15 @@ static void usage(FILE *f)
 		"buffer\n"
 		"                    (a Kimi-K2.5 8K-token context: --layout kimi, 128 pages in "
 		"all)\n"
+		"  --layers G        engine: the KV buffer in an engine's layer-first layout, a "
+		"view;\n"
+		"                    loads are layer-range GETs of G groups in layer order, all "
+		"in\n"
+		"                    flight (--qd at a time); load_first: arrival to group 0 "
+		"loaded\n"
 		"  --private         mla-tp: each rank keeps its own pool (what engines do today)\n"
+		"  --leave-early     mla-tp: ranks tear down once their own loads are done\n"
+		"                    (default: once every rank's are, as an engine's ranks stay)\n"
 		"  --timeout S       give up after S seconds (default 60 + 2 x --seconds)\n"
 		"  --progress        a progress line on stderr every second (default: when stderr\n"
 		"                    is a terminal and the run is 5 s or longer)\n"
@@ -359,6 +386,7 @@ enum {
 	O_BRANCH_PAGES,
 	O_SUFFIX_PAGES,
 	O_PRIVATE,
+	O_LEAVE_EARLY,
 	O_TIMEOUT,
 	O_PROGRESS,
 	O_JSON,
@@ -368,6 +396,7 @@ enum {
 	O_RATE,
 	O_DST,
 	O_TP,
+	O_LAYERS,
 };
 
 static int parse_args(int argc, char **argv)
@@ -396,6 +425,7 @@ static int parse_args(int argc, char **argv)
 		{"branch-pages", required_argument, NULL, O_BRANCH_PAGES},
 		{"suffix-pages", required_argument, NULL, O_SUFFIX_PAGES},
 		{"private", no_argument, NULL, O_PRIVATE},
+		{"leave-early", no_argument, NULL, O_LEAVE_EARLY},
 		{"timeout", required_argument, NULL, O_TIMEOUT},
 		{"progress", no_argument, NULL, O_PROGRESS},
 		{"json", no_argument, NULL, O_JSON},
@@ -405,6 +435,7 @@ static int parse_args(int argc, char **argv)
 		{"rate", required_argument, NULL, O_RATE},
 		{"dst", required_argument, NULL, O_DST},
 		{"tp", required_argument, NULL, O_TP},
+		{"layers", required_argument, NULL, O_LAYERS},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -538,6 +569,9 @@ static int parse_args(int argc, char **argv)
 		case O_SUFFIX_PAGES:
 			cfg.suffix_pages = (uint32_t)strtoul(optarg, NULL, 0);
 			break;
+		case O_LEAVE_EARLY:
+			cfg.leave_early = 1;
+			break;
 		case O_PRIVATE:
 			cfg.private_pools = 1;
 			break;
@@ -565,6 +599,13 @@ static int parse_args(int argc, char **argv)
 			break;
 		case O_TP:
 			cfg.tp = (uint32_t)strtoul(optarg, NULL, 0);
+			break;
+		case O_LAYERS:
+			cfg.layer_groups = (uint32_t)strtoul(optarg, NULL, 0);
+			if (!cfg.layer_groups) {
+				fprintf(stderr, "kvbbench: --layers takes a group count >= 1\n");
+				return -1;
+			}
 			break;
 		case O_PROTO:
 			if (strcmp(optarg, "binary") && strcmp(optarg, "ascii")) {
@@ -617,11 +658,17 @@ static int parse_args(int argc, char **argv)
 		if (!cfg.pages)
 			cfg.pages = 16;
 		cfg.threads = 1;
-		cfg.iters = 2 * cfg.pages;
+		/* --qd N: the load phase in batches of N pages (modes_broker.c, tp_load_batch). */
+		cfg.iters = cfg.pages +
+			    (cfg.qd > 1 ? (cfg.pages + cfg.qd - 1) / cfg.qd : cfg.pages);
 		warm = 0;
 		cfg.layout.tp_size = (uint32_t)cfg.procs;
 		snprintf(cfg.layout.model, sizeof(cfg.layout.model), "kimi-k2.5-tp-%016" PRIx64,
 			 cfg.put_seed);
+	}
+	if (cfg.layer_groups && strcmp(cfg.mode->name, "engine")) {
+		fprintf(stderr, "kvbbench: --layers is for engine\n");
+		return -1;
 	}
 	if (!strcmp(cfg.mode->name, "engine")) {
 		if (!dist_given)
@@ -631,6 +678,14 @@ static int parse_args(int argc, char **argv)
 			return -1;
 		}
 		cfg.layout.tp_size = cfg.tp; /* MLA: the ranks of an engine share its pages */
+		if (cfg.layer_groups > cfg.layout.comp[0].num_layers ||
+		    (cfg.layer_groups && cfg.host_buf == KVBB_BUF_USER)) {
+			fprintf(stderr,
+				"kvbbench: --layers: at most the layout's %u layers, and a "
+				"registered buffer (not --host-buf user)\n",
+				cfg.layout.comp[0].num_layers);
+			return -1;
+		}
 		if (!cfg.prefixes || !cfg.prefix_pages || (cfg.branch_pages && !cfg.branches)) {
 			fprintf(stderr, "kvbbench: engine needs --prefixes and --prefix-pages >= 1 "
 					"(and --branches with --branch-pages)\n");
@@ -773,10 +828,12 @@ static void print_json(const struct kvbb_slot *t, const uint64_t *hall, double s
 		for (k = 0, nk = 0; k < NKIND; k++) {
 			if (!t->kops[k])
 				continue;
-			printf("%s\"%s\":{\"ops\":%" PRIu64 ",\"p50_us\":%.3f,\"p99_us\":%.3f}",
+			printf("%s\"%s\":{\"ops\":%" PRIu64
+			       ",\"p50_us\":%.3f,\"p99_us\":%.3f,\"mean_us\":%.3f}",
 			       nk++ ? "," : "", kvbb_kind_name[k], t->kops[k],
 			       kvbb_h_quantile(t->hist[k], 0.50) / 1e3,
-			       kvbb_h_quantile(t->hist[k], 0.99) / 1e3);
+			       kvbb_h_quantile(t->hist[k], 0.99) / 1e3,
+			       (double)t->kns[k] / (double)t->kops[k] / 1e3);
 		}
 		printf("}");
 	}
@@ -909,6 +966,7 @@ int main(int argc, char **argv)
 		}
 		for (k = 0; k < NKIND; k++) {
 			total.kops[k] += s->kops[k];
+			total.kns[k] += s->kns[k];
 			for (j = 0; j < (int)H_BUCKETS; j++) {
 				total.hist[k][j] += s->hist[k][j];
 				if (k < K_NMIX) /* load, write_back: parts of ops, not ops */

@@ -17,7 +17,8 @@
  * pages that were not written back the same way. Keys are real SHA-256 chains (kvb_key_chain)
  * over synthetic tokens. --tp makes each engine several TP ranks (processes or threads) that
  * serve the same requests; --rate makes arrivals open-loop; load latency (arrival to the last
- * page loaded) and write-back time are reported apart from the request's whole time.
+ * page loaded) and write-back time are reported apart from the request's whole time; --layers
+ * puts the KV buffer in an engine's layer-first layout behind a view and loads layer groups.
  *
  * mla-tp: --procs ranks of one MLA model (TP=procs) store the same pages and load them back,
  * through the broker (one shared namespace: the first PUT of a page copies it, the others find
@@ -655,6 +656,41 @@ static int prep_engine(struct kvbb_cfg *cfg, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * --layers: the rank's KV buffer laid out as an engine's (SGLang's and vLLM's per-layer KV
+ * tensors: one region per component and layer, token slots bytes_per_token_layer apart), handed
+ * to the broker as a view, so that a load can move a range of layers of every page.
+ */
+static int engine_view(struct kvbb_w *w, char *err, size_t errlen)
+{
+	const struct kvb_layout *l = &w->cfg->layout;
+	uint64_t tokens = w->slots * l->tokens_per_page, base = 0;
+	struct kvb_view_part *parts;
+	uint32_t c, k, n = 0;
+	int rc;
+
+	for (c = 0; c < l->ncomponents; c++)
+		n += l->comp[c].num_layers;
+	parts = calloc(n, sizeof(*parts));
+	if (!parts) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	for (c = 0, n = 0; c < l->ncomponents; c++) {
+		for (k = 0; k < l->comp[c].num_layers; k++, n++) {
+			parts[n].buf = w->bufid;
+			parts[n].stride = l->comp[c].bytes_per_token_layer;
+			parts[n].base = base;
+			base += tokens * parts[n].stride;
+		}
+	}
+	rc = kvb_view_create(w->c, w->ns, parts, n, &w->view);
+	free(parts);
+	if (rc < 0)
+		snprintf(err, errlen, "kvb_view_create: %s", kvb_strerror(rc));
+	return rc;
+}
+
 static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 {
 	struct kvb_layout l = w->cfg->layout;
@@ -676,6 +712,95 @@ static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	return w->cfg->layer_groups ? engine_view(w, err, errlen) : 0;
+}
+
+/* Where page slot i of the rank's KV buffer is, for an op: a buffer offset, or a view's slot. */
+static void engine_target(const struct kvbb_w *w, struct kvb_op *op, uint64_t i)
+{
+	i %= w->slots;
+	if (w->cfg->layer_groups) {
+		op->flags = KVB_OPF_VIEW;
+		op->buf = w->view;
+		op->off = i * w->cfg->layout.tokens_per_page;
+	} else {
+		op->buf = w->bufid;
+		op->off = i * w->cfg->page_bytes;
+	}
+}
+
+/*
+ * Where page slot i's mark lies: the first bytes of its first layer's tokens. A write-back
+ * stamps the page's key there (the computed page's contents), and the warm-up checks that
+ * every page loaded carries its own.
+ */
+static uint8_t *engine_mark(struct kvbb_w *w, uint64_t i, size_t *len)
+{
+	const struct kvb_layout *l = &w->cfg->layout;
+	size_t run = w->cfg->layer_groups
+			     ? (size_t)l->tokens_per_page * l->comp[0].bytes_per_token_layer
+			     : w->cfg->page_bytes;
+
+	*len = run < sizeof(kvb_key) ? run : sizeof(kvb_key);
+	return w->buf + (i % w->slots) * run;
+}
+
+/*
+ * --layers G: the request's hits loaded as an engine that computes layer by layer loads them:
+ * G layer groups in layer order, every page's group g before any page's group g + 1, up to --qd
+ * view GETs in flight and never a wait between groups. The first group loaded is when layer 0
+ * can start computing (load_first); a page missing in any group lowers *first_miss to it.
+ */
+static int engine_load_layers(struct kvbb_w *w, uint32_t hits, uint64_t base, uint32_t *first_miss)
+{
+	const struct kvbb_cfg *cfg = w->cfg;
+	uint32_t groups = cfg->layer_groups, layers = cfg->layout.comp[0].num_layers;
+	uint32_t qd = cfg->qd ? cfg->qd : KVBB_MAX_QD, left0 = hits;
+	uint64_t total = (uint64_t)groups * hits, sent = 0, done = 0;
+	struct kvb_op ops[KVBB_MAX_QD];
+	struct kvb_completion comp[KVBB_MAX_QD];
+	int rc;
+
+	while (done < total) {
+		uint32_t n = 0;
+
+		while (sent + n < total && sent + n - done < qd) {
+			uint64_t k = sent + n;
+			uint32_t g = (uint32_t)(k / hits), p = (uint32_t)(k % hits);
+			uint32_t lf = g * layers / groups;
+
+			memset(&ops[n], 0, sizeof(ops[n]));
+			ops[n].opcode = KVB_OP_GET;
+			ops[n].key = w->req[p];
+			engine_target(w, &ops[n], base + p);
+			ops[n].layer_first = (uint16_t)lf;
+			ops[n].layer_count = (uint16_t)((g + 1) * layers / groups - lf);
+			ops[n].user_data = k;
+			n++;
+		}
+		if (n) {
+			rc = kvb_submit(w->c, ops, n);
+			if (rc < 0)
+				return rc;
+			sent += (uint64_t)rc;
+		}
+		rc = kvb_reap(w->c, comp, KVBB_MAX_QD, 1, 10000);
+		if (rc < 0)
+			return rc;
+		for (int j = 0; j < rc; j++) {
+			uint64_t k = comp[j].user_data;
+
+			if (comp[j].res == -ENOENT) {
+				if (k % hits < *first_miss)
+					*first_miss = (uint32_t)(k % hits);
+			} else if (comp[j].res < 0) {
+				return comp[j].res;
+			}
+			if (k < hits && !--left0)
+				kvbb_record(w, K_FIRST, kvbb_now_ns() - w->t_start);
+		}
+		done += (uint64_t)rc;
+	}
 	return 0;
 }
 
@@ -687,7 +812,6 @@ static int setup_engine(struct kvbb_w *w, char *err, size_t errlen)
 static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, uint32_t n,
 			uint64_t base, int put, uint32_t *first_miss)
 {
-	const struct kvbb_cfg *cfg = w->cfg;
 	struct kvb_op ops[KVBB_MAX_QD];
 	struct kvb_completion comp[KVBB_MAX_QD];
 	uint32_t j;
@@ -697,9 +821,8 @@ static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, ui
 	for (j = 0; j < n; j++) {
 		ops[j].opcode = put ? KVB_OP_PUT : KVB_OP_GET;
 		ops[j].ns = w->ns;
-		ops[j].buf = w->bufid;
 		ops[j].key = keys[from + j];
-		ops[j].off = ((base + from + j) % w->slots) * cfg->page_bytes;
+		engine_target(w, &ops[j], base + from + j);
 		ops[j].user_data = from + j;
 	}
 	rc = submit_all(w, ops, n, comp);
@@ -759,7 +882,12 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 	w->s->pg_total += n;
 	hits32 = (uint32_t)hits;
 	miss = hits32;
-	for (j = 0; j < hits32; j += qd) {
+	if (cfg->layer_groups && hits32) {
+		rc = engine_load_layers(w, hits32, base, &miss);
+		if (rc < 0)
+			return rc;
+	}
+	for (j = 0; !cfg->layer_groups && j < hits32; j += qd) {
 		rc = engine_batch(w, w->req, j, hits32 - j < qd ? hits32 - j : qd, base, 0, &miss);
 		if (rc < 0)
 			return rc;
@@ -770,8 +898,15 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 	}
 	t_load = kvbb_now_ns();
 	kvbb_record(w, K_LOAD, t_load - w->t_start);
-	for (j = hits32; j < n; j++)
-		memcpy(slot_of(w, base + j), w->req[j].b, sizeof(kvb_key));
+	for (j = 0; j < n; j++) {
+		size_t len;
+		uint8_t *mark = engine_mark(w, base + j, &len);
+
+		if (j >= hits32)
+			memcpy(mark, w->req[j].b, len);
+		else if (w->verify && memcmp(mark, w->req[j].b, len))
+			return -EBADMSG;
+	}
 	for (j = hits32; j < n; j += qd) {
 		rc = engine_batch(w, w->req, j, n - j < qd ? n - j : qd, base, 1, &miss);
 		if (rc < 0)
@@ -808,6 +943,36 @@ static int prep_tp(struct kvbb_cfg *cfg, char *err, size_t errlen)
 	return prep_probe(cfg, err, errlen);
 }
 
+/*
+ * Waits (at most 10 s) until the broker's background thread has no job left (STATS bg_jobs):
+ * it populates the broker's mapping of each buffer just registered, 10-50 ms of CPU per rank's
+ * 69 MiB, and a timed run that started meanwhile measured that thread beside the copies (on
+ * 2 vCPUs, more CPU inside the load phase than the copies themselves). An engine registers its
+ * buffers at start-up, long before its first load. Each rank waits after its own
+ * registration, so when the last is ready every populate is done. A broker that does not
+ * report the figure (older, or a tenant's view) is not waited for.
+ */
+static void bg_settle(struct kvbb_w *w)
+{
+	for (int i = 0; i < 2000; i++) {
+		char *js = NULL;
+		cJSON *root, *n;
+		double left = 0;
+
+		if (kvb_stats_json(w->c, &js) < 0)
+			return;
+		root = cJSON_Parse(js);
+		free(js);
+		n = root ? cJSON_GetObjectItem(root, "bg_jobs") : NULL;
+		if (cJSON_IsNumber(n))
+			left = n->valuedouble;
+		cJSON_Delete(root);
+		if (left <= 0)
+			return;
+		usleep(5000);
+	}
+}
+
 static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 {
 	const struct kvbb_cfg *cfg = w->cfg;
@@ -825,6 +990,12 @@ static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 			return -ENOMEM;
 		}
 	} else {
+		if (cfg->qd > 1 && cfg->host_buf == KVBB_BUF_USER) {
+			/* kvb_submit GETs land in a registered buffer only */
+			snprintf(err, errlen,
+				 "--qd needs a registered buffer, not --host-buf user");
+			return -EINVAL;
+		}
 		/* Each rank opens the namespace as itself: MLA ranks must resolve to one. */
 		l.tp_rank = (uint32_t)w->idx % l.tp_size;
 		rc = setup_conn_as(w, &l, err, errlen);
@@ -836,7 +1007,74 @@ static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 	}
 	for (k = 0; k < cfg->pages; k++)
 		kvbb_fill_page(slot_of(w, k), cfg->page_bytes, &cfg->tree_keys[k]);
+	if (!cfg->private_pools)
+		bg_settle(w);
 	return 0;
+}
+
+/*
+ * mla-tp --qd N: the b-th batch of the load phase, pages b*N .. b*N+N-1 loaded as an engine
+ * loads a request's pages, all at once: one kvb_submit of N GETs into the registered buffer
+ * (private pools: the same N memcpys). The batch is the op (kind "load": what delays the
+ * request's first token); each page is also recorded as a "get" sample, timed from the batch's
+ * start to its own completion (when its layers could be used).
+ */
+static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
+{
+	const struct kvbb_cfg *cfg = w->cfg;
+	struct kvb_op ops[KVBB_MAX_QD];
+	struct kvb_completion comp[KVBB_MAX_QD];
+	size_t pb = cfg->page_bytes, n = cfg->qd, sent = 0, done = 0, j;
+	uint64_t k0 = b * n, t0 = kvbb_now_ns(), t;
+	int rc;
+
+	if (k0 + n > cfg->pages)
+		n = (size_t)(cfg->pages - k0);
+	w->kind = K_LOAD;
+	if (!b)
+		w->s->load_t0 = t0;
+	if (cfg->private_pools) {
+		for (j = 0; j < n; j++) {
+			memcpy(slot_of(w, k0 + j), w->src + (k0 + j) * pb, pb);
+			kvbb_record(w, K_GET, kvbb_now_ns() - t0);
+		}
+		goto check;
+	}
+	memset(ops, 0, n * sizeof(ops[0]));
+	for (j = 0; j < n; j++) {
+		ops[j].opcode = KVB_OP_GET;
+		ops[j].ns = w->ns;
+		ops[j].buf = w->bufid;
+		ops[j].key = cfg->tree_keys[k0 + j];
+		ops[j].off = (k0 + j) * pb;
+		ops[j].user_data = j;
+	}
+	while (done < n) {
+		if (sent < n) {
+			rc = kvb_submit(w->c, ops + sent, n - sent);
+			if (rc < 0)
+				return rc;
+			sent += (size_t)rc;
+		}
+		rc = kvb_reap(w->c, comp, n - done, 1, 10000);
+		if (rc < 0)
+			return rc;
+		t = kvbb_now_ns();
+		for (j = 0; j < (size_t)rc; j++) {
+			if (comp[j].res < 0)
+				return comp[j].res;
+			if ((size_t)comp[j].res != pb)
+				return -EPROTO;
+			kvbb_record(w, K_GET, t - t0);
+		}
+		done += (size_t)rc;
+	}
+check:
+	w->s->load_t1 = kvbb_now_ns();
+	for (j = 0; j < n; j++)
+		if (kvbb_check_page(slot_of(w, k0 + j), pb, &cfg->tree_keys[k0 + j]))
+			return -EBADMSG;
+	return (int64_t)(n * pb);
 }
 
 static int64_t op_tp(struct kvbb_w *w, uint64_t i)
@@ -862,6 +1100,8 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 		w->s->dedup += rc == 1;
 		return (int64_t)pb;
 	}
+	if (cfg->qd > 1)
+		return tp_load_batch(w, i - cfg->pages);
 	w->kind = K_GET; /* load it back */
 	if (!k)
 		w->s->load_t0 = kvbb_now_ns();
@@ -944,12 +1184,13 @@ static void finish_engine(const struct kvbb_cfg *cfg, const struct kvbb_slot *t,
 	snprintf(json, jlen,
 		 "\"request_pages\":%u,\"request_bytes\":%zu,\"pages_asked\":%" PRIu64
 		 ",\"pages_hit\":%" PRIu64 ",\"page_hit_ratio\":%.4f,\"pages_stored\":%" PRIu64
-		 ",\"engines\":%d,\"tp\":%u",
+		 ",\"engines\":%d,\"tp\":%u,\"layer_groups\":%u",
 		 req_pages(cfg), req_pages(cfg) * cfg->page_bytes, t->pg_total, t->pg_hits, hr,
-		 t->stored, cfg->nslots / (int)cfg->tp, cfg->tp);
+		 t->stored, cfg->nslots / (int)cfg->tp, cfg->tp, cfg->layer_groups);
 	snprintf(text, tlen,
-		 "  %d engine(s) of TP=%u, %u pages per request, %.1f%% of pages found stored\n",
-		 cfg->nslots / (int)cfg->tp, cfg->tp, req_pages(cfg), 100 * hr);
+		 "  %d engine(s) of TP=%u, %u pages per request, %.1f%% of pages found stored%s\n",
+		 cfg->nslots / (int)cfg->tp, cfg->tp, req_pages(cfg), 100 * hr,
+		 cfg->layer_groups ? ", loaded in layer groups through a view" : "");
 }
 
 const struct kvbb_mode kvbb_broker_modes[] = {

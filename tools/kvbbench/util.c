@@ -15,8 +15,8 @@
 
 #include "kvbbench.h"
 
-const char *const kvbb_kind_name[NKIND] = {"all",     "get",  "put",	   "lookup",
-					   "acquire", "load", "write_back"};
+const char *const kvbb_kind_name[NKIND] = {"all",     "get",  "put",	    "lookup",
+					   "acquire", "load", "write_back", "load_first"};
 
 unsigned kvbb_h_index(uint64_t v)
 {
@@ -226,6 +226,7 @@ void kvbb_record(struct kvbb_w *w, enum kvbb_kind kind, uint64_t ns)
 {
 	w->s->hist[kind][kvbb_h_index(ns)]++;
 	w->s->kops[kind]++;
+	w->s->kns[kind] += ns;
 }
 
 void kvbb_fail(struct kvbb_slot *s, int rc, const char *what)
