@@ -5,33 +5,35 @@
 # side, interleaved. A and B are build directories (build/release of two trees: before and
 # after a change); each gets its own kvbrokerd --pool 1G, and every repetition measures memcpy
 # (B's kvbbench) then each mode on A then on B, so the machine's drift spreads over both.
-# Prints per page size memcpy's median GB/s and each mode's median as a ratio to it, then the
-# load average. PAGES: sizes for --page, or "kimi" for --layout kimi. Used for issue 19's
-# figures in docs/benchmarks.md; on a shared machine, prefer it to two separate runs.
+# Prints per page size memcpy's median GB/s and p50, then per mode and build the median ratio
+# to memcpy (with the range over repetitions) and the median p50 (with its excess over
+# memcpy's), then the load average. PAGES: sizes for --page, or "kimi" for --layout kimi. A
+# mode may carry its own arguments joined by '+' ("get+--qd+8"). Used for issue 19's figures
+# in docs/benchmarks.md; on a shared machine, prefer it to two separate runs.
 set -eu
 A=$1 B=$2 REPS=$3 SECS=$4 PAGES=$5 MODES=$6
 shift 6
 tmp=$(mktemp -d /tmp/kvbab.XXXXXX)
-"$A/bin/kvbrokerd" --socket "$tmp/a.sock" --pool 1G --log-level warn &
+"$A/bin/kvbrokerd" --socket "$tmp/a.sock" --pool 1G --log-level error &
 ap=$!
-"$B/bin/kvbrokerd" --socket "$tmp/b.sock" --pool 1G --log-level warn &
+"$B/bin/kvbrokerd" --socket "$tmp/b.sock" --pool 1G --log-level error &
 bp=$!
 trap 'kill $ap $bp 2>/dev/null || true; rm -rf "$tmp"' EXIT
 sleep 2
-gbs='import json, sys; print(json.load(sys.stdin)["gb_per_s"])'
+ex='import json, sys; d = json.load(sys.stdin); print(d["gb_per_s"], d["p50_us"])'
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$REPS"); do
 	for p in $PAGES; do
 		pa="--page $p"
 		[ "$p" = kimi ] && pa="--layout kimi"
 		# shellcheck disable=SC2086
-		echo "$p memcpy $("$B/bin/kvbbench" --json --seconds "$SECS" $pa "$@" memcpy | python3 -c "$gbs")" >>"$tmp/res"
+		echo "$p memcpy $("$B/bin/kvbbench" --json --seconds "$SECS" $pa "$@" memcpy | python3 -c "$ex")" >>"$tmp/res"
 		for m in $MODES; do
 			for side in a b; do
 				bin=$A
 				[ "$side" = b ] && bin=$B
 				# shellcheck disable=SC2086
-				g=$("$bin/bin/kvbbench" --socket "$tmp/$side.sock" --json --seconds "$SECS" $pa "$@" "$m" | python3 -c "$gbs") || g=0
+				g=$("$bin/bin/kvbbench" --socket "$tmp/$side.sock" --json --seconds "$SECS" $pa "$@" $(echo "$m" | tr '+' ' ') | python3 -c "$ex") || g="0 0"
 				echo "$p $side:$m $g" >>"$tmp/res"
 			done
 		done
@@ -41,12 +43,17 @@ python3 - "$tmp/res" <<'PY'
 import collections, statistics as st, sys
 d = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    p, m, g = line.split()
-    d[(p, m)].append(float(g))
+    p, m, g, l = line.split()
+    d[(p, m)].append((float(g), float(l)))
 for p in dict.fromkeys(k[0] for k in d):
-    mc = st.median(d[(p, "memcpy")])
-    rest = " ".join("%s %.2f" % (m, st.median(v) / mc) for (pp, m), v in d.items()
-                    if pp == p and m != "memcpy")
-    print("%s memcpy %.2f GB/s  %s" % (p, mc, rest))
+    mc = st.median(x[0] for x in d[(p, "memcpy")])
+    ml = st.median(x[1] for x in d[(p, "memcpy")])
+    print("%s memcpy %.2f GB/s p50 %.2f us" % (p, mc, ml))
+    for (pp, m), v in d.items():
+        if pp != p or m == "memcpy":
+            continue
+        r = [x[0] / mc for x in v]
+        l = st.median(x[1] for x in v)
+        print("  %-16s %.2f (%.2f-%.2f)  p50 %.2f us (%+.2f)" % (m, st.median(r), min(r), max(r), l, l - ml))
 PY
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
