@@ -230,7 +230,7 @@ int kvbc_ctl(struct kvb_client *c, uint16_t type, const void *body, size_t body_
 	 * rings: RELEASEs we posted without waiting complete first, so that this request sees
 	 * their leases gone (a stats request right after kvb_release(), a buffer unregistered).
 	 */
-	err = kvbc_wait_discards_locked(c);
+	err = kvbc_wait_discards_locked(c, KVBC_CTL_TIMEOUT_MS);
 	if (err)
 		return err;
 	c->seq++;

@@ -200,9 +200,10 @@ void kvbc_lease_note(struct kvb_client *c, uint64_t id);
 void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
 /*
  * ring.c [release-post]: waits until every SQE posted without waiting for its answer (a
- * RELEASE) has completed, so that a control request sent next is answered after them.
+ * RELEASE) has completed, so that a control request sent next is answered after them; at
+ * most timeout_ms, then 0 all the same. A fatal error of the connection is returned.
  */
-int kvbc_wait_discards_locked(struct kvb_client *c);
+int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms);
 
 /* conn.c [RECONNECT]: the broker is gone (sets fatal, fails in-flight async ops). */
 int kvbc_lost(struct kvb_client *c, int err);

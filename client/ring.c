@@ -604,17 +604,27 @@ int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *
 	return kvbc_sync_parent_locked(c, sqe, NULL, cqe);
 }
 
-int kvbc_wait_discards_locked(struct kvb_client *c)
+int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 {
+	uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+
 	for (;;) {
 		uint32_t i = 0;
-		int err;
+		int n, err;
 
 		while (i < c->nslots && c->slots[i].kind != KVBC_SLOT_DISCARD)
 			i++;
 		if (i == c->nslots)
 			return 0;
-		err = cq_step(c);
+		n = cq_drain(c);
+		if (n < 0)
+			return n;
+		if (n || cq_spin(c, deadline))
+			continue;
+		err = cq_sleep(c, deadline, 0);
+		/* A broker that stopped answering: the request itself times out the same way. */
+		if (err == -ETIMEDOUT)
+			return 0;
 		if (err)
 			return err;
 	}
