@@ -330,7 +330,7 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 /* Unpins and clears lease->data and len. -EINVAL when the lease is not held by this client
  * (released twice, forged, another client's). A lease this client holds is released without
  * waiting for the broker (docs/protocol.md): the RELEASE runs before the client's next op and
- * next control request, and within the broker's next round for other clients. */
+ * before any control request sent after it (another client's stats see the page unpinned). */
 int kvb_release(kvb_client *c, struct kvb_lease *lease);
 
 /* Round trip through the rings; for health checks and latency measurement. */

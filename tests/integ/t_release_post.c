@@ -7,8 +7,8 @@
  *   - the client's own next control request (stats) sees the lease gone, also when the broker
  *     slept and wakes for the doorbell and the request together (session.c runs the ring
  *     first);
- *   - another client sees the page unpinned within milliseconds, the broker asleep or not,
- *     and a PUT that needs its slot succeeds;
+ *   - another client's next request sees the page unpinned and the RELEASE counted, the
+ *     broker asleep or not (loop.c runs the rings before it answers requests);
  *   - a lease held twice (two ACQUIREs of one page) takes two releases; a third, a forged id
  *     and another client's id are -EINVAL as before (they wait for the broker);
  *   - an async RELEASE through kvb_submit() of a lease leaves nothing for kvb_release(),
@@ -45,7 +45,7 @@ int main(int argc, char **argv)
 	kvb_key k0 = harness_key(SEED, 0);
 	uint8_t *page = malloc(PAGE);
 	kvb_client *a, *o;
-	uint64_t t0, worst = 0;
+	uint64_t rel;
 	pid_t pid;
 	int st;
 
@@ -69,20 +69,18 @@ int main(int argc, char **argv)
 		CHECK_EQ(harness_stat(a, "leases"), 0);
 	}
 
-	harness_log("another client sees the page unpinned promptly");
+	harness_log("another client's next request sees the page unpinned");
+	rel = harness_stat(o, "counters.releases");
 	for (int i = 0; i < 20; i++) {
 		CHECK_OK(kvb_acquire(a, ns, k0, &l1));
 		CHECK_EQ(harness_stat(o, "pool.pinned_pages"), 1);
 		if (i % 2)
 			rel_sleep_ms(3);
 		CHECK_OK(kvb_release(a, &l1));
-		t0 = harness_now_ms();
-		CHECK_EQ(harness_stat_wait(o, "pool.pinned_pages", 0, 2000), 0);
-		if (harness_now_ms() - t0 > worst)
-			worst = harness_now_ms() - t0;
+		/* At once, no retry: the broker runs rings before requests (loop.c). */
+		CHECK_EQ(harness_stat(o, "pool.pinned_pages"), 0);
+		CHECK_EQ(harness_stat(o, "counters.releases"), rel + (uint64_t)i + 1);
 	}
-	CHECKF(worst < 500, "a released page stayed pinned %llu ms for another client",
-	       (unsigned long long)worst);
 
 	harness_log("two leases on one page, then ids not held");
 	CHECK_OK(kvb_acquire(a, ns, k0, &l1));
@@ -144,9 +142,8 @@ int main(int argc, char **argv)
 	CHECK_RC(kvb_get(o, ns, k0, page, PAGE), (long long)PAGE);
 	CHECK_OK(harness_verify(page, PAGE, &k0, SEED, "page after all releases"));
 
-	rel_figure("release without waiting: own stats always see it, another client within %llu "
-		   "ms at worst (20 tries)",
-		   (unsigned long long)worst);
+	rel_figure("release without waiting: the client's own and another client's next stats "
+		   "request saw it every time (40 + 20 tries, the broker awake and asleep)");
 	kvb_close(o);
 	kvb_close(a);
 	harness_broker_stop(b);
