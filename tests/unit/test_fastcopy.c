@@ -3,10 +3,10 @@
  * test_fastcopy.c - the data path's memory helpers. kvb_copy() (proto/fastcopy.h) is byte-exact
  * at every size around its streaming threshold and the vector widths, at every alignment of
  * either side, and writes nothing outside [dst, dst + n); the SSE2 and AVX2 loops are checked
- * one by one, and kvb_copy_part() as one segment of a large copy. The background thread (broker/bg.c) populates a mapping (every page resident
- * after it, its bytes unchanged) and unmaps only after an earlier populate of the same range,
- * and does both inline-or-not without a thread (NULL). loop_hold() keeps the loop's deadline
- * monotonic and clamped.
+ * one by one, and kvb_copy_part() as one segment of a large copy. The background thread
+ * (broker/bg.c) populates a mapping (every page resident after it, its bytes unchanged) and
+ * unmaps only after an earlier populate of the same range, and does both inline-or-not without
+ * a thread (NULL). loop_hold() keeps the loop's deadline monotonic and clamped.
  */
 #include <setjmp.h>
 #include <stdarg.h>
