@@ -1013,12 +1013,6 @@ static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 			return -ENOMEM;
 		}
 	} else {
-		if (cfg->qd > 1 && cfg->host_buf == KVBB_BUF_USER) {
-			/* kvb_submit GETs land in a registered buffer only */
-			snprintf(err, errlen,
-				 "--qd needs a registered buffer, not --host-buf user");
-			return -EINVAL;
-		}
 		/* Each rank opens the namespace as itself: MLA ranks must resolve to one. */
 		l.tp_rank = (uint32_t)w->idx % l.tp_size;
 		rc = setup_conn_as(w, &l, err, errlen);
