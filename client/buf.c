@@ -217,34 +217,29 @@ void kvbc_buf_free_all(struct kvb_client *c)
 	c->staging.addr = NULL;
 }
 
-/* NULL with errno set: a caller must be able to tell a full quota from a dead broker. */
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf)
 {
 	struct kvbc_buf *b;
-	int err;
+	void *addr = NULL;
 
-	if (!buf || !len) {
-		errno = EINVAL;
+	if (!buf || !len)
 		return NULL;
-	}
-	err = kvbc_enter(c);
-	if (err)
-		goto fail;
+	if (kvbc_enter(c))
+		return NULL;
 	b = calloc(1, sizeof(*b));
-	err = b ? kvbc_buf_alloc_locked(c, len, b) : -ENOMEM;
-	if (err) {
+	if (!b)
+		goto out;
+	if (kvbc_buf_alloc_locked(c, len, b)) {
 		free(b);
-		kvbc_leave(c);
-		goto fail;
+		goto out;
 	}
 	b->next = c->bufs;
 	c->bufs = b;
 	*buf = b->id;
+	addr = b->addr;
+out:
 	kvbc_leave(c);
-	return b->addr;
-fail:
-	errno = -err;
-	return NULL;
+	return addr;
 }
 
 int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,

@@ -338,10 +338,9 @@ int kvb_nop(kvb_client *c);
 
 /*
  * Allocates len bytes of shared memory the broker may copy to and from, registers it and
- * returns its address (NULL on failure with errno set, *buf untouched: EINVAL, ENOMEM also
- * past the broker's --max-buf-bytes, EMFILE past --max-bufs, ECONNRESET, ...). The id goes to
- * *buf. The memory is faulted in here, by the caller, so it is charged to the caller's memory
- * cgroup (not to the broker's at its first copy) and a buffer the machine cannot back fails now.
+ * returns its address (NULL on failure, *buf untouched). The id goes to *buf. The memory is
+ * faulted in here, by the caller, so it is charged to the caller's memory cgroup (not to the
+ * broker's at its first copy) and a buffer the machine cannot back fails now.
  */
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf);
 

@@ -252,10 +252,12 @@ for g, label in ((0, "page GETs (kvb_submit)"), (4, "view, 4 layer groups"),
     tag = "engine layers%d" % g
     pages = med(tag, lambda r: r["pages_hit"] / max(r["ops"], 1))
     lp = med(tag, lambda r: r["kinds"]["load"]["p50_us"] / 1e3)
-    fp = med(tag, lambda r: r["kinds"]["load_first"]["p50_us"] / 1e3) if g else None
+    fp = med(tag, lambda r: r["kinds"].get("load_first", {}).get("p50_us", 0) / 1e3) \
+        if g else None
     wp = med(tag, lambda r: r["kinds"]["write_back"]["p50_us"] / 1e3
              if "write_back" in r["kinds"] else 0)
-    ideal = pages * 4497408 / (kimi * 1e9) * 1e3 if pages and kimi else None
+    pb = med(tag, lambda r: r["page_bytes"])
+    ideal = pages * pb / (kimi * 1e9) * 1e3 if pages and pb and kimi else None
     print("| %s | %s | %s | %s | %s | %s |" % (label, fx(pages, "%.1f"), fx(lp, "%.1f"),
           fx(ratio(lp, ideal), "%.2fx"), fx(fp, "%.1f"), fx(wp, "%.1f")))
 if fails:

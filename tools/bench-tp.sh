@@ -41,13 +41,19 @@ for r in $(seq "$REPS"); do
 				env $E "$B/bin/kvbrokerd" --socket "$tmp/b.sock" --pool 1G \
 					--log-level warn &
 				bp=$!
+				i=0
 				until "$K" --socket "$tmp/b.sock" --iters 1 --warmup 0 nop >/dev/null 2>&1; do
+					i=$((i + 1))
+					if [ $i -ge 300 ] || ! kill -0 "$bp" 2>/dev/null; then
+						echo "bench-tp: $side: the broker did not start" >&2
+						exit 1
+					fi
 					sleep 0.1
 				done
 				# shellcheck disable=SC2086
 				env $E "$K" --socket "$tmp/b.sock" --procs 8 --layout kimi --qd "$qd" --json \
 					$XARGS mla-tp >"$tmp/o" 2>"$tmp/e" || echo "$side: $(tail -n 1 "$tmp/e")" >&2
-				kill "$bp"
+				kill "$bp" 2>/dev/null || true
 				wait "$bp" 2>/dev/null || true
 				bp=""
 			fi
@@ -58,10 +64,10 @@ for r in $(seq "$REPS"); do
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$tmp/res" <<'PY'
-import collections, json, statistics as st, sys
+import collections, json, os, statistics as st, sys
 
 d = collections.defaultdict(list)
-for line in open(sys.argv[1]):
+for line in open(sys.argv[1]) if os.path.exists(sys.argv[1]) else ():
     qd, side, js = line.split(" ", 2)
     d[(qd, side)].append(json.loads(js))
 med = lambda v: st.median(v) if v else float("nan")
@@ -71,7 +77,8 @@ for (qd, side), v in d.items():
     print("qd %-3s %-8s n=%d  GET p50 %.2f mean %.2f p99 %.2f ms  batch p50 %s  load phase "
           "%.1f ms  wall %.1f ms  [load phases %s]" % (
               qd, side, len(v), med([k["p50_us"] / 1e3 for k in g]),
-              med([k.get("mean_us", 0) / 1e3 for k in g]), med([k["p99_us"] / 1e3 for k in g]),
+              med([k["mean_us"] / 1e3 for k in g if "mean_us" in k]),
+              med([k["p99_us"] / 1e3 for k in g]),
               "%.2f ms" % med(batch) if batch else "-", med([x["load_ms"] for x in v]),
               med([x["seconds"] * 1e3 for x in v]),
               " ".join("%.0f" % x["load_ms"] for x in v)))

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -260,7 +261,11 @@ static void test_exit_release(kvb_client *c)
 	for (int i = 0; i < 200; i++)
 		CHECK_OK(kvb_nop(c));
 	CHECK_EQ(harness_stat_wait(c, "bg_jobs", 0, 20000), 0);
-	CHECK_EQ(threads_at_nice(br->pid, 10), 1);
+	/* Only from nice 0 ("nice make test" leaves every thread at 10 or more). */
+	if (!getenv("KVB_BG_NICE") && getpriority(PRIO_PROCESS, 0) == 0)
+		CHECK_EQ(threads_at_nice(br->pid, 10), 1);
+	else
+		harness_log("not at nice 0, or KVB_BG_NICE set: bg nice check skipped");
 	CHECK_RC(kvb_get(c, ns, key, dst, pb), (long long)pb);
 	CHECK(harness_verify(dst, pb, &key, 55, "exiter's page") == 0);
 	free(dst);

@@ -2,9 +2,9 @@
 /*
  * t_kvbbench.c - every kvbbench mode runs against a real broker and its --json says what the
  * mode did: the right number of ops, PUTs that stored, reads without misses, TP ranks that made
- * one copy (also loading in kvb_submit batches, --qd), a too-small pool refused with a clear
- * message. Small working sets and --iters keep
- * it to a few seconds; the figures themselves are `make bench`'s business, not this test's.
+ * one copy (also loading in kvb_submit batches, --qd), engine loads in layer groups through a
+ * view (--layers), a too-small pool refused with a clear message. Small working sets and --iters
+ * keep it to a few seconds; the figures themselves are `make bench`'s business, not this test's.
  */
 #include <cjson/cJSON.h>
 #include <libgen.h>
@@ -183,8 +183,10 @@ int main(int argc, char **argv)
 	CHECK_EQ(num(r, "copies"), 24);
 	CHECK_EQ(num(r, "mem_x_one_copy"), 4);
 	cJSON_Delete(r);
-	/* --qd 4: each rank loads its 6 pages in batches of 4 and 2 (kvb_submit), every page
-	 * checked; "load" is per batch, "get" per page. Also with ranks that leave early. */
+	/*
+	 * --qd 4: each rank loads its 6 pages in batches of 4 and 2 (kvb_submit), every page
+	 * checked (its marks were wiped after its PUT); "load" is per batch, "get" per page.
+	 */
 	for (int priv = 0; priv < 2; priv++) {
 		const char *a[] = {"--json --page 64K --procs 4 --pages 6 --qd 4 mla-tp",
 				   "--json --page 64K --procs 4 --pages 6 --qd 4 --private "
@@ -201,6 +203,7 @@ int main(int argc, char **argv)
 		CHECK(num(r, "load_ms") > 0);
 		cJSON_Delete(r);
 	}
+	/* --leave-early changes only when ranks disconnect: here, that it runs and loses nothing. */
 	r = run_json("--json --page 64K --procs 2 --pages 3 --leave-early mla-tp");
 	CHECK_EQ(num(r, "copies"), 3);
 	cJSON_Delete(r);

@@ -5,10 +5,9 @@
  * either side, into a reused destination and a fresh one, and writes nothing outside
  * [dst, dst + n); so is kvb_copy_nt() from 256 bytes, and kvb_copy_part() as one segment of
  * a large copy; the SSE2 and AVX2 loops are checked one by one. The background thread
- * (broker/bg.c) populates a mapping (every page resident
- * after it, its bytes unchanged) and unmaps only after an earlier populate of the same range,
- * and does both inline-or-not without a thread (NULL). loop_hold() keeps the loop's deadline
- * monotonic and clamped.
+ * (broker/bg.c) populates a mapping (every page resident after it, its bytes unchanged) and
+ * unmaps only after an earlier populate of the same range, and does both inline-or-not without
+ * a thread (NULL). loop_hold() keeps the loop's deadline monotonic and clamped.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -84,8 +84,7 @@ struct kvbb_cfg {
 	double rate;	 /* > 0: open loop, ops (engine: requests) per second in all (--rate) */
 	int dst_hot;	 /* --dst hot: every copy lands in one reused (cache-hot) destination */
 	uint32_t tp;	 /* engine: TP ranks per engine (--tp) */
-	uint32_t
-		layer_groups; /* engine: loads through a view, in this many layer groups (--layers) */
+	uint32_t layer_groups; /* engine --layers: loads through a view, in layer groups */
 	enum kvbb_dist dist;
 	double zipf_s;
 	struct kvbb_zipf zipf; /* over the working set, or over prefixes in engine mode */
@@ -145,7 +144,7 @@ struct kvbb_w {
 	int idx; /* slot index, 0..nslots-1 */
 	kvb_client *c;
 	uint32_t ns, bufid;
-	uint32_t view;	/* engine --layers: the view over buf in an engine's layer-first layout */
+	uint32_t view;	/* engine --layers: the view over buf, an engine's layer-first layout */
 	uint8_t *buf;	/* registered or private destination/source ring */
 	int buf_reg;	/* buf came from kvb_buf_alloc_host (kvb_close unmaps it) */
 	size_t buf_own; /* > 0: buf is our own memfd mapping of this many bytes (--host-buf) */
@@ -204,6 +203,8 @@ uint64_t kvbb_parse_size(const char *s);
 const char *kvbb_fmt_bytes(double b, char *buf, size_t len);
 void kvbb_fill_page(uint8_t *p, size_t len, const kvb_key *k);
 int kvbb_check_page(const uint8_t *p, size_t len, const kvb_key *k);
+/* Wipes what kvbb_check_page() looks at: a page read back into the same memory is then checked. */
+void kvbb_clobber_page(uint8_t *p, size_t len);
 void *kvbb_alloc_touched(size_t len);
 /* The working-set page the i-th read of this thread touches, by --dist. */
 uint64_t kvbb_pick(struct kvbb_w *w, uint64_t i);

@@ -659,6 +659,11 @@ static int parse_args(int argc, char **argv)
 			cfg.pages = 16;
 		cfg.threads = 1;
 		/* --qd N: the load phase in batches of N pages (modes_broker.c, tp_load_batch). */
+		if (cfg.qd > 1 && cfg.host_buf == KVBB_BUF_USER && !cfg.private_pools) {
+			fprintf(stderr, "kvbbench: mla-tp --qd needs a registered buffer, not "
+					"--host-buf user\n");
+			return -1;
+		}
 		cfg.iters = cfg.pages +
 			    (cfg.qd > 1 ? (cfg.pages + cfg.qd - 1) / cfg.qd : cfg.pages);
 		warm = 0;

@@ -352,10 +352,11 @@ static int64_t put_new(struct kvbb_w *w, uint64_t i)
 
 /*
  * Hands n ops to the broker (kvb_submit, as often as the SQ takes them) and reaps all n
- * completions into comp[], in the order they came.
+ * completions into comp[], in the order they came; at[], when not NULL, gets the time each
+ * was reaped.
  */
 static int submit_all(struct kvbb_w *w, const struct kvb_op *ops, size_t n,
-		      struct kvb_completion *comp)
+		      struct kvb_completion *comp, uint64_t *at)
 {
 	size_t sent = 0, done = 0;
 	int rc;
@@ -370,6 +371,12 @@ static int submit_all(struct kvbb_w *w, const struct kvb_op *ops, size_t n,
 		rc = kvb_reap(w->c, comp + done, n - done, 1, 10000);
 		if (rc < 0)
 			return rc;
+		if (at) {
+			uint64_t t = kvbb_now_ns();
+
+			for (int j = 0; j < rc; j++)
+				at[done + (size_t)j] = t;
+		}
 		done += (size_t)rc;
 	}
 	return 0;
@@ -407,7 +414,7 @@ static int64_t batch_io(struct kvbb_w *w, uint64_t i, int put)
 		ops[j].off = (put || !cfg->dst_hot ? idx % w->slots : j) * pb;
 		ops[j].user_data = j;
 	}
-	rc = submit_all(w, ops, n, comp);
+	rc = submit_all(w, ops, n, comp, NULL);
 	if (rc < 0)
 		return rc;
 	for (j = 0; j < n; j++) {
@@ -730,19 +737,36 @@ static void engine_target(const struct kvbb_w *w, struct kvb_op *op, uint64_t i)
 }
 
 /*
- * Where page slot i's mark lies: the first bytes of its first layer's tokens. A write-back
- * stamps the page's key there (the computed page's contents), and the warm-up checks that
- * every page loaded carries its own.
+ * Every layer of a computed page carries a mark: its key, the layer folded into the first
+ * byte, at the start of that layer's tokens (in the view's region of the layer, or in the
+ * page's [layer][token] run; kvbbench's layouts have one component). A write-back stamps them;
+ * the warm-up wipes them before a load and checks each layer came back with its own, so a
+ * load that skipped, misplaced or cut short a layer fails it.
  */
-static uint8_t *engine_mark(struct kvbb_w *w, uint64_t i, size_t *len)
+enum { MARK_STAMP, MARK_WIPE, MARK_CHECK };
+
+static int engine_marks(struct kvbb_w *w, uint64_t i, const kvb_key *key, int what)
 {
 	const struct kvb_layout *l = &w->cfg->layout;
-	size_t run = w->cfg->layer_groups
-			     ? (size_t)l->tokens_per_page * l->comp[0].bytes_per_token_layer
-			     : w->cfg->page_bytes;
+	size_t run = (size_t)l->tokens_per_page * l->comp[0].bytes_per_token_layer;
+	size_t len = run < sizeof(*key) ? run : sizeof(*key);
 
-	*len = run < sizeof(kvb_key) ? run : sizeof(kvb_key);
-	return w->buf + (i % w->slots) * run;
+	i %= w->slots;
+	for (uint32_t layer = 0; layer < l->comp[0].num_layers; layer++) {
+		uint8_t *at = w->buf + (w->cfg->layer_groups
+						? (layer * w->slots + i) * run
+						: i * w->cfg->page_bytes + layer * run);
+		kvb_key mark = *key;
+
+		mark.b[0] ^= (uint8_t)layer;
+		if (what == MARK_STAMP)
+			memcpy(at, mark.b, len);
+		else if (what == MARK_WIPE)
+			memset(at, 0, len);
+		else if (memcmp(at, mark.b, len))
+			return -EBADMSG;
+	}
+	return 0;
 }
 
 /*
@@ -825,7 +849,7 @@ static int engine_batch(struct kvbb_w *w, const kvb_key *keys, uint32_t from, ui
 		engine_target(w, &ops[j], base + from + j);
 		ops[j].user_data = from + j;
 	}
-	rc = submit_all(w, ops, n, comp);
+	rc = submit_all(w, ops, n, comp, NULL);
 	for (j = 0; !rc && j < n; j++) {
 		if (!put && comp[j].res == -ENOENT) {
 			if (comp[j].user_data < *first_miss)
@@ -882,6 +906,8 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 	w->s->pg_total += n;
 	hits32 = (uint32_t)hits;
 	miss = hits32;
+	for (j = 0; w->verify && j < hits32; j++)
+		engine_marks(w, base + j, &w->req[j], MARK_WIPE);
 	if (cfg->layer_groups && hits32) {
 		rc = engine_load_layers(w, hits32, base, &miss);
 		if (rc < 0)
@@ -899,12 +925,9 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 	t_load = kvbb_now_ns();
 	kvbb_record(w, K_LOAD, t_load - w->t_start);
 	for (j = 0; j < n; j++) {
-		size_t len;
-		uint8_t *mark = engine_mark(w, base + j, &len);
-
 		if (j >= hits32)
-			memcpy(mark, w->req[j].b, len);
-		else if (w->verify && memcmp(mark, w->req[j].b, len))
+			engine_marks(w, base + j, &w->req[j], MARK_STAMP);
+		else if (w->verify && engine_marks(w, base + j, &w->req[j], MARK_CHECK))
 			return -EBADMSG;
 	}
 	for (j = hits32; j < n; j += qd) {
@@ -990,12 +1013,6 @@ static int setup_tp(struct kvbb_w *w, char *err, size_t errlen)
 			return -ENOMEM;
 		}
 	} else {
-		if (cfg->qd > 1 && cfg->host_buf == KVBB_BUF_USER) {
-			/* kvb_submit GETs land in a registered buffer only */
-			snprintf(err, errlen,
-				 "--qd needs a registered buffer, not --host-buf user");
-			return -EINVAL;
-		}
 		/* Each rank opens the namespace as itself: MLA ranks must resolve to one. */
 		l.tp_rank = (uint32_t)w->idx % l.tp_size;
 		rc = setup_conn_as(w, &l, err, errlen);
@@ -1024,8 +1041,9 @@ static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
 	const struct kvbb_cfg *cfg = w->cfg;
 	struct kvb_op ops[KVBB_MAX_QD];
 	struct kvb_completion comp[KVBB_MAX_QD];
-	size_t pb = cfg->page_bytes, n = cfg->qd, sent = 0, done = 0, j;
-	uint64_t k0 = b * n, t0 = kvbb_now_ns(), t;
+	uint64_t at[KVBB_MAX_QD];
+	size_t pb = cfg->page_bytes, n = cfg->qd, j;
+	uint64_t k0 = b * n, t0 = kvbb_now_ns();
 	int rc;
 
 	if (k0 + n > cfg->pages)
@@ -1049,25 +1067,15 @@ static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
 		ops[j].off = (k0 + j) * pb;
 		ops[j].user_data = j;
 	}
-	while (done < n) {
-		if (sent < n) {
-			rc = kvb_submit(w->c, ops + sent, n - sent);
-			if (rc < 0)
-				return rc;
-			sent += (size_t)rc;
-		}
-		rc = kvb_reap(w->c, comp, n - done, 1, 10000);
-		if (rc < 0)
-			return rc;
-		t = kvbb_now_ns();
-		for (j = 0; j < (size_t)rc; j++) {
-			if (comp[j].res < 0)
-				return comp[j].res;
-			if ((size_t)comp[j].res != pb)
-				return -EPROTO;
-			kvbb_record(w, K_GET, t - t0);
-		}
-		done += (size_t)rc;
+	rc = submit_all(w, ops, n, comp, at);
+	if (rc < 0)
+		return rc;
+	for (j = 0; j < n; j++) {
+		if (comp[j].res < 0)
+			return comp[j].res;
+		if ((size_t)comp[j].res != pb)
+			return -EPROTO;
+		kvbb_record(w, K_GET, at[j] - t0);
 	}
 check:
 	w->s->load_t1 = kvbb_now_ns();
@@ -1086,18 +1094,19 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 	uint8_t *slot = slot_of(w, k);
 	int rc;
 
-	if (i < cfg->pages) { /* store the rank's page */
+	if (i < cfg->pages) { /* store the rank's page, then wipe its marks for the load's check */
 		w->kind = K_PUT;
 		if (cfg->private_pools) {
 			memcpy(w->src + k * pb, slot, pb);
 			w->s->stored++;
-			return (int64_t)pb;
+		} else {
+			rc = kvb_put(w->c, w->ns, *key, slot, pb);
+			if (rc < 0)
+				return rc;
+			w->s->stored += rc == 0;
+			w->s->dedup += rc == 1;
 		}
-		rc = kvb_put(w->c, w->ns, *key, slot, pb);
-		if (rc < 0)
-			return rc;
-		w->s->stored += rc == 0;
-		w->s->dedup += rc == 1;
+		kvbb_clobber_page(slot, pb);
 		return (int64_t)pb;
 	}
 	if (cfg->qd > 1)

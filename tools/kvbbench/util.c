@@ -198,6 +198,8 @@ const char *kvbb_fmt_bytes(double b, char *buf, size_t len)
 }
 
 /* Page content: a fixed pattern with the key in the first 32 bytes, so reads can be checked. */
+/* The key at both ends of a page (one end when the page is under two keys): a copy cut short
+ * or landing elsewhere misses one of them. */
 void kvbb_fill_page(uint8_t *p, size_t len, const kvb_key *k)
 {
 	size_t i;
@@ -205,11 +207,22 @@ void kvbb_fill_page(uint8_t *p, size_t len, const kvb_key *k)
 	for (i = 0; i < len; i += 4096)
 		memset(p + i, (int)(0xa5 ^ (i >> 12)), len - i < 4096 ? len - i : 4096);
 	memcpy(p, k->b, len < 32 ? len : 32);
+	if (len >= 64)
+		memcpy(p + len - 32, k->b, 32);
 }
 
 int kvbb_check_page(const uint8_t *p, size_t len, const kvb_key *k)
 {
-	return memcmp(p, k->b, len < 32 ? len : 32) ? -EBADMSG : 0;
+	if (memcmp(p, k->b, len < 32 ? len : 32) || (len >= 64 && memcmp(p + len - 32, k->b, 32)))
+		return -EBADMSG;
+	return 0;
+}
+
+void kvbb_clobber_page(uint8_t *p, size_t len)
+{
+	memset(p, 0, len < 32 ? len : 32);
+	if (len >= 64)
+		memset(p + len - 32, 0, 32);
 }
 
 void *kvbb_alloc_touched(size_t len)
