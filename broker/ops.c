@@ -404,10 +404,11 @@ static void op_account(struct broker *b, const struct op *op)
  * OPS_CACHE for the next SQEs instead; an op is zeroed before its reuse either way. Not under
  * AddressSanitizer, which must see a use of a freed op as one.
  */
-#if defined(__SANITIZE_ADDRESS__)
-#define OPS_CACHE 0u
-#else
 #define OPS_CACHE 64u
+#if defined(__SANITIZE_ADDRESS__)
+#define OPS_CACHE_OFF 1
+#else
+#define OPS_CACHE_OFF 0
 #endif
 
 static struct op *op_alloc(struct broker *b)
@@ -425,7 +426,7 @@ static struct op *op_alloc(struct broker *b)
 
 static void op_free(struct broker *b, struct op *op)
 {
-	if (b->op_ncached >= OPS_CACHE) {
+	if (OPS_CACHE_OFF || b->op_ncached >= OPS_CACHE) {
 		free(op);
 		return;
 	}
