@@ -180,6 +180,7 @@ struct session {
 	uint64_t buf_bytes;   /* registered host memory */
 	uint32_t nclosing;    /* buffers unregistered while ops were in flight (sbuf.closing) */
 	uint32_t nfdbufs;     /* buffers with sbuf.fdb (jobs need fdcopy_resolve) */
+	uint8_t batch_more; /* the SQE being submitted has more behind it (xfer.c [batch-queue]) */
 	uint64_t ops;
 	struct session_counters c;
 	double accepted_at;

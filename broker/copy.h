@@ -68,6 +68,7 @@ struct copy_job {
 	uint32_t dir; /* enum copy_dir */
 	uint32_t nsegs;
 	uint64_t bytes; /* sum of the segments' lengths */
+	uint32_t batch; /* more ops of its client wait behind it (host: see copy_host_create) */
 	struct copy_seg *segs;
 	struct copy_fdseg *fds; /* NULL, or one per segment (host jobs only) */
 	/*
@@ -120,8 +121,9 @@ static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst
 /*
  * The host engine: memcpy. Jobs of at most inline_max bytes run inside submit() (COPY_DONE);
  * larger ones go to nthreads worker threads (0: every job inline), a job of at least
- * 2 x COPY_HOST_PART_MIN bytes split into parts that idle workers copy side by side. See
- * copy_host.c for the numbers behind the defaults.
+ * 2 x COPY_HOST_PART_MIN bytes split into parts that idle workers copy side by side. A job
+ * of a batch (job->batch) of 2 x COPY_HOST_PART_MIN or more is queued whatever inline_max says.
+ * See copy_host.c for the numbers behind the defaults.
  */
 struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
 /*
@@ -130,8 +132,8 @@ struct copy_engine *copy_host_create(uint32_t nthreads, uint64_t inline_max);
  */
 void copy_host_test(struct copy_engine *e, uint32_t delay_us, uint32_t fail_every);
 #define COPY_HOST_INLINE_DEFAULT (4ull << 20)
-#define COPY_HOST_INLINE_SEGS 16384u	/* more segments go to a worker, whatever the bytes */
-#define COPY_HOST_PART_MIN (1ull << 20) /* a queued job's parts are at least this big */
+#define COPY_HOST_INLINE_SEGS 16384u	  /* more segments go to a worker, whatever the bytes */
+#define COPY_HOST_PART_MIN (512ull << 10) /* a queued job's parts are at least this big */
 
 /*
  * Runs a host job that has fds (fdcopy.c): memcpy for memory segments, preadv/pwritev for file

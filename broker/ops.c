@@ -946,6 +946,7 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 	}
 	memset(op, 0, sizeof(*op));
 	op_decode(b, s, sqe, op);
+	op->batch = s->batch_more;
 	list_add_tail(&s->live, &op->slink);
 	s->nops++;
 	r = op_run(b, op);

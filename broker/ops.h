@@ -51,6 +51,7 @@ struct op {
 	struct page *pg;    /* the page a PUT writes or a GET copies from, while it is held */
 	int32_t dev;	    /* COPY_HOST or the CUDA device of the client side */
 	uint8_t parked;	    /* on a waitq, the run queue or its session's yield queue */
+	uint8_t batch;	    /* its client's SQ held more SQEs behind it (xfer.c [batch-queue]) */
 	uint8_t as_get;	    /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
 	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	    /* PUT: the key was stored */

@@ -588,6 +588,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		 * is built privately too: the client can scribble on its slot at any time.
 		 */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
+		s->batch_more = i + 1 < (uint32_t)avail;
 		if (ops_submit(b, s, &sqe, &cqe, &w) == OPS_DEFERRED)
 			s->inflight++;
 		else

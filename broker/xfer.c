@@ -122,6 +122,11 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 				    .segs = op->segs ? op->segs : &op->seg1};
 	for (uint32_t i = 0; i < op->job.nsegs; i++)
 		op->job.bytes += op->job.segs[i].len;
+	/*
+	 * [batch-queue] More ops of this client's batch wait behind it: its big copies go to the
+	 * workers (split, side by side) while the loop takes the next SQEs (copy.h).
+	 */
+	op->job.batch = op->batch;
 	/* [crc-worker] A host worker that writes the slot checksums it too (copy.h). */
 	if (dir == COPY_TO_POOL && op->dev == COPY_HOST && b->pool.meta && op->pg) {
 		op->job.crc_at = store_addr(&b->store, op->pg);

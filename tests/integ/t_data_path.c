@@ -11,6 +11,8 @@
  *   - Self-copied GET (KVB_CLIENT_GET_SELF_KB=1): a GET into a buffer of ours is the client's
  *     own lease copy, byte-exact, and the lease is given back (no lease left).
  *   - Parallel fan-out: four processes GET the same pages at once, each byte-exact.
+ *   - Batches to the workers: a kvb_submit batch of 1 MiB GETs is copied by the workers, a
+ *     lone kvb_get of the same page inline (STATS copy.queued_jobs / inline_jobs).
  *   - Off-loop release: a client with a 64 MiB buffer exits without closing while we keep
  *     running ops; the broker serves on, its page stays readable, and the background thread
  *     that unmapped the buffer (STATS bg_jobs back to 0) runs at nice 10, below the copy
@@ -127,6 +129,62 @@ static void roundtrip(kvb_client *c, uint32_t ns, size_t pb, uint64_t seed, size
 		free(src - so);
 		free(dst - dso);
 	}
+}
+
+/*
+ * [batch-queue] 1 MiB pages (under --copy-inline's 4 MiB): a kvb_submit batch of GETs has its
+ * copies queued for the workers (all but the batch's last, whose SQE has none behind it),
+ * byte-exact; the same page alone (kvb_get) is copied inline on the loop.
+ */
+static void test_batch_queue(kvb_client *c)
+{
+	enum { N = 4 };
+	size_t pb;
+	uint32_t ns = open_ns(c, "t_data_path-batch", 16, 1024, &pb), hid;
+	uint8_t *hb = kvb_buf_alloc_host(c, (N + 1) * pb, &hid);
+	struct kvb_op ops[N];
+	struct kvb_completion comp[N];
+	kvb_key keys[N];
+	uint64_t q0, i0;
+	int got = 0;
+
+	CHECK(pb == 1u << 20 && hb != NULL);
+	for (int i = 0; i < N; i++) {
+		keys[i] = harness_key(77, (uint64_t)i);
+		harness_fill(hb + (size_t)N * pb, pb, &keys[i], 77);
+		CHECK_RC(kvb_put(c, ns, keys[i], hb + (size_t)N * pb, pb), 0);
+	}
+	memset(hb, 0xcc, (size_t)N * pb);
+	q0 = harness_stat(c, "copy.queued_jobs");
+	memset(ops, 0, sizeof(ops));
+	for (int i = 0; i < N; i++) {
+		ops[i].opcode = KVB_OP_GET;
+		ops[i].ns = ns;
+		ops[i].buf = hid;
+		ops[i].key = keys[i];
+		ops[i].off = (uint64_t)i * pb;
+		ops[i].user_data = (uint64_t)i;
+	}
+	CHECK_EQ(kvb_submit(c, ops, N), N);
+	while (got < N) {
+		int r = kvb_reap(c, comp + got, N - got, 1, 5000);
+
+		CHECK(r > 0);
+		got += r;
+	}
+	for (int i = 0; i < N; i++) {
+		CHECK_EQ(comp[i].res, (int32_t)pb);
+		CHECK(harness_verify(hb + comp[i].user_data * pb, pb, &keys[comp[i].user_data], 77,
+				     "batched GET") == 0);
+	}
+	CHECK_GE(harness_stat(c, "copy.queued_jobs"), q0 + N - 1);
+	q0 = harness_stat(c, "copy.queued_jobs");
+	i0 = harness_stat(c, "copy.inline_jobs");
+	CHECK_RC(kvb_get(c, ns, keys[0], hb, pb), (long long)pb);
+	CHECK(harness_verify(hb, pb, &keys[0], 77, "lone GET") == 0);
+	CHECK_EQ(harness_stat(c, "copy.queued_jobs"), q0);
+	CHECK_EQ(harness_stat(c, "copy.inline_jobs"), i0 + 1);
+	CHECK_OK(kvb_buf_unregister(c, hid));
 }
 
 static void test_copies(kvb_client *c, uint64_t seed)
@@ -352,6 +410,7 @@ int main(int argc, char **argv)
 	kvb_close(self);
 
 	test_fan_out(c);
+	test_batch_queue(c);
 	test_exit_release(c);
 	test_one_cpu(c);
 	kvb_close(c);
