@@ -68,6 +68,9 @@ class Broker:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        # A killed broker leaves its pool keeper waiting for the next one (keeper.c); it
+        # exits within a second once its socket file is gone. A clean exit already freed it.
+        Path(self.socket + ".keep").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
