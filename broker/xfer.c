@@ -104,7 +104,7 @@ static uint32_t slot_crc_from(const struct broker *b, const struct op *op, uint3
 static void src_crc(struct broker *b, struct op *op)
 {
 	if (op->job.dir != COPY_TO_POOL || op->dev != COPY_HOST || !b->pool.meta || !op->pg ||
-	    op->segs || op->fds || op->job.nsegs != 1)
+	    op->segs || op->fds)
 		return;
 	op->job.crc = slot_crc_from(b, op, 0, op->seg1.src, 0, op->seg1.len);
 	op->job.has_crc = 1;
