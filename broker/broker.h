@@ -52,6 +52,7 @@ struct config {
 	uint32_t max_ns;	/* namespaces per client, <= SESSION_MAX_NS */
 	uint32_t max_inflight;	/* ops per client taken from its SQ and not yet completed */
 	int prefault;
+	int dir;		  /* [dir] --no-directory clears it */
 	char numa[128];		  /* --numa: auto, off, interleave or a node list */
 	enum hp_mode hugepage;	  /* --hugepages */
 	struct disk_cfg disk;	  /* disk.paths NULL: no disk tier */
@@ -93,6 +94,7 @@ struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
 		refused, expired;
+	uint64_t dir_gets; /* [dir] GETs a client did itself through the pool directory */
 };
 
 /*

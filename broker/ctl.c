@@ -247,6 +247,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	fds[nfds++] = s->cq_efd;
 	rep.region_size = s->region_size;
 	rep.narenas = b->pool.part[s->part].narenas;
+	/* [dir] Only a directory the store took (dir_open), or none. */
+	if (b->store.dir[s->part].h)
+		rep.dir_units = (uint32_t)(b->pool.arena[b->pool.part[s->part].first].dir_bytes /
+					   KVB_DIR_UNIT);
 	for (uint32_t i = 0; i < rep.narenas; i++) {
 		uint32_t a = b->pool.part[s->part].first + i;
 
@@ -294,7 +298,7 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 	b->store.ns_part[n->id] = (uint8_t)s->part;
 	store_ns_limit(&b->store, n->id,
 		       ns_limit_of(b->cfg.ns_limits, b->cfg.n_ns_limits, n,
-				   b->store.part[s->part].bytes_total,
+				   b->pool.part[s->part].size, /* as the operator sized it */
 				   b->store.cls[n->cls].slot_bytes));
 	if (!(s->ns_opened[n->id / 8] & (1u << (n->id % 8)))) {
 		if (s->nns >= b->cfg.max_ns) {

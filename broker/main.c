@@ -129,6 +129,9 @@ static void usage(FILE *f)
 		"  --no-prefault          do not fault the pool in at start-up (in parallel, per\n"
 		"                         node); its memory is reserved either way, and first\n"
 		"                         PUTs then pay the page faults\n"
+		"  --no-directory         keep no pool directory: every kvb_get() of a client asks\n"
+		"                         the broker (a round trip) instead of finding the page\n"
+		"                         itself (docs/design.md [dir])\n"
 		"  --group NAME           also admit clients of this group (default: same uid "
 		"only)\n"
 		"  --copy-threads N       host copy worker threads (default: CPUs / 2, 2..4)\n"
@@ -234,6 +237,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_HELP,
 		O_MAXBUF,
 		O_NOPREFAULT,
+		O_NODIR,
 		O_NUMA,
 		O_HUGEPAGES,
 		O_DISK,
@@ -285,6 +289,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"help", no_argument, NULL, O_HELP},
 		{"max-buf-bytes", required_argument, NULL, O_MAXBUF},
 		{"no-prefault", no_argument, NULL, O_NOPREFAULT},
+		{"no-directory", no_argument, NULL, O_NODIR},
 		{"numa", required_argument, NULL, O_NUMA},
 		{"hugepages", required_argument, NULL, O_HUGEPAGES},
 		{"disk", required_argument, NULL, O_DISK},
@@ -343,6 +348,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->max_ns = SESSION_MAX_NS;
 	c->max_inflight = KVB_SQ_MAX;
 	c->prefault = 1;
+	c->dir = 1;
 	c->keep = 1;
 	strcpy(c->numa, "auto");
 	c->hugepage = HP_MODE_AUTO;
@@ -492,6 +498,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		case O_NOPREFAULT:
 			c->prefault = 0;
+			break;
+		case O_NODIR:
+			c->dir = 0;
 			break;
 		case O_NUMA:
 			if (snprintf(c->numa, sizeof(c->numa), "%s", optarg) >=
@@ -810,6 +819,7 @@ static int start_pool(struct broker *b)
 			      .hugepage = b->cfg.hugepage,
 			      .prefault = b->cfg.prefault,
 			      .keep = b->cfg.keep,
+			      .dir = b->cfg.dir,
 			      .slab_bytes = b->cfg.slab_bytes};
 	double t = clock_now();
 	int err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);

@@ -598,6 +598,22 @@ static int op_get(struct broker *b, struct op *op)
 
 	if (!n)
 		return op_fail(op, -EBADF);
+	if (op->as_get) {
+		/*
+		 * [dir] The client read the page itself through the directory (wire.h): count the
+		 * GET and its hit, and keep the page as warm as a GET of ours would.
+		 */
+		pg = store_find(&b->store, n->id, &op->key);
+		if (pg && pg->state == PAGE_READY) {
+			remote_on_hit(b, n, pg);
+			store_touch(&b->store, pg);
+		}
+		op->hit = 1;
+		op->bytes_out = n->page_bytes;
+		op->cqe.res = (int32_t)n->page_bytes;
+		b->ctr.dir_gets++;
+		return OPS_DONE;
+	}
 	if (op->rfilled) {
 		/* A fetch landed in dst as well as in the slot, and was checked: nothing to copy. */
 		op->hit = 1;

@@ -16,7 +16,9 @@
 #include "wire.h"
 
 #define PMETA_MAGIC 0x314154454d42564bull /* "KVBMETA1" little-endian */
-#define PMETA_VERSION 2
+/* 3: pmeta_arena.dir_units [dir]; a version 2 table (no directory) is still adopted, and a
+ * broker that knows only 2 refuses a 3, so it never writes slots under a directory it ignores. */
+#define PMETA_VERSION 3
 #define PHDR_MAGIC 0x5048564bu /* "KVHP" */
 #define PHDR_UNIT 4096u	       /* one header per 4 KiB of the pool: every slot starts on one */
 #define PMETA_NS_MAX 8192u     /* STORE_MAX_NS (store.c checks they agree) */
@@ -30,7 +32,7 @@ struct pmeta_arena {
 	int32_t node;	    /* NUMA node, -1 none */
 	uint32_t backing;   /* enum hp_backing */
 	uint32_t tenant;    /* its tenant partition (pool_arena.part) [tenant-part] */
-	uint32_t resv;	    /* 0 */
+	uint32_t dir_units; /* [dir] its first dir_units * 4 KiB are its partition's directory */
 };
 
 /* Block 0 of the side table. Written once at creation, before any header. */

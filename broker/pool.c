@@ -55,6 +55,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include "dir.h"
 #include "log.h"
 #include "pagehdr.h"
 #include "pool.h"
@@ -218,6 +219,9 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 			err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
 		if (err)
 			return err;
+		/* [dir] At byte 0 of the partition's first arena, where an adopter looks. */
+		if (cfg->dir)
+			p->arena[p->part[i].first].dir_bytes = dir_bytes_for(p->part[i].size);
 	}
 	if (p->keep) {
 		err = pool_meta_create(p, cfg->slab_bytes);
@@ -358,11 +362,13 @@ int pool_meta_create(struct pool *p, uint64_t slab_bytes)
 	sb->narenas = p->narenas;
 	sb->slab_bytes = slab_bytes;
 	for (uint32_t i = 0; i < p->narenas; i++)
-		sb->arena[i] = (struct pmeta_arena){.size = p->arena[i].size,
-						    .page_size = p->arena[i].page_size,
-						    .node = p->arena[i].node,
-						    .backing = (uint32_t)p->arena[i].backing,
-						    .tenant = p->arena[i].part};
+		sb->arena[i] = (struct pmeta_arena){
+			.size = p->arena[i].size,
+			.page_size = p->arena[i].page_size,
+			.node = p->arena[i].node,
+			.backing = (uint32_t)p->arena[i].backing,
+			.tenant = p->arena[i].part,
+			.dir_units = (uint32_t)(p->arena[i].dir_bytes / PHDR_UNIT)};
 	pmeta_super_init(p->meta, p->meta_size);
 	return 0;
 err_close:
@@ -427,6 +433,7 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 		a->node = sb->arena[i].node;
 		a->backing = (int)sb->arena[i].backing;
 		a->part = sb->arena[i].tenant;
+		a->dir_bytes = (uint64_t)sb->arena[i].dir_units * PHDR_UNIT;
 		a->unit0 = p->total / PHDR_UNIT;
 		/* [tenant-part] A partition's arenas are consecutive, numbered from 0. */
 		if (a->part >= POOL_MAX_PARTS || a->part + 1 < p->nparts || a->part > p->nparts)

@@ -33,6 +33,7 @@ struct pool_arena {
 	char name[96];	    /* memfd name, shown in /proc/<pid>/maps as /memfd:<name> */
 	uint32_t part;	    /* tenant partition it belongs to [tenant-part] */
 	uint64_t unit0;	    /* [pagehdr] side-table unit of its byte 0 (4 KiB units, in order) */
+	uint64_t dir_bytes; /* [dir] its first bytes hold its partition's directory (store.c) */
 };
 
 /* A tenant partition: arenas [first, first + narenas) of the pool, one per NUMA node. */
@@ -52,6 +53,7 @@ struct pool_cfg {
 	uint64_t part_size[POOL_MAX_PARTS];
 	int keep;	     /* arenas may be adopted by another broker (pool.c [keep]) */
 	uint64_t slab_bytes; /* the store's slab size (the side table's geometry) */
+	int dir;	     /* [dir] a directory per partition (proto/pooldir.h) */
 };
 
 struct pool {

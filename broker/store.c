@@ -226,7 +226,7 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		list_init(&s->ns_lru[i]);
 	for (uint32_t a = 0; a < p->narenas; a++) {
 		struct store_arena *ar = &s->ar[a];
-		uint64_t size = p->arena[a].size & ~(uint64_t)(STORE_SLOT_ALIGN - 1);
+		uint64_t size = p->arena[a].size & ~(uint64_t)(STORE_SLOT_ALIGN - 1), off = 0;
 
 		/* Every slab is at least a slot of 4 KiB: extents never outnumber them. */
 		ar->cap = (uint32_t)(size / STORE_SLOT_ALIGN < STORE_MAX_SLABS
@@ -235,8 +235,15 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		ar->ext = calloc(ar->cap, sizeof(*ar->ext));
 		if (!ar->ext)
 			goto err_free;
+		/* [dir] The partition's directory comes first in its first arena. */
+		if (p->arena[a].dir_bytes && p->arena[a].dir_bytes < size) {
+			dir_open(&s->dir[p->arena[a].part], p->arena[a].base, p->arena[a].dir_bytes,
+				 p->adopted);
+			off = p->arena[a].dir_bytes;
+		}
+		size -= off;
 		if (size)
-			ext_free(s, a, 0, size);
+			ext_free(s, a, off, size);
 		s->part[p->arena[a].part].bytes_total += size;
 		total += size;
 		if (size < smallest)
@@ -495,6 +502,9 @@ static void chain_detach(struct store *s, struct page *pg)
 /* Out of the index, and out of its chain. */
 static void unindex(struct store *s, struct page *pg)
 {
+	/* [dir] Before the slot can be freed, so before anything can write it again. */
+	if (pg->state == PAGE_READY)
+		dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
 	index_remove(&s->ix, &pg->ixn);
 	chain_detach(s, pg);
 }
@@ -824,10 +834,19 @@ void store_commit(struct store *s, struct page *pg)
 	store_commit_crc(s, pg, NULL);
 }
 
+/* [dir] A READY, indexed page: readers may find it without asking (proto/pooldir.h). */
+static void publish(struct store *s, const struct page *pg)
+{
+	dir_put(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key,
+		(uint32_t)s->cls[pg->cls].slot_bytes, store_loc(s, pg));
+}
+
 void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc)
 {
 	hdr_seal(s, pg, crc);
 	pg->state = PAGE_READY;
+	if (!pg->unlinked)
+		publish(s, pg);
 	slab_of(s, pg)->writing--;
 	page_changed(s, pg);
 	store_unpin(s, pg);
@@ -938,6 +957,7 @@ int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint3
 	pg->parent_gen = pg->kids = 0; /* [chain] links are not kept: adopted pages are roots */
 	pg->held = 0;
 	index_insert(&s->ix, &pg->ixn);
+	publish(s, pg);
 	lru_link(s, pg);
 	sl->used++;
 	s->st.bytes_used += s->cls[ci].slot_bytes;

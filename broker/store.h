@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "dir.h"
 #include "index.h"
 #include "kvbroker.h"
 #include "list.h"
@@ -166,6 +167,9 @@ struct store {
 	void (*ns_empty)(void *arg, uint32_t ns);
 	void *ns_empty_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
+	/* [dir] Each partition's directory (dir.c), in the bytes its first arena reserves for it
+	 * (pool_arena.dir_bytes): committed pages enter it, pages leaving the index leave it. */
+	struct dir dir[POOL_MAX_PARTS];
 };
 
 /*

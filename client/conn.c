@@ -91,7 +91,8 @@ void kvbc_pool_revoke(struct kvb_client *c)
 	if (!c->region || !c->sq.flags || !(kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
 		return;
 	/* Same addresses, no access: a stale pointer faults, and nothing else is mapped there
-	 * until kvb_close() unmaps them. */
+	 * until kvb_close() unmaps them. The directory went with arena 0. */
+	c->dir = NULL;
 	for (uint32_t i = 0; i < c->narenas; i++)
 		if (c->arenas[i].map)
 			mmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size, PROT_NONE,
@@ -125,6 +126,8 @@ static void client_destroy(struct kvb_client *c)
 	free(c);
 }
 
+#define KVBC_CLOSE_DRAIN_MS 200
+
 void kvb_close(kvb_client *c)
 {
 	uint64_t one = 1;
@@ -138,6 +141,10 @@ void kvb_close(kvb_client *c)
 	 * only after the last has left (each wait gives the lock up, so they can).
 	 */
 	pthread_mutex_lock(&c->lock);
+	/* What was posted without a wait (a RELEASE, a [dir] read's GET) is counted before we go;
+	 * a broker that does not answer delays the close by KVBC_CLOSE_DRAIN_MS at most. */
+	if (!c->fatal && c->region)
+		(void)kvbc_wait_discards_locked(c, KVBC_CLOSE_DRAIN_MS);
 	c->fatal = -ESHUTDOWN;
 	while (c->nreapers) {
 		pthread_cond_broadcast(&c->reaped);
@@ -239,6 +246,25 @@ static int map_fd(int fd, uint64_t size, int prot, void **addr)
 	return 0;
 }
 
+/*
+ * [dir] The pool directory a broker of ABI 1.5 or later names in its HELLO reply: used only when
+ * its header checks out (a damaged one costs nothing but the round trips it would have saved).
+ */
+static void attach_dir(struct kvb_client *c, const struct kvb_msg_hello_reply *hr)
+{
+	uint64_t bytes = (uint64_t)hr->dir_units * KVB_DIR_UNIT;
+	const struct kvb_dir_hdr *h = c->arenas[0].map;
+	const char *off = getenv("KVB_CLIENT_DIR"); /* "0": ask the broker for every page */
+
+	c->dir = NULL;
+	if (c->broker_minor < 5 || !bytes || bytes >= c->arenas[0].size ||
+	    (off && !strcmp(off, "0")) || kvb_dir_check(h, bytes))
+		return;
+	c->dir_nbuckets = h->nbuckets;
+	c->dir_epoch = kvb_load_acquire(&h->epoch);
+	c->dir = h;
+}
+
 /* Takes the region, doorbells and arenas out of a HELLO reply (fds closed or kept in c). */
 static int attach_rings(struct kvb_client *c, const struct kvb_msg_hello_reply *hr,
 			struct kvbc_reply *r)
@@ -275,6 +301,7 @@ static int attach_rings(struct kvb_client *c, const struct kvb_msg_hello_reply *
 		c->arenas[i].size = (size_t)hr->arenas[i].size;
 		c->narenas = i + 1;
 	}
+	attach_dir(c, hr);
 	return kvbc_ring_setup(c);
 }
 
@@ -610,6 +637,7 @@ static void detach_locked(struct kvb_client *c)
 	c->old_leases = c->leases;
 	c->nheld = 0; /* [release-post] they are retired now: kvbc_lease_retired() */
 	c->narenas = 0;
+	c->dir = NULL;
 }
 
 /* Sends one control request and takes the id of its reply; -errno. */

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "kvbroker.h"
+#include "pooldir.h"
 #include "proto.h"
 #include "ring.h"
 #include "wire.h"
@@ -144,6 +145,10 @@ struct kvb_client {
 
 	struct kvbc_arena arenas[KVB_MAX_ARENAS];
 	uint32_t narenas;
+	/* [dir] The pool directory (pooldir.h) in arena 0's map, NULL none; its geometry and
+	 * epoch as checked at attach. */
+	const struct kvb_dir_hdr *dir;
+	uint32_t dir_nbuckets, dir_epoch;
 
 	/* Operation slots: nslots == cq_entries, so the CQ can never overflow. */
 	struct kvbc_slot *slots;

@@ -375,6 +375,40 @@ static int acquire_locked(struct kvb_client *c, const struct kvbc_ns *n, const k
 	return 0;
 }
 
+/* [dir] Pages below this go through the directory into a registered buffer too (below). */
+#define DIR_GET_BUF_MAX (1ull << 20)
+
+/*
+ * [dir] kvb_get() of a page the pool directory lists: our own copy out of the pool map, with
+ * no round trip (pooldir.h, the reader's side). 1 when dst holds the page, 0 when the broker
+ * must be asked (not listed, or the entry changed while we copied: dst may hold anything).
+ * The broker hears of the read afterwards (a GET with KVB_SQEF_GET, not waited for), to
+ * count it and keep the page warm.
+ */
+static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, const kvb_key *key,
+		   void *dst)
+{
+	const struct kvb_dir_ent *e;
+	struct kvb_sqe sqe;
+	const void *src;
+	uint32_t seq, len;
+	uint64_t loc;
+
+	if (!c->dir)
+		return 0;
+	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
+	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, &src))
+		return 0;
+	kvb_copy(dst, src, n->page_bytes);
+	if (!kvb_dir_still(c->dir, e, seq, c->dir_epoch))
+		return 0;
+	sqe_key(&sqe, KVB_OP_GET, ns, key);
+	sqe.flags = KVB_SQEF_GET;
+	/* Fails only when the broker is gone: the read stands, it is only not counted. */
+	(void)kvbc_post_discard_locked(c, &sqe);
+	return 1;
+}
+
 int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 {
 	const struct kvbc_ns *n;
@@ -401,6 +435,16 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 */
 	if (b && !b->gpu && !b->foreign && n->self_get)
 		b = NULL;
+	/*
+	 * [dir] Plain memory, and a buffer of ours for pages below DIR_GET_BUF_MAX, where the
+	 * round trip is most of a GET; larger pages into a buffer go to the broker, whose copy
+	 * threads split them (faster than one copy of ours from 1 MiB on, docs/benchmarks.md).
+	 */
+	if ((!b || (!b->gpu && !b->foreign && n->page_bytes < DIR_GET_BUF_MAX)) &&
+	    dir_get(c, n, ns, &key, dst)) {
+		err = (int)n->page_bytes;
+		goto out;
+	}
 	if (b) {
 		sqe_key(&sqe, KVB_OP_GET, ns, &key);
 		sqe.buf = b->id;

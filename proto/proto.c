@@ -303,7 +303,13 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 			return -EINVAL; /* all or nothing */
 		return 0;
 	case KVB_OP_GET:
-		if ((sqe->flags & (KVB_SQEF_GET | KVB_OPF_PARENT)) ||
+		/* ABI 1.5: KVB_SQEF_GET, a read the client did itself (wire.h): names no buffer. */
+		if (sqe->flags & KVB_SQEF_GET)
+			return sqe->flags != KVB_SQEF_GET || sqe->buf || sqe->off ||
+					       sqe->layer_first || sqe->layer_count
+				       ? -EINVAL
+				       : 0;
+		if ((sqe->flags & KVB_OPF_PARENT) ||
 		    (!(sqe->flags & KVB_OPF_VIEW) && (sqe->layer_first || sqe->layer_count)))
 			return -EINVAL;
 		return 0;

@@ -62,6 +62,17 @@ static inline void kvb_fence_full(void)
 	atomic_thread_fence(memory_order_seq_cst);
 }
 
+/* The seqlock fences of the pool directory (pooldir.h [D1], [D2]). */
+static inline void kvb_fence_acquire(void)
+{
+	atomic_thread_fence(memory_order_acquire);
+}
+
+static inline void kvb_fence_release(void)
+{
+	atomic_thread_fence(memory_order_release);
+}
+
 static inline void kvb_flag_set(kvb_atomic_u32 *p, uint32_t bits)
 {
 	atomic_fetch_or_explicit(p, bits, memory_order_relaxed);

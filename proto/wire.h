@@ -63,8 +63,9 @@
 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET;
  * 3: DROP, paged STATS (struct kvb_msg_stats_page);
  * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
- *    (issue 20: a PUT's parent key, in the arg area) */
-#define KVB_ABI_MINOR 4
+ *    (issue 20: a PUT's parent key, in the arg area);
+ * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET */
+#define KVB_ABI_MINOR 5
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -154,7 +155,7 @@ struct kvb_msg_hello_reply {
 	uint32_t client_id;
 	uint64_t region_size;
 	uint32_t narenas;
-	uint32_t resv;
+	uint32_t dir_units; /* ABI 1.5: the directory's 4 KiB units at byte 0 of arena 0; 0 none */
 	struct kvb_arena_desc arenas[KVB_MAX_ARENAS];
 };
 static_assert(sizeof(struct kvb_msg_hello_reply) == 24 + 16 * KVB_MAX_ARENAS, "hello reply");
@@ -312,7 +313,10 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 /*
  * KVB_SQEF_GET (ABI 1.2): on the ACQUIRE and the RELEASE that kvb_get() issues for a
  * destination in plain memory: the broker counts the pair as that GET (counters.gets, with its
- * hit or miss), not as an ACQUIRE and a RELEASE. Refused on any other op.
+ * hit or miss), not as an ACQUIRE and a RELEASE. ABI 1.5, on a GET that names no buffer (buf,
+ * off and layers 0): the client read the page itself through the pool directory
+ * (pooldir.h [dir]); the broker counts that GET and its hit and touches the page, copying
+ * nothing. Refused on any other op.
  */
 #define KVB_SQEF_GET (1u << 7)
 /*

@@ -54,7 +54,8 @@ int main(int argc, char **argv)
 	harness_init(argc, argv);
 
 	harness_log("1. deferred copies are credited to their client");
-	br = harness_broker_start("--pool", "32M", "--copy-inline", "0", "--copy-delay-us", "2000");
+	br = harness_broker_start("--pool", "32M", "--no-directory", "--copy-inline", "0",
+				  "--copy-delay-us", "2000");
 	c = attach(br, "deferred", &ns);
 	obs = harness_connect(br, "observer", 0);
 	reg = kvb_buf_alloc_host(c, (NOPS + 1) * pb, &buf);
@@ -118,8 +119,8 @@ int main(int argc, char **argv)
 	harness_broker_stop(br);
 
 	harness_log("2. a PUT that waited for a failed writer is counted once");
-	br = harness_broker_start("--pool", "32M", "--copy-inline", "0", "--copy-delay-us", "2000",
-				  "--copy-fail-every", "1");
+	br = harness_broker_start("--pool", "32M", "--no-directory", "--copy-inline", "0",
+				  "--copy-delay-us", "2000", "--copy-fail-every", "1");
 	c = attach(br, "failing", &ns);
 	obs = harness_connect(br, "observer", 0);
 	reg = kvb_buf_alloc_host(c, pb, &buf);

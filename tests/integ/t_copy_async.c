@@ -217,8 +217,8 @@ int main(int argc, char **argv)
 	int st;
 
 	harness_init(argc, argv);
-	br = harness_broker_start("--pool", "64M", "--copy-inline", "0", "--copy-threads", "1",
-				  "--copy-delay-us", DELAY_US);
+	br = harness_broker_start("--pool", "64M", "--no-directory", "--copy-inline", "0",
+				  "--copy-threads", "1", "--copy-delay-us", DELAY_US);
 	c = harness_connect(br, "t_copy_async", 0);
 	open_ns(c, &ns);
 	CHECK(harness_broker_log_has(br, "GPU copies off"));
@@ -328,8 +328,9 @@ int main(int argc, char **argv)
 	harness_broker_stop(br);
 
 	harness_log("failed copies: every second worker copy fails");
-	br = harness_broker_start("--pool", "16M", "--copy-inline", "0", "--copy-threads", "1",
-				  "--copy-delay-us", DELAY_US, "--copy-fail-every", "2");
+	br = harness_broker_start("--pool", "16M", "--no-directory", "--copy-inline", "0",
+				  "--copy-threads", "1", "--copy-delay-us", DELAY_US,
+				  "--copy-fail-every", "2");
 	c = harness_connect(br, "t_copy_async-fail", 0);
 	open_ns(c, &ns);
 	mem = kvb_buf_alloc_host(c, pb, &buf);

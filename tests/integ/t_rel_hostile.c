@@ -174,7 +174,8 @@ static void bad_sqe(struct kvb_sqe *q, uint64_t x, uint32_t ns, uint64_t pb, uin
 		q->off = x | 1ull << 62;
 		break;
 	case 8:
-		q->flags = 0x80;
+		q->flags = 0x80; /* KVB_SQEF_GET: only on a GET that names no buffer */
+		q->buf = 1;
 		break;
 	default:
 		q->layer_count = 3; /* a layer range on a buffer GET */

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: MIT
+/*
+ * t_dir.c - the pool directory [dir] (proto/pooldir.h): kvb_get() into host memory reads a page
+ * by itself, and never serves a wrong or partial one.
+ *
+ * 1. Churn: a writer PUTs 64 KiB pages through a 32 MiB pool, so that every slot is evicted and
+ *    written again many times over, while two readers GET recent keys as fast as they can, into
+ *    plain memory and into a registered buffer. Every page a GET returns must be byte-exact;
+ *    most of them must have come through the directory (counters.dir_gets), and every one of
+ *    those is counted as a GET and a hit.
+ * 2. Adoption: a reader attached to a broker that is SIGKILLed keeps its directory map while
+ *    the next broker adopts the pool, deletes every page and writes other pages into the same
+ *    slots. The old reader must never see those bytes as its keys' pages: the adopter changed
+ *    the directory's epoch before it wrote a slot, so the reader asks the broker (and so
+ *    reconnects) instead.
+ * 3. --no-directory: the same GETs, every one through the broker.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "reliab.h"
+
+#define PB (64u * 1024)
+#define SEED 4242
+#define CHURN_MS 2500
+#define RECENT 1024 /* readers pick among the last RECENT keys written: half are evicted */
+
+struct shared {
+	volatile uint64_t written; /* keys 0..written-1 have been PUT */
+	volatile int stop;
+	uint64_t got[2], wrong[2], missed[2];
+};
+
+static struct harness_broker *broker;
+
+static void layout_of(struct kvb_layout *l)
+{
+	harness_layout(l, "test/dir", KVB_LAYOUT_MLA, 64, 1, 0, 1, PB / 64);
+}
+
+static int writer(int idx, void *arg)
+{
+	struct shared *sh = arg;
+	struct kvb_layout l;
+	kvb_client *c;
+	uint8_t *page = malloc(PB);
+	uint32_t ns;
+
+	(void)idx;
+	CHECK(page != NULL);
+	c = harness_connect(broker, "writer", 0);
+	layout_of(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	for (uint64_t i = 0; !sh->stop; i++) {
+		kvb_key k = harness_key(SEED, i);
+
+		harness_fill(page, PB, &k, SEED);
+		CHECK_RC(kvb_put(c, ns, k, page, PB), 0);
+		__atomic_store_n(&sh->written, i + 1, __ATOMIC_RELEASE);
+	}
+	kvb_close(c);
+	free(page);
+	return 0;
+}
+
+/* Reader idx: 0 into plain memory, 1 into a registered buffer (both below 1 MiB: directory). */
+static int reader(int idx, void *arg)
+{
+	struct shared *sh = arg;
+	struct kvb_layout l;
+	kvb_client *c;
+	uint8_t *page;
+	uint32_t ns, bid;
+	uint64_t seed = (uint64_t)idx * 7919 + 1;
+
+	c = harness_connect(broker, "reader", 0);
+	layout_of(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	page = idx ? kvb_buf_alloc_host(c, PB, &bid) : malloc(PB);
+	CHECK(page != NULL);
+	while (!sh->stop) {
+		uint64_t w = __atomic_load_n(&sh->written, __ATOMIC_ACQUIRE), i;
+		kvb_key k;
+		int rc;
+
+		if (w < RECENT)
+			continue;
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		i = w - 1 - (seed >> 33) % RECENT;
+		k = harness_key(SEED, i);
+		rc = kvb_get(c, ns, k, page, PB);
+		if (rc == -ENOENT) {
+			sh->missed[idx]++;
+			continue;
+		}
+		CHECKF(rc == (int)PB, "reader %d: get of key %llu: %d (%s)", idx,
+		       (unsigned long long)i, rc, harness_strerror(rc));
+		if (harness_verify(page, PB, &k, SEED, "page read under churn"))
+			sh->wrong[idx]++;
+		sh->got[idx]++;
+	}
+	kvb_close(c);
+	if (!idx)
+		free(page);
+	return 0;
+}
+
+/* Part 1 (and 3 with nodir): returns counters.dir_gets; checks every read was right. */
+static uint64_t churn(int nodir)
+{
+	struct harness_broker *b;
+	struct shared *sh = harness_shared(sizeof(*sh));
+	pid_t pids[3];
+	kvb_client *c;
+	uint64_t dir_gets, gets, hits, got;
+
+	b = nodir ? harness_broker_start("--pool", "32M", "--slab", "4M", "--no-directory")
+		  : harness_broker_start("--pool", "32M", "--slab", "4M");
+	broker = b; /* the children's */
+	pids[0] = harness_fork(writer, 0, sh);
+	pids[1] = harness_fork(reader, 0, sh);
+	pids[2] = harness_fork(reader, 1, sh);
+	for (uint64_t t0 = harness_now_ms(); __atomic_load_n(&sh->written, __ATOMIC_ACQUIRE) < 2000;
+	     usleep(10000))
+		CHECKF(harness_broker_alive(b) && harness_now_ms() - t0 < 30000,
+		       "the writer stalled at %llu pages", (unsigned long long)sh->written);
+	usleep(CHURN_MS * 1000);
+	sh->stop = 1;
+	CHECK_EQ(harness_wait(pids, 3, 30000, NULL), 0);
+	got = sh->got[0] + sh->got[1];
+	harness_log("%s: %llu pages written through a 32 MiB pool, %llu + %llu read byte-exact "
+		    "(%llu + %llu evicted first)",
+		    nodir ? "--no-directory" : "directory", (unsigned long long)sh->written,
+		    (unsigned long long)sh->got[0], (unsigned long long)sh->got[1],
+		    (unsigned long long)sh->missed[0], (unsigned long long)sh->missed[1]);
+	CHECKF(sh->wrong[0] + sh->wrong[1] == 0, "%llu pages served wrong",
+	       (unsigned long long)(sh->wrong[0] + sh->wrong[1]));
+	CHECK(sh->got[0] > 100 && sh->got[1] > 100);
+	CHECK(sh->written > 4 * (32u << 20) / PB); /* every slot written four times at least */
+	c = harness_connect(b, "stats", 0);
+	dir_gets = harness_stat(c, "counters.dir_gets");
+	gets = harness_stat(c, "counters.gets");
+	hits = harness_stat(c, "counters.hits");
+	kvb_close(c);
+	/* Every read of the readers is a GET, hit or miss (the readers have closed: all told). */
+	CHECKF(gets == got + sh->missed[0] + sh->missed[1], "gets %llu, reads %llu",
+	       (unsigned long long)gets, (unsigned long long)(got + sh->missed[0] + sh->missed[1]));
+	CHECK_EQ(hits, got);
+	harness_broker_stop(b);
+	return dir_gets;
+}
+
+static void adoption(void)
+{
+	struct harness_broker *b;
+	struct kvb_layout l;
+	kvb_client *old, *c;
+	uint8_t *page = malloc(PB);
+	uint32_t ns, ns2;
+	char sock[108];
+	uint64_t before;
+	enum { N = 64 };
+
+	CHECK(page != NULL);
+	b = harness_broker_start("--pool", "32M", "--slab", "4M");
+	snprintf(sock, sizeof(sock), "%s", b->sock);
+	old = harness_connect(b, "old", 0);
+	layout_of(&l);
+	CHECK_OK(kvb_ns_open(old, &l, &ns, NULL));
+	for (int i = 0; i < N; i++) {
+		kvb_key k = harness_key(SEED + 1, (uint64_t)i);
+
+		harness_fill(page, PB, &k, SEED);
+		CHECK_RC(kvb_put(old, ns, k, page, PB), 0);
+	}
+	for (int i = 0; i < N; i++) { /* through the directory */
+		kvb_key k = harness_key(SEED + 1, (uint64_t)i);
+
+		CHECK_RC(kvb_get(old, ns, k, page, PB), (int)PB);
+		CHECK_OK(harness_verify(page, PB, &k, SEED, "page before the kill"));
+	}
+	before = harness_stat(old, "counters.dir_gets");
+	CHECK_EQ(before, N);
+	rel_kill(b->pid);
+	b->pid = 0;
+	/* The next broker adopts the pool; a client of its own overwrites every slot. */
+	b = harness_broker_start("--socket", sock, "--pool", "32M", "--slab", "4M");
+	c = harness_connect(b, "new", 0);
+	CHECK_OK(kvb_ns_open(c, &l, &ns2, NULL));
+	for (int i = 0; i < N; i++) {
+		kvb_key k = harness_key(SEED + 1, (uint64_t)i);
+
+		CHECK_RC(kvb_delete(c, ns2, k), 0);
+	}
+	for (int i = 0; i < 4 * N; i++) {
+		kvb_key k = harness_key(SEED + 2, (uint64_t)i);
+
+		harness_fill(page, PB, &k, SEED + 2);
+		CHECK_RC(kvb_put(c, ns2, k, page, PB), 0);
+	}
+	/* The old client: its keys are gone, and nothing else may pass for them. */
+	for (int i = 0; i < N; i++) {
+		kvb_key k = harness_key(SEED + 1, (uint64_t)i);
+		int rc = kvb_get(old, ns, k, page, PB);
+
+		CHECKF(rc < 0, "deleted key %d read back (%d) by a client of the dead broker", i,
+		       rc);
+	}
+	/* Once reconnected it reads the new broker's pages, through the new broker's directory. */
+	for (uint64_t t0 = harness_now_ms(); kvb_nop(old); usleep(20000))
+		CHECKF(harness_now_ms() - t0 < 20000, "the old client never reconnected");
+	for (int i = 0; i < 4 * N; i++) {
+		kvb_key k = harness_key(SEED + 2, (uint64_t)i);
+		int rc = kvb_get(old, ns, k, page, PB);
+
+		CHECK(rc == (int)PB || rc == -ENOENT);
+		if (rc == (int)PB)
+			CHECK_OK(harness_verify(page, PB, &k, SEED + 2, "new broker's page"));
+	}
+	CHECK(harness_stat(c, "counters.dir_gets") > 0);
+	kvb_close(old);
+	kvb_close(c);
+	harness_broker_stop(b);
+	free(page);
+	harness_log("adoption: the dead broker's client read nothing of the next broker's slots");
+}
+
+int main(int argc, char **argv)
+{
+	uint64_t d;
+
+	harness_init(argc, argv);
+	d = churn(0);
+	CHECKF(d > 0, "no GET went through the directory");
+	harness_log("directory: %llu GETs the clients did themselves", (unsigned long long)d);
+	CHECK_EQ(churn(1), 0);
+	adoption();
+	return H_PASS;
+}
