@@ -682,13 +682,14 @@ static int op_get(struct broker *b, struct op *op)
 static int lease_push(struct broker *b, struct session *s, const struct page *pg, uint64_t bytes,
 		      int as_get)
 {
-	const struct store_part *pt = &b->store.part[store_part_of(&b->store, pg)];
+	/* Fractions are of the partition as sized, its directory included [dir]. */
+	uint64_t part_bytes = b->pool.part[store_part_of(&b->store, pg)].size;
 	uint64_t limit = b->cfg.max_lease_bytes;
 	uint64_t id = store_lease_id(pg);
 
 	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
 	if (!limit)
-		limit = (uint64_t)(b->cfg.max_lease_frac * (double)pt->bytes_total);
+		limit = (uint64_t)(b->cfg.max_lease_frac * (double)part_bytes);
 	if (limit && limit < bytes)
 		limit = bytes; /* one lease is always possible */
 	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
@@ -698,7 +699,7 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 		return -EDQUOT;
 	if (b->cfg.max_pinned > 0 && !pg->pins &&
 	    b->leased_bytes[s->part] + bytes >
-		    (uint64_t)(b->cfg.max_pinned * (double)pt->bytes_total))
+		    (uint64_t)(b->cfg.max_pinned * (double)part_bytes))
 		return -EBUSY;
 	if (s->nleases == s->cap_leases) {
 		uint32_t cap = s->cap_leases ? 2 * s->cap_leases : 64;
