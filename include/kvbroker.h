@@ -164,6 +164,10 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
  *     every page committed before, byte-exact; a page being written is never served), or are
  *     gone (--no-pool-keep, a clean stop, a changed --slab).
+ *   - Until the library notices the broker is gone, a kvb_get() that finds its page in the
+ *     pool directory (see kvb_get) still succeeds without it: the bytes are the page's, since
+ *     nobody writes a pool whose broker died, and a broker that adopts the pool invalidates
+ *     the directory before it writes any slot. The library notices at its next round trip.
  * Mappings and fds do not accumulate across reconnects (t_handover, t_pool_keep).
  */
 
