@@ -22,8 +22,8 @@ uint64_t dir_bytes_for(uint64_t part_bytes);
 
 /*
  * Takes bytes of memory at mem as directory d: formats it (fresh: nothing there yet) or, for a
- * pool taken over from another broker (adopted), stores a new epoch and empties every entry,
- * so that no client of the old broker trusts an entry past this point (proto/dir.h).
+ * pool taken over from another broker (adopted), stores a new epoch and zeroes every entry,
+ * so that no client of the old broker trusts an entry past this point (proto/pooldir.h).
  */
 void dir_open(struct dir *d, void *mem, uint64_t bytes, int adopted);
 

@@ -77,7 +77,12 @@ void pmeta_super_init(void *meta, uint64_t size)
 	struct pmeta_super *sb = meta;
 
 	sb->magic = PMETA_MAGIC;
-	sb->version = PMETA_VERSION;
+	/* [dir] Version 3 only where a directory needs it: a broker that knows only 2 can still
+	 * take over a pool run --no-directory. */
+	sb->version = PMETA_VERSION_NODIR;
+	for (uint32_t i = 0; i < sb->narenas && i < PMETA_MAX_ARENAS; i++)
+		if (sb->arena[i].dir_units)
+			sb->version = PMETA_VERSION;
 	sb->ns_off = PHDR_UNIT;
 	sb->slab_off = PHDR_UNIT + NS_BYTES;
 	sb->hdr_off = sb->slab_off + SLAB_BYTES;
@@ -93,7 +98,8 @@ int pmeta_super_check(const void *meta, uint64_t size)
 	const struct pmeta_super *sb = meta;
 	uint64_t units = 0;
 
-	if (size < PHDR_UNIT || sb->magic != PMETA_MAGIC || (sb->version != PMETA_VERSION && sb->version != 2) ||
+	if (size < PHDR_UNIT || sb->magic != PMETA_MAGIC ||
+	    (sb->version != PMETA_VERSION && sb->version != PMETA_VERSION_NODIR) ||
 	    sb->crc != slot_crc32c(sb, offsetof(struct pmeta_super, crc)) || sb->size != size ||
 	    !sb->narenas || sb->narenas > PMETA_MAX_ARENAS || !sb->slab_bytes ||
 	    sb->slab_bytes % PHDR_UNIT || sb->ns_off != PHDR_UNIT ||
@@ -101,7 +107,7 @@ int pmeta_super_check(const void *meta, uint64_t size)
 		return -EINVAL;
 	for (uint32_t i = 0; i < sb->narenas; i++) {
 		if (sb->arena[i].size % PHDR_UNIT ||
-		    (sb->version < 3 && sb->arena[i].dir_units) ||
+		    (sb->version == PMETA_VERSION_NODIR && sb->arena[i].dir_units) ||
 		    (uint64_t)sb->arena[i].dir_units * PHDR_UNIT >= sb->arena[i].size)
 			return -EINVAL;
 		units += sb->arena[i].size / PHDR_UNIT;

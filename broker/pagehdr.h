@@ -16,9 +16,11 @@
 #include "wire.h"
 
 #define PMETA_MAGIC 0x314154454d42564bull /* "KVBMETA1" little-endian */
-/* 3: pmeta_arena.dir_units [dir]; a version 2 table (no directory) is still adopted, and a
- * broker that knows only 2 refuses a 3, so it never writes slots under a directory it ignores. */
+/* 3: pmeta_arena.dir_units [dir]; a version 2 table (no directory, and what a pool without one
+ * is still written as) is adopted too, and a broker that knows only 2 refuses a 3, so it never
+ * writes slots under a directory it ignores. */
 #define PMETA_VERSION 3
+#define PMETA_VERSION_NODIR 2  /* what a pool without a directory is still written as */
 #define PHDR_MAGIC 0x5048564bu /* "KVHP" */
 #define PHDR_UNIT 4096u	       /* one header per 4 KiB of the pool: every slot starts on one */
 #define PMETA_NS_MAX 8192u     /* STORE_MAX_NS (store.c checks they agree) */

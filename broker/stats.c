@@ -69,13 +69,23 @@ static void add_text(cJSON *o, const char *key, const char *s, size_t n)
 	cJSON_AddStringToObject(o, key, text_utf8(buf, sizeof(buf), s, n < 256 ? n : 256));
 }
 
-/* Bytes of pages in each arena's slabs. */
 /* [dir] Bytes of partition part's first arena its directory takes (not pool.bytes_total's). */
 static uint64_t dir_bytes_of(const struct broker *b, uint32_t part)
 {
 	return b->store.dir[part].h ? b->pool.arena[b->pool.part[part].first].dir_bytes : 0;
 }
 
+/* [dir] Pages in every partition's directory now (0), or ever left out of one (1). */
+static uint64_t stats_dir_sum(const struct broker *b, int full)
+{
+	uint64_t n = 0;
+
+	for (uint32_t p = 0; p < POOL_MAX_PARTS; p++)
+		n += full ? b->store.dir[p].full : b->store.dir[p].entries;
+	return n;
+}
+
+/* Bytes of pages in each arena's slabs. */
 static void arenas_used(const struct store *st, uint64_t used[POOL_MAX_ARENAS])
 {
 	for (uint32_t i = 0; i < st->nslabs; i++) {
@@ -142,6 +152,7 @@ static cJSON *pool_json(const struct broker *b)
 	}
 	num(p, "bytes_total", (double)total);
 	num(p, "dir_bytes", (double)dir);
+	num(p, "dir_entries", (double)stats_dir_sum(b, 0));
 	num(p, "bytes_used", (double)st->st.bytes_used);
 	num(p, "pages", (double)st->st.pages);
 	num(p, "pinned_pages", (double)st->st.pinned);
@@ -276,16 +287,6 @@ static cJSON *tenant_counters_json(const struct broker *b, const struct stats_vi
 	return o;
 }
 
-/* [dir] Pages in every partition's directory now (0), or ever left out of one (1). */
-static uint64_t stats_dir_sum(const struct broker *b, int full)
-{
-	uint64_t n = 0;
-
-	for (uint32_t p = 0; p < POOL_MAX_PARTS; p++)
-		n += full ? b->store.dir[p].full : b->store.dir[p].entries;
-	return n;
-}
-
 static cJSON *counters_json(const struct broker *b)
 {
 	const struct counters *c = &b->ctr;
@@ -306,7 +307,6 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "acquires", (double)c->acquires);
 	num(o, "releases", (double)c->releases);
 	num(o, "dir_gets", (double)c->dir_gets);
-	num(o, "dir_entries", (double)stats_dir_sum(b, 0));
 	num(o, "dir_full", (double)stats_dir_sum(b, 1));
 	num(o, "lookups", (double)c->lookups);
 	num(o, "lookup_keys", (double)c->lookup_keys);

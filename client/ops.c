@@ -394,7 +394,8 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 	uint32_t seq, len;
 	uint64_t loc;
 
-	if (!c->dir)
+	/* A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke). */
+	if (!c->dir || (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
 		return 0;
 	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
 	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, &src))

@@ -20,8 +20,8 @@
  * fence [D1], the fields, store-release seq + 2. A page enters when it is committed (its bytes
  * complete: store.c) and leaves when it leaves the index, which is always before its slot is
  * freed, so before anything (a copy worker, io_uring, a DMA) can write the slot again. A broker
- * that adopts the pool stores a new epoch before it frees or writes any slot, then empties
- * every entry.
+ * that adopts the pool stores a new epoch before it frees or writes any slot, then zeroes every
+ * entry (a dead broker may have left one half-written, its seq odd: zero is even again).
  *
  * Reader (client/ops.c): loads seq (acquire [D1 pairs]; odd: skip), the fields, acquire fence
  * [D2], seq again: unchanged means the fields are one entry's; then the epoch, which must be
@@ -40,6 +40,8 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stddef.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -70,7 +72,14 @@ struct kvb_dir_ent {
 	uint32_t resv[3];      /* 0 */
 };
 static_assert(sizeof(struct kvb_dir_ent) == 64, "directory entry");
-static_assert(offsetof(struct kvb_dir_ent, key) == 20, "directory entry key");
+static_assert(offsetof(struct kvb_dir_ent, ns) == 4 && offsetof(struct kvb_dir_ent, len) == 8 &&
+		      offsetof(struct kvb_dir_ent, loc) == 12 &&
+		      offsetof(struct kvb_dir_ent, key) == 20 &&
+		      offsetof(struct kvb_dir_ent, resv) == 52,
+	      "directory entry layout");
+static_assert(offsetof(struct kvb_dir_hdr, nbuckets) == 12 &&
+		      offsetof(struct kvb_dir_hdr, epoch) == 20,
+	      "directory header layout");
 
 /* Bytes of a directory of nbuckets buckets, in whole units. */
 static inline uint64_t kvb_dir_bytes(uint32_t nbuckets)
@@ -108,6 +117,25 @@ static inline struct kvb_dir_ent *kvb_dir_ents(const struct kvb_dir_hdr *h)
 	return (struct kvb_dir_ent *)(uintptr_t)(h + 1);
 }
 
+/* The first of the KVB_DIR_WAYS entries of (ns, key)'s bucket. */
+static inline struct kvb_dir_ent *kvb_dir_bucket_of(const struct kvb_dir_hdr *h, uint32_t nbuckets,
+						    uint32_t ns, const kvb_key *key)
+{
+	return kvb_dir_ents(h) + (uint64_t)kvb_dir_bucket(ns, key, nbuckets) * KVB_DIR_WAYS;
+}
+
+/* Whether entry e names (ns, key) (key as 8 words, memcpy'd from its bytes); relaxed loads. */
+static inline int kvb_dir_names(const struct kvb_dir_ent *e, uint32_t ns, const uint32_t key[8])
+{
+	uint32_t k = 0;
+
+	if (kvb_load_relaxed(&e->ns) != ns + 1)
+		return 0;
+	while (k < 8 && kvb_load_relaxed(&e->key[k]) == key[k])
+		k++;
+	return k == 8;
+}
+
 /* Whether entry e, read at seq, still holds what it held then, in the same epoch ([D2]). */
 static inline int kvb_dir_still(const struct kvb_dir_hdr *h, const struct kvb_dir_ent *e,
 				uint32_t seq, uint32_t epoch)
@@ -125,20 +153,14 @@ static inline const struct kvb_dir_ent *kvb_dir_find(const struct kvb_dir_hdr *h
 						     const kvb_key *key, uint32_t *seq,
 						     uint64_t *loc, uint32_t *len)
 {
-	const struct kvb_dir_ent *e = kvb_dir_ents(h) +
-				      (uint64_t)kvb_dir_bucket(ns, key, nbuckets) * KVB_DIR_WAYS;
+	const struct kvb_dir_ent *e = kvb_dir_bucket_of(h, nbuckets, ns, key);
 	uint32_t want[8];
 
 	memcpy(want, key->b, sizeof(want));
 	for (uint32_t w = 0; w < KVB_DIR_WAYS; w++, e++) {
 		uint32_t s = kvb_load_acquire(&e->seq); /* [D1] pairs with the writer's release */
-		uint32_t k = 0;
 
-		if ((s & 1) || kvb_load_relaxed(&e->ns) != ns + 1)
-			continue;
-		while (k < 8 && kvb_load_relaxed(&e->key[k]) == want[k])
-			k++;
-		if (k < 8)
+		if ((s & 1) || !kvb_dir_names(e, ns, want))
 			continue;
 		*len = kvb_load_relaxed(&e->len);
 		*loc = kvb_load_relaxed(&e->loc[0]) | (uint64_t)kvb_load_relaxed(&e->loc[1]) << 32;
