@@ -45,9 +45,12 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns)
  * KVB_CLIENT_GET_SELF_KB decides by page size. Unset, the fan-out rule (docs/benchmarks.md,
  * "MLA TP=8"): pages of 1 MiB or more of an MLA namespace shared by tp_size ranks, on a machine
  * with at least two CPUs per rank, because there the ranks' eight copies of one page run side
- * by side on their own CPUs where the broker has at most four workers; with fewer CPUs the
- * ranks' copies only contend (measured slower on 2 vCPUs) and the broker's workers split each
- * page instead.
+ * by side on their own CPUs where the broker has at most four workers. With fewer CPUs too when
+ * the broker keeps a pool directory [dir]: a rank then reads a page with no round trip, in its
+ * own time slice as from a private pool (TP=8 Kimi on 2 vCPUs: GET p50 0.56 ms against 0.59
+ * private and 1.34 through the broker's workers, load phase 45 against 47 and 33 ms,
+ * docs/benchmarks.md); without one the ranks' ACQUIREs and copies only contend there, and the
+ * broker's workers split each page instead.
  */
 static int self_get_rule(const struct kvb_client *c, const struct kvb_layout *l, uint64_t pb)
 {
@@ -59,7 +62,7 @@ static int self_get_rule(const struct kvb_client *c, const struct kvb_layout *l,
 	if (l->kind != KVB_LAYOUT_MLA || l->tp_size < 2 || pb < (1ull << 20))
 		return 0;
 	cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	return cpus >= 2 * (long)l->tp_size;
+	return cpus >= 2 * (long)l->tp_size || c->dir;
 }
 
 static int ns_reserve(struct kvb_client *c)
