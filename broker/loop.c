@@ -131,6 +131,7 @@ int loop_run(struct loop *l)
 				continue;
 		} else if ((timeout = l->h.prepare_sleep(l->h.arg)) > 0) {
 			sleeping = 1;
+			l->sleeps++;
 		} else {
 			l->h.wake(l->h.arg);
 			continue;

@@ -38,6 +38,7 @@ struct loop {
 	int stop;	   /* set by anyone: loop_run returns after the current round */
 	double window;	   /* seconds of busy polling after the last work (--poll-us) */
 	double hold_until; /* ... and until then, whatever the window (loop_hold) */
+	uint64_t sleeps;   /* times it went to sleep (STATS loop_sleeps) */
 	uint32_t revents;  /* the epoll events of the fd whose callback runs now */
 	struct loop_hooks h;
 };

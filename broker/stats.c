@@ -448,6 +448,7 @@ static char *render(const struct broker *b, const struct stats_view *v)
 	num(root, "control_clients", b->ncontrol);
 	num(root, "handshakes", b->npending);
 	num(root, "bg_jobs", (double)bg_pending(b->bg));
+	num(root, "loop_sleeps", (double)b->loop.sleeps);
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b, v));
 	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */
