@@ -271,7 +271,9 @@ int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
 /* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);
 int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe);
-int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+/* Posts an SQE whose completion nobody waits for (dropped), without ringing the doorbell: a
+ * RELEASE of a lease we hold, a [dir] read told to the broker (ring.c [dir-note]). */
+int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 
 /* ops.c */

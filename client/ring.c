@@ -497,6 +497,7 @@ static int reserve_one(struct kvb_client *c)
 			return set_fatal(c, -EPROTO);
 		if (space > 0 && c->nfree > 0)
 			return 0;
+		sq_doorbell(c); /* [dir-note] posted SQEs must not wait for a broker asleep */
 		err = cq_step(c);
 		if (err)
 			return err;
@@ -544,7 +545,6 @@ static uint32_t post_one(struct kvb_client *c, struct kvb_sqe *sqe, uint8_t kind
 	sqe->user_data = slot_token(c, idx);
 	memcpy(kvb_ring_prod_slot(&c->sq, 0), sqe, sizeof(*sqe));
 	kvb_ring_publish(&c->sq, 1); /* [R1] release: the SQE is visible before the tail */
-	sq_doorbell(c);
 	return idx;
 }
 
@@ -566,9 +566,13 @@ int kvbc_post_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_k
 {
 	int err = reserve_one(c);
 
+	uint32_t idx;
+
 	if (err)
 		return err;
-	return (int)post_one(c, sqe, KVBC_SLOT_SYNC, parent);
+	idx = post_one(c, sqe, KVBC_SLOT_SYNC, parent);
+	sq_doorbell(c);
+	return (int)idx;
 }
 
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes)
@@ -608,6 +612,8 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 {
 	uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
+	if (c->region)
+		sq_doorbell(c); /* [dir-note] what was posted without one */
 	for (;;) {
 		uint32_t i = 0;
 		int n, err;
@@ -630,8 +636,17 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 	}
 }
 
-/* Posts an SQE whose completion nobody waits for (its result is dropped). */
-int kvbc_post_discard_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+/*
+ * [dir-note] A read through the pool directory told to the broker (ops.c dir_get), or a RELEASE
+ * nobody waits for ([release-post]): posted with no doorbell. Checking for one is a full fence
+ * and a load of the broker's flag line, and ringing one a syscall, on every 64 KiB read; a
+ * broker asleep need not hear of either at once. It finds the SQE in the round it runs before it
+ * answers any control request ([rings-first]: every STATS counts the read, sees the page
+ * unpinned), before it sleeps (ring.h [W1]), at its next doorbell (ours run in ring order
+ * after it), and at the latest after its one-second nap. Whatever waits for the broker rings
+ * first (reserve_one, kvbc_wait_discards_locked).
+ */
+int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
 	int err = reserve_one(c);
 
