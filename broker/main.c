@@ -1075,7 +1075,8 @@ int main(int argc, char **argv)
 			goto out_pool;
 	}
 	if (b.cfg.keep)
-		keep_pool(&b); /* before any other thread exists (a keeper forks) */
+		keep_pool(&b);	    /* before any other thread exists (a keeper forks) */
+	b.pool.no_dir = !b.cfg.dir; /* [dir] an adopted pool's directory is wiped, then unused */
 	err = store_init(&b.store, &b.pool, b.cfg.slab_bytes, b.cfg.high_wm, b.cfg.low_wm);
 	if (err) {
 		log_error("store: %s", strerror(-err));

@@ -66,6 +66,7 @@ struct pool {
 	int interleave;
 	int keep;    /* [keep] built to be handed over: see pool.c */
 	int adopted; /* the arenas came from another broker (pool_adopt) */
+	int no_dir;  /* [dir] --no-directory: a directory found in an adopted pool is not used */
 	int meta_fd; /* the side table (pagehdr.h), -1 none; never sent to clients */
 	void *meta;  /* mapped read-write, NULL none */
 	uint64_t meta_size;

@@ -237,8 +237,12 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 			goto err_free;
 		/* [dir] The partition's directory comes first in its first arena. */
 		if (p->arena[a].dir_bytes && p->arena[a].dir_bytes < size) {
-			dir_open(&s->dir[p->arena[a].part], p->arena[a].base, p->arena[a].dir_bytes,
-				 p->adopted);
+			struct dir *d = &s->dir[p->arena[a].part];
+
+			/* Opened (an adopted one wiped) even when unused: its old clients must stop. */
+			dir_open(d, p->arena[a].base, p->arena[a].dir_bytes, p->adopted);
+			if (p->no_dir)
+				d->h = NULL;
 			off = p->arena[a].dir_bytes;
 		}
 		size -= off;
