@@ -15,8 +15,9 @@
  * sleeps correctly while I/O and copies are in flight), for at most the timeout prepare_sleep
  * gave (a second, so that watermark eviction runs).
  *
- * The window follows the work (loop_hold): after a page op, or while a copy runs on a worker,
- * the loop stays awake for as long as that copy takes at LOOP_HOLD_BPS, since the next op of a
+ * The window follows the work (loop_hold): after a page op (inline or not: ops.c op_hold), or
+ * while a copy runs on a worker, the loop stays awake for as long as that copy takes at
+ * LOOP_HOLD_BPS, since the next op of a
  * stream arrives only after it (a client copying 4 MiB out of its lease for ~0.5 ms, a worker's
  * copy completing). A 200 us window ran out inside every large page, and each page paid a
  * sleep and a wake-up (20 us quiet, 50-100 us loaded). An idle round yields the CPU

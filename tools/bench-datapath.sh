@@ -94,6 +94,7 @@ run() {
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$(date +%s)
 start main
+start wr # PUTs of new keys fill a pool: not the one whose working sets the reads need resident
 start pin 0
 for r in $(seq "$REPS"); do
 	echo "bench-datapath: repetition $r of $REPS" >&2
@@ -111,7 +112,7 @@ for r in $(seq "$REPS"); do
 		done
 		for m in put put-user; do
 			# shellcheck disable=SC2086
-			run "$p rotate $m" "$K" --socket "$tmp/main.sock" $pa --ws "$WS" \
+			run "$p rotate $m" "$K" --socket "$tmp/wr.sock" $pa --ws "$WS" \
 				--seconds "$SECS" $m
 		done
 	done
