@@ -149,6 +149,7 @@ struct kvb_client {
 	 * epoch as checked at attach. */
 	const struct kvb_dir_hdr *dir;
 	uint32_t dir_nbuckets, dir_epoch;
+	const void *last_get_dst; /* ops.c [dir]: where the last kvb_get() copied to */
 
 	/* Operation slots: nslots == cq_entries, so the CQ can never overflow. */
 	struct kvbc_slot *slots;

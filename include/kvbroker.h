@@ -297,8 +297,9 @@ int kvb_put(kvb_client *c, uint32_t ns, kvb_key key, const void *src, size_t len
  * Copies a page into dst (len >= page_bytes). Returns page_bytes. -ENOENT when not stored.
  * A page in RAM that the broker's pool directory lists (ABI 1.5) is copied by this call itself
  * from the client's read-only pool mapping, with no round trip to the broker, into plain memory
- * and into a registered host buffer for pages below 1 MiB; otherwise dst inside a registered
- * buffer is written by the broker, and any other dst is read from the pool mapping under a
+ * and into a registered host buffer for pages below 1 MiB or at the dst of the client's previous
+ * kvb_get() (a reused staging page); otherwise dst inside a registered buffer is written by the
+ * broker, and any other dst is read from the pool mapping under a
  * lease (one memcpy). KVB_CLIENT_DIR=0 in the environment turns the first way off. After
  * -ENOENT (or any error) dst's bytes are unspecified: a fetch from the remote tier lands in a
  * registered dst as it arrives, and one that fails its checksum is a miss.
