@@ -164,6 +164,8 @@ struct session {
 	int region_fd;
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
+	struct kvb_ring notes;		     /* [notes] (wire.h), we consume */
+	int notes_bad;			     /* its note ring's tail was impossible */
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	kvb_atomic_u32 *fill, *fill_stop;    /* KVB_SQEF_FILL (wire.h): the client's, ours */
 	uint32_t fill_seq;		     /* KVB_SQEF_FILL SQEs taken from its SQ */
@@ -270,6 +272,8 @@ int session_accept(struct broker *b);
 void session_init(struct broker *b, struct session *s);
 /* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
 void session_on_listen(void *arg);
+/* [notes] Counts every session's note ring (wire.h KVB_FEAT_NOTES): rounds.c's tick, STATS. */
+void session_notes_all(struct broker *b);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

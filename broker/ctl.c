@@ -89,6 +89,10 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
 		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
 		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
+	kvb_ring_init(&s->notes, (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_HEAD),
+		      (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_TAIL), NULL,
+		      r + kvb_region_notes_off(&h) + KVB_NOTES_SQES, KVB_NOTES_ENTRIES,
+		      sizeof(struct kvb_sqe), 0);
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
@@ -613,6 +617,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->views[id.id] = NULL;
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
+		session_notes_all(b); /* [notes] every read done so far is counted */
 		if (blen >= sizeof(struct kvb_msg_stats_page)) {
 			struct kvb_msg_stats_page m;
 

@@ -959,10 +959,43 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 	op->n = session_ns(b, s, sqe->ns);
 }
 
+/* A decoded op of s on its list of ops in flight, or NULL (out of memory). */
+static struct op *op_new(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct op *op = op_alloc(b); /* [op-cache] */
+
+	if (!op)
+		return NULL;
+	memset(op, 0, sizeof(*op));
+	op_decode(b, s, sqe, op);
+	list_add_tail(&s->live, &op->slink);
+	s->nops++;
+	return op;
+}
+
+int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct op *op;
+	int32_t res;
+
+	if (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET))
+		return -EPROTO;
+	op = op_new(b, s, sqe);
+	if (!op) {
+		b->ctr.errors++;
+		return 0; /* uncounted, as a lost post would be */
+	}
+	/* A directory GET completes at once (kvb_sqe_check refused any other shape). */
+	(void)op_run(b, op);
+	res = op->cqe.res;
+	op_end(b, op);
+	return res < 0 ? -EPROTO : 0;
+}
+
 int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
 	       uint64_t *work)
 {
-	struct op *op = op_alloc(b); /* [op-cache] */
+	struct op *op = op_new(b, s, sqe);
 	int r;
 
 	if (!op) {
@@ -971,11 +1004,7 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 		*work = 1;
 		return OPS_DONE;
 	}
-	memset(op, 0, sizeof(*op));
-	op_decode(b, s, sqe, op);
 	op->batch = s->batch_more;
-	list_add_tail(&s->live, &op->slink);
-	s->nops++;
 	r = op_run(b, op);
 	*work = op->work;
 	if (r == OPS_DEFERRED) {

@@ -103,6 +103,13 @@ void ops_ns_close(struct broker *b, uint32_t id);
 int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
 	       uint64_t *work);
 
+/*
+ * session.c [notes]: counts one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a
+ * read through the pool directory, as a GET with KVB_SQEF_GET on the SQ would be, with no CQE
+ * and no hold of the loop. -EPROTO for anything else (nothing counted but the error).
+ */
+int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
+
 /* session.c: runs the session's yielded ops, up to budget work units; returns units spent. */
 uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget);
 

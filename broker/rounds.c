@@ -70,6 +70,7 @@ static void broker_tick(void *arg, int slept)
 	}
 	session_reap(b);
 	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
+	session_notes_all(b); /* [notes] read within a tick; the LRU below sees them */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	if (b->metrics)
 		metrics_http_tick(b);

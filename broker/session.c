@@ -92,6 +92,43 @@ void session_on_listen(void *arg)
 		;
 }
 
+/*
+ * [notes] Counts what s's note ring holds (wire.h KVB_FEAT_NOTES). Never ends the session, since
+ * it runs in the middle of other work (a STATS request, a teardown): an impossible tail marks
+ * the ring for session_poll() to end the session, an entry that is not a directory read is
+ * counted as a protocol error and skipped.
+ */
+static void notes_drain(struct broker *b, struct session *s)
+{
+	int64_t avail;
+
+	if (!s->region || s->notes_bad)
+		return;
+	avail = kvb_ring_avail(&s->notes);
+	if (avail < 0) {
+		s->notes_bad = 1;
+		return;
+	}
+	for (int64_t i = 0; i < avail; i++) {
+		struct kvb_sqe sqe;
+
+		/* One copy out of shared memory, as for the SQ: only the copy is used. */
+		memcpy(&sqe, kvb_ring_cons_slot(&s->notes, (uint32_t)i), sizeof(sqe));
+		if (ops_note(b, s, &sqe))
+			b->ctr.protocol_errors++;
+	}
+	if (avail)
+		kvb_ring_consume(&s->notes, (uint32_t)avail);
+}
+
+void session_notes_all(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions)
+		notes_drain(b, list_entry(pos, struct session, link));
+}
+
 uint32_t session_poll_all(struct broker *b)
 {
 	struct list *pos, *tmp;
@@ -120,6 +157,7 @@ int session_prepare_sleep(struct broker *b)
 
 		if (!s->region)
 			continue;
+		notes_drain(b, s); /* [notes] counted before a nap of up to a second */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -329,6 +367,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	if (why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
+	notes_drain(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
 	if (s->tenant_bound)
 		tenant_detach(&b->tt, s->part);
@@ -533,6 +572,11 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 
 	if (!s->region)
 		return 0;
+	if (s->notes_bad) {
+		b->ctr.protocol_errors++;
+		session_destroy(b, s, "impossible note-ring tail");
+		return -1;
+	}
 	s->stalled = 0;
 	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
 	if (!list_empty(&s->yieldq.ops)) {

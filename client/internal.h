@@ -136,6 +136,7 @@ struct kvb_client {
 	struct kvb_region_hdr hdr;	       /* private copy: the shared one is never re-read */
 	struct kvb_ring sq;		       /* we produce */
 	struct kvb_ring cq;		       /* we consume */
+	struct kvb_ring notes;		       /* [notes] we produce; entries NULL: none */
 	kvb_atomic_u32 *broker_cpu, *spin_cpu; /* spinning hints (wire.h) */
 	kvb_atomic_u32 *fill, *fill_stop;      /* KVB_SQEF_FILL (wire.h): ours, the broker's */
 	uint32_t fill_seq;		       /* KVB_SQEF_FILL SQEs posted to this region */
@@ -275,6 +276,8 @@ int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cq
 /* Posts an SQE whose completion nobody waits for (dropped), without ringing the doorbell: a
  * RELEASE of a lease we hold, a [dir] read told to the broker (ring.c [dir-note]). */
 int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+/* A [dir] read told to the broker through the note ring where it has one (ring.c [notes]). */
+int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 
 /* ops.c */

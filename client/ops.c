@@ -409,7 +409,7 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 	sqe_key(&sqe, KVB_OP_GET, ns, key);
 	sqe.flags = KVB_SQEF_GET;
 	/* Fails only when the broker is gone: the read stands, it is only not counted. */
-	(void)kvbc_post_note_locked(c, &sqe);
+	(void)kvbc_note_locked(c, &sqe);
 	return 1;
 }
 

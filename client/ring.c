@@ -114,6 +114,16 @@ int kvbc_ring_setup(struct kvb_client *c)
 		      h->cq_entries, sizeof(struct kvb_cqe), 0);
 	if (kvb_ring_space(&c->sq) < 0 || kvb_ring_avail(&c->cq) < 0)
 		return -EPROTO;
+	memset(&c->notes, 0, sizeof(c->notes));
+	if (h->features & KVB_FEAT_NOTES) { /* kvb_region_check() placed it inside the region */
+		char *nr = (char *)c->region + kvb_region_notes_off(h);
+
+		kvb_ring_init(&c->notes, (kvb_atomic_u32 *)(void *)(nr + KVB_NOTES_HEAD),
+			      (kvb_atomic_u32 *)(void *)(nr + KVB_NOTES_TAIL), NULL,
+			      nr + KVB_NOTES_SQES, KVB_NOTES_ENTRIES, sizeof(struct kvb_sqe), 1);
+		if (kvb_ring_space(&c->notes) < 0)
+			return -EPROTO;
+	}
 	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
 	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
 	/* KVB_REGION_FILL and _FILL_STOP: a fresh region, so filled PUTs are numbered anew. */
@@ -654,6 +664,33 @@ int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 		return err;
 	post_one(c, sqe, KVBC_SLOT_DISCARD, NULL);
 	return 0;
+}
+
+/*
+ * [notes] A directory read told through the note ring (wire.h KVB_FEAT_NOTES): an SQE and a
+ * tail store into lines that stay in our cache between the broker's drains, no CQE. A full
+ * ring means a broker asleep (it drains every tick while awake): the read goes on the SQ, with
+ * the doorbell, which wakes it to drain both.
+ */
+int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+{
+	int64_t room;
+	int err;
+
+	if (!c->notes.entries)
+		return kvbc_post_note_locked(c, sqe);
+	room = kvb_ring_space_min(&c->notes, 1);
+	if (room < 0)
+		return set_fatal(c, -EPROTO);
+	if (room > 0) {
+		memcpy(kvb_ring_prod_slot(&c->notes, 0), sqe, sizeof(*sqe));
+		kvb_ring_publish(&c->notes, 1);
+		return 0;
+	}
+	err = kvbc_post_note_locked(c, sqe);
+	if (!err)
+		sq_doorbell(c);
+	return err;
 }
 
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data)

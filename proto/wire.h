@@ -44,6 +44,9 @@
  *      [sqes_off] sq_entries x struct kvb_sqe (64 B)
  *      [cqes_off] cq_entries x struct kvb_cqe (32 B)
  *      [arg_off]  argument area (key arrays of LOOKUP, tier bytes back), page aligned
+ *      [notes]    KVB_FEAT_NOTES (ABI 1.6): the note ring, right after the argument area
+ *                 (kvb_region_notes_off()): its tail line (client), its head line (broker),
+ *                 KVB_NOTES_ENTRIES x struct kvb_sqe
  *
  *    See ring.h for the index protocol and the wake-up protocol.
  *
@@ -64,8 +67,9 @@
  * 3: DROP, paged STATS (struct kvb_msg_stats_page);
  * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
  *    (issue 20: a PUT's parent key, in the arg area);
- * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET */
-#define KVB_ABI_MINOR 5
+ * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET;
+ * 6: the note ring (KVB_FEAT_NOTES) */
+#define KVB_ABI_MINOR 6
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -275,6 +279,24 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
 /* ---- ring region ---- */
 
 #define KVB_FEAT_NEED_WAKEUP (1u << 0)
+/*
+ * [notes] ABI 1.6: the region has a note ring after its argument area, a second
+ * client-to-broker ring of SQEs that the broker reads when it gets round to it rather than in
+ * every round: in each loop tick (at least every millisecond while it is busy, after every
+ * wake-up), before it sleeps, before it renders STATS, and when the session ends. Only a GET
+ * with KVB_SQEF_GET (a read through the pool directory, told afterwards) may go there; no CQE
+ * comes back. What it saves is the cache-line traffic of the SQ: a broker that polls the SQ
+ * pulls its tail and entry lines to its CPU on every round, so a post there costs the client
+ * two cache misses on the way to its next read, and the CQE two more; the note ring's lines
+ * stay in the client's cache between drains. The broker trusts nothing there: an impossible
+ * tail ends the session, any other entry is counted as a protocol error and skipped.
+ */
+#define KVB_FEAT_NOTES (1u << 1)
+#define KVB_NOTES_ENTRIES 256u
+#define KVB_NOTES_TAIL 0u		  /* from kvb_region_notes_off(): written by the client */
+#define KVB_NOTES_HEAD 64u		  /* written by the broker */
+#define KVB_NOTES_SQES 128u		  /* the entries */
+#define KVB_NOTES_BYTES (KVB_NOTES_SQES + KVB_NOTES_ENTRIES * 64u)
 
 struct kvb_region_hdr {
 	uint32_t magic; /* KVB_REGION_MAGIC */
