@@ -773,6 +773,11 @@ static int op_acquire(struct broker *b, struct op *op)
 	op->hit = 1;
 	remote_on_hit(b, n, pg);
 	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
+	if (err == -EDQUOT || err == -EBUSY) {
+		/* [notes] RELEASEs not read yet must not count against the limits. */
+		session_notes_all(b);
+		err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
+	}
 	if (err)
 		return op_fail(op, err);
 	store_pin(&b->store, pg);
@@ -978,14 +983,15 @@ int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
 	struct op *op;
 	int32_t res;
 
-	if (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET))
+	if (sqe->opcode != KVB_OP_RELEASE &&
+	    (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET)))
 		return -EPROTO;
 	op = op_new(b, s, sqe);
 	if (!op) {
 		b->ctr.errors++;
 		return 0; /* uncounted, as a lost post would be */
 	}
-	/* A directory GET completes at once (kvb_sqe_check refused any other shape). */
+	/* Both complete at once (kvb_sqe_check refused any other shape of a directory GET). */
 	(void)op_run(b, op);
 	res = op->cqe.res;
 	op_end(b, op);

@@ -104,9 +104,9 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 	       uint64_t *work);
 
 /*
- * session.c [notes]: counts one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a
- * read through the pool directory, as a GET with KVB_SQEF_GET on the SQ would be, with no CQE
- * and no hold of the loop. -EPROTO for anything else (nothing counted but the error).
+ * session.c [notes]: runs one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a read
+ * through the pool directory (a GET with KVB_SQEF_GET) or a RELEASE, as on the SQ but with no
+ * CQE and no hold of the loop. -EPROTO for anything else, or a RELEASE of no lease of ours.
  */
 int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
 

@@ -64,13 +64,14 @@ static void broker_tick(void *arg, int slept)
 	struct broker *b = arg;
 	double now = clock_now();
 
+	/* [notes] read within a tick: the expiry (leases released) and the LRU below see them */
+	session_notes_all(b);
 	if (slept || now - b->expired_at >= EXPIRE_EVERY) {
 		session_expire(b, now);
 		b->expired_at = now;
 	}
 	session_reap(b);
 	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
-	session_notes_all(b); /* [notes] read within a tick; the LRU below sees them */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	if (b->metrics)
 		metrics_http_tick(b);

@@ -276,7 +276,8 @@ int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cq
 /* Posts an SQE whose completion nobody waits for (dropped), without ringing the doorbell: a
  * RELEASE of a lease we hold, a [dir] read told to the broker (ring.c [dir-note]). */
 int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
-/* A [dir] read told to the broker through the note ring where it has one (ring.c [notes]). */
+/* A [dir] read or a RELEASE of a lease we hold, told to the broker through the note ring where
+ * it has one (ring.c [notes]). */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 

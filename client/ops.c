@@ -351,7 +351,7 @@ static void release_deferred(struct kvb_client *c, uint64_t lease, int as_get)
 	sqe.flags = get_flag(c, as_get);
 	sqe.off = lease;
 	/* Fails only when the broker is gone, and then it has dropped the lease itself. */
-	(void)kvbc_post_note_locked(c, &sqe);
+	(void)kvbc_note_locked(c, &sqe);
 }
 
 /* ACQUIRE under the lock: returns 0 with *data and *lease, or a negative errno. */
@@ -639,13 +639,14 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	sqe.off = lease->id;
 	/*
 	 * [release-post] A lease we hold is released without waiting for the broker's answer,
-	 * which can only be success: the RELEASE is posted (with no doorbell, ring.c
-	 * [dir-note]), runs before any later op of ours and before the broker answers any
-	 * control request ([rings-first]), and in the broker's next round for everyone else. Any
-	 * other id (released already, forged, another client's) waits for the broker's -EINVAL.
+	 * which can only be success: the RELEASE goes into the note ring (ring.c [notes]; the SQ
+	 * without a doorbell where there is none), which the broker reads before it answers any
+	 * control request, before an ACQUIRE of anyone's is refused for the lease limits, and
+	 * otherwise within its next tick. Any other id (released already, forged, another
+	 * client's) waits for the broker's -EINVAL.
 	 */
 	if (lease_unnote(c, lease->id)) {
-		err = kvbc_post_note_locked(c, &sqe);
+		err = kvbc_note_locked(c, &sqe);
 		if (err)
 			kvbc_lease_note(c, lease->id); /* the broker is gone: still the caller's */
 	} else {

@@ -283,9 +283,10 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
  * [notes] ABI 1.6: the region has a note ring after its argument area, a second
  * client-to-broker ring of SQEs that the broker reads when it gets round to it rather than in
  * every round: in each loop tick (at least every millisecond while it is busy, after every
- * wake-up), before it sleeps, before it renders STATS, and when the session ends. Only a GET
- * with KVB_SQEF_GET (a read through the pool directory, told afterwards) may go there; no CQE
- * comes back. What it saves is the cache-line traffic of the SQ: a broker that polls the SQ
+ * wake-up), before it sleeps, before it renders STATS, before it refuses an ACQUIRE for the
+ * lease limits, and when the session ends. Only a GET with KVB_SQEF_GET (a read through the
+ * pool directory, told afterwards) and a RELEASE of a lease the session holds may go there;
+ * no CQE comes back. What it saves is the cache-line traffic of the SQ: a broker that polls the SQ
  * pulls its tail and entry lines to its CPU on every round, so a post there costs the client
  * two cache misses on the way to its next read, and the CQE two more; the note ring's lines
  * stay in the client's cache between drains. The broker trusts nothing there: an impossible
@@ -293,9 +294,9 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
  */
 #define KVB_FEAT_NOTES (1u << 1)
 #define KVB_NOTES_ENTRIES 256u
-#define KVB_NOTES_TAIL 0u		  /* from kvb_region_notes_off(): written by the client */
-#define KVB_NOTES_HEAD 64u		  /* written by the broker */
-#define KVB_NOTES_SQES 128u		  /* the entries */
+#define KVB_NOTES_TAIL 0u   /* from kvb_region_notes_off(): written by the client */
+#define KVB_NOTES_HEAD 64u  /* written by the broker */
+#define KVB_NOTES_SQES 128u /* the entries */
 #define KVB_NOTES_BYTES (KVB_NOTES_SQES + KVB_NOTES_ENTRIES * 64u)
 
 struct kvb_region_hdr {

@@ -317,15 +317,15 @@ static void bad_notes(void)
 	layout(&l);
 	CHECK_OK(harness_raw_ns_open(&r, &l, &rns, NULL));
 	e = (struct kvb_sqe *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_SQES);
-	tail = (kvb_atomic_u32 *)(void *)(r.region + kvb_region_notes_off(&r.hdr) +
-					  KVB_NOTES_TAIL);
+	tail = (kvb_atomic_u32 *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_TAIL);
 	/*
 	 * STATS from a control client (no ring: nothing it does wakes the broker's rounds first),
 	 * so the count below is the one the broker drains before it answers.
 	 */
 	{
-		struct kvb_opts o = {
-			.socket_path = b->sock, .name = "notes-stats", .flags = KVB_CONNECT_CONTROL};
+		struct kvb_opts o = {.socket_path = b->sock,
+				     .name = "notes-stats",
+				     .flags = KVB_CONNECT_CONTROL};
 
 		ctl = NULL;
 		CHECK_OK(kvb_connect(&o, &ctl));
