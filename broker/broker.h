@@ -272,7 +272,12 @@ int session_accept(struct broker *b);
 void session_init(struct broker *b, struct session *s);
 /* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
 void session_on_listen(void *arg);
-/* [notes] Counts every session's note ring (wire.h KVB_FEAT_NOTES): rounds.c's tick, STATS. */
+/*
+ * [notes] Runs what a session's note ring holds (wire.h KVB_FEAT_NOTES), or every session's:
+ * rounds.c's tick, STATS, a RELEASE or the lease limits (ops.c). Never ends a session: an
+ * impossible tail is left for session_poll() to end it.
+ */
+void session_notes(struct broker *b, struct session *s);
 void session_notes_all(struct broker *b);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);

@@ -793,6 +793,12 @@ static int op_release(struct broker *b, struct op *op)
 	struct page *pg;
 	uint64_t id = op->sqe.off;
 
+	/*
+	 * [notes] A RELEASE the client waits for comes after those it did not wait for (its
+	 * second release of one lease must find it released): they are read first.
+	 */
+	if (!op->note)
+		session_notes(b, op->s);
 	/* The session's own list decides: ids are capabilities, not pointers. */
 	if (lease_pop(b, op->s, id))
 		return op_fail(op, -EINVAL);
@@ -991,6 +997,7 @@ int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
 		b->ctr.errors++;
 		return 0; /* uncounted, as a lost post would be */
 	}
+	op->note = 1;
 	/* Both complete at once (kvb_sqe_check refused any other shape of a directory GET). */
 	(void)op_run(b, op);
 	res = op->cqe.res;

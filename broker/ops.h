@@ -53,6 +53,7 @@ struct op {
 	uint8_t parked;	    /* on a waitq, the run queue or its session's yield queue */
 	uint8_t batch;	    /* its client's SQ held more SQEs behind it (xfer.c [batch-queue]) */
 	uint8_t as_get;	    /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
+	uint8_t note;	    /* from the note ring (ops_note) */
 	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	    /* PUT: the key was stored */
 	uint8_t remote;	    /* the remote tier was asked (once per op: remote.c) */

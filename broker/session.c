@@ -93,12 +93,12 @@ void session_on_listen(void *arg)
 }
 
 /*
- * [notes] Counts what s's note ring holds (wire.h KVB_FEAT_NOTES). Never ends the session, since
- * it runs in the middle of other work (a STATS request, a teardown): an impossible tail marks
- * the ring for session_poll() to end the session, an entry that is not a directory read is
- * counted as a protocol error and skipped.
+ * [notes] Runs what s's note ring holds (wire.h KVB_FEAT_NOTES). Never ends the session, since
+ * it runs in the middle of other work (a STATS request, an op, a teardown): an impossible tail
+ * marks the ring for session_poll() to end the session, an entry that is not a directory read
+ * or a RELEASE of ours is counted as a protocol error and skipped.
  */
-static void notes_drain(struct broker *b, struct session *s)
+void session_notes(struct broker *b, struct session *s)
 {
 	int64_t avail;
 
@@ -126,7 +126,7 @@ void session_notes_all(struct broker *b)
 	struct list *pos;
 
 	list_for_each (pos, &b->sessions)
-		notes_drain(b, list_entry(pos, struct session, link));
+		session_notes(b, list_entry(pos, struct session, link));
 }
 
 uint32_t session_poll_all(struct broker *b)
@@ -157,7 +157,7 @@ int session_prepare_sleep(struct broker *b)
 
 		if (!s->region)
 			continue;
-		notes_drain(b, s); /* [notes] counted before a nap of up to a second */
+		session_notes(b, s); /* [notes] counted before a nap of up to a second */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -367,7 +367,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	if (why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
-	notes_drain(b, s); /* [notes] its last reads count */
+	session_notes(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
 	if (s->tenant_bound)
 		tenant_detach(&b->tt, s->part);
