@@ -273,11 +273,8 @@ int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
 /* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);
 int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe);
-/* Posts an SQE whose completion nobody waits for (dropped), without ringing the doorbell: a
- * RELEASE of a lease we hold, a [dir] read told to the broker (ring.c [dir-note]). */
-int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
-/* A [dir] read or a RELEASE of a lease we hold, told to the broker through the note ring where
- * it has one (ring.c [notes]). */
+/* Tells the broker of a [dir] read or a RELEASE of a lease we hold, with no wait for it: through
+ * the note ring (ring.c [notes]), or posted on the SQ without a doorbell ([dir-note]). */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 

@@ -648,7 +648,8 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 
 /*
  * [dir-note] A read through the pool directory told to the broker (ops.c dir_get), or a RELEASE
- * nobody waits for ([release-post]): posted with no doorbell. Checking for one is a full fence
+ * nobody waits for ([release-post]), on the SQ (a broker without a note ring, or a full one):
+ * posted with no doorbell. Checking for one is a full fence
  * and a load of the broker's flag line, and ringing one a syscall, on every 64 KiB read; a
  * broker asleep need not hear of either at once. It finds the SQE in the round it runs before it
  * answers any control request ([rings-first]: every STATS counts the read, sees the page
@@ -656,7 +657,7 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
  * after it), and at the latest after its one-second nap. Whatever waits for the broker rings
  * first (reserve_one, kvbc_wait_discards_locked).
  */
-int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+static int post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
 	int err = reserve_one(c);
 
@@ -669,9 +670,8 @@ int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 /*
  * [notes] A directory read or a held lease's RELEASE told through the note ring (wire.h
  * KVB_FEAT_NOTES): an SQE and a tail store into lines that stay in our cache between the
- * broker's drains, no CQE. A full
- * ring means a broker asleep (it drains every tick while awake): the read goes on the SQ, with
- * the doorbell, which wakes it to drain both.
+ * broker's drains, no CQE. A full ring means a broker asleep (it drains every tick while
+ * awake): the note goes on the SQ, with the doorbell, which wakes it to drain both.
  */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
@@ -679,7 +679,7 @@ int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 	int err;
 
 	if (!c->notes.entries)
-		return kvbc_post_note_locked(c, sqe);
+		return post_note_locked(c, sqe);
 	room = kvb_ring_space_min(&c->notes, 1);
 	if (room < 0)
 		return set_fatal(c, -EPROTO);
@@ -688,7 +688,7 @@ int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 		kvb_ring_publish(&c->notes, 1);
 		return 0;
 	}
-	err = kvbc_post_note_locked(c, sqe);
+	err = post_note_locked(c, sqe);
 	if (!err)
 		sq_doorbell(c);
 	return err;
