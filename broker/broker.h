@@ -95,6 +95,8 @@ struct counters {
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
 		refused, expired;
 	uint64_t dir_gets; /* [dir] GETs a client did itself through the pool directory */
+	uint64_t dir_acquires; /* [hazard] ACQUIREs it took itself under its hazard table */
+	uint64_t hazard_pins;  /* [hazard] pages pinned as they left for a client reading them */
 };
 
 /*
@@ -166,6 +168,15 @@ struct session {
 	struct kvb_ring sq, cq;
 	struct kvb_ring notes;		     /* [notes] (wire.h), we consume */
 	int notes_bad;			     /* its note ring's tail was impossible */
+	kvb_atomic_u32 *hz_count;	     /* [hazard] (wire.h): the client's table */
+	kvb_atomic_u64 *hz;
+	struct page *hz_pin[KVB_HZ_ENTRIES]; /* pinned for that entry, NULL none */
+	uint64_t hz_val[KVB_HZ_ENTRIES];     /* the entry's value when we pinned */
+	double hz_at[KVB_HZ_ENTRIES];	     /* when (--lease-lifetime) */
+	uint32_t hz_npins;
+	uint64_t hz_bytes[KVB_HZ_ENTRIES];   /* page bytes of each lease it told us of */
+	uint32_t hz_leases;		     /* leases it holds under its table, as told */
+	uint64_t hz_held;		     /* their page bytes (the lease limits count them) */
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	kvb_atomic_u32 *fill, *fill_stop;    /* KVB_SQEF_FILL (wire.h): the client's, ours */
 	uint32_t fill_seq;		     /* KVB_SQEF_FILL SQEs taken from its SQ */
@@ -279,6 +290,13 @@ void session_on_listen(void *arg);
  */
 void session_notes(struct broker *b, struct session *s);
 void session_notes_all(struct broker *b);
+/*
+ * [hazard] (wire.h): store.c's withdrawn hook (arg: the broker) pins a page leaving the
+ * directory for every client that reads it under its hazard table; session_hz_poll() (each
+ * tick) drops the pins of entries that moved on. Loop thread only.
+ */
+void session_hz_withdrawn(void *arg, struct page *pg);
+void session_hz_poll(struct broker *b);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

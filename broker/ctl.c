@@ -93,6 +93,11 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 		      (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_TAIL), NULL,
 		      r + kvb_region_notes_off(&h) + KVB_NOTES_SQES, KVB_NOTES_ENTRIES,
 		      sizeof(struct kvb_sqe), 0);
+	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(&h) + KVB_HZ_COUNT);
+	/* A fresh region is ours alone yet: a plain store, read by the client after HELLO. */
+	*(uint64_t *)(void *)(r + kvb_region_notes_off(&h) + KVB_HZ_BUDGET) =
+		ops_lease_limit(b, s->part);
+	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(&h) + KVB_HZ_TABLE);
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
@@ -618,6 +623,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
 		session_notes_all(b); /* [notes] every read done so far is counted */
+		session_hz_poll(b);   /* [hazard] and pages no longer read are unpinned */
 		if (blen >= sizeof(struct kvb_msg_stats_page)) {
 			struct kvb_msg_stats_page m;
 

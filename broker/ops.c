@@ -72,6 +72,8 @@ void ops_init(struct broker *b)
 	b->store.wake_arg = b;
 	b->store.ns_empty = ops_ns_empty;
 	b->store.ns_empty_arg = b;
+	b->store.withdrawn = session_hz_withdrawn; /* [hazard] */
+	b->store.withdrawn_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -690,23 +692,30 @@ static int op_get(struct broker *b, struct op *op)
  * past --lease-lifetime ends its session (rounds.c). A page this client already leases costs
  * nothing more against the pinned cap (it is pinned already).
  */
+uint64_t ops_lease_limit(const struct broker *b, uint32_t part)
+{
+	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
+	if (b->cfg.max_lease_bytes || part >= b->pool.nparts)
+		return b->cfg.max_lease_bytes;
+	/* Fractions are of the partition as sized, its directory included [dir]. */
+	return (uint64_t)(b->cfg.max_lease_frac * (double)b->pool.part[part].size);
+}
+
 static int lease_push(struct broker *b, struct session *s, const struct page *pg, uint64_t bytes,
 		      int as_get)
 {
-	/* Fractions are of the partition as sized, its directory included [dir]. */
 	uint64_t part_bytes = b->pool.part[store_part_of(&b->store, pg)].size;
-	uint64_t limit = b->cfg.max_lease_bytes;
+	uint64_t limit = ops_lease_limit(b, store_part_of(&b->store, pg));
 	uint64_t id = store_lease_id(pg);
 
-	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
-	if (!limit)
-		limit = (uint64_t)(b->cfg.max_lease_frac * (double)part_bytes);
 	if (limit && limit < bytes)
 		limit = bytes; /* one lease is always possible */
 	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
 	if (limit && as_get)
 		limit += b->store.max_page;
-	if (s->nleases >= b->cfg.max_leases || (limit && s->lease_bytes + bytes > limit))
+	/* [hazard] with the leases it holds under its own table, as told */
+	if (s->nleases + s->hz_leases >= b->cfg.max_leases ||
+	    (limit && s->lease_bytes + s->hz_held + bytes > limit))
 		return -EDQUOT;
 	if (b->cfg.max_pinned > 0 && !pg->pins &&
 	    b->leased_bytes[s->part] + bytes > (uint64_t)(b->cfg.max_pinned * (double)part_bytes))
@@ -755,6 +764,28 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 	return -EINVAL;
 }
 
+/*
+ * [hazard] A lease of the client's own hazard table taken (bytes: its page's) or given back
+ * (bytes 0), as it told us: what the lease limits and the stats count. Its word only, checked
+ * only to stay within its own table; it can misstate nothing but its own figures.
+ */
+static void hz_told(struct broker *b, struct session *s, uint64_t id, uint64_t bytes)
+{
+	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
+
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->hz_bytes[i] == !bytes)
+		return;
+	if (bytes) {
+		s->hz_leases++;
+		b->leases++;
+	} else {
+		s->hz_leases--;
+		b->leases--;
+	}
+	s->hz_held = s->hz_held - s->hz_bytes[i] + bytes;
+	s->hz_bytes[i] = bytes;
+}
+
 static int op_acquire(struct broker *b, struct op *op)
 {
 	struct ns *n = op->n;
@@ -764,6 +795,18 @@ static int op_acquire(struct broker *b, struct op *op)
 	if (!n)
 		return op_fail(op, -EBADF);
 	pg = store_find(&b->store, n->id, &op->key);
+	if (op->sqe.flags & KVB_SQEF_HELD) {
+		/* [hazard] The client leased it itself (wire.h): count it, warm it, pin nothing. */
+		if (pg && pg->state == PAGE_READY) {
+			remote_on_hit(b, n, pg);
+			store_touch(&b->store, pg);
+		}
+		hz_told(b, op->s, op->sqe.off, n->page_bytes);
+		op->hit = 1;
+		op->bytes_out = n->page_bytes;
+		b->ctr.dir_acquires++;
+		return OPS_DONE;
+	}
 	if (!pg || pg->state != PAGE_READY) {
 		if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
 			return OPS_DEFERRED;
@@ -793,6 +836,10 @@ static int op_release(struct broker *b, struct op *op)
 	struct page *pg;
 	uint64_t id = op->sqe.off;
 
+	if (op->sqe.flags & KVB_SQEF_HELD) {
+		hz_told(b, op->s, id, 0); /* [hazard] the client's own lease: nothing to unpin */
+		return OPS_DONE;
+	}
 	/*
 	 * [notes] A RELEASE the client waits for comes after those it did not wait for (its
 	 * second release of one lease must find it released): they are read first.
@@ -989,8 +1036,10 @@ int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
 	struct op *op;
 	int32_t res;
 
+	/* Told afterwards: a directory read, a RELEASE, an ACQUIRE of the client's own [hazard]. */
 	if (sqe->opcode != KVB_OP_RELEASE &&
-	    (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET)))
+	    (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET)) &&
+	    (sqe->opcode != KVB_OP_ACQUIRE || !(sqe->flags & KVB_SQEF_HELD)))
 		return -EPROTO;
 	op = op_new(b, s, sqe);
 	if (!op) {

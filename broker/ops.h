@@ -111,6 +111,9 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
  */
 int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
 
+/* The page bytes a session of partition part may hold in leases (--max-lease-bytes), 0 none. */
+uint64_t ops_lease_limit(const struct broker *b, uint32_t part);
+
 /* session.c: runs the session's yielded ops, up to budget work units; returns units spent. */
 uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget);
 

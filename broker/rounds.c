@@ -66,6 +66,7 @@ static void broker_tick(void *arg, int slept)
 
 	/* [notes] read within a tick: the expiry (leases released) and the LRU below see them */
 	session_notes_all(b);
+	session_hz_poll(b); /* [hazard] pages clients no longer read under their tables */
 	if (slept || now - b->expired_at >= EXPIRE_EVERY) {
 		session_expire(b, now);
 		b->expired_at = now;

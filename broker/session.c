@@ -121,6 +121,75 @@ void session_notes(struct broker *b, struct session *s)
 		kvb_ring_consume(&s->notes, (uint32_t)avail);
 }
 
+/* [hazard] The library's own lease ids lie above every page id (wire.h KVB_HZ_LEASE_MIN). */
+static_assert(((uint64_t)STORE_MAX_SLABS << STORE_SLOT_BITS) <= KVB_HZ_LEASE_MIN,
+	      "page ids stay below the library's lease ids");
+
+/*
+ * [hazard] store.c's withdrawn hook: page pg left the directory (its entry is withdrawn) and is
+ * about to be freed or rewritten. Every session whose hazard table names it gets a pin on it,
+ * held until that entry changes (session_hz_poll). The full fence pairs with the client's
+ * [H1] (wire.h): it sees the withdrawal, or we see its entry.
+ */
+void session_hz_withdrawn(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	uint64_t want = store_loc(&b->store, pg) | 1;
+	uint32_t part = store_part_of(&b->store, pg);
+	struct list *pos;
+	double now = 0;
+
+	kvb_fence_full(); /* [H1] */
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		/* Only a reader of this partition's pool maps the page (a table naming others'
+		 * pages is ignored); a count of 0 is a client reading nothing under it. */
+		if (!s->region || s->part != part || !kvb_load_relaxed(s->hz_count))
+			continue;
+		for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++) {
+			if (kvb_load64_relaxed(&s->hz[i]) != want || s->hz_pin[i] == pg)
+				continue;
+			if (s->hz_pin[i]) { /* the entry moved on from the page we pinned for it */
+				store_unpin(&b->store, s->hz_pin[i]);
+				s->hz_npins--;
+			}
+			if (!now)
+				now = clock_now();
+			store_pin(&b->store, pg);
+			s->hz_pin[i] = pg;
+			s->hz_val[i] = want;
+			s->hz_at[i] = now;
+			s->hz_npins++;
+			b->ctr.hazard_pins++;
+		}
+	}
+}
+
+/* [hazard] Drops the pins of entries that no longer name their page (all of them: all). */
+static void hz_unpin(struct broker *b, struct session *s, int all)
+{
+	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++) {
+		if (!s->hz_pin[i] || (!all && kvb_load64_relaxed(&s->hz[i]) == s->hz_val[i]))
+			continue;
+		store_unpin(&b->store, s->hz_pin[i]);
+		s->hz_pin[i] = NULL;
+		s->hz_npins--;
+	}
+}
+
+void session_hz_poll(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->hz_npins)
+			hz_unpin(b, s, 0);
+	}
+}
+
 void session_notes_all(struct broker *b)
 {
 	struct list *pos;
@@ -158,6 +227,8 @@ int session_prepare_sleep(struct broker *b)
 		if (!s->region)
 			continue;
 		session_notes(b, s); /* [notes] counted before a nap of up to a second */
+		if (s->hz_npins)
+			hz_unpin(b, s, 0); /* [hazard] and what is no longer read, unpinned */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -369,6 +440,9 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	session_notes(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
+	hz_unpin(b, s, 1);
+	b->leases -= s->hz_leases; /* [hazard] its own, as told */
+	s->hz_leases = 0;
 	if (s->tenant_bound)
 		tenant_detach(&b->tt, s->part);
 	s->tenant_bound = 0;
@@ -476,14 +550,18 @@ void session_expire(struct broker *b, double now)
 				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
 				      now - s->active_at);
 			session_destroy(b, s, NULL);
-		} else if (s->nleases && b->cfg.lease_lifetime > 0) {
+		} else if ((s->nleases || s->hz_npins) && b->cfg.lease_lifetime > 0) {
 			/* [lease-limits] A lease held this long is a client that stopped: its
-			 * session ends, its leases go, and its library unmaps the pool. */
+			 * session ends, its leases go, and its library unmaps the pool. So does a
+			 * page pinned for its hazard table ([hazard]). */
 			double oldest = now;
 
 			for (uint32_t i = 0; i < s->nleases; i++)
 				if (s->lease_at[i] < oldest)
 					oldest = s->lease_at[i];
+			for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++)
+				if (s->hz_pin[i] && s->hz_at[i] < oldest)
+					oldest = s->hz_at[i];
 			if (now - oldest > b->cfg.lease_lifetime) {
 				b->ctr.expired++;
 				log_warn("client %u (%s, pid %d): a lease held for %.0f s "

@@ -503,14 +503,33 @@ static void chain_detach(struct store *s, struct page *pg)
 	lru_link_at(s, p, 1);
 }
 
-/* Out of the index, and out of its chain. */
-static void unindex(struct store *s, struct page *pg)
+static void publish(struct store *s, const struct page *pg);
+
+/*
+ * [dir] Out of the directory, before the slot can be freed, so before anything can write it
+ * again; then [hazard] pinned for the clients reading it under their hazard tables, if any.
+ */
+static void withdraw(struct store *s, struct page *pg)
 {
-	/* [dir] Before the slot can be freed, so before anything can write it again. */
-	if (pg->state == PAGE_READY)
-		dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
+	if (pg->state != PAGE_READY)
+		return;
+	dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
+	if (s->withdrawn)
+		s->withdrawn(s->withdrawn_arg, pg);
+}
+
+/* Out of the index, and out of its chain (the directory already withdrawn). */
+static void unindex_withdrawn(struct store *s, struct page *pg)
+{
 	index_remove(&s->ix, &pg->ixn);
 	chain_detach(s, pg);
+}
+
+/* Out of the directory, the index, and its chain. */
+static void unindex(struct store *s, struct page *pg)
+{
+	withdraw(s, pg);
+	unindex_withdrawn(s, pg);
 }
 
 int store_link_parent(struct store *s, struct page *pg, const kvb_key *parent)
@@ -621,11 +640,23 @@ static void slot_free(struct store *s, struct page *pg)
  */
 static int evict(struct store *s, struct page *pg)
 {
+	/*
+	 * [hazard] A page a client reads under its hazard table stays, pinned for it, as a leased
+	 * one would (off the LRUs until the client's entry moves on): back into the directory.
+	 */
+	withdraw(s, pg);
+	if (pg->pins) {
+		publish(s, pg);
+		return 0;
+	}
 	if (s->leaving)
 		s->leaving(s->leaving_arg, pg);
 	if (!pg->clean && s->demote) {
 		int r = s->demote(s->demote_arg, pg);
 
+		/* Still READY and indexed in the three cases: in the directory again too. */
+		if (r)
+			publish(s, pg);
 		if (r < 0)
 			return r;
 		if (r > 0) {
@@ -643,10 +674,12 @@ static int evict(struct store *s, struct page *pg)
 		 * back there: they go first. Dropping this one instead would keep old pages and
 		 * lose the newest (the op waits for the writes: tier_park_alloc).
 		 */
-		if (s->demoting_bytes)
+		if (s->demoting_bytes) {
+			publish(s, pg);
 			return -EBUSY;
+		}
 	}
-	unindex(s, pg);
+	unindex_withdrawn(s, pg);
 	s->st.evictions++;
 	part_of(s, pg)->evictions++;
 	slot_free(s, pg);

@@ -151,6 +151,16 @@ struct kvb_client {
 	const struct kvb_dir_hdr *dir;
 	uint32_t dir_nbuckets, dir_epoch;
 	const void *last_get_dst; /* ops.c [dir]: where the last kvb_get() copied to */
+	/* [hazard] Our hazard table (wire.h) in the ring region, NULL none (ring.c sets it). */
+	kvb_atomic_u32 *hz_count;
+	kvb_atomic_u64 *hz;
+	uint32_t hz_used; /* bit i: entry i holds a lease of ours */
+	uint32_t hz_n;	  /* entries in use: what we publish in hz_count */
+	uint32_t hz_seq;  /* numbers the leases, so a stale id never matches a new one */
+	uint64_t hz_budget; /* page bytes the broker lets us hold so (wire.h), 0 no limit */
+	uint64_t hz_held;   /* page bytes we hold so */
+	uint64_t hz_id[KVB_HZ_ENTRIES];
+	uint64_t hz_len[KVB_HZ_ENTRIES];
 
 	/* Operation slots: nslots == cq_entries, so the CQ can never overflow. */
 	struct kvbc_slot *slots;
@@ -205,6 +215,8 @@ struct kvb_client {
  */
 void kvbc_lease_note(struct kvb_client *c, uint64_t id);
 void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
+/* [hazard] A lease of our hazard table is released here (its entry cleared): 1; else 0. */
+int kvbc_hz_release(struct kvb_client *c, uint64_t id);
 /*
  * ring.c [release-post]: waits until every SQE posted without waiting for its answer (a
  * RELEASE) has completed, so that a control request sent next is answered after them; at

@@ -124,6 +124,19 @@ int kvbc_ring_setup(struct kvb_client *c)
 		if (kvb_ring_space(&c->notes) < 0)
 			return -EPROTO;
 	}
+	/* [hazard] A fresh region: no lease of ours is in its table. */
+	c->hz = NULL;
+	c->hz_count = NULL;
+	c->hz_used = c->hz_n = 0;
+	if ((h->features & KVB_FEAT_HAZARDS) && c->notes.entries) {
+		char *hz = (char *)c->region + kvb_region_hz_off(h);
+
+		c->hz_count = (kvb_atomic_u32 *)(void *)(hz + KVB_HZ_COUNT);
+		c->hz = (kvb_atomic_u64 *)(void *)(hz + KVB_HZ_TABLE);
+		memcpy(&c->hz_budget, (char *)c->region + kvb_region_notes_off(h) + KVB_HZ_BUDGET,
+		       sizeof(c->hz_budget));
+	}
+	c->hz_held = 0;
 	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
 	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
 	/* KVB_REGION_FILL and _FILL_STOP: a fresh region, so filled PUTs are numbered anew. */
@@ -770,7 +783,9 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		uint32_t idx;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
-		if (sqe.opcode == KVB_OP_RELEASE)
+		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
+			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
+		else if (sqe.opcode == KVB_OP_RELEASE)
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
