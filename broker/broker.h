@@ -94,7 +94,7 @@ struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
 		refused, expired;
-	uint64_t dir_gets; /* [dir] GETs a client did itself through the pool directory */
+	uint64_t dir_gets;     /* [dir] GETs a client did itself through the pool directory */
 	uint64_t dir_acquires; /* [hazard] ACQUIREs it took itself under its hazard table */
 	uint64_t hazard_pins;  /* [hazard] pages pinned as they left for a client reading them */
 };
@@ -166,9 +166,9 @@ struct session {
 	int region_fd;
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
-	struct kvb_ring notes;		     /* [notes] (wire.h), we consume */
-	int notes_bad;			     /* its note ring's tail was impossible */
-	kvb_atomic_u32 *hz_count;	     /* [hazard] (wire.h): the client's table */
+	struct kvb_ring notes;	  /* [notes] (wire.h), we consume */
+	int notes_bad;		  /* its note ring's tail was impossible */
+	kvb_atomic_u32 *hz_count; /* [hazard] (wire.h): the client's table */
 	kvb_atomic_u64 *hz;
 	struct page *hz_pin[KVB_HZ_ENTRIES]; /* pinned for that entry, NULL none */
 	uint64_t hz_val[KVB_HZ_ENTRIES];     /* the entry's value when we pinned */

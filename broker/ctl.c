@@ -95,8 +95,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 		      sizeof(struct kvb_sqe), 0);
 	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(&h) + KVB_HZ_COUNT);
 	/* A fresh region is ours alone yet: a plain store, read by the client after HELLO. */
-	*(uint64_t *)(void *)(r + kvb_region_notes_off(&h) + KVB_HZ_BUDGET) =
-		ops_lease_limit(b, s->part);
+	*(uint64_t *)(void *)(r + kvb_region_notes_off(&h) +
+			      KVB_HZ_BUDGET) = ops_lease_limit(b, s->part);
 	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(&h) + KVB_HZ_TABLE);
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);

@@ -634,10 +634,12 @@ static void slot_free(struct store *s, struct page *pg)
 /*
  * Evicts an evictable page (READY, unpinned, indexed): the one place pages leave RAM. With a
  * disk tier a page that has no copy on disk is demoted instead: it stays READY and pinned
- * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started, -EBUSY
- * the tier cannot take it now, or colder pages are still being demoted (the page stays
- * evictable).
+ * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started,
+ * EVICT_KEPT a client reads it under its hazard table (pinned for it now, so off the LRUs: the
+ * caller tries the next), -EBUSY the tier cannot take it now, or colder pages are still being
+ * demoted (the page stays evictable).
  */
+#define EVICT_KEPT 2
 static int evict(struct store *s, struct page *pg)
 {
 	/*
@@ -647,7 +649,7 @@ static int evict(struct store *s, struct page *pg)
 	withdraw(s, pg);
 	if (pg->pins) {
 		publish(s, pg);
-		return 0;
+		return EVICT_KEPT;
 	}
 	if (s->leaving)
 		s->leaving(s->leaving_arg, pg);
@@ -791,16 +793,21 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
 	     tries--) {
 		if (cold->cls == ci) {
-			if (evict(s, cold) < 0)
+			int r = evict(s, cold);
+
+			if (r < 0)
 				break;
+			tries += r == EVICT_KEPT; /* a page off the LRU for good: not a try */
 		} else {
 			slab_reclaim(s, slab_of(s, cold), 0);
 		}
 		pg = slot_take(s, ci, part, pref);
 	}
-	if (!pg && (cold = coldest(s, &c->lru[part], LRU_CLASS))) {
-		evict(s, cold);
-		pg = slot_take(s, ci, part, pref);
+	while (!pg && (cold = coldest(s, &c->lru[part], LRU_CLASS))) {
+		if (evict(s, cold) != EVICT_KEPT) {
+			pg = slot_take(s, ci, part, pref);
+			break;
+		}
 	}
 	/*
 	 * [chain] Memory held by chains of other page sizes whose slabs cannot be emptied leaf by

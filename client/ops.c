@@ -602,7 +602,7 @@ static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns
 	c->hz_held += n->page_bytes;
 	sqe_key(&sqe, KVB_OP_ACQUIRE, ns, key);
 	sqe.flags = KVB_SQEF_HELD;
-	sqe.off = *id; /* what the broker counts it by */
+	sqe.off = *id;			 /* what the broker counts it by */
 	(void)kvbc_note_locked(c, &sqe); /* fails only with the broker gone: uncounted */
 	return 1;
 }
@@ -611,8 +611,8 @@ int kvbc_hz_release(struct kvb_client *c, uint64_t id)
 {
 	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
 
-	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES ||
-	    !(c->hz_used & (1u << i)) || c->hz_id[i] != id)
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !(c->hz_used & (1u << i)) ||
+	    c->hz_id[i] != id)
 		return 0;
 	hz_clear(c, i);
 	c->hz_used &= ~(1u << i);

@@ -692,8 +692,8 @@ static void test_proto_sqe_bad_header(void **state)
 			 */
 			expect_sqe(&s, 4096,
 				   ((s.flags == KVB_SQEF_GET || s.flags == KVB_SQEF_HELD) &&
-				    get_pair) ||
-						   (s.flags == KVB_SQEF_FILL && put) || parent
+				    get_pair) || (s.flags == KVB_SQEF_FILL && put) ||
+						   parent
 					   ? 0
 					   : -EINVAL,
 				   "unknown flag");
