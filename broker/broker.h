@@ -297,6 +297,13 @@ void session_notes_all(struct broker *b);
  */
 void session_hz_withdrawn(void *arg, struct page *pg);
 void session_hz_poll(struct broker *b);
+/*
+ * [hazard] The client told us of lease id of its table (ops.c, KVB_SQEF_HELD): an ACQUIRE of
+ * page pg, which we pin for it from now on if its entry still names it, as we would a lease of
+ * ours (pinned pages, the map, eviction all see it); or a RELEASE (pg NULL), which unpins it
+ * when the entry has moved on.
+ */
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

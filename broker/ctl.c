@@ -63,6 +63,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 {
 	struct kvb_region_hdr h;
 	int64_t size = kvb_region_layout(sq_entries, b->cfg.arg_size, &h);
+	uint64_t budget;
+	uint32_t hz_max;
 	uint8_t *r;
 	int fd;
 
@@ -94,10 +96,12 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 		      r + kvb_region_notes_off(&h) + KVB_NOTES_SQES, KVB_NOTES_ENTRIES,
 		      sizeof(struct kvb_sqe), 0);
 	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(&h) + KVB_HZ_COUNT);
-	/* A fresh region is ours alone yet: a plain store, read by the client after HELLO. */
-	*(uint64_t *)(void *)(r + kvb_region_notes_off(&h) +
-			      KVB_HZ_BUDGET) = ops_lease_limit(b, s->part);
 	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(&h) + KVB_HZ_TABLE);
+	/* A fresh region is ours alone yet: plain stores, read by the client after HELLO. */
+	budget = ops_lease_limit(b, s->part);
+	hz_max = b->cfg.max_leases < KVB_HZ_ENTRIES ? b->cfg.max_leases : KVB_HZ_ENTRIES;
+	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_BUDGET, &budget, sizeof(budget));
+	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);

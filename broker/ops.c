@@ -766,7 +766,8 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 
 /*
  * [hazard] A lease of the client's own hazard table taken (bytes: its page's) or given back
- * (bytes 0), as it told us: what the lease limits and the stats count. Its word only, checked
+ * (bytes 0), as it told us: what the lease limits and the stats count (the pin itself is
+ * session.c's, session_hz_told). Its word only, checked
  * only to stay within its own table; it can misstate nothing but its own figures.
  */
 static void hz_told(struct broker *b, struct session *s, uint64_t id, uint64_t bytes)
@@ -794,12 +795,15 @@ static int op_acquire(struct broker *b, struct op *op)
 
 	if (!n)
 		return op_fail(op, -EBADF);
+	if (!(op->sqe.flags & KVB_SQEF_HELD) && !op->note)
+		session_notes(b, op->s); /* [hazard] its own leases counted before this one */
 	pg = store_find(&b->store, n->id, &op->key);
 	if (op->sqe.flags & KVB_SQEF_HELD) {
 		/* [hazard] The client leased it itself (wire.h): count it, warm it, pin nothing. */
 		if (pg && pg->state == PAGE_READY) {
 			remote_on_hit(b, n, pg);
 			store_touch(&b->store, pg);
+			session_hz_told(b, op->s, op->sqe.off, pg);
 		}
 		hz_told(b, op->s, op->sqe.off, n->page_bytes);
 		op->hit = 1;
@@ -837,7 +841,8 @@ static int op_release(struct broker *b, struct op *op)
 	uint64_t id = op->sqe.off;
 
 	if (op->sqe.flags & KVB_SQEF_HELD) {
-		hz_told(b, op->s, id, 0); /* [hazard] the client's own lease: nothing to unpin */
+		hz_told(b, op->s, id, 0); /* [hazard] the client's own lease */
+		session_hz_told(b, op->s, id, NULL);
 		return OPS_DONE;
 	}
 	/*

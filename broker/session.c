@@ -166,6 +166,33 @@ void session_hz_withdrawn(void *arg, struct page *pg)
 	}
 }
 
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg)
+{
+	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
+	uint64_t want;
+
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->region)
+		return;
+	if (!pg) { /* a RELEASE: the entry is clear by now, or names another page */
+		if (s->hz_pin[i] && kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i]) {
+			store_unpin(&b->store, s->hz_pin[i]);
+			s->hz_pin[i] = NULL;
+			s->hz_npins--;
+		}
+		return;
+	}
+	if (s->hz_pin[i] || pg->state != PAGE_READY || store_part_of(&b->store, pg) != s->part)
+		return;
+	want = store_loc(&b->store, pg) | 1;
+	if (kvb_load64_relaxed(&s->hz[i]) != want)
+		return; /* released already (or the entry moved on): nothing to hold */
+	store_pin(&b->store, pg);
+	s->hz_pin[i] = pg;
+	s->hz_val[i] = want;
+	s->hz_at[i] = clock_now();
+	s->hz_npins++;
+}
+
 /* [hazard] Drops the pins of entries that no longer name their page (all of them: all). */
 static void hz_unpin(struct broker *b, struct session *s, int all)
 {

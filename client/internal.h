@@ -158,6 +158,7 @@ struct kvb_client {
 	uint32_t hz_n;	    /* entries in use: what we publish in hz_count */
 	uint32_t hz_seq;    /* numbers the leases, so a stale id never matches a new one */
 	uint64_t hz_budget; /* page bytes the broker lets us hold so (wire.h), 0 no limit */
+	uint32_t hz_max;    /* entries it lets us use */
 	uint64_t hz_held;   /* page bytes we hold so */
 	uint64_t hz_id[KVB_HZ_ENTRIES];
 	uint64_t hz_len[KVB_HZ_ENTRIES];

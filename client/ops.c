@@ -580,7 +580,7 @@ static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns
 	uint64_t loc;
 
 	/* Within the broker's lease limit, which our leases through it count against too. */
-	if (!c->hz || !c->dir || c->hz_used == UINT32_MAX ||
+	if (!c->hz || !c->dir || (uint32_t)__builtin_popcount(c->hz_used) >= c->hz_max ||
 	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget) ||
 	    (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
 		return 0;

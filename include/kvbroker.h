@@ -330,8 +330,11 @@ int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent
 int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key);
 
 /*
- * Pins a RAM-resident page and maps it for zero-copy reads. -ENOENT when not stored,
- * -EDQUOT too many leases held by this client.
+ * Pins a RAM-resident page and maps it for zero-copy reads: its bytes stay what they are until
+ * kvb_release() (a DELETE meanwhile removes it for everyone else; eviction leaves it alone).
+ * A page the pool directory lists is leased without a round trip to the broker (the library's
+ * hazard table, docs/protocol.md); each lease then has an id of its own. -ENOENT when not
+ * stored, -EDQUOT too many leases held by this client.
  */
 int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease);
 

@@ -330,6 +330,8 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
  * carry the library's lease id in off, so the broker can count what each holds.
  */
 #define KVB_HZ_BUDGET (KVB_NOTES_HEAD + 8u)
+/* And (u32, broker, once) how many entries it may use: --max-leases, at most KVB_HZ_ENTRIES. */
+#define KVB_HZ_MAX (KVB_NOTES_HEAD + 16u)
 
 struct kvb_region_hdr {
 	uint32_t magic; /* KVB_REGION_MAGIC */
