@@ -579,6 +579,13 @@ static int op_put(struct broker *b, struct op *op)
 		}
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);
+		if (err == -ENOSPC) {
+			/* [notes] RELEASEs not read yet, [hazard] entries cleared: unpinned first. */
+			session_notes_all(b);
+			session_hz_poll(b);
+			err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
+					       s->pref.n ? &s->pref : NULL, &pg);
+		}
 		if (err == -ENOSPC && tier_park_alloc(b, op))
 			return OPS_DEFERRED; /* runs again once a demotion freed RAM */
 		if (err)

@@ -316,8 +316,10 @@ static void bad_notes(void)
 	CHECK(r.hdr.features & KVB_FEAT_NOTES);
 	layout(&l);
 	CHECK_OK(harness_raw_ns_open(&r, &l, &rns, NULL));
-	e = (struct kvb_sqe *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_SQES);
-	tail = (kvb_atomic_u32 *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_TAIL);
+	e = (struct kvb_sqe *)(void *)((char *)r.region + kvb_region_notes_off(&r.hdr) +
+				       KVB_NOTES_SQES);
+	tail = (kvb_atomic_u32 *)(void *)((char *)r.region + kvb_region_notes_off(&r.hdr) +
+					  KVB_NOTES_TAIL);
 	/*
 	 * STATS from a control client (no ring: nothing it does wakes the broker's rounds first),
 	 * so the count below is the one the broker drains before it answers.
