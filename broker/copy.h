@@ -75,8 +75,10 @@ struct copy_job {
 	 * [crc-worker] A PUT's slot (crc_len bytes at crc_at, in the pool): a host worker that
 	 * wrote it computes its crc32c right after the copy, while the bytes are in its cache,
 	 * into crc, and sets has_crc; the loop thread then only writes the header (store.c
-	 * store_commit_crc). Inline and GPU jobs leave has_crc 0: xfer.c then takes a plain host
-	 * PUT's from its source ([crc-src]), and the loop any other's from the slot.
+	 * store_commit_crc). An inline job of one segment at the slot's start copies and
+	 * checksums in one pass ([crc-fused], copy_host.c run_fused) and sets has_crc too. Other
+	 * inline jobs and GPU jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its
+	 * source ([crc-src]), and the loop any other's from the slot.
 	 */
 	const void *crc_at;
 	uint64_t crc_len;

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "crccopy.h"
 #include "slot.h"
 #include "fastcopy.h"
 #include "log.h"
@@ -234,6 +235,26 @@ static uint64_t part_bytes(const struct host_engine *h, const struct copy_job *j
 	return (per + 4095) & ~4095ull; /* whole 4 KiB pages: no two workers on one */
 }
 
+/*
+ * [crc-fused] An inline PUT of one plain segment at the start of its slot: copied and
+ * checksummed in one pass (crccopy.c), the slot's bytes past the page read from the slot.
+ * Returns 0 for any other job (run_segs copies it; xfer.c checksums a plain one's source).
+ */
+static int run_fused(struct copy_job *j)
+{
+	const struct copy_seg *sg = &j->segs[0];
+
+	if (!j->crc_len || j->nsegs != 1 || j->fds || sg->dst != j->crc_at ||
+	    sg->len > j->crc_len)
+		return 0;
+	j->crc = crc_copy(sg->dst, sg->src, sg->len, 0);
+	if (j->crc_len > sg->len)
+		j->crc = slot_crc32c_more(j->crc, (const uint8_t *)j->crc_at + sg->len,
+					  j->crc_len - sg->len);
+	j->has_crc = 1;
+	return 1;
+}
+
 static int host_submit(struct copy_engine *e, struct copy_job *j)
 {
 	struct host_engine *h = (struct host_engine *)e;
@@ -254,7 +275,7 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 	 */
 	if (!h->nthreads || (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS &&
 			     !file_write && !(j->batch && j->bytes >= 2 * COPY_HOST_PART_MIN))) {
-		j->res = run_segs(j);
+		j->res = run_fused(j) ? 0 : run_segs(j);
 		return COPY_DONE;
 	}
 	j->next = NULL;
