@@ -244,8 +244,7 @@ static int run_fused(struct copy_job *j)
 {
 	const struct copy_seg *sg = &j->segs[0];
 
-	if (!j->crc_len || j->nsegs != 1 || j->fds || sg->dst != j->crc_at ||
-	    sg->len > j->crc_len)
+	if (!j->crc_len || j->nsegs != 1 || j->fds || sg->dst != j->crc_at || sg->len > j->crc_len)
 		return 0;
 	j->crc = crc_copy(sg->dst, sg->src, sg->len, 0);
 	if (j->crc_len > sg->len)

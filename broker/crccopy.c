@@ -55,13 +55,13 @@ __attribute__((target("sse4.2"))) static uint32_t state_crc(const uint64_t *w, s
 }
 
 /* n: a multiple of 256, at least 256; d 64-byte aligned. */
-__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t
-fold512(uint8_t *d, const uint8_t *s, size_t n, uint32_t crc)
+__attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t fold512(uint8_t *d,
+									     const uint8_t *s,
+									     size_t n, uint32_t crc)
 {
-	const __m512i k = _mm512_set4_epi64((long long)(CRC_X2047 << 32),
-					    (long long)(CRC_X2111 << 32),
-					    (long long)(CRC_X2047 << 32),
-					    (long long)(CRC_X2111 << 32));
+	const __m512i k = _mm512_set4_epi64(
+		(long long)(CRC_X2047 << 32), (long long)(CRC_X2111 << 32),
+		(long long)(CRC_X2047 << 32), (long long)(CRC_X2111 << 32));
 	__m512i x0 = _mm512_loadu_si512(s), x1 = _mm512_loadu_si512(s + 64);
 	__m512i x2 = _mm512_loadu_si512(s + 128), x3 = _mm512_loadu_si512(s + 192);
 	uint64_t w[32];
@@ -99,13 +99,13 @@ fold512(uint8_t *d, const uint8_t *s, size_t n, uint32_t crc)
 }
 
 /* n: a multiple of 128, at least 128; d 32-byte aligned. */
-__attribute__((target("avx2,vpclmulqdq,sse4.2"))) static uint32_t
-fold256(uint8_t *d, const uint8_t *s, size_t n, uint32_t crc)
+__attribute__((target("avx2,vpclmulqdq,sse4.2"))) static uint32_t fold256(uint8_t *d,
+									  const uint8_t *s,
+									  size_t n, uint32_t crc)
 {
-	const __m256i k = _mm256_set_epi64x((long long)(CRC_X1023 << 32),
-					    (long long)(CRC_X1087 << 32),
-					    (long long)(CRC_X1023 << 32),
-					    (long long)(CRC_X1087 << 32));
+	const __m256i k = _mm256_set_epi64x(
+		(long long)(CRC_X1023 << 32), (long long)(CRC_X1087 << 32),
+		(long long)(CRC_X1023 << 32), (long long)(CRC_X1087 << 32));
 	__m256i x0 = _mm256_loadu_si256((const __m256i *)s);
 	__m256i x1 = _mm256_loadu_si256((const __m256i *)(s + 32));
 	__m256i x2 = _mm256_loadu_si256((const __m256i *)(s + 64));

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 /*
  * t_crc_src.c - a PUT's slot checksum (the page header a restarted broker checks, pagehdr.c)
- * taken from the copy's source (xfer.c [crc-src]) matches the slot: every page committed
- * before a SIGKILL is adopted by the next broker and served byte-exact, none is dropped as
- * torn. Both paths that take it are covered: a PUT from a registered buffer (an inline copy)
- * and one from plain memory (a filled PUT, checksummed chunk by chunk), each at 64 KiB (a slot
- * the page fills, copied with streaming stores: fastcopy.h [nt-fresh]) and at 96,000 bytes
- * (a 96 KiB slot whose last 2,304 bytes are the slot's own), and a client rewriting its
- * registered buffer right after each PUT changes nothing that was stored.
+ * folded into the copy ([crc-fused], crccopy.c, where the CPU has VPCLMULQDQ) or taken from
+ * the copy's source (xfer.c [crc-src]) matches the slot: every page committed before a
+ * SIGKILL is adopted by the next broker and served byte-exact, none is dropped as torn. Both
+ * paths that take it are covered: a PUT from a registered buffer (an inline copy) and one
+ * from plain memory (a filled PUT, checksummed chunk by chunk), each at 64 KiB (a slot the
+ * page fills, copied with streaming stores: fastcopy.h [nt-fresh]), at 96,000 bytes (a 96 KiB
+ * slot whose last 2,304 bytes are the slot's own) and at 70,016 bytes (the fused loop's last
+ * 128 bytes copied and checksummed apart, then the 72 KiB slot's own 3,712), and a client
+ * rewriting its registered buffer right after each PUT changes nothing that was stored.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,12 +20,15 @@
 
 #define NPAGES 12
 
-static const uint32_t page_bytes[] = {64u * 1024, 96000};
+static const uint32_t page_bytes[] = {64u * 1024, 96000, 70016};
 
 static void layout_of(struct kvb_layout *l, uint32_t pb)
 {
-	harness_layout(l, pb == 96000 ? "crc-odd" : "crc-64k", KVB_LAYOUT_MLA, 64, 1, 0, 1,
-		       pb / 64);
+	harness_layout(l,
+		       pb == 96000   ? "crc-odd"
+		       : pb == 70016 ? "crc-tail"
+				     : "crc-64k",
+		       KVB_LAYOUT_MLA, 64, 1, 0, 1, pb / 64);
 }
 
 static kvb_key key_of(uint32_t pb, int plain, int i)
@@ -94,6 +99,6 @@ int main(int argc, char **argv)
 	}
 	kvb_close(c);
 	harness_log("every page committed before the kill adopted byte-exact (%d pages)",
-		    4 * NPAGES);
+		    (int)(2 * NPAGES * (sizeof(page_bytes) / sizeof(page_bytes[0]))));
 	return H_PASS;
 }

@@ -102,8 +102,8 @@ static int levels(void)
 
 static void test_crccopy_sizes(void **state)
 {
-	static const size_t sizes[] = {0,   1,   4,	   63,	 64,   65,    127,   128,   129,
-				       191, 255, 256,  257,	 319,  320,   383,   384,   511,
+	static const size_t sizes[] = {0,   1,	 4,    63,   64,   65,	  127,	 128,	129,
+				       191, 255, 256,  257,  319,  320,	  383,	 384,	511,
 				       512, 513, 4095, 4096, 4097, 65536, 65600, 96000, 98304};
 	static const size_t offs[] = {0, 1, 7, 31, 32, 63};
 	(void)state;
@@ -112,8 +112,7 @@ static void test_crccopy_sizes(void **state)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
 			for (size_t d = 0; d < sizeof(offs) / sizeof(offs[0]); d++) {
 				check_one(lvl, sizes[i], offs[d], offs[d], 0);
-				check_one(lvl, sizes[i], (offs[d] + 3) % 64, offs[d],
-					  0x9e3779b9u);
+				check_one(lvl, sizes[i], (offs[d] + 3) % 64, offs[d], 0x9e3779b9u);
 			}
 	/* A Kimi-K2.5 page, a MiB and some. */
 	for (int lvl = 0; lvl <= levels(); lvl++) {
