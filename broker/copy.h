@@ -84,6 +84,13 @@ struct copy_job {
 	uint64_t crc_len;
 	uint32_t crc;
 	uint32_t has_crc;
+	/*
+	 * [crc-worker] A queued job of one segment at the slot's start: each part's worker folds
+	 * its bytes' crc into its copy (crccopy.c) and xors it, moved to its place in the slot,
+	 * into crc_x under the engine's lock; the last one finishes the slot's crc from it.
+	 */
+	uint32_t crc_fused;
+	uint32_t crc_x;
 	/* The host engine's, while queued: a job split into parts (copy_host.c). */
 	uint64_t part_bytes; /* bytes per part */
 	uint64_t taken;	     /* bytes handed to workers so far */

@@ -5,7 +5,8 @@
  * 256 bytes) and the destination's 64-byte boundary, at every alignment of either side, with
  * any running crc (chunk by chunk equals all at once, as a filled PUT uses it), writing
  * nothing outside [dst, dst + n). Each loop the CPU has (512-bit, 256-bit, the plain copy then
- * ISA-L) is checked on its own. The folding constants are derived again here, bit by bit.
+ * ISA-L) is checked on its own. The folding constants are derived again here, bit by bit, and
+ * crc_shift() joins parts' checksums computed apart, in any order, into the whole's.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -150,12 +151,34 @@ static void test_crccopy_chunks(void **state)
 	free(dst);
 }
 
+/* crc_shift: parts' raw crcs, moved to their places and xored in any order, give the whole's. */
+static void test_crccopy_shift_parts(void **state)
+{
+	size_t n = 3000000, cut[] = {0, 4096, 1000001, 1000002, 2999000, 3000000};
+	uint8_t *buf = malloc(n);
+	uint32_t x = 0;
+	(void)state;
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < n; i++)
+		buf[i] = pattern(i * 3);
+	for (int k = 4; k >= 0; k--) { /* last part first */
+		uint32_t r = ~slot_crc32c_more(~0u, buf + cut[k], cut[k + 1] - cut[k]);
+
+		x ^= crc_shift(r, n - cut[k + 1]);
+	}
+	assert_int_equal(x ^ crc_shift(~0u, n) ^ ~0u, slot_crc32c(buf, n));
+	assert_int_equal(crc_shift(0x12345678u, 0), 0x12345678u);
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_crccopy_constants),
 		cmocka_unit_test(test_crccopy_sizes),
 		cmocka_unit_test(test_crccopy_chunks),
+		cmocka_unit_test(test_crccopy_shift_parts),
 	};
 
 	printf("# crc_copy level on this CPU: %d\n", crc_copy_level());
