@@ -219,7 +219,9 @@ static void test_copy_host_split_fused(void **state)
 	copy_host_test(e, 0, 3);
 	ndone = 0;
 	for (int k = 0; k < NJOBS; k++) {
-		segs[k] = (struct copy_seg){dst + (size_t)k * SLOT, src, page[k]};
+		segs[k].dst = dst + (size_t)k * SLOT;
+		segs[k].src = src;
+		segs[k].len = page[k];
 		jobs[k] = (struct copy_job){.done = done,
 					    .dev = COPY_HOST,
 					    .nsegs = 1,
