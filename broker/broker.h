@@ -94,7 +94,9 @@ struct counters {
 	uint64_t puts, gets, hits, misses, dedup, errors, acquires, releases, lookups, lookup_keys,
 		deletes, nops, prefetches, bytes_in, bytes_out, disconnects, protocol_errors,
 		refused, expired;
-	uint64_t dir_gets; /* [dir] GETs a client did itself through the pool directory */
+	uint64_t dir_gets;     /* [dir] GETs a client did itself through the pool directory */
+	uint64_t dir_acquires; /* [hazard] ACQUIREs it took itself under its hazard table */
+	uint64_t hazard_pins;  /* [hazard] pages pinned as they left for a client reading them */
 };
 
 /*
@@ -164,6 +166,17 @@ struct session {
 	int region_fd;
 	int sq_efd, cq_efd;
 	struct kvb_ring sq, cq;
+	struct kvb_ring notes;	  /* [notes] (wire.h), we consume */
+	int notes_bad;		  /* its note ring's tail was impossible */
+	kvb_atomic_u32 *hz_count; /* [hazard] (wire.h): the client's table */
+	kvb_atomic_u64 *hz;
+	struct page *hz_pin[KVB_HZ_ENTRIES]; /* pinned for that entry, NULL none */
+	uint64_t hz_val[KVB_HZ_ENTRIES];     /* the entry's value when we pinned */
+	double hz_at[KVB_HZ_ENTRIES];	     /* when (--lease-lifetime) */
+	uint32_t hz_npins;
+	uint64_t hz_bytes[KVB_HZ_ENTRIES];   /* page bytes of each lease it told us of */
+	uint32_t hz_leases;		     /* leases it holds under its table, as told */
+	uint64_t hz_held;		     /* their page bytes (the lease limits count them) */
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
 	kvb_atomic_u32 *fill, *fill_stop;    /* KVB_SQEF_FILL (wire.h): the client's, ours */
 	uint32_t fill_seq;		     /* KVB_SQEF_FILL SQEs taken from its SQ */
@@ -270,6 +283,27 @@ int session_accept(struct broker *b);
 void session_init(struct broker *b, struct session *s);
 /* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
 void session_on_listen(void *arg);
+/*
+ * [notes] Runs what a session's note ring holds (wire.h KVB_FEAT_NOTES), or every session's:
+ * rounds.c's tick, STATS, a RELEASE or the lease limits (ops.c). Never ends a session: an
+ * impossible tail is left for session_poll() to end it.
+ */
+void session_notes(struct broker *b, struct session *s);
+void session_notes_all(struct broker *b);
+/*
+ * [hazard] (wire.h): store.c's withdrawn hook (arg: the broker) pins a page leaving the
+ * directory for every client that reads it under its hazard table; session_hz_poll() (each
+ * tick) drops the pins of entries that moved on. Loop thread only.
+ */
+void session_hz_withdrawn(void *arg, struct page *pg);
+void session_hz_poll(struct broker *b);
+/*
+ * [hazard] The client told us of lease id of its table (ops.c, KVB_SQEF_HELD): an ACQUIRE of
+ * page pg, which we pin for it from now on if its entry still names it, as we would a lease of
+ * ours (pinned pages, the map, eviction all see it); or a RELEASE (pg NULL), which unpins it
+ * when the entry has moved on.
+ */
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

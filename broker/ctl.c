@@ -63,6 +63,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 {
 	struct kvb_region_hdr h;
 	int64_t size = kvb_region_layout(sq_entries, b->cfg.arg_size, &h);
+	uint64_t budget;
+	uint32_t hz_max;
 	uint8_t *r;
 	int fd;
 
@@ -89,6 +91,17 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
 		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
 		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
+	kvb_ring_init(&s->notes, (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_HEAD),
+		      (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_TAIL), NULL,
+		      r + kvb_region_notes_off(&h) + KVB_NOTES_SQES, KVB_NOTES_ENTRIES,
+		      sizeof(struct kvb_sqe), 0);
+	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(&h) + KVB_HZ_COUNT);
+	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(&h) + KVB_HZ_TABLE);
+	/* A fresh region is ours alone yet: plain stores, read by the client after HELLO. */
+	budget = ops_lease_limit(b, s->part);
+	hz_max = b->cfg.max_leases < KVB_HZ_ENTRIES ? b->cfg.max_leases : KVB_HZ_ENTRIES;
+	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_BUDGET, &budget, sizeof(budget));
+	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
@@ -613,6 +626,8 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->views[id.id] = NULL;
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
+		session_notes_all(b); /* [notes] every read done so far is counted */
+		session_hz_poll(b);   /* [hazard] and pages no longer read are unpinned */
 		if (blen >= sizeof(struct kvb_msg_stats_page)) {
 			struct kvb_msg_stats_page m;
 

@@ -72,6 +72,8 @@ void ops_init(struct broker *b)
 	b->store.wake_arg = b;
 	b->store.ns_empty = ops_ns_empty;
 	b->store.ns_empty_arg = b;
+	b->store.withdrawn = session_hz_withdrawn; /* [hazard] */
+	b->store.withdrawn_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -690,23 +692,30 @@ static int op_get(struct broker *b, struct op *op)
  * past --lease-lifetime ends its session (rounds.c). A page this client already leases costs
  * nothing more against the pinned cap (it is pinned already).
  */
+uint64_t ops_lease_limit(const struct broker *b, uint32_t part)
+{
+	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
+	if (b->cfg.max_lease_bytes || part >= b->pool.nparts)
+		return b->cfg.max_lease_bytes;
+	/* Fractions are of the partition as sized, its directory included [dir]. */
+	return (uint64_t)(b->cfg.max_lease_frac * (double)b->pool.part[part].size);
+}
+
 static int lease_push(struct broker *b, struct session *s, const struct page *pg, uint64_t bytes,
 		      int as_get)
 {
-	/* Fractions are of the partition as sized, its directory included [dir]. */
 	uint64_t part_bytes = b->pool.part[store_part_of(&b->store, pg)].size;
-	uint64_t limit = b->cfg.max_lease_bytes;
+	uint64_t limit = ops_lease_limit(b, store_part_of(&b->store, pg));
 	uint64_t id = store_lease_id(pg);
 
-	/* Zero is "no limit" for both (main.c sets the defaults; the unit tests leave them). */
-	if (!limit)
-		limit = (uint64_t)(b->cfg.max_lease_frac * (double)part_bytes);
 	if (limit && limit < bytes)
 		limit = bytes; /* one lease is always possible */
 	/* A kvb_get() leases only while it copies: one page past the limit, not more. */
 	if (limit && as_get)
 		limit += b->store.max_page;
-	if (s->nleases >= b->cfg.max_leases || (limit && s->lease_bytes + bytes > limit))
+	/* [hazard] with the leases it holds under its own table, as told */
+	if (s->nleases + s->hz_leases >= b->cfg.max_leases ||
+	    (limit && s->lease_bytes + s->hz_held + bytes > limit))
 		return -EDQUOT;
 	if (b->cfg.max_pinned > 0 && !pg->pins &&
 	    b->leased_bytes[s->part] + bytes > (uint64_t)(b->cfg.max_pinned * (double)part_bytes))
@@ -755,6 +764,29 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 	return -EINVAL;
 }
 
+/*
+ * [hazard] A lease of the client's own hazard table taken (bytes: its page's) or given back
+ * (bytes 0), as it told us: what the lease limits and the stats count (the pin itself is
+ * session.c's, session_hz_told). Its word only, checked
+ * only to stay within its own table; it can misstate nothing but its own figures.
+ */
+static void hz_told(struct broker *b, struct session *s, uint64_t id, uint64_t bytes)
+{
+	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
+
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->hz_bytes[i] == !bytes)
+		return;
+	if (bytes) {
+		s->hz_leases++;
+		b->leases++;
+	} else {
+		s->hz_leases--;
+		b->leases--;
+	}
+	s->hz_held = s->hz_held - s->hz_bytes[i] + bytes;
+	s->hz_bytes[i] = bytes;
+}
+
 static int op_acquire(struct broker *b, struct op *op)
 {
 	struct ns *n = op->n;
@@ -763,7 +795,22 @@ static int op_acquire(struct broker *b, struct op *op)
 
 	if (!n)
 		return op_fail(op, -EBADF);
+	if (!(op->sqe.flags & KVB_SQEF_HELD) && !op->note)
+		session_notes(b, op->s); /* [hazard] its own leases counted before this one */
 	pg = store_find(&b->store, n->id, &op->key);
+	if (op->sqe.flags & KVB_SQEF_HELD) {
+		/* [hazard] The client leased it itself (wire.h): count it, warm it, pin nothing. */
+		if (pg && pg->state == PAGE_READY) {
+			remote_on_hit(b, n, pg);
+			store_touch(&b->store, pg);
+			session_hz_told(b, op->s, op->sqe.off, pg);
+		}
+		hz_told(b, op->s, op->sqe.off, n->page_bytes);
+		op->hit = 1;
+		op->bytes_out = n->page_bytes;
+		b->ctr.dir_acquires++;
+		return OPS_DONE;
+	}
 	if (!pg || pg->state != PAGE_READY) {
 		if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
 			return OPS_DEFERRED;
@@ -773,6 +820,11 @@ static int op_acquire(struct broker *b, struct op *op)
 	op->hit = 1;
 	remote_on_hit(b, n, pg);
 	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
+	if (err == -EDQUOT || err == -EBUSY) {
+		/* [notes] RELEASEs not read yet must not count against the limits. */
+		session_notes_all(b);
+		err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
+	}
 	if (err)
 		return op_fail(op, err);
 	store_pin(&b->store, pg);
@@ -788,6 +840,17 @@ static int op_release(struct broker *b, struct op *op)
 	struct page *pg;
 	uint64_t id = op->sqe.off;
 
+	if (op->sqe.flags & KVB_SQEF_HELD) {
+		hz_told(b, op->s, id, 0); /* [hazard] the client's own lease */
+		session_hz_told(b, op->s, id, NULL);
+		return OPS_DONE;
+	}
+	/*
+	 * [notes] A RELEASE the client waits for comes after those it did not wait for (its
+	 * second release of one lease must find it released): they are read first.
+	 */
+	if (!op->note)
+		session_notes(b, op->s);
 	/* The session's own list decides: ids are capabilities, not pointers. */
 	if (lease_pop(b, op->s, id))
 		return op_fail(op, -EINVAL);
@@ -959,10 +1022,47 @@ static void op_decode(struct broker *b, struct session *s, const struct kvb_sqe 
 	op->n = session_ns(b, s, sqe->ns);
 }
 
+/* A decoded op of s on its list of ops in flight, or NULL (out of memory). */
+static struct op *op_new(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct op *op = op_alloc(b); /* [op-cache] */
+
+	if (!op)
+		return NULL;
+	memset(op, 0, sizeof(*op));
+	op_decode(b, s, sqe, op);
+	list_add_tail(&s->live, &op->slink);
+	s->nops++;
+	return op;
+}
+
+int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
+{
+	struct op *op;
+	int32_t res;
+
+	/* Told afterwards: a directory read, a RELEASE, an ACQUIRE of the client's own [hazard]. */
+	if (sqe->opcode != KVB_OP_RELEASE &&
+	    (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET)) &&
+	    (sqe->opcode != KVB_OP_ACQUIRE || !(sqe->flags & KVB_SQEF_HELD)))
+		return -EPROTO;
+	op = op_new(b, s, sqe);
+	if (!op) {
+		b->ctr.errors++;
+		return 0; /* uncounted, as a lost post would be */
+	}
+	op->note = 1;
+	/* Both complete at once (kvb_sqe_check refused any other shape of a directory GET). */
+	(void)op_run(b, op);
+	res = op->cqe.res;
+	op_end(b, op);
+	return res < 0 ? -EPROTO : 0;
+}
+
 int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
 	       uint64_t *work)
 {
-	struct op *op = op_alloc(b); /* [op-cache] */
+	struct op *op = op_new(b, s, sqe);
 	int r;
 
 	if (!op) {
@@ -971,11 +1071,7 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 		*work = 1;
 		return OPS_DONE;
 	}
-	memset(op, 0, sizeof(*op));
-	op_decode(b, s, sqe, op);
 	op->batch = s->batch_more;
-	list_add_tail(&s->live, &op->slink);
-	s->nops++;
 	r = op_run(b, op);
 	*work = op->work;
 	if (r == OPS_DEFERRED) {

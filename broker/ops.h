@@ -53,6 +53,7 @@ struct op {
 	uint8_t parked;	    /* on a waitq, the run queue or its session's yield queue */
 	uint8_t batch;	    /* its client's SQ held more SQEs behind it (xfer.c [batch-queue]) */
 	uint8_t as_get;	    /* ACQUIRE/RELEASE of a kvb_get() (KVB_SQEF_GET): counted as its GET */
+	uint8_t note;	    /* from the note ring (ops_note) */
 	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	    /* PUT: the key was stored */
 	uint8_t remote;	    /* the remote tier was asked (once per op: remote.c) */
@@ -102,6 +103,16 @@ void ops_ns_close(struct broker *b, uint32_t id);
  */
 int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, struct kvb_cqe *cqe,
 	       uint64_t *work);
+
+/*
+ * session.c [notes]: runs one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a read
+ * through the pool directory (a GET with KVB_SQEF_GET) or a RELEASE, as on the SQ but with no
+ * CQE and no hold of the loop. -EPROTO for anything else, or a RELEASE of no lease of ours.
+ */
+int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
+
+/* The page bytes a session of partition part may hold in leases (--max-lease-bytes), 0 none. */
+uint64_t ops_lease_limit(const struct broker *b, uint32_t part);
 
 /* session.c: runs the session's yielded ops, up to budget work units; returns units spent. */
 uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget);

@@ -92,6 +92,139 @@ void session_on_listen(void *arg)
 		;
 }
 
+/*
+ * [notes] Runs what s's note ring holds (wire.h KVB_FEAT_NOTES). Never ends the session, since
+ * it runs in the middle of other work (a STATS request, an op, a teardown): an impossible tail
+ * marks the ring for session_poll() to end the session, an entry that is not a directory read
+ * or a RELEASE of ours is counted as a protocol error and skipped.
+ */
+void session_notes(struct broker *b, struct session *s)
+{
+	int64_t avail;
+
+	if (!s->region || s->notes_bad)
+		return;
+	avail = kvb_ring_avail(&s->notes);
+	if (avail < 0) {
+		s->notes_bad = 1;
+		return;
+	}
+	for (int64_t i = 0; i < avail; i++) {
+		struct kvb_sqe sqe;
+
+		/* One copy out of shared memory, as for the SQ: only the copy is used. */
+		memcpy(&sqe, kvb_ring_cons_slot(&s->notes, (uint32_t)i), sizeof(sqe));
+		if (ops_note(b, s, &sqe))
+			b->ctr.protocol_errors++;
+	}
+	if (avail)
+		kvb_ring_consume(&s->notes, (uint32_t)avail);
+}
+
+/* [hazard] The library's own lease ids lie above every page id (wire.h KVB_HZ_LEASE_MIN). */
+static_assert(((uint64_t)STORE_MAX_SLABS << STORE_SLOT_BITS) <= KVB_HZ_LEASE_MIN,
+	      "page ids stay below the library's lease ids");
+
+/*
+ * [hazard] store.c's withdrawn hook: page pg left the directory (its entry is withdrawn) and is
+ * about to be freed or rewritten. Every session whose hazard table names it gets a pin on it,
+ * held until that entry changes (session_hz_poll). The full fence pairs with the client's
+ * [H1] (wire.h): it sees the withdrawal, or we see its entry.
+ */
+void session_hz_withdrawn(void *arg, struct page *pg)
+{
+	struct broker *b = arg;
+	uint64_t want = store_loc(&b->store, pg) | 1;
+	uint32_t part = store_part_of(&b->store, pg);
+	struct list *pos;
+	double now = 0;
+
+	kvb_fence_full(); /* [H1] */
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		/* Only a reader of this partition's pool maps the page (a table naming others'
+		 * pages is ignored); a count of 0 is a client reading nothing under it. */
+		if (!s->region || s->part != part || !kvb_load_relaxed(s->hz_count))
+			continue;
+		for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++) {
+			if (kvb_load64_relaxed(&s->hz[i]) != want || s->hz_pin[i] == pg)
+				continue;
+			if (s->hz_pin[i]) { /* the entry moved on from the page we pinned for it */
+				store_unpin(&b->store, s->hz_pin[i]);
+				s->hz_npins--;
+			}
+			if (!now)
+				now = clock_now();
+			store_pin(&b->store, pg);
+			s->hz_pin[i] = pg;
+			s->hz_val[i] = want;
+			s->hz_at[i] = now;
+			s->hz_npins++;
+			b->ctr.hazard_pins++;
+		}
+	}
+}
+
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg)
+{
+	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
+	uint64_t want;
+
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->region)
+		return;
+	if (!pg) { /* a RELEASE: the entry is clear by now, or names another page */
+		if (s->hz_pin[i] && kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i]) {
+			store_unpin(&b->store, s->hz_pin[i]);
+			s->hz_pin[i] = NULL;
+			s->hz_npins--;
+		}
+		return;
+	}
+	if (s->hz_pin[i] || pg->state != PAGE_READY || store_part_of(&b->store, pg) != s->part)
+		return;
+	want = store_loc(&b->store, pg) | 1;
+	if (kvb_load64_relaxed(&s->hz[i]) != want)
+		return; /* released already (or the entry moved on): nothing to hold */
+	store_pin(&b->store, pg);
+	s->hz_pin[i] = pg;
+	s->hz_val[i] = want;
+	s->hz_at[i] = clock_now();
+	s->hz_npins++;
+}
+
+/* [hazard] Drops the pins of entries that no longer name their page (all of them: all). */
+static void hz_unpin(struct broker *b, struct session *s, int all)
+{
+	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++) {
+		if (!s->hz_pin[i] || (!all && kvb_load64_relaxed(&s->hz[i]) == s->hz_val[i]))
+			continue;
+		store_unpin(&b->store, s->hz_pin[i]);
+		s->hz_pin[i] = NULL;
+		s->hz_npins--;
+	}
+}
+
+void session_hz_poll(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->hz_npins)
+			hz_unpin(b, s, 0);
+	}
+}
+
+void session_notes_all(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions)
+		session_notes(b, list_entry(pos, struct session, link));
+}
+
 uint32_t session_poll_all(struct broker *b)
 {
 	struct list *pos, *tmp;
@@ -120,6 +253,9 @@ int session_prepare_sleep(struct broker *b)
 
 		if (!s->region)
 			continue;
+		session_notes(b, s); /* [notes] counted before a nap of up to a second */
+		if (s->hz_npins)
+			hz_unpin(b, s, 0); /* [hazard] and what is no longer read, unpinned */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -329,7 +465,11 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	if (why)
 		log_info("client %u (%s, pid %d): disconnected: %s (released %u leases)", s->id,
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
+	session_notes(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
+	hz_unpin(b, s, 1);
+	b->leases -= s->hz_leases; /* [hazard] its own, as told */
+	s->hz_leases = 0;
 	if (s->tenant_bound)
 		tenant_detach(&b->tt, s->part);
 	s->tenant_bound = 0;
@@ -437,14 +577,18 @@ void session_expire(struct broker *b, double now)
 				      s->id, s->name[0] ? s->name : "?", (int)s->pid,
 				      now - s->active_at);
 			session_destroy(b, s, NULL);
-		} else if (s->nleases && b->cfg.lease_lifetime > 0) {
+		} else if ((s->nleases || s->hz_npins) && b->cfg.lease_lifetime > 0) {
 			/* [lease-limits] A lease held this long is a client that stopped: its
-			 * session ends, its leases go, and its library unmaps the pool. */
+			 * session ends, its leases go, and its library unmaps the pool. So does a
+			 * page pinned for its hazard table ([hazard]). */
 			double oldest = now;
 
 			for (uint32_t i = 0; i < s->nleases; i++)
 				if (s->lease_at[i] < oldest)
 					oldest = s->lease_at[i];
+			for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++)
+				if (s->hz_pin[i] && s->hz_at[i] < oldest)
+					oldest = s->hz_at[i];
 			if (now - oldest > b->cfg.lease_lifetime) {
 				b->ctr.expired++;
 				log_warn("client %u (%s, pid %d): a lease held for %.0f s "
@@ -533,6 +677,11 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 
 	if (!s->region)
 		return 0;
+	if (s->notes_bad) {
+		b->ctr.protocol_errors++;
+		session_destroy(b, s, "impossible note-ring tail");
+		return -1;
+	}
 	s->stalled = 0;
 	/* Its long ops' next steps first: they hold CQ slots already (fair rounds, ops.h). */
 	if (!list_empty(&s->yieldq.ops)) {

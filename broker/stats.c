@@ -307,6 +307,8 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "acquires", (double)c->acquires);
 	num(o, "releases", (double)c->releases);
 	num(o, "dir_gets", (double)c->dir_gets);
+	num(o, "dir_acquires", (double)c->dir_acquires);
+	num(o, "hazard_pins", (double)c->hazard_pins);
 	num(o, "dir_full", (double)stats_dir_sum(b, 1));
 	num(o, "lookups", (double)c->lookups);
 	num(o, "lookup_keys", (double)c->lookup_keys);
@@ -358,9 +360,9 @@ static cJSON *clients_json(const struct broker *b, const struct stats_view *v)
 		num(o, "pid", s->pid);
 		num(o, "uid", s->uid);
 		num(o, "partition", s->part); /* its tenant's [tenant-part] */
-		num(o, "lease_bytes", (double)s->lease_bytes);
+		num(o, "lease_bytes", (double)(s->lease_bytes + s->hz_held));
 		add_text(o, "name", s->name, sizeof(s->name));
-		num(o, "leases", s->nleases);
+		num(o, "leases", s->nleases + s->hz_leases);
 		num(o, "ops", (double)s->ops);
 		num(o, "namespaces", s->nns);
 		num(o, "node", s->node);
@@ -401,7 +403,7 @@ static void tenant_doc(const struct broker *b, const struct stats_view *v, cJSON
 
 		if (s->hello_done && !s->control_only && client_visible(v, s)) {
 			nclients++;
-			leases += s->nleases;
+			leases += s->nleases + s->hz_leases;
 		}
 	}
 	num(root, "clients", nclients);

@@ -503,14 +503,33 @@ static void chain_detach(struct store *s, struct page *pg)
 	lru_link_at(s, p, 1);
 }
 
-/* Out of the index, and out of its chain. */
-static void unindex(struct store *s, struct page *pg)
+static void publish(struct store *s, const struct page *pg);
+
+/*
+ * [dir] Out of the directory, before the slot can be freed, so before anything can write it
+ * again; then [hazard] pinned for the clients reading it under their hazard tables, if any.
+ */
+static void withdraw(struct store *s, struct page *pg)
 {
-	/* [dir] Before the slot can be freed, so before anything can write it again. */
-	if (pg->state == PAGE_READY)
-		dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
+	if (pg->state != PAGE_READY)
+		return;
+	dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
+	if (s->withdrawn)
+		s->withdrawn(s->withdrawn_arg, pg);
+}
+
+/* Out of the index, and out of its chain (the directory already withdrawn). */
+static void unindex_withdrawn(struct store *s, struct page *pg)
+{
 	index_remove(&s->ix, &pg->ixn);
 	chain_detach(s, pg);
+}
+
+/* Out of the directory, the index, and its chain. */
+static void unindex(struct store *s, struct page *pg)
+{
+	withdraw(s, pg);
+	unindex_withdrawn(s, pg);
 }
 
 int store_link_parent(struct store *s, struct page *pg, const kvb_key *parent)
@@ -615,17 +634,31 @@ static void slot_free(struct store *s, struct page *pg)
 /*
  * Evicts an evictable page (READY, unpinned, indexed): the one place pages leave RAM. With a
  * disk tier a page that has no copy on disk is demoted instead: it stays READY and pinned
- * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started, -EBUSY
- * the tier cannot take it now, or colder pages are still being demoted (the page stays
- * evictable).
+ * until its write completed (store_demote_done). Returns 1 freed, 0 demotion started,
+ * EVICT_KEPT a client reads it under its hazard table (pinned for it now, so off the LRUs: the
+ * caller tries the next), -EBUSY the tier cannot take it now, or colder pages are still being
+ * demoted (the page stays evictable).
  */
+#define EVICT_KEPT 2
 static int evict(struct store *s, struct page *pg)
 {
+	/*
+	 * [hazard] A page a client reads under its hazard table stays, pinned for it, as a leased
+	 * one would (off the LRUs until the client's entry moves on): back into the directory.
+	 */
+	withdraw(s, pg);
+	if (pg->pins) {
+		publish(s, pg);
+		return EVICT_KEPT;
+	}
 	if (s->leaving)
 		s->leaving(s->leaving_arg, pg);
 	if (!pg->clean && s->demote) {
 		int r = s->demote(s->demote_arg, pg);
 
+		/* Still READY and indexed in the three cases: in the directory again too. */
+		if (r)
+			publish(s, pg);
 		if (r < 0)
 			return r;
 		if (r > 0) {
@@ -643,10 +676,12 @@ static int evict(struct store *s, struct page *pg)
 		 * back there: they go first. Dropping this one instead would keep old pages and
 		 * lose the newest (the op waits for the writes: tier_park_alloc).
 		 */
-		if (s->demoting_bytes)
+		if (s->demoting_bytes) {
+			publish(s, pg);
 			return -EBUSY;
+		}
 	}
-	unindex(s, pg);
+	unindex_withdrawn(s, pg);
 	s->st.evictions++;
 	part_of(s, pg)->evictions++;
 	slot_free(s, pg);
@@ -758,16 +793,21 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
 	     tries--) {
 		if (cold->cls == ci) {
-			if (evict(s, cold) < 0)
+			int r = evict(s, cold);
+
+			if (r < 0)
 				break;
+			tries += r == EVICT_KEPT; /* a page off the LRU for good: not a try */
 		} else {
 			slab_reclaim(s, slab_of(s, cold), 0);
 		}
 		pg = slot_take(s, ci, part, pref);
 	}
-	if (!pg && (cold = coldest(s, &c->lru[part], LRU_CLASS))) {
-		evict(s, cold);
-		pg = slot_take(s, ci, part, pref);
+	while (!pg && (cold = coldest(s, &c->lru[part], LRU_CLASS))) {
+		if (evict(s, cold) != EVICT_KEPT) {
+			pg = slot_take(s, ci, part, pref);
+			break;
+		}
 	}
 	/*
 	 * [chain] Memory held by chains of other page sizes whose slabs cannot be emptied leaf by

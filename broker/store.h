@@ -163,6 +163,13 @@ struct store {
 	 */
 	void (*wake)(void *arg, struct page *pg);
 	void *wake_arg;
+	/*
+	 * [hazard] A READY page left the index and the directory (unindex): ops.c may pin it for
+	 * the clients reading it under their hazard tables (wire.h). Whoever frees the slot then
+	 * checks pins first (evict, store_drop, the unpin that frees an unlinked page).
+	 */
+	void (*withdrawn)(void *arg, struct page *pg);
+	void *withdrawn_arg;
 	/* [ns-free] The last page of namespace ns left RAM (ns_pages[ns] is 0 now). */
 	void (*ns_empty)(void *arg, uint32_t ns);
 	void *ns_empty_arg;

@@ -136,6 +136,7 @@ struct kvb_client {
 	struct kvb_region_hdr hdr;	       /* private copy: the shared one is never re-read */
 	struct kvb_ring sq;		       /* we produce */
 	struct kvb_ring cq;		       /* we consume */
+	struct kvb_ring notes;		       /* [notes] we produce; entries NULL: none */
 	kvb_atomic_u32 *broker_cpu, *spin_cpu; /* spinning hints (wire.h) */
 	kvb_atomic_u32 *fill, *fill_stop;      /* KVB_SQEF_FILL (wire.h): ours, the broker's */
 	uint32_t fill_seq;		       /* KVB_SQEF_FILL SQEs posted to this region */
@@ -150,6 +151,17 @@ struct kvb_client {
 	const struct kvb_dir_hdr *dir;
 	uint32_t dir_nbuckets, dir_epoch;
 	const void *last_get_dst; /* ops.c [dir]: where the last kvb_get() copied to */
+	/* [hazard] Our hazard table (wire.h) in the ring region, NULL none (ring.c sets it). */
+	kvb_atomic_u32 *hz_count;
+	kvb_atomic_u64 *hz;
+	uint32_t hz_used;   /* bit i: entry i holds a lease of ours */
+	uint32_t hz_n;	    /* entries in use: what we publish in hz_count */
+	uint32_t hz_seq;    /* numbers the leases, so a stale id never matches a new one */
+	uint64_t hz_budget; /* page bytes the broker lets us hold so (wire.h), 0 no limit */
+	uint32_t hz_max;    /* entries it lets us use */
+	uint64_t hz_held;   /* page bytes we hold so */
+	uint64_t hz_id[KVB_HZ_ENTRIES];
+	uint64_t hz_len[KVB_HZ_ENTRIES];
 
 	/* Operation slots: nslots == cq_entries, so the CQ can never overflow. */
 	struct kvbc_slot *slots;
@@ -204,6 +216,8 @@ struct kvb_client {
  */
 void kvbc_lease_note(struct kvb_client *c, uint64_t id);
 void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
+/* [hazard] A lease of our hazard table is released here (its entry cleared): 1; else 0. */
+int kvbc_hz_release(struct kvb_client *c, uint64_t id);
 /*
  * ring.c [release-post]: waits until every SQE posted without waiting for its answer (a
  * RELEASE) has completed, so that a control request sent next is answered after them; at
@@ -272,9 +286,9 @@ int kvbc_sync_done_locked(struct kvb_client *c, uint32_t idx);
 /* KVB_SQEF_FILL: publishes bytes in the fill word, waking a broker that went to sleep. */
 void kvbc_fill_publish_locked(struct kvb_client *c, uint32_t bytes);
 int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cqe);
-/* Posts an SQE whose completion nobody waits for (dropped), without ringing the doorbell: a
- * RELEASE of a lease we hold, a [dir] read told to the broker (ring.c [dir-note]). */
-int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+/* Tells the broker of a [dir] read or a RELEASE of a lease we hold, with no wait for it: through
+ * the note ring (ring.c [notes]), or posted on the SQ without a doorbell ([dir-note]). */
+int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 
 /* ops.c */

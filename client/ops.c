@@ -351,7 +351,7 @@ static void release_deferred(struct kvb_client *c, uint64_t lease, int as_get)
 	sqe.flags = get_flag(c, as_get);
 	sqe.off = lease;
 	/* Fails only when the broker is gone, and then it has dropped the lease itself. */
-	(void)kvbc_post_note_locked(c, &sqe);
+	(void)kvbc_note_locked(c, &sqe);
 }
 
 /* ACQUIRE under the lock: returns 0 with *data and *lease, or a negative errno. */
@@ -409,7 +409,7 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 	sqe_key(&sqe, KVB_OP_GET, ns, key);
 	sqe.flags = KVB_SQEF_GET;
 	/* Fails only when the broker is gone: the read stands, it is only not counted. */
-	(void)kvbc_post_note_locked(c, &sqe);
+	(void)kvbc_note_locked(c, &sqe);
 	return 1;
 }
 
@@ -558,22 +558,86 @@ int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key)
 	return err;
 }
 
+/* [hazard] Entry i of our hazard table names nothing again (after our reads of the page). */
+static void hz_clear(struct kvb_client *c, uint32_t i)
+{
+	kvb_store64_release(&c->hz[i], 0);
+	kvb_store_relaxed(c->hz_count, --c->hz_n);
+}
+
+/*
+ * [hazard] kvb_acquire() of a page the pool directory lists, leased under our hazard table with
+ * no round trip (wire.h: the entry, the count, a full fence [H1], then the directory entry
+ * again). 1 with *data and *id, 0 when the broker must be asked. The broker hears of it
+ * afterwards (an ACQUIRE with KVB_SQEF_HELD in the note ring), to count it and warm the page.
+ */
+static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns,
+		      const kvb_key *key, const void **data, uint64_t *id)
+{
+	const struct kvb_dir_ent *e;
+	struct kvb_sqe sqe;
+	uint32_t seq, len, i;
+	uint64_t loc;
+
+	/* Within the broker's lease limit, which our leases through it count against too. */
+	if (!c->hz || !c->dir || (uint32_t)__builtin_popcount(c->hz_used) >= c->hz_max ||
+	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget) ||
+	    (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+		return 0;
+	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
+	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, data))
+		return 0;
+	i = (uint32_t)__builtin_ctz(~c->hz_used);
+	kvb_store64_relaxed(&c->hz[i], loc | 1);
+	kvb_store_relaxed(c->hz_count, ++c->hz_n);
+	kvb_fence_full(); /* [H1] pairs with the broker's after it withdraws a directory entry */
+	if (!kvb_dir_still(c->dir, e, seq, c->dir_epoch)) {
+		hz_clear(c, i);
+		return 0;
+	}
+	c->hz_used |= 1u << i;
+	*id = ((uint64_t)++c->hz_seq << 32) | (KVB_HZ_LEASE_MIN + i);
+	c->hz_id[i] = *id;
+	c->hz_len[i] = n->page_bytes;
+	c->hz_held += n->page_bytes;
+	sqe_key(&sqe, KVB_OP_ACQUIRE, ns, key);
+	sqe.flags = KVB_SQEF_HELD;
+	sqe.off = *id;			 /* what the broker counts it by */
+	(void)kvbc_note_locked(c, &sqe); /* fails only with the broker gone: uncounted */
+	return 1;
+}
+
+int kvbc_hz_release(struct kvb_client *c, uint64_t id)
+{
+	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
+
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !(c->hz_used & (1u << i)) ||
+	    c->hz_id[i] != id)
+		return 0;
+	hz_clear(c, i);
+	c->hz_used &= ~(1u << i);
+	c->hz_held -= c->hz_len[i];
+	return 1;
+}
+
 int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease)
 {
 	const struct kvbc_ns *n;
 	const void *data;
 	uint64_t id;
-	int err;
+	int err, hz;
 
 	if (!lease)
 		return -EINVAL;
 	err = enter_ns(c, ns, &n);
 	if (err)
 		return err;
-	err = acquire_locked(c, n, &key, &data, &id, 0);
+	hz = hz_acquire(c, n, ns, &key, &data, &id);
+	err = hz ? 0 : acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
 		c->leases++;
-		kvbc_lease_note(c, id); /* [release-post] */
+		if (!hz)
+			kvbc_lease_note(c, id); /* [release-post] */
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
 		lease->id = id;
@@ -639,13 +703,19 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	sqe.off = lease->id;
 	/*
 	 * [release-post] A lease we hold is released without waiting for the broker's answer,
-	 * which can only be success: the RELEASE is posted (with no doorbell, ring.c
-	 * [dir-note]), runs before any later op of ours and before the broker answers any
-	 * control request ([rings-first]), and in the broker's next round for everyone else. Any
-	 * other id (released already, forged, another client's) waits for the broker's -EINVAL.
+	 * which can only be success: the RELEASE goes into the note ring (ring.c [notes]; the SQ
+	 * without a doorbell where there is none), which the broker reads before it answers any
+	 * control request, before an ACQUIRE of anyone's is refused for the lease limits, and
+	 * otherwise within its next tick. A lease of our hazard table is released here, by
+	 * clearing its entry, and the broker only counts it ([hazard]). Any other id (released
+	 * already, forged, another client's) waits for the broker's -EINVAL.
 	 */
-	if (lease_unnote(c, lease->id)) {
-		err = kvbc_post_note_locked(c, &sqe);
+	if (kvbc_hz_release(c, lease->id)) {
+		sqe.flags = KVB_SQEF_HELD;
+		(void)kvbc_note_locked(c, &sqe); /* fails only with the broker gone: uncounted */
+		err = 0;
+	} else if (lease_unnote(c, lease->id)) {
+		err = kvbc_note_locked(c, &sqe);
 		if (err)
 			kvbc_lease_note(c, lease->id); /* the broker is gone: still the caller's */
 	} else {

@@ -114,6 +114,33 @@ int kvbc_ring_setup(struct kvb_client *c)
 		      h->cq_entries, sizeof(struct kvb_cqe), 0);
 	if (kvb_ring_space(&c->sq) < 0 || kvb_ring_avail(&c->cq) < 0)
 		return -EPROTO;
+	memset(&c->notes, 0, sizeof(c->notes));
+	if (h->features & KVB_FEAT_NOTES) { /* kvb_region_check() placed it inside the region */
+		char *nr = (char *)c->region + kvb_region_notes_off(h);
+
+		kvb_ring_init(&c->notes, (kvb_atomic_u32 *)(void *)(nr + KVB_NOTES_HEAD),
+			      (kvb_atomic_u32 *)(void *)(nr + KVB_NOTES_TAIL), NULL,
+			      nr + KVB_NOTES_SQES, KVB_NOTES_ENTRIES, sizeof(struct kvb_sqe), 1);
+		if (kvb_ring_space(&c->notes) < 0)
+			return -EPROTO;
+	}
+	/* [hazard] A fresh region: no lease of ours is in its table. */
+	c->hz = NULL;
+	c->hz_count = NULL;
+	c->hz_used = c->hz_n = 0;
+	if ((h->features & KVB_FEAT_HAZARDS) && c->notes.entries) {
+		char *hz = (char *)c->region + kvb_region_hz_off(h);
+
+		c->hz_count = (kvb_atomic_u32 *)(void *)(hz + KVB_HZ_COUNT);
+		c->hz = (kvb_atomic_u64 *)(void *)(hz + KVB_HZ_TABLE);
+		memcpy(&c->hz_budget, (char *)c->region + kvb_region_notes_off(h) + KVB_HZ_BUDGET,
+		       sizeof(c->hz_budget));
+		memcpy(&c->hz_max, (char *)c->region + kvb_region_notes_off(h) + KVB_HZ_MAX,
+		       sizeof(c->hz_max));
+		if (c->hz_max > KVB_HZ_ENTRIES)
+			c->hz_max = KVB_HZ_ENTRIES;
+	}
+	c->hz_held = 0;
 	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */
 	c->spin_cpu = region_word(c, h->cq_head_off + 8u);   /* KVB_REGION_CLIENT_CPU */
 	/* KVB_REGION_FILL and _FILL_STOP: a fresh region, so filled PUTs are numbered anew. */
@@ -638,7 +665,8 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 
 /*
  * [dir-note] A read through the pool directory told to the broker (ops.c dir_get), or a RELEASE
- * nobody waits for ([release-post]): posted with no doorbell. Checking for one is a full fence
+ * nobody waits for ([release-post]), on the SQ (a broker without a note ring, or a full one):
+ * posted with no doorbell. Checking for one is a full fence
  * and a load of the broker's flag line, and ringing one a syscall, on every 64 KiB read; a
  * broker asleep need not hear of either at once. It finds the SQE in the round it runs before it
  * answers any control request ([rings-first]: every STATS counts the read, sees the page
@@ -646,7 +674,7 @@ int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
  * after it), and at the latest after its one-second nap. Whatever waits for the broker rings
  * first (reserve_one, kvbc_wait_discards_locked).
  */
-int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+static int post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
 	int err = reserve_one(c);
 
@@ -654,6 +682,33 @@ int kvbc_post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 		return err;
 	post_one(c, sqe, KVBC_SLOT_DISCARD, NULL);
 	return 0;
+}
+
+/*
+ * [notes] A directory read or a held lease's RELEASE told through the note ring (wire.h
+ * KVB_FEAT_NOTES): an SQE and a tail store into lines that stay in our cache between the
+ * broker's drains, no CQE. A full ring means a broker asleep (it drains every tick while
+ * awake): the note goes on the SQ, with the doorbell, which wakes it to drain both.
+ */
+int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
+{
+	int64_t room;
+	int err;
+
+	if (!c->notes.entries)
+		return post_note_locked(c, sqe);
+	room = kvb_ring_space_min(&c->notes, 1);
+	if (room < 0)
+		return set_fatal(c, -EPROTO);
+	if (room > 0) {
+		memcpy(kvb_ring_prod_slot(&c->notes, 0), sqe, sizeof(*sqe));
+		kvb_ring_publish(&c->notes, 1);
+		return 0;
+	}
+	err = post_note_locked(c, sqe);
+	if (!err)
+		sq_doorbell(c);
+	return err;
 }
 
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data)
@@ -732,7 +787,9 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		uint32_t idx;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
-		if (sqe.opcode == KVB_OP_RELEASE)
+		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
+			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
+		else if (sqe.opcode == KVB_OP_RELEASE)
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;

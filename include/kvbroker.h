@@ -330,15 +330,20 @@ int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent
 int kvb_delete(kvb_client *c, uint32_t ns, kvb_key key);
 
 /*
- * Pins a RAM-resident page and maps it for zero-copy reads. -ENOENT when not stored,
- * -EDQUOT too many leases held by this client.
+ * Pins a RAM-resident page and maps it for zero-copy reads: its bytes stay what they are until
+ * kvb_release() (a DELETE meanwhile removes it for everyone else; eviction leaves it alone).
+ * A page the pool directory lists is leased without a round trip to the broker (the library's
+ * hazard table, docs/protocol.md); each lease then has an id of its own. -ENOENT when not
+ * stored, -EDQUOT too many leases held by this client.
  */
 int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease);
 
 /* Unpins and clears lease->data and len. -EINVAL when the lease is not held by this client
  * (released twice, forged, another client's). A lease this client holds is released without
- * waiting for the broker (docs/protocol.md): the RELEASE runs before the client's next op and
- * before any control request sent after it (another client's stats see the page unpinned). */
+ * waiting for the broker (docs/protocol.md, the note ring): the broker reads the RELEASE before
+ * it answers any control request sent after it (another client's stats see the page unpinned),
+ * before it refuses an ACQUIRE for the lease limits, and otherwise within about a millisecond
+ * while it is busy (until then the page stays pinned). */
 int kvb_release(kvb_client *c, struct kvb_lease *lease);
 
 /* Round trip through the rings; for health checks and latency measurement. */

@@ -13,6 +13,9 @@
 
 #define ARG_ALIGN 4096u
 
+static_assert(KVB_NOTES_BYTES == KVB_NOTES_SQES + KVB_NOTES_ENTRIES * sizeof(struct kvb_sqe),
+	      "note ring entries are SQEs");
+
 int64_t kvb_region_layout(uint32_t sq_entries, uint32_t arg_size, struct kvb_region_hdr *h)
 {
 	uint64_t sqes, cqes, arg, total;
@@ -25,7 +28,7 @@ int64_t kvb_region_layout(uint32_t sq_entries, uint32_t arg_size, struct kvb_reg
 	h->magic = KVB_REGION_MAGIC;
 	h->abi_major = KVB_ABI_MAJOR;
 	h->abi_minor = KVB_ABI_MINOR;
-	h->features = KVB_FEAT_NEED_WAKEUP;
+	h->features = KVB_FEAT_NEED_WAKEUP | KVB_FEAT_NOTES | KVB_FEAT_HAZARDS;
 	h->hdr_size = sizeof(*h);
 	h->sq_entries = sq_entries;
 	h->cq_entries = 2 * sq_entries;
@@ -40,7 +43,7 @@ int64_t kvb_region_layout(uint32_t sq_entries, uint32_t arg_size, struct kvb_reg
 	arg = cqes + (uint64_t)h->cq_entries * sizeof(struct kvb_cqe);
 	arg = (arg + ARG_ALIGN - 1) & ~(uint64_t)(ARG_ALIGN - 1);
 	arg_size = (arg_size + ARG_ALIGN - 1) & ~(ARG_ALIGN - 1);
-	total = arg + arg_size;
+	total = arg + arg_size + KVB_NOTES_BYTES + KVB_HZ_BYTES; /* [notes], [hazard] */
 	h->sqes_off = (uint32_t)sqes;
 	h->cqes_off = (uint32_t)cqes;
 	h->arg_off = (uint32_t)arg;
@@ -62,9 +65,12 @@ int kvb_region_check(const struct kvb_region_hdr *h, uint64_t region_size)
 		return -EPROTO;
 	if (h->hdr_size < sizeof(*h))
 		return -EPROTO;
-	/* Our geometry is a pure function of the two inputs: anything else is not ours. */
+	/*
+	 * Our geometry is a pure function of the two inputs: anything else is not ours. The
+	 * region may end at the argument area: a broker of ABI 1.5 or older has no note ring.
+	 */
 	size = kvb_region_layout(h->sq_entries, h->arg_size, &want);
-	if (size < 0 || (uint64_t)size > region_size)
+	if (size < 0)
 		return -EPROTO;
 	if (h->cq_entries != want.cq_entries || h->sqes_off != want.sqes_off ||
 	    h->cqes_off != want.cqes_off || h->arg_off != want.arg_off ||
@@ -73,6 +79,14 @@ int kvb_region_check(const struct kvb_region_hdr *h, uint64_t region_size)
 	    h->cq_head_off != want.cq_head_off || h->cq_flags_off != want.cq_flags_off)
 		return -EPROTO;
 	if (!within(h->arg_off, h->arg_size, region_size))
+		return -EPROTO;
+	if ((h->features & KVB_FEAT_NOTES) &&
+	    !within(kvb_region_notes_off(h), KVB_NOTES_BYTES, region_size))
+		return -EPROTO;
+	/* The hazard table follows the note ring: one without the other is not ours. */
+	if ((h->features & KVB_FEAT_HAZARDS) &&
+	    (!(h->features & KVB_FEAT_NOTES) ||
+	     !within(kvb_region_hz_off(h), KVB_HZ_BYTES, region_size)))
 		return -EPROTO;
 	return 0;
 }
@@ -274,7 +288,13 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 
 	if (sqe->resv0)
 		return -EINVAL;
-	if (sqe->flags & ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_SQEF_FILL | KVB_OPF_PARENT))
+	if (sqe->flags &
+	    ~(KVB_OPF_VIEW | KVB_SQEF_GET | KVB_SQEF_FILL | KVB_OPF_PARENT | KVB_SQEF_HELD))
+		return -EINVAL;
+	/* [hazard] A lease of the client's own: ACQUIRE or RELEASE, nothing else with it. */
+	if ((sqe->flags & KVB_SQEF_HELD) &&
+	    ((sqe->opcode != KVB_OP_ACQUIRE && sqe->opcode != KVB_OP_RELEASE) ||
+	     sqe->flags != KVB_SQEF_HELD))
 		return -EINVAL;
 	/* A filled PUT copies from one host buffer of the client (wire.h): no view, no other op. */
 	if ((sqe->flags & KVB_SQEF_FILL) &&
@@ -283,7 +303,8 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 	switch (sqe->opcode) {
 	case KVB_OP_ACQUIRE:
 	case KVB_OP_RELEASE:
-		if ((sqe->flags & ~KVB_SQEF_GET) || sqe->layer_first || sqe->layer_count)
+		if ((sqe->flags & ~(KVB_SQEF_GET | KVB_SQEF_HELD)) || sqe->layer_first ||
+		    sqe->layer_count)
 			return -EINVAL;
 		return 0;
 	case KVB_OP_NOP:

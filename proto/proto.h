@@ -20,6 +20,18 @@
  */
 int64_t kvb_region_layout(uint32_t sq_entries, uint32_t arg_size, struct kvb_region_hdr *h);
 
+/* [notes] Where the note ring of a region with KVB_FEAT_NOTES starts (wire.h). */
+static inline uint64_t kvb_region_notes_off(const struct kvb_region_hdr *h)
+{
+	return (uint64_t)h->arg_off + h->arg_size;
+}
+
+/* [hazard] Where the hazard table of a region with KVB_FEAT_HAZARDS starts (wire.h). */
+static inline uint64_t kvb_region_hz_off(const struct kvb_region_hdr *h)
+{
+	return kvb_region_notes_off(h) + KVB_NOTES_BYTES;
+}
+
 /* Client side: does a region header received from the broker describe a sane region of
  * region_size bytes? 0 or -EPROTO. */
 int kvb_region_check(const struct kvb_region_hdr *h, uint64_t region_size);

@@ -36,6 +36,25 @@ static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free");
 static_assert(sizeof(_Atomic uint32_t) == sizeof(uint32_t), "atomic u32 layout");
 
 typedef _Atomic uint32_t kvb_atomic_u32;
+typedef _Atomic uint64_t kvb_atomic_u64;
+static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free (hazard table)");
+static_assert(sizeof(kvb_atomic_u64) == sizeof(uint64_t), "atomic u64 layout");
+
+/* The hazard table's entries (wire.h [hazard]). */
+static inline uint64_t kvb_load64_relaxed(const kvb_atomic_u64 *p)
+{
+	return atomic_load_explicit(p, memory_order_relaxed);
+}
+
+static inline void kvb_store64_relaxed(kvb_atomic_u64 *p, uint64_t v)
+{
+	atomic_store_explicit(p, v, memory_order_relaxed);
+}
+
+static inline void kvb_store64_release(kvb_atomic_u64 *p, uint64_t v)
+{
+	atomic_store_explicit(p, v, memory_order_release);
+}
 
 static inline uint32_t kvb_load_acquire(const kvb_atomic_u32 *p)
 {

@@ -44,6 +44,9 @@
  *      [sqes_off] sq_entries x struct kvb_sqe (64 B)
  *      [cqes_off] cq_entries x struct kvb_cqe (32 B)
  *      [arg_off]  argument area (key arrays of LOOKUP, tier bytes back), page aligned
+ *      [notes]    KVB_FEAT_NOTES (ABI 1.6): the note ring, right after the argument area
+ *                 (kvb_region_notes_off()): its tail line (client), its head line (broker),
+ *                 KVB_NOTES_ENTRIES x struct kvb_sqe
  *
  *    See ring.h for the index protocol and the wake-up protocol.
  *
@@ -64,8 +67,9 @@
  * 3: DROP, paged STATS (struct kvb_msg_stats_page);
  * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
  *    (issue 20: a PUT's parent key, in the arg area);
- * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET */
-#define KVB_ABI_MINOR 5
+ * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET;
+ * 6: the note ring (KVB_FEAT_NOTES) */
+#define KVB_ABI_MINOR 6
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -275,6 +279,59 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
 /* ---- ring region ---- */
 
 #define KVB_FEAT_NEED_WAKEUP (1u << 0)
+/*
+ * [notes] ABI 1.6: the region has a note ring after its argument area, a second
+ * client-to-broker ring of SQEs that the broker reads when it gets round to it rather than in
+ * every round: in each loop tick (at least every millisecond while it is busy, after every
+ * wake-up), before it sleeps, before it renders STATS, before it refuses an ACQUIRE for the
+ * lease limits, and when the session ends. Only a GET with KVB_SQEF_GET (a read through the
+ * pool directory, told afterwards) and a RELEASE of a lease the session holds may go there;
+ * no CQE comes back. What it saves is the cache-line traffic of the SQ: a broker that polls the SQ
+ * pulls its tail and entry lines to its CPU on every round, so a post there costs the client
+ * two cache misses on the way to its next read, and the CQE two more; the note ring's lines
+ * stay in the client's cache between drains. The broker trusts nothing there: an impossible
+ * tail ends the session, any other entry is counted as a protocol error and skipped.
+ */
+#define KVB_FEAT_NOTES (1u << 1)
+#define KVB_NOTES_ENTRIES 256u
+#define KVB_NOTES_TAIL 0u   /* from kvb_region_notes_off(): written by the client */
+#define KVB_NOTES_HEAD 64u  /* written by the broker */
+#define KVB_NOTES_SQES 128u /* the entries */
+#define KVB_NOTES_BYTES (KVB_NOTES_SQES + KVB_NOTES_ENTRIES * 64u)
+/*
+ * [hazard] ABI 1.6: right after the note ring, the client's hazard table, through which it
+ * leases a page the pool directory lists without a round trip (kvb_acquire). One line with the
+ * number of entries in use (KVB_HZ_COUNT, u32), then KVB_HZ_ENTRIES u64 entries: 0 free, or
+ * the loc of a page it reads (as a CQE's, every slot is 4 KiB aligned) | 1. Both written by the
+ * client only. The two sides' order (the classic hazard pointer, a Dekker pair of full fences):
+ *   client: entry = loc | 1; count++; full fence [H1]; then the directory entry's seq and the
+ *           epoch again (pooldir.h): unchanged, and the page is leased until it clears the
+ *           entry; changed, and it clears it and asks the broker;
+ *   broker: before a page leaves the directory for good (unindex), after withdrawing its entry:
+ *           full fence [H1]; every session whose count is not 0 that names the page's loc
+ *           gets a pin on it, held until that entry no longer names it (read every tick).
+ * Either the client sees the withdrawal or the broker sees the entry, so a slot is never
+ * rewritten under a reader. The broker trusts the table only as far as it hurts the session's
+ * own tenant: entries naming pages outside the session's partition are ignored, and a pin
+ * held past --lease-lifetime ends the session as a lease would. Lease ids the library makes
+ * for such leases have KVB_HZ_LEASE_MIN or more in their low 32 bits, which no page id of the
+ * broker's reaches (store.c).
+ */
+#define KVB_FEAT_HAZARDS (1u << 2)
+#define KVB_HZ_ENTRIES 32u
+#define KVB_HZ_COUNT 0u	 /* from kvb_region_hz_off() */
+#define KVB_HZ_TABLE 64u /* the entries */
+#define KVB_HZ_BYTES (KVB_HZ_TABLE + KVB_HZ_ENTRIES * 8u)
+#define KVB_HZ_LEASE_MIN 0xffffff00u
+/*
+ * In a spare word of the note ring's head line (broker, once): the page bytes the session may
+ * hold under its hazard table (u64, 0 no limit): its --max-lease-bytes share, which its
+ * leases of either kind count against together. The ACQUIRE and RELEASE with KVB_SQEF_HELD
+ * carry the library's lease id in off, so the broker can count what each holds.
+ */
+#define KVB_HZ_BUDGET (KVB_NOTES_HEAD + 8u)
+/* And (u32, broker, once) how many entries it may use: --max-leases, at most KVB_HZ_ENTRIES. */
+#define KVB_HZ_MAX (KVB_NOTES_HEAD + 16u)
 
 struct kvb_region_hdr {
 	uint32_t magic; /* KVB_REGION_MAGIC */
@@ -332,6 +389,13 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
  * Refused with KVB_OPF_VIEW and on every other op. See docs/protocol.md, "Filled PUT".
  */
 #define KVB_SQEF_FILL (1u << 1)
+/*
+ * KVB_SQEF_HELD (ABI 1.6), in the note ring only, on an ACQUIRE or a RELEASE: a lease the
+ * client took itself under its hazard table ([hazard] above), told afterwards: the broker counts
+ * the ACQUIRE (with its hit, touching the page) or the RELEASE and pins nothing (the library
+ * sends an async RELEASE of such a lease this way on the SQ, for its completion).
+ */
+#define KVB_SQEF_HELD (1u << 6)
 struct kvb_sqe {
 	uint8_t opcode;	    /* enum kvb_opcode */
 	uint8_t flags;	    /* KVB_OPF_* */

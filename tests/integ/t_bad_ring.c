@@ -8,6 +8,8 @@
  *     including offsets that overflow: -EFAULT; nothing is stored by a refused PUT;
  *   - random bytes in every SQE slot: one error CQE each, still connected;
  *   - an impossible SQ tail, then (another client) an impossible CQ head: disconnected;
+ *   - [notes] in the note ring: directory reads are counted at the next STATS; other SQEs and
+ *     random bytes are protocol errors and the client stays; an impossible tail disconnects;
  *   - a HELLO with another ABI major: refused with -EPROTO and the socket closed;
  *   - garbage datagrams on the control socket: that connection closed.
  * Meanwhile an honest client of the same namespace keeps working byte-exact, before, between
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "proto.h"
 
 #define SEED 9
 #define NHONEST 16
@@ -297,6 +300,88 @@ static void bad_cq_head(void)
 	harness_raw_close(&r);
 }
 
+/* [notes] What a client may put in its note ring (wire.h KVB_FEAT_NOTES), and what not. */
+static void bad_notes(void)
+{
+	struct harness_raw r;
+	struct kvb_layout l;
+	struct kvb_sqe *e;
+	kvb_atomic_u32 *tail;
+	kvb_client *ctl;
+	uint64_t gets0, perr0;
+	uint32_t rns, t;
+	char *json;
+
+	CHECK_OK(harness_raw_hello(&r, b->sock, KVB_ABI_MAJOR, 8));
+	CHECK(r.hdr.features & KVB_FEAT_NOTES);
+	layout(&l);
+	CHECK_OK(harness_raw_ns_open(&r, &l, &rns, NULL));
+	e = (struct kvb_sqe *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_SQES);
+	tail = (kvb_atomic_u32 *)(void *)(r.region + kvb_region_notes_off(&r.hdr) + KVB_NOTES_TAIL);
+	/*
+	 * STATS from a control client (no ring: nothing it does wakes the broker's rounds first),
+	 * so the count below is the one the broker drains before it answers.
+	 */
+	{
+		struct kvb_opts o = {.socket_path = b->sock,
+				     .name = "notes-stats",
+				     .flags = KVB_CONNECT_CONTROL};
+
+		ctl = NULL;
+		CHECK_OK(kvb_connect(&o, &ctl));
+	}
+	json = harness_stats(ctl); /* the honest client's own reads are counted by now */
+	gets0 = harness_stat_u64(json, "counters.dir_gets");
+	perr0 = harness_stat_u64(json, "counters.protocol_errors");
+	free(json);
+
+	/*
+	 * Three reads told through the ring while the broker sleeps (its poll window long over):
+	 * counted when the next STATS is answered, before any tick of the broker's could.
+	 */
+	usleep(50 * 1000);
+	for (t = 0; t < 3; t++) {
+		kvb_key k = harness_key(SEED, t);
+
+		memset(&e[t], 0, sizeof(e[t]));
+		e[t].opcode = KVB_OP_GET;
+		e[t].flags = KVB_SQEF_GET;
+		e[t].ns = rns;
+		memcpy(e[t].key, k.b, sizeof(e[t].key));
+	}
+	kvb_store_release(tail, 3);
+	json = harness_stats(ctl);
+	CHECK_EQ(harness_stat_u64(json, "counters.dir_gets"), gets0 + 3);
+	CHECK_EQ(harness_stat_u64(json, "counters.protocol_errors"), perr0);
+	free(json);
+
+	/* A PUT, a GET naming a buffer, and random bytes: errors, and the client stays. */
+	memset(&e[3], 0, 3 * sizeof(e[3]));
+	e[3].opcode = KVB_OP_PUT;
+	e[3].ns = rns;
+	e[4].opcode = KVB_OP_GET;
+	e[4].flags = KVB_SQEF_GET;
+	e[4].buf = 1;
+	for (size_t j = 0; j < sizeof(e[5]); j++)
+		((uint8_t *)&e[5])[j] = (uint8_t)(j * 37 + 11);
+	usleep(50 * 1000);
+	kvb_store_release(tail, 6);
+	json = harness_stats(ctl);
+	CHECK_EQ(harness_stat_u64(json, "counters.dir_gets"), gets0 + 3);
+	CHECK_EQ(harness_stat_u64(json, "counters.protocol_errors"), perr0 + 3);
+	free(json);
+	CHECK_EQ(harness_raw_hung_up(&r, 100), 0);
+	CHECK_EQ(harness_stat(honest, "pool.pages"), (uint64_t)nhonest + 1); /* no PUT ran */
+
+	/* An impossible tail: the session ends, within the broker's nap and a round. */
+	kvb_store_release(tail, 6 + KVB_NOTES_ENTRIES + 1);
+	CHECKF(harness_raw_hung_up(&r, 3000), "still connected 3 s after an impossible note tail");
+	harness_raw_close(&r);
+	kvb_close(ctl);
+	CHECKF(harness_broker_log_has(b, "note-ring"),
+	       "the broker's log does not say why it ended the note ring's session");
+}
+
 static void bad_hello(void)
 {
 	struct harness_raw r;
@@ -365,6 +450,10 @@ int main(int argc, char **argv)
 	harness_log("an impossible CQ head");
 	bad_cq_head();
 	honest_round("after an impossible CQ head");
+
+	harness_log("the note ring: reads counted, anything else refused, an impossible tail");
+	bad_notes();
+	honest_round("after a bad note ring");
 
 	harness_log("wrong ABI and garbage on the control socket");
 	bad_hello();

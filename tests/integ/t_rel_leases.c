@@ -11,6 +11,7 @@
  *   - a page DELETEd while leased stays intact for the holder until the release;
  *   - forged ids in bulk (random, and every generation of a live slot near the real one):
  *     all -EINVAL, the lease count never moves.
+ * These are the broker's leases (--no-directory); t_hazard has the client's own.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,8 @@ int main(int argc, char **argv)
 	int nocc = 0, found = -1;
 
 	harness_init(argc, argv);
-	b = harness_broker_start("--pool", "64M", "--slab", "8M");
+	/* The broker's own leases: without a directory no lease is the client's ([hazard]). */
+	b = harness_broker_start("--pool", "64M", "--slab", "8M", "--no-directory");
 	a = harness_connect(b, "holder", 0);
 	e = harness_connect(b, "thief", 0);
 	page = malloc(PAGE);

@@ -14,6 +14,7 @@
  *   - an async RELEASE through kvb_submit() of a lease leaves nothing for kvb_release(),
  *     which then fails -EINVAL;
  *   - a client that releases and exits at once leaves no lease and no pinned page behind.
+ * These are the broker's leases (--no-directory); t_hazard has the client's own.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -51,7 +52,8 @@ int main(int argc, char **argv)
 
 	harness_init(argc, argv);
 	CHECK(page != NULL);
-	b = harness_broker_start("--pool", "64M", "--slab", "8M");
+	/* The broker's own leases: without a directory no lease is the client's ([hazard]). */
+	b = harness_broker_start("--pool", "64M", "--slab", "8M", "--no-directory");
 	a = harness_connect(b, "holder", 0);
 	o = harness_connect(b, "other", 0);
 	harness_layout(&l, "test/release-post", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);

@@ -35,6 +35,7 @@ static void test_proto_region_layout_geometry(void **state)
 	assert_int_equal(h.abi_minor, KVB_ABI_MINOR);
 	assert_int_equal(h.hdr_size, sizeof(struct kvb_region_hdr));
 	assert_true(h.features & KVB_FEAT_NEED_WAKEUP);
+	assert_true(h.features & KVB_FEAT_NOTES);
 	assert_int_equal(h.sq_entries, 256);
 	assert_int_equal(h.cq_entries, 512);
 
@@ -68,15 +69,21 @@ static void test_proto_region_layout_geometry(void **state)
 	assert_int_equal(h.arg_off % 4096, 0);
 	assert_int_equal(h.arg_off, 36864); /* 320 + 16384 + 16384 rounded up to 4 KiB */
 	assert_int_equal(h.arg_size, 1u << 20);
-	assert_int_equal(size, (int64_t)h.arg_off + (1 << 20));
+	/* [notes] The note ring follows the argument area, its two index lines apart. */
+	assert_int_equal(kvb_region_notes_off(&h), (uint64_t)h.arg_off + (1 << 20));
+	assert_int_equal(KVB_NOTES_HEAD / 64, KVB_NOTES_TAIL / 64 + 1);
+	assert_int_equal(KVB_NOTES_SQES % 64, 0);
+	assert_int_equal(kvb_region_hz_off(&h), kvb_region_notes_off(&h) + KVB_NOTES_BYTES);
+	assert_true(h.features & KVB_FEAT_HAZARDS);
+	assert_int_equal(size, (int64_t)h.arg_off + (1 << 20) + KVB_NOTES_BYTES + KVB_HZ_BYTES);
 
 	/* The argument area is rounded up to 4 KiB; 0 is allowed. */
 	size = kvb_region_layout(8, 1, &h);
 	assert_int_equal(h.arg_size, 4096);
-	assert_int_equal(size, (int64_t)h.arg_off + 4096);
+	assert_int_equal(size, (int64_t)h.arg_off + 4096 + KVB_NOTES_BYTES + KVB_HZ_BYTES);
 	size = kvb_region_layout(8, 0, &h);
 	assert_int_equal(h.arg_size, 0);
-	assert_int_equal(size, (int64_t)h.arg_off);
+	assert_int_equal(size, (int64_t)h.arg_off + KVB_NOTES_BYTES + KVB_HZ_BYTES);
 	assert_int_equal(h.cqes_off, 320 + 8 * 64);
 	assert_int_equal(h.arg_off, 4096);
 
@@ -85,7 +92,7 @@ static void test_proto_region_layout_geometry(void **state)
 	assert_true(size > 0);
 	assert_int_equal(h.cq_entries, 2 * KVB_SQ_MAX);
 	assert_int_equal(h.arg_size, 64u << 20);
-	assert_int_equal(size, (int64_t)h.arg_off + (64 << 20));
+	assert_int_equal(size, (int64_t)h.arg_off + (64 << 20) + KVB_NOTES_BYTES + KVB_HZ_BYTES);
 }
 
 static void test_proto_region_layout_bad_sq_entries(void **state)
@@ -121,6 +128,21 @@ static void test_proto_region_check(void **state)
 	assert_int_equal(kvb_region_check(&good, (uint64_t)size + 4096), 0);
 	assert_int_equal(kvb_region_check(&good, (uint64_t)size - 1), -EPROTO);
 	assert_int_equal(kvb_region_check(&good, 0), -EPROTO);
+	/*
+	 * [notes] A broker of ABI 1.5 or older: no note ring and no hazard table, the region ends
+	 * at the arg area; a hazard table without a note ring is not ours.
+	 */
+	h = good;
+	h.features &= ~(KVB_FEAT_NOTES | KVB_FEAT_HAZARDS);
+	size -= KVB_NOTES_BYTES + KVB_HZ_BYTES;
+	assert_int_equal(kvb_region_check(&h, (uint64_t)size), 0);
+	assert_int_equal(kvb_region_check(&good, (uint64_t)size), -EPROTO);
+	assert_int_equal(kvb_region_check(&h, (uint64_t)size - 1), -EPROTO);
+	h.features |= KVB_FEAT_HAZARDS;
+	assert_int_equal(kvb_region_check(&h, (uint64_t)size + KVB_NOTES_BYTES + KVB_HZ_BYTES),
+			 -EPROTO);
+	assert_int_equal(kvb_region_check(&good, (uint64_t)size + KVB_NOTES_BYTES), -EPROTO);
+	size += KVB_NOTES_BYTES + KVB_HZ_BYTES;
 	/* A newer broker may have a bigger header; a smaller one is not ours. */
 	h = good;
 	h.hdr_size = 128;
@@ -664,10 +686,14 @@ static void test_proto_sqe_bad_header(void **state)
 			int parent = put && (1u << bit) == KVB_OPF_PARENT;
 
 			s.flags = (uint8_t)(1u << bit);
-			/* KVB_SQEF_GET: on a kvb_get()'s ACQUIRE and RELEASE only; _FILL on PUT. */
+			/*
+			 * KVB_SQEF_GET: on a kvb_get()'s ACQUIRE and RELEASE only, as _HELD
+			 * ([hazard]); _FILL on PUT.
+			 */
 			expect_sqe(&s, 4096,
-				   (s.flags == KVB_SQEF_GET && get_pair) ||
-						   (s.flags == KVB_SQEF_FILL && put) || parent
+				   ((s.flags == KVB_SQEF_GET || s.flags == KVB_SQEF_HELD) &&
+				    get_pair) || (s.flags == KVB_SQEF_FILL && put) ||
+						   parent
 					   ? 0
 					   : -EINVAL,
 				   "unknown flag");
