@@ -125,6 +125,26 @@ void session_notes(struct broker *b, struct session *s)
 static_assert(((uint64_t)STORE_MAX_SLABS << STORE_SLOT_BITS) <= KVB_HZ_LEASE_MIN,
 	      "page ids stay below the library's lease ids");
 
+/* [hazard] Entry i of s's table no longer holds the page we pinned for it. */
+static void hz_drop(struct broker *b, struct session *s, uint32_t i)
+{
+	store_unpin(&b->store, s->hz_pin[i]);
+	s->hz_pin[i] = NULL;
+	s->hz_npins--;
+}
+
+/* [hazard] Entry i of s's table holds page pg (its value want) from now on: pinned for it. */
+static void hz_hold(struct broker *b, struct session *s, uint32_t i, struct page *pg, uint64_t want)
+{
+	if (s->hz_pin[i])
+		hz_drop(b, s, i); /* the entry moved on from the page we pinned for it */
+	store_pin(&b->store, pg);
+	s->hz_pin[i] = pg;
+	s->hz_val[i] = want;
+	s->hz_at[i] = clock_now();
+	s->hz_npins++;
+}
+
 /*
  * [hazard] store.c's withdrawn hook: page pg left the directory (its entry is withdrawn) and is
  * about to be freed or rewritten. Every session whose hazard table names it gets a pin on it,
@@ -137,7 +157,6 @@ void session_hz_withdrawn(void *arg, struct page *pg)
 	uint64_t want = store_loc(&b->store, pg) | 1;
 	uint32_t part = store_part_of(&b->store, pg);
 	struct list *pos;
-	double now = 0;
 
 	kvb_fence_full(); /* [H1] */
 	list_for_each (pos, &b->sessions) {
@@ -150,17 +169,7 @@ void session_hz_withdrawn(void *arg, struct page *pg)
 		for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++) {
 			if (kvb_load64_relaxed(&s->hz[i]) != want || s->hz_pin[i] == pg)
 				continue;
-			if (s->hz_pin[i]) { /* the entry moved on from the page we pinned for it */
-				store_unpin(&b->store, s->hz_pin[i]);
-				s->hz_npins--;
-			}
-			if (!now)
-				now = clock_now();
-			store_pin(&b->store, pg);
-			s->hz_pin[i] = pg;
-			s->hz_val[i] = want;
-			s->hz_at[i] = now;
-			s->hz_npins++;
+			hz_hold(b, s, i, pg, want);
 			b->ctr.hazard_pins++;
 		}
 	}
@@ -174,35 +183,23 @@ void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct pa
 	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->region)
 		return;
 	if (!pg) { /* a RELEASE: the entry is clear by now, or names another page */
-		if (s->hz_pin[i] && kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i]) {
-			store_unpin(&b->store, s->hz_pin[i]);
-			s->hz_pin[i] = NULL;
-			s->hz_npins--;
-		}
+		if (s->hz_pin[i] && kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i])
+			hz_drop(b, s, i);
 		return;
 	}
 	if (s->hz_pin[i] || pg->state != PAGE_READY || store_part_of(&b->store, pg) != s->part)
 		return;
 	want = store_loc(&b->store, pg) | 1;
-	if (kvb_load64_relaxed(&s->hz[i]) != want)
-		return; /* released already (or the entry moved on): nothing to hold */
-	store_pin(&b->store, pg);
-	s->hz_pin[i] = pg;
-	s->hz_val[i] = want;
-	s->hz_at[i] = clock_now();
-	s->hz_npins++;
+	if (kvb_load64_relaxed(&s->hz[i]) == want) /* else released already: nothing to hold */
+		hz_hold(b, s, i, pg, want);
 }
 
 /* [hazard] Drops the pins of entries that no longer name their page (all of them: all). */
 static void hz_unpin(struct broker *b, struct session *s, int all)
 {
-	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++) {
-		if (!s->hz_pin[i] || (!all && kvb_load64_relaxed(&s->hz[i]) == s->hz_val[i]))
-			continue;
-		store_unpin(&b->store, s->hz_pin[i]);
-		s->hz_pin[i] = NULL;
-		s->hz_npins--;
-	}
+	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++)
+		if (s->hz_pin[i] && (all || kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i]))
+			hz_drop(b, s, i);
 }
 
 void session_hz_poll(struct broker *b)
