@@ -208,7 +208,6 @@ int xfer_fill(struct broker *b, struct op *op)
 		f = len; /* a client's word: what lies past the page is not ours to read */
 	if (f > op->filled) {
 		uint64_t n = f - op->filled < FILL_STEP ? f - op->filled : FILL_STEP;
-
 		uint8_t *dst = (uint8_t *)op->seg1.dst + op->filled;
 		const uint8_t *src = (const uint8_t *)op->seg1.src + op->filled;
 
