@@ -72,16 +72,26 @@ struct copy_job {
 	struct copy_seg *segs;
 	struct copy_fdseg *fds; /* NULL, or one per segment (host jobs only) */
 	/*
-	 * [crc-worker] A PUT's slot (crc_len bytes at crc_at, in the pool): a host worker that
-	 * wrote it computes its crc32c right after the copy, while the bytes are in its cache,
-	 * into crc, and sets has_crc; the loop thread then only writes the header (store.c
-	 * store_commit_crc). Inline and GPU jobs leave has_crc 0: xfer.c then takes a plain host
-	 * PUT's from its source ([crc-src]), and the loop any other's from the slot.
+	 * [crc-worker] A PUT's slot (crc_len bytes at crc_at, in the pool): the host workers that
+	 * wrote it compute its crc32c (folded into their copies where the job is one segment at
+	 * the slot's start, crc_fused below; else the last reads the slot back after the copy)
+	 * into crc, and set has_crc; the loop thread then only writes the header (store.c
+	 * store_commit_crc). An inline job of one segment at the slot's start copies and
+	 * checksums in one pass ([crc-fused], copy_host.c run_fused) and sets has_crc too. Other
+	 * inline jobs and GPU jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its
+	 * source ([crc-src]), and the loop any other's from the slot.
 	 */
 	const void *crc_at;
 	uint64_t crc_len;
 	uint32_t crc;
 	uint32_t has_crc;
+	/*
+	 * [crc-worker] A queued job of one segment at the slot's start: each part's worker folds
+	 * its bytes' crc into its copy (crccopy.c) and xors it, moved to its place in the slot,
+	 * into crc_x under the engine's lock; the last one finishes the slot's crc from it.
+	 */
+	uint32_t crc_fused;
+	uint32_t crc_x;
 	/* The host engine's, while queued: a job split into parts (copy_host.c). */
 	uint64_t part_bytes; /* bytes per part */
 	uint64_t taken;	     /* bytes handed to workers so far */

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "copy.h"
+#include "crccopy.h"
 #include "slot.h"
 #include "fastcopy.h"
 #include "log.h"
@@ -94,6 +95,32 @@ static int run_part(const struct part *p)
 		left -= n;
 	}
 	return 0;
+}
+
+/*
+ * [crc-worker] A part of a crc_fused job (one segment at its slot's start): copied with its
+ * bytes' raw crc folded in (crccopy.c), moved to its place in the slot (crc_shift by the slot's
+ * bytes after it), into *x. The worker reads none of its bytes again.
+ */
+static int run_part_crc(const struct part *p, uint32_t *x)
+{
+	const struct copy_seg *s = &p->j->segs[0];
+	uint32_t r = ~crc_copy((uint8_t *)s->dst + p->off, (const uint8_t *)s->src + p->off, p->len,
+			       ~0u);
+
+	*x = crc_shift(r, p->j->crc_len - p->off - p->len);
+	return 0;
+}
+
+/* The slot's crc32c from a crc_fused job's parts (crc_x) and the slot's bytes past the page. */
+static uint32_t parts_crc(const struct copy_job *j)
+{
+	uint64_t page = j->segs[0].len;
+	uint32_t x = j->crc_x;
+
+	if (j->crc_len > page)
+		x ^= ~slot_crc32c_more(~0u, (const uint8_t *)j->crc_at + page, j->crc_len - page);
+	return x ^ crc_shift(~0u, j->crc_len) ^ ~0u;
 }
 
 /*
@@ -156,7 +183,7 @@ static void *worker(void *arg)
 	for (;;) {
 		struct copy_job *j;
 		struct part p;
-		uint32_t delay = 0;
+		uint32_t delay = 0, x = 0;
 		int fail = 0, res, whole, last;
 
 		while (!may_take(h) && !h->stop)
@@ -181,19 +208,23 @@ static void *worker(void *arg)
 
 			nanosleep(&ts, NULL);
 		}
-		res = fail ? -EIO : run_part(&p);
+		res = fail ? -EIO : j->crc_fused ? run_part_crc(&p, &x) : run_part(&p);
 
 		pthread_mutex_lock(&h->lock);
 		if (res && !j->res)
 			j->res = res;
+		if (!res && j->crc_fused)
+			j->crc_x ^= x;
 		last = !--j->running && j->taken == j->bytes;
 		/*
 		 * [crc-worker] The last part's worker has the job to itself: the slot's crc off the
-		 * loop thread, and off the lock (the other parts' bytes may be in other caches).
+		 * loop thread, and off the lock. From the parts' folded crcs where the job is one
+		 * segment at the slot's start (crc_fused), else read back from the slot, which the
+		 * streaming stores left in DRAM (a Kimi page's PUT: 150-250 us more, docs/benchmarks.md).
 		 */
 		if (last && !j->res && j->crc_len) {
 			pthread_mutex_unlock(&h->lock);
-			j->crc = slot_crc32c(j->crc_at, j->crc_len);
+			j->crc = j->crc_fused ? parts_crc(j) : slot_crc32c(j->crc_at, j->crc_len);
 			j->has_crc = 1;
 			pthread_mutex_lock(&h->lock);
 		}
@@ -234,6 +265,25 @@ static uint64_t part_bytes(const struct host_engine *h, const struct copy_job *j
 	return (per + 4095) & ~4095ull; /* whole 4 KiB pages: no two workers on one */
 }
 
+/*
+ * [crc-fused] An inline PUT of one plain segment at the start of its slot: copied and
+ * checksummed in one pass (crccopy.c), the slot's bytes past the page read from the slot.
+ * Returns 0 for any other job (run_segs copies it; xfer.c checksums a plain one's source).
+ */
+static int run_fused(struct copy_job *j)
+{
+	const struct copy_seg *sg = &j->segs[0];
+
+	if (!j->crc_len || j->nsegs != 1 || j->fds || sg->dst != j->crc_at || sg->len > j->crc_len)
+		return 0;
+	j->crc = crc_copy(sg->dst, sg->src, sg->len, 0);
+	if (j->crc_len > sg->len)
+		j->crc = slot_crc32c_more(j->crc, (const uint8_t *)j->crc_at + sg->len,
+					  j->crc_len - sg->len);
+	j->has_crc = 1;
+	return 1;
+}
+
 static int host_submit(struct copy_engine *e, struct copy_job *j)
 {
 	struct host_engine *h = (struct host_engine *)e;
@@ -254,11 +304,14 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 	 */
 	if (!h->nthreads || (j->bytes <= h->inline_max && j->nsegs <= COPY_HOST_INLINE_SEGS &&
 			     !file_write && !(j->batch && j->bytes >= 2 * COPY_HOST_PART_MIN))) {
-		j->res = run_segs(j);
+		j->res = run_fused(j) ? 0 : run_segs(j);
 		return COPY_DONE;
 	}
 	j->next = NULL;
 	j->res = 0;
+	j->crc_x = 0;
+	j->crc_fused = j->crc_len && j->nsegs == 1 && !j->fds && j->segs[0].dst == j->crc_at &&
+		       j->segs[0].len <= j->crc_len;
 	j->part_bytes = part_bytes(h, j);
 	j->taken = j->cur_off = 0;
 	j->cur_seg = j->running = 0;

@@ -129,3 +129,14 @@ void dir_del(struct dir *d, uint32_t ns, const kvb_key *key)
 		return;
 	}
 }
+
+void dir_prefetch(const struct dir *d, uint32_t ns, const kvb_key *key)
+{
+	const struct kvb_dir_ent *e;
+
+	if (!d->h)
+		return;
+	e = kvb_dir_bucket_of(d->h, d->nbuckets, ns, key);
+	for (uint32_t w = 0; w < KVB_DIR_WAYS; w++)
+		__builtin_prefetch(&e[w], 1);
+}

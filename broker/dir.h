@@ -33,4 +33,10 @@ int dir_put(struct dir *d, uint32_t ns, const kvb_key *key, uint32_t len, uint64
 /* Takes (ns, key) out, if it is in. */
 void dir_del(struct dir *d, uint32_t ns, const kvb_key *key);
 
+/*
+ * [put-prefetch] Asks for the lines of (ns, key)'s bucket ahead of its dir_put: a PUT calls it
+ * before its copy, so the commit after it finds them in the cache, not in DRAM.
+ */
+void dir_prefetch(const struct dir *d, uint32_t ns, const kvb_key *key);
+
 #endif /* KVB_BROKER_DIR_H */

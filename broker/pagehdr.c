@@ -26,9 +26,15 @@
  * pages.
  *
  * Commit order (store.c): a PUT fills its slot while the page is WRITING and its header is
- * zero; at commit, when every byte of the page is there, the broker computes the crc32c of the
- * slot and writes the header (hdr_crc last); when a slot is freed (evicted, deleted, aborted) its
- * header is cleared before the slot can be handed out again. What a broker that dies (SIGKILL,
+ * zero; at commit, when every byte of the page is there, the broker writes the header with the
+ * crc32c of the slot (hdr_crc last); when a slot is freed (evicted, deleted, aborted) its
+ * header is cleared before the slot can be handed out again. The crc is computed before the
+ * commit, never after it: by the copy loop itself from the bytes it stores (crccopy.c
+ * [crc-fused]: an inline PUT, a filled PUT's chunks), by the worker that copied (copy.h
+ * [crc-worker]), or from the copy's source (xfer.c [crc-src]). So a committed page is
+ * adoptable from its commit on, and a crash loses none of them; sealing later, off the PUT's
+ * critical path, was measured and not kept (a slot's crc read back from DRAM costs more than
+ * the fused copy adds: docs/benchmarks.md). What a broker that dies (SIGKILL,
  * a crash; the memory itself survives, it is the kernel's) can leave:
  *   - a page being written: no header (its slot was free, so its header was cleared): not
  *     adopted, its slot is free again;

@@ -833,6 +833,14 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	pg->kids = 0;
 	pg->held = 0;
 	index_insert(&s->ix, &pg->ixn);
+	/*
+	 * [put-prefetch] What its commit writes, the slot's header and its directory bucket,
+	 * asked for now: the copy runs meanwhile, and the commit, on a synchronous PUT's
+	 * critical path, no longer waits for DRAM there.
+	 */
+	if (s->pool->meta)
+		__builtin_prefetch(hdr_of(s, pg), 1);
+	dir_prefetch(&s->dir[part], ns, key);
 	s->st.bytes_used += c->slot_bytes;
 	s->st.pages++;
 	s->st.pinned++;

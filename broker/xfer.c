@@ -31,6 +31,7 @@
 #include "broker.h"
 #include "clock.h"
 #include "copy_cuda.h"
+#include "crccopy.h"
 #include "fastcopy.h"
 #include "log.h"
 #include "slot.h"
@@ -81,32 +82,32 @@ static void xfer_done(struct copy_job *job)
  * [crc-src] The checksum of a PUT's slot (pagehdr, for a restart) taken from what it was
  * copied from, right after the copy, into op->job.crc: the source is in the cache then,
  * where the slot written with streaming stores (fastcopy.h [nt-fresh]) is not, and reading
- * it back from DRAM cost more than the copy's saving. A source changed under the copy
- * (a client writing its own buffer meanwhile) leaves a checksum that does not match the slot:
- * the page is then dropped as torn at a restart, the same as a copy cut short, and that
- * client's own page is all it can lose. The slot's bytes past the page (a larger class's
- * slot) are read from the slot. crc is the checksum so far (0: none yet) of the first
- * done bytes; len more are added from src.
+ * it back from DRAM cost more than the copy's saving. Where the CPU has VPCLMULQDQ the copy
+ * computes it itself ([crc-fused], crccopy.c: the engine's inline run, a filled PUT's
+ * chunks), from the bytes it stored, in about the copy's time; this is what is left for
+ * other CPUs. A source changed under the copy (a client writing its own buffer meanwhile)
+ * leaves a checksum that does not match the slot: the page is then dropped as torn at a
+ * restart, the same as a copy cut short, and that client's own page is all it can lose. The
+ * slot's bytes past the page (a larger class's slot) are read from the slot (slot_tail_crc).
  */
-static uint32_t slot_crc_from(const struct broker *b, const struct op *op, uint32_t crc,
-			      const uint8_t *src, uint64_t done, uint64_t len)
+static uint32_t slot_tail_crc(const struct broker *b, const struct op *op, uint32_t crc)
 {
 	uint64_t page = op->n->page_bytes, slot = b->store.cls[op->pg->cls].slot_bytes;
 
-	crc = slot_crc32c_more(crc, src, (size_t)len);
-	if (done + len == page && slot > page)
+	if (slot > page)
 		crc = slot_crc32c_more(crc, (const uint8_t *)store_addr(&b->store, op->pg) + page,
 				       (size_t)(slot - page));
 	return crc;
 }
 
-/* [crc-src] An inline PUT's copy of one plain host segment: its checksum from the source. */
+/* [crc-src] An inline PUT's copy of one plain host segment that the engine did not checksum
+ * as it copied: its checksum from the source. */
 static void src_crc(struct broker *b, struct op *op)
 {
 	if (op->job.dir != COPY_TO_POOL || op->dev != COPY_HOST || !b->pool.meta || !op->pg ||
-	    op->segs || op->fds)
+	    op->segs || op->fds || op->job.has_crc)
 		return;
-	op->job.crc = slot_crc_from(b, op, 0, op->seg1.src, 0, op->seg1.len);
+	op->job.crc = slot_tail_crc(b, op, slot_crc32c(op->seg1.src, op->seg1.len));
 	op->job.has_crc = 1;
 }
 
@@ -207,15 +208,20 @@ int xfer_fill(struct broker *b, struct op *op)
 		f = len; /* a client's word: what lies past the page is not ours to read */
 	if (f > op->filled) {
 		uint64_t n = f - op->filled < FILL_STEP ? f - op->filled : FILL_STEP;
+		uint8_t *dst = (uint8_t *)op->seg1.dst + op->filled;
+		const uint8_t *src = (const uint8_t *)op->seg1.src + op->filled;
 
-		/* The slot is fresh and read by nobody soon: streaming stores at any chunk size. */
-		kvb_copy_nt((uint8_t *)op->seg1.dst + op->filled,
-			    (const uint8_t *)op->seg1.src + op->filled, (size_t)n);
-		/* [crc-src] chunk by chunk, while each is in the cache */
+		/*
+		 * The slot is fresh and read by nobody soon: streaming stores at any chunk size,
+		 * checksummed chunk by chunk as they are copied ([crc-fused], or [crc-src] from
+		 * the source in the cache where the CPU cannot).
+		 */
 		if (b->pool.meta)
-			op->job.crc = slot_crc_from(b, op, op->job.crc,
-						    (const uint8_t *)op->seg1.src + op->filled,
-						    op->filled, n);
+			op->job.crc = crc_copy(dst, src, (size_t)n, op->job.crc);
+		else
+			kvb_copy_nt(dst, src, (size_t)n);
+		if (b->pool.meta && op->filled + n == len)
+			op->job.crc = slot_tail_crc(b, op, op->job.crc);
 		op->filled += (uint32_t)n;
 		op->fill_at = now;
 		op->work += n / OPS_WORK_BYTES;

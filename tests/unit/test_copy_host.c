@@ -194,12 +194,68 @@ static void test_copy_host_split_jobs(void **state)
 	free(dst);
 }
 
+/*
+ * [crc-worker] Jobs of one segment at their slot's start (a PUT of a plain buffer), split into
+ * parts: each part's worker folds its crc into its copy and the last combines them. A page
+ * that fills its slot, one whose slot has bytes of its own past the page (they count, read
+ * from the slot), one too short to split, and every 3rd failing: no crc.
+ */
+static void test_copy_host_split_fused(void **state)
+{
+	enum { NJOBS = 6, SLOT = 9 << 20 };
+	static const uint64_t page[NJOBS] = {SLOT, SLOT - 3000, SLOT - 1, 200000, SLOT, 12345};
+	static struct copy_seg segs[NJOBS];
+	static struct copy_job jobs[NJOBS];
+	uint8_t *src = malloc(SLOT), *dst = NULL;
+	struct copy_engine *e = copy_host_create(4, 0);
+
+	(void)state;
+	assert_non_null(e);
+	assert_non_null(src);
+	assert_int_equal(posix_memalign((void **)&dst, 4096, (size_t)NJOBS * SLOT), 0);
+	for (size_t i = 0; i < SLOT; i++)
+		src[i] = (uint8_t)(i * 13 + i / 4093);
+	memset(dst, 0x5c, (size_t)NJOBS * SLOT); /* the slots' own bytes past each page */
+	copy_host_test(e, 0, 3);
+	ndone = 0;
+	for (int k = 0; k < NJOBS; k++) {
+		segs[k].dst = dst + (size_t)k * SLOT;
+		segs[k].src = src;
+		segs[k].len = page[k];
+		jobs[k] = (struct copy_job){.done = done,
+					    .dev = COPY_HOST,
+					    .nsegs = 1,
+					    .bytes = page[k],
+					    .segs = &segs[k],
+					    .crc_at = dst + (size_t)k * SLOT,
+					    .crc_len = SLOT};
+		assert_int_equal(e->submit(e, &jobs[k]), COPY_QUEUED);
+	}
+	drain(e);
+	assert_int_equal(ndone, NJOBS);
+	for (int k = 0; k < NJOBS; k++) {
+		if (k % 3 == 2) {
+			assert_int_equal(jobs[k].res, -EIO);
+			assert_int_equal(jobs[k].has_crc, 0);
+			continue;
+		}
+		assert_int_equal(jobs[k].res, 0);
+		assert_memory_equal(dst + (size_t)k * SLOT, src, page[k]);
+		assert_int_equal(jobs[k].has_crc, 1);
+		assert_int_equal(jobs[k].crc, slot_crc32c(dst + (size_t)k * SLOT, SLOT));
+	}
+	e->destroy(e);
+	free(src);
+	free(dst);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_copy_host_ring_taken_with_its_job),
 		cmocka_unit_test(test_copy_host_many_jobs_quiet_after),
 		cmocka_unit_test(test_copy_host_split_jobs),
+		cmocka_unit_test(test_copy_host_split_fused),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
