@@ -284,6 +284,13 @@ void session_init(struct broker *b, struct session *s);
 /* The listening socket is readable (a struct loop_fd callback; arg: the broker). */
 void session_on_listen(void *arg);
 /*
+ * ctl.c (and the fuzzers): the session's view of its ring region r of size bytes, laid out as
+ * h says (kvb_region_layout): the SQ, CQ and note rings from the indices r holds, the hazard
+ * table, the hints' and fill words, and the hazard budget words written for the client.
+ */
+void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64_t size,
+			 const struct kvb_region_hdr *h);
+/*
  * [notes] Runs what a session's note ring holds (wire.h KVB_FEAT_NOTES), or every session's:
  * rounds.c's tick, STATS, a RELEASE or the lease limits (ops.c). Never ends a session: an
  * impossible tail is left for session_poll() to end it.

@@ -63,8 +63,6 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 {
 	struct kvb_region_hdr h;
 	int64_t size = kvb_region_layout(sq_entries, b->cfg.arg_size, &h);
-	uint64_t budget;
-	uint32_t hz_max;
 	uint8_t *r;
 	int fd;
 
@@ -80,32 +78,8 @@ static int region_create(struct broker *b, struct session *s, uint32_t sq_entrie
 	if (r == MAP_FAILED)
 		goto err_close;
 	memcpy(r, &h, sizeof(h));
-	s->region = r;
-	s->region_size = (uint64_t)size;
 	s->region_fd = fd;
-	s->arg = r + h.arg_off;
-	s->arg_size = h.arg_size;
-	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h.sq_head_off),
-		      (kvb_atomic_u32 *)(r + h.sq_tail_off), (kvb_atomic_u32 *)(r + h.sq_flags_off),
-		      r + h.sqes_off, h.sq_entries, sizeof(struct kvb_sqe), 0);
-	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
-		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
-		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
-	kvb_ring_init(&s->notes, (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_HEAD),
-		      (kvb_atomic_u32 *)(r + kvb_region_notes_off(&h) + KVB_NOTES_TAIL), NULL,
-		      r + kvb_region_notes_off(&h) + KVB_NOTES_SQES, KVB_NOTES_ENTRIES,
-		      sizeof(struct kvb_sqe), 0);
-	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(&h) + KVB_HZ_COUNT);
-	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(&h) + KVB_HZ_TABLE);
-	/* A fresh region is ours alone yet: plain stores, read by the client after HELLO. */
-	budget = ops_lease_limit(b, s->part);
-	hz_max = b->cfg.max_leases < KVB_HZ_ENTRIES ? b->cfg.max_leases : KVB_HZ_ENTRIES;
-	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_BUDGET, &budget, sizeof(budget));
-	memcpy(r + kvb_region_notes_off(&h) + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
-	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
-	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
-	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
-	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
+	session_region_init(b, s, r, (uint64_t)size, &h);
 	/* session_note_cpu() writes it again only when the loop moves. */
 	kvb_store_relaxed(s->loop_cpu, b->loop_cpu ? b->loop_cpu : (uint32_t)sched_getcpu() + 1u);
 	return 0;

@@ -92,6 +92,39 @@ void session_on_listen(void *arg)
 		;
 }
 
+void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64_t size,
+			 const struct kvb_region_hdr *h)
+{
+	uint8_t *notes = r + kvb_region_notes_off(h);
+	uint64_t budget = ops_lease_limit(b, s->part);
+	uint32_t hz_max = b->cfg.max_leases < KVB_HZ_ENTRIES ? b->cfg.max_leases : KVB_HZ_ENTRIES;
+
+	s->region = r;
+	s->region_size = size;
+	s->arg = r + h->arg_off;
+	s->arg_size = h->arg_size;
+	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h->sq_head_off),
+		      (kvb_atomic_u32 *)(r + h->sq_tail_off),
+		      (kvb_atomic_u32 *)(r + h->sq_flags_off), r + h->sqes_off, h->sq_entries,
+		      sizeof(struct kvb_sqe), 0);
+	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h->cq_head_off),
+		      (kvb_atomic_u32 *)(r + h->cq_tail_off),
+		      (kvb_atomic_u32 *)(r + h->cq_flags_off), r + h->cqes_off, h->cq_entries,
+		      sizeof(struct kvb_cqe), 1);
+	kvb_ring_init(&s->notes, (kvb_atomic_u32 *)(notes + KVB_NOTES_HEAD),
+		      (kvb_atomic_u32 *)(notes + KVB_NOTES_TAIL), NULL, notes + KVB_NOTES_SQES,
+		      KVB_NOTES_ENTRIES, sizeof(struct kvb_sqe), 0);
+	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(h) + KVB_HZ_COUNT);
+	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(h) + KVB_HZ_TABLE);
+	/* The region is ours alone yet: plain stores, read by the client after HELLO. */
+	memcpy(notes + KVB_HZ_BUDGET, &budget, sizeof(budget));
+	memcpy(notes + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
+	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
+	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
+	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
+	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
+}
+
 /*
  * [notes] Runs what s's note ring holds (wire.h KVB_FEAT_NOTES). Never ends the session, since
  * it runs in the middle of other work (a STATS request, an op, a teardown): an impossible tail

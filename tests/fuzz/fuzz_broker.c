@@ -210,24 +210,13 @@ struct session *fuzz_session_ring(struct fuzz_broker *fb, uint32_t sq_entries, u
 	memcpy(r + h.sq_tail_off, &base, 4);
 	memcpy(r + h.cq_head_off, &base, 4);
 	memcpy(r + h.cq_tail_off, &base, 4);
-	s->region = r;
-	s->region_size = (uint64_t)size;
+	session_region_init(&fb->b, s, r, (uint64_t)size, &h);
 	/*
-	 * KVB_SQEF_FILL's words (ctl.c sets them so): a client that filled all before posting
-	 * (and a word past any page: clamped), so that a filled PUT completes in its first run,
-	 * as the one-CQE-per-consumed-SQE oracle of fuzz_ring needs.
+	 * KVB_SQEF_FILL's fill word: a client that filled all before posting (and a word past
+	 * any page: clamped), so that a filled PUT completes in its first run, as the
+	 * one-CQE-per-consumed-SQE oracle of fuzz_ring needs.
 	 */
-	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
-	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
 	kvb_store_relaxed(s->fill, UINT32_MAX);
-	s->arg = r + h.arg_off;
-	s->arg_size = h.arg_size;
-	kvb_ring_init(&s->sq, (kvb_atomic_u32 *)(r + h.sq_head_off),
-		      (kvb_atomic_u32 *)(r + h.sq_tail_off), (kvb_atomic_u32 *)(r + h.sq_flags_off),
-		      r + h.sqes_off, h.sq_entries, sizeof(struct kvb_sqe), 0);
-	kvb_ring_init(&s->cq, (kvb_atomic_u32 *)(r + h.cq_head_off),
-		      (kvb_atomic_u32 *)(r + h.cq_tail_off), (kvb_atomic_u32 *)(r + h.cq_flags_off),
-		      r + h.cqes_off, h.cq_entries, sizeof(struct kvb_cqe), 1);
 	s->hello_done = 1;
 	fb->b.npending--;
 	fb->b.nsessions++;
