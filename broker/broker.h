@@ -175,6 +175,8 @@ struct session {
 	double hz_at[KVB_HZ_ENTRIES];	     /* when (--lease-lifetime) */
 	uint32_t hz_npins;
 	uint64_t hz_bytes[KVB_HZ_ENTRIES];   /* page bytes of each lease it told us of */
+	uint64_t hz_gone[KVB_HZ_ENTRIES];    /* a lease id released before its ACQUIRE was read */
+	uint32_t hz_max;		     /* entries we let it use (KVB_HZ_MAX) */
 	uint32_t hz_leases;		     /* leases it holds under its table, as told */
 	uint64_t hz_held;		     /* their page bytes (the lease limits count them) */
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
@@ -296,21 +298,27 @@ void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64
  * impossible tail is left for session_poll() to end it.
  */
 void session_notes(struct broker *b, struct session *s);
-void session_notes_all(struct broker *b);
+/*
+ * Every session's notes, then [hazard] the pins of table entries that moved on: each tick,
+ * before STATS, and before a full pool or --max-pinned refuses anything. Returns 1 when that
+ * unpinned a page (a retry may succeed), else 0.
+ */
+int session_settle(struct broker *b);
 /*
  * [hazard] (wire.h): store.c's withdrawn hook (arg: the broker) pins a page leaving the
- * directory for every client that reads it under its hazard table; session_hz_poll() (each
- * tick) drops the pins of entries that moved on. Loop thread only.
+ * directory for every client that reads it under its hazard table. Loop thread only.
  */
 void session_hz_withdrawn(void *arg, struct page *pg);
-void session_hz_poll(struct broker *b);
 /*
  * [hazard] The client told us of lease id of its table (ops.c, KVB_SQEF_HELD): an ACQUIRE of
- * page pg, which we pin for it from now on if its entry still names it, as we would a lease of
- * ours (pinned pages, the map, eviction all see it); or a RELEASE (pg NULL), which unpins it
- * when the entry has moved on.
+ * page pg (NULL: not READY any more) of bytes, counted (leases, lease bytes, the partition's
+ * leased bytes) and pinned from now on if its entry still names it, as a lease of ours is
+ * (pinned pages, the map, eviction see it); or a RELEASE (pg NULL, bytes 0), counted, and
+ * unpinned when the entry has moved on. Either may come first (the SQ and the note ring are
+ * read at different times): a RELEASE before its ACQUIRE cancels it.
  */
-void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg);
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg,
+		     uint64_t bytes);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

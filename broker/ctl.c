@@ -600,8 +600,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		s->views[id.id] = NULL;
 		return reply(s, h, 0, NULL, 0, NULL, 0);
 	case KVB_MSG_STATS:
-		session_notes_all(b); /* [notes] every read done so far is counted */
-		session_hz_poll(b);   /* [hazard] and pages no longer read are unpinned */
+		(void)session_settle(b); /* [notes][hazard] what clients told, and released */
 		if (blen >= sizeof(struct kvb_msg_stats_page)) {
 			struct kvb_msg_stats_page m;
 

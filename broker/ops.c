@@ -579,10 +579,8 @@ static int op_put(struct broker *b, struct op *op)
 		}
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);
-		if (err == -ENOSPC) {
-			/* [notes] RELEASEs not read yet, [hazard] entries cleared: unpinned first. */
-			session_notes_all(b);
-			session_hz_poll(b);
+		if (err == -ENOSPC && session_settle(b)) {
+			/* [notes] RELEASEs not read yet, [hazard] entries cleared: pages freed. */
 			err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 					       s->pref.n ? &s->pref : NULL, &pg);
 		}
@@ -771,29 +769,6 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 	return -EINVAL;
 }
 
-/*
- * [hazard] A lease of the client's own hazard table taken (bytes: its page's) or given back
- * (bytes 0), as it told us: what the lease limits and the stats count (the pin itself is
- * session.c's, session_hz_told). Its word only, checked
- * only to stay within its own table; it can misstate nothing but its own figures.
- */
-static void hz_told(struct broker *b, struct session *s, uint64_t id, uint64_t bytes)
-{
-	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
-
-	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->hz_bytes[i] == !bytes)
-		return;
-	if (bytes) {
-		s->hz_leases++;
-		b->leases++;
-	} else {
-		s->hz_leases--;
-		b->leases--;
-	}
-	s->hz_held = s->hz_held - s->hz_bytes[i] + bytes;
-	s->hz_bytes[i] = bytes;
-}
-
 static int op_acquire(struct broker *b, struct op *op)
 {
 	struct ns *n = op->n;
@@ -802,17 +777,18 @@ static int op_acquire(struct broker *b, struct op *op)
 
 	if (!n)
 		return op_fail(op, -EBADF);
-	if (!(op->sqe.flags & KVB_SQEF_HELD) && !op->note)
-		session_notes(b, op->s); /* [hazard] its own leases counted before this one */
+	/* [hazard] Its own leases, told in the note ring, counted before this one. */
+	if (!op->note)
+		session_notes(b, op->s);
 	pg = store_find(&b->store, n->id, &op->key);
 	if (op->sqe.flags & KVB_SQEF_HELD) {
-		/* [hazard] The client leased it itself (wire.h): count it, warm it, pin nothing. */
+		/* [hazard] The client leased it itself (wire.h): count it, warm it, hold it. */
 		if (pg && pg->state == PAGE_READY) {
 			remote_on_hit(b, n, pg);
 			store_touch(&b->store, pg);
-			session_hz_told(b, op->s, op->sqe.off, pg);
 		}
-		hz_told(b, op->s, op->sqe.off, n->page_bytes);
+		session_hz_told(b, op->s, op->sqe.off, pg && pg->state == PAGE_READY ? pg : NULL,
+				n->page_bytes);
 		op->hit = 1;
 		op->bytes_out = n->page_bytes;
 		b->ctr.dir_acquires++;
@@ -827,9 +803,8 @@ static int op_acquire(struct broker *b, struct op *op)
 	op->hit = 1;
 	remote_on_hit(b, n, pg);
 	err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
-	if (err == -EDQUOT || err == -EBUSY) {
-		/* [notes] RELEASEs not read yet must not count against the limits. */
-		session_notes_all(b);
+	if (err == -EBUSY && session_settle(b)) {
+		/* [notes] Others' RELEASEs not read yet must not count against --max-pinned. */
 		err = lease_push(b, op->s, pg, b->store.cls[pg->cls].slot_bytes, op->as_get);
 	}
 	if (err)
@@ -847,17 +822,17 @@ static int op_release(struct broker *b, struct op *op)
 	struct page *pg;
 	uint64_t id = op->sqe.off;
 
-	if (op->sqe.flags & KVB_SQEF_HELD) {
-		hz_told(b, op->s, id, 0); /* [hazard] the client's own lease */
-		session_hz_told(b, op->s, id, NULL);
-		return OPS_DONE;
-	}
 	/*
-	 * [notes] A RELEASE the client waits for comes after those it did not wait for (its
-	 * second release of one lease must find it released): they are read first.
+	 * [notes] A RELEASE on the SQ comes after what the client told in its note ring (its
+	 * second release of one lease must find it released; [hazard] an async RELEASE of its
+	 * own lease, after that lease's ACQUIRE): they are read first.
 	 */
 	if (!op->note)
 		session_notes(b, op->s);
+	if (op->sqe.flags & KVB_SQEF_HELD) {
+		session_hz_told(b, op->s, id, NULL, 0); /* [hazard] the client's own lease */
+		return OPS_DONE;
+	}
 	/* The session's own list decides: ids are capabilities, not pointers. */
 	if (lease_pop(b, op->s, id))
 		return op_fail(op, -EINVAL);
@@ -1054,10 +1029,8 @@ int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
 	    (sqe->opcode != KVB_OP_ACQUIRE || !(sqe->flags & KVB_SQEF_HELD)))
 		return -EPROTO;
 	op = op_new(b, s, sqe);
-	if (!op) {
-		b->ctr.errors++;
-		return 0; /* uncounted, as a lost post would be */
-	}
+	if (!op)
+		return -ENOMEM; /* left in the ring for the next drain: a RELEASE must not be lost */
 	op->note = 1;
 	/* Both complete at once (kvb_sqe_check refused any other shape of a directory GET). */
 	(void)op_run(b, op);

@@ -107,7 +107,8 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 /*
  * session.c [notes]: runs one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a read
  * through the pool directory (a GET with KVB_SQEF_GET) or a RELEASE, as on the SQ but with no
- * CQE and no hold of the loop. -EPROTO for anything else, or a RELEASE of no lease of ours.
+ * CQE and no hold of the loop. -EPROTO for anything else, or a RELEASE of no lease of ours;
+ * -ENOMEM: not run, to be run again later.
  */
 int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe);
 

@@ -64,9 +64,8 @@ static void broker_tick(void *arg, int slept)
 	struct broker *b = arg;
 	double now = clock_now();
 
-	/* [notes] read within a tick: the expiry (leases released) and the LRU below see them */
-	session_notes_all(b);
-	session_hz_poll(b); /* [hazard] pages clients no longer read under their tables */
+	/* [notes][hazard] within a tick: the expiry (leases released) and the LRU see them */
+	(void)session_settle(b);
 	if (slept || now - b->expired_at >= EXPIRE_EVERY) {
 		session_expire(b, now);
 		b->expired_at = now;

@@ -114,8 +114,14 @@ void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64
 	kvb_ring_init(&s->notes, (kvb_atomic_u32 *)(notes + KVB_NOTES_HEAD),
 		      (kvb_atomic_u32 *)(notes + KVB_NOTES_TAIL), NULL, notes + KVB_NOTES_SQES,
 		      KVB_NOTES_ENTRIES, sizeof(struct kvb_sqe), 0);
-	s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(h) + KVB_HZ_COUNT);
-	s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(h) + KVB_HZ_TABLE);
+	/* [hazard] Without a directory no client can take such a lease: no table offered. */
+	if (s->part < POOL_MAX_PARTS && b->store.dir[s->part].h) {
+		s->hz_count = (kvb_atomic_u32 *)(r + kvb_region_hz_off(h) + KVB_HZ_COUNT);
+		s->hz = (kvb_atomic_u64 *)(void *)(r + kvb_region_hz_off(h) + KVB_HZ_TABLE);
+		s->hz_max = hz_max;
+	} else {
+		((struct kvb_region_hdr *)(void *)r)->features &= ~KVB_FEAT_HAZARDS;
+	}
 	/* The region is ours alone yet: plain stores, read by the client after HELLO. */
 	memcpy(notes + KVB_HZ_BUDGET, &budget, sizeof(budget));
 	memcpy(notes + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
@@ -144,10 +150,17 @@ void session_notes(struct broker *b, struct session *s)
 	}
 	for (int64_t i = 0; i < avail; i++) {
 		struct kvb_sqe sqe;
+		int err;
 
 		/* One copy out of shared memory, as for the SQ: only the copy is used. */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->notes, (uint32_t)i), sizeof(sqe));
-		if (ops_note(b, s, &sqe))
+		err = ops_note(b, s, &sqe);
+		if (err == -ENOMEM) {
+			b->ctr.errors++;
+			avail = i; /* the rest stays for the next drain */
+			break;
+		}
+		if (err)
 			b->ctr.protocol_errors++;
 	}
 	if (avail)
@@ -181,7 +194,7 @@ static void hz_hold(struct broker *b, struct session *s, uint32_t i, struct page
 /*
  * [hazard] store.c's withdrawn hook: page pg left the directory (its entry is withdrawn) and is
  * about to be freed or rewritten. Every session whose hazard table names it gets a pin on it,
- * held until that entry changes (session_hz_poll). The full fence pairs with the client's
+ * held until that entry changes (session_settle). The full fence pairs with the client's
  * [H1] (wire.h): it sees the withdrawal, or we see its entry.
  */
 void session_hz_withdrawn(void *arg, struct page *pg)
@@ -197,9 +210,9 @@ void session_hz_withdrawn(void *arg, struct page *pg)
 
 		/* Only a reader of this partition's pool maps the page (a table naming others'
 		 * pages is ignored); a count of 0 is a client reading nothing under it. */
-		if (!s->region || s->part != part || !kvb_load_relaxed(s->hz_count))
+		if (!s->hz || s->part != part || !kvb_load_relaxed(s->hz_count))
 			continue;
-		for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++) {
+		for (uint32_t i = 0; i < s->hz_max; i++) { /* it may use no more */
 			if (kvb_load64_relaxed(&s->hz[i]) != want || s->hz_pin[i] == pg)
 				continue;
 			hz_hold(b, s, i, pg, want);
@@ -208,51 +221,80 @@ void session_hz_withdrawn(void *arg, struct page *pg)
 	}
 }
 
-void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg)
+/* [hazard] Entry i no longer names the page we pinned for it (acquire: after its reads). */
+static int hz_moved(const struct session *s, uint32_t i)
+{
+	return kvb_load64_acquire(&s->hz[i]) != s->hz_val[i];
+}
+
+void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg,
+		     uint64_t bytes)
 {
 	uint32_t i = (uint32_t)id - KVB_HZ_LEASE_MIN;
 	uint64_t want;
 
-	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= KVB_HZ_ENTRIES || !s->region)
+	/* Its word only, checked only to stay in its table: it can misstate its own figures. */
+	if ((uint32_t)id < KVB_HZ_LEASE_MIN || i >= s->hz_max || !s->hz)
 		return;
-	if (!pg) { /* a RELEASE: the entry is clear by now, or names another page */
-		if (s->hz_pin[i] && kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i])
+	if (!bytes) { /* a RELEASE */
+		if (!s->hz_bytes[i]) {
+			s->hz_gone[i] = id; /* before its ACQUIRE: that one counts nothing */
+			return;
+		}
+		s->hz_leases--;
+		b->leases--;
+		s->hz_held -= s->hz_bytes[i];
+		b->leased_bytes[s->part] -= s->hz_bytes[i];
+		s->hz_bytes[i] = 0;
+		if (s->hz_pin[i] && hz_moved(s, i))
 			hz_drop(b, s, i);
 		return;
 	}
-	if (s->hz_pin[i] || pg->state != PAGE_READY || store_part_of(&b->store, pg) != s->part)
+	if (s->hz_bytes[i] || s->hz_gone[i] == id)
+		return; /* an entry told twice, or a lease released already */
+	s->hz_leases++;
+	b->leases++;
+	s->hz_held += bytes;
+	b->leased_bytes[s->part] += bytes;
+	s->hz_bytes[i] = bytes;
+	if (!pg || store_part_of(&b->store, pg) != s->part)
 		return;
 	want = store_loc(&b->store, pg) | 1;
-	if (kvb_load64_relaxed(&s->hz[i]) == want) /* else released already: nothing to hold */
+	if (kvb_load64_relaxed(&s->hz[i]) != want)
+		return; /* released already (or the entry moved on): nothing to hold */
+	if (s->hz_pin[i] == pg)
+		s->hz_at[i] = clock_now(); /* the same page leased again: a lease of now */
+	else
 		hz_hold(b, s, i, pg, want);
 }
 
 /* [hazard] Drops the pins of entries that no longer name their page (all of them: all). */
-static void hz_unpin(struct broker *b, struct session *s, int all)
+static int hz_unpin(struct broker *b, struct session *s, int all)
 {
-	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++)
-		if (s->hz_pin[i] && (all || kvb_load64_relaxed(&s->hz[i]) != s->hz_val[i]))
+	int n = 0;
+
+	for (uint32_t i = 0; s->hz_npins && i < KVB_HZ_ENTRIES; i++) {
+		if (s->hz_pin[i] && (all || hz_moved(s, i))) {
 			hz_drop(b, s, i);
+			n++;
+		}
+	}
+	return n;
 }
 
-void session_hz_poll(struct broker *b)
+int session_settle(struct broker *b)
 {
+	uint64_t pinned = b->store.st.pinned;
 	struct list *pos;
 
 	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
+		session_notes(b, s);
 		if (s->hz_npins)
-			hz_unpin(b, s, 0);
+			(void)hz_unpin(b, s, 0);
 	}
-}
-
-void session_notes_all(struct broker *b)
-{
-	struct list *pos;
-
-	list_for_each (pos, &b->sessions)
-		session_notes(b, list_entry(pos, struct session, link));
+	return b->store.st.pinned < pinned;
 }
 
 uint32_t session_poll_all(struct broker *b)
@@ -285,7 +327,7 @@ int session_prepare_sleep(struct broker *b)
 			continue;
 		session_notes(b, s); /* [notes] counted before a nap of up to a second */
 		if (s->hz_npins)
-			hz_unpin(b, s, 0); /* [hazard] and what is no longer read, unpinned */
+			(void)hz_unpin(b, s, 0); /* [hazard] and what is no longer read, unpinned */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
@@ -497,9 +539,11 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	session_notes(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
-	hz_unpin(b, s, 1);
+	(void)hz_unpin(b, s, 1);
 	b->leases -= s->hz_leases; /* [hazard] its own, as told */
+	b->leased_bytes[s->part] -= s->hz_held;
 	s->hz_leases = 0;
+	s->hz_held = 0;
 	if (s->tenant_bound)
 		tenant_detach(&b->tt, s->part);
 	s->tenant_bound = 0;

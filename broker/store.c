@@ -511,9 +511,11 @@ static void publish(struct store *s, const struct page *pg);
  */
 static void withdraw(struct store *s, struct page *pg)
 {
-	if (pg->state != PAGE_READY)
-		return;
-	dir_del(&s->dir[store_part_of(s, pg)], pg->ns, &pg->key);
+	struct dir *d = &s->dir[store_part_of(s, pg)];
+
+	if (pg->state != PAGE_READY || !d->h)
+		return; /* nobody can have found it without a directory */
+	dir_del(d, pg->ns, &pg->key);
 	if (s->withdrawn)
 		s->withdrawn(s->withdrawn_arg, pg);
 }
@@ -642,23 +644,11 @@ static void slot_free(struct store *s, struct page *pg)
 #define EVICT_KEPT 2
 static int evict(struct store *s, struct page *pg)
 {
-	/*
-	 * [hazard] A page a client reads under its hazard table stays, pinned for it, as a leased
-	 * one would (off the LRUs until the client's entry moves on): back into the directory.
-	 */
-	withdraw(s, pg);
-	if (pg->pins) {
-		publish(s, pg);
-		return EVICT_KEPT;
-	}
 	if (s->leaving)
 		s->leaving(s->leaving_arg, pg);
 	if (!pg->clean && s->demote) {
 		int r = s->demote(s->demote_arg, pg);
 
-		/* Still READY and indexed in the three cases: in the directory again too. */
-		if (r)
-			publish(s, pg);
 		if (r < 0)
 			return r;
 		if (r > 0) {
@@ -676,10 +666,17 @@ static int evict(struct store *s, struct page *pg)
 		 * back there: they go first. Dropping this one instead would keep old pages and
 		 * lose the newest (the op waits for the writes: tier_park_alloc).
 		 */
-		if (s->demoting_bytes) {
-			publish(s, pg);
+		if (s->demoting_bytes)
 			return -EBUSY;
-		}
+	}
+	/*
+	 * [hazard] A page a client reads under its hazard table stays, pinned for it, as a leased
+	 * one would (off the LRUs until the client's entry moves on): back into the directory.
+	 */
+	withdraw(s, pg);
+	if (pg->pins) {
+		publish(s, pg);
+		return EVICT_KEPT;
 	}
 	unindex_withdrawn(s, pg);
 	s->st.evictions++;
@@ -765,10 +762,11 @@ static int ns_room(struct store *s, uint32_t ns, uint64_t slot)
 		return 0;
 	while (s->ns_bytes[ns] - s->ns_demoting[ns] + slot > s->ns_limit[ns]) {
 		struct page *v = coldest(s, &s->ns_lru[ns], LRU_NS);
+		int r = v ? evict(s, v) : -ENOSPC;
 
-		if (!v || evict(s, v) < 0)
+		if (r < 0)
 			return -ENOSPC;
-		s->st.ns_evictions++;
+		s->st.ns_evictions += r != EVICT_KEPT;
 	}
 	return 0;
 }

@@ -704,9 +704,9 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	/*
 	 * [release-post] A lease we hold is released without waiting for the broker's answer,
 	 * which can only be success: the RELEASE goes into the note ring (ring.c [notes]; the SQ
-	 * without a doorbell where there is none), which the broker reads before it answers any
-	 * control request, before an ACQUIRE of anyone's is refused for the lease limits, and
-	 * otherwise within its next tick. A lease of our hazard table is released here, by
+	 * without a doorbell where there is none), which the broker reads before it answers a
+	 * STATS, before our next ACQUIRE or RELEASE on the SQ, before a full pool refuses a PUT,
+	 * and otherwise within its next tick. A lease of our hazard table is released here, by
 	 * clearing its entry, and the broker only counts it ([hazard]). Any other id (released
 	 * already, forged, another client's) waits for the broker's -EINVAL.
 	 */

@@ -687,8 +687,8 @@ static int post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 /*
  * [notes] A directory read or a held lease's RELEASE told through the note ring (wire.h
  * KVB_FEAT_NOTES): an SQE and a tail store into lines that stay in our cache between the
- * broker's drains, no CQE. A full ring means a broker asleep (it drains every tick while
- * awake): the note goes on the SQ, with the doorbell, which wakes it to drain both.
+ * broker's drains, no CQE. A full ring means a broker asleep, or busy between two of its ticks:
+ * the note goes on the SQ, with the doorbell, which wakes it to drain both.
  */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {

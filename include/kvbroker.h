@@ -341,9 +341,9 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 /* Unpins and clears lease->data and len. -EINVAL when the lease is not held by this client
  * (released twice, forged, another client's). A lease this client holds is released without
  * waiting for the broker (docs/protocol.md, the note ring): the broker reads the RELEASE before
- * it answers any control request sent after it (another client's stats see the page unpinned),
- * before it refuses an ACQUIRE for the lease limits, and otherwise within about a millisecond
- * while it is busy (until then the page stays pinned). */
+ * it answers a stats request sent after it (another client's stats see the page unpinned),
+ * before this client's next ACQUIRE or RELEASE through it, before a full pool refuses a PUT, and
+ * otherwise within about a millisecond while it is busy (until then the page stays pinned). */
 int kvb_release(kvb_client *c, struct kvb_lease *lease);
 
 /* Round trip through the rings; for health checks and latency measurement. */

@@ -46,6 +46,12 @@ static inline uint64_t kvb_load64_relaxed(const kvb_atomic_u64 *p)
 	return atomic_load_explicit(p, memory_order_relaxed);
 }
 
+/* Pairs with the client's release store that clears an entry after its reads. */
+static inline uint64_t kvb_load64_acquire(const kvb_atomic_u64 *p)
+{
+	return atomic_load_explicit(p, memory_order_acquire);
+}
+
 static inline void kvb_store64_relaxed(kvb_atomic_u64 *p, uint64_t v)
 {
 	atomic_store_explicit(p, v, memory_order_relaxed);

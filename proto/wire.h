@@ -283,8 +283,9 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
  * [notes] ABI 1.6: the region has a note ring after its argument area, a second
  * client-to-broker ring of SQEs that the broker reads when it gets round to it rather than in
  * every round: in each loop tick (at least every millisecond while it is busy, after every
- * wake-up), before it sleeps, before it renders STATS, before it refuses an ACQUIRE for the
- * lease limits, and when the session ends. Only a GET with KVB_SQEF_GET (a read through the
+ * wake-up), before it sleeps, before it renders STATS, before an ACQUIRE or RELEASE of the
+ * session's SQ, before a full pool or --max-pinned refuses anything, and when the session
+ * ends. Only a GET with KVB_SQEF_GET (a read through the
  * pool directory, told afterwards) and a RELEASE of a lease the session holds may go there;
  * no CQE comes back. What it saves is the cache-line traffic of the SQ: a broker that polls the SQ
  * pulls its tail and entry lines to its CPU on every round, so a post there costs the client

@@ -242,6 +242,20 @@ static void semantics(void)
 	CHECK_RC(kvb_release(c, &extra), -EINVAL);
 	for (int i = 2; i < HOLD; i++)
 		CHECK_OK(kvb_release(c, &l[i]));
+	/*
+	 * Acquired and at once released async, 40 times, no STATS between: the RELEASE (on the
+	 * SQ) must not overtake its ACQUIRE (in the note ring) and leave a lease counted.
+	 */
+	put_keys(c, ns, SEED + 6, 1);
+	for (int j = 0; j < 40; j++) {
+		struct kvb_lease t;
+
+		CHECK_OK(kvb_acquire(c, ns, harness_key(SEED + 6, 0), &t));
+		op.off = t.id;
+		CHECK_RC(kvb_submit(c, &op, 1), 1);
+		CHECK_RC(kvb_reap(c, &cq, 1, 1, 2000), 1);
+		CHECK_EQ(cq.res, 0);
+	}
 	json = harness_stats(c);
 	CHECK_EQ(harness_stat_u64(json, "leases"), 0);
 	CHECK_EQ(harness_stat_u64(json, "pool.pinned_pages"), 0);
