@@ -579,7 +579,7 @@ static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns
 	uint32_t seq, len, i;
 	uint64_t loc;
 
-	/* Within the broker's lease limit, which our leases through it count against too. */
+	/* Within what the broker lets such leases of ours hold (KVB_HZ_MAX, KVB_HZ_BUDGET). */
 	if (!c->hz || !c->dir || (uint32_t)__builtin_popcount(c->hz_used) >= c->hz_max ||
 	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget) ||
 	    (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
@@ -707,7 +707,7 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	 * without a doorbell where there is none), which the broker reads before it answers a
 	 * STATS, before our next ACQUIRE or RELEASE on the SQ, before a full pool refuses a PUT,
 	 * and otherwise within its next tick. A lease of our hazard table is released here, by
-	 * clearing its entry, and the broker only counts it ([hazard]). Any other id (released
+	 * clearing its entry; the broker, told, counts it and drops its pin ([hazard]). Any other id (released
 	 * already, forged, another client's) waits for the broker's -EINVAL.
 	 */
 	if (kvbc_hz_release(c, lease->id)) {
