@@ -119,14 +119,15 @@ int loop_run(struct loop *l)
 	uint32_t round = 0;
 
 	while (!l->stop) {
-		int timeout = 0, n, sleeping = 0;
+		int timeout = 0, n, sleeping = 0, share = 0;
 
 		if (l->h.poll(l->h.arg)) {
 			last = now = clock_now();
 			if (!epoll_due(++round, now - last_ep))
 				continue;
-		} else if ((now = clock_now()) - last < l->window || now < l->hold_until) {
-			if (l->h.share_cpu && l->h.share_cpu(l->h.arg))
+		} else if (((now = clock_now()) - last < l->window || now < l->hold_until) &&
+			   (share = l->h.share_cpu ? l->h.share_cpu(l->h.arg) : 0) < 2) {
+			if (share)
 				sched_yield();
 			if (!epoll_due(++round, now - last_ep))
 				continue;

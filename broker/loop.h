@@ -26,7 +26,8 @@ struct loop_hooks {
 	/* After a sleep, or a sleep given up: undo what prepare_sleep announced. */
 	void (*wake)(void *arg);
 	/* An idle polling round: 1 to yield the CPU (a client spins on ours, a worker copies
-	 * for us: rounds.c); may be NULL. */
+	 * for us: rounds.c), 2 to sleep at once (a client works on ours for what we wait for:
+	 * it wakes us when that is done); may be NULL. */
 	int (*share_cpu)(void *arg);
 	/* After each epoll batch; slept: the batch followed a sleep. */
 	void (*tick)(void *arg, int slept);

@@ -376,7 +376,12 @@ int session_cpu_shared(struct broker *b)
 		struct session *s = list_entry(pos, struct session, link);
 
 		if (s->region && s->spin_cpu && kvb_load_relaxed(s->spin_cpu) == b->loop_cpu)
-			return 1;
+			/*
+			 * [fill] It fills a PUT's source that we wait for on our CPU: a yield gives
+			 * it the CPU only until the scheduler picks us again, so sleep until its
+			 * next chunk rings (session_prepare_sleep, ring.h [W1]).
+			 */
+			return list_empty(&s->yieldq.ops) ? 1 : 2;
 	}
 	return 0;
 }

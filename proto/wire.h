@@ -466,8 +466,9 @@ static_assert(offsetof(struct kvb_cqe, lease) == 16, "cqe lease");
  * Spinning hints (issue 19), in spare words of the two sides' lines (zero in a fresh region, so
  * a peer that never writes them reads as "unknown"): the broker's loop writes the CPU it polls
  * on + 1 at sq head + 8; a client writes the CPU it spins on + 1 at cq head + 8 while it spins
- * on its CQ, 0 otherwise. A side that finds the other spinning on its own CPU yields
- * (sched_yield) while it spins, so that the two take turns rather than wait for a time slice;
+ * on its CQ or fills a PUT's source (KVB_SQEF_FILL), 0 otherwise. A side that finds the other
+ * spinning on its own CPU yields (sched_yield) while it spins, so that the two take turns
+ * rather than wait for a time slice (a broker waiting for a fill on its CPU sleeps instead);
  * elsewhere it never yields, since on a loaded machine a yield hands the CPU to unrelated tasks
  * for a slice. Hints only: a wrong value costs time, never correctness.
  */
