@@ -282,18 +282,21 @@ static int hz_unpin(struct broker *b, struct session *s, int all)
 	return n;
 }
 
+/* [notes] What s told us, then [hazard] the pins of its entries that moved on. */
+static void settle_one(struct broker *b, struct session *s)
+{
+	session_notes(b, s);
+	if (s->hz_npins)
+		(void)hz_unpin(b, s, 0);
+}
+
 int session_settle(struct broker *b)
 {
 	uint64_t pinned = b->store.st.pinned;
 	struct list *pos;
 
-	list_for_each (pos, &b->sessions) {
-		struct session *s = list_entry(pos, struct session, link);
-
-		session_notes(b, s);
-		if (s->hz_npins)
-			(void)hz_unpin(b, s, 0);
-	}
+	list_for_each (pos, &b->sessions)
+		settle_one(b, list_entry(pos, struct session, link));
 	return b->store.st.pinned < pinned;
 }
 
@@ -325,9 +328,7 @@ int session_prepare_sleep(struct broker *b)
 
 		if (!s->region)
 			continue;
-		session_notes(b, s); /* [notes] counted before a nap of up to a second */
-		if (s->hz_npins)
-			(void)hz_unpin(b, s, 0); /* [hazard] and what is no longer read, unpinned */
+		settle_one(b, s); /* counted and unpinned before a nap of up to a second */
 		if (s->stalled)
 			timeout = 1;
 		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
