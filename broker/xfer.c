@@ -194,22 +194,43 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 #define FILL_STEP (1ull << 20)
 #define FILL_GIVE_UP 0.1 /* seconds: a client descheduled that long on a loaded machine */
 
+/* The fill word, [F1] acquire, noted for a sleep (it needs it moved on to wake early). */
+static uint64_t fill_word(struct session *s, uint64_t len)
+{
+	uint64_t f = kvb_load_acquire(s->fill);
+
+	s->fill_seen = (uint32_t)f;
+	return f < len ? f : len; /* a client's word: what lies past the page is not ours to read */
+}
+
 int xfer_fill(struct broker *b, struct op *op)
 {
 	struct session *s = op->s;
-	uint64_t len = op->seg1.len, f = kvb_load_acquire(s->fill); /* [F1] acquire */
+	uint64_t len = op->seg1.len, f = fill_word(s, len);
 	double now = clock_now();
-
-	s->fill_seen = (uint32_t)f; /* a sleep needs it moved on to wake early (session.c) */
 
 	if (!op->fill_at) {
 		op->fill_at = now;
 		b->xs.fill_puts++;
 	}
-	if (f > len)
-		f = len; /* a client's word: what lies past the page is not ours to read */
-	if (f > op->filled) {
-		uint64_t n = f - op->filled < FILL_STEP ? f - op->filled : FILL_STEP;
+	if (f <= op->filled) {
+		if (now - op->fill_at > FILL_GIVE_UP) {
+			b->xs.fill_gaveup++;
+			store_abort(&b->store, op->pg);
+			op->pg = NULL;
+			op->cqe.res = -EAGAIN;
+			return OPS_DONE;
+		}
+		b->xs.fill_waits++;
+		op->work = 0;
+		return ops_park(b, op, &s->yieldq, "its source being filled");
+	}
+	/*
+	 * What the client published while we copied is copied in the same turn, up to
+	 * FILL_STEP: going round the loop between its chunks cost 0.3-0.5 us each (64 KiB).
+	 */
+	for (uint64_t step = 0; f > op->filled && step < FILL_STEP; f = fill_word(s, len)) {
+		uint64_t n = f - op->filled < FILL_STEP - step ? f - op->filled : FILL_STEP - step;
 		uint8_t *dst = (uint8_t *)op->seg1.dst + op->filled;
 		const uint8_t *src = (const uint8_t *)op->seg1.src + op->filled;
 
@@ -228,6 +249,7 @@ int xfer_fill(struct broker *b, struct op *op)
 		op->fill_at = now;
 		op->work += n / OPS_WORK_BYTES;
 		b->xs.fill_bytes += n;
+		step += n;
 		if (op->filled == len) {
 			op->job.dir = COPY_TO_POOL;
 			op->job.res = 0;
@@ -235,15 +257,6 @@ int xfer_fill(struct broker *b, struct op *op)
 			xfer_finish(b, op); /* committed, counted, as a copied PUT */
 			return OPS_DONE;
 		}
-	} else if (now - op->fill_at > FILL_GIVE_UP) {
-		b->xs.fill_gaveup++;
-		store_abort(&b->store, op->pg);
-		op->pg = NULL;
-		op->cqe.res = -EAGAIN;
-		return OPS_DONE;
-	} else {
-		b->xs.fill_waits++;
-		op->work = 0;
 	}
 	return ops_park(b, op, &s->yieldq, "its source being filled");
 }
