@@ -57,6 +57,12 @@ static inline uint64_t index_hash(const struct index *ix, uint32_t ns, const kvb
 }
 
 struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);
+
+/* Asks for the bucket head of (ns, key) ahead of an index_find() or index_remove() there. */
+static inline void index_prefetch(const struct index *ix, uint32_t ns, const kvb_key *key)
+{
+	__builtin_prefetch(&ix->buckets[index_hash(ix, ns, key) & ix->mask], 1);
+}
 /* Inserts; the caller has checked that (ns, key) is absent. Never fails (growth is best effort). */
 void index_insert(struct index *ix, struct ixnode *n);
 /* Removes n, which must be in ix. */

@@ -26,7 +26,10 @@ static uint32_t broker_poll(void *arg)
 
 	work += ops_poll(b);
 	work += session_poll_all(b);
-	return work + tier_poll(b);
+	work += tier_poll(b);
+	if (!work)
+		store_prefetch_victims(&b->store); /* [evict-prefetch] */
+	return work;
 }
 
 static int broker_prepare_sleep(void *arg)

@@ -959,6 +959,29 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max)
 	return n;
 }
 
+/*
+ * [evict-prefetch] A PUT into a full partition evicts its coldest page, and that page's index
+ * chain and directory bucket missed DRAM on the PUT's critical path (index_remove and dir_del:
+ * 7% of a loop running 64 KiB PUTs, about 0.4 us a PUT). The loop waits for the next PUT
+ * anyway; once per page that reaches the cold end.
+ */
+void store_prefetch_victims(struct store *s)
+{
+	for (uint32_t p = 0; p < s->pool->nparts; p++) {
+		struct store_part *pt = &s->part[p];
+		const struct page *v;
+
+		if (list_empty(&pt->lru))
+			continue;
+		v = lru_page(pt->lru.prev, LRU_PART);
+		if (v == pt->warmed)
+			continue;
+		pt->warmed = v;
+		index_prefetch(&s->ix, v->ns, &v->key);
+		dir_prefetch(&s->dir[p], v->ns, &v->key);
+	}
+}
+
 void store_demote_done(struct store *s, struct page *pg, int ok)
 {
 	pg->demoting = 0;

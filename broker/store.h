@@ -101,6 +101,7 @@ struct store_part {
 	uint64_t pinned_bytes;	 /* slot bytes of its pages with pins > 0 */
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 	uint64_t pages, evictions;
+	const struct page *warmed; /* [evict-prefetch] the coldest page last prefetched */
 };
 
 struct store_stats {
@@ -264,6 +265,12 @@ void store_drop(struct store *s, struct page *pg);
 /* Evicts coldest pages of each partition above its high watermark, down to its low one, at
  * most max pages per call (so the loop stays responsive). Returns pages evicted. */
 uint32_t store_evict_watermark(struct store *s, uint32_t max);
+
+/*
+ * [evict-prefetch] Asks for what evicting each partition's coldest page touches (its index
+ * bucket and directory bucket): for the loop while it waits for work.
+ */
+void store_prefetch_victims(struct store *s);
 
 /*
  * The disk tier finished writing a page it took from evict(). ok: the copy on disk is complete;

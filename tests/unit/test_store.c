@@ -119,10 +119,19 @@ static void test_store_lru_evicts_coldest(void **state)
 	/* Touch page 0 so page 1 is the coldest. */
 	k = key_of(0);
 	store_touch(&f->st, store_find(&f->st, 1, &k));
+	/* [evict-prefetch] names the page the next eviction takes, and changes nothing. */
+	store_prefetch_victims(&f->st);
+	k = key_of(1);
+	assert_ptr_equal(f->st.part[0].warmed, store_find(&f->st, 1, &k));
+	assert_int_equal(f->st.st.pages, 32);
+	assert_int_equal(f->st.st.evictions, 0);
 	assert_non_null(put(&f->st, cls, 1, 100));
 	assert_int_equal(f->st.st.evictions, 1);
 	k = key_of(1);
 	assert_null(store_find(&f->st, 1, &k));
+	store_prefetch_victims(&f->st);
+	k = key_of(2);
+	assert_ptr_equal(f->st.part[0].warmed, store_find(&f->st, 1, &k));
 	k = key_of(0);
 	assert_non_null(store_find(&f->st, 1, &k));
 	/* Keep writing: the newest 32 are always present. */
