@@ -138,6 +138,19 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 		a->page_size = HP_2M;
 		a->backing = HP_BACK_THP;
 	}
+	/*
+	 * Readers copy out of their map of the pool (directory GETs, leases): with 4 KiB pages
+	 * one TLB miss per 4 KiB made those copies 10% slower than memcpy between private
+	 * buffers, with THP 12% faster (64 KiB pages, docs/benchmarks.md). Said once.
+	 */
+	if (mode == HP_MODE_AUTO && a->backing == HP_BACK_PAGES && !p->told_pages) {
+		p->told_pages = 1;
+		log_info(
+			"pool: %s: 4 KiB pages (no free hugetlb pages, THP for shared memory off): "
+			"reads out of the pool map run slower; see docs/operations.md, \"Huge "
+			"pages\"",
+			a->name);
+	}
 	want = mode == HP_MODE_1G ? HP_1G : mode == HP_MODE_2M ? HP_2M : 0;
 	if (want && (a->backing != HP_BACK_HUGETLB || a->page_size != want))
 		log_warn("pool: %s: not enough free hugetlb pages for --hugepages %s on node %d "

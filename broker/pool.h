@@ -64,11 +64,12 @@ struct pool {
 	uint64_t total;
 	int reclaimed; /* always 0: memfd pools leave no orphan (kept for the stats field) */
 	int interleave;
-	int keep;    /* [keep] built to be handed over: see pool.c */
-	int adopted; /* the arenas came from another broker (pool_adopt) */
-	int no_dir;  /* [dir] --no-directory: a directory found in an adopted pool is not used */
-	int meta_fd; /* the side table (pagehdr.h), -1 none; never sent to clients */
-	void *meta;  /* mapped read-write, NULL none */
+	int keep;	/* [keep] built to be handed over: see pool.c */
+	int adopted;	/* the arenas came from another broker (pool_adopt) */
+	int no_dir;	/* [dir] --no-directory: a directory found in an adopted pool is not used */
+	int told_pages; /* the 4 KiB pages notice is logged (arena_back) */
+	int meta_fd;	/* the side table (pagehdr.h), -1 none; never sent to clients */
+	void *meta;	/* mapped read-write, NULL none */
 	uint64_t meta_size;
 	struct numa_topo topo;
 };
