@@ -787,8 +787,11 @@ static int op_acquire(struct broker *b, struct op *op)
 			remote_on_hit(b, n, pg);
 			store_touch(&b->store, pg);
 		}
-		session_hz_told(b, op->s, op->sqe.off, pg && pg->state == PAGE_READY ? pg : NULL,
-				n->page_bytes);
+		if (pg && pg->state != PAGE_READY)
+			pg = NULL;
+		/* In slot bytes where the page is known, as the broker's own leases count. */
+		session_hz_told(b, op->s, op->sqe.off, pg,
+				pg ? b->store.cls[pg->cls].slot_bytes : n->page_bytes);
 		op->hit = 1;
 		op->bytes_out = n->page_bytes;
 		b->ctr.dir_acquires++;
