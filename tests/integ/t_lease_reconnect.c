@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+/*
+ * t_lease_reconnect.c - leases across a broker restart, taken and released every way the
+ * library has: a synchronous kvb_acquire() (the client's own lease through the pool directory),
+ * ACQUIREs through kvb_submit() (the broker's leases), one of them released through
+ * kvb_submit() before the broker dies (SIGKILL). The client reconnects to the broker that adopts
+ * the pool; the leases it still holds stay readable and intact; releasing them succeeds with
+ * nothing to tell the new broker, and once the last is released the old broker's pool mappings
+ * are unmapped: the client maps exactly as much as before the restart. An async RELEASE that
+ * the library did not count as one kept the old mappings for the life of the client.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define PAGE (64u * 1024)
+#define NPAGES 3
+
+/* The broker's pool memfds this process maps (read-only pool arenas, its ring region). */
+static int memfd_maps(void)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:kvbroker") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* Reaps exactly n completions into out[], in any order. */
+static void reap_n(kvb_client *c, struct kvb_completion *out, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		int rc = kvb_reap(c, out + got, n - got, 1, 5000);
+
+		CHECKF(rc > 0, "kvb_reap: %d", rc);
+		got += (size_t)rc;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct harness_broker *b1, *b2;
+	struct kvb_opts o = {0};
+	struct kvb_layout l;
+	struct kvb_lease sync_lease, async_lease[2];
+	struct kvb_completion comp[2];
+	struct kvb_op ops[2];
+	uint8_t *page = malloc(PAGE);
+	kvb_key k[NPAGES];
+	kvb_client *c;
+	char sock[108];
+	int maps0, rc;
+	uint32_t ns;
+
+	harness_init(argc, argv);
+	CHECK(page != NULL);
+	b1 = harness_broker_start("--pool", "64M");
+	snprintf(sock, sizeof(sock), "%s", b1->sock);
+	o.socket_path = sock;
+	o.reconnect_ms = 20000;
+	CHECK_OK(kvb_connect(&o, &c));
+	harness_layout(&l, "lease-reconnect", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	for (int i = 0; i < NPAGES; i++) {
+		k[i] = harness_key(23, (uint64_t)i);
+		harness_fill(page, PAGE, &k[i], 23);
+		CHECK_OK(kvb_put(c, ns, k[i], page, PAGE));
+	}
+
+	/* Page 0 leased synchronously, pages 1 and 2 through kvb_submit. */
+	CHECK_OK(kvb_acquire(c, ns, k[0], &sync_lease));
+	for (int i = 0; i < 2; i++)
+		ops[i] = (struct kvb_op){.opcode = KVB_OP_ACQUIRE,
+					 .ns = ns,
+					 .key = k[i + 1],
+					 .user_data = (uint64_t)i + 1};
+	CHECK_RC(kvb_submit(c, ops, 2), 2);
+	reap_n(c, comp, 2);
+	for (int i = 0; i < 2; i++) {
+		CHECKF(comp[i].res >= 0, "async ACQUIRE %llu: %d",
+		       (unsigned long long)comp[i].user_data, comp[i].res);
+		async_lease[comp[i].user_data - 1] = comp[i].lease;
+	}
+	/* The lease of page 1 goes back through kvb_submit too. */
+	ops[0] = (struct kvb_op){
+		.opcode = KVB_OP_RELEASE, .off = async_lease[0].id, .user_data = 9};
+	CHECK_RC(kvb_submit(c, ops, 1), 1);
+	reap_n(c, comp, 1);
+	CHECK_RC(comp[0].res, 0);
+	maps0 = memfd_maps();
+	CHECK(maps0 > 0);
+
+	CHECK_OK(kill(b1->pid, SIGKILL));
+	while (harness_broker_alive(b1))
+		usleep(1000);
+	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
+	/* The call in flight when the broker went fails once; the next reconnects. */
+	for (int tries = 0; (rc = kvb_nop(c)) == -ECONNRESET && tries < 100; tries++)
+		;
+	CHECK_OK(rc);
+	CHECK_RC(kvb_get(c, ns, k[2], page, PAGE),
+		 PAGE); /* the adopted pool, through the new one */
+	CHECK_OK(harness_verify(page, PAGE, &k[2], 23, "page through the new broker"));
+	CHECKF(memfd_maps() > maps0,
+	       "the new broker's pool is mapped next to the old one's (%d, %d)", memfd_maps(),
+	       maps0);
+
+	/* The leases still held read their pages from the old mappings, intact. */
+	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[0], 23, "own lease"));
+	CHECK_OK(harness_verify(async_lease[1].data, async_lease[1].len, &k[2], 23, "async lease"));
+	CHECK_OK(kvb_release(c, &sync_lease));
+	CHECK_OK(kvb_release(c, &async_lease[1]));
+	CHECKF(memfd_maps() == maps0,
+	       "after the last old lease: %d memfd mappings, %d before the restart (the old pool "
+	       "is still mapped)",
+	       memfd_maps(), maps0);
+	/* And the new broker's leases work as before. */
+	CHECK_OK(kvb_acquire(c, ns, k[1], &sync_lease));
+	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[1], 23, "new lease"));
+	CHECK_OK(kvb_release(c, &sync_lease));
+	kvb_close(c);
+	harness_broker_stop(b2);
+	free(page);
+	return H_PASS;
+}
