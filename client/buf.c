@@ -340,6 +340,7 @@ int kvb_buf_unregister(kvb_client *c, uint32_t buf)
 	if (err)
 		goto out; /* still registered (e.g. a view uses it): keep the mapping */
 	*pp = b->next;
+	c->buf_gen++; /* [vdir] no view plan may name it */
 	if (!b->gpu && !b->foreign)
 		munmap(b->addr, b->len);
 	if (b->fd >= 0)

@@ -116,8 +116,10 @@ static void client_destroy(struct kvb_client *c)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
 		close(c->cq_efd);
-	for (uint32_t i = 0; i < c->nviews; i++)
+	for (uint32_t i = 0; i < c->nviews; i++) {
 		free(c->views[i].msg);
+		kvbc_vplan_free(&c->views[i]);
+	}
 	free(c->views);
 	free(c->held);
 	free(c->ns);
@@ -563,6 +565,7 @@ int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void 
 	if (!v->msg)
 		return -ENOMEM;
 	memcpy(v->msg, msg, len);
+	v->plan = NULL;
 	v->id = cid;
 	v->bid = bid;
 	v->type = type;
@@ -577,6 +580,7 @@ void kvbc_view_del(struct kvb_client *c, uint32_t id)
 	for (uint32_t i = 0; i < c->nviews; i++) {
 		if (c->views[i].id == id) {
 			free(c->views[i].msg);
+			kvbc_vplan_free(&c->views[i]);
 			c->views[i] = c->views[--c->nviews];
 			return;
 		}
@@ -624,6 +628,7 @@ static void detach_locked(struct kvb_client *c)
 	c->cfd_on = cfd_on;
 	c->doneq_head = c->doneq_tail = 0;
 	c->nasync = 0;
+	c->ndel_async = 0;
 	if (c->region)
 		munmap(c->region, c->region_size);
 	c->region = NULL;

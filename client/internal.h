@@ -109,6 +109,7 @@ struct kvbc_view {
 	uint16_t type; /* KVB_MSG_VIEW_CREATE or _CREATE2 */
 	uint32_t len;
 	void *msg;
+	struct kvbc_vplan *plan; /* vread.c [vdir]: NULL until its first GET */
 };
 
 struct kvbc_arena {
@@ -207,6 +208,8 @@ struct kvb_client {
 	uint32_t nretired;
 	struct kvbc_view *views;
 	uint32_t nviews, views_cap;
+	uint64_t buf_gen;    /* [vdir] bumped when a buffer goes: view plans are rebuilt */
+	uint32_t ndel_async; /* [vdir] async DELETEs in flight: no directory reads meanwhile */
 };
 
 /*
@@ -289,6 +292,18 @@ int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cq
 /* Tells the broker of a [dir] read or a RELEASE of a lease we hold, with no wait for it: through
  * the note ring (ring.c [notes]), or posted on the SQ without a doorbell ([dir-note]). */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
+/* ops.c [dir]: tells the broker of a read of (ns, key) through the directory (a note). */
+void kvbc_dir_read_note(struct kvb_client *c, uint32_t ns, const kvb_key *key);
+/* [dir] Pages from this size go through the directory into a buffer of ours only by self_get. */
+#define KVBC_DIR_GET_BUF_MAX (1ull << 20)
+/*
+ * vread.c [vdir]: a view GET served from the pool map by our own copy: the page's bytes (what
+ * the broker's GET answers), its layers are in the view's buffers; 0, the broker must serve it
+ * (the buffers may hold anything then).
+ */
+int kvbc_view_dir_get(struct kvb_client *c, uint32_t view, const kvb_key *key, uint64_t slot,
+		      uint32_t lfirst, uint32_t lcount);
+void kvbc_vplan_free(struct kvbc_view *v);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 
 /* ops.c */

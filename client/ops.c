@@ -382,9 +382,6 @@ static int acquire_locked(struct kvb_client *c, const struct kvbc_ns *n, const k
 	return 0;
 }
 
-/* [dir] Pages below this go through the directory into a registered buffer too (below). */
-#define DIR_GET_BUF_MAX (1ull << 20)
-
 /*
  * [dir] kvb_get() of a page the pool directory lists: our own copy out of the pool map, with
  * no round trip (pooldir.h, the reader's side). 1 when dst holds the page, 0 when the broker
@@ -396,7 +393,6 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 		   void *dst)
 {
 	const struct kvb_dir_ent *e;
-	struct kvb_sqe sqe;
 	const void *src;
 	uint32_t seq, len;
 	uint64_t loc;
@@ -410,11 +406,18 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 	kvb_copy(dst, src, n->page_bytes);
 	if (!kvb_dir_still(c->dir, e, seq, c->dir_epoch))
 		return 0;
+	kvbc_dir_read_note(c, ns, key);
+	return 1;
+}
+
+void kvbc_dir_read_note(struct kvb_client *c, uint32_t ns, const kvb_key *key)
+{
+	struct kvb_sqe sqe;
+
 	sqe_key(&sqe, KVB_OP_GET, ns, key);
 	sqe.flags = KVB_SQEF_GET;
 	/* Fails only when the broker is gone: the read stands, it is only not counted. */
 	(void)kvbc_note_locked(c, &sqe);
-	return 1;
 }
 
 int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
@@ -452,7 +455,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 */
 	hot = dst == c->last_get_dst;
 	c->last_get_dst = dst;
-	if ((!b || (!b->gpu && !b->foreign && (n->page_bytes < DIR_GET_BUF_MAX || hot))) &&
+	if ((!b || (!b->gpu && !b->foreign && (n->page_bytes < KVBC_DIR_GET_BUF_MAX || hot))) &&
 	    dir_get(c, n, ns, &key, dst)) {
 		err = (int)n->page_bytes;
 		goto out;
@@ -790,13 +793,17 @@ int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint3
 	err = kvbc_enter(c);
 	if (err)
 		return err;
-	sqe_key(&sqe, KVB_OP_GET, 0, &key);
-	sqe.flags = KVB_OPF_VIEW;
-	sqe.buf = view;
-	sqe.off = slot;
-	sqe.layer_first = (uint16_t)layer_first;
-	sqe.layer_count = (uint16_t)layer_count;
-	err = run(c, &sqe, NULL);
+	/* [vdir] A page the directory lists: our own copy (vread.c). */
+	err = kvbc_view_dir_get(c, view, &key, slot, layer_first, layer_count);
+	if (!err) {
+		sqe_key(&sqe, KVB_OP_GET, 0, &key);
+		sqe.flags = KVB_OPF_VIEW;
+		sqe.buf = view;
+		sqe.off = slot;
+		sqe.layer_first = (uint16_t)layer_first;
+		sqe.layer_count = (uint16_t)layer_count;
+		err = run(c, &sqe, NULL);
+	}
 	kvbc_leave(c);
 	return err;
 }

@@ -276,6 +276,25 @@ static void wake_sleepers(struct kvb_client *c)
 	(void)!write(c->cq_efd, &one, sizeof(one));
 }
 
+/*
+ * Completions were just queued for kvb_reap(). Reapers on the condition variable are told
+ * directly; the one asleep in poll() waits for the broker's doorbell, which already rang for
+ * CQEs we drained (and perhaps ate) or never rings for one we completed ourselves ([vdir]), so
+ * it is kicked when we leave; a completion fd's poller sees note_efd.
+ */
+static void done_queued(struct kvb_client *c)
+{
+	pthread_cond_broadcast(&c->reaped);
+	c->kick_poller |= c->poller;
+	if (c->cfd_on && !c->note_set) {
+		uint64_t one = 1;
+
+		/* [CFD]: the done queue is not empty. A full counter is still non-zero. */
+		(void)!write(c->note_efd, &one, sizeof(one));
+		c->note_set = 1;
+	}
+}
+
 /* Completes every CQE present. Returns how many, or a fatal -EPROTO for an impossible tail. */
 static int cq_drain(struct kvb_client *c)
 {
@@ -295,22 +314,8 @@ static int cq_drain(struct kvb_client *c)
 		kvb_ring_consume(&c->cq, (uint32_t)avail);
 		c->broker_waking = 0;
 	}
-	/*
-	 * Reapers wait for completions we may just have queued: those on the condition variable
-	 * are told directly; the one asleep in poll() waits for the broker's doorbell, which
-	 * already rang for these CQEs and was perhaps eaten by us, so ring it again.
-	 */
-	if (queued) {
-		pthread_cond_broadcast(&c->reaped);
-		c->kick_poller |= c->poller;
-		if (c->cfd_on && !c->note_set) {
-			uint64_t one = 1;
-
-			/* [CFD]: the done queue is not empty. A full counter is still non-zero. */
-			(void)!write(c->note_efd, &one, sizeof(one));
-			c->note_set = 1;
-		}
-	}
+	if (queued)
+		done_queued(c);
 	return (int)avail;
 }
 
@@ -754,10 +759,37 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 	return kvb_submit_parents(c, ops, NULL, n);
 }
 
+/*
+ * [vdir] A view GET of this batch served from the pool map by our own copy (vread.c): 1 with
+ * its completion queued in slot idx. Not while a DELETE of ours, in flight or earlier in the
+ * batch, could still remove the page: the broker runs SQEs in order, and so must what we
+ * answer for it. Only with room in the note ring for the read's note: on the SQ it would take
+ * a slot and a ring entry this batch counted on, between SQEs not yet published.
+ */
+static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int del_seen)
+{
+	struct kvbc_slot *s = &c->slots[idx];
+	int res;
+
+	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || del_seen || c->ndel_async ||
+	    !c->notes.entries || kvb_ring_space_min(&c->notes, 1) <= 0)
+		return 0;
+	res = kvbc_view_dir_get(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count);
+	if (res <= 0)
+		return 0;
+	memset(&s->cqe, 0, sizeof(s->cqe));
+	s->cqe.res = res;
+	s->done = 1;
+	c->doneq[c->doneq_tail++ & (c->nslots - 1)] = idx;
+	return 1;
+}
+
 int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *parents, size_t n)
 {
 	struct kvb_sqe sqe;
+	uint32_t posted = 0, local = 0;
 	int64_t space;
+	int del_seen = 0;
 	size_t m;
 	int err;
 
@@ -793,16 +825,26 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
+		if (submit_local(c, &ops[i], idx, del_seen)) {
+			local++;
+			continue;
+		}
+		if (sqe.opcode == KVB_OP_DELETE) {
+			del_seen = 1;
+			c->ndel_async++;
+		}
 		kvbc_sqe_ids(c, &sqe);
 		sqe_parent(c, &sqe, idx,
 			   (ops[i].flags & KVB_OPF_PARENT) && parents ? &parents[i] : NULL);
 		sqe.user_data = slot_token(c, idx);
-		memcpy(kvb_ring_prod_slot(&c->sq, (uint32_t)i), &sqe, sizeof(sqe));
+		memcpy(kvb_ring_prod_slot(&c->sq, posted++), &sqe, sizeof(sqe));
 	}
-	if (m) {
-		kvb_ring_publish(&c->sq, (uint32_t)m); /* [R1] one release for the whole batch */
+	if (posted) {
+		kvb_ring_publish(&c->sq, posted); /* [R1] one release for the whole batch */
 		sq_doorbell(c);
 	}
+	if (local)
+		done_queued(c);
 	err = (int)m;
 out:
 	kvbc_leave(c);
@@ -817,6 +859,8 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 	out->user_data = s->user_data;
 	out->res = s->cqe.res;
 	out->flags = s->cqe.flags;
+	if (s->opcode == KVB_OP_DELETE && c->ndel_async)
+		c->ndel_async--; /* [vdir] */
 	/* A lease released: the count a reconnect keeps the old broker's mappings by (conn.c). */
 	if (s->opcode == KVB_OP_RELEASE && s->cqe.res >= 0 && c->leases)
 		c->leases--;
