@@ -484,6 +484,10 @@ int kvb_view_create2(kvb_client *c, uint32_t ns, const struct kvb_view_part2 *pa
  * computing early; a PUT always takes every layer (all or nothing). The view's buffers may be
  * host or GPU memory, but one op's parts must all be host memory or all on one GPU (-EINVAL).
  * Return as kvb_put() (0 stored, 1 already stored) and kvb_get() (page_bytes).
+ * A GET of a page the pool directory lists into a view over kvb_buf_alloc_host() buffers is
+ * copied by the library itself, with no round trip (also through kvb_submit(): its completion
+ * is then ready before kvb_submit() returns); docs/protocol.md, "View GETs through the pool
+ * directory". Results and errors are the broker's either way.
  */
 int kvb_view_put(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot);
 int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
