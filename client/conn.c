@@ -534,7 +534,9 @@ void kvbc_sqe_ids(const struct kvb_client *c, struct kvb_sqe *sqe)
 		return;
 	}
 	sqe->ns = kvbc_ns_bid(c, sqe->ns);
-	if (sqe->opcode == KVB_OP_PUT || sqe->opcode == KVB_OP_GET)
+	/* A directory read's note (KVB_SQEF_GET) names no buffer: buf 0 is not a buffer id there. */
+	if (sqe->opcode == KVB_OP_PUT ||
+	    (sqe->opcode == KVB_OP_GET && !(sqe->flags & KVB_SQEF_GET)))
 		sqe->buf = kvbc_buf_bid(c, sqe->buf);
 }
 
@@ -628,7 +630,6 @@ static void detach_locked(struct kvb_client *c)
 	c->cfd_on = cfd_on;
 	c->doneq_head = c->doneq_tail = 0;
 	c->nasync = 0;
-	c->ndel_async = 0;
 	if (c->region)
 		munmap(c->region, c->region_size);
 	c->region = NULL;

@@ -209,7 +209,7 @@ struct kvb_client {
 	struct kvbc_view *views;
 	uint32_t nviews, views_cap;
 	uint64_t buf_gen;    /* [vdir] bumped when a buffer goes: view plans are rebuilt */
-	uint32_t ndel_async; /* [vdir] async DELETEs in flight: no directory reads meanwhile */
+	uint32_t nmut_async; /* [vdir] async DELETEs and PUTs in flight: no view reads of ours */
 };
 
 /*

@@ -54,6 +54,7 @@
  * All functions here run with the client lock held; cq_sleep() drops it around its poll() when
  * kvb_reap() asks it to, and touches nothing of the client while it does not hold it.
  */
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
@@ -210,6 +211,15 @@ static uint64_t slot_token(const struct kvb_client *c, uint32_t idx)
 	return (uint64_t)c->slots[idx].gen << 32 | idx;
 }
 
+/* [vdir] An async DELETE or PUT is done: directory reads may answer for the pages again. */
+static void mut_done(struct kvb_client *c, const struct kvbc_slot *s)
+{
+	if (s->opcode == KVB_OP_DELETE || s->opcode == KVB_OP_PUT) {
+		assert(c->nmut_async > 0);
+		c->nmut_async--;
+	}
+}
+
 void kvbc_fail_inflight(struct kvb_client *c, int err)
 {
 	int queued = 0;
@@ -223,6 +233,7 @@ void kvbc_fail_inflight(struct kvb_client *c, int err)
 			memset(&s->cqe, 0, sizeof(s->cqe));
 			s->cqe.res = err;
 			s->done = 1;
+			mut_done(c, s);
 			c->doneq[c->doneq_tail++ & (c->nslots - 1)] = i;
 			queued = 1;
 		}
@@ -257,6 +268,7 @@ static int complete(struct kvb_client *c, const struct kvb_cqe *cqe)
 		/* At most nslots ASYNC slots exist, so the queue cannot overflow. */
 		c->doneq[c->doneq_tail++ & (c->nslots - 1)] = idx;
 		s->done = 1;
+		mut_done(c, s);
 		return 1;
 	default:
 		s->done = 1;
@@ -706,7 +718,10 @@ int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 	if (room < 0)
 		return set_fatal(c, -EPROTO);
 	if (room > 0) {
-		memcpy(kvb_ring_prod_slot(&c->notes, 0), sqe, sizeof(*sqe));
+		struct kvb_sqe *e = kvb_ring_prod_slot(&c->notes, 0);
+
+		memcpy(e, sqe, sizeof(*sqe));
+		kvbc_sqe_ids(c, e); /* the current broker's ids, as post_one() gives the SQ's */
 		kvb_ring_publish(&c->notes, 1);
 		return 0;
 	}
@@ -761,19 +776,27 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 
 /*
  * [vdir] A view GET of this batch served from the pool map by our own copy (vread.c): 1 with
- * its completion queued in slot idx. Not while a DELETE of ours, in flight or earlier in the
- * batch, could still remove the page: the broker runs SQEs in order, and so must what we
- * answer for it. Only with room in the note ring for the read's note: on the SQ it would take
- * a slot and a ring entry this batch counted on, between SQEs not yet published.
+ * its completion queued in slot idx. Not after a DELETE or PUT earlier in the batch (in flight
+ * from an earlier one, vread.c checks): the broker runs SQEs in order, and a DELETE must make
+ * the GET miss, a PUT must have read its source before the GET writes what may be the same
+ * slots. Only with room in the note ring for the read's note: on the SQ it would take a slot
+ * and a ring entry this batch counted on. What the batch posted before it goes first, so the
+ * broker works on it while we copy.
  */
-static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int del_seen)
+static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int mut_seen,
+			uint32_t *posted)
 {
 	struct kvbc_slot *s = &c->slots[idx];
 	int res;
 
-	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || del_seen || c->ndel_async ||
+	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || mut_seen ||
 	    !c->notes.entries || kvb_ring_space_min(&c->notes, 1) <= 0)
 		return 0;
+	if (*posted) {
+		kvb_ring_publish(&c->sq, *posted); /* [R1] */
+		sq_doorbell(c);
+		*posted = 0;
+	}
 	res = kvbc_view_dir_get(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count);
 	if (res <= 0)
 		return 0;
@@ -789,7 +812,7 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 	struct kvb_sqe sqe;
 	uint32_t posted = 0, local = 0;
 	int64_t space;
-	int del_seen = 0;
+	int mut_seen = 0;
 	size_t m;
 	int err;
 
@@ -825,13 +848,13 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
-		if (submit_local(c, &ops[i], idx, del_seen)) {
+		if (submit_local(c, &ops[i], idx, mut_seen, &posted)) {
 			local++;
 			continue;
 		}
-		if (sqe.opcode == KVB_OP_DELETE) {
-			del_seen = 1;
-			c->ndel_async++;
+		if (sqe.opcode == KVB_OP_DELETE || sqe.opcode == KVB_OP_PUT) {
+			mut_seen = 1;
+			c->nmut_async++;
 		}
 		kvbc_sqe_ids(c, &sqe);
 		sqe_parent(c, &sqe, idx,
@@ -859,8 +882,6 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 	out->user_data = s->user_data;
 	out->res = s->cqe.res;
 	out->flags = s->cqe.flags;
-	if (s->opcode == KVB_OP_DELETE && c->ndel_async)
-		c->ndel_async--; /* [vdir] */
 	/* A lease released: the count a reconnect keeps the old broker's mappings by (conn.c). */
 	if (s->opcode == KVB_OP_RELEASE && s->cqe.res >= 0 && c->leases)
 		c->leases--;

@@ -35,6 +35,8 @@ struct vpart {
 	uint32_t layer;
 };
 
+#define VREAD_MAX_SEGS (1u << 20) /* broker/ops.c OPS_MAX_SEGS */
+
 struct kvbc_vplan {
 	uint64_t gen;  /* c->buf_gen it was built at */
 	int ok;	       /* 0: no plan, the broker serves this view */
@@ -49,7 +51,7 @@ static const struct kvbc_buf *host_buf(const struct kvb_client *c, uint32_t id)
 {
 	for (const struct kvbc_buf *b = c->bufs; b; b = b->next)
 		if (b->id == id)
-			return b->gpu || b->foreign || !b->addr ? NULL : b;
+			return b->gpu || b->foreign || !b->addr || b->bid == UINT32_MAX ? NULL : b;
 	return NULL;
 }
 
@@ -69,7 +71,8 @@ static struct kvbc_vplan *plan_build(struct kvb_client *c, const struct kvbc_vie
 	if (!p)
 		return NULL;
 	p->gen = c->buf_gen;
-	if (!n || np != n->nparts)
+	/* The broker refuses views of more (part, token) segments than OPS_MAX_SEGS: -E2BIG. */
+	if (!n || np != n->nparts || (uint64_t)np * n->tpp > VREAD_MAX_SEGS)
 		return p;
 	p->ns = nsid;
 	p->tpp = l->tokens_per_page;
@@ -181,13 +184,16 @@ int kvbc_view_dir_get(struct kvb_client *c, uint32_t view, const kvb_key *key, u
 	uint64_t loc, total = 0;
 	uint32_t seq, len, lfirst0, lend;
 
-	/* A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke). */
-	if (!c->dir || (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+	/*
+	 * A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke); an async
+	 * DELETE or PUT in flight runs before this GET at the broker (ring.c submit_local).
+	 */
+	if (!c->dir || c->nmut_async || (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
 		return 0;
 	for (uint32_t i = 0; i < c->nviews && !v; i++)
 		if (c->views[i].id == view)
 			v = &c->views[i];
-	if (!v)
+	if (!v || v->bid == UINT32_MAX) /* lost in a reconnect: its ops fail -EBADF (conn.c) */
 		return 0;
 	if (v->plan && v->plan->gen != c->buf_gen)
 		kvbc_vplan_free(v);

@@ -7,7 +7,10 @@
  * the pool; the leases it still holds stay readable and intact; releasing them succeeds with
  * nothing to tell the new broker, and once the last is released the old broker's pool mappings
  * are unmapped: the client maps exactly as much as before the restart. An async RELEASE that
- * the library did not count as one kept the old mappings for the life of the client.
+ * the library did not count as one kept the old mappings for the life of the client. Then a
+ * cold broker gives our namespace another id than the caller's: a read through the pool
+ * directory is told to it by its own id (the note ring carried the caller's, which named
+ * another client's namespace there).
  */
 #include <errno.h>
 #include <signal.h>
@@ -52,16 +55,16 @@ int main(int argc, char **argv)
 {
 	struct harness_broker *b1, *b2;
 	struct kvb_opts o = {0};
-	struct kvb_layout l;
+	struct kvb_layout l, lo;
 	struct kvb_lease sync_lease, async_lease[2];
 	struct kvb_completion comp[2];
 	struct kvb_op ops[2];
 	uint8_t *page = malloc(PAGE);
 	kvb_key k[NPAGES];
-	kvb_client *c;
+	kvb_client *c, *other;
 	char sock[108];
-	int maps0, rc;
-	uint32_t ns;
+	int maps0, maps_other, rc;
+	uint32_t ns, ns_other;
 
 	harness_init(argc, argv);
 	CHECK(page != NULL);
@@ -105,6 +108,12 @@ int main(int argc, char **argv)
 	while (harness_broker_alive(b1))
 		usleep(1000);
 	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
+	/* Another client's namespace first: ours gets another id from this broker. */
+	maps_other = memfd_maps();
+	other = harness_connect(b2, "other", 0);
+	maps_other = memfd_maps() - maps_other;
+	harness_layout(&lo, "lease-reconnect-other", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
+	CHECK_OK(kvb_ns_open(other, &lo, &ns_other, NULL));
 	/* The call in flight when the broker went fails once; the next reconnects. */
 	for (int tries = 0; (rc = kvb_nop(c)) == -ECONNRESET && tries < 100; tries++)
 		;
@@ -115,21 +124,49 @@ int main(int argc, char **argv)
 	CHECKF(memfd_maps() > maps0,
 	       "the new broker's pool is mapped next to the old one's (%d, %d)", memfd_maps(),
 	       maps0);
+	/* That read went through the directory; its note named our namespace by this broker's id. */
+	CHECK_EQ(harness_stat(other, "counters.dir_gets"), 1);
+	CHECK_EQ(harness_stat(other, "counters.protocol_errors"), 0);
+	CHECK_EQ(harness_stat(other, "counters.gets"), 1);
 
 	/* The leases still held read their pages from the old mappings, intact. */
 	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[0], 23, "own lease"));
 	CHECK_OK(harness_verify(async_lease[1].data, async_lease[1].len, &k[2], 23, "async lease"));
 	CHECK_OK(kvb_release(c, &sync_lease));
 	CHECK_OK(kvb_release(c, &async_lease[1]));
-	CHECKF(memfd_maps() == maps0,
+	CHECKF(memfd_maps() == maps0 + maps_other,
 	       "after the last old lease: %d memfd mappings, %d before the restart (the old pool "
 	       "is still mapped)",
-	       memfd_maps(), maps0);
+	       memfd_maps() - maps_other, maps0);
 	/* And the new broker's leases work as before. */
 	CHECK_OK(kvb_acquire(c, ns, k[1], &sync_lease));
 	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[1], 23, "new lease"));
 	CHECK_OK(kvb_release(c, &sync_lease));
+
+	/*
+	 * A cold broker where another client opened a namespace first: ours has another id there
+	 * than the one the caller holds, and a read through the directory is told by the broker's.
+	 */
+	kvb_close(other);
+	CHECK_OK(kill(b2->pid, SIGKILL));
+	while (harness_broker_alive(b2))
+		usleep(1000);
+	b2 = harness_broker_start("--pool", "64M", "--socket", sock, "--no-pool-keep");
+	other = harness_connect(b2, "other", 0);
+	CHECK_OK(kvb_ns_open(other, &lo, &ns_other, NULL));
+	CHECK_EQ(ns_other, ns); /* what our namespace was to the brokers before */
+	for (int tries = 0; (rc = kvb_nop(c)) == -ECONNRESET && tries < 100; tries++)
+		;
+	CHECK_OK(rc);
+	harness_fill(page, PAGE, &k[2], 23);
+	CHECK_OK(kvb_put(c, ns, k[2], page, PAGE));
+	CHECK_RC(kvb_get(c, ns, k[2], page, PAGE), PAGE);
+	CHECK_EQ(harness_stat(other, "counters.dir_gets"), 1);
+	CHECK_EQ(harness_stat(other, "namespaces[model=lease-reconnect].gets"), 1);
+	CHECK_EQ(harness_stat(other, "namespaces[model=lease-reconnect-other].gets"), 0);
+	CHECK_EQ(harness_stat(other, "counters.protocol_errors"), 0);
 	kvb_close(c);
+	kvb_close(other);
 	harness_broker_stop(b2);
 	free(page);
 	return H_PASS;
