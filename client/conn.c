@@ -122,6 +122,7 @@ static void client_destroy(struct kvb_client *c)
 	}
 	free(c->views);
 	free(c->held);
+	free(c->old_ids);
 	free(c->ns);
 	pthread_cond_destroy(&c->reaped);
 	pthread_mutex_destroy(&c->lock);
@@ -589,7 +590,28 @@ void kvbc_view_del(struct kvb_client *c, uint32_t id)
 	}
 }
 
-int kvbc_lease_retired(struct kvb_client *c, const void *data)
+/* One lease of a broker that went is released: the last one unmaps that broker's pool. */
+static void old_lease_gone(struct kvb_client *c, uint64_t id)
+{
+	for (uint32_t i = 0; i < c->nold_ids; i++) {
+		if (c->old_ids[i] == id) {
+			c->old_ids[i] = c->old_ids[--c->nold_ids];
+			break;
+		}
+	}
+	if (c->old_leases)
+		c->old_leases--;
+	if (c->leases)
+		c->leases--;
+	if (!c->old_leases) { /* the last one: the old mappings can go */
+		for (uint32_t j = 0; j < c->nretired; j++)
+			munmap((void *)(uintptr_t)c->retired[j].map, c->retired[j].size);
+		c->nretired = 0;
+		c->nold_ids = 0;
+	}
+}
+
+int kvbc_lease_retired(struct kvb_client *c, const void *data, uint64_t id)
 {
 	const char *p = data;
 
@@ -597,20 +619,43 @@ int kvbc_lease_retired(struct kvb_client *c, const void *data)
 		const char *m = c->retired[i].map;
 
 		if (p >= m && p < m + c->retired[i].size) {
-			if (c->old_leases)
-				c->old_leases--;
-			if (c->leases)
-				c->leases--;
-			if (!c->old_leases) { /* the last one: the old mappings can go */
-				for (uint32_t j = 0; j < c->nretired; j++)
-					munmap((void *)(uintptr_t)c->retired[j].map,
-					       c->retired[j].size);
-				c->nretired = 0;
-			}
+			old_lease_gone(c, id);
 			return 1;
 		}
 	}
 	return 0;
+}
+
+int kvbc_old_release(struct kvb_client *c, uint64_t id)
+{
+	if (!c->old_leases || kvbc_lease_held(c, id))
+		return 0; /* none, or the current broker's lease of that number */
+	for (uint32_t i = 0; i < c->nold_ids; i++) {
+		if (c->old_ids[i] == id) {
+			old_lease_gone(c, id);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/*
+ * [RECONNECT] The ids of our leases that outlive their broker, so that an async RELEASE of one
+ * is answered here (kvbc_old_release); kvb_release() finds them by their mapping instead.
+ */
+static void old_ids_keep(struct kvb_client *c)
+{
+	uint32_t n = c->nheld + (uint32_t)__builtin_popcount(c->hz_used);
+	uint64_t *ids = realloc(c->old_ids, (size_t)(c->nold_ids + n) * sizeof(*ids));
+
+	if (!ids)
+		return; /* such a RELEASE then goes to the new broker: -EINVAL, mappings kept */
+	c->old_ids = ids;
+	for (uint32_t i = 0; i < c->nheld; i++)
+		ids[c->nold_ids++] = c->held[i];
+	for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++)
+		if (c->hz_used & (1u << i))
+			ids[c->nold_ids++] = c->hz_id[i];
 }
 
 /* Drops what ties us to the broker that went: socket, doorbells, rings, arena maps. */
@@ -641,6 +686,8 @@ static void detach_locked(struct kvb_client *c)
 			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
 	}
 	c->old_leases = c->leases;
+	if (c->leases)
+		old_ids_keep(c);
 	c->nheld = 0; /* [release-post] they are retired now: kvbc_lease_retired() */
 	c->narenas = 0;
 	c->dir = NULL;

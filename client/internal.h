@@ -210,6 +210,8 @@ struct kvb_client {
 	uint32_t nviews, views_cap;
 	uint64_t buf_gen;    /* [vdir] bumped when a buffer goes: view plans are rebuilt */
 	uint32_t nmut_async; /* [vdir] async DELETEs and PUTs in flight: no view reads of ours */
+	uint64_t *old_ids;   /* [RECONNECT] ids of old_leases (conn.c old_ids_keep) */
+	uint32_t nold_ids;
 };
 
 /*
@@ -252,7 +254,11 @@ int kvbc_view_add(struct kvb_client *c, uint32_t bid, uint16_t type, const void 
 		  uint32_t *id);
 void kvbc_view_del(struct kvb_client *c, uint32_t id);
 /* A lease of a broker we are no longer attached to: released here only. 1 if it was one. */
-int kvbc_lease_retired(struct kvb_client *c, const void *data);
+int kvbc_lease_retired(struct kvb_client *c, const void *data, uint64_t id);
+/* conn.c [RECONNECT]: an async RELEASE of lease id of a broker that went: 1, released here. */
+int kvbc_old_release(struct kvb_client *c, uint64_t id);
+/* ops.c [release-post]: whether id is a lease of the current broker we noted. */
+int kvbc_lease_held(const struct kvb_client *c, uint64_t id);
 
 /* conn.c / ctl.c: the control channel. */
 struct kvbc_reply {

@@ -677,6 +677,14 @@ void kvbc_lease_note(struct kvb_client *c, uint64_t id)
 	c->held[c->nheld++] = id;
 }
 
+int kvbc_lease_held(const struct kvb_client *c, uint64_t id)
+{
+	for (uint32_t i = 0; i < c->nheld; i++)
+		if (c->held[i] == id)
+			return 1;
+	return 0;
+}
+
 /* Removes one instance of id; 1 when it was held. */
 static int lease_unnote(struct kvb_client *c, uint64_t id)
 {
@@ -704,7 +712,7 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	err = kvbc_enter(c);
 	if (err)
 		return err;
-	if (kvbc_lease_retired(c, lease->data)) {
+	if (kvbc_lease_retired(c, lease->data, lease->id)) {
 		/* [RECONNECT] a lease of the broker that went: nothing to tell the new one. */
 		lease->data = NULL;
 		lease->len = 0;

@@ -774,6 +774,17 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 	return kvb_submit_parents(c, ops, NULL, n);
 }
 
+/* An op of kvb_submit() answered here, without the broker: its completion is queued now. */
+static void complete_local(struct kvb_client *c, uint32_t idx, int32_t res)
+{
+	struct kvbc_slot *s = &c->slots[idx];
+
+	memset(&s->cqe, 0, sizeof(s->cqe));
+	s->cqe.res = res;
+	s->done = 1;
+	c->doneq[c->doneq_tail++ & (c->nslots - 1)] = idx;
+}
+
 /*
  * [vdir] A view GET of this batch served from the pool map by our own copy (vread.c): 1 with
  * its completion queued in slot idx. Not after a DELETE or PUT earlier in the batch (in flight
@@ -786,7 +797,6 @@ int kvb_submit(kvb_client *c, const struct kvb_op *ops, size_t n)
 static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int mut_seen,
 			uint32_t *posted)
 {
-	struct kvbc_slot *s = &c->slots[idx];
 	int res;
 
 	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || mut_seen ||
@@ -800,10 +810,7 @@ static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t 
 	res = kvbc_view_dir_get(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count);
 	if (res <= 0)
 		return 0;
-	memset(&s->cqe, 0, sizeof(s->cqe));
-	s->cqe.res = res;
-	s->done = 1;
-	c->doneq[c->doneq_tail++ & (c->nslots - 1)] = idx;
+	complete_local(c, idx, res);
 	return 1;
 }
 
@@ -844,10 +851,18 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
 		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
 			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
+		else if (sqe.opcode == KVB_OP_RELEASE && kvbc_old_release(c, sqe.off))
+			sqe.opcode = KVB_OP_NOP; /* [RECONNECT] a lease of the broker that went */
 		else if (sqe.opcode == KVB_OP_RELEASE)
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
+		/* The slot's opcode is the SQE's: a NOP releases nothing more when delivered. */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
+		if (sqe.opcode == KVB_OP_NOP && ops[i].opcode == KVB_OP_RELEASE) {
+			complete_local(c, idx, 0);
+			local++;
+			continue;
+		}
 		if (submit_local(c, &ops[i], idx, mut_seen, &posted)) {
 			local++;
 			continue;

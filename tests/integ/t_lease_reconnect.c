@@ -4,8 +4,8 @@
  * library has: a synchronous kvb_acquire() (the client's own lease through the pool directory),
  * ACQUIREs through kvb_submit() (the broker's leases), one of them released through
  * kvb_submit() before the broker dies (SIGKILL). The client reconnects to the broker that adopts
- * the pool; the leases it still holds stay readable and intact; releasing them succeeds with
- * nothing to tell the new broker, and once the last is released the old broker's pool mappings
+ * the pool; the leases it still holds stay readable and intact; releasing them, by
+ * kvb_release() and through kvb_submit(), succeeds with nothing to tell the new broker, and once the last is released the old broker's pool mappings
  * are unmapped: the client maps exactly as much as before the restart. An async RELEASE that
  * the library did not count as one kept the old mappings for the life of the client. Then a
  * cold broker gives our namespace another id than the caller's: a read through the pool
@@ -133,7 +133,11 @@ int main(int argc, char **argv)
 	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[0], 23, "own lease"));
 	CHECK_OK(harness_verify(async_lease[1].data, async_lease[1].len, &k[2], 23, "async lease"));
 	CHECK_OK(kvb_release(c, &sync_lease));
-	CHECK_OK(kvb_release(c, &async_lease[1]));
+	/* The other through kvb_submit: answered by the library, the new broker knows nothing of it. */
+	ops[0] = (struct kvb_op){.opcode = KVB_OP_RELEASE, .off = async_lease[1].id, .user_data = 8};
+	CHECK_RC(kvb_submit(c, ops, 1), 1);
+	reap_n(c, comp, 1);
+	CHECK_RC(comp[0].res, 0);
 	CHECKF(memfd_maps() == maps0 + maps_other,
 	       "after the last old lease: %d memfd mappings, %d before the restart (the old pool "
 	       "is still mapped)",
