@@ -141,7 +141,8 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 	/*
 	 * Readers copy out of their map of the pool (directory GETs, leases): with 4 KiB pages
 	 * one TLB miss per 4 KiB made those copies 10% slower than memcpy between private
-	 * buffers, with THP 12% faster (64 KiB pages, docs/benchmarks.md). Said once.
+	 * buffers, with THP 14% faster (64 KiB pages; docs/benchmarks.md, "Huge pages for
+	 * the pool"). Said once.
 	 */
 	if (mode == HP_MODE_AUTO && a->backing == HP_BACK_PAGES && !p->told_pages) {
 		p->told_pages = 1;

@@ -300,7 +300,10 @@ int kvbc_wait_sync_locked(struct kvb_client *c, uint32_t idx, struct kvb_cqe *cq
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe);
 /* ops.c [dir]: tells the broker of a read of (ns, key) through the directory (a note). */
 void kvbc_dir_read_note(struct kvb_client *c, uint32_t ns, const kvb_key *key);
-/* [dir] Pages from this size go through the directory into a buffer of ours only by self_get. */
+/*
+ * [dir] From this size a page goes through the directory into a buffer of ours only by the
+ * namespace's self_get rule (or, kvb_get(), into the previous GET's destination).
+ */
 #define KVBC_DIR_GET_BUF_MAX (1ull << 20)
 /*
  * vread.c [vdir]: a view GET served from the pool map by our own copy: the page's bytes (what

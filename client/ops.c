@@ -451,7 +451,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	if (b && !b->gpu && !b->foreign && n->self_get)
 		b = NULL;
 	/*
-	 * [dir] Plain memory, and a buffer of ours for pages below DIR_GET_BUF_MAX, where the
+	 * [dir] Plain memory, and a buffer of ours for pages below KVBC_DIR_GET_BUF_MAX, where the
 	 * round trip is most of a GET, or into the destination of our previous GET (a staging
 	 * page: our cache holds it, Kimi pages 0.86 -> 0.97 of memcpy); other large pages into a
 	 * buffer go to the broker, whose copy threads split them (faster than one copy of ours

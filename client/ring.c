@@ -211,6 +211,25 @@ static uint64_t slot_token(const struct kvb_client *c, uint32_t idx)
 	return (uint64_t)c->slots[idx].gen << 32 | idx;
 }
 
+/*
+ * Completions were just queued for kvb_reap(). Reapers on the condition variable are told
+ * directly; the one asleep in poll() waits for the broker's doorbell, which already rang for
+ * CQEs we drained (and perhaps ate) or never rings for one we completed ourselves ([vdir]), so
+ * it is kicked when we leave; a completion fd's poller sees note_efd.
+ */
+static void done_queued(struct kvb_client *c)
+{
+	pthread_cond_broadcast(&c->reaped);
+	c->kick_poller |= c->poller;
+	if (c->cfd_on && !c->note_set) {
+		uint64_t one = 1;
+
+		/* [CFD]: the done queue is not empty. A full counter is still non-zero. */
+		(void)!write(c->note_efd, &one, sizeof(one));
+		c->note_set = 1;
+	}
+}
+
 /* [vdir] An async DELETE or PUT is done: directory reads may answer for the pages again. */
 static void mut_done(struct kvb_client *c, const struct kvbc_slot *s)
 {
@@ -238,12 +257,8 @@ void kvbc_fail_inflight(struct kvb_client *c, int err)
 			queued = 1;
 		}
 	}
-	if (queued && c->cfd_on && !c->note_set) {
-		uint64_t one = 1;
-
-		(void)!write(c->note_efd, &one, sizeof(one));
-		c->note_set = 1;
-	}
+	if (queued)
+		done_queued(c);
 }
 
 /* ---- completions ---- */
@@ -286,25 +301,6 @@ static void wake_sleepers(struct kvb_client *c)
 	uint64_t one = 1;
 
 	(void)!write(c->cq_efd, &one, sizeof(one));
-}
-
-/*
- * Completions were just queued for kvb_reap(). Reapers on the condition variable are told
- * directly; the one asleep in poll() waits for the broker's doorbell, which already rang for
- * CQEs we drained (and perhaps ate) or never rings for one we completed ourselves ([vdir]), so
- * it is kicked when we leave; a completion fd's poller sees note_efd.
- */
-static void done_queued(struct kvb_client *c)
-{
-	pthread_cond_broadcast(&c->reaped);
-	c->kick_poller |= c->poller;
-	if (c->cfd_on && !c->note_set) {
-		uint64_t one = 1;
-
-		/* [CFD]: the done queue is not empty. A full counter is still non-zero. */
-		(void)!write(c->note_efd, &one, sizeof(one));
-		c->note_set = 1;
-	}
 }
 
 /* Completes every CQE present. Returns how many, or a fatal -EPROTO for an impossible tail. */
@@ -1009,12 +1005,8 @@ int kvb_completion_fd(kvb_client *c)
 	kvb_flag_set(c->cq.flags, KVB_CQ_NEED_WAKEUP);
 	kvb_fence_full();
 	err = cq_drain(c);
-	if (err >= 0 && c->doneq_tail != c->doneq_head && !c->note_set) {
-		uint64_t one = 1;
-
-		(void)!write(c->note_efd, &one, sizeof(one));
-		c->note_set = 1;
-	}
+	if (err >= 0 && c->doneq_tail != c->doneq_head)
+		done_queued(c);
 	err = err < 0 ? err : c->cfd;
 out:
 	kvbc_leave(c);
