@@ -646,8 +646,11 @@ int kvbc_old_release(struct kvb_client *c, uint64_t id)
 static void old_ids_keep(struct kvb_client *c)
 {
 	uint32_t n = c->nheld + (uint32_t)__builtin_popcount(c->hz_used);
-	uint64_t *ids = realloc(c->old_ids, (size_t)(c->nold_ids + n) * sizeof(*ids));
+	uint64_t *ids;
 
+	if (!n)
+		return;
+	ids = realloc(c->old_ids, (size_t)(c->nold_ids + n) * sizeof(*ids));
 	if (!ids)
 		return; /* such a RELEASE then goes to the new broker: -EINVAL, mappings kept */
 	c->old_ids = ids;
@@ -689,6 +692,15 @@ static void detach_locked(struct kvb_client *c)
 	if (c->leases)
 		old_ids_keep(c);
 	c->nheld = 0; /* [release-post] they are retired now: kvbc_lease_retired() */
+	/*
+	 * [hazard] The table was in the region: its leases are retired too, and a failed attempt
+	 * that detaches again must not keep their ids twice, nor count their bytes against the
+	 * next broker's budget.
+	 */
+	c->hz = NULL;
+	c->hz_count = NULL;
+	c->hz_used = c->hz_n = 0;
+	c->hz_held = 0;
 	c->narenas = 0;
 	c->dir = NULL;
 }

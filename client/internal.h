@@ -67,6 +67,7 @@ struct kvbc_slot {
 	struct kvb_cqe cqe; /* valid once done */
 	uint32_t gen;	    /* bumped on every reuse: a stale or forged token never matches */
 	uint32_t ns;	    /* ACQUIRE: namespace, for lease.len */
+	uint64_t lease;	    /* ASYNC RELEASE: the lease, still the caller's if the broker goes */
 	uint8_t kind;	    /* enum kvbc_slot_kind */
 	uint8_t opcode;
 	uint8_t done;
@@ -306,12 +307,22 @@ void kvbc_dir_read_note(struct kvb_client *c, uint32_t ns, const kvb_key *key);
  */
 #define KVBC_DIR_GET_BUF_MAX (1ull << 20)
 /*
- * vread.c [vdir]: a view GET served from the pool map by our own copy: the page's bytes (what
- * the broker's GET answers), its layers are in the view's buffers; 0, the broker must serve it
- * (the buffers may hold anything then).
+ * vread.c [vdir]: a view GET served from the pool map by our own copy, in two steps:
+ * kvbc_view_dir_find() says whether the op is ours to copy (1: the page is listed, the view has
+ * a plan, slot and layers are ones the broker takes) and fills r; kvbc_view_dir_copy() copies
+ * and answers the page's bytes (what the broker's GET answers), or 0 when the entry changed
+ * meanwhile: the broker must serve it then (the buffers may hold anything).
  */
-int kvbc_view_dir_get(struct kvb_client *c, uint32_t view, const kvb_key *key, uint64_t slot,
-		      uint32_t lfirst, uint32_t lcount);
+struct kvbc_vread {
+	const struct kvbc_vplan *p;
+	const struct kvb_dir_ent *e;
+	const uint8_t *page;
+	uint64_t slot, total;
+	uint32_t seq, lfirst, lend, page_bytes;
+};
+int kvbc_view_dir_find(struct kvb_client *c, uint32_t view, const kvb_key *key, uint64_t slot,
+		       uint32_t lfirst, uint32_t lcount, struct kvbc_vread *r);
+int kvbc_view_dir_copy(struct kvb_client *c, const kvb_key *key, const struct kvbc_vread *r);
 void kvbc_vplan_free(struct kvbc_view *v);
 int kvbc_lease_map(const struct kvb_client *c, uint64_t loc, uint64_t len, const void **data);
 

@@ -797,6 +797,7 @@ int kvb_view_put_child(kvb_client *c, uint32_t view, kvb_key key, const kvb_key 
 int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint32_t layer_first,
 		 uint32_t layer_count)
 {
+	struct kvbc_vread vr;
 	struct kvb_sqe sqe;
 	int err;
 
@@ -807,7 +808,9 @@ int kvb_view_get(kvb_client *c, uint32_t view, kvb_key key, uint64_t slot, uint3
 	if (err)
 		return err;
 	/* [vdir] A page the directory lists: our own copy (vread.c). */
-	err = kvbc_view_dir_get(c, view, &key, slot, layer_first, layer_count);
+	err = kvbc_view_dir_find(c, view, &key, slot, layer_first, layer_count, &vr)
+		      ? kvbc_view_dir_copy(c, &key, &vr)
+		      : 0;
 	if (!err) {
 		sqe_key(&sqe, KVB_OP_GET, 0, &key);
 		sqe.flags = KVB_OPF_VIEW;

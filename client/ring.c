@@ -253,6 +253,13 @@ void kvbc_fail_inflight(struct kvb_client *c, int err)
 			s->cqe.res = err;
 			s->done = 1;
 			mut_done(c, s);
+			/*
+			 * A RELEASE that fails leaves the lease the caller's: noted again, so that
+			 * a reconnect keeps its id (conn.c old_ids_keep) and a RELEASE sent again
+			 * is answered here.
+			 */
+			if (s->opcode == KVB_OP_RELEASE)
+				kvbc_lease_note(c, s->lease);
 			c->doneq[c->doneq_tail++ & (c->nslots - 1)] = i;
 			queued = 1;
 		}
@@ -793,17 +800,20 @@ static void complete_local(struct kvb_client *c, uint32_t idx, int32_t res)
 static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int mut_seen,
 			uint32_t *posted)
 {
+	struct kvbc_vread vr;
 	int res;
 
 	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || mut_seen ||
-	    !c->notes.entries || kvb_ring_space_min(&c->notes, 1) <= 0)
+	    !c->notes.entries || kvb_ring_space_min(&c->notes, 1) <= 0 ||
+	    !kvbc_view_dir_find(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count,
+				&vr))
 		return 0;
 	if (*posted) {
 		kvb_ring_publish(&c->sq, *posted); /* [R1] */
 		sq_doorbell(c);
 		*posted = 0;
 	}
-	res = kvbc_view_dir_get(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count);
+	res = kvbc_view_dir_copy(c, &op->key, &vr);
 	if (res <= 0)
 		return 0;
 	complete_local(c, idx, res);
@@ -854,6 +864,7 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		/* The slot's opcode is the SQE's: a NOP releases nothing more when delivered. */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
+		c->slots[idx].lease = sqe.off;
 		if (sqe.opcode == KVB_OP_NOP && ops[i].opcode == KVB_OP_RELEASE) {
 			complete_local(c, idx, 0);
 			local++;

@@ -173,16 +173,15 @@ static void copy_part(const struct vpart *q, const uint8_t *page, uint64_t slot,
 	}
 }
 
-int kvbc_view_dir_get(struct kvb_client *c, uint32_t view, const kvb_key *key, uint64_t slot,
-		      uint32_t lfirst, uint32_t lcount)
+int kvbc_view_dir_find(struct kvb_client *c, uint32_t view, const kvb_key *key, uint64_t slot,
+		       uint32_t lfirst, uint32_t lcount, struct kvbc_vread *r)
 {
 	const struct kvbc_ns *n;
-	const struct kvb_dir_ent *e;
 	struct kvbc_view *v = NULL;
 	struct kvbc_vplan *p;
 	const void *page;
-	uint64_t loc, total = 0;
-	uint32_t seq, len, lfirst0, lend;
+	uint64_t loc;
+	uint32_t len;
 
 	/*
 	 * A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke); an async
@@ -205,28 +204,40 @@ int kvbc_view_dir_get(struct kvb_client *c, uint32_t view, const kvb_key *key, u
 	/* The broker's layer range rule (ops.c layers_ok); one that selects nothing is its error. */
 	if (lcount && (uint64_t)lfirst + lcount > p->maxl)
 		return 0;
-	lfirst0 = lcount ? lfirst : 0;
-	lend = lcount ? lfirst + lcount : p->maxl;
+	*r = (struct kvbc_vread){.p = p,
+				 .slot = slot,
+				 .lfirst = lcount ? lfirst : 0,
+				 .lend = lcount ? lfirst + lcount : p->maxl};
 	n = kvbc_ns_find(c, p->ns);
 	if (!n)
 		return 0;
 	for (uint32_t i = 0; i < p->nparts; i++)
-		if (p->part[i].layer >= lfirst0 && p->part[i].layer < lend)
-			total += (uint64_t)p->tpp * p->part[i].bpt;
+		if (p->part[i].layer >= r->lfirst && p->part[i].layer < r->lend)
+			r->total += (uint64_t)p->tpp * p->part[i].bpt;
 	/*
 	 * As kvb_get() into a buffer of ours (ops.c): from 1 MiB the broker's copy threads,
 	 * which split the copy, unless our own copy is the rule for these pages (self_get).
 	 */
-	if (!total || (total >= KVBC_DIR_GET_BUF_MAX && !n->self_get))
+	if (!r->total || (r->total >= KVBC_DIR_GET_BUF_MAX && !n->self_get))
 		return 0;
-	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
-	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, &page))
+	r->e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &r->seq, &loc,
+			    &len);
+	if (!r->e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, &page))
 		return 0;
+	r->page = page;
+	r->page_bytes = (uint32_t)n->page_bytes;
+	return 1;
+}
+
+int kvbc_view_dir_copy(struct kvb_client *c, const kvb_key *key, const struct kvbc_vread *r)
+{
+	const struct kvbc_vplan *p = r->p;
+
 	for (uint32_t i = 0; i < p->nparts; i++)
-		if (p->part[i].layer >= lfirst0 && p->part[i].layer < lend)
-			copy_part(&p->part[i], page, slot, p->tpp, total);
-	if (!kvb_dir_still(c->dir, e, seq, c->dir_epoch))
+		if (p->part[i].layer >= r->lfirst && p->part[i].layer < r->lend)
+			copy_part(&p->part[i], r->page, r->slot, p->tpp, r->total);
+	if (!kvb_dir_still(c->dir, r->e, r->seq, c->dir_epoch))
 		return 0;
 	kvbc_dir_read_note(c, p->ns, key);
-	return (int)n->page_bytes;
+	return (int)r->page_bytes;
 }

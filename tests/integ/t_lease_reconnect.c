@@ -5,7 +5,8 @@
  * ACQUIREs through kvb_submit() (the broker's leases), one of them released through
  * kvb_submit() before the broker dies (SIGKILL). The client reconnects to the broker that adopts
  * the pool; the leases it still holds stay readable and intact; releasing them, by
- * kvb_release() and through kvb_submit(), succeeds with nothing to tell the new broker, and once the last is released the old broker's pool mappings
+ * kvb_release() and through kvb_submit() (again, after one that was in flight when the broker
+ * died failed -ECONNRESET), succeeds with nothing to tell the new broker, and once the last is released the old broker's pool mappings
  * are unmapped: the client maps exactly as much as before the restart. An async RELEASE that
  * the library did not count as one kept the old mappings for the life of the client. Then a
  * cold broker gives our namespace another id than the caller's: a read through the pool
@@ -104,9 +105,24 @@ int main(int argc, char **argv)
 	maps0 = memfd_maps();
 	CHECK(maps0 > 0);
 
+	/*
+	 * The RELEASE of page 2's lease is in flight when the broker dies (stopped, then killed):
+	 * it fails -ECONNRESET and the lease stays the caller's, to be released again below.
+	 */
+	CHECK_OK(kill(b1->pid, SIGSTOP));
+	ops[0] = (struct kvb_op){
+		.opcode = KVB_OP_RELEASE, .off = async_lease[1].id, .user_data = 7};
+	CHECK_RC(kvb_submit(c, ops, 1), 1);
 	CHECK_OK(kill(b1->pid, SIGKILL));
 	while (harness_broker_alive(b1))
 		usleep(1000);
+	/* The call that finds the broker gone says so; the failed op comes with the next. */
+	for (int tries = 0; (rc = kvb_reap(c, comp, 1, 1, 5000)) == -ECONNRESET && tries < 10;
+	     tries++)
+		;
+	CHECK_RC(rc, 1);
+	CHECK_EQ(comp[0].user_data, 7);
+	CHECK_RC(comp[0].res, -ECONNRESET);
 	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
 	/* Another client's namespace first: ours gets another id from this broker. */
 	maps_other = memfd_maps();
@@ -134,7 +150,8 @@ int main(int argc, char **argv)
 	CHECK_OK(harness_verify(async_lease[1].data, async_lease[1].len, &k[2], 23, "async lease"));
 	CHECK_OK(kvb_release(c, &sync_lease));
 	/* The other through kvb_submit: answered by the library, the new broker knows nothing of it. */
-	ops[0] = (struct kvb_op){.opcode = KVB_OP_RELEASE, .off = async_lease[1].id, .user_data = 8};
+	ops[0] = (struct kvb_op){
+		.opcode = KVB_OP_RELEASE, .off = async_lease[1].id, .user_data = 8};
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
 	reap_n(c, comp, 1);
 	CHECK_RC(comp[0].res, 0);
