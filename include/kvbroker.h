@@ -159,8 +159,13 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     calling thread. One whose allocation is no longer the one registered (freed, replaced at
  *     that address), or that the new broker refuses (started --no-gpu), is lost alone: its
  *     ops, and those of views over it, fail -EBADF until the caller registers it anew.
- *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one
- *     returns 0 without a round trip, and the old mapping goes with the last of them. Pages
+ *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one,
+ *     or a RELEASE of its id through kvb_submit(), completes 0 without a round trip, and the
+ *     old mapping goes with the last of them. An async RELEASE that was in flight when the
+ *     broker went fails -ECONNRESET and leaves the lease held: send it again. (An async
+ *     RELEASE names a lease by its id alone, and the new broker may hand out a lease of the
+ *     same id: such an id is taken for the new broker's lease. kvb_release() tells them apart
+ *     by the lease's mapping.) Pages
  *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
  *     every page committed before, byte-exact; a page being written is never served), or are
  *     gone (--no-pool-keep, a clean stop, a changed --slab).
