@@ -853,19 +853,20 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		m = c->nfree;
 	for (size_t i = 0; i < m; i++) {
 		uint32_t idx;
+		int old = 0;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
 		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
 			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
-		else if (sqe.opcode == KVB_OP_RELEASE && kvbc_old_release(c, sqe.off))
-			sqe.opcode = KVB_OP_NOP; /* [RECONNECT] a lease of the broker that went */
+		else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
+			sqe.opcode =
+				KVB_OP_NOP; /* [RECONNECT] released; deliver() counts no more */
 		else if (sqe.opcode == KVB_OP_RELEASE)
 			kvbc_lease_forget(c, sqe.off); /* [release-post] */
-		/* The slot's opcode is the SQE's: a NOP releases nothing more when delivered. */
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
 		c->slots[idx].lease = sqe.off;
-		if (sqe.opcode == KVB_OP_NOP && ops[i].opcode == KVB_OP_RELEASE) {
+		if (old) {
 			complete_local(c, idx, 0);
 			local++;
 			continue;
