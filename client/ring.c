@@ -856,8 +856,10 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		int old = 0;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
-		/* [RECONNECT] An old broker's lease is released here, in a NOP's slot: deliver()
-		 * counts nothing more for it. */
+		/*
+		 * [RECONNECT] An old broker's lease is released here, in a NOP's slot: deliver()
+		 * counts nothing more for it.
+		 */
 		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
 			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
 		else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
