@@ -13,7 +13,8 @@
  * kept with the view until a buffer is unregistered (buf_gen). A view over any buffer but one
  * this library mapped itself (a GPU buffer, a caller's own file or mapping, which may be
  * truncated under us) has no plan: its ops go to the broker, as do ops whose slot or layer
- * range the broker would refuse (it gives the error), pages the directory does not list, and
+ * range the broker would refuse (it gives the error), pages the directory does not list, ops
+ * behind an async DELETE or PUT of ours that the broker runs first (ring.c submit_local), and
  * reads whose entry changed while we copied (the destination may then hold anything; the
  * broker's GET writes it again). The broker hears of each read afterwards, in the note ring,
  * as a directory read of the page, to count it and keep the page warm.
