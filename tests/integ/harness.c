@@ -741,6 +741,31 @@ uint8_t harness_byte(const kvb_key *key, uint64_t seed, size_t off)
 	return (uint8_t)(w >> (8 * (off % 8)));
 }
 
+int harness_memfd_maps(void)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:kvbroker") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+void harness_reap_n(kvb_client *c, struct kvb_completion *out, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		int rc = kvb_reap(c, out + got, n - got, 1, 5000);
+
+		CHECKF(rc > 0, "kvb_reap: %d", rc);
+		got += (size_t)rc;
+	}
+}
+
 void harness_fill(void *buf, size_t len, const kvb_key *key, uint64_t seed)
 {
 	uint64_t base = content_base(key, seed);

@@ -182,6 +182,12 @@ void harness_key_chain(kvb_key *keys, size_t n, uint32_t tokens_per_page, uint64
 /* Fills / checks len bytes of page content derived from (key, seed). */
 void harness_fill(void *buf, size_t len, const kvb_key *key, uint64_t seed);
 
+/* The broker memfds (pool arenas, ring regions) this process maps, from /proc/self/maps. */
+int harness_memfd_maps(void);
+
+/* Reaps exactly n completions of c into out[] (in completion order), 5 s at most each; fails. */
+void harness_reap_n(kvb_client *c, struct kvb_completion *out, size_t n);
+
 /*
  * 0 when buf holds harness_fill(key, seed) content; otherwise prints the first mismatch (offset,
  * got, want, how many bytes differ) under the given label and returns -1.

@@ -45,19 +45,6 @@ struct shared {
 
 static struct shared *sh;
 
-static int memfd_maps(void)
-{
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int n = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, "memfd:kvbroker") != NULL;
-	if (f)
-		fclose(f);
-	return n;
-}
-
 /* Runs call until it returns something but -ECONNRESET; counts the resets. */
 #define RETRY(idx, rc, call)                                                                       \
 	do {                                                                                       \
@@ -90,7 +77,7 @@ static int client(int idx, void *arg)
 		return 1;
 	}
 	fd0 = rel_fd_count(getpid(), NULL, 0);
-	maps0 = memfd_maps();
+	maps0 = harness_memfd_maps();
 	sh->ready++;
 	for (uint32_t n = 0; !sh->stop; n++) {
 		uint32_t i = n % PER_CLI; /* new pages first, then reads of them */
@@ -125,7 +112,7 @@ static int client(int idx, void *arg)
 	while (!sh->stop)
 		rel_sleep_ms(1);
 	sh->fd_grow[idx] = rel_fd_count(getpid(), NULL, 0) - fd0;
-	sh->map_grow[idx] = memfd_maps() - maps0;
+	sh->map_grow[idx] = harness_memfd_maps() - maps0;
 	kvb_close(c);
 	free(out);
 	return 0;

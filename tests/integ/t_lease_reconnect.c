@@ -25,33 +25,6 @@
 #define PAGE (64u * 1024)
 #define NPAGES 3
 
-/* The broker's pool memfds this process maps (read-only pool arenas, its ring region). */
-static int memfd_maps(void)
-{
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int n = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		n += strstr(line, "memfd:kvbroker") != NULL;
-	if (f)
-		fclose(f);
-	return n;
-}
-
-/* Reaps exactly n completions into out[], in any order. */
-static void reap_n(kvb_client *c, struct kvb_completion *out, size_t n)
-{
-	size_t got = 0;
-
-	while (got < n) {
-		int rc = kvb_reap(c, out + got, n - got, 1, 5000);
-
-		CHECKF(rc > 0, "kvb_reap: %d", rc);
-		got += (size_t)rc;
-	}
-}
-
 int main(int argc, char **argv)
 {
 	struct harness_broker *b1, *b2;
@@ -90,7 +63,7 @@ int main(int argc, char **argv)
 					 .key = k[i + 1],
 					 .user_data = (uint64_t)i + 1};
 	CHECK_RC(kvb_submit(c, ops, 2), 2);
-	reap_n(c, comp, 2);
+	harness_reap_n(c, comp, 2);
 	for (int i = 0; i < 2; i++) {
 		CHECKF(comp[i].res >= 0, "async ACQUIRE %llu: %d",
 		       (unsigned long long)comp[i].user_data, comp[i].res);
@@ -100,9 +73,9 @@ int main(int argc, char **argv)
 	ops[0] = (struct kvb_op){
 		.opcode = KVB_OP_RELEASE, .off = async_lease[0].id, .user_data = 9};
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
-	reap_n(c, comp, 1);
+	harness_reap_n(c, comp, 1);
 	CHECK_RC(comp[0].res, 0);
-	maps0 = memfd_maps();
+	maps0 = harness_memfd_maps();
 	CHECK(maps0 > 0);
 
 	/*
@@ -125,9 +98,9 @@ int main(int argc, char **argv)
 	CHECK_RC(comp[0].res, -ECONNRESET);
 	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
 	/* Another client's namespace first: ours gets another id from this broker. */
-	maps_other = memfd_maps();
+	maps_other = harness_memfd_maps();
 	other = harness_connect(b2, "other", 0);
-	maps_other = memfd_maps() - maps_other;
+	maps_other = harness_memfd_maps() - maps_other;
 	harness_layout(&lo, "lease-reconnect-other", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
 	CHECK_OK(kvb_ns_open(other, &lo, &ns_other, NULL));
 	/* The call in flight when the broker went fails once; the next reconnects. */
@@ -137,9 +110,9 @@ int main(int argc, char **argv)
 	CHECK_RC(kvb_get(c, ns, k[2], page, PAGE),
 		 PAGE); /* the adopted pool, through the new one */
 	CHECK_OK(harness_verify(page, PAGE, &k[2], 23, "page through the new broker"));
-	CHECKF(memfd_maps() > maps0,
-	       "the new broker's pool is mapped next to the old one's (%d, %d)", memfd_maps(),
-	       maps0);
+	CHECKF(harness_memfd_maps() > maps0,
+	       "the new broker's pool is mapped next to the old one's (%d, %d)",
+	       harness_memfd_maps(), maps0);
 	/* That read went through the directory; its note named our namespace by this broker's id. */
 	CHECK_EQ(harness_stat(other, "counters.dir_gets"), 1);
 	CHECK_EQ(harness_stat(other, "counters.protocol_errors"), 0);
@@ -153,12 +126,12 @@ int main(int argc, char **argv)
 	ops[0] = (struct kvb_op){
 		.opcode = KVB_OP_RELEASE, .off = async_lease[1].id, .user_data = 8};
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
-	reap_n(c, comp, 1);
+	harness_reap_n(c, comp, 1);
 	CHECK_RC(comp[0].res, 0);
-	CHECKF(memfd_maps() == maps0 + maps_other,
+	CHECKF(harness_memfd_maps() == maps0 + maps_other,
 	       "after the last old lease: %d memfd mappings, %d before the restart (the old pool "
 	       "is still mapped)",
-	       memfd_maps() - maps_other, maps0);
+	       harness_memfd_maps() - maps_other, maps0);
 	/* And the new broker's leases work as before. */
 	CHECK_OK(kvb_acquire(c, ns, k[1], &sync_lease));
 	CHECK_OK(harness_verify(sync_lease.data, sync_lease.len, &k[1], 23, "new lease"));

@@ -84,16 +84,16 @@ static uint64_t broker_copies(kvb_client *c)
 	return harness_stat(c, "copy.inline_jobs") + harness_stat(c, "copy.queued_jobs");
 }
 
-static void reap_all(kvb_client *c, struct kvb_completion *out, size_t n)
+/* A page op on a view slot, for kvb_submit(). */
+static struct kvb_op view_op(uint32_t opcode, uint32_t view, kvb_key key, uint64_t slot,
+			     uint64_t user_data)
 {
-	size_t got = 0;
-
-	while (got < n) {
-		int rc = kvb_reap(c, out + got, n - got, 1, 5000);
-
-		CHECKF(rc > 0, "kvb_reap: %d", rc);
-		got += (size_t)rc;
-	}
+	return (struct kvb_op){.opcode = opcode,
+			       .flags = KVB_OPF_VIEW,
+			       .buf = view,
+			       .key = key,
+			       .off = slot,
+			       .user_data = user_data};
 }
 
 /* The same view GETs, sync then async, by a client: the ops the two clients must agree on. */
@@ -110,25 +110,15 @@ static void load(kvb_client *c, const struct views *v, const kvb_key *k)
 	CHECK_RC(kvb_view_get(c, v->lf, k[1], NPAGES * TPP + 3, 0, 1), (long long)pb);
 	/* Async: the other pages layer by layer into the layer-first view, whole into the other. */
 	for (uint32_t i = NPAGES / 2; i < NPAGES; i++) {
-		ops[n] = (struct kvb_op){.opcode = KVB_OP_GET,
-					 .flags = KVB_OPF_VIEW,
-					 .buf = v->lf,
-					 .key = k[i],
-					 .off = (uint64_t)i * TPP,
-					 .layer_first = (uint16_t)(i % KV_LAYERS),
-					 .layer_count = 1,
-					 .user_data = n};
+		ops[n] = view_op(KVB_OP_GET, v->lf, k[i], (uint64_t)i * TPP, n);
+		ops[n].layer_first = (uint16_t)(i % KV_LAYERS);
+		ops[n].layer_count = 1;
 		n++;
-		ops[n] = (struct kvb_op){.opcode = KVB_OP_GET,
-					 .flags = KVB_OPF_VIEW,
-					 .buf = v->tm,
-					 .key = k[i],
-					 .off = (uint64_t)i * TPP + 1,
-					 .user_data = n};
+		ops[n] = view_op(KVB_OP_GET, v->tm, k[i], (uint64_t)i * TPP + 1, n);
 		n++;
 	}
 	CHECK_RC(kvb_submit(c, ops, n), (long long)n);
-	reap_all(c, comp, n);
+	harness_reap_n(c, comp, n);
 	for (uint32_t i = 0; i < n; i++)
 		CHECKF(comp[i].res == (int32_t)pb, "async view GET %llu: %d",
 		       (unsigned long long)comp[i].user_data, comp[i].res);
@@ -204,31 +194,21 @@ int main(int argc, char **argv)
 	/* A completion fd wakes for a batch we answered ourselves. */
 	cfd = kvb_completion_fd(c);
 	CHECK(cfd >= 0);
-	ops[0] = (struct kvb_op){.opcode = KVB_OP_GET,
-				 .flags = KVB_OPF_VIEW,
-				 .buf = va.lf,
-				 .key = k[2],
-				 .off = 2 * TPP,
-				 .user_data = 41};
+	ops[0] = view_op(KVB_OP_GET, va.lf, k[2], 2 * TPP, 41);
 	dir0 = harness_stat(c, "counters.dir_gets");
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
 	pfd = (struct pollfd){.fd = cfd, .events = POLLIN};
 	CHECKF(poll(&pfd, 1, 2000) == 1, "the completion fd did not wake for a local completion");
-	reap_all(c, comp, 1);
+	harness_reap_n(c, comp, 1);
 	CHECK_EQ(comp[0].user_data, 41);
 	CHECK_RC(comp[0].res, (long long)pb);
 	CHECK_EQ(harness_stat(c, "counters.dir_gets"), dir0 + 1);
 
 	/* A DELETE earlier in the batch: the GET after it is the broker's, and finds nothing. */
 	ops[0] = (struct kvb_op){.opcode = KVB_OP_DELETE, .ns = ns, .key = k[3], .user_data = 1};
-	ops[1] = (struct kvb_op){.opcode = KVB_OP_GET,
-				 .flags = KVB_OPF_VIEW,
-				 .buf = va.lf,
-				 .key = k[3],
-				 .off = 3 * TPP,
-				 .user_data = 2};
+	ops[1] = view_op(KVB_OP_GET, va.lf, k[3], 3 * TPP, 2);
 	CHECK_RC(kvb_submit(c, ops, 2), 2);
-	reap_all(c, comp, 2);
+	harness_reap_n(c, comp, 2);
 	for (int i = 0; i < 2; i++)
 		CHECK_RC(comp[i].res, comp[i].user_data == 1 ? 0 : -ENOENT);
 	/* A DELETE in flight from an earlier batch: the same. */
@@ -236,7 +216,7 @@ int main(int argc, char **argv)
 	ops[1].key = k[4];
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
 	CHECK_RC(kvb_submit(c, ops + 1, 1), 1);
-	reap_all(c, comp, 2);
+	harness_reap_n(c, comp, 2);
 	for (int i = 0; i < 2; i++)
 		CHECK_RC(comp[i].res, comp[i].user_data == 1 ? 0 : -ENOENT);
 
@@ -244,7 +224,7 @@ int main(int argc, char **argv)
 	ops[0].key = k[5];
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
 	CHECK_RC(kvb_view_get(c, va.lf, k[5], 5 * TPP, 0, 0), -ENOENT);
-	reap_all(c, comp, 1);
+	harness_reap_n(c, comp, 1);
 	CHECK_RC(comp[0].res, 0);
 
 	/*
@@ -257,20 +237,10 @@ int main(int argc, char **argv)
 
 		CHECK(got != NULL);
 		CHECK_RC(kvb_view_get(c, va.lf, k[6], 6 * TPP, 0, 0), (long long)pb);
-		ops[0] = (struct kvb_op){.opcode = KVB_OP_PUT,
-					 .flags = KVB_OPF_VIEW,
-					 .buf = va.lf,
-					 .key = kn,
-					 .off = 6 * TPP,
-					 .user_data = 1};
-		ops[1] = (struct kvb_op){.opcode = KVB_OP_GET,
-					 .flags = KVB_OPF_VIEW,
-					 .buf = va.lf,
-					 .key = k[7],
-					 .off = 6 * TPP,
-					 .user_data = 2};
+		ops[0] = view_op(KVB_OP_PUT, va.lf, kn, 6 * TPP, 1);
+		ops[1] = view_op(KVB_OP_GET, va.lf, k[7], 6 * TPP, 2);
 		CHECK_RC(kvb_submit(c, ops, 2), 2);
-		reap_all(c, comp, 2);
+		harness_reap_n(c, comp, 2);
 		for (int i = 0; i < 2; i++)
 			CHECK_RC(comp[i].res, comp[i].user_data == 1 ? 0 : (long long)pb);
 		CHECK_RC(kvb_get(c, ns, kn, got, pb), (long long)pb);
