@@ -15,7 +15,9 @@
  * A buffer registered by fd (kvb_buf_register_host_fd) is the caller's file, which the library
  * neither maps nor unmaps: it seals the fd on request, sends it with BUF_REG_FD and remembers
  * the caller's address of the range, if given, for the pointer lookup; without one the entry
- * only carries the id (addr NULL never matches a lookup).
+ * only carries the id (addr NULL never matches a lookup). Where that address is checked to be
+ * a shared writable mapping of the range of a file sealed against shrinking (maps_file), the
+ * library's own reads through the pool directory copy into it as into a buffer of its own.
  *
  * Both kinds are faulted in here, at registration, by their owner: the broker's copies into a
  * fresh buffer used to fault every 4 KiB page on its copy thread (~2 us each, 80% of an eight
@@ -31,10 +33,12 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -242,6 +246,52 @@ out:
 	return addr;
 }
 
+/*
+ * [vdir-fd] Whether [addr, addr + len) is, page for page, a shared writable mapping of fd's file
+ * from offset on, and the file can never shrink under it: each VMA of /proc/self/maps over the
+ * range names the file's device and inode, has 'w' and 's', and its offset runs on from the
+ * last. Then what the library copies into addr lands in the file where the broker's copy
+ * through its own mapping would, and it cannot fault. The caller's word alone is not enough: a
+ * private mapping (copy on write) or another file at addr would take bytes the broker's path
+ * writes into the file. Checked once, at registration; the caller keeps the mapping while the
+ * buffer is registered (kvbroker.h).
+ */
+static int maps_file(const void *addr, size_t len, int fd, uint64_t offset)
+{
+	uintptr_t at = (uintptr_t)addr, end = at + len;
+	char *line = NULL;
+	size_t cap = 0;
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+	FILE *f;
+
+	if (!addr || seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0)
+		return 0;
+	f = fopen("/proc/self/maps", "re");
+	if (!f)
+		return 0;
+	/* The lines come in address order: a hole or a VMA of anything else ends the walk. */
+	while (at < end && getline(&line, &cap, f) > 0) {
+		unsigned long long lo, hi, off, ino;
+		unsigned int maj, min;
+		char perm[5];
+
+		if (sscanf(line, "%llx-%llx %4s %llx %x:%x %llu", &lo, &hi, perm, &off, &maj, &min,
+			   &ino) != 7)
+			break;
+		if (hi <= at)
+			continue;
+		if (lo > at || perm[1] != 'w' || perm[3] != 's' || maj != major(st.st_dev) ||
+		    min != minor(st.st_dev) || ino != st.st_ino ||
+		    off + (at - lo) != offset + (at - (uintptr_t)addr))
+			break;
+		at = hi;
+	}
+	free(line);
+	fclose(f);
+	return at >= end;
+}
+
 int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
 			     uint32_t flags, uint32_t *buf)
 {
@@ -307,6 +357,7 @@ int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len,
 	b->bid = id.id;
 	b->id = kvbc_buf_cid(c, id.id);
 	b->foreign = 1;
+	b->mapped = maps_file(addr, len, fd, offset);
 	b->off = offset;
 	b->regflags = reg.flags;
 	b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* [RECONNECT]; -1: not registered again */

@@ -97,6 +97,7 @@ struct kvbc_buf {
 	uint32_t bid; /* the current broker's; UINT32_MAX: lost in a reconnect (GPU buffers) */
 	int gpu;
 	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
+	int mapped;  /* foreign: addr checked to map the range, shared and writable (buf.c) */
 	int fd;	     /* host: our own fd of the file, to register it again; -1 none */
 	uint64_t off;	   /* BUF_REG_FD: offset in the file */
 	uint32_t regflags; /* BUF_REG_FD: KVB_BUF_REG_FD_* */
@@ -331,6 +332,15 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
 
 /* buf.c */
 struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
+
+/*
+ * Whether the library may write host buffer b itself, as the broker would ([dir], [vdir]): a
+ * mapping of its own, or the caller's mapping of a registered file that buf.c checked.
+ */
+static inline int kvbc_buf_direct(const struct kvbc_buf *b)
+{
+	return b->addr && !b->gpu && (!b->foreign || b->mapped);
+}
 /*
  * [RECONNECT] Registers GPU buffer b with the broker just re-attached to (cuda.c): exported
  * again from its device pointer. 0 when done or when the buffer is lost (b->bid = UINT32_MAX:

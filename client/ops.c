@@ -444,14 +444,14 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	}
 	b = kvbc_buf_find(c, dst, n->page_bytes);
 	/*
-	 * Large pages into a buffer we mapped ourselves: we copy them (a lease, as below), so
+	 * Large pages into a buffer we may write (kvbc_buf_direct): we copy them (a lease), so
 	 * that TP ranks loading one page copy it in parallel rather than queue on the broker's
 	 * copy threads (one per two CPUs), and the copy faults only our own page tables.
 	 */
-	if (b && !b->gpu && !b->foreign && n->self_get)
+	if (b && kvbc_buf_direct(b) && n->self_get)
 		b = NULL;
 	/*
-	 * [dir] Plain memory, and a buffer of ours for pages below KVBC_DIR_GET_BUF_MAX, where the
+	 * [dir] Plain memory, and a buffer we may write for pages below KVBC_DIR_GET_BUF_MAX, where the
 	 * round trip is most of a GET, or into the destination of our previous GET (a staging
 	 * page: our cache holds it, Kimi pages 0.86 -> 0.97 of memcpy); other large pages into a
 	 * buffer go to the broker, whose copy threads split them (faster than one copy of ours
@@ -459,7 +459,7 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 */
 	hot = dst == c->last_get_dst;
 	c->last_get_dst = dst;
-	if ((!b || (!b->gpu && !b->foreign && (n->page_bytes < KVBC_DIR_GET_BUF_MAX || hot))) &&
+	if ((!b || (kvbc_buf_direct(b) && (n->page_bytes < KVBC_DIR_GET_BUF_MAX || hot))) &&
 	    dir_get(c, n, ns, &key, dst)) {
 		err = (int)n->page_bytes;
 		goto out;

@@ -52,7 +52,7 @@ static const struct kvbc_buf *host_buf(const struct kvb_client *c, uint32_t id)
 {
 	for (const struct kvbc_buf *b = c->bufs; b; b = b->next)
 		if (b->id == id)
-			return b->gpu || b->foreign || !b->addr || b->bid == UINT32_MAX ? NULL : b;
+			return kvbc_buf_direct(b) && b->bid != UINT32_MAX ? b : NULL;
 	return NULL;
 }
 
