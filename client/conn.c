@@ -36,6 +36,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,30 @@ int kvbc_enter(struct kvb_client *c)
 		return -EOPNOTSUPP;
 	}
 	return 0;
+}
+
+int kvbc_enter_live(struct kvb_client *c)
+{
+	struct pollfd p;
+	int err = kvbc_enter(c);
+
+	if (err || !c->reconnect || c->nreapers || c->nasync)
+		return err;
+	/*
+	 * [RECONNECT] Nothing in flight: a broker that went since our last round trip (reads
+	 * through the pool directory make none) is noticed before a batch is queued on a ring
+	 * nobody reads, so that the batch goes to the broker we attach to now rather than
+	 * failing whole. One poll() of the socket per batch that starts from idle.
+	 */
+	p = (struct pollfd){.fd = c->sock, .events = POLLIN};
+	if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLHUP | POLLERR)))
+		return 0;
+	kvbc_lost(c, -ECONNRESET);
+	reconnect_locked(c);
+	err = c->fatal;
+	if (err)
+		pthread_mutex_unlock(&c->lock);
+	return err;
 }
 
 void kvbc_pool_revoke(struct kvb_client *c)

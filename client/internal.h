@@ -369,6 +369,8 @@ static inline int kvbc_errno(void)
  */
 int kvbc_enter(struct kvb_client *c);
 int kvbc_enter_ctl(struct kvb_client *c);
+/* kvbc_enter(), and with nothing in flight a broker that hung up is reconnected to first. */
+int kvbc_enter_live(struct kvb_client *c);
 /* Unlocks; first wakes the poller if this call took a wake-up meant for it (ring.c). */
 void kvbc_kick_poller(struct kvb_client *c);
 static inline void kvbc_leave(struct kvb_client *c)

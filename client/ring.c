@@ -831,7 +831,7 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 
 	if (n && !ops)
 		return -EINVAL;
-	err = kvbc_enter(c);
+	err = kvbc_enter_live(c);
 	if (err)
 		return err;
 	/* Validate everything first: a batch is queued whole up to the room, or not at all. */

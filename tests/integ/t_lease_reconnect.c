@@ -11,7 +11,8 @@
  * the library did not count as one kept the old mappings for the life of the client. Then a
  * cold broker gives our namespace another id than the caller's: a read through the pool
  * directory is told to it by its own id (the note ring carried the caller's, which named
- * another client's namespace there).
+ * another client's namespace there). Last, a broker that died while nothing was in flight and a
+ * new one already on the socket: the client's first batch goes to the new one, whole.
  */
 #include <errno.h>
 #include <signal.h>
@@ -159,8 +160,24 @@ int main(int argc, char **argv)
 	CHECK_EQ(harness_stat(other, "namespaces[model=lease-reconnect].gets"), 1);
 	CHECK_EQ(harness_stat(other, "namespaces[model=lease-reconnect-other].gets"), 0);
 	CHECK_EQ(harness_stat(other, "counters.protocol_errors"), 0);
-	kvb_close(c);
+
+	/*
+	 * The broker dies while we have nothing in flight and a new one is on the socket before
+	 * our next call: the first batch goes to the new broker, which answers -ENOENT (the dead
+	 * one ran --no-pool-keep: its pool went with it). Queued on the dead broker's ring, the
+	 * batch failed whole (-ECONNRESET), though nothing was in flight.
+	 */
 	kvb_close(other);
+	CHECK_OK(kill(b2->pid, SIGKILL));
+	while (harness_broker_alive(b2))
+		usleep(1000);
+	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
+	ops[0] = (struct kvb_op){.opcode = KVB_OP_ACQUIRE, .ns = ns, .key = k[2], .user_data = 5};
+	CHECK_RC(kvb_submit(c, ops, 1), 1);
+	harness_reap_n(c, comp, 1);
+	CHECK_EQ(comp[0].user_data, 5);
+	CHECK_RC(comp[0].res, -ENOENT);
+	kvb_close(c);
 	harness_broker_stop(b2);
 	free(page);
 	return H_PASS;
