@@ -451,11 +451,11 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	if (b && kvbc_buf_direct(b) && n->self_get)
 		b = NULL;
 	/*
-	 * [dir] Plain memory, and a buffer we may write for pages below KVBC_DIR_GET_BUF_MAX, where the
-	 * round trip is most of a GET, or into the destination of our previous GET (a staging
-	 * page: our cache holds it, Kimi pages 0.86 -> 0.97 of memcpy); other large pages into a
-	 * buffer go to the broker, whose copy threads split them (faster than one copy of ours
-	 * into fresh memory from 1 MiB on, docs/benchmarks.md).
+	 * [dir] Plain memory, and a buffer we may write for pages below KVBC_DIR_GET_BUF_MAX,
+	 * where the round trip is most of a GET, or into the destination of our previous GET (a
+	 * staging page: our cache holds it, Kimi pages 0.86 -> 0.97 of memcpy); other large
+	 * pages into a buffer go to the broker, whose copy threads split them (faster than one
+	 * copy of ours into fresh memory from 1 MiB on, docs/benchmarks.md).
 	 */
 	hot = dst == c->last_get_dst;
 	c->last_get_dst = dst;

@@ -10,14 +10,15 @@
  *
  * The copy plan of a view (where each (component, layer) part of a page lies in the page and in
  * the caller's buffers) is built from the namespace's layout and the view's parts, once, and
- * kept with the view until a buffer is unregistered (buf_gen). A view over any buffer but one
- * this library mapped itself (a GPU buffer, a caller's own file or mapping, which may be
- * truncated under us) has no plan: its ops go to the broker, as do ops whose slot or layer
- * range the broker would refuse (it gives the error), pages the directory does not list, ops
- * behind an async DELETE or PUT of ours that the broker runs first (ring.c submit_local), and
- * reads whose entry changed while we copied (the destination may then hold anything; the
- * broker's GET writes it again). The broker hears of each read afterwards, in the note ring,
- * as a directory read of the page, to count it and keep the page warm.
+ * kept with the view until a buffer is unregistered (buf_gen). A view over any buffer the
+ * library may not write as the broker would (kvbc_buf_direct: a GPU buffer, a caller's file
+ * that may shrink under us or whose mapping buf.c could not check) has no plan: its ops go to
+ * the broker, as do ops whose slot or layer range the broker would refuse (it gives the
+ * error), pages the directory does not list, ops behind an async DELETE or PUT of ours that
+ * the broker runs first (ring.c submit_local), and reads whose entry changed while we copied
+ * (the destination may then hold anything; the broker's GET writes it again). The broker hears
+ * of each read afterwards, in the note ring, as a directory read of the page, to count it and
+ * keep the page warm.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -172,7 +172,10 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *   - Until the library notices the broker is gone, a kvb_get() that finds its page in the
  *     pool directory (see kvb_get) still succeeds without it: the bytes are the page's, since
  *     nobody writes a pool whose broker died, and a broker that adopts the pool invalidates
- *     the directory before it writes any slot. The library notices at its next round trip.
+ *     the directory before it writes any slot. The library notices at its next round trip,
+ *     and at a kvb_submit() with no async op in flight, which looks at the socket before it
+ *     queues anything: a broker that went meanwhile is reconnected to first, so the batch goes
+ *     to the new broker (or fails -ECONNRESET whole, nothing queued, when there is none).
  * Mappings and fds do not accumulate across reconnects (t_handover, t_pool_keep).
  */
 
@@ -390,7 +393,11 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
  * enclosing the range: offset need not be page-aligned) and keeps its own reference; the
  * caller keeps fd and may close it at once. addr is where the caller has the same bytes
  * mapped MAP_SHARED in this process (NULL: nowhere the library should look; then only buf+off
- * ops and views reach the buffer); the library trusts it and maps nothing itself.
+ * ops and views reach the buffer), kept mapped while the buffer is registered; the library maps
+ * nothing itself. Where /proc/self/maps shows addr to be a shared, writable mapping of exactly
+ * the registered range of this file, and the file is sealed F_SEAL_SHRINK, the library itself
+ * writes pages the pool directory lists into it (kvb_get, view GETs), as into a buffer from
+ * kvb_buf_alloc_host(); otherwise only the broker writes the buffer, through the file.
  *
  * The broker must never fault on client memory, so the file must be a tmpfs file (memfd or
  * /dev/shm) that can never shrink: sealed F_SEAL_SHRINK. With KVB_BUF_SEAL the library adds
