@@ -16,7 +16,7 @@
  * neither maps nor unmaps: it seals the fd on request, sends it with BUF_REG_FD and remembers
  * the caller's address of the range, if given, for the pointer lookup; without one the entry
  * only carries the id (addr NULL never matches a lookup). Where that address is checked to be
- * a shared writable mapping of the range of a file sealed against shrinking (maps_file), the
+ * a shared writable mapping of the range of a file sealed against shrinking (maps_range), the
  * library's own reads through the pool directory copy into it as into a buffer of its own.
  *
  * Both kinds are faulted in here, at registration, by their owner: the broker's copies into a
@@ -248,24 +248,21 @@ out:
 
 /*
  * [vdir-fd] Whether [addr, addr + len) is, page for page, a shared writable mapping of fd's file
- * from offset on, and the file can never shrink under it: each VMA of /proc/self/maps over the
- * range names the file's device and inode, has 'w' and 's', and its offset runs on from the
- * last. Then what the library copies into addr lands in the file where the broker's copy
- * through its own mapping would, and it cannot fault. The caller's word alone is not enough: a
- * private mapping (copy on write) or another file at addr would take bytes the broker's path
- * writes into the file. Checked once, at registration; the caller keeps the mapping while the
- * buffer is registered (kvbroker.h).
+ * from offset on: each VMA of /proc/self/maps over the range names the file's device and
+ * inode, has 'w' and 's', and its offset runs on from the last. The caller's word alone is not
+ * enough: a private mapping (copy on write) or another file at addr would take bytes that the
+ * broker's path writes into the file. Read without the client lock: a large process (CUDA,
+ * PyTorch) has tens of thousands of mappings.
  */
-static int maps_file(const void *addr, size_t len, int fd, uint64_t offset)
+static int maps_range(const void *addr, size_t len, int fd, uint64_t offset)
 {
 	uintptr_t at = (uintptr_t)addr, end = at + len;
 	char *line = NULL;
 	size_t cap = 0;
 	struct stat st;
-	int seals = fcntl(fd, F_GET_SEALS);
 	FILE *f;
 
-	if (!addr || seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) < 0)
+	if (!addr || fstat(fd, &st) < 0)
 		return 0;
 	f = fopen("/proc/self/maps", "re");
 	if (!f)
@@ -292,6 +289,20 @@ static int maps_file(const void *addr, size_t len, int fd, uint64_t offset)
 	return at >= end;
 }
 
+/*
+ * And the file can never shrink under that mapping: sealed F_SEAL_SHRINK (after any seal of
+ * ours), holding the whole range. Then what the library copies into addr lands in the file
+ * where the broker's copy through its own mapping would, and no truncation can fault it.
+ */
+static int sealed_over(int fd, uint64_t end)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+	struct stat st;
+
+	return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 && st.st_size >= 0 &&
+	       (uint64_t)st.st_size >= end;
+}
+
 int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len, void *addr,
 			     uint32_t flags, uint32_t *buf)
 {
@@ -301,12 +312,13 @@ int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len,
 	struct kvbc_buf *b;
 	struct stat st;
 	uint64_t end;
-	int err, seals;
+	int err, seals, mapped;
 
 	if (!buf || !len || fd < 0 || (flags & ~(KVB_BUF_SEAL | KVB_BUF_FDCOPY)) ||
 	    __builtin_add_overflow(offset, (uint64_t)len, &end) ||
 	    (addr && (uintptr_t)addr > UINTPTR_MAX - len))
 		return -EINVAL;
+	mapped = maps_range(addr, len, fd, offset);
 	err = kvbc_enter(c);
 	if (err)
 		return err;
@@ -357,7 +369,7 @@ int kvb_buf_register_host_fd(kvb_client *c, int fd, uint64_t offset, size_t len,
 	b->bid = id.id;
 	b->id = kvbc_buf_cid(c, id.id);
 	b->foreign = 1;
-	b->mapped = maps_file(addr, len, fd, offset);
+	b->mapped = mapped && sealed_over(fd, end);
 	b->off = offset;
 	b->regflags = reg.flags;
 	b->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* [RECONNECT]; -1: not registered again */

@@ -92,13 +92,17 @@ int kvbc_enter_live(struct kvb_client *c)
 	struct pollfd p;
 	int err = kvbc_enter(c);
 
-	if (err || !c->reconnect || c->nreapers || c->nasync)
+	if (err || !c->reconnect || c->nreapers || c->nasync ||
+	    (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
 		return err;
 	/*
-	 * [RECONNECT] Nothing in flight: a broker that went since our last round trip (reads
-	 * through the pool directory make none) is noticed before a batch is queued on a ring
-	 * nobody reads, so that the batch goes to the broker we attach to now rather than
-	 * failing whole. One poll() of the socket per batch that starts from idle.
+	 * [RECONNECT] Nothing in flight (nor done and not yet reaped): a broker that went since
+	 * our last round trip (reads through the pool directory make none) is noticed before a
+	 * batch is queued on a ring nobody reads, so that the batch goes to the broker we attach
+	 * to now rather than failing whole. One poll() of the socket per batch that starts from
+	 * idle, a batch served wholly from the directory included (a microsecond against the
+	 * copies of its pages). Not for a session the broker ended (kvbctl drop): the call that
+	 * finds that out fails, as any other.
 	 */
 	p = (struct pollfd){.fd = c->sock, .events = POLLIN};
 	if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLHUP | POLLERR)))

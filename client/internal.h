@@ -335,11 +335,12 @@ struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
 
 /*
  * Whether the library may write host buffer b itself, as the broker would ([dir], [vdir]): a
- * mapping of its own, or the caller's mapping of a registered file that buf.c checked.
+ * mapping of its own, or the caller's mapping of a registered file that buf.c checked; not one
+ * lost in a reconnect, whose ops the broker fails -EBADF.
  */
 static inline int kvbc_buf_direct(const struct kvbc_buf *b)
 {
-	return b->addr && !b->gpu && (!b->foreign || b->mapped);
+	return b->addr && !b->gpu && (!b->foreign || b->mapped) && b->bid != UINT32_MAX;
 }
 /*
  * [RECONNECT] Registers GPU buffer b with the broker just re-attached to (cuda.c): exported

@@ -754,14 +754,15 @@ static int op_to_sqe(const struct kvb_client *c, const struct kvb_op *op, const 
 {
 	if (op->opcode >= KVB_OP__COUNT || op->opcode == KVB_OP_LOOKUP)
 		return -EINVAL; /* LOOKUP needs the argument area: kvb_lookup() only */
-	if (op->flags & ~(KVB_OPF_VIEW | KVB_OPF_PARENT) || op->resv)
+	if (op->flags & ~(KVB_OPF_VIEW | KVB_OPF_PARENT | KVB_OPF_ASYNC) || op->resv)
 		return -EINVAL;
 	/* A parent is a PUT's, and needs its key (kvb_submit_parents()). */
 	if ((op->flags & KVB_OPF_PARENT) && (op->opcode != KVB_OP_PUT || !parent))
 		return -EINVAL;
 	memset(sqe, 0, sizeof(*sqe));
 	sqe->opcode = (uint8_t)op->opcode;
-	sqe->flags = (uint8_t)(op->flags & ~KVB_OPF_PARENT); /* set by sqe_parent() */
+	/* KVB_OPF_PARENT is set by sqe_parent(); KVB_OPF_ASYNC is the library's alone. */
+	sqe->flags = (uint8_t)(op->flags & KVB_OPF_VIEW);
 	sqe->ns = op->ns;
 	memcpy(sqe->key, op->key.b, sizeof(sqe->key));
 	sqe->buf = op->buf;
@@ -795,7 +796,8 @@ static void complete_local(struct kvb_client *c, uint32_t idx, int32_t res)
  * the GET miss, a PUT must have read its source before the GET writes what may be the same
  * slots. Only with room in the note ring for the read's note: on the SQ it would take a slot
  * and a ring entry this batch counted on. What the batch posted before it goes first, so the
- * broker works on it while we copy.
+ * broker works on it while we copy. Not with KVB_OPF_ASYNC: the caller wants the copy off its
+ * thread.
  */
 static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t idx, int mut_seen,
 			uint32_t *posted)
@@ -803,7 +805,8 @@ static int submit_local(struct kvb_client *c, const struct kvb_op *op, uint32_t 
 	struct kvbc_vread vr;
 	int res;
 
-	if (op->opcode != KVB_OP_GET || !(op->flags & KVB_OPF_VIEW) || mut_seen ||
+	if (op->opcode != KVB_OP_GET ||
+	    (op->flags & (KVB_OPF_VIEW | KVB_OPF_ASYNC)) != KVB_OPF_VIEW || mut_seen ||
 	    !c->notes.entries || kvb_ring_space_min(&c->notes, 1) <= 0 ||
 	    !kvbc_view_dir_find(c, op->buf, &op->key, op->off, op->layer_first, op->layer_count,
 				&vr))

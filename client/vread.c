@@ -53,7 +53,7 @@ static const struct kvbc_buf *host_buf(const struct kvb_client *c, uint32_t id)
 {
 	for (const struct kvbc_buf *b = c->bufs; b; b = b->next)
 		if (b->id == id)
-			return kvbc_buf_direct(b) && b->bid != UINT32_MAX ? b : NULL;
+			return kvbc_buf_direct(b) ? b : NULL;
 	return NULL;
 }
 

@@ -173,9 +173,10 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     pool directory (see kvb_get) still succeeds without it: the bytes are the page's, since
  *     nobody writes a pool whose broker died, and a broker that adopts the pool invalidates
  *     the directory before it writes any slot. The library notices at its next round trip,
- *     and at a kvb_submit() with no async op in flight, which looks at the socket before it
- *     queues anything: a broker that went meanwhile is reconnected to first, so the batch goes
- *     to the new broker (or fails -ECONNRESET whole, nothing queued, when there is none).
+ *     and at a kvb_submit() with no async op in flight (none done and not yet reaped either,
+ *     and no thread in kvb_reap()), which looks at the socket before it queues anything: a
+ *     broker that went meanwhile is reconnected to first, so the batch goes to the new broker
+ *     (or fails -ECONNRESET whole, nothing queued, when there is none).
  * Mappings and fds do not accumulate across reconnects (t_handover, t_pool_keep).
  */
 
@@ -393,11 +394,13 @@ int kvb_buf_register_gpu(kvb_client *c, void *dev_ptr, size_t len, uint32_t *buf
  * enclosing the range: offset need not be page-aligned) and keeps its own reference; the
  * caller keeps fd and may close it at once. addr is where the caller has the same bytes
  * mapped MAP_SHARED in this process (NULL: nowhere the library should look; then only buf+off
- * ops and views reach the buffer), kept mapped while the buffer is registered; the library maps
- * nothing itself. Where /proc/self/maps shows addr to be a shared, writable mapping of exactly
- * the registered range of this file, and the file is sealed F_SEAL_SHRINK, the library itself
- * writes pages the pool directory lists into it (kvb_get, view GETs), as into a buffer from
- * kvb_buf_alloc_host(); otherwise only the broker writes the buffer, through the file.
+ * ops and views reach the buffer); the library maps nothing itself. Where /proc/self/maps
+ * shows addr to be a shared, writable mapping of exactly the registered range of this file,
+ * and the file is sealed F_SEAL_SHRINK, the library itself writes pages the pool directory
+ * lists into it (kvb_get, view GETs), as into a buffer from kvb_buf_alloc_host(); otherwise
+ * only the broker writes the buffer, through the file. That is checked once, here: the range
+ * at addr must stay that mapping, writable, while the buffer is registered (remapped, made
+ * read-only or unmapped, the library's copies fault or land elsewhere).
  *
  * The broker must never fault on client memory, so the file must be a tmpfs file (memfd or
  * /dev/shm) that can never shrink: sealed F_SEAL_SHRINK. With KVB_BUF_SEAL the library adds
@@ -531,6 +534,15 @@ enum kvb_opcode {
  * older than ABI 1.4 (or one without room in the ring's arg area) is sent plain PUTs.
  */
 #define KVB_OPF_PARENT (1u << 2)
+/*
+ * The broker serves the op, never the library inside kvb_submit(): a view GET of a page the
+ * pool directory lists is otherwise copied by kvb_submit() itself, on the caller's thread,
+ * before it returns (docs/protocol.md, "View GETs through the pool directory"). For callers
+ * that go on with work of their own between kvb_submit() and kvb_reap() (an engine loads layer
+ * groups while it computes): the copy then runs on the broker's CPU meanwhile. Library only,
+ * never sent to the broker.
+ */
+#define KVB_OPF_ASYNC (1u << 3)
 
 struct kvb_op {
 	uint32_t opcode; /* enum kvb_opcode */

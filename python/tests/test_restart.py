@@ -122,3 +122,49 @@ def test_reconnect_off(tmp_path: Path) -> None:
             assert c2.ns_open(SMALL).get(k) == page(ns, 9)
     finally:
         b.stop()
+
+
+def test_aio_batch_to_a_dead_broker(tmp_path: Path) -> None:
+    """An AsyncClient batch with no broker fails fast, whole, and leaves nothing waiting;
+    with a broker back on the socket the same AsyncClient works again."""
+    import asyncio
+
+    from kvbroker.aio import AsyncClient
+
+    b = Broker(tmp_path)
+    try:
+        c = kvb.connect(b.socket)
+        ns = c.ns_open(SMALL)
+        (k,) = fresh_keys(1)
+        assert ns.put(k, page(ns, 5))
+        buf = c.alloc_host(ns.page_bytes)
+
+        async def main() -> None:
+            aio = AsyncClient(c)
+            try:
+                b.kill()
+                t = time.monotonic()
+                with pytest.raises(kvb.BrokerGone):
+                    await aio.nop()
+                assert time.monotonic() - t < 2.0
+                assert not aio._waiting  # nothing left waiting
+                b2 = Broker(tmp_path)
+                try:
+                    deadline = time.monotonic() + 10
+                    while True:
+                        try:
+                            assert await aio.get_into(ns, k, memoryview(buf))
+                            break
+                        except kvb.BrokerGone:
+                            assert time.monotonic() < deadline, "no reconnect"
+                            await asyncio.sleep(0.01)
+                    assert bytes(buf) == page(ns, 5)
+                finally:
+                    b2.stop()
+            finally:
+                aio.close()
+
+        asyncio.run(main())
+        c.close()
+    finally:
+        b.stop()

@@ -13,7 +13,8 @@
  *     (-ENOENT), as the broker runs SQEs in order.
  *   - Errors stay the broker's: a slot past the buffer -EFAULT, a layer range past the deepest
  *     component -EINVAL, a page never stored -ENOENT.
- *   - A batch the library answered itself wakes a completion fd.
+ *   - A batch the library answered itself wakes a completion fd; a view GET with
+ *     KVB_OPF_ASYNC is the broker's.
  *   - A view destroyed and its buffer unregistered, a new one over a new buffer is read right.
  */
 #include <poll.h>
@@ -203,6 +204,18 @@ int main(int argc, char **argv)
 	CHECK_EQ(comp[0].user_data, 41);
 	CHECK_RC(comp[0].res, (long long)pb);
 	CHECK_EQ(harness_stat(c, "counters.dir_gets"), dir0 + 1);
+
+	/* KVB_OPF_ASYNC: the broker copies it, no directory read; the bytes are the same. */
+	ops[0] = view_op(KVB_OP_GET, va.tm, k[2], 9, 42);
+	ops[0].flags |= KVB_OPF_ASYNC;
+	copies0 = broker_copies(c);
+	CHECK_RC(kvb_submit(c, ops, 1), 1);
+	harness_reap_n(c, comp, 1);
+	CHECK_RC(comp[0].res, (long long)pb);
+	CHECK_EQ(harness_stat(c, "counters.dir_gets"), dir0 + 1);
+	CHECK_EQ(broker_copies(c), copies0 + 1);
+	CHECK_RC(kvb_view_get(d, vb.tm, k[2], 9, 0, 0), (long long)pb);
+	same_bytes(&va, &vb, "a view GET with KVB_OPF_ASYNC");
 
 	/* A DELETE earlier in the batch: the GET after it is the broker's, and finds nothing. */
 	ops[0] = (struct kvb_op){.opcode = KVB_OP_DELETE, .ns = ns, .key = k[3], .user_data = 1};

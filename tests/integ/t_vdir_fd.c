@@ -6,14 +6,16 @@
  * mapping is checked to be the registered range of the file, shared and writable, and the file
  * is sealed against shrinking; otherwise the broker writes the file, as before. For each case a
  * sync view GET, an async view GET and a kvb_get() by pointer:
- *   - a shared mapping of a sealed memfd, at an offset, and one made of two adjacent mmaps:
+ *   - a shared mapping of a sealed memfd, at an offset, and one made of two VMAs side by side:
  *     three directory reads, no broker copy;
- *   - a private (copy-on-write) mapping of it, another file's mapping at addr, a range with a
- *     read-only page, and an unsealable memfd with KVB_BUF_FDCOPY: no directory read, the
- *     broker copies.
+ *   - a hole in the range, a read-only page in it, a private (copy-on-write) mapping of the
+ *     file, another file's mapping at addr, the file's mapping one page off, and an
+ *     unsealable memfd with KVB_BUF_FDCOPY: no directory read, the broker copies.
  * Either way the file holds the pages afterwards (read back with pread, past every mapping)
  * and the range's last page, never read into, holds what it held.
  */
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -49,6 +51,23 @@ static uint8_t *map(int fd, size_t len, off_t off, int flags, void *at)
 
 	CHECK(p != MAP_FAILED);
 	return p;
+}
+
+/* The VMAs of /proc/self/maps that overlap [p, p + len). */
+static int vmas(const uint8_t *p, size_t len)
+{
+	unsigned long long lo, hi;
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "re");
+	int n = 0;
+
+	CHECK(f != NULL);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "%llx-%llx", &lo, &hi) == 2 && lo < (uintptr_t)p + len &&
+		    hi > (uintptr_t)p)
+			n++;
+	fclose(f);
+	return n;
 }
 
 static uint64_t broker_copies(kvb_client *c)
@@ -112,6 +131,7 @@ int main(int argc, char **argv)
 	struct harness_broker *b;
 	struct kvb_layout l;
 	uint8_t *page, *p, *other;
+	char path[64];
 	kvb_client *c;
 	size_t pb;
 	int fd, fd2;
@@ -136,10 +156,24 @@ int main(int argc, char **argv)
 	p = map(fd, LEN, OFF, MAP_SHARED, NULL);
 	reads(c, fd, p, KVB_BUF_SEAL, 1, "shared mapping");
 
-	/* The same range in two mmaps side by side: the VMAs' offsets run on. */
+	/*
+	 * The same range in two mappings side by side, the second through another open of the
+	 * file (the kernel merges two mmaps of one open file into one VMA): two VMAs whose
+	 * offsets run on.
+	 */
 	CHECK_OK(munmap(p + LEN / 2, LEN / 2));
-	map(fd, LEN / 2, OFF + LEN / 2, MAP_SHARED, p + LEN / 2);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	fd2 = open(path, O_RDWR | O_CLOEXEC);
+	CHECK(fd2 >= 0);
+	map(fd2, LEN / 2, OFF + LEN / 2, MAP_SHARED, p + LEN / 2);
+	CHECK_OK(close(fd2));
+	CHECKF(vmas(p, LEN) == 2, "%d VMAs over the range, want 2", vmas(p, LEN));
 	reads(c, fd, p, KVB_BUF_SEAL, 1, "two mappings");
+
+	/* A hole in it: the walk must not step over it. */
+	CHECK_OK(munmap(p + PB, 4096));
+	reads(c, fd, p, 0, 0, "a hole");
+	map(fd, 4096, OFF + PB, MAP_SHARED, p + PB);
 
 	/* One page of it read-only: the library must not write there, nor anywhere in it. */
 	CHECK_OK(mprotect(p + PB, PB, PROT_READ));
@@ -171,5 +205,5 @@ int main(int argc, char **argv)
 
 	kvb_close(c);
 	harness_broker_stop(b);
-	return 0;
+	return H_PASS;
 }

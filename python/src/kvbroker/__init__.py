@@ -35,6 +35,7 @@ from ._kvbroker import (
     OP_PREFETCH,
     OP_PUT,
     OP_RELEASE,
+    OPF_ASYNC,
     OPF_PARENT,
     OPF_VIEW,
     TIER_DISK,
@@ -62,9 +63,9 @@ from ._kvbroker import (
 from ._layout import DTYPES, MHA, MLA, Component, Layout, dtype_code
 
 __all__ = [
-    "CQEF_EXISTED", "DTYPES", "MHA", "MLA", "OPF_PARENT", "OPF_VIEW", "OP_ACQUIRE",
-    "OP_DELETE", "OP_GET", "OP_NOP", "OP_PREFETCH", "OP_PUT", "OP_RELEASE", "TIER_DISK",
-    "TIER_NONE", "TIER_RAM", "TIER_REMOTE",
+    "CQEF_EXISTED", "DTYPES", "MHA", "MLA", "OPF_ASYNC", "OPF_PARENT", "OPF_VIEW",
+    "OP_ACQUIRE", "OP_DELETE", "OP_GET", "OP_NOP", "OP_PREFETCH", "OP_PUT", "OP_RELEASE",
+    "TIER_DISK", "TIER_NONE", "TIER_RAM", "TIER_REMOTE",
     "BrokerGone", "Client", "ClientClosed", "Completion", "Component", "Error", "ForkedClient",
     "GpuBuffer", "HostBuffer", "Layout", "Lease", "Namespace", "NoBroker", "Op", "PoolFull",
     "Timeout", "View", "ViewPart", "connect", "dtype_code", "key_chain", "key_chain_eagle",

@@ -98,11 +98,20 @@ class AsyncClient:
             self._waiting[ud] = fut
             futs.append(fut)
             tagged.append(op._replace(user_data=ud))
-        while tagged:
-            n = self.client.submit(tagged)
-            tagged = tagged[n:]
-            if tagged:
-                await asyncio.sleep(0)  # ring full: let completions drain
+        try:
+            while tagged:
+                n = self.client.submit(tagged)
+                tagged = tagged[n:]
+                if tagged:
+                    await asyncio.sleep(0)  # ring full: let completions drain
+        except BaseException:
+            # Nobody waits for this batch now: what was not queued will never complete, and
+            # what was finds its future cancelled.
+            for op in tagged:
+                self._waiting.pop(op.user_data, None)
+            for f in futs:
+                f.cancel()
+            raise
         return list(await asyncio.gather(*futs))
 
     async def _one(self, op: Op) -> Completion:

@@ -446,6 +446,14 @@ def _token_geometry(t: torch.Tensor, block_size: int, num_blocks: int,
                      f"{block_size} x {num_blocks} blocks")
 
 
+# Loads through the view are the broker's to copy, even of pages the library could copy from the
+# pool directory inside submit(): vLLM computes layer groups while the later ones load, and
+# that overlap needs the copies off the worker's thread (CPU KV tensors, tools/bench_vllm.py:
+# load 0.6 -> 0.8-0.9 of memcpy with the Python work overlapped; GPU tensors are the broker's
+# anyway).
+_LOAD_FLAGS = kvb.OPF_VIEW | kvb.OPF_ASYNC
+
+
 class _Pump:
     """Submits ops to a client as the rings allow and reaps their completions."""
 
@@ -714,7 +722,7 @@ class _Worker:
                         if self.copy_mode or view is None:
                             ops.append((pi, key, block, first, count, ud))
                         else:
-                            ops.append(kvb.Op(kvb.OP_GET, kvb.OPF_VIEW, 0, view.id, key,
+                            ops.append(kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key,
                                               block * bs, first, count, ud))
         if self.copy_mode:
             self._copy_loads(ops)
