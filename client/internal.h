@@ -94,10 +94,10 @@ struct kvbc_buf {
 	void *addr;
 	size_t len;   /* mapped and registered bytes */
 	uint32_t id;  /* the caller's */
-	uint32_t bid; /* the current broker's; UINT32_MAX: lost in a reconnect (GPU buffers) */
+	uint32_t bid; /* the current broker's; UINT32_MAX: lost in a reconnect */
 	int gpu;
 	int foreign; /* kvb_buf_register_host_fd(): the caller's mapping (or none), never unmapped */
-	int mapped;  /* foreign: addr checked to map the range, shared and writable (buf.c) */
+	int mapped;  /* foreign: addr maps the range shared and writable, the file sealed (buf.c) */
 	int fd;	     /* host: our own fd of the file, to register it again; -1 none */
 	uint64_t off;	   /* BUF_REG_FD: offset in the file */
 	uint32_t regflags; /* BUF_REG_FD: KVB_BUF_REG_FD_* */
@@ -342,6 +342,7 @@ static inline int kvbc_buf_direct(const struct kvbc_buf *b)
 {
 	return b->addr && !b->gpu && (!b->foreign || b->mapped) && b->bid != UINT32_MAX;
 }
+
 /*
  * [RECONNECT] Registers GPU buffer b with the broker just re-attached to (cuda.c): exported
  * again from its device pointer. 0 when done or when the buffer is lost (b->bid = UINT32_MAX:

@@ -86,6 +86,8 @@ class Op(NamedTuple):
 
     buf is a buffer id (HostBuffer.id, GpuBuffer.id) and off a byte offset in it, or with
     ``flags=OPF_VIEW`` a view id and a token slot; for RELEASE off is the lease id.
+    ``OPF_ASYNC`` leaves the op to the broker where submit() could copy it itself (a view GET
+    of a page the pool directory lists): for callers that work while it loads.
     user_data comes back in the Completion (below 2**63: the top bit is the package's).
     """
 
