@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_lease_reconnect.c - leases across a broker restart, taken and released every way the
- * library has: a synchronous kvb_acquire() (the client's own lease through the pool directory),
- * ACQUIREs through kvb_submit() (the broker's leases), one of them released through
- * kvb_submit() before the broker dies (SIGKILL). The client reconnects to the broker that adopts
- * the pool; the leases it still holds stay readable and intact; releasing them, by
- * kvb_release() and through kvb_submit() (again, after one that was in flight when the broker
- * died failed -ECONNRESET), succeeds with nothing to tell the new broker, and once the last is released the old broker's pool mappings
- * are unmapped: the client maps exactly as much as before the restart. An async RELEASE that
- * the library did not count as one kept the old mappings for the life of the client. Then a
- * cold broker gives our namespace another id than the caller's: a read through the pool
- * directory is told to it by its own id (the note ring carried the caller's, which named
- * another client's namespace there). Last, a broker that died while nothing was in flight and a
- * new one already on the socket: the client's first batch goes to the new one, whole.
+ * t_lease_reconnect.c - leases across a broker restart, taken and released every way the library
+ * has: a synchronous kvb_acquire() (the client's own lease through the pool directory), ACQUIREs
+ * through kvb_submit() (the broker's leases), one of them released through kvb_submit() before the
+ * broker dies (SIGKILL). The client reconnects to the broker that adopts the pool; the leases it
+ * still holds stay readable and intact; releasing them, by kvb_release() and through kvb_submit()
+ * (again, after one that was in flight when the broker died failed -ECONNRESET), succeeds with
+ * nothing to tell the new broker, and once the last is released the old broker's pool mappings are
+ * unmapped: the client maps exactly as much as before the restart. An async RELEASE that the
+ * library did not count as one kept the old mappings for the life of the client. Then a cold broker
+ * gives our namespace another id than the caller's: a read through the pool directory is told to it
+ * by its own id (the note ring carried the caller's, which named another client's namespace there).
+ * Last, a broker that died while nothing was in flight: with none on the socket a batch is refused
+ * whole, and with a new one there the client's first batch goes to it.
  */
 #include <errno.h>
 #include <signal.h>
@@ -165,12 +165,18 @@ int main(int argc, char **argv)
 	 * The broker dies while we have nothing in flight and a new one is on the socket before
 	 * our next call: the first batch goes to the new broker, which answers -ENOENT (the dead
 	 * one ran --no-pool-keep: its pool went with it). Queued on the dead broker's ring, the
-	 * batch failed whole (-ECONNRESET), though nothing was in flight.
+	 * batch failed whole (-ECONNRESET), though nothing was in flight. Before the new one
+	 * starts, a client that does not wait (reconnect_ms 0) has its batch refused whole, with
+	 * nothing queued: it was queued, and failed only when reaped.
 	 */
 	kvb_close(other);
+	other = harness_connect(b2, "no-wait", 0);
 	CHECK_OK(kill(b2->pid, SIGKILL));
 	while (harness_broker_alive(b2))
 		usleep(1000);
+	ops[0] = (struct kvb_op){.opcode = KVB_OP_NOP, .user_data = 4};
+	CHECK_RC(kvb_submit(other, ops, 1), -ECONNRESET);
+	kvb_close(other);
 	b2 = harness_broker_start("--pool", "64M", "--socket", sock);
 	ops[0] = (struct kvb_op){.opcode = KVB_OP_ACQUIRE, .ns = ns, .key = k[2], .user_data = 5};
 	CHECK_RC(kvb_submit(c, ops, 1), 1);
