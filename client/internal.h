@@ -334,6 +334,17 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
 struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
 
 /*
+ * Whether reads of ours through the pool directory may answer now ([dir], [hazard], [vdir]):
+ * there is one, the session was not revoked (its pool is no longer ours to read, conn.c
+ * kvbc_pool_revoke), and no async DELETE or PUT of ours is in flight, which the broker runs
+ * first (the page may go, the destination may be a PUT's source: ring.c submit_local).
+ */
+static inline int kvbc_dir_readable(const struct kvb_client *c)
+{
+	return c->dir && !c->nmut_async && !(kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED);
+}
+
+/*
  * Whether the library may write host buffer b itself, as the broker would ([dir], [vdir]): a
  * mapping of its own, or the caller's mapping of a registered file that buf.c checked; not one
  * lost in a reconnect, whose ops the broker fails -EBADF.

@@ -397,12 +397,7 @@ static int dir_get(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns, c
 	uint32_t seq, len;
 	uint64_t loc;
 
-	/*
-	 * A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke). An async
-	 * DELETE or PUT of ours in flight runs first at the broker: the page may go, dst may be
-	 * its source (ring.c submit_local).
-	 */
-	if (!c->dir || c->nmut_async || (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+	if (!kvbc_dir_readable(c))
 		return 0;
 	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
 	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, &src))
@@ -591,10 +586,9 @@ static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns
 	uint64_t loc;
 
 	/* Within what the broker lets such leases of ours hold (KVB_HZ_MAX, KVB_HZ_BUDGET). */
-	if (!c->hz || !c->dir || c->nmut_async ||
+	if (!c->hz || !kvbc_dir_readable(c) ||
 	    (uint32_t)__builtin_popcount(c->hz_used) >= c->hz_max ||
-	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget) ||
-	    (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget))
 		return 0;
 	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
 	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, data))

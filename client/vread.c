@@ -185,11 +185,7 @@ int kvbc_view_dir_find(struct kvb_client *c, uint32_t view, const kvb_key *key, 
 	uint64_t loc;
 	uint32_t len;
 
-	/*
-	 * A revoked session's pool is no longer ours to read (conn.c kvbc_pool_revoke); an async
-	 * DELETE or PUT in flight runs before this GET at the broker (ring.c submit_local).
-	 */
-	if (!c->dir || c->nmut_async || (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+	if (!kvbc_dir_readable(c))
 		return 0;
 	for (uint32_t i = 0; i < c->nviews && !v; i++)
 		if (c->views[i].id == view)
