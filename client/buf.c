@@ -224,26 +224,30 @@ void kvbc_buf_free_all(struct kvb_client *c)
 void *kvb_buf_alloc_host(kvb_client *c, size_t len, uint32_t *buf)
 {
 	struct kvbc_buf *b;
-	void *addr = NULL;
+	int err;
 
-	if (!buf || !len)
+	if (!buf || !len) {
+		errno = EINVAL;
 		return NULL;
-	if (kvbc_enter(c))
-		return NULL;
+	}
+	err = kvbc_enter(c);
+	if (err)
+		goto fail;
 	b = calloc(1, sizeof(*b));
-	if (!b)
-		goto out;
-	if (kvbc_buf_alloc_locked(c, len, b)) {
+	err = b ? kvbc_buf_alloc_locked(c, len, b) : -ENOMEM;
+	if (err) {
 		free(b);
-		goto out;
+		kvbc_leave(c);
+		goto fail;
 	}
 	b->next = c->bufs;
 	c->bufs = b;
 	*buf = b->id;
-	addr = b->addr;
-out:
 	kvbc_leave(c);
-	return addr;
+	return b->addr;
+fail:
+	errno = -err;
+	return NULL;
 }
 
 /*

@@ -139,6 +139,7 @@ static void client_destroy(struct kvb_client *c)
 		munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
 	for (uint32_t i = 0; i < c->nretired; i++)
 		munmap((void *)(uintptr_t)c->retired[i].map, c->retired[i].size);
+	free(c->retired);
 	if (c->region)
 		munmap(c->region, c->region_size);
 	if (c->sq_efd >= 0)
@@ -152,6 +153,7 @@ static void client_destroy(struct kvb_client *c)
 	free(c->views);
 	free(c->held);
 	free(c->old_ids);
+	free(c->alias);
 	free(c->ns);
 	pthread_cond_destroy(&c->reaped);
 	pthread_mutex_destroy(&c->lock);
@@ -690,6 +692,29 @@ static void old_ids_keep(struct kvb_client *c)
 			ids[c->nold_ids++] = c->hz_id[i];
 }
 
+/*
+ * The arena maps of the broker that went: kept while a lease of its may point into them (until
+ * the last old lease is released), unmapped otherwise. Only while one of its own: an attempt
+ * that failed after attach_rings() took none, and kept, each retry's would stay mapped.
+ */
+static void retire_arenas(struct kvb_client *c)
+{
+	struct kvbc_arena *r = NULL;
+
+	if (c->narenas && c->leases > c->old_leases) {
+		r = realloc(c->retired, (size_t)(c->nretired + c->narenas) * sizeof(*r));
+		if (!r)
+			return; /* out of memory: left mapped for good, not pulled from under a reader */
+		c->retired = r;
+	}
+	for (uint32_t i = 0; i < c->narenas; i++) {
+		if (r)
+			r[c->nretired++] = c->arenas[i];
+		else
+			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+	}
+}
+
 /* Drops what ties us to the broker that went: socket, doorbells, rings, arena maps. */
 static void detach_locked(struct kvb_client *c)
 {
@@ -710,17 +735,12 @@ static void detach_locked(struct kvb_client *c)
 	if (c->region)
 		munmap(c->region, c->region_size);
 	c->region = NULL;
-	for (uint32_t i = 0; i < c->narenas; i++) {
-		/* A lease of the old broker still points in here: keep it until released. */
-		if (c->leases && c->nretired < sizeof(c->retired) / sizeof(c->retired[0]))
-			c->retired[c->nretired++] = c->arenas[i];
-		else
-			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
-	}
+	retire_arenas(c);
 	c->old_leases = c->leases;
 	if (c->leases)
 		old_ids_keep(c);
-	c->nheld = 0; /* [release-post] they are retired now: kvbc_lease_retired() */
+	c->nheld = 0;  /* [release-post] they are retired now: kvbc_lease_retired() */
+	c->nalias = 0; /* [lease-alias] the ids they stood for went with the broker */
 	/*
 	 * [hazard] The table was in the region: its leases are retired too, and a failed attempt
 	 * that detaches again must not keep their ids twice, nor count their bytes against the

@@ -206,7 +206,7 @@ struct kvb_client {
 	uint32_t old_leases;	       /* of them, leases of a previous broker (retired maps) */
 	uint64_t *held;		       /* [release-post] ids of this broker's leases we hold */
 	uint32_t nheld, held_cap;
-	struct kvbc_arena retired[KVB_MAX_ARENAS * 4];
+	struct kvbc_arena *retired; /* arenas of brokers that went, while old_leases */
 	uint32_t nretired;
 	struct kvbc_view *views;
 	uint32_t nviews, views_cap;
@@ -214,6 +214,8 @@ struct kvb_client {
 	uint32_t nmut_async; /* [vdir] async DELETEs and PUTs in flight: no view reads of ours */
 	uint64_t *old_ids;   /* [RECONNECT] ids of old_leases (conn.c old_ids_keep) */
 	uint32_t nold_ids;
+	struct kvbc_alias *alias; /* [lease-alias] the ids handed out for this broker's */
+	uint32_t nalias, alias_cap, alias_seq;
 };
 
 /*
@@ -223,6 +225,19 @@ struct kvb_client {
  */
 void kvbc_lease_note(struct kvb_client *c, uint64_t id);
 void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
+
+/*
+ * ops.c [lease-alias]: kvbc_lease_issue() turns the broker's lease id into the one the caller
+ * gets (the same, but for one an old broker's lease of ours has); kvbc_lease_wire() turns the
+ * caller's back into the broker's for a RELEASE, forgetting the alias.
+ */
+#define KVBC_LEASE_ALIAS 0xfffffffeu /* in an alias's low word: no page id or hazard lease's */
+_Static_assert(KVBC_LEASE_ALIAS >= KVB_HZ_LEASE_MIN + KVB_HZ_ENTRIES, "alias is a hazard id");
+struct kvbc_alias {
+	uint64_t id, real;
+};
+uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real);
+uint64_t kvbc_lease_wire(struct kvb_client *c, uint64_t id);
 /* [hazard] A lease of our hazard table is released here (its entry cleared): 1; else 0. */
 int kvbc_hz_release(struct kvb_client *c, uint64_t id);
 /*

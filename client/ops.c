@@ -642,8 +642,10 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 	err = hz ? 0 : acquire_locked(c, n, &key, &data, &id, 0);
 	if (!err) {
 		c->leases++;
-		if (!hz)
-			kvbc_lease_note(c, id); /* [release-post] */
+		if (!hz) {
+			id = kvbc_lease_issue(c, id); /* [lease-alias] */
+			kvbc_lease_note(c, id);	      /* [release-post] */
+		}
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
 		lease->id = id;
@@ -696,6 +698,54 @@ void kvbc_lease_forget(struct kvb_client *c, uint64_t id)
 	(void)lease_unnote(c, id);
 }
 
+/*
+ * [lease-alias] A broker that adopts the pool gives a page the lease id its predecessor gave it
+ * (same slot, same generation), and a cold one counts generations from the same start, so a
+ * lease of the new broker can have the id of an old one the caller still holds. An async
+ * RELEASE carries nothing but the id, and the old lease's would release the new one. Such an id
+ * is handed out as an alias instead, never the broker's: a count of this client's in the high
+ * word, KVBC_LEASE_ALIAS in the low. Collisions need a restart and a page taken again, so the
+ * table is small and searched whole.
+ */
+uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real)
+{
+	struct kvbc_alias *a;
+	uint32_t i;
+
+	for (i = 0; i < c->nold_ids && c->old_ids[i] != real; i++)
+		;
+	if (i == c->nold_ids)
+		return real;
+	if (c->nalias == c->alias_cap) {
+		uint32_t cap = c->alias_cap ? 2 * c->alias_cap : 8;
+
+		a = realloc(c->alias, cap * sizeof(*a));
+		if (!a)
+			return real; /* out of memory: an async RELEASE of the old one is ambiguous */
+		c->alias = a;
+		c->alias_cap = cap;
+	}
+	a = &c->alias[c->nalias++];
+	a->real = real;
+	a->id = (uint64_t)++c->alias_seq << 32 | KVBC_LEASE_ALIAS;
+	return a->id;
+}
+
+uint64_t kvbc_lease_wire(struct kvb_client *c, uint64_t id)
+{
+	if ((uint32_t)id != KVBC_LEASE_ALIAS)
+		return id;
+	for (uint32_t i = 0; i < c->nalias; i++) {
+		if (c->alias[i].id == id) {
+			uint64_t real = c->alias[i].real;
+
+			c->alias[i] = c->alias[--c->nalias];
+			return real;
+		}
+	}
+	return id; /* not ours (released already, forged): the broker says -EINVAL */
+}
+
 int kvb_release(kvb_client *c, struct kvb_lease *lease)
 {
 	struct kvb_sqe sqe;
@@ -714,7 +764,7 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 		return 0;
 	}
 	sqe_key(&sqe, KVB_OP_RELEASE, 0, NULL);
-	sqe.off = lease->id;
+	sqe.off = kvbc_lease_wire(c, lease->id); /* [lease-alias] */
 	/*
 	 * [release-post] A lease we hold is released without waiting for the broker's answer,
 	 * which can only be success: the RELEASE goes into the note ring (ring.c [notes]; the SQ

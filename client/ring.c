@@ -855,10 +855,12 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 	if (m > c->nfree)
 		m = c->nfree;
 	for (size_t i = 0; i < m; i++) {
+		uint64_t lease;
 		uint32_t idx;
 		int old = 0;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
+		lease = sqe.off;
 		/*
 		 * [RECONNECT] An old broker's lease is released here, in a NOP's slot: deliver()
 		 * counts nothing more for it.
@@ -867,11 +869,13 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
 		else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
 			sqe.opcode = KVB_OP_NOP;
-		else if (sqe.opcode == KVB_OP_RELEASE)
-			kvbc_lease_forget(c, sqe.off); /* [release-post] */
+		else if (sqe.opcode == KVB_OP_RELEASE) {
+			kvbc_lease_forget(c, lease);	     /* [release-post] */
+			sqe.off = kvbc_lease_wire(c, lease); /* [lease-alias] */
+		}
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
-		c->slots[idx].lease = sqe.off;
+		c->slots[idx].lease = lease; /* the caller's id: noted again if the RELEASE fails */
 		if (old) {
 			complete_local(c, idx, 0);
 			local++;
@@ -921,10 +925,10 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 
 		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
 			c->leases++;
-			kvbc_lease_note(c, s->cqe.lease); /* [release-post] */
+			out->lease.id = kvbc_lease_issue(c, s->cqe.lease); /* [lease-alias] */
+			kvbc_lease_note(c, out->lease.id);		   /* [release-post] */
 			out->lease.data = data;
 			out->lease.len = (size_t)len;
-			out->lease.id = s->cqe.lease;
 		} else {
 			/* Outside our mapping: the lease is released when the client closes. */
 			out->res = -EPROTO;

@@ -113,7 +113,8 @@ struct kvb_opts {
 struct kvb_lease {
 	const void *data; /* inside the client's read-only mapping of the pool */
 	size_t len;	  /* the namespace's page_bytes */
-	uint64_t id;	  /* capability checked by the broker on release */
+	uint64_t id;	  /* capability checked on release (opaque: after a broker restart the
+			     library's alias of the broker's) */
 };
 
 /* Tiers reported by kvb_lookup_tiers(). */
@@ -360,7 +361,8 @@ int kvb_nop(kvb_client *c);
 
 /*
  * Allocates len bytes of shared memory the broker may copy to and from, registers it and
- * returns its address (NULL on failure, *buf untouched). The id goes to *buf. The memory is
+ * returns its address (NULL on failure with errno set: ENOMEM over the client's --max-buf-bytes,
+ * EMFILE past its --max-bufs, ...; *buf untouched). The id goes to *buf. The memory is
  * faulted in here, by the caller, so it is charged to the caller's memory cgroup (not to the
  * broker's at its first copy) and a buffer the machine cannot back fails now.
  */

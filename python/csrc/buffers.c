@@ -171,7 +171,7 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 			/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
 			void *q = kvb_buf_alloc_host(cl->c, size, &id);
 
-			err = q ? 0 : -ENOMEM;
+			err = q ? 0 : -errno;
 			p = q ? q : MAP_FAILED;
 			lib = 1;
 		}
