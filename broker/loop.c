@@ -142,9 +142,17 @@ int loop_run(struct loop *l)
 		last_ep = clock_now();
 		if (sleeping) {
 			l->h.wake(l->h.arg);
-			/* Only a real event restarts the poll window, not a nap's timeout. */
-			if (n > 0)
-				last = last_ep;
+			/*
+			 * Only a real event restarts the poll window: not a nap's timeout, nor
+			 * a doorbell alone, whose work the round below finds (or, notes only
+			 * [told], does not).
+			 */
+			for (int i = 0; i < n; i++) {
+				if (!((const struct loop_fd *)evs[i].data.ptr)->polled) {
+					last = last_ep;
+					break;
+				}
+			}
 		}
 		if (n < 0 && errno != EINTR) {
 			log_error("epoll_wait: %d", errno);

@@ -16,6 +16,11 @@
 struct loop_fd {
 	void (*fn)(void *arg);
 	void *arg;
+	/*
+	 * A doorbell of what the rounds poll (an SQ's): its event alone does not restart the
+	 * poll window after a sleep; the round after it does if it finds work there.
+	 */
+	int polled;
 };
 
 struct loop_hooks {

@@ -1143,8 +1143,8 @@ int main(int argc, char **argv)
 		log_info("metrics: http://%s/metrics", b.metrics_addr);
 		metrics_http_tick(&b);
 	}
-	b.on_listen = (struct loop_fd){session_on_listen, &b};
-	b.on_signal = (struct loop_fd){on_signal, &b};
+	b.on_listen = (struct loop_fd){.fn = session_on_listen, .arg = &b};
+	b.on_signal = (struct loop_fd){.fn = on_signal, .arg = &b};
 	err = loop_add(&b.loop, b.listen_fd, &b.on_listen);
 	if (!err)
 		err = loop_add(&b.loop, b.sigfd, &b.on_signal);

@@ -1026,10 +1026,8 @@ int ops_note(struct broker *b, struct session *s, const struct kvb_sqe *sqe)
 	struct op *op;
 	int32_t res;
 
-	/* Told afterwards: a directory read, a RELEASE, an ACQUIRE of the client's own [hazard]. */
-	if (sqe->opcode != KVB_OP_RELEASE &&
-	    (sqe->opcode != KVB_OP_GET || !(sqe->flags & KVB_SQEF_GET)) &&
-	    (sqe->opcode != KVB_OP_ACQUIRE || !(sqe->flags & KVB_SQEF_HELD)))
+	/* [told] A directory read or a hazard lease, or a RELEASE of a lease we gave. */
+	if (sqe->opcode != KVB_OP_RELEASE && !ops_told(sqe))
 		return -EPROTO;
 	op = op_new(b, s, sqe);
 	if (!op)
@@ -1063,7 +1061,8 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 		return OPS_DEFERRED;
 	}
 	*cqe = op->cqe;
-	op_hold(b, op);
+	if (!ops_told(sqe))
+		op_hold(b, op);
 	op_end(b, op);
 	return OPS_DONE;
 }

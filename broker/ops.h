@@ -105,6 +105,19 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 	       uint64_t *work);
 
 /*
+ * [told] An op the client tells afterwards: a read it made through the pool directory (GET with
+ * KVB_SQEF_GET) or a lease of its hazard table (ACQUIRE or RELEASE with KVB_SQEF_HELD). Nothing
+ * waits on the broker for it, so on the SQ (where a full note ring sends it) it is no work that
+ * keeps the loop polling, and it holds the loop for no copy.
+ */
+static inline int ops_told(const struct kvb_sqe *sqe)
+{
+	return (sqe->opcode == KVB_OP_GET && (sqe->flags & KVB_SQEF_GET)) ||
+	       ((sqe->opcode == KVB_OP_ACQUIRE || sqe->opcode == KVB_OP_RELEASE) &&
+		(sqe->flags & KVB_SQEF_HELD));
+}
+
+/*
  * session.c [notes]: runs one entry of a session's note ring (wire.h KVB_FEAT_NOTES): a read
  * through the pool directory (a GET with KVB_SQEF_GET) or a RELEASE, as on the SQ but with no
  * CQE and no hold of the loop. -EPROTO for anything else, or a RELEASE of no lease of ours;

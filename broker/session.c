@@ -422,9 +422,9 @@ static int peer_allowed(const struct broker *b, int fd, const struct ucred *cr)
 void session_init(struct broker *b, struct session *s)
 {
 	s->b = b;
-	s->on_sock = (struct loop_fd){on_sock, s};
-	s->on_sq = (struct loop_fd){on_sq, s};
-	s->on_pid = (struct loop_fd){on_pid, s};
+	s->on_sock = (struct loop_fd){.fn = on_sock, .arg = s};
+	s->on_sq = (struct loop_fd){.fn = on_sq, .arg = s, .polled = 1};
+	s->on_pid = (struct loop_fd){.fn = on_pid, .arg = s};
 	list_init(&s->link);
 	list_init(&s->live);
 	waitq_init(&s->yieldq);
@@ -753,7 +753,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 {
 	int64_t avail, space;
 	uint64_t work = 0;
-	uint32_t n, i, posted = 0, ran = 0;
+	uint32_t n, i, posted = 0, ran = 0, told = 0;
 
 	if (!s->region)
 		return 0;
@@ -823,6 +823,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		else
 			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
 		work += w;
+		told += (uint32_t)ops_told(&sqe);
 	}
 	if (!i)
 		return (int)ran;
@@ -837,5 +838,11 @@ int session_poll(struct broker *b, struct session *s, uint32_t max)
 		session_destroy(b, s, "impossible completion-queue head");
 		return -1;
 	}
-	return (int)(i + ran);
+	/*
+	 * [told] Notes a full note ring sent here are no work: a client streaming reads through
+	 * the directory or its hazard table rings the doorbell once per ring's worth of them,
+	 * and a poll window after each wake-up kept our CPU busy a fifth of the time, which
+	 * slowed its copies (64 KiB ACQUIRE 0.70-0.75 of memcpy; with --poll-us 0, 0.83-0.89).
+	 */
+	return (int)(i - told + ran);
 }

@@ -1191,7 +1191,7 @@ int tier_open(struct broker *b, const struct disk_cfg *c)
 		if (err)
 			goto err_close;
 	}
-	t->on_event = (struct loop_fd){on_disk_event, t};
+	t->on_event = (struct loop_fd){.fn = on_disk_event, .arg = t};
 	err = loop_add(&b->loop, t->d.efd, &t->on_event);
 	if (err)
 		goto err_close;

@@ -300,7 +300,7 @@ static int ep_add_copy(struct broker *b, const struct copy_engine *e, struct loo
 {
 	if (e->efd < 0)
 		return 0;
-	*h = (struct loop_fd){on_copy, b};
+	*h = (struct loop_fd){.fn = on_copy, .arg = b};
 	return loop_add(&b->loop, e->efd, h);
 }
 

@@ -797,6 +797,14 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	return err;
 }
 
+int kvb_lease_copy(const struct kvb_lease *lease, size_t off, void *dst, size_t len)
+{
+	if (!lease || !lease->data || !dst || off > lease->len || len > lease->len - off)
+		return -EINVAL;
+	kvb_copy(dst, (const uint8_t *)lease->data + off, len);
+	return 0;
+}
+
 int kvb_nop(kvb_client *c)
 {
 	struct kvb_sqe sqe;

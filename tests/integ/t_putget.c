@@ -4,7 +4,7 @@
  * 4 KiB, 64 KiB, 1 MiB, a Kimi-K2.5 MLA page (61 layers x 1152 B x 64 tokens = 4,497,408 B), a
  * page that is not a multiple of 4 KiB, and a two-component page (main KV plus a sparse-attention
  * indexer cache). Each goes through a plain buffer and a kvb_buf_alloc_host() buffer in both
- * directions. Also: a second PUT reports EXISTED (returns 1), unknown keys give -ENOENT, a
+ * directions, and each lease copied out by kvb_lease_copy(). Also: a second PUT reports EXISTED (returns 1), unknown keys give -ENOENT, a
  * deleted page is gone (and a leased one stays readable until released), LOOKUP counts leading
  * hits and reports each key's tier, a page larger than a slab is refused with -E2BIG, and the
  * pool's accounting matches what is stored, 4 KiB-rounded slot by slot.
@@ -111,8 +111,26 @@ static void run_case(kvb_client *c, const struct size_case *sc, uint64_t seed)
 	CHECK_EQ(lease.len, pb);
 	snprintf(what, sizeof(what), "%s: lease", sc->name);
 	CHECK(harness_verify(lease.data, pb, &keys[0], seed, what) == 0);
+	/*
+	 * Copied out by the library: twice into one destination (the second by memcpy where the
+	 * first streamed, kvb_copy [nt-fresh]), a tail from an odd offset, nothing outside.
+	 */
+	for (int rep = 0; rep < 2; rep++) {
+		memset(dst, 0, pb);
+		CHECK_OK(kvb_lease_copy(&lease, 0, dst, pb));
+		snprintf(what, sizeof(what), "%s: kvb_lease_copy %d", sc->name, rep);
+		CHECK(harness_verify(dst, pb, &keys[0], seed, what) == 0);
+	}
+	memset(dst, 0, pb);
+	CHECK_OK(kvb_lease_copy(&lease, pb / 2 + 1, dst, pb - pb / 2 - 1));
+	CHECK(memcmp(dst, (const uint8_t *)lease.data + pb / 2 + 1, pb - pb / 2 - 1) == 0);
+	CHECK_RC(kvb_lease_copy(&lease, pb, dst, 0), 0);
+	CHECK_RC(kvb_lease_copy(&lease, pb + 1, dst, 0), -EINVAL);
+	CHECK_RC(kvb_lease_copy(&lease, 1, dst, pb), -EINVAL);
+	CHECK_RC(kvb_lease_copy(&lease, 8, dst, SIZE_MAX), -EINVAL);
 	CHECK_OK(kvb_release(c, &lease));
 	CHECK_RC(kvb_release(c, &lease), -EINVAL);
+	CHECK_RC(kvb_lease_copy(&lease, 0, dst, pb), -EINVAL);
 
 	/* Misses. */
 	CHECK_RC(kvb_get(c, ns, unknown, dst, pb), -ENOENT);

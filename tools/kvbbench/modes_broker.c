@@ -486,7 +486,8 @@ static int64_t op_get(struct kvbb_w *w, uint64_t i)
 	return (int64_t)pb;
 }
 
-static int64_t op_acquire(struct kvbb_w *w, uint64_t i)
+/* A lease of a page read whole: summed (--read-sum), or copied by libcopy's or glibc's copy. */
+static int64_t acquire_read(struct kvbb_w *w, uint64_t i, int libcopy)
 {
 	const struct kvbb_cfg *cfg = w->cfg;
 	size_t pb = cfg->page_bytes;
@@ -514,6 +515,12 @@ static int64_t op_acquire(struct kvbb_w *w, uint64_t i)
 		for (k = 0; k < pb / 8; k++)
 			s += p[k];
 		w->s->sink += s;
+	} else if (libcopy) {
+		rc = kvb_lease_copy(&lease, 0, dst_of(w, i), pb);
+		if (rc < 0) {
+			kvb_release(w->c, &lease);
+			return rc;
+		}
 	} else {
 		memcpy(dst_of(w, i), lease.data, pb);
 	}
@@ -523,6 +530,16 @@ static int64_t op_acquire(struct kvbb_w *w, uint64_t i)
 	}
 	rc = kvb_release(w->c, &lease);
 	return rc < 0 ? rc : (int64_t)pb;
+}
+
+static int64_t op_acquire(struct kvbb_w *w, uint64_t i)
+{
+	return acquire_read(w, i, 0);
+}
+
+static int64_t op_acquire_copy(struct kvbb_w *w, uint64_t i)
+{
+	return acquire_read(w, i, 1);
 }
 
 static int64_t op_lookup(struct kvbb_w *w, uint64_t i)
@@ -1217,8 +1234,10 @@ const struct kvbb_mode kvbb_broker_modes[] = {
 	 prep_populate, setup_reg, op_get, teardown, NULL, 0},
 	{"get-user", "kvb_get into malloc'd memory (client copies)", MF_BROKER | MF_DATA,
 	 prep_populate, setup_user, op_get, teardown, NULL, 0},
-	{"acquire", "kvb_acquire + read every byte + kvb_release", MF_BROKER | MF_DATA,
+	{"acquire", "kvb_acquire + memcpy (or --read sum) + kvb_release", MF_BROKER | MF_DATA,
 	 prep_populate, setup_user, op_acquire, teardown, NULL, 0},
+	{"acquire-copy", "kvb_acquire + kvb_lease_copy + kvb_release", MF_BROKER | MF_DATA,
+	 prep_populate, setup_user, op_acquire_copy, teardown, NULL, 0},
 	{"lookup", "kvb_lookup of --batch stored keys", MF_BROKER, prep_populate, setup_lookup,
 	 op_lookup, teardown, NULL, 0},
 	{"mix", "--mix of get, put, lookup, acquire (registered buffer)", MF_BROKER | MF_DATA,

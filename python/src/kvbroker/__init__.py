@@ -73,7 +73,7 @@ __all__ = [
     "version",
 ]
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def version() -> str:
