@@ -6,8 +6,9 @@
 # own; run alone it is the same table), progress on stderr.
 #
 #   copies    GET into a registered buffer, get-user (the client copies from its pool map),
-#             ACQUIRE + copy + RELEASE, at 64 KiB, 1 MiB and Kimi-K2.5 pages (4.29 MiB), each
-#             with rotating destinations (larger than the LLC) and with one reused, cache-hot
+#             ACQUIRE + kvb_lease_copy + RELEASE (and with the caller's memcpy), at 64 KiB,
+#             1 MiB and Kimi-K2.5 pages (4.29 MiB), each with rotating destinations (larger
+#             than the LLC) and with one reused, cache-hot
 #             destination (--dst hot), as a ratio to memcpy with the same destinations;
 #             PUT from a registered buffer and from plain memory (put-user) likewise
 #   scaling   get-user and GET of 1 MiB pages by 2 and 4 processes against memcpy by as many

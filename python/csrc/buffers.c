@@ -768,6 +768,42 @@ static PyObject *lease_get_held(PyObject *self, void *unused)
 	return PyBool_FromLong(lease_held((lease *)self));
 }
 
+/*
+ * The library's copy out of the page (kvb_lease_copy): streaming stores where numpy's or
+ * bytes' memcpy would read the destination first. The GIL is dropped for the copy; the lease
+ * counts as exported meanwhile, so that neither release() nor the client's close() pulls the
+ * page from under it.
+ */
+static PyObject *lease_copy_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"dst", "offset", NULL};
+	lease *o = (lease *)self;
+	Py_ssize_t off = 0;
+	Py_buffer dst;
+	int err;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "w*|n:copy_into", kwlist, &dst, &off))
+		return NULL;
+	if (!lease_held(o) || off < 0 || (size_t)off > o->l.len ||
+	    (size_t)dst.len > o->l.len - (size_t)off) {
+		PyErr_Format(PyExc_ValueError,
+			     lease_held(o) ? "%zd bytes from offset %zd: outside the %zu-byte page"
+					   : "lease released (or its client closed)",
+			     dst.len, off, o->l.len);
+		PyBuffer_Release(&dst);
+		return NULL;
+	}
+	o->exports++;
+	Py_BEGIN_ALLOW_THREADS;
+	err = kvb_lease_copy(&o->l, (size_t)off, dst.buf, (size_t)dst.len);
+	Py_END_ALLOW_THREADS;
+	o->exports--;
+	PyBuffer_Release(&dst);
+	if (err < 0)
+		return kvbpy_raise(err);
+	return PyLong_FromSsize_t(dst.len);
+}
+
 static Py_ssize_t lease_len(PyObject *self)
 {
 	return (Py_ssize_t)((lease *)self)->l.len;
@@ -777,6 +813,10 @@ static PyMethodDef lease_methods[] = {
 	{"release", lease_release, METH_NOARGS,
 	 "release() -> None\n--\n\nUnpins the page (idempotent). BufferError while its data is "
 	 "still referenced."},
+	{"copy_into", (PyCFunction)(void (*)(void))lease_copy_into, METH_VARARGS | METH_KEYWORDS,
+	 "copy_into(dst, offset=0) -> int\n--\n\nCopies len(dst) bytes of the page from offset "
+	 "into the writable buffer dst with the library's copy (kvb_lease_copy: streaming stores, "
+	 "the GIL dropped) and returns that count. ValueError past the page's end."},
 	{"__enter__", lease_enter, METH_NOARGS,
 	 "Returns a read-only memoryview of the page, released again by __exit__."},
 	{"__exit__", lease_exit, METH_VARARGS, "Releases the memoryview and the lease."},

@@ -195,6 +195,28 @@ def test_acquire_is_a_readonly_memoryview(ns: kvb.Namespace) -> None:
     lease.release()  # idempotent
 
 
+def test_lease_copy_into(ns: kvb.Namespace) -> None:
+    (k,) = fresh_keys(1)
+    data = page(ns, 12)
+    ns.put(k, data)
+    lease = ns.acquire(k)
+    assert lease is not None
+    whole = np.zeros(ns.page_bytes, np.uint8)
+    assert lease.copy_into(whole) == ns.page_bytes and whole.tobytes() == data
+    tail = bytearray(100)
+    assert lease.copy_into(tail, offset=ns.page_bytes - 100) == 100
+    assert bytes(tail) == data[-100:]
+    with pytest.raises(ValueError):
+        lease.copy_into(tail, offset=ns.page_bytes - 99)
+    with pytest.raises(ValueError):
+        lease.copy_into(tail, offset=-1)
+    with pytest.raises(TypeError):
+        lease.copy_into(b"read-only")
+    lease.release()  # nothing left exported by the copies
+    with pytest.raises(ValueError):
+        lease.copy_into(tail)
+
+
 def test_lease_refuses_release_while_referenced(ns: kvb.Namespace) -> None:
     (k,) = fresh_keys(1)
     ns.put(k, page(ns, 10))
