@@ -246,7 +246,6 @@ int xfer_fill(struct broker *b, struct op *op)
 		if (b->pool.meta && op->filled + n == len)
 			op->job.crc = slot_tail_crc(b, op, op->job.crc);
 		op->filled += (uint32_t)n;
-		op->fill_at = now;
 		op->work += n / OPS_WORK_BYTES;
 		b->xs.fill_bytes += n;
 		step += n;
@@ -258,6 +257,7 @@ int xfer_fill(struct broker *b, struct op *op)
 			return OPS_DONE;
 		}
 	}
+	op->fill_at = clock_now(); /* the give-up counts from the end of our copy, not its start */
 	return ops_park(b, op, &s->yieldq, "its source being filled");
 }
 
