@@ -352,9 +352,9 @@ void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb);
 /*
  * One turn of a session: its yielded ops' next steps, then SQEs, up to max SQEs and about
  * OPS_ROUND_WORK units of work. Returns ops run (0: idle), or -1 when the session was
- * destroyed.
+ * destroyed; *told gets how many of them were told ops (ops.h [told]).
  */
-int session_poll(struct broker *b, struct session *s, uint32_t max);
+int session_poll(struct broker *b, struct session *s, uint32_t max, uint32_t *told);
 
 /*
  * Completes an op that ops_submit deferred: posts its CQE into the slot reserved for it. On a

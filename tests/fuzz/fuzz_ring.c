@@ -65,7 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	while (alive && pos + 9 <= size) {
 		uint32_t tail_lie = rd32(data + pos), cq_back = rd32(data + pos + 4);
-		uint32_t nsqe = data[pos + 8], head0, head1, cq_tail;
+		uint32_t nsqe = data[pos + 8], head0, head1, cq_tail, told;
 		int rc;
 
 		pos += 9;
@@ -87,7 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		kvb_store_release(s->sq.tail, tail + tail_lie);
 		/* The client reaped everything so far, then (perhaps) lies about it. */
 		kvb_store_release(s->cq.head, kvb_load_relaxed(s->cq.tail) - cq_back);
-		rc = session_poll(&fb->b, s, 64);
+		rc = session_poll(&fb->b, s, 64, &told);
 		if (rc < 0) {
 			/* Only an impossible index may end a session. */
 			if (!tail_lie && !cq_back)
@@ -99,6 +99,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		cq_tail = kvb_load_relaxed(s->cq.tail);
 		if (head1 - head0 != (uint32_t)rc || cq_tail - cq_tail_seen != (uint32_t)rc)
 			fuzz_fail("SQEs consumed != CQEs posted");
+		if (told > (uint32_t)rc)
+			fuzz_fail("more told ops than SQEs");
 		for (uint32_t i = 0; i < (uint32_t)rc; i++) {
 			const struct kvb_sqe *sqe = kvb_ring_slot(&s->sq, head0 + i);
 			const struct kvb_cqe *cqe = kvb_ring_slot(&s->cq, cq_tail_seen + i);
