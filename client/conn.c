@@ -672,7 +672,7 @@ int kvbc_old_release(struct kvb_client *c, uint64_t id)
 
 /*
  * [RECONNECT] The ids of our leases that outlive their broker, so that an async RELEASE of one
- * is answered here (kvbc_old_release); kvb_release() finds them by their mapping instead.
+ * is answered here (kvbc_old_release); kvb_release() finds them by their mapping first.
  */
 static void old_ids_keep(struct kvb_client *c)
 {
@@ -693,9 +693,9 @@ static void old_ids_keep(struct kvb_client *c)
 }
 
 /*
- * The arena maps of the broker that went: kept while a lease of its may point into them (until
- * the last old lease is released), unmapped otherwise. Only while one of its own: an attempt
- * that failed after attach_rings() took none, and kept, each retry's would stay mapped.
+ * The arena maps of the broker that went: kept while a lease it granted may point into them
+ * (until the last old lease is released), unmapped otherwise. An attempt that failed after
+ * attach_rings() granted none: keeping its maps would leave one set per retry.
  */
 static void retire_arenas(struct kvb_client *c)
 {
@@ -704,7 +704,7 @@ static void retire_arenas(struct kvb_client *c)
 	if (c->narenas && c->leases > c->old_leases) {
 		r = realloc(c->retired, (size_t)(c->nretired + c->narenas) * sizeof(*r));
 		if (!r)
-			return; /* out of memory: left mapped for good, not pulled from under a reader */
+			return; /* out of memory: mapped for good, never pulled from under a reader */
 		c->retired = r;
 	}
 	for (uint32_t i = 0; i < c->narenas; i++) {

@@ -228,8 +228,9 @@ void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
 
 /*
  * ops.c [lease-alias]: kvbc_lease_issue() turns the broker's lease id into the one the caller
- * gets (the same, but for one an old broker's lease of ours has); kvbc_lease_wire() turns the
- * caller's back into the broker's for a RELEASE, forgetting the alias.
+ * gets (the same, unless an old broker's lease we hold has it); kvbc_lease_wire() turns the
+ * caller's back into the broker's for a RELEASE, and kvbc_lease_unalias() forgets the alias
+ * once that RELEASE succeeded (a failed one may be sent again).
  */
 #define KVBC_LEASE_ALIAS 0xfffffffeu /* in an alias's low word: no page id or hazard lease's */
 _Static_assert(KVBC_LEASE_ALIAS >= KVB_HZ_LEASE_MIN + KVB_HZ_ENTRIES, "alias is a hazard id");
@@ -238,6 +239,7 @@ struct kvbc_alias {
 };
 uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real);
 uint64_t kvbc_lease_wire(struct kvb_client *c, uint64_t id);
+void kvbc_lease_unalias(struct kvb_client *c, uint64_t id);
 /* [hazard] A lease of our hazard table is released here (its entry cleared): 1; else 0. */
 int kvbc_hz_release(struct kvb_client *c, uint64_t id);
 /*

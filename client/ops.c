@@ -705,7 +705,8 @@ void kvbc_lease_forget(struct kvb_client *c, uint64_t id)
  * RELEASE carries nothing but the id, and the old lease's would release the new one. Such an id
  * is handed out as an alias instead, never the broker's: a count of this client's in the high
  * word, KVBC_LEASE_ALIAS in the low. Collisions need a restart and a page taken again, so the
- * table is small and searched whole.
+ * table is small and searched whole; so are the old ids each new lease is looked up among, as
+ * long as old leases are held (few outlive a restart).
  */
 uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real)
 {
@@ -731,19 +732,29 @@ uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real)
 	return a->id;
 }
 
-uint64_t kvbc_lease_wire(struct kvb_client *c, uint64_t id)
+static struct kvbc_alias *alias_of(struct kvb_client *c, uint64_t id)
 {
 	if ((uint32_t)id != KVBC_LEASE_ALIAS)
-		return id;
-	for (uint32_t i = 0; i < c->nalias; i++) {
-		if (c->alias[i].id == id) {
-			uint64_t real = c->alias[i].real;
+		return NULL;
+	for (uint32_t i = 0; i < c->nalias; i++)
+		if (c->alias[i].id == id)
+			return &c->alias[i];
+	return NULL;
+}
 
-			c->alias[i] = c->alias[--c->nalias];
-			return real;
-		}
-	}
-	return id; /* not ours (released already, forged): the broker says -EINVAL */
+uint64_t kvbc_lease_wire(struct kvb_client *c, uint64_t id)
+{
+	const struct kvbc_alias *a = alias_of(c, id);
+
+	return a ? a->real : id; /* none (released already, forged): the broker says -EINVAL */
+}
+
+void kvbc_lease_unalias(struct kvb_client *c, uint64_t id)
+{
+	struct kvbc_alias *a = alias_of(c, id);
+
+	if (a)
+		*a = c->alias[--c->nalias];
 }
 
 int kvb_release(kvb_client *c, struct kvb_lease *lease)
@@ -756,8 +767,13 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	err = kvbc_enter(c);
 	if (err)
 		return err;
-	if (kvbc_lease_retired(c, lease->data, lease->id)) {
-		/* [RECONNECT] a lease of the broker that went: nothing to tell the new one. */
+	/*
+	 * [RECONNECT] A lease of a broker that went: nothing to tell the new one. Found by its
+	 * mapping, or by its id where the mapping could not be kept on record (out of memory at
+	 * the reconnect: conn.c retire_arenas), which [lease-alias] keeps apart from the new
+	 * broker's ids.
+	 */
+	if (kvbc_lease_retired(c, lease->data, lease->id) || kvbc_old_release(c, lease->id)) {
 		lease->data = NULL;
 		lease->len = 0;
 		kvbc_leave(c);
@@ -786,6 +802,7 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 		err = run(c, &sqe, NULL);
 	}
 	if (err >= 0) {
+		kvbc_lease_unalias(c, lease->id);
 		if (c->leases)
 			c->leases--;
 		/* The page may be evicted and its slot reused now: make a stale read fault loudly. */

@@ -916,8 +916,11 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 	out->res = s->cqe.res;
 	out->flags = s->cqe.flags;
 	/* A lease released: the count a reconnect keeps the old broker's mappings by (conn.c). */
-	if (s->opcode == KVB_OP_RELEASE && s->cqe.res >= 0 && c->leases)
-		c->leases--;
+	if (s->opcode == KVB_OP_RELEASE && s->cqe.res >= 0) {
+		kvbc_lease_unalias(c, s->lease); /* [lease-alias] */
+		if (c->leases)
+			c->leases--;
+	}
 	if (s->opcode == KVB_OP_ACQUIRE && s->cqe.res >= 0) {
 		const struct kvbc_ns *ns = kvbc_ns_find(c, s->ns);
 		uint64_t len = ns ? ns->page_bytes : 0;

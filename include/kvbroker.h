@@ -8,7 +8,8 @@
  * stored (by another TP rank, another engine, another job) copies nothing.
  *
  * Conventions (as liburing): functions return >= 0 on success and a negative errno on failure;
- * errno is never used. Input structs end with flags and reserved words that must be zero.
+ * errno is not used, but for kvb_buf_alloc_host(), which returns an address (NULL with errno
+ * set). Input structs end with flags and reserved words that must be zero.
  *
  * Thread-safety: a kvb_client may be shared by threads; every call takes the client's lock, so
  * calls on one client are serialized, except that kvb_reap() drops the lock while it sleeps
@@ -164,9 +165,9 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     or a RELEASE of its id through kvb_submit(), completes 0 without a round trip, and the
  *     old mapping goes with the last of them. An async RELEASE that was in flight when the
  *     broker went fails -ECONNRESET and leaves the lease held: send it again. (An async
- *     RELEASE names a lease by its id alone: a lease of the new broker whose id an old lease
- *     the caller still holds has gets another id from the library, so neither is taken for
- *     the other.) Pages
+ *     RELEASE names a lease by its id alone: a lease of the new broker that has the id of an
+ *     old one still held is handed out under another id, so neither is taken for the other.
+ *     The old mappings go with the last old lease of any broker before.) Pages
  *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
  *     every page committed before, byte-exact; a page being written is never served), or are
  *     gone (--no-pool-keep, a clean stop, a changed --slab).
@@ -361,9 +362,11 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease);
  * streaming stores from 256 KiB, and from 64 KiB into a destination other than the one this
  * thread's last such copy wrote, so that dst's lines are not read first and the caller's cache
  * is not flushed by a page nobody reads back soon. A 64 KiB lease copied into rotating
- * destinations ran at 0.84-1.01 of a back-to-back memcpy this way, at 0.62-0.78 with glibc's
- * memcpy (docs/benchmarks.md). -EINVAL when [off, off + len) is outside the lease or it was
- * released. Takes no lock and no round trip: any thread. (Library 0.5.)
+ * destinations ran at 0.84-1.01 of a back-to-back memcpy this way, at 0.63-0.73 with glibc's
+ * memcpy (docs/benchmarks.md). -EINVAL when [off, off + len) is outside the lease, or after
+ * kvb_release() of this struct (a RELEASE through kvb_submit() leaves it as it was: do not
+ * copy after one). Takes no lock and makes no round trip: any thread, but not while another
+ * releases the same lease. (Library 0.5.)
  */
 int kvb_lease_copy(const struct kvb_lease *lease, size_t off, void *dst, size_t len);
 

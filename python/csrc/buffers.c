@@ -171,7 +171,7 @@ PyObject *kvbpy_alloc_host(PyObject *self, PyObject *arg)
 			/* A broker before ABI 1.2: the library's own buffer, tied to the registration. */
 			void *q = kvb_buf_alloc_host(cl->c, size, &id);
 
-			err = q ? 0 : -errno;
+			err = q ? 0 : errno ? -errno : -ENOMEM;
 			p = q ? q : MAP_FAILED;
 			lib = 1;
 		}
@@ -814,9 +814,10 @@ static PyMethodDef lease_methods[] = {
 	 "release() -> None\n--\n\nUnpins the page (idempotent). BufferError while its data is "
 	 "still referenced."},
 	{"copy_into", (PyCFunction)(void (*)(void))lease_copy_into, METH_VARARGS | METH_KEYWORDS,
-	 "copy_into(dst, offset=0) -> int\n--\n\nCopies len(dst) bytes of the page from offset "
-	 "into the writable buffer dst with the library's copy (kvb_lease_copy: streaming stores, "
-	 "the GIL dropped) and returns that count. ValueError past the page's end."},
+	 "copy_into(dst, offset=0) -> int\n--\n\nCopies dst's whole buffer (its nbytes) of the "
+	 "page from offset into the writable buffer dst with the library's copy (kvb_lease_copy: "
+	 "streaming stores, the GIL dropped) and returns that count. ValueError past the page's "
+	 "end."},
 	{"__enter__", lease_enter, METH_NOARGS,
 	 "Returns a read-only memoryview of the page, released again by __exit__."},
 	{"__exit__", lease_exit, METH_VARARGS, "Releases the memoryview and the lease."},

@@ -74,6 +74,8 @@ int main(int argc, char **argv)
 		"--page 64K --ws 4M --iters 20 --qd 4 --dst hot get",
 		"--page 64K --ws 4M --iters 100 --dst hot get-user",
 		"--page 64K --ws 4M --iters 100 --dst hot acquire",
+		"--page 64K --ws 4M --iters 100 acquire-copy",
+		"--page 1M --ws 8M --iters 20 --dst hot acquire-copy",
 	};
 	char tmp[PATH_MAX], *out;
 	cJSON *r;

@@ -4,10 +4,11 @@
  * 4 KiB, 64 KiB, 1 MiB, a Kimi-K2.5 MLA page (61 layers x 1152 B x 64 tokens = 4,497,408 B), a
  * page that is not a multiple of 4 KiB, and a two-component page (main KV plus a sparse-attention
  * indexer cache). Each goes through a plain buffer and a kvb_buf_alloc_host() buffer in both
- * directions, and each lease copied out by kvb_lease_copy(). Also: a second PUT reports EXISTED (returns 1), unknown keys give -ENOENT, a
- * deleted page is gone (and a leased one stays readable until released), LOOKUP counts leading
- * hits and reports each key's tier, a page larger than a slab is refused with -E2BIG, and the
- * pool's accounting matches what is stored, 4 KiB-rounded slot by slot.
+ * directions, and each lease is copied out by kvb_lease_copy(). Also: a second PUT reports
+ * EXISTED (returns 1), unknown keys give -ENOENT, a deleted page is gone (and a leased one stays
+ * readable until released), LOOKUP counts leading hits and reports each key's tier, a page
+ * larger than a slab is refused with -E2BIG, and the pool's accounting matches what is stored,
+ * 4 KiB-rounded slot by slot.
  */
 #include <stdio.h>
 #include <stdlib.h>

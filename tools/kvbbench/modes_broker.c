@@ -486,7 +486,7 @@ static int64_t op_get(struct kvbb_w *w, uint64_t i)
 	return (int64_t)pb;
 }
 
-/* A lease of a page read whole: summed (--read-sum), or copied by libcopy's or glibc's copy. */
+/* A lease of a page read whole: summed (--read sum), or copied by the library's or glibc's copy. */
 static int64_t acquire_read(struct kvbb_w *w, uint64_t i, int libcopy)
 {
 	const struct kvbb_cfg *cfg = w->cfg;
@@ -524,7 +524,8 @@ static int64_t acquire_read(struct kvbb_w *w, uint64_t i, int libcopy)
 	} else {
 		memcpy(dst_of(w, i), lease.data, pb);
 	}
-	if (w->verify && kvbb_check_page(lease.data, pb, &key)) {
+	/* --verify: what was copied, where a copy was made (the lease itself when summed). */
+	if (w->verify && kvbb_check_page(cfg->read_sum ? lease.data : dst_of(w, i), pb, &key)) {
 		kvb_release(w->c, &lease);
 		return -EBADMSG;
 	}
