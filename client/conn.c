@@ -25,7 +25,7 @@
  * ids as the caller's and translates them in every SQE and message (kvbc_sqe_ids). In-flight
  * async ops complete with -ECONNRESET first (kvb_reap delivers them) and the reconnect waits
  * until they are reaped. Leases of the old broker stay readable (its arena mappings are kept,
- * retired, until the last of them is released, which is then local). GPU buffers are exported
+ * retired, until the last of its leases is released, which is then local). GPU buffers are exported
  * again from their device pointer and registered (cuda.c kvbc_gpu_again); one whose allocation
  * is gone, or that the new broker refuses, is lost alone: its ops fail -EBADF.
  *
@@ -128,6 +128,12 @@ void kvbc_pool_revoke(struct kvb_client *c)
 			     MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 }
 
+static void gone_unmap(const struct kvbc_gone *g)
+{
+	for (uint32_t i = 0; i < g->narenas; i++)
+		munmap((void *)(uintptr_t)g->arenas[i].map, g->arenas[i].size);
+}
+
 /* Releases whatever part of a client exists; the inverse of kvb_connect() at any stage. */
 static void client_destroy(struct kvb_client *c)
 {
@@ -137,9 +143,9 @@ static void client_destroy(struct kvb_client *c)
 	kvbc_ring_teardown(c);
 	for (uint32_t i = 0; i < c->narenas; i++)
 		munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
-	for (uint32_t i = 0; i < c->nretired; i++)
-		munmap((void *)(uintptr_t)c->retired[i].map, c->retired[i].size);
-	free(c->retired);
+	for (uint32_t i = 0; i < c->ngone; i++)
+		gone_unmap(&c->gone[i]);
+	free(c->gone);
 	if (c->region)
 		munmap(c->region, c->region_size);
 	if (c->sq_efd >= 0)
@@ -621,11 +627,14 @@ void kvbc_view_del(struct kvb_client *c, uint32_t id)
 	}
 }
 
-/* One lease of a broker that went is released: the last one unmaps that broker's pool. */
-static void old_lease_gone(struct kvb_client *c, uint64_t id)
+/*
+ * One lease of broker gen, which went, is released: its last one unmaps that broker's pool. A
+ * lease whose broker could not be kept on record (out of memory at the detach) has gen 0.
+ */
+static void old_lease_gone(struct kvb_client *c, uint32_t gen, uint64_t id)
 {
 	for (uint32_t i = 0; i < c->nold_ids; i++) {
-		if (c->old_ids[i] == id) {
+		if (c->old_ids[i].id == id && c->old_ids[i].gen == gen) {
 			c->old_ids[i] = c->old_ids[--c->nold_ids];
 			break;
 		}
@@ -634,24 +643,29 @@ static void old_lease_gone(struct kvb_client *c, uint64_t id)
 		c->old_leases--;
 	if (c->leases)
 		c->leases--;
-	if (!c->old_leases) { /* the last one: the old mappings can go */
-		for (uint32_t j = 0; j < c->nretired; j++)
-			munmap((void *)(uintptr_t)c->retired[j].map, c->retired[j].size);
-		c->nretired = 0;
-		c->nold_ids = 0;
+	for (uint32_t i = 0; i < c->ngone; i++) {
+		if (c->gone[i].gen == gen && !--c->gone[i].leases) {
+			gone_unmap(&c->gone[i]);
+			c->gone[i] = c->gone[--c->ngone];
+			break;
+		}
 	}
+	if (!c->old_leases)
+		c->nold_ids = 0;
 }
 
 int kvbc_lease_retired(struct kvb_client *c, const void *data, uint64_t id)
 {
 	const char *p = data;
 
-	for (uint32_t i = 0; i < c->nretired; i++) {
-		const char *m = c->retired[i].map;
+	for (uint32_t i = 0; i < c->ngone; i++) {
+		for (uint32_t j = 0; j < c->gone[i].narenas; j++) {
+			const char *m = c->gone[i].arenas[j].map;
 
-		if (p >= m && p < m + c->retired[i].size) {
-			old_lease_gone(c, id);
-			return 1;
+			if (p >= m && p < m + c->gone[i].arenas[j].size) {
+				old_lease_gone(c, c->gone[i].gen, id);
+				return 1;
+			}
 		}
 	}
 	return 0;
@@ -662,8 +676,8 @@ int kvbc_old_release(struct kvb_client *c, uint64_t id)
 	if (!c->old_leases || kvbc_lease_held(c, id))
 		return 0; /* none, or the current broker's lease of that number */
 	for (uint32_t i = 0; i < c->nold_ids; i++) {
-		if (c->old_ids[i] == id) {
-			old_lease_gone(c, id);
+		if (c->old_ids[i].id == id) {
+			old_lease_gone(c, c->old_ids[i].gen, id);
 			return 1;
 		}
 	}
@@ -674,10 +688,10 @@ int kvbc_old_release(struct kvb_client *c, uint64_t id)
  * [RECONNECT] The ids of our leases that outlive their broker, so that an async RELEASE of one
  * is answered here (kvbc_old_release); kvb_release() finds them by their mapping first.
  */
-static void old_ids_keep(struct kvb_client *c)
+static void old_ids_keep(struct kvb_client *c, uint32_t gen)
 {
 	uint32_t n = c->nheld + (uint32_t)__builtin_popcount(c->hz_used);
-	uint64_t *ids;
+	struct kvbc_old_id *ids;
 
 	if (!n)
 		return;
@@ -686,33 +700,40 @@ static void old_ids_keep(struct kvb_client *c)
 		return; /* such a RELEASE then goes to the new broker: -EINVAL, mappings kept */
 	c->old_ids = ids;
 	for (uint32_t i = 0; i < c->nheld; i++)
-		ids[c->nold_ids++] = c->held[i];
+		ids[c->nold_ids++] = (struct kvbc_old_id){c->held[i], gen};
 	for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++)
 		if (c->hz_used & (1u << i))
-			ids[c->nold_ids++] = c->hz_id[i];
+			ids[c->nold_ids++] = (struct kvbc_old_id){c->hz_id[i], gen};
 }
 
 /*
- * The arena maps of the broker that went: kept while a lease it granted may point into them
- * (until the last old lease is released), unmapped otherwise. An attempt that failed after
- * attach_rings() granted none: keeping its maps would leave one set per retry.
+ * The broker that went: its arena maps are kept, with the ids of its leases, while a lease it
+ * granted is held (until the last of them is released), and unmapped otherwise. An attempt that
+ * failed after attach_rings() granted none: keeping its maps would leave one set per retry.
  */
-static void retire_arenas(struct kvb_client *c)
+static void retire_broker(struct kvb_client *c)
 {
-	struct kvbc_arena *r = NULL;
+	uint32_t held = c->leases > c->old_leases ? c->leases - c->old_leases : 0;
+	uint32_t gen = ++c->gone_seq ? c->gone_seq : ++c->gone_seq; /* 0: not on record */
+	struct kvbc_gone *g;
 
-	if (c->narenas && c->leases > c->old_leases) {
-		r = realloc(c->retired, (size_t)(c->nretired + c->narenas) * sizeof(*r));
-		if (!r)
-			return; /* out of memory: mapped for good, never pulled from under a reader */
-		c->retired = r;
-	}
-	for (uint32_t i = 0; i < c->narenas; i++) {
-		if (r)
-			r[c->nretired++] = c->arenas[i];
-		else
+	if (!held) {
+		for (uint32_t i = 0; i < c->narenas; i++)
 			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+		return;
 	}
+	g = realloc(c->gone, (size_t)(c->ngone + 1) * sizeof(*g));
+	if (!g) {
+		old_ids_keep(c, 0); /* out of memory: mapped for good, never pulled from a reader */
+		return;
+	}
+	c->gone = g;
+	g += c->ngone++;
+	memcpy(g->arenas, c->arenas, c->narenas * sizeof(*g->arenas));
+	g->narenas = c->narenas;
+	g->leases = held;
+	g->gen = gen;
+	old_ids_keep(c, gen);
 }
 
 /* Drops what ties us to the broker that went: socket, doorbells, rings, arena maps. */
@@ -735,10 +756,8 @@ static void detach_locked(struct kvb_client *c)
 	if (c->region)
 		munmap(c->region, c->region_size);
 	c->region = NULL;
-	retire_arenas(c);
+	retire_broker(c);
 	c->old_leases = c->leases;
-	if (c->leases)
-		old_ids_keep(c);
 	c->nheld = 0;  /* [release-post] they are retired now: kvbc_lease_retired() */
 	c->nalias = 0; /* [lease-alias] the ids they stood for went with the broker */
 	/*

@@ -119,6 +119,22 @@ struct kvbc_arena {
 	size_t size;
 };
 
+/*
+ * [RECONNECT] The pool maps of a broker that went, kept while leases it granted are held: the
+ * last of them unmaps them (conn.c old_lease_gone), whatever other brokers' leases are held.
+ */
+struct kvbc_gone {
+	struct kvbc_arena arenas[KVB_MAX_ARENAS];
+	uint32_t narenas;
+	uint32_t leases; /* its leases still held */
+	uint32_t gen;	 /* which broker: what its old ids carry */
+};
+
+struct kvbc_old_id {
+	uint64_t id; /* a lease id the caller holds (an alias, if it got one) */
+	uint32_t gen;
+};
+
 struct kvb_client {
 	pthread_mutex_t lock;
 	int sock;	/* control socket */
@@ -206,13 +222,13 @@ struct kvb_client {
 	uint32_t old_leases;	       /* of them, leases of a previous broker (retired maps) */
 	uint64_t *held;		       /* [release-post] ids of this broker's leases we hold */
 	uint32_t nheld, held_cap;
-	struct kvbc_arena *retired; /* arenas of brokers that went, while old_leases */
-	uint32_t nretired;
+	struct kvbc_gone *gone; /* brokers that went while leases of theirs were held */
+	uint32_t ngone, gone_seq;
 	struct kvbc_view *views;
 	uint32_t nviews, views_cap;
 	uint64_t buf_gen;    /* [vdir] bumped when a buffer goes: view plans are rebuilt */
 	uint32_t nmut_async; /* [vdir] async DELETEs and PUTs in flight: no view reads of ours */
-	uint64_t *old_ids;   /* [RECONNECT] ids of old_leases (conn.c old_ids_keep) */
+	struct kvbc_old_id *old_ids; /* [RECONNECT] ids of old_leases (conn.c old_ids_keep) */
 	uint32_t nold_ids;
 	struct kvbc_alias *alias; /* [lease-alias] the ids handed out for this broker's */
 	uint32_t nalias, alias_cap, alias_seq;

@@ -713,7 +713,7 @@ uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real)
 	struct kvbc_alias *a;
 	uint32_t i;
 
-	for (i = 0; i < c->nold_ids && c->old_ids[i] != real; i++)
+	for (i = 0; i < c->nold_ids && c->old_ids[i].id != real; i++)
 		;
 	if (i == c->nold_ids)
 		return real;

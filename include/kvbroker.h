@@ -163,11 +163,12 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     ops, and those of views over it, fail -EBADF until the caller registers it anew.
  *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one,
  *     or a RELEASE of its id through kvb_submit(), completes 0 without a round trip, and the
- *     old mapping goes with the last of them. An async RELEASE that was in flight when the
+ *     old mapping goes with the last of them (each broker's with its own last lease, whatever
+ *     leases of other brokers are held). An async RELEASE that was in flight when the
  *     broker went fails -ECONNRESET and leaves the lease held: send it again. (An async
  *     RELEASE names a lease by its id alone: a lease of the new broker that has the id of an
- *     old one still held is handed out under another id, so neither is taken for the other.
- *     The old mappings go with the last old lease of any broker before.) Pages
+ *     old one still held is handed out under another id, so neither is taken for the other.)
+ *     Pages
  *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
  *     every page committed before, byte-exact; a page being written is never served), or are
  *     gone (--no-pool-keep, a clean stop, a changed --slab).

@@ -11,7 +11,9 @@
  * Between them, a broker that refuses the client's second namespace: every reconnect attempt
  * maps its pool and fails. Each attempt's pool maps stayed mapped beside the old broker's (whose
  * lease the client holds) until that lease went; now the count of maps stays put, and the lease
- * still reads its page intact.
+ * still reads its page intact. Last, leases of two brokers that went: each one's pool maps go
+ * with its own last lease (they went with the last of either: one lease kept from long ago kept
+ * every later broker's pool mapped).
  */
 #include <errno.h>
 #include <signal.h>
@@ -139,6 +141,43 @@ static void failed_attempts(const struct kvb_layout *l, kvb_key key, const uint8
 	harness_broker_stop(b);
 }
 
+static void two_gone(const struct kvb_layout *l, kvb_key key, const uint8_t *page)
+{
+	struct harness_broker *b = harness_broker_start("--pool", "64M");
+	struct kvb_opts o = {.reconnect_ms = 20000};
+	struct kvb_lease first, second;
+	kvb_client *c;
+	char sock[108];
+	uint32_t ns;
+	int maps0, maps2;
+
+	snprintf(sock, sizeof(sock), "%s", b->sock);
+	o.socket_path = sock;
+	CHECK_OK(kvb_connect(&o, &c));
+	CHECK_OK(kvb_ns_open(c, l, &ns, NULL));
+	CHECK_OK(kvb_put(c, ns, key, page, PAGE));
+	maps0 = harness_memfd_maps();
+	first = acquire_async(c, ns, key);
+	b = restart(b, sock, 1);
+	reconnected(c);
+	second = acquire_async(c, ns, key); /* the adopted page: an alias of first's id */
+	b = restart(b, sock, 1);
+	reconnected(c);
+	maps2 = harness_memfd_maps();
+	CHECKF(maps2 >= maps0 + 2, "%d memfd maps with two brokers' leases held, %d before", maps2,
+	       maps0);
+	release_async(c, second.id);
+	CHECKF(harness_memfd_maps() < maps2,
+	       "the second broker's pool stayed mapped after its last lease (%d maps)",
+	       harness_memfd_maps());
+	CHECK_OK(harness_verify(first.data, first.len, &key, 31, "the first broker's lease"));
+	CHECK_OK(kvb_release(c, &first));
+	CHECKF(harness_memfd_maps() == maps0, "%d memfd maps after both, %d before",
+	       harness_memfd_maps(), maps0);
+	kvb_close(c);
+	harness_broker_stop(b);
+}
+
 int main(int argc, char **argv)
 {
 	struct harness_broker *b;
@@ -174,6 +213,7 @@ int main(int argc, char **argv)
 
 	/* Attempts that fail after mapping the pool, while an old lease is held. */
 	failed_attempts(&l, key, page);
+	two_gone(&l, key, page);
 
 	/* A cold broker: the page stored again takes the first slot and generation there. */
 	old = acquire_async(c, ns, key);
