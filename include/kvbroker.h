@@ -168,10 +168,9 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     broker went fails -ECONNRESET and leaves the lease held: send it again. (An async
  *     RELEASE names a lease by its id alone: a lease of the new broker that has the id of an
  *     old one still held is handed out under another id, so neither is taken for the other.)
- *     Pages
- *     themselves are served by the new broker if it adopted the pool (a crash, a hand-over:
- *     every page committed before, byte-exact; a page being written is never served), or are
- *     gone (--no-pool-keep, a clean stop, a changed --slab).
+ *     Pages themselves are served by the new broker if it adopted the pool (a crash, a
+ *     hand-over: every page committed before, byte-exact; a page being written is never
+ *     served), or are gone (--no-pool-keep, a clean stop, a changed --slab).
  *   - Until the library notices the broker is gone, a kvb_get() that finds its page in the
  *     pool directory (see kvb_get) still succeeds without it: the bytes are the page's, since
  *     nobody writes a pool whose broker died, and a broker that adopts the pool invalidates
