@@ -107,10 +107,11 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 /*
  * [told] An op the client tells afterwards: a read it made through the pool directory (GET with
  * KVB_SQEF_GET) or a lease of its hazard table (ACQUIRE or RELEASE with KVB_SQEF_HELD). On the
- * SQ (where a full note ring sends it, and an async RELEASE of a hazard lease goes) it is
- * answered in the round that reads it, and is no work that keeps the loop polling afterwards,
- * nor holds it for a copy: the client needs nothing more of us. An SQE of that shape that
- * kvb_sqe_check refuses counts too; it is answered all the same.
+ * SQ, where a full note ring sends it (and, for the same reason, an async RELEASE of a hazard
+ * lease the library could not answer itself), it is answered in the round that reads it, and
+ * it is no work that keeps the loop polling afterwards, nor holds it for a copy: the client
+ * needs nothing more of us. An SQE of that shape that kvb_sqe_check refuses counts too; it is
+ * answered all the same.
  */
 static inline int ops_told(const struct kvb_sqe *sqe)
 {

@@ -857,17 +857,22 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 	for (size_t i = 0; i < m; i++) {
 		uint64_t lease;
 		uint32_t idx;
-		int old = 0;
+		int old = 0, here = 0;
 
 		op_to_sqe(c, &ops[i], parents ? &parents[i] : NULL, &sqe);
 		lease = sqe.off;
 		/*
 		 * [RECONNECT] An old broker's lease is released here, in a NOP's slot: deliver()
-		 * counts nothing more for it.
+		 * counts nothing more for it. [hazard] A lease of our table is released here too,
+		 * and its CQE would say 0: answered here where the note ring has room for the
+		 * broker's word of it ([told]: on the SQ it would wake a sleeping broker for
+		 * nothing), else sent on.
 		 */
-		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off))
-			sqe.flags = KVB_SQEF_HELD; /* [hazard] released here: its CQE says 0 */
-		else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
+		if (sqe.opcode == KVB_OP_RELEASE && kvbc_hz_release(c, sqe.off)) {
+			sqe.flags = KVB_SQEF_HELD;
+			here = c->notes.entries && kvb_ring_space_min(&c->notes, 1) > 0 &&
+			       !kvbc_note_locked(c, &sqe);
+		} else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
 			sqe.opcode = KVB_OP_NOP;
 		else if (sqe.opcode == KVB_OP_RELEASE) {
 			kvbc_lease_forget(c, lease);	     /* [release-post] */
@@ -876,7 +881,7 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
 		c->slots[idx].lease = lease; /* the caller's id: noted again if the RELEASE fails */
-		if (old) {
+		if (old || here) {
 			complete_local(c, idx, 0);
 			local++;
 			continue;
