@@ -393,8 +393,9 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 /*
  * KVB_SQEF_HELD (ABI 1.6), in the note ring only, on an ACQUIRE or a RELEASE: a lease the
  * client took itself under its hazard table ([hazard] above), told afterwards: the broker counts
- * the ACQUIRE (with its hit, touching the page) or the RELEASE and pins nothing (the library
- * sends an async RELEASE of such a lease this way on the SQ, for its completion).
+ * the ACQUIRE (with its hit, touching the page) or the RELEASE and pins nothing (an async
+ * RELEASE of such a lease the library answers itself and tells here; on the SQ, as any note,
+ * only when this ring is full, and then it completes as any SQE).
  */
 #define KVB_SQEF_HELD (1u << 6)
 struct kvb_sqe {
