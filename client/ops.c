@@ -722,7 +722,7 @@ uint64_t kvbc_lease_issue(struct kvb_client *c, uint64_t real)
 
 		a = realloc(c->alias, cap * sizeof(*a));
 		if (!a)
-			return real; /* out of memory: an async RELEASE of the old one is ambiguous */
+			return real; /* out of memory: an old lease's RELEASE is ambiguous */
 		c->alias = a;
 		c->alias_cap = cap;
 	}

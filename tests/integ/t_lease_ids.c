@@ -78,7 +78,7 @@ static void both_held(kvb_client *c, kvb_client *watch, uint32_t ns, kvb_key key
 
 	CHECKF(now.id != old->id, "%s: the new broker's lease has the old one's id %#llx", what,
 	       (unsigned long long)now.id);
-	/* The case this test is for: the broker gave the old id, the library an alias (internal.h). */
+	/* What this test is for: the broker gave the old id, the library an alias. */
 	CHECKF((uint32_t)now.id == 0xfffffffeu,
 	       "%s: lease id %#llx is no alias: the ids no longer collide, and the test needs "
 	       "another "
