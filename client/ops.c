@@ -770,7 +770,7 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	/*
 	 * [RECONNECT] A lease of a broker that went: nothing to tell the new one. Found by its
 	 * mapping, or by its id where the mapping could not be kept on record (out of memory at
-	 * the reconnect: conn.c retire_arenas), which [lease-alias] keeps apart from the new
+	 * the reconnect: conn.c retire_broker), which [lease-alias] keeps apart from the new
 	 * broker's ids.
 	 */
 	if (kvbc_lease_retired(c, lease->data, lease->id) || kvbc_old_release(c, lease->id)) {
