@@ -9,7 +9,8 @@
  * it. The broken engine then takes the job and leaves the ring; the fixed one reads under the
  * lock, so the worker cannot ring until poll() is past it, and the next poll() takes both.
  * Also: many jobs through two workers, every one completed exactly once, the eventfd quiet at
- * the end.
+ * the end; and an engine destroyed with jobs queued completes its GETs uncopied (-ECANCELED:
+ * their clients are gone) and still copies its PUTs.
  */
 #include <errno.h>
 #include <poll.h>
@@ -19,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -249,6 +251,47 @@ static void test_copy_host_split_fused(void **state)
 	free(dst);
 }
 
+/*
+ * Stopping with jobs queued behind a slow one (the delay knob, 50 ms on the only worker): the
+ * GETs left in the queue complete -ECANCELED with their destinations untouched, the PUT between
+ * them is copied. The first job was taken before the stop and finishes as usual.
+ */
+static void test_copy_host_stop_cancels_gets(void **state)
+{
+	static uint8_t src[4][1 << 16], dst[4][1 << 16];
+	static const uint32_t dir[4] = {COPY_FROM_POOL, COPY_FROM_POOL, COPY_TO_POOL,
+					COPY_FROM_POOL};
+	static const int32_t want[4] = {0, -ECANCELED, 0, -ECANCELED};
+	struct copy_seg segs[4];
+	struct copy_job jobs[4];
+	struct copy_engine *e = copy_host_create(1, 0);
+	struct timespec ts = {0, 10 * 1000 * 1000};
+
+	(void)state;
+	assert_non_null(e);
+	copy_host_test(e, 50000, 0);
+	ndone = 0;
+	for (int i = 0; i < 4; i++) {
+		memset(src[i], 0x40 + i, sizeof(src[i]));
+		memset(dst[i], 0, sizeof(dst[i]));
+		segs[i] = (struct copy_seg){dst[i], src[i], sizeof(src[i])};
+		jobs[i] = (struct copy_job){.done = done,
+					    .dev = COPY_HOST,
+					    .dir = dir[i],
+					    .nsegs = 1,
+					    .bytes = sizeof(src[i]),
+					    .segs = &segs[i]};
+		assert_int_equal(e->submit(e, &jobs[i]), COPY_QUEUED);
+	}
+	nanosleep(&ts, NULL); /* the worker took the first and sleeps in it */
+	e->destroy(e);	      /* completes all four */
+	assert_int_equal(ndone, 4);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(jobs[i].res, want[i]);
+		assert_int_equal(dst[i][100], want[i] ? 0 : 0x40 + i);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -256,6 +299,7 @@ int main(void)
 		cmocka_unit_test(test_copy_host_many_jobs_quiet_after),
 		cmocka_unit_test(test_copy_host_split_jobs),
 		cmocka_unit_test(test_copy_host_split_fused),
+		cmocka_unit_test(test_copy_host_stop_cancels_gets),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
