@@ -185,9 +185,9 @@ static void job_done(struct host_engine *h, struct copy_job *j)
 /*
  * Under the lock, stopping: the head job, if it copies into a client's memory, leaves the
  * queue uncopied (-ECANCELED). The broker exits and every session is gone, so nobody reads
- * those bytes, and copying them took the exit past any deadline (16 view GETs of a million
- * segments each under TSan: t_fairness, more than 5 s). PUTs still copy: a hand-over's next
- * broker adopts what they commit. 1 when it cancelled one.
+ * those bytes, and copying them holds the exit up (16 view GETs of a million segments each
+ * are seconds of work under TSan). PUTs still copy: a hand-over's next broker adopts what
+ * they commit. 1 when it cancelled one.
  */
 static int cancel_head(struct host_engine *h)
 {
