@@ -128,10 +128,10 @@ void kvbc_pool_revoke(struct kvb_client *c)
 			     MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 }
 
-static void gone_unmap(const struct kvbc_gone *g)
+static void arenas_unmap(const struct kvbc_arena *a, uint32_t n)
 {
-	for (uint32_t i = 0; i < g->narenas; i++)
-		munmap((void *)(uintptr_t)g->arenas[i].map, g->arenas[i].size);
+	for (uint32_t i = 0; i < n; i++)
+		munmap((void *)(uintptr_t)a[i].map, a[i].size);
 }
 
 /* Releases whatever part of a client exists; the inverse of kvb_connect() at any stage. */
@@ -141,10 +141,9 @@ static void client_destroy(struct kvb_client *c)
 		close(c->sock); /* first: the broker starts reclaiming while we unmap */
 	kvbc_buf_free_all(c);
 	kvbc_ring_teardown(c);
-	for (uint32_t i = 0; i < c->narenas; i++)
-		munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+	arenas_unmap(c->arenas, c->narenas);
 	for (uint32_t i = 0; i < c->ngone; i++)
-		gone_unmap(&c->gone[i]);
+		arenas_unmap(c->gone[i].arenas, c->gone[i].narenas);
 	free(c->gone);
 	if (c->region)
 		munmap(c->region, c->region_size);
@@ -645,7 +644,7 @@ static void old_lease_gone(struct kvb_client *c, uint32_t gen, uint64_t id)
 		c->leases--;
 	for (uint32_t i = 0; i < c->ngone; i++) {
 		if (c->gone[i].gen == gen && !--c->gone[i].leases) {
-			gone_unmap(&c->gone[i]);
+			arenas_unmap(c->gone[i].arenas, c->gone[i].narenas);
 			c->gone[i] = c->gone[--c->ngone];
 			break;
 		}
@@ -718,8 +717,7 @@ static void retire_broker(struct kvb_client *c)
 	struct kvbc_gone *g;
 
 	if (!held) {
-		for (uint32_t i = 0; i < c->narenas; i++)
-			munmap((void *)(uintptr_t)c->arenas[i].map, c->arenas[i].size);
+		arenas_unmap(c->arenas, c->narenas);
 		return;
 	}
 	g = realloc(c->gone, (size_t)(c->ngone + 1) * sizeof(*g));

@@ -47,11 +47,35 @@ static void release_async(kvb_client *c, uint64_t id)
 	CHECK_RC(comp.res, 0);
 }
 
-static struct harness_broker *restart(struct harness_broker *b, const char *sock, int keep)
+/*
+ * A broker on a socket of its own (copied to sock: restarts replace *b) and a client of it that
+ * reconnects for up to reconnect_ms, l's namespace open in *ns and key's page stored.
+ */
+static kvb_client *attach(struct harness_broker **b, char sock[108], uint32_t reconnect_ms,
+			  const struct kvb_layout *l, uint32_t *ns, kvb_key key,
+			  const uint8_t *page)
+{
+	struct kvb_opts o = {.socket_path = sock, .reconnect_ms = reconnect_ms};
+	kvb_client *c;
+
+	*b = harness_broker_start("--pool", "64M");
+	snprintf(sock, 108, "%s", (*b)->sock);
+	CHECK_OK(kvb_connect(&o, &c));
+	CHECK_OK(kvb_ns_open(c, l, ns, NULL));
+	CHECK_OK(kvb_put(c, *ns, key, page, PAGE));
+	return c;
+}
+
+static void kill9(struct harness_broker *b)
 {
 	CHECK_OK(kill(b->pid, SIGKILL));
 	while (harness_broker_alive(b))
 		usleep(1000);
+}
+
+static struct harness_broker *restart(struct harness_broker *b, const char *sock, int keep)
+{
+	kill9(b);
 	if (keep)
 		return harness_broker_start("--pool", "64M", "--socket", sock);
 	return harness_broker_start("--pool", "64M", "--socket", sock, "--no-pool-keep");
@@ -100,27 +124,19 @@ static void both_held(kvb_client *c, kvb_client *watch, uint32_t ns, kvb_key key
 
 static void failed_attempts(const struct kvb_layout *l, kvb_key key, const uint8_t *page)
 {
-	struct harness_broker *b = harness_broker_start("--pool", "64M");
-	struct kvb_opts o = {.reconnect_ms = 100};
+	struct harness_broker *b;
 	struct kvb_layout l2 = *l;
 	struct kvb_lease old;
-	kvb_client *c;
 	char sock[108];
 	uint32_t ns, ns2;
+	kvb_client *c = attach(&b, sock, 100, l, &ns, key, page);
 	int maps0, maps1;
 
-	snprintf(sock, sizeof(sock), "%s", b->sock);
-	o.socket_path = sock;
-	CHECK_OK(kvb_connect(&o, &c));
-	CHECK_OK(kvb_ns_open(c, l, &ns, NULL));
 	snprintf(l2.model, sizeof(l2.model), "lease-ids-2");
 	CHECK_OK(kvb_ns_open(c, &l2, &ns2, NULL));
-	CHECK_OK(kvb_put(c, ns, key, page, PAGE));
 	old = acquire_async(c, ns, key);
 	maps0 = harness_memfd_maps();
-	CHECK_OK(kill(b->pid, SIGKILL));
-	while (harness_broker_alive(b))
-		usleep(1000);
+	kill9(b);
 	b = harness_broker_start("--pool", "64M", "--socket", sock, "--max-ns", "1");
 	CHECK_RC(kvb_nop(c), -ECONNRESET); /* the broker that went */
 	CHECK_RC(kvb_nop(c), -ECONNRESET); /* 100 ms of attempts, each refused the second ns */
@@ -143,20 +159,13 @@ static void failed_attempts(const struct kvb_layout *l, kvb_key key, const uint8
 
 static void two_gone(const struct kvb_layout *l, kvb_key key, const uint8_t *page)
 {
-	struct harness_broker *b = harness_broker_start("--pool", "64M");
-	struct kvb_opts o = {.reconnect_ms = 20000};
+	struct harness_broker *b;
 	struct kvb_lease first, second;
-	kvb_client *c;
 	char sock[108];
 	uint32_t ns;
-	int maps0, maps2;
+	kvb_client *c = attach(&b, sock, 20000, l, &ns, key, page);
+	int maps0 = harness_memfd_maps(), maps2;
 
-	snprintf(sock, sizeof(sock), "%s", b->sock);
-	o.socket_path = sock;
-	CHECK_OK(kvb_connect(&o, &c));
-	CHECK_OK(kvb_ns_open(c, l, &ns, NULL));
-	CHECK_OK(kvb_put(c, ns, key, page, PAGE));
-	maps0 = harness_memfd_maps();
 	first = acquire_async(c, ns, key);
 	b = restart(b, sock, 1);
 	reconnected(c);
@@ -181,7 +190,6 @@ static void two_gone(const struct kvb_layout *l, kvb_key key, const uint8_t *pag
 int main(int argc, char **argv)
 {
 	struct harness_broker *b;
-	struct kvb_opts o = {0};
 	struct kvb_layout l;
 	struct kvb_lease old;
 	uint8_t *page = malloc(PAGE);
@@ -192,16 +200,10 @@ int main(int argc, char **argv)
 
 	harness_init(argc, argv);
 	CHECK(page != NULL);
-	b = harness_broker_start("--pool", "64M");
-	snprintf(sock, sizeof(sock), "%s", b->sock);
-	o.socket_path = sock;
-	o.reconnect_ms = 20000;
-	CHECK_OK(kvb_connect(&o, &c));
 	harness_layout(&l, "lease-ids", KVB_LAYOUT_MLA, 64, 1, 0, 1, PAGE / 64);
-	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
 	key = harness_key(31, 0);
 	harness_fill(page, PAGE, &key, 31);
-	CHECK_OK(kvb_put(c, ns, key, page, PAGE));
+	c = attach(&b, sock, 20000, &l, &ns, key, page);
 
 	/* The adopting broker: the page keeps its slot and generation, so its lease id too. */
 	old = acquire_async(c, ns, key);
