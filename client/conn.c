@@ -379,6 +379,20 @@ static uint64_t kb_from_env(const char *name, uint64_t dflt)
 	return kb ? kb << 10 : UINT64_MAX;
 }
 
+/*
+ * ops.c [fill-ring]: staging slots for small pages, twice the L2 (2 MiB where sysconf names
+ * none); KVB_CLIENT_STAGE_RING_KB overrides it, 0 (or over 64 MiB): one slot.
+ */
+static size_t stage_ring_bytes(void)
+{
+	long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+	uint64_t r = kb_from_env("KVB_CLIENT_STAGE_RING_KB", l2 >= (256l << 10) && l2 <= (8l << 20)
+								     ? 2 * (uint64_t)l2
+								     : 2u << 20);
+
+	return r > (64ull << 20) ? 0 : (size_t)r;
+}
+
 /* The reapers' condition variable runs on CLOCK_MONOTONIC, like every deadline here. */
 static int cond_init(pthread_cond_t *cv)
 {
@@ -429,6 +443,7 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	c->spin_ns = spin_ns_from_env();
 	c->get_self_min = kb_from_env("KVB_CLIENT_GET_SELF_KB", KVBC_GET_SELF_DEFAULT);
 	c->fill_min = kb_from_env("KVB_CLIENT_FILL_KB", KVBC_FILL_MIN_DEFAULT);
+	c->stage_ring = stage_ring_bytes();
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
 		free(c);
@@ -497,14 +512,6 @@ err_destroy:
 }
 
 /* ---- [RECONNECT] ---- */
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 uint32_t kvbc_ns_bid(const struct kvb_client *c, uint32_t id)
 {
@@ -890,18 +897,18 @@ fail:
 	c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : 1000000;
 	if (c->backoff_ns > 200000000ull)
 		c->backoff_ns = 200000000ull;
-	c->retry_at = mono_ns() + c->backoff_ns;
+	c->retry_at = kvbc_now_ns() + c->backoff_ns;
 	return -ECONNRESET;
 }
 
 static int reconnect_locked(struct kvb_client *c)
 {
-	uint64_t now = mono_ns(), deadline = now + (uint64_t)c->reconnect_ms * 1000000ull;
+	uint64_t now = kvbc_now_ns(), deadline = now + (uint64_t)c->reconnect_ms * 1000000ull;
 
 	for (;;) {
 		if (now >= c->retry_at && !attempt_locked(c))
 			return 0;
-		now = mono_ns();
+		now = kvbc_now_ns();
 		if (now >= deadline)
 			return -ECONNRESET; /* fail fast: the caller asked not to wait longer */
 		{
@@ -915,6 +922,6 @@ static int reconnect_locked(struct kvb_client *c)
 			/* Waiting with the lock held: every call on this client would wait too. */
 			nanosleep(&ts, NULL);
 		}
-		now = mono_ns();
+		now = kvbc_now_ns();
 	}
 }

@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kvbroker.h"
 #include "pooldir.h"
@@ -210,6 +211,10 @@ struct kvb_client {
 
 	struct kvbc_buf *bufs;	 /* caller's buffers, most recently hit first */
 	struct kvbc_buf staging; /* library-owned; addr NULL until first needed */
+	size_t stage_ring;	 /* ops.c [fill-ring]: bytes of staging slots for small pages, */
+	uint32_t stage_next;	 /* the slot of the next filled PUT, */
+	uint32_t fill_n;	 /* ring PUTs so far, */
+	uint64_t fill_ns[2];	 /* and their ns per MiB (streaming, plain stores), 0 unmeasured */
 
 	/* [RECONNECT] conn.c: what it takes to attach again to a broker that came back. */
 	char path[108];		       /* socket */
@@ -372,6 +377,14 @@ struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
  * kvbc_pool_revoke), and no async DELETE or PUT of ours is in flight, which the broker runs
  * first (the page may go, the destination may be a PUT's source: ring.c submit_local).
  */
+static inline uint64_t kvbc_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static inline int kvbc_dir_readable(const struct kvb_client *c)
 {
 	return c->dir && !c->nmut_async && !(kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED);

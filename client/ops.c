@@ -218,15 +218,56 @@ static int put_result(int res, uint32_t flags)
  * small, so that the broker starts its copy early and tells us of a stored page before we
  * copied much of it, then doubling up to FILL_CHUNK_MAX, which bounds how far the broker's
  * copy trails ours (at most a chunk, a few tens of microseconds) while keeping the stores to
- * the shared word rare. Streaming stores (kvb_copy_nt), though the broker reads each chunk
- * right after us [fill-nt]: plain stores into staging lines that the broker's CPU read last
- * time must take each line back from that CPU's cache, and glibc's memcpy ran at 2-6 GB/s
- * instead of 13-16 (64 KiB, AMD EPYC, 2 vCPUs: slowest in the spells when the two vCPUs sit
- * far apart), where a streaming copy asks no cache for anything and the broker reads the
- * chunk from DRAM at the same rate whatever the placement.
+ * the shared word rare.
  */
 #define FILL_CHUNK_FIRST (16u << 10)
 #define FILL_CHUNK_MAX (256u << 10)
+
+/*
+ * [fill-ring] Where the staging copy lands and with which stores. The broker reads each chunk
+ * right after us. Into one staging page, plain stores must take every line back from the
+ * broker's cache, which read it last time: glibc's memcpy ran at 2-6 GB/s instead of 13-16
+ * (64 KiB, AMD EPYC, 2 vCPUs), so such a copy uses streaming stores (kvb_copy_nt) and the
+ * broker reads the chunk from DRAM. Pages under KVB_COPY_NT_MIN instead go round a ring of
+ * staging slots, twice the L2 in all (conn.c stage_ring_bytes): by the time a slot comes
+ * round again the broker's copy of its lines has left its L2, and the page crosses in the
+ * shared L3 with plain stores, so the two copies no longer both go through DRAM. 64 KiB PUTs
+ * from plain memory, client and broker pinned to a CPU each: 5.4-6.7 -> 8.2-9.3 GB/s (memcpy
+ * 11.2-12.8; docs/benchmarks.md). Larger pages keep one slot and streaming stores: a ring of
+ * a few of them would not leave the L2, and each fills the L3 anyway.
+ *
+ * Not always: in spells (seconds long; a vCPU placed far from the other, sharing no cache
+ * with it whatever the guest's topology says) the ring's PUTs took 31-37 us against 7 for
+ * streaming ones. So the ring's PUTs are timed, each kind's ns per MiB kept as a moving
+ * average, and the faster kind used, the other tried once in FILL_PROBE_EVERY PUTs so that its
+ * figure follows the machine (what a spell costs then: a slow PUT in 64, a few percent).
+ */
+#define FILL_PROBE_EVERY 64
+
+/* 1: this ring PUT's staging copy takes plain stores, 0 streaming ones. */
+static int fill_plain(struct kvb_client *c)
+{
+	int best = c->fill_ns[1] <= c->fill_ns[0]; /* the unmeasured kind first */
+
+	return ++c->fill_n % FILL_PROBE_EVERY ? best : !best;
+}
+
+/* A ring PUT of len bytes took ns with plain or streaming stores: into that kind's average. */
+static void fill_timed(struct kvb_client *c, int plain, uint64_t ns, size_t len)
+{
+	uint64_t *avg = &c->fill_ns[plain], x = (ns << 20) / len;
+
+	/* A PUT that lost its CPU for a while says little of the stores: capped at twice. */
+	if (*avg && x > 2 * *avg)
+		x = 2 * *avg;
+	*avg = *avg ? *avg - *avg / 8 + x / 8 : x + !x;
+}
+
+/* Staging slots for a filled PUT of len bytes: 1, or as many as the ring holds. */
+static size_t stage_slots(const struct kvb_client *c, size_t len)
+{
+	return len < KVB_COPY_NT_MIN && len <= c->stage_ring / 2 ? c->stage_ring / len : 1;
+}
 
 /*
  * kvb_put() from plain memory to a broker of ABI 1.4 (wire.h, KVB_SQEF_FILL): posts the PUT of
@@ -236,9 +277,12 @@ static int put_result(int res, uint32_t flags)
  * send a plain PUT. Returns the CQE's res with its flags in *flags, or the transport's error.
  */
 static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *parent,
-		    const void *src, size_t len, uint32_t *flags)
+		    const void *src, size_t len, int ring, uint32_t *flags)
 {
+	uint8_t *dst = (uint8_t *)c->staging.addr + sqe->off;
 	size_t done = 0, chunk = FILL_CHUNK_FIRST;
+	int plain = ring && fill_plain(c);
+	uint64_t t0 = ring ? kvbc_now_ns() : 0;
 	struct kvb_cqe cqe;
 	int stopped = 0;
 	uint32_t seq;
@@ -255,7 +299,10 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	while (done < len) {
 		size_t n = len - done < chunk ? len - done : chunk;
 
-		kvb_copy_nt((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, n);
+		if (plain)
+			memcpy(dst + done, (const uint8_t *)src + done, n); /* [fill-ring] */
+		else
+			kvb_copy_nt(dst + done, (const uint8_t *)src + done, n);
 		done += n;
 		kvbc_fill_publish_locked(c, (uint32_t)done);
 		if (chunk < FILL_CHUNK_MAX)
@@ -276,10 +323,13 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	if (err)
 		return err;
 	if (cqe.res != -EAGAIN) {
+		/* Timed only when the whole page crossed: a stored page stops the copy early. */
+		if (ring && cqe.res >= 0 && !stopped && !(cqe.flags & KVB_CQEF_EXISTED))
+			fill_timed(c, plain, kvbc_now_ns() - t0, len);
 		*flags = cqe.flags;
 		return cqe.res;
 	}
-	kvb_copy_nt((uint8_t *)c->staging.addr + done, (const uint8_t *)src + done, len - done);
+	kvb_copy_nt(dst + done, (const uint8_t *)src + done, len - done);
 	sqe->flags = 0;
 	c->expect_bytes = len;
 	err = run_parent(c, sqe, parent, flags);
@@ -316,13 +366,16 @@ int kvb_put_child(kvb_client *c, uint32_t ns, kvb_key key, const kvb_key *parent
 		sqe.buf = b->id;
 		sqe.off = (uint64_t)((const char *)src - (const char *)b->addr);
 	} else {
-		err = kvbc_staging_locked(c, len);
+		int fill = c->broker_minor >= 4 && len >= c->fill_min;
+		size_t slots = fill ? stage_slots(c, len) : 1;
+
+		err = kvbc_staging_locked(c, len * slots);
 		if (err)
 			goto out;
 		sqe.buf = c->staging.id;
-		sqe.off = 0;
-		if (c->broker_minor >= 4 && len >= c->fill_min) {
-			err = put_fill(c, &sqe, parent, src, len, &flags);
+		sqe.off = (uint64_t)(c->stage_next++ % slots) * len;
+		if (fill) {
+			err = put_fill(c, &sqe, parent, src, len, slots > 1, &flags);
 			err = put_result(err, flags);
 			goto out;
 		}

@@ -73,14 +73,6 @@
 #define SPIN_COPY_MAX_NS 5000000ull
 #define SPIN_YIELD_NS 2000
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int set_fatal(struct kvb_client *c, int err)
 {
 	if (!c->fatal) {
@@ -378,7 +370,7 @@ static int cq_nonempty(const struct kvb_client *c)
  */
 static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t now = now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t now = kvbc_now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
 	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
 	uint64_t next_check = now + SPIN_YIELD_NS;
 	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
@@ -400,7 +392,7 @@ static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
 		if (i & 15)
 			continue;
-		now = now_ns();
+		now = kvbc_now_ns();
 		if (now >= spin_end)
 			return 0;
 		if (now < next_check)
@@ -410,7 +402,7 @@ static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 			sched_yield();
 		cpu = (uint32_t)sched_getcpu() + 1u;
 		kvb_store_relaxed(c->spin_cpu, cpu);
-		next_check = now_ns() + SPIN_YIELD_NS;
+		next_check = kvbc_now_ns() + SPIN_YIELD_NS;
 	}
 }
 
@@ -442,7 +434,7 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 	int timeout = -1, rc, err = 0;
 
 	if (deadline) {
-		uint64_t now = now_ns();
+		uint64_t now = kvbc_now_ns();
 
 		if (now >= deadline)
 			return -ETIMEDOUT;
@@ -657,7 +649,7 @@ int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *
 
 int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 {
-	uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	uint64_t deadline = kvbc_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
 	if (c->region)
 		sq_doorbell(c); /* [dir-note] what was posted without one */
@@ -978,7 +970,7 @@ static int reap_wait(struct kvb_client *c, uint64_t deadline)
 		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
 				      .tv_nsec = (long)(deadline % 1000000000ull)};
 
-		if (now_ns() >= deadline)
+		if (kvbc_now_ns() >= deadline)
 			return -ETIMEDOUT;
 		err = pthread_cond_timedwait(&c->reaped, &c->lock, &ts);
 	}
@@ -1080,7 +1072,7 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 		return err;
 	c->nreapers++; /* kvb_close() frees the client only once we left */
 	if (timeout_ms >= 0)
-		deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+		deadline = kvbc_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 	for (;;) {
 		int n = cq_drain(c);
 

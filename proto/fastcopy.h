@@ -130,8 +130,8 @@ static inline void kvb_copy_part(void *dst, const void *src, size_t n, uint64_t 
 /*
  * Streaming stores whatever the size (from 256 bytes): for a destination this CPU does not read
  * soon whose caller knows it, such as a filled PUT's chunks (16-256 KiB) into a fresh pool
- * slot, where plain stores first read every destination line from DRAM, and into the staging
- * buffer the broker reads them from on its own CPU (client/ops.c [fill-nt]).
+ * slot, where plain stores first read every destination line from DRAM, and into a staging
+ * page the broker reads them from on its own CPU (client/ops.c [fill-ring]).
  */
 static inline void kvb_copy_nt(void *dst, const void *src, size_t n)
 {
