@@ -40,13 +40,13 @@ if [ -n "$free_mb" ] && [ "$free_mb" -lt 4500 ]; then
 	exit 1
 fi
 "$PY" -m venv "$VENV"
+set --
 for r in python/requirements/*.txt; do
 	case $r in
 	*-nodeps.txt) ;;
 	*) set -- "$@" -r "$r" ;;
 	esac
 done
-shift 2
 "$VENV/bin/pip" install -q "$@"
 for r in python/requirements/*-nodeps.txt; do
 	[ -f "$r" ] || continue
