@@ -155,6 +155,59 @@ def test_close_waits_for_other_threads(broker: Broker) -> None:
     assert not seen and c.closed
 
 
+BIG = kvb.Layout("test/py-big", kvb.MLA, 64, [kvb.Component("kv", 16, 4096)])
+"""64 tokens x 16 layers x 4 KiB: 4 MiB pages, copies long enough to race."""
+
+
+def test_lease_copy_into_races_release_and_close(broker: Broker) -> None:
+    # Lease.copy_into() drops the GIL for its copy: a release() or close() from another thread
+    # meanwhile must refuse (BufferError) rather than take the page from under the copy, and a
+    # copy that ran copied the whole page. A close that unmapped the pool mid-copy would crash
+    # the test process.
+    c = kvb.connect(broker.socket)
+    ns = c.ns_open(BIG)
+    (k,) = fresh_keys(1)
+    data = bytes(range(256)) * (ns.page_bytes // 256)
+    ns.put(k, data)
+    refused = {"release": 0, "close": 0}
+    for what in ("release", "close"):
+        for _ in range(20):
+            lease = ns.acquire(k)
+            assert lease is not None
+            stop, copying = threading.Event(), threading.Event()
+            whole: list[bool] = []
+
+            def copier(lease: kvb.Lease = lease, stop: threading.Event = stop,
+                       copying: threading.Event = copying, whole: list[bool] = whole) -> None:
+                out = np.empty(ns.page_bytes, np.uint8)
+                while not stop.is_set():
+                    copying.set()
+                    try:
+                        lease.copy_into(out)
+                    except ValueError:
+                        return  # released or closed between two copies
+                    whole.append(out.tobytes() == data)
+
+            th = threading.Thread(target=copier)
+            th.start()
+            assert copying.wait(10)
+            end = (lease.release if what == "release" else c.close)
+            try:
+                end()  # lands mid-copy (refused) or between copies (done)
+            except BufferError:
+                refused[what] += 1
+                stop.set()
+                th.join(10)
+                end()  # nothing is copying now
+            th.join(10)
+            assert not th.is_alive() and all(whole)
+            if what == "close" or refused[what] >= 3:
+                break
+        if what == "close":
+            break
+    assert refused["release"] and c.closed
+
+
 def test_zero_copy_get_lands_in_registered_buffer(broker: Broker,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     # The broker's path: with the pool directory off (kvb_get of a small page into a buffer
