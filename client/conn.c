@@ -444,6 +444,19 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	c->get_self_min = kb_from_env("KVB_CLIENT_GET_SELF_KB", KVBC_GET_SELF_DEFAULT);
 	c->fill_min = kb_from_env("KVB_CLIENT_FILL_KB", KVBC_FILL_MIN_DEFAULT);
 	c->stage_ring = stage_ring_bytes();
+	/*
+	 * [dir-few] Under four CPUs the broker's two copy workers share the CPUs with its loop and
+	 * the clients: their split of a large page was no faster than one copy of ours, and every
+	 * client's GETs queued on them. 1 MiB and Kimi GETs into a kvb_buf_alloc_host() buffer,
+	 * AMD EPYC, 2 vCPUs, the workers' copy against ours: one process 13.3-16.6 against
+	 * 13.5-17.4 GB/s, two 13.3-16.3 against 20.6-32.3, four (1 MiB) 14.3-15.3 against
+	 * 23.6-28.1 (docs/benchmarks.md). KVB_CLIENT_GET_SELF_KB set: that rule alone.
+	 */
+	{
+		const char *self = getenv("KVB_CLIENT_GET_SELF_KB");
+
+		c->dir_get_big = (!self || !*self) && sysconf(_SC_NPROCESSORS_ONLN) < 4;
+	}
 	err = pthread_mutex_init(&c->lock, NULL);
 	if (err) {
 		free(c);

@@ -161,7 +161,8 @@ struct kvb_client {
 	kvb_atomic_u32 *fill, *fill_stop;      /* KVB_SQEF_FILL (wire.h): ours, the broker's */
 	uint32_t fill_seq;		       /* KVB_SQEF_FILL SQEs posted to this region */
 	uint64_t fill_min; /* kvb_put() from plain memory fills from this size */
-	uint8_t *arg;	   /* argument area */
+	int dir_get_big; /* ops.c [dir-few]: kvb_get() into buffers via the directory at any size */
+	uint8_t *arg;	 /* argument area */
 	uint32_t arg_size;
 
 	struct kvbc_arena arenas[KVB_MAX_ARENAS];

@@ -503,11 +503,14 @@ int kvb_get(kvb_client *c, uint32_t ns, kvb_key key, void *dst, size_t len)
 	 * where the round trip is most of a GET, or into the destination of our previous GET (a
 	 * staging page: our cache holds it, Kimi pages 0.86 -> 0.97 of memcpy); other large
 	 * pages into a buffer go to the broker, whose copy threads split them (faster than one
-	 * copy of ours into fresh memory from 1 MiB on, docs/benchmarks.md).
+	 * copy of ours into fresh memory from 1 MiB on, docs/benchmarks.md), except on a small
+	 * machine [dir-few] (conn.c). A page the directory does not list goes to the broker
+	 * too: a fetch from the disk or a remote tier lands in dst directly.
 	 */
 	hot = dst == c->last_get_dst;
 	c->last_get_dst = dst;
-	if ((!b || (kvbc_buf_direct(b) && (n->page_bytes < KVBC_DIR_GET_BUF_MAX || hot))) &&
+	if ((!b || (kvbc_buf_direct(b) &&
+		    (n->page_bytes < KVBC_DIR_GET_BUF_MAX || hot || c->dir_get_big))) &&
 	    dir_get(c, n, ns, &key, dst)) {
 		err = (int)n->page_bytes;
 		goto out;

@@ -12,7 +12,10 @@
  *     own lease copy, byte-exact, and the lease is given back (no lease left).
  *   - Parallel fan-out: four processes GET the same pages at once, each byte-exact.
  *   - Batches to the workers: a kvb_submit batch of 1 MiB GETs is copied by the workers, a
- *     lone kvb_get of the same page inline (STATS copy.queued_jobs / inline_jobs).
+ *     lone kvb_get of the same page inline (STATS copy.queued_jobs / inline_jobs), for a
+ *     client that keeps them the broker's (KVB_CLIENT_GET_SELF_KB=0).
+ *   - [dir-few] Under four CPUs a 1 MiB GET into a registered buffer is the library's copy
+ *     through the directory (counters.dir_gets, no copy job); the broker's from four up.
  *   - Off-loop release: a client with a 64 MiB buffer exits without closing while we keep
  *     running ops; the broker serves on, its page stays readable, and the background thread
  *     that unmapped the buffer (STATS bg_jobs back to 0) runs at nice 10, below the copy
@@ -229,6 +232,36 @@ static void test_batch_queue(kvb_client *c)
 	CHECK_OK(kvb_buf_unregister(c, hid));
 }
 
+/*
+ * [dir-few] Under four CPUs a 1 MiB GET into a kvb_buf_alloc_host() buffer is the library's own
+ * copy of a page the directory lists (counted as a directory GET, no copy job); a page it does
+ * not list goes to the broker. Four CPUs or more: the broker's copy either way.
+ */
+static void test_dir_few(kvb_client *c)
+{
+	size_t pb;
+	uint32_t ns = open_ns(c, "t_data_path-few", 16, 1024, &pb), hid;
+	uint8_t *hb = kvb_buf_alloc_host(c, 2 * pb, &hid);
+	kvb_key k = harness_key(78, 0);
+	int few = sysconf(_SC_NPROCESSORS_ONLN) < 4;
+	uint64_t d0, j0;
+
+	CHECK(hb != NULL);
+	harness_fill(hb + pb, pb, &k, 78);
+	CHECK_RC(kvb_put(c, ns, k, hb + pb, pb), 0);
+	d0 = harness_stat(c, "counters.dir_gets");
+	j0 = harness_stat(c, "copy.inline_jobs") + harness_stat(c, "copy.queued_jobs");
+	memset(hb, 0, pb);
+	CHECK_RC(kvb_get(c, ns, k, hb, pb), (long long)pb);
+	CHECK(harness_verify(hb, pb, &k, 78, "1 MiB GET into a buffer") == 0);
+	CHECK_EQ(harness_stat(c, "counters.dir_gets") - d0, (uint64_t)few);
+	CHECK_EQ(harness_stat(c, "copy.inline_jobs") + harness_stat(c, "copy.queued_jobs") - j0,
+		 (uint64_t)!few);
+	harness_log("1 MiB GET into a buffer, %s CPUs: %s", few ? "under 4" : "4 or more",
+		    few ? "the library's copy" : "the broker's");
+	CHECK_OK(kvb_buf_unregister(c, hid));
+}
+
 static void test_copies(kvb_client *c, uint64_t seed)
 {
 	size_t pb;
@@ -429,7 +462,7 @@ static void test_one_cpu(kvb_client *c)
 
 int main(int argc, char **argv)
 {
-	kvb_client *c, *self, *hold;
+	kvb_client *c, *self, *hold, *workers;
 	char *json;
 
 	harness_init(argc, argv);
@@ -452,7 +485,13 @@ int main(int argc, char **argv)
 	kvb_close(self);
 
 	test_fan_out(c);
-	test_batch_queue(c);
+	/* The broker's copies: KVB_CLIENT_GET_SELF_KB=0 keeps 1 MiB GETs its own ([dir-few] off). */
+	setenv("KVB_CLIENT_GET_SELF_KB", "0", 1);
+	workers = harness_connect(br, "t_data_path-workers", 0);
+	unsetenv("KVB_CLIENT_GET_SELF_KB");
+	test_batch_queue(workers);
+	kvb_close(workers);
+	test_dir_few(c);
 	/* The broker's lease: a client without the directory asks it for every one ([hazard]). */
 	setenv("KVB_CLIENT_DIR", "0", 1);
 	hold = harness_connect(br, "t_data_path-hold", 0);
