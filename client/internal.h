@@ -372,12 +372,7 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
 /* buf.c */
 struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
 
-/*
- * Whether reads of ours through the pool directory may answer now ([dir], [hazard], [vdir]):
- * there is one, the session was not revoked (its pool is no longer ours to read, conn.c
- * kvbc_pool_revoke), and no async DELETE or PUT of ours is in flight, which the broker runs
- * first (the page may go, the destination may be a PUT's source: ring.c submit_local).
- */
+/* CLOCK_MONOTONIC in ns: every deadline and timing of the library. */
 static inline uint64_t kvbc_now_ns(void)
 {
 	struct timespec ts;
@@ -386,6 +381,12 @@ static inline uint64_t kvbc_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * Whether reads of ours through the pool directory may answer now ([dir], [hazard], [vdir]):
+ * there is one, the session was not revoked (its pool is no longer ours to read, conn.c
+ * kvbc_pool_revoke), and no async DELETE or PUT of ours is in flight, which the broker runs
+ * first (the page may go, the destination may be a PUT's source: ring.c submit_local).
+ */
 static inline int kvbc_dir_readable(const struct kvb_client *c)
 {
 	return c->dir && !c->nmut_async && !(kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED);

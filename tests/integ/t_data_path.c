@@ -460,6 +460,17 @@ static void test_one_cpu(kvb_client *c)
 	CHECK_OK(kvb_buf_unregister(c, id));
 }
 
+/* A client that read var=val when it connected (the library reads its knobs then). */
+static kvb_client *connect_env(const char *name, const char *var, const char *val)
+{
+	kvb_client *c;
+
+	setenv(var, val, 1);
+	c = harness_connect(br, name, 0);
+	unsetenv(var);
+	return c;
+}
+
 int main(int argc, char **argv)
 {
 	kvb_client *c, *self, *hold, *workers;
@@ -473,9 +484,7 @@ int main(int argc, char **argv)
 	test_copies(c, 1000);
 
 	/* The client's own copy for GETs into its buffers, from 1 KiB pages up. */
-	setenv("KVB_CLIENT_GET_SELF_KB", "1", 1);
-	self = harness_connect(br, "t_data_path-self", 0);
-	unsetenv("KVB_CLIENT_GET_SELF_KB");
+	self = connect_env("t_data_path-self", "KVB_CLIENT_GET_SELF_KB", "1");
 	test_copies(self, 2000);
 	/* The RELEASEs are posted without waiting: the last one may still be on its way. */
 	CHECK_EQ(harness_stat_wait(self, "leases", 0, 2000), 0);
@@ -486,16 +495,12 @@ int main(int argc, char **argv)
 
 	test_fan_out(c);
 	/* The broker's copies: KVB_CLIENT_GET_SELF_KB=0 keeps 1 MiB GETs its own ([dir-few] off). */
-	setenv("KVB_CLIENT_GET_SELF_KB", "0", 1);
-	workers = harness_connect(br, "t_data_path-workers", 0);
-	unsetenv("KVB_CLIENT_GET_SELF_KB");
+	workers = connect_env("t_data_path-workers", "KVB_CLIENT_GET_SELF_KB", "0");
 	test_batch_queue(workers);
 	kvb_close(workers);
 	test_dir_few(c);
 	/* The broker's lease: a client without the directory asks it for every one ([hazard]). */
-	setenv("KVB_CLIENT_DIR", "0", 1);
-	hold = harness_connect(br, "t_data_path-hold", 0);
-	unsetenv("KVB_CLIENT_DIR");
+	hold = connect_env("t_data_path-hold", "KVB_CLIENT_DIR", "0");
 	test_lease_hold(hold);
 	kvb_close(hold);
 	test_exit_release(c);
