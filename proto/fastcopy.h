@@ -9,10 +9,11 @@
  * source out of the cache. Measured on this project's AMD EPYC (AVX2, 32 MiB L3, 2 vCPUs,
  * `kvbbench memcpy` against `kvbbench memcpy-nt`): 1 MiB and 4.29 MiB copies 7.7 -> 11.1 GB/s with rotating destinations,
  * and no slower with one reused destination; 64 KiB was faster with rotating destinations
- * but slower with a reused one. So from KVB_COPY_NT_FRESH (64 KiB) to KVB_COPY_NT_MIN the
- * choice follows the destination [nt-fresh]: the one this thread's previous kvb_copy() wrote
- * is most likely still in the cache (an engine reusing one staging page; 64 KiB out of a
- * 1 MiB L2) and gets glibc's memcpy, any other gets streaming stores (64 KiB, rotating
+ * but slower with a reused one. So from KVB_COPY_NT_FRESH (64 KiB) to KVB_COPY_NT_MIN, and on
+ * to half the L2 where that is larger, the choice follows the destination [nt-fresh]: the one
+ * this thread's previous kvb_copy() wrote is most likely still in the cache (an engine reusing
+ * one staging page; 64 KiB out of a 1 MiB L2) and gets glibc's memcpy, any other gets
+ * streaming stores (64 KiB, rotating
  * destinations, shared memory on both sides: 5.3-5.8 -> 3.8-4.2 us). Smaller copies always
  * keep memcpy. AVX2 when the CPU has it (checked once), SSE2 otherwise (every x86-64); other
  * architectures always use memcpy.
@@ -29,10 +30,34 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KVB_COPY_NT_MIN (256u << 10)
 #define KVB_COPY_NT_FRESH (64u << 10)
 #define KVB_COPY_SEG_NT_MIN (4u << 10)
+
+/*
+ * [nt-fresh] The largest reused destination that plain stores write faster: half the L2, so
+ * that the destination and the source streaming past it both fit (sysconf, read once), and at
+ * least KVB_COPY_NT_MIN - 1. On an Intel Xeon (model 207, 2 MiB L2) a reused 256 KiB or 1 MiB
+ * destination took 8.6-9.1 GB/s with glibc's memcpy, 6.7-8.2 streaming, 2 MiB 7.7-8.4 either
+ * way (a kvb_get into it: 0.75-0.81 -> 0.92-1.01 of memcpy at 256 KiB, 0.87-0.92 -> 0.91-0.97 at
+ * 1 MiB); on an AMD EPYC (1 MiB L2) a reused 1 MiB destination was no slower streaming.
+ */
+static inline size_t kvb_copy_hot_max(void)
+{
+	static size_t hot;
+	size_t h = __atomic_load_n(&hot, __ATOMIC_RELAXED);
+
+	if (!h) {
+		long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+
+		h = l2 > 0 && (size_t)l2 / 2 >= KVB_COPY_NT_MIN ? (size_t)l2 / 2
+								: KVB_COPY_NT_MIN - 1;
+		__atomic_store_n(&hot, h, __ATOMIC_RELAXED);
+	}
+	return h;
+}
 
 #if defined(__x86_64__) && !defined(KVB_NO_NT)
 #include <immintrin.h>
@@ -107,7 +132,7 @@ static inline void kvb_copy(void *dst, const void *src, size_t n)
 	}
 	last = kvb_copy_last_dst;
 	kvb_copy_last_dst = dst;
-	if (n < KVB_COPY_NT_MIN && dst == last)
+	if (dst == last && n <= kvb_copy_hot_max())
 		memcpy(dst, src, n);
 	else
 		kvb_copy_stream(dst, src, n);

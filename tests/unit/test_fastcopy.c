@@ -96,12 +96,10 @@ static void test_copy_sizes_alignments(void **state)
  * [nt-fresh] The same destination twice in a row (plain stores the second time) and then a
  * new one (streaming stores), each byte-exact: the choice changes speed, never the bytes.
  */
-static void test_copy_fresh_and_reused(void **state)
+static void check_fresh_and_reused(size_t n)
 {
-	size_t n = KVB_COPY_NT_FRESH + 4097;
 	uint8_t *src = malloc(2 * n), *dst = malloc(2 * n + GUARD);
 
-	(void)state;
 	assert_non_null(src);
 	assert_non_null(dst);
 	for (size_t i = 0; i < 2 * n; i++)
@@ -117,6 +115,18 @@ static void test_copy_fresh_and_reused(void **state)
 	}
 	free(src);
 	free(dst);
+}
+
+/* Under KVB_COPY_NT_MIN, and above it up to half the L2 (kvb_copy_hot_max()) and past that. */
+static void test_copy_fresh_and_reused(void **state)
+{
+	size_t hot = kvb_copy_hot_max();
+
+	(void)state;
+	assert_true(hot >= KVB_COPY_NT_MIN - 1);
+	check_fresh_and_reused(KVB_COPY_NT_FRESH + 4097);
+	check_fresh_and_reused(hot);
+	check_fresh_and_reused(hot + 4097);
 }
 
 /* kvb_copy_nt(): streaming stores from 256 bytes, any alignment, nothing written outside. */
