@@ -157,6 +157,7 @@ struct kvb_client {
 	struct kvb_ring sq;		       /* we produce */
 	struct kvb_ring cq;		       /* we consume */
 	struct kvb_ring notes;		       /* [notes] we produce; entries NULL: none */
+	uint32_t notes_bell;		       /* ring.c [note-early]: its head when we last rang */
 	kvb_atomic_u32 *broker_cpu, *spin_cpu; /* spinning hints (wire.h) */
 	kvb_atomic_u32 *fill, *fill_stop;      /* KVB_SQEF_FILL (wire.h): ours, the broker's */
 	uint32_t fill_seq;		       /* KVB_SQEF_FILL SQEs posted to this region */

@@ -116,6 +116,7 @@ int kvbc_ring_setup(struct kvb_client *c)
 			      nr + KVB_NOTES_SQES, KVB_NOTES_ENTRIES, sizeof(struct kvb_sqe), 1);
 		if (kvb_ring_space(&c->notes) < 0)
 			return -EPROTO;
+		c->notes_bell = c->notes.cached - 1; /* [note-early] not rung at this head */
 	}
 	/* [hazard] A fresh region: no lease of ours is in its table. */
 	c->hz = NULL;
@@ -510,18 +511,25 @@ static int cq_step(struct kvb_client *c)
 
 /* ---- submission ---- */
 
-static void sq_doorbell(struct kvb_client *c)
+/* Wakes a broker asleep [W1] (checked after the publish); 1 when it rang. */
+static int sq_ring_bell(struct kvb_client *c)
 {
 	uint64_t one = 1;
 	ssize_t n;
 
-	if (!kvb_ring_needs_wakeup(&c->sq, KVB_SQ_NEED_WAKEUP)) /* [W1] after the publish */
-		return;
+	if (!kvb_ring_needs_wakeup(&c->sq, KVB_SQ_NEED_WAKEUP))
+		return 0;
 	do
 		n = write(c->sq_efd, &one, sizeof(one));
 	while (n < 0 && errno == EINTR);
-	c->broker_waking = 1;
 	/* EAGAIN means the counter is saturated: the broker has a wake-up pending anyway. */
+	return 1;
+}
+
+static void sq_doorbell(struct kvb_client *c)
+{
+	if (sq_ring_bell(c))
+		c->broker_waking = 1;
 }
 
 /* Waits for a free slot and a free SQ entry (draining completions meanwhile). */
@@ -701,6 +709,14 @@ static int post_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
  * KVB_FEAT_NOTES): an SQE and a tail store into lines that stay in our cache between the
  * broker's drains, no CQE. A full ring means a broker asleep, or busy between two of its ticks:
  * the note goes on the SQ, with the doorbell, which wakes it to drain both.
+ *
+ * [note-early] A broker asleep is woken when the ring is three quarters full, not full: its
+ * wake-up takes 10-50 us, and a client streaming 64 KiB reads found the ring still full on
+ * each of its next 5-10 reads, each an SQE and a write(2) on the doorbell (one in 35-46 reads,
+ * 1.4% of its time in the syscall, Intel Xeon model 207 VM). The quarter left holds what comes
+ * while it wakes. No CQE follows that doorbell, so it does not stop our spinning
+ * (broker_waking). The head is read afresh first, lest a stale one wake a broker that drained,
+ * and once per head: a broker awake drains before it sleeps, one woken is draining.
  */
 int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 {
@@ -714,10 +730,16 @@ int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 		return set_fatal(c, -EPROTO);
 	if (room > 0) {
 		struct kvb_sqe *e = kvb_ring_prod_slot(&c->notes, 0);
+		int64_t early = kvb_ring_entries(&c->notes) / 4, now;
 
 		memcpy(e, sqe, sizeof(*sqe));
 		kvbc_sqe_ids(c, e); /* the current broker's ids, as post_one() gives the SQ's */
 		kvb_ring_publish(&c->notes, 1);
+		if (room - 1 <= early && (now = kvb_ring_space(&c->notes)) >= 0 && now <= early &&
+		    c->notes.cached != c->notes_bell) {
+			c->notes_bell = c->notes.cached;
+			(void)sq_ring_bell(c);
+		}
 		return 0;
 	}
 	err = post_note_locked(c, sqe);

@@ -14,8 +14,13 @@
  *    the directory's epoch before it wrote a slot, so the reader asks the broker (and so
  *    reconnects) instead.
  * 3. --no-directory: the same GETs, every one through the broker.
+ * 4. [note-early] (client/ring.c): a broker asleep while a client streams reads through the
+ *    directory is woken when the client's note ring is three quarters full, not when it is
+ *    full, and once: with the broker stopped, 250 reads ring its doorbell once, after the
+ *    150th; the broker, running again, counts all 250.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,6 +233,85 @@ static void adoption(void)
 	harness_log("adoption: the dead broker's client read nothing of the next broker's slots");
 }
 
+#define EARLY_READS 250 /* past three quarters of KVB_NOTES_ENTRIES (256), short of all */
+
+/* What the eventfds this process holds count: the writes nobody has read yet. */
+static uint64_t eventfd_counts(void)
+{
+	uint64_t sum = 0;
+
+	for (int fd = 0; fd < 1024; fd++) {
+		char path[64], line[128];
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		while (fgets(line, sizeof(line), f)) {
+			unsigned long long n;
+
+			if (sscanf(line, "eventfd-count: %llx", &n) == 1)
+				sum += n;
+		}
+		fclose(f);
+	}
+	return sum;
+}
+
+/*
+ * The broker asleep, then stopped (SIGSTOP), so that nothing drains the note ring or reads the
+ * doorbell: 250 reads through the directory ring it once (the sum of our eventfds' counters
+ * grows by one), past 192 of 256 entries; then it runs again and counts all 250.
+ */
+static void note_early(void)
+{
+	struct harness_broker *b = harness_broker_start("--pool", "64M", "--slab", "4M");
+	kvb_client *c = harness_connect(b, "early", 0);
+	uint64_t rung, dir;
+	uint8_t page[4096];
+	struct kvb_layout l;
+	uint32_t ns;
+
+	harness_layout(&l, "test/note-early", KVB_LAYOUT_MLA, 64, 1, 0, 1, sizeof(page) / 64);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	for (uint64_t i = 0; i < EARLY_READS; i++) {
+		kvb_key k = harness_key(SEED + 1, i);
+
+		harness_fill(page, sizeof(page), &k, SEED);
+		CHECK_OK(kvb_put(c, ns, k, page, sizeof(page)));
+	}
+	CHECK_EQ(harness_stat_wait(c, "bg_jobs", 0, 10000), 0);
+	/* A broker not asleep yet when stopped needs no doorbell: then again, waiting longer. */
+	for (int wait_ms = 50; wait_ms <= 800; wait_ms *= 4) {
+		dir = harness_stat(c, "counters.dir_gets");
+		usleep((useconds_t)wait_ms * 1000); /* past the poll window STATS opened */
+		CHECK_OK(kill(b->pid, SIGSTOP));
+		rung = eventfd_counts();
+		for (uint64_t i = 0; i < EARLY_READS; i++) {
+			kvb_key k = harness_key(SEED + 1, i);
+
+			CHECK_EQ(kvb_get(c, ns, k, page, sizeof(page)), (int)sizeof(page));
+			CHECK_OK(harness_verify(page, sizeof(page), &k, SEED, "page read"));
+			if (i == EARLY_READS * 3 / 5)
+				CHECKF(eventfd_counts() == rung,
+				       "a doorbell before 3/4 of the ring");
+		}
+		rung = eventfd_counts() - rung;
+		CHECK_OK(kill(b->pid, SIGCONT));
+		/* Every read through the directory, all told: none was a round trip. */
+		CHECK_EQ(harness_stat(c, "counters.dir_gets") - dir, EARLY_READS);
+		harness_log("note-early: %d reads after %d ms, %llu doorbells", EARLY_READS,
+			    wait_ms, (unsigned long long)rung);
+		if (rung)
+			break;
+	}
+	CHECKF(rung == 1, "%llu doorbells for %d reads through the directory, not one",
+	       (unsigned long long)rung, EARLY_READS);
+	kvb_close(c);
+	harness_broker_stop(b);
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t d;
@@ -238,5 +322,6 @@ int main(int argc, char **argv)
 	harness_log("directory: %llu GETs the clients did themselves", (unsigned long long)d);
 	CHECK_EQ(churn(1), 0);
 	adoption();
+	note_early();
 	return H_PASS;
 }
