@@ -32,7 +32,10 @@
 # gives medians and, for ratios, the ratio of the medians. Verdicts against the issue's
 # targets are computed here. Knobs: KVB_BENCH_QUICK=1 (1 repetition of 0.3 s, 32 MiB working
 # sets: a smoke run), KVB_BENCH_DP_REPS (3), KVB_BENCH_DP_SECONDS (1), KVB_BENCH_DP_TP_REPS (5),
-# KVB_BENCH_DP_POOL (1G). Raw results: B/bench/datapath.jsonl.
+# KVB_BENCH_DP_POOL (1G), KVB_BENCH_DP_HUGE=1 (the brokers' pools on 2 MiB hugetlb pages, as
+# docs/operations.md "Huge pages" advises for a broker host: as root, it reserves what they need
+# in /proc/sys/vm/nr_hugepages and gives it back at exit; without it, the machine's default,
+# which here is 4 KiB pages). Raw results: B/bench/datapath.jsonl (datapath-huge.jsonl).
 set -eu
 
 B=${1:-build/release}
@@ -49,29 +52,51 @@ else
 	WS=128M
 fi
 POOL=${KVB_BENCH_DP_POOL:-1G}
+HUGE=${KVB_BENCH_DP_HUGE:-0}
 K="$B/bin/kvbbench"
 for p in kvbrokerd kvbbench; do
 	[ -x "$B/bin/$p" ] || { echo "bench-datapath: $B/bin/$p missing" >&2; exit 1; }
 done
 mkdir -p "$B/bench"
 res="$B/bench/datapath.jsonl"
+[ "$HUGE" = 1 ] && res="$B/bench/datapath-huge.jsonl"
 : >"$res"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvbdp.XXXXXX")
 pids=""
+hp=/proc/sys/vm/nr_hugepages
+hp0=""
 cleanup() {
 	for p in $pids; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
+	[ -z "$hp0" ] || echo "$hp0" >"$hp"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
+BARGS=""
+if [ "$HUGE" = 1 ]; then
+	# Three brokers' pools, and 64 pages over for their other mappings.
+	need=$(awk -v p="$POOL" 'BEGIN { n = p + 0; u = substr(p, length(p));
+		n *= u == "G" ? 512 : u == "M" ? 1 / 2 : 1 / 2048; print int(3 * n + 64) }')
+	have=$(cat "$hp")
+	if [ "$have" -lt "$need" ]; then
+		hp0=$have
+		echo "$need" >"$hp" 2>/dev/null ||
+			{ echo "bench-datapath: cannot reserve $need huge pages (root?)" >&2; exit 1; }
+		[ "$(cat "$hp")" -ge "$need" ] ||
+			{ echo "bench-datapath: only $(cat "$hp") of $need huge pages" >&2; exit 1; }
+	fi
+	BARGS="--hugepages 2M"
+fi
 
 # start NAME [taskset CPU]: a broker on $tmp/NAME.sock, returned once it answers a NOP.
 start() {
 	if [ $# -gt 1 ]; then
-		taskset -c "$2" "$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" \
+		# shellcheck disable=SC2086
+		taskset -c "$2" "$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $BARGS \
 			--log-level warn 2>"$tmp/$1.log" &
 	else
-		"$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" --log-level warn \
+		# shellcheck disable=SC2086
+		"$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $BARGS --log-level warn \
 			2>"$tmp/$1.log" &
 	fi
 	pids="$pids $!"
@@ -97,6 +122,11 @@ run() {
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$(date +%s)
 start main
+# What the pool got: the first arena's page size and backing (hugetlb, shmem with THP or not).
+pages=$("$B/bin/kvbctl" --socket "$tmp/main.sock" status --json | python3 -c '
+import json, sys
+a = json.load(sys.stdin)["pool"]["arenas"][0]
+print("%s pages (%s)" % (a["page_size"], a["backing"]))')
 start wr # PUTs of new keys fill a pool: not the one whose working sets the reads need resident
 start pin 0
 for r in $(seq "$REPS"); do
@@ -159,10 +189,10 @@ done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
 
-python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" <<'PY'
+python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" "$HUGE" "$pages" <<'PY'
 import json, statistics, sys
 
-res, load0, load1, secs, reps, dur, tpreps, ncpu = sys.argv[1:]
+res, load0, load1, secs, reps, dur, tpreps, ncpu, huge, pages = sys.argv[1:]
 rows, fails = {}, []
 for line in open(res):
     d = json.loads(line)
@@ -189,9 +219,11 @@ def verdict(v, ok):
     return "-" if v is None else "met" if ok(v) else "**MISSED**"
 
 
-print("Command: `sh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
+print("Command: `%ssh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
       "interleaved, medians; TP=8 %s repetitions. %s CPUs; load average %s before, %s after; "
-      "%s s in all.\n" % (reps, dur, tpreps, ncpu, load0, load1, secs))
+      "%s s in all. The brokers' pools on %s.\n"
+      % ("KVB_BENCH_DP_HUGE=1 " if huge == "1" else "", reps, dur, tpreps, ncpu, load0, load1,
+         secs, pages))
 print("| page | destination | memcpy GB/s | GET | get-user | ACQUIRE | ACQUIRE, caller's memcpy "
       "| PUT | PUT plain | target | verdict |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
