@@ -13,9 +13,8 @@
  * to half the L2 where that is larger, the choice follows the destination [nt-fresh]: the one
  * this thread's previous kvb_copy() wrote is most likely still in the cache (an engine reusing
  * one staging page; 64 KiB out of a 1 MiB L2) and gets glibc's memcpy, any other gets
- * streaming stores (64 KiB, rotating
- * destinations, shared memory on both sides: 5.3-5.8 -> 3.8-4.2 us). Smaller copies always
- * keep memcpy. AVX2 when the CPU has it (checked once), SSE2 otherwise (every x86-64); other
+ * streaming stores (64 KiB, rotating destinations, shared memory on both sides: 5.3-5.8 ->
+ * 3.8-4.2 us). Smaller copies always keep memcpy. AVX2 when the CPU has it (checked once), SSE2 otherwise (every x86-64); other
  * architectures always use memcpy.
  *
  * kvb_copy_part() decides by the whole copy's size instead, for one segment of many: a view

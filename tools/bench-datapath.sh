@@ -76,7 +76,8 @@ BARGS=""
 if [ "$HUGE" = 1 ]; then
 	# Three brokers' pools, and 64 pages over for their other mappings.
 	need=$(awk -v p="$POOL" 'BEGIN { n = p + 0; u = substr(p, length(p));
-		n *= u == "G" ? 512 : u == "M" ? 1 / 2 : 1 / 2048; print int(3 * n + 64) }')
+		n *= u == "G" ? 512 : u == "M" ? 1 / 2 : u == "K" ? 1 / 2048 : 1 / 2097152
+		print int(3 * n + 64) }')
 	have=$(cat "$hp")
 	if [ "$have" -lt "$need" ]; then
 		hp0=$have
