@@ -730,13 +730,13 @@ int kvbc_note_locked(struct kvb_client *c, struct kvb_sqe *sqe)
 		return set_fatal(c, -EPROTO);
 	if (room > 0) {
 		struct kvb_sqe *e = kvb_ring_prod_slot(&c->notes, 0);
-		int64_t early = kvb_ring_entries(&c->notes) / 4, now;
+		int64_t early = kvb_ring_entries(&c->notes) / 4, fresh;
 
 		memcpy(e, sqe, sizeof(*sqe));
 		kvbc_sqe_ids(c, e); /* the current broker's ids, as post_one() gives the SQ's */
 		kvb_ring_publish(&c->notes, 1);
-		if (room - 1 <= early && (now = kvb_ring_space(&c->notes)) >= 0 && now <= early &&
-		    c->notes.cached != c->notes_bell) {
+		if (room - 1 <= early && (fresh = kvb_ring_space(&c->notes)) >= 0 &&
+		    fresh <= early && c->notes.cached != c->notes_bell) {
 			c->notes_bell = c->notes.cached;
 			(void)sq_ring_bell(c);
 		}

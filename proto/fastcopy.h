@@ -7,15 +7,15 @@
  * writes MiBs that nobody reads back soon (the pool, a GPU staging buffer, an engine's KV
  * buffer), and streaming stores neither read the destination's lines first nor evict the
  * source out of the cache. Measured on this project's AMD EPYC (AVX2, 32 MiB L3, 2 vCPUs,
- * `kvbbench memcpy` against `kvbbench memcpy-nt`): 1 MiB and 4.29 MiB copies 7.7 -> 11.1 GB/s with rotating destinations,
- * and no slower with one reused destination; 64 KiB was faster with rotating destinations
- * but slower with a reused one. So from KVB_COPY_NT_FRESH (64 KiB) to KVB_COPY_NT_MIN, and on
- * to half the L2 where that is larger, the choice follows the destination [nt-fresh]: the one
- * this thread's previous kvb_copy() wrote is most likely still in the cache (an engine reusing
- * one staging page; 64 KiB out of a 1 MiB L2) and gets glibc's memcpy, any other gets
- * streaming stores (64 KiB, rotating destinations, shared memory on both sides: 5.3-5.8 ->
- * 3.8-4.2 us). Smaller copies always keep memcpy. AVX2 when the CPU has it (checked once), SSE2 otherwise (every x86-64); other
- * architectures always use memcpy.
+ * `kvbbench memcpy` against `kvbbench memcpy-nt`): 1 MiB and 4.29 MiB copies 7.7 -> 11.1 GB/s
+ * with rotating destinations, and no slower with one reused destination; 64 KiB was faster
+ * with rotating destinations but slower with a reused one. So from KVB_COPY_NT_FRESH (64 KiB)
+ * to KVB_COPY_NT_MIN, and on to half the L2 where that is larger, the choice follows the
+ * destination [nt-fresh]: the one this thread's previous kvb_copy() wrote is most likely still
+ * in the cache (an engine reusing one staging page; 64 KiB out of a 1 MiB L2) and gets glibc's
+ * memcpy, any other gets streaming stores (64 KiB, rotating destinations, shared memory on
+ * both sides: 5.3-5.8 -> 3.8-4.2 us). Smaller copies always keep memcpy. AVX2 when the CPU has
+ * it (checked once), SSE2 otherwise (every x86-64); other architectures always use memcpy.
  *
  * kvb_copy_part() decides by the whole copy's size instead, for one segment of many: a view
  * GET or PUT of a page is one segment per layer (a Kimi-K2.5 page: 61 of 72 KiB), which glibc

@@ -231,10 +231,10 @@ static void test_ask_first(kvb_client *c)
 /* ---- [fill-ring] ---- */
 
 /*
- * 64 KiB pages go round the library's ring of staging slots (2 x L2: 32 slots here), in plain
- * or streaming stores by what each kind was measured to cost; one PUT in 64 takes the other
- * kind. 200 distinct pages from one plain buffer wrap the ring at least three times and take
- * both kinds; each was filled (the broker copied all of it) and reads back exactly.
+ * 64 KiB pages go round the library's ring of staging slots (2 x L2: 32 slots with a 1 MiB
+ * L2, 64 with 2 MiB), in plain or streaming stores by what each kind was measured to cost; one
+ * PUT in 64 takes the other kind. 200 distinct pages from one plain buffer wrap the ring and
+ * take both kinds; each was filled (the broker copied all of it) and reads back exactly.
  */
 static void test_ring(kvb_client *c)
 {
