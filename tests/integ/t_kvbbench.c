@@ -3,8 +3,9 @@
  * t_kvbbench.c - every kvbbench mode runs against a real broker and its --json says what the
  * mode did: the right number of ops, PUTs that stored, reads without misses, TP ranks that made
  * one copy (also loading in kvb_submit batches, --qd), engine loads in layer groups through a
- * view (--layers), a too-small pool refused with a clear message. Small working sets and --iters
- * keep it to a few seconds; the figures themselves are `make bench`'s business, not this test's.
+ * view (--layers), ops paired with memcpy (--pair), a too-small pool refused with a clear
+ * message. Small working sets and --iters keep it to a few seconds; the figures themselves are
+ * `make bench`'s business, not this test's.
  */
 #include <cjson/cJSON.h>
 #include <libgen.h>
@@ -109,6 +110,34 @@ int main(int argc, char **argv)
 		CHECKF(num(r, "misses") == 0 && num(r, "gb_per_s") > 0, "kvbbench %s", args);
 		cJSON_Delete(r);
 	}
+
+	/*
+	 * --pair: each op followed by memcpy's copy of a page in the same process, timed apart:
+	 * the two rates' ratio comes beside the op's figures. Modes of more than a page per op
+	 * (a batch, a lookup) are refused.
+	 */
+	for (i = 0; i < 3; i++) {
+		static const char *const paired[] = {
+			"--page 64K --ws 4M --iters 100 --dst hot --pair get-user",
+			"--page 64K --ws 4M --iters 100 --pair acquire-copy",
+			"--page 64K --ws 4M --iters 100 --pair put-user",
+		};
+		char args[256];
+
+		snprintf(args, sizeof(args), "--json %s", paired[i]);
+		r = run_json(args);
+		CHECK_EQ(num(r, "ops"), 100);
+		CHECK_EQ(num(r, "misses"), 0);
+		CHECKF(num(r, "pair_ratio") > 0.01 && num(r, "pair_ratio") < 100, "kvbbench %s",
+		       args);
+		CHECK(num(r, "pair_memcpy_gb_per_s") > 0);
+		cJSON_Delete(r);
+	}
+	CHECK_EQ(run("--page 64K --ws 4M --iters 10 --qd 4 --pair get", &out), 2);
+	CHECKF(strstr(out, "--pair is for") != NULL, "no clear refusal:\n%s", out);
+	free(out);
+	CHECK_EQ(run("--pair lookup", &out), 2);
+	free(out);
 
 	r = run_json("--json --page 64K --pages 256 --batch 64 --iters 50 lookup");
 	CHECK_EQ(num(r, "batch"), 64);

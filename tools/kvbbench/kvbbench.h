@@ -83,6 +83,7 @@ struct kvbb_cfg {
 	unsigned gap_us; /* sleep between ops, untimed: lets the broker fall asleep */
 	double rate;	 /* > 0: open loop, ops (engine: requests) per second in all (--rate) */
 	int dst_hot;	 /* --dst hot: every copy lands in one reused (cache-hot) destination */
+	int pair;	 /* --pair: each op followed by a memcpy of its bytes, timed apart */
 	uint32_t tp;	 /* engine: TP ranks per engine (--tp) */
 	uint32_t layer_groups; /* engine --layers: loads through a view, in layer groups */
 	enum kvbb_dist dist;
@@ -120,6 +121,8 @@ struct kvbb_slot {
 	uint64_t load_t0;  /* mla-tp: CLOCK_MONOTONIC ns of the first GET's start, */
 	uint64_t load_t1;  /* and of the last GET's end (the load phase) */
 	uint64_t late;	   /* open loop: ops that started after their arrival time */
+	uint64_t op_ns;	   /* --pair: the ops' time, and the paired memcpys' */
+	uint64_t pair_ns;
 	double elapsed;
 	char err[160];
 	uint64_t kops[NKIND];
@@ -144,11 +147,13 @@ struct kvbb_w {
 	int idx; /* slot index, 0..nslots-1 */
 	kvb_client *c;
 	uint32_t ns, bufid;
-	uint32_t view;	/* engine --layers: the view over buf, an engine's layer-first layout */
-	uint8_t *buf;	/* registered or private destination/source ring */
-	int buf_reg;	/* buf came from kvb_buf_alloc_host (kvb_close unmaps it) */
-	size_t buf_own; /* > 0: buf is our own memfd mapping of this many bytes (--host-buf) */
-	uint8_t *src;	/* memcpy source, private pool */
+	uint32_t view;	   /* engine --layers: the view over buf, an engine's layer-first layout */
+	uint8_t *buf;	   /* registered or private destination/source ring */
+	int buf_reg;	   /* buf came from kvb_buf_alloc_host (kvb_close unmaps it) */
+	size_t buf_own;	   /* > 0: buf is our own memfd mapping of this many bytes (--host-buf) */
+	uint8_t *src;	   /* memcpy source, private pool */
+	uint8_t *pair_src; /* --pair: the paired memcpys' private source and destination */
+	uint8_t *pair_dst;
 	uint64_t slots; /* pages that fit in buf */
 	uint64_t start; /* this thread's first working-set page */
 	kvb_key *keys;	/* lookup: the working-set keys */
