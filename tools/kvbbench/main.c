@@ -64,7 +64,8 @@ static void sleep_us(unsigned us)
  * reused destination with --dst hot, else a private rotating one), timed apart. Op after op in
  * one process, the two see the same machine: on a shared VM memcpy alone moves by 10-30%
  * between processes and from one second to the next, more than the gaps the issue's targets
- * are about (docs/benchmarks.md, 2026-12-04).
+ * are about (docs/benchmarks.md, 2026-12-04). With --dst hot the pair is fair only where the
+ * op leaves the destination in the cache, as kvb_copy's plain stores do up to half the L2.
  */
 static int pair_setup(struct kvbb_w *w)
 {
