@@ -121,8 +121,7 @@ struct kvbb_slot {
 	uint64_t load_t0;  /* mla-tp: CLOCK_MONOTONIC ns of the first GET's start, */
 	uint64_t load_t1;  /* and of the last GET's end (the load phase) */
 	uint64_t late;	   /* open loop: ops that started after their arrival time */
-	uint64_t op_ns;	   /* --pair: the ops' time, and the paired memcpys' */
-	uint64_t pair_ns;
+	uint64_t pair_ns;  /* --pair: the paired memcpys' time */
 	double elapsed;
 	char err[160];
 	uint64_t kops[NKIND];
