@@ -22,6 +22,11 @@
 #
 # Knobs: KIMI_PAGES (64), BENCH_PAGES (256: 1.15 GB per round), ROUNDS (4), POOL (8G),
 # PATHS ("auto copy kernel"), TARGET_PCT (90), MAKEFLAGS_EXTRA.
+#
+# PREBUILT=1 skips step 1 and runs the binaries already in BUILD_DIR: for a GPU machine without
+# the build's packages (liburing, libnuma, ...) or without network. Build where they are (the
+# kernels are embedded in the binaries), copy BUILD_DIR/bin over, and point LD_LIBRARY_PATH at
+# copies of the libraries `ldd BUILD_DIR/bin/kvbrokerd` lists that the GPU machine lacks.
 set -u
 
 B=${1:-build/release}
@@ -40,24 +45,33 @@ fail() {
 }
 
 cd "$(dirname "$0")/.." || exit 1
-if [ ! -f "$CUDA_HOME/include/cuda.h" ]; then
-	fail "no CUDA headers at $CUDA_HOME/include (set CUDA_HOME)"
-fi
-if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-	fail "no nvcc at $CUDA_HOME/bin: the check needs the kernels"
-fi
-say "building ($B)"
-jobs=$(nproc 2>/dev/null || echo 4)
-# shellcheck disable=SC2086
-if ! make -j"$jobs" CUDA_HOME="$CUDA_HOME" ${MAKEFLAGS_EXTRA:-} >/tmp/kvb-gpu-check-build.log 2>&1
-then
-	tail -n 40 /tmp/kvb-gpu-check-build.log
-	fail "build (log: /tmp/kvb-gpu-check-build.log)"
+if [ "${PREBUILT:-0}" = 1 ]; then
+	say "prebuilt binaries in $B"
+else
+	if [ ! -f "$CUDA_HOME/include/cuda.h" ]; then
+		fail "no CUDA headers at $CUDA_HOME/include (set CUDA_HOME)"
+	fi
+	if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+		fail "no nvcc at $CUDA_HOME/bin: the check needs the kernels"
+	fi
+	say "building ($B)"
+	jobs=$(nproc 2>/dev/null || echo 4)
+	# shellcheck disable=SC2086
+	if ! make -j"$jobs" CUDA_HOME="$CUDA_HOME" ${MAKEFLAGS_EXTRA:-} \
+		>/tmp/kvb-gpu-check-build.log 2>&1; then
+		tail -n 40 /tmp/kvb-gpu-check-build.log
+		fail "build (log: /tmp/kvb-gpu-check-build.log)"
+	fi
 fi
 CHK=$B/bin/kvbgpucheck
 BROKERD=$B/bin/kvbrokerd
-if [ ! -x "$CHK" ] || [ ! -x "$BROKERD" ]; then
-	fail "$CHK or $BROKERD missing after the build"
+if [ ! -x "$CHK" ] || [ ! -x "$BROKERD" ] || [ ! -x "$B/bin/kvbctl" ]; then
+	fail "$CHK, $BROKERD or $B/bin/kvbctl missing"
+fi
+missing=$(ldd "$BROKERD" "$CHK" "$B/bin/kvbctl" 2>/dev/null | grep "not found" | sort -u)
+if [ -n "$missing" ]; then
+	echo "$missing" >&2
+	fail "shared libraries missing (set LD_LIBRARY_PATH to copies of them)"
 fi
 
 if ! "$CHK" probe; then
@@ -84,7 +98,7 @@ start_broker() { # $1: path
 	"$BROKERD" --socket "$sock" --pool "$POOL" --gpu-path "$1" 2>"$log" &
 	pid=$!
 	i=0
-	while ! grep -q " ready: " "$log" 2>/dev/null; do
+	while ! grep -q " ready in " "$log" 2>/dev/null; do
 		i=$((i + 1))
 		if [ $i -gt 600 ] || ! kill -0 "$pid" 2>/dev/null; then
 			cat "$log"
