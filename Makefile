@@ -226,6 +226,7 @@ $(B)/tests/test_%: $(B)/obj/tests/unit/test_%.o $(BROKER_A) $(LIB_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) $(TEST_LDFLAGS_$*) -o $@ $< $(BROKER_A) $(LIB_A) $(LIBS) -lcmocka
 
+$(B)/obj/tests/fake/libcuda.o: override CFLAGS += -Ibroker
 $(B)/tests/fake/libcuda.so.1: $(B)/obj/tests/fake/libcuda.o
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")

@@ -77,9 +77,10 @@ struct copy_job {
 	 * the slot's start, crc_fused below; else the last reads the slot back after the copy)
 	 * into crc, and set has_crc; the loop thread then only writes the header (store.c
 	 * store_commit_crc). An inline job of one segment at the slot's start copies and
-	 * checksums in one pass ([crc-fused], copy_host.c run_fused) and sets has_crc too. Other
-	 * inline jobs and GPU jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its
-	 * source ([crc-src]), and the loop any other's from the slot.
+	 * checksums in one pass ([crc-fused], copy_host.c run_fused) and sets has_crc too, and so
+	 * does the CUDA engine where its kernel checksummed the source ([gpu-crc], copy_cuda.c).
+	 * Other inline jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its source
+	 * ([crc-src]), and the loop any other's from the slot.
 	 */
 	const void *crc_at;
 	uint64_t crc_len;

@@ -74,6 +74,7 @@ struct cuda_info {
 	uint64_t pinned_bytes;
 	double pin_seconds;
 	uint64_t jobs[2]; /* by path */
+	uint64_t crc_jobs; /* PUT checksums computed on the GPU [gpu-crc] */
 	uint64_t errors;
 };
 

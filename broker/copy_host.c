@@ -112,17 +112,6 @@ static int run_part_crc(const struct part *p, uint32_t *x)
 	return 0;
 }
 
-/* The slot's crc32c from a crc_fused job's parts (crc_x) and the slot's bytes past the page. */
-static uint32_t parts_crc(const struct copy_job *j)
-{
-	uint64_t page = j->segs[0].len;
-	uint32_t x = j->crc_x;
-
-	if (j->crc_len > page)
-		x ^= ~slot_crc32c_more(~0u, (const uint8_t *)j->crc_at + page, j->crc_len - page);
-	return x ^ crc_shift(~0u, j->crc_len) ^ ~0u;
-}
-
 /*
  * Under the lock: the next part of the job at the head of the queue, which leaves the queue
  * with its last part (its memory is then the workers' until the last part finished).
@@ -263,7 +252,9 @@ static void *worker(void *arg)
 		 */
 		if (last && !j->res && j->crc_len) {
 			pthread_mutex_unlock(&h->lock);
-			j->crc = j->crc_fused ? parts_crc(j) : slot_crc32c(j->crc_at, j->crc_len);
+			j->crc = j->crc_fused ? crc_slot_finish(j->crc_x, j->crc_at, j->segs[0].len,
+								 j->crc_len)
+					     : slot_crc32c(j->crc_at, j->crc_len);
 			j->has_crc = 1;
 			pthread_mutex_lock(&h->lock);
 		}

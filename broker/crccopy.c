@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "crccopy.h"
+#include "kernels/crc32c_gf.h"
 #include "fastcopy.h"
 #include "slot.h"
 
@@ -195,30 +196,16 @@ uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc
 }
 #endif
 
-/* a * b mod P, both bit-reflected: one bit of b at a time (crc_shift's few dozen products). */
-static uint32_t gf_mul(uint32_t a, uint32_t b)
-{
-	uint32_t r = 0;
-
-	for (int i = 0; i < 32; i++) {
-		if (b & 0x80000000u)
-			r ^= a;
-		b <<= 1;
-		a = (a >> 1) ^ ((a & 1) ? 0x82f63b78u : 0);
-	}
-	return r;
-}
-
 uint32_t crc_shift(uint32_t r, uint64_t n)
 {
-	uint32_t sq = 0x00800000u; /* x^8: one byte */
+	return kvb_gf_mul(r, kvb_gf_x8n(n));
+}
 
-	for (; n; n >>= 1) { /* r * x^(8n) by squaring: x^8, x^16, x^32, ... */
-		if (n & 1)
-			r = gf_mul(r, sq);
-		sq = gf_mul(sq, sq);
-	}
-	return r;
+uint32_t crc_slot_finish(uint32_t x, const void *slot, uint64_t covered, uint64_t slot_len)
+{
+	if (slot_len > covered)
+		x ^= ~slot_crc32c_more(~0u, (const uint8_t *)slot + covered, slot_len - covered);
+	return x ^ crc_shift(~0u, slot_len) ^ ~0u;
 }
 
 uint32_t crc_copy(void *dst, const void *src, size_t n, uint32_t crc)

@@ -42,4 +42,12 @@ uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc
  */
 uint32_t crc_shift(uint32_t r, uint64_t n);
 
+/*
+ * The crc32c of a slot of slot_len bytes from x, the xor of the raw crcs of its first covered
+ * bytes' parts, each moved to the slot's end (crc_shift by the slot's bytes after it): the
+ * bytes past them are read from the slot. For checksums computed by parts, on host workers
+ * ([crc-worker]) or on the GPU ([gpu-crc]).
+ */
+uint32_t crc_slot_finish(uint32_t x, const void *slot, uint64_t covered, uint64_t slot_len);
+
 #endif /* KVB_BROKER_CRCCOPY_H */

@@ -128,8 +128,11 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 	 * workers (split, side by side) while the loop takes the next SQEs (copy.h).
 	 */
 	op->job.batch = op->batch;
-	/* [crc-worker] A host worker that writes the slot checksums it too (copy.h). */
-	if (dir == COPY_TO_POOL && op->dev == COPY_HOST && b->pool.meta && op->pg) {
+	/*
+	 * [crc-worker] A host worker that writes the slot checksums it too (copy.h); [gpu-crc] the
+	 * GPU checksums what it sends (copy_cuda.c).
+	 */
+	if (dir == COPY_TO_POOL && b->pool.meta && op->pg) {
 		op->job.crc_at = store_addr(&b->store, op->pg);
 		op->job.crc_len = b->store.cls[op->pg->cls].slot_bytes;
 	}

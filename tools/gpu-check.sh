@@ -14,6 +14,9 @@
 #      Kimi-K2.5 MLA layout (61 layers x 576 bf16 x 64 tokens) on the device and PUTs them;
 #      process B (CUDA virtual-memory API, one cuMemCreate allocation exported as a POSIX fd)
 #      GETs them into other slots, layer groups in order, and compares on the device;
+#    - the PUTs' checksums, computed on the GPU: the broker is killed (-9), a new one adopts
+#      the pool (every page's checksum checked against its bytes: none may be dropped), and the
+#      pages are read back and compared again;
 #    - throughput: broker DMA D2H (PUT) and H2D (GET) GB/s of BENCH_PAGES pages x ROUNDS,
 #      against cuMemcpyAsync of the same bytes as one contiguous block from pinned memory
 #      in one process, measured in the same run.
@@ -137,6 +140,20 @@ for path in $PATHS; do
 		cat "$log"
 		fail "get ($path): data differs or an op failed"
 	}
+	# [gpu-crc] Each page's header carries the checksum computed on the GPU; adoption checks
+	# every one against the slot's bytes and drops what does not match.
+	say "adoption: kill -9; a new broker adopts the pool, checking every page's checksum"
+	kill -KILL "$pid"
+	wait "$pid" 2>/dev/null
+	pid=""
+	start_broker "$path"
+	grep -E "adopt: .* pages" "$log" | sed 's/^/  broker: /'
+	grep -qE "adopt: $KIMI_PAGES pages .* 0 torn" "$log" ||
+		fail "the adopting broker did not find every page intact ($path): checksums wrong?"
+	"$CHK" get --socket "$sock" --pages "$KIMI_PAGES" --alloc legacy || {
+		cat "$log"
+		fail "get after adoption ($path): data differs or an op failed"
+	}
 	say "throughput: $BENCH_PAGES pages x $ROUNDS rounds each way"
 	"$CHK" bench --socket "$sock" --pages "$BENCH_PAGES" --rounds "$ROUNDS" --label "$path" \
 		>"$tmp/bench-$path" || { cat "$tmp/bench-$path" "$log"; fail "bench ($path)"; }
@@ -144,7 +161,7 @@ for path in $PATHS; do
 	grep RESULT "$tmp/bench-$path" | sed 's/^/  /'
 	# Which path the jobs really took (a kernel that failed to load falls back to copies).
 	"$B/bin/kvbctl" --socket "$sock" status --json 2>/dev/null |
-		grep -oE '"(jobs_copy|jobs_kernel|pin_seconds|errors)": *[0-9.e+-]+' | tr '\n' ' ' |
+		grep -oE '"(jobs_copy|jobs_kernel|crc_gpu|pin_seconds|errors)": *[0-9.e+-]+' | tr '\n' ' ' |
 		sed 's/^/  broker stats: /'
 	echo
 	stop_broker

@@ -15,9 +15,14 @@
  * sides and the length allow it, bytes otherwise. The descriptor table itself sits in mapped
  * pinned host memory (written by the broker just before the launch).
  *
+ * kvb_crc_segs, the checksum of a GPU PUT's slot ([gpu-crc], copy_cuda.c), is here too: one
+ * module, one fatbin.
+ *
  * Built by nvcc -fatbin at build time, embedded into kvbrokerd (copy_kernels.c) and loaded with
  * cuModuleLoadData: no CUDA runtime library is involved.
  */
+#include "crc32c_gf.h"
+
 #define KVB_CHUNK 16384
 #define KVB_UNROLL 4
 
@@ -64,5 +69,69 @@ extern "C" __global__ void kvb_copy_segs(const kvb_dseg *segs, unsigned n)
 					d[j] = src[j];
 			}
 		}
+	}
+}
+
+struct kvb_cseg {
+	unsigned long long src, len, after; /* after: the slot's bytes after this segment */
+};
+
+/*
+ * [gpu-crc] The crc32c of a page PUT from GPU memory, from the GPU's copy of its bytes (HBM at
+ * TB/s) rather than from the pool after the DMA (a CPU reading 4 MiB back from DRAM, slower
+ * than the DMA itself). Each thread takes a KVB_CRC_PIECE-byte piece of a segment, computes its
+ * raw crc with a byte table in shared memory, and moves it to its place in the slot (times
+ * x^(8 x the slot's bytes after it)): the slot's raw crc is then the xor of all of them, in any
+ * order. Each block writes its threads' xor to out[block] (mapped pinned host memory); the
+ * host xors those and finishes the checksum (crccopy.c crc_slot_finish). Grid as kvb_copy_segs.
+ */
+extern "C" __global__ void kvb_crc_segs(const kvb_cseg *segs, unsigned n, unsigned *out)
+{
+	__shared__ unsigned tab[256];
+	__shared__ unsigned warp_x[32];
+	const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x * KVB_CRC_PIECE;
+	unsigned x = 0;
+
+	for (unsigned i = threadIdx.x; i < 256; i += blockDim.x)
+		tab[i] = kvb_crc_tab(i);
+	__syncthreads();
+	for (unsigned i = blockIdx.y; i < n; i += gridDim.y) {
+		kvb_cseg s = segs[i];
+		unsigned long long lo =
+			((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * KVB_CRC_PIECE;
+
+		for (; lo < s.len; lo += step) {
+			unsigned long long hi = lo + KVB_CRC_PIECE < s.len ? lo + KVB_CRC_PIECE : s.len;
+			const unsigned char *p = (const unsigned char *)s.src + lo;
+			unsigned r = 0;
+
+			if ((((unsigned long long)p | (hi - lo)) & 15) == 0) {
+				const uint4 *q = (const uint4 *)p, *e = (const uint4 *)(p + (hi - lo));
+
+				for (; q < e; q++) {
+					uint4 v = *q;
+
+					r = kvb_crc_word(tab, r, v.x);
+					r = kvb_crc_word(tab, r, v.y);
+					r = kvb_crc_word(tab, r, v.z);
+					r = kvb_crc_word(tab, r, v.w);
+				}
+			} else {
+				for (unsigned long long k = 0; k < hi - lo; k++)
+					r = kvb_crc_byte(tab, r, p[k]);
+			}
+			x ^= kvb_gf_mul(r, kvb_gf_x8n(s.len - hi + s.after));
+		}
+	}
+	for (int o = 16; o; o >>= 1)
+		x ^= __shfl_xor_sync(0xffffffffu, x, o);
+	if ((threadIdx.x & 31) == 0)
+		warp_x[threadIdx.x >> 5] = x;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (unsigned w = 1; w < (blockDim.x + 31) / 32; w++)
+			x ^= warp_x[w];
+		out[blockIdx.y * gridDim.x + blockIdx.x] = x;
+		__threadfence_system();
 	}
 }

@@ -26,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crc_segs_emu.h"
+
 #define FMAX 1024
 #define FAKE_MAGIC 0x46414b45u /* "FAKE" */
 
@@ -521,8 +523,8 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
 	return *handle ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The broker's gather/scatter kernel, run on the host: the module is a token. */
-static int fake_fn;
+/* The broker's kernels, run on the host: the module is a token, each function another. */
+static int fake_fn, fake_crc_fn;
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
@@ -540,9 +542,12 @@ CUresult cuModuleUnload(CUmodule hmod)
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
 	(void)hmod;
-	if (strcmp(name, "kvb_copy_segs"))
+	if (!strcmp(name, "kvb_copy_segs"))
+		*hfunc = (CUfunction)&fake_fn;
+	else if (!strcmp(name, "kvb_crc_segs"))
+		*hfunc = (CUfunction)&fake_crc_fn;
+	else
 		return CUDA_ERROR_NOT_FOUND;
-	*hfunc = (CUfunction)&fake_fn;
 	return CUDA_SUCCESS;
 }
 
@@ -554,12 +559,18 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 	const uint64_t *t;
 	unsigned n;
 
-	(void)gridDimX, (void)gridDimY, (void)gridDimZ, (void)blockDimX, (void)blockDimY;
-	(void)blockDimZ, (void)sharedMemBytes, (void)hStream, (void)extra;
-	if (f != (CUfunction)&fake_fn)
-		return CUDA_ERROR_INVALID_HANDLE;
+	(void)gridDimZ, (void)blockDimY, (void)blockDimZ, (void)sharedMemBytes, (void)hStream;
+	(void)extra;
 	t = (const uint64_t *)(uintptr_t) * (CUdeviceptr *)kernelParams[0];
 	n = *(unsigned *)kernelParams[1];
+	if (f == (CUfunction)&fake_crc_fn) {
+		crc_segs_emu(t, n, gridDimX, gridDimY, blockDimX,
+			     (uint32_t *)(uintptr_t) * (CUdeviceptr *)kernelParams[2]);
+		fprintf(stderr, "fake-cuda: checksum kernel over %u segments\n", n);
+		return CUDA_SUCCESS;
+	}
+	if (f != (CUfunction)&fake_fn)
+		return CUDA_ERROR_INVALID_HANDLE;
 	for (unsigned i = 0; i < n; i++)
 		memcpy((void *)(uintptr_t)t[3 * i], (const void *)(uintptr_t)t[3 * i + 1],
 		       t[3 * i + 2]);

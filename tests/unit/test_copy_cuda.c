@@ -28,7 +28,10 @@
 #include "broker.h"
 #include "copy.h"
 #include "copy_cuda.h"
+#include "crccopy.h"
 #include "cuda_api.h"
+#include "../fake/crc_segs_emu.h"
+#include "slot.h"
 
 #ifdef KVB_HAVE_CUDA
 
@@ -55,6 +58,8 @@ static struct {
 	unsigned reg_flags;
 	int ipc_opens, ipc_closes, imports, maps, unmaps, releases;
 	int memcpys, launches, host_funcs, batches;
+	int crc_launches, no_crc_fn;
+	CUresult crc_launch_res;
 	CUresult batch_res;
 	uint64_t alloc_base[FMAX], alloc_size[FMAX]; /* fake allocations (fd = index) */
 	int nallocs;
@@ -322,21 +327,36 @@ static CUresult f_module_unload(CUmodule m)
 	(void)m;
 	return CUDA_SUCCESS;
 }
+#define FN_COPY ((CUfunction)(uintptr_t)0x88)
+#define FN_CRC ((CUfunction)(uintptr_t)0x99)
 static CUresult f_module_fn(CUfunction *fn, CUmodule m, const char *name)
 {
 	(void)m;
+	if (!strcmp(name, "kvb_crc_segs")) {
+		if (F.no_crc_fn)
+			return CUDA_ERROR_NOT_FOUND;
+		*fn = FN_CRC;
+		return CUDA_SUCCESS;
+	}
 	assert_string_equal(name, "kvb_copy_segs");
-	*fn = (CUfunction)(uintptr_t)0x88;
+	*fn = FN_COPY;
 	return CUDA_SUCCESS;
 }
-/* The kernel, on the host: walks the descriptor table it was given. */
+/* The kernels, on the host: each walks the descriptor table it was given. */
 static CUresult f_launch(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 			 unsigned by, unsigned bz, unsigned sh, CUstream s, void **args, void **ex)
 {
 	const uint64_t *t = (const uint64_t *)(uintptr_t) * (CUdeviceptr *)args[0];
 	unsigned n = *(unsigned *)args[1];
 
-	(void)fn, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)ex;
+	(void)gz, (void)by, (void)bz, (void)sh, (void)ex;
+	if (fn == FN_CRC) {
+		if (F.crc_launch_res)
+			return F.crc_launch_res;
+		crc_segs_emu(t, n, gx, gy, bx, (uint32_t *)(uintptr_t) * (CUdeviceptr *)args[2]);
+		F.crc_launches++;
+		return CUDA_SUCCESS;
+	}
 	for (unsigned i = 0; i < n; i++)
 		memcpy((void *)(uintptr_t)t[3 * i], (const void *)(uintptr_t)t[3 * i + 1],
 		       t[3 * i + 2]);
@@ -763,6 +783,75 @@ static void test_copy_cuda_path_by_measurement(void **state)
 	gpu_map_put(X.e, gm);
 }
 
+/*
+ * [gpu-crc] A PUT whose segments tile its slot from the start gets the slot's crc32c from the
+ * checksum kernel (the fake runs it block by block), the bytes past the page read from the
+ * slot; segments that leave a gap, a missing kernel or a refused launch leave has_crc 0 (the
+ * loop then reads the slot) and the PUT itself unharmed.
+ */
+static void test_copy_cuda_put_checksum(void **state)
+{
+	/* Parts of 3 sizes, one unaligned (the byte loop), one of several 64 KiB chunks. */
+	static const uint32_t part[4] = {4096, 1000, 200704, 24};
+	const uint64_t slot_len = 256u << 10;
+	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct gpu_map *gm;
+	struct copy_job *j;
+	uint64_t base, off = 0;
+	uint8_t *slot = X.pool + 65536;
+
+	(void)state;
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	for (uint32_t i = 0; i < GPUMEM; i++)
+		X.gpu[0][i] = (uint8_t)(i * 2654435761u >> 13);
+	memset(slot, 0xee, slot_len); /* the tail past the page: stale bytes, checksummed too */
+	for (int round = 0; round < 4; round++) {
+		j = job_new(0, COPY_TO_POOL, 4);
+		off = 0;
+		/* Round 1 leaves a 16-byte gap between parts 1 and 2. */
+		for (int i = 0; i < 4; i++) {
+			seg(j, slot + off + (round == 1 && i == 2 ? 16 : 0),
+			    (void *)(uintptr_t)(base + 7 + off + 8 * (uint64_t)i), part[i]);
+			off += part[i];
+		}
+		j->crc_at = slot;
+		j->crc_len = slot_len;
+		F.crc_launch_res = round == 2 ? CUDA_ERROR_LAUNCH_FAILED : CUDA_SUCCESS;
+		assert_int_equal(X.e->submit(X.e, j), COPY_QUEUED);
+		assert_int_equal(X.e->poll(X.e), 1);
+		assert_int_equal(X.res, 0);
+		if (round == 0 || round == 3) {
+			assert_int_equal(j->has_crc, 1);
+			assert_int_equal(j->crc, slot_crc32c(slot, slot_len));
+			assert_memory_equal(slot + 4096, X.gpu[0] + 7 + 4096 + 8, 1000);
+		} else {
+			assert_int_equal(j->has_crc, 0);
+		}
+		free(j);
+	}
+	/* Rounds 0 and 3: a launch each; round 2's refusal left the kernel in place. */
+	assert_int_equal(F.crc_launches, 2);
+	gpu_map_put(X.e, gm);
+
+	/* A driver without the function: copies, and no checksum. */
+	X.e->destroy(X.e);
+	F.no_crc_fn = 1;
+	X.e = make_engine(CUDA_PATH_AUTO, 0);
+	assert_non_null(X.e);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	j = job_new(0, COPY_TO_POOL, 1);
+	seg(j, slot, (void *)(uintptr_t)base, 4096);
+	j->crc_at = slot;
+	j->crc_len = slot_len;
+	assert_int_equal(X.e->submit(X.e, j), COPY_QUEUED);
+	assert_int_equal(X.e->poll(X.e), 1);
+	assert_int_equal(X.res, 0);
+	assert_int_equal(j->has_crc, 0);
+	assert_int_equal(F.crc_launches, 2);
+	free(j);
+	gpu_map_put(X.e, gm);
+}
+
 static void test_copy_cuda_forced_kernel_path(void **state)
 {
 	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
@@ -913,6 +1002,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_copy_cuda_path_by_measurement, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_forced_kernel_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_cuda_put_checksum, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_batched_copies, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_driver_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_client_dies_mid_copy, setup,

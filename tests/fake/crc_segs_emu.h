@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * crc_segs_emu.h - the checksum kernel (broker/kernels/copy_segs.cu kvb_crc_segs) run on the
+ * host by the fake drivers: the same arithmetic (crc32c_gf.h) over the same pieces, block by
+ * block and thread by thread as the grid would split them, so the broker's side of [gpu-crc]
+ * (descriptor tables, the blocks' parts, the finish) meets what a GPU would write.
+ */
+#ifndef KVB_TESTS_CRC_SEGS_EMU_H
+#define KVB_TESTS_CRC_SEGS_EMU_H
+
+#include <stdint.h>
+
+#include "kernels/crc32c_gf.h"
+
+/* t: n segments of (src, len, after); out: gx * gy parts. */
+static inline void crc_segs_emu(const uint64_t *t, unsigned n, unsigned gx, unsigned gy,
+				unsigned threads, uint32_t *out)
+{
+	unsigned tab[256];
+	uint64_t step = (uint64_t)gx * threads * KVB_CRC_PIECE;
+
+	for (unsigned i = 0; i < 256; i++)
+		tab[i] = kvb_crc_tab(i);
+	for (unsigned by = 0; by < gy; by++) {
+		for (unsigned bx = 0; bx < gx; bx++) {
+			uint32_t x = 0;
+
+			for (unsigned th = 0; th < threads; th++) {
+				for (unsigned i = by; i < n; i += gy) {
+					const uint8_t *src = (const uint8_t *)(uintptr_t)t[3 * i];
+					uint64_t len = t[3 * i + 1], after = t[3 * i + 2];
+
+					for (uint64_t lo = ((uint64_t)bx * threads + th) * KVB_CRC_PIECE;
+					     lo < len; lo += step) {
+						uint64_t hi = lo + KVB_CRC_PIECE < len ? lo + KVB_CRC_PIECE
+										       : len;
+						unsigned r = 0;
+
+						for (uint64_t k = lo; k < hi; k++)
+							r = kvb_crc_byte(tab, r, src[k]);
+						x ^= kvb_gf_mul(r, kvb_gf_x8n(len - hi + after));
+					}
+				}
+			}
+			out[by * gx + bx] = x;
+		}
+	}
+}
+
+#endif /* KVB_TESTS_CRC_SEGS_EMU_H */
