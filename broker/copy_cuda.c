@@ -36,12 +36,13 @@
  * cached for that shape. One-segment jobs always take COPY.
  *
  * [gpu-crc] A PUT's slot checksum (pagehdr, for adoption after a restart) is computed on the
- * GPU from the job's source by the checksum kernel (kernels/copy_segs.cu kvb_crc_segs), queued
- * ahead of the copies on the same stream; each block's part lands in the descriptor ring, and
- * the host combines them at completion (microseconds) and reads only the slot's bytes past the
- * page. Reading the slot back from DRAM instead ran at about 13 GB/s on the loop thread, a
- * fifth of the DMA's rate (H200, 2026-12-04). Where the segments do not tile the page from the
- * slot's start, or the kernel is missing, has_crc stays 0 and the loop reads the slot as before.
+ * GPU from the job's source by the checksum kernel (kernels/copy_segs.cu kvb_crc_segs), on a
+ * stream of its own so that it runs beside the DMA; the job's stream waits for it before the
+ * job's end event. Each block's part lands in the descriptor ring, and the host combines them
+ * at completion (microseconds) and reads only the slot's bytes past the page. Reading the slot
+ * back from DRAM instead ran at about 13 GB/s on the loop thread, a fifth of the DMA's rate
+ * (H200, 2026-12-04). Where the segments do not tile the page from the slot's start, or the
+ * kernel is missing, has_crc stays 0 and the loop reads the slot as before.
  *
  * Completion: each job records an event after its work; poll() queries the events of each
  * stream in submission order (a stream completes in order) and completes the jobs whose event
@@ -119,8 +120,9 @@ struct cuda_job {
 	struct shape *sh; /* measuring: where the time goes */
 	uint32_t sh_gen;
 	int path;
-	int32_t err;	   /* an enqueue failed: completes with this */
-	uint64_t desc_end; /* descriptor ring position released at completion */
+	int32_t err;		 /* an enqueue failed: completes with this */
+	uint64_t desc_end;	 /* descriptor ring position released at completion */
+	CUevent crc_done;	 /* [gpu-crc] on the checksum stream; created at first use */
 	const uint32_t *crc_out; /* [gpu-crc] the blocks' parts, in the ring; NULL: none */
 	uint32_t crc_blocks;
 	uint64_t crc_covered; /* the slot's bytes the kernel checksummed */
@@ -139,7 +141,9 @@ struct cuda_dev {
 	CUdevice dev;
 	CUcontext ctx;
 	CUuuid uuid;
-	struct cuda_stream s[2]; /* by enum copy_dir */
+	struct cuda_stream s[2];    /* by enum copy_dir */
+	CUstream crc_st;	    /* [gpu-crc] */
+	struct cuda_job *free_jobs; /* recycled, with their events (of this context) */
 	CUmodule mod;
 	CUfunction fn;	       /* NULL: no kernel path */
 	CUfunction crc_fn;     /* NULL: PUT checksums from the slot, on the loop [gpu-crc] */
@@ -164,7 +168,6 @@ struct cuda_engine {
 	struct cuda_dev dev[CUDA_MAX_DEVS];
 	struct cuda_chunk *chunks;
 	uint32_t nchunks;
-	struct cuda_job *free_jobs; /* recycled, with their events */
 	struct shape shapes[CUDA_SHAPES];
 	uint64_t tick;
 	struct cuda_info info;
@@ -523,12 +526,13 @@ static void shape_time(struct cuda_engine *c, struct cuda_job *cj)
 		 sh->choice == CUDA_PATH_KERNEL ? "kernel" : "copies");
 }
 
-static struct cuda_job *job_rec(struct cuda_engine *c)
+/* A job record of device d, whose context is current: events belong to a context. */
+static struct cuda_job *job_rec(struct cuda_engine *c, struct cuda_dev *d)
 {
-	struct cuda_job *cj = c->free_jobs;
+	struct cuda_job *cj = d->free_jobs;
 
 	if (cj) {
-		c->free_jobs = cj->next;
+		d->free_jobs = cj->next;
 		return cj;
 	}
 	cj = calloc(1, sizeof(*cj));
@@ -609,8 +613,7 @@ static CUresult issue_copies(struct cuda_engine *c, CUstream st, const struct co
  * skipped when they would wrap): the host address, the device's in *dev. NULL when the ring is
  * full. Released in order as the jobs complete (cj->desc_end).
  */
-static void *ring_take(struct cuda_stream *s, uint64_t need, struct cuda_job *cj,
-		       CUdeviceptr *dev)
+static void *ring_take(struct cuda_stream *s, uint64_t need, struct cuda_job *cj, CUdeviceptr *dev)
 {
 	uint64_t at = s->desc_head;
 
@@ -684,6 +687,11 @@ static void issue_crc(struct cuda_engine *c, struct cuda_dev *d, struct cuda_str
 
 	if (!d->crc_fn || j->dir != COPY_TO_POOL || !j->crc_len)
 		return;
+	if (!cj->crc_done &&
+	    CU(c, cuEventCreate)(&cj->crc_done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+		cj->crc_done = NULL;
+		return;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		if (j->segs[i].dst != at)
 			return;
@@ -694,7 +702,8 @@ static void issue_crc(struct cuda_engine *c, struct cuda_dev *d, struct cuda_str
 	if (covered > j->crc_len)
 		return;
 	gy = n < CUDA_GRID_Y ? n : CUDA_GRID_Y;
-	gx = (unsigned)((maxlen + CUDA_THREADS * KVB_CRC_PIECE - 1) / (CUDA_THREADS * KVB_CRC_PIECE));
+	gx = (unsigned)((maxlen + KVB_CRC_THREADS * KVB_CRC_PIECE - 1) /
+			(KVB_CRC_THREADS * KVB_CRC_PIECE));
 	gx = gx < 1 ? 1 : gx > CUDA_GRID_X ? CUDA_GRID_X : gx;
 	if (gx * gy > CUDA_CRC_BLOCKS)
 		gy = CUDA_CRC_BLOCKS / gx;
@@ -706,14 +715,20 @@ static void issue_crc(struct cuda_engine *c, struct cuda_dev *d, struct cuda_str
 	for (uint32_t i = 0; i < n; i++) {
 		const struct copy_seg *sg = &j->segs[i];
 
-		t[i] = (struct kvb_cseg){(uint64_t)(uintptr_t)sg->src, sg->len,
-					 j->crc_len - (uint64_t)((const uint8_t *)sg->dst -
-								 (const uint8_t *)j->crc_at) -
-						 sg->len};
+		t[i] = (struct kvb_cseg){
+			(uint64_t)(uintptr_t)sg->src, sg->len,
+			j->crc_len -
+				(uint64_t)((const uint8_t *)sg->dst - (const uint8_t *)j->crc_at) -
+				sg->len};
 	}
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	r = CU(c, cuLaunchKernel)(d->crc_fn, gx, gy, 1, CUDA_THREADS, 1, 1, 0, s->st, args, NULL);
+	r = CU(c, cuLaunchKernel)(d->crc_fn, gx, gy, 1, KVB_CRC_THREADS, 1, 1, 0, d->crc_st, args,
+				  NULL);
+	if (r == CUDA_SUCCESS)
+		r = CU(c, cuEventRecord)(cj->crc_done, d->crc_st);
 	if (r != CUDA_SUCCESS) {
+		/* A kernel may be queued: the ring must stay its until it ran. */
+		CU(c, cuStreamSynchronize)(d->crc_st);
 		s->desc_head = head;
 		cj->desc_end = end;
 		if (!c->logged_crc++)
@@ -754,7 +769,8 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 	err = job_bounds(c, d, j);
 	if (err)
 		return err;
-	cj = job_rec(c);
+	CU(c, cuCtxSetCurrent)(d->ctx);
+	cj = job_rec(c, d);
 	if (!cj)
 		return -ENOMEM;
 	cj->job = j;
@@ -764,8 +780,7 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 	cj->path = choose_path(c, d, j, &timed);
 	cj->sh = timed;
 	cj->sh_gen = timed ? timed->gen : 0;
-	CU(c, cuCtxSetCurrent)(d->ctx);
-	issue_crc(c, d, s, j, cj); /* ahead of the start event: not part of the path's time */
+	issue_crc(c, d, s, j, cj);
 	if (timed)
 		CU(c, cuEventRecord)(cj->start, s->st);
 	if (cj->path == CUDA_PATH_KERNEL && issue_kernel(c, d, s, j, cj)) {
@@ -777,6 +792,9 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 		if (r != CUDA_SUCCESS)
 			cj->err = cu_fail(c, "cuMemcpyAsync", r);
 	}
+	/* [gpu-crc] The checksum ran beside the copies; the job ends after both. */
+	if (cj->crc_out && CU(c, cuStreamWaitEvent)(s->st, cj->crc_done, 0) != CUDA_SUCCESS)
+		CU(c, cuStreamSynchronize)(d->crc_st);
 	/*
 	 * What was enqueued must finish before the job's buffers may go, so even a failed
 	 * enqueue completes through the event; only a failed record leaves nothing to wait on.
@@ -785,8 +803,8 @@ static int cuda_submit(struct copy_engine *e, struct copy_job *j)
 	if (r != CUDA_SUCCESS) {
 		err = cu_fail(c, "cuEventRecord", r);
 		CU(c, cuStreamSynchronize)(s->st);
-		cj->next = c->free_jobs;
-		c->free_jobs = cj;
+		cj->next = d->free_jobs;
+		d->free_jobs = cj;
 		return err;
 	}
 	s->armed = 0;
@@ -845,8 +863,8 @@ static uint32_t stream_poll(struct cuda_engine *c, struct cuda_dev *d, struct cu
 		if (!s->head)
 			s->tail = &s->head;
 		s->desc_tail = cj->desc_end > s->desc_tail ? cj->desc_end : s->desc_tail;
-		cj->next = c->free_jobs;
-		c->free_jobs = cj;
+		cj->next = d->free_jobs;
+		d->free_jobs = cj;
 		d->inflight--;
 		c->e.inflight--;
 		n++;
@@ -930,6 +948,16 @@ static void dev_fini(struct cuda_engine *c, struct cuda_dev *d)
 	if (!d->ctx)
 		return;
 	CU(c, cuCtxSetCurrent)(d->ctx);
+	while (d->free_jobs) {
+		struct cuda_job *cj = d->free_jobs;
+
+		d->free_jobs = cj->next;
+		CU(c, cuEventDestroy)(cj->start);
+		CU(c, cuEventDestroy)(cj->end);
+		if (cj->crc_done)
+			CU(c, cuEventDestroy)(cj->crc_done);
+		free(cj);
+	}
 	close_deferred(c, d);
 	while (d->nmaps) {
 		struct gpu_map *gm = d->maps[--d->nmaps];
@@ -943,6 +971,8 @@ static void dev_fini(struct cuda_engine *c, struct cuda_dev *d)
 		if (d->s[k].desc)
 			CU(c, cuMemFreeHost)(d->s[k].desc);
 	}
+	if (d->crc_st)
+		CU(c, cuStreamDestroy)(d->crc_st);
 	if (d->mod)
 		CU(c, cuModuleUnload)(d->mod);
 	free(d->pool_d);
@@ -955,14 +985,6 @@ static void cuda_destroy(struct copy_engine *e)
 	struct cuda_engine *c = (struct cuda_engine *)e;
 
 	poll_all(c, 1); /* every job in flight finishes and completes */
-	while (c->free_jobs) {
-		struct cuda_job *cj = c->free_jobs;
-
-		c->free_jobs = cj->next;
-		CU(c, cuEventDestroy)(cj->start);
-		CU(c, cuEventDestroy)(cj->end);
-		free(cj);
-	}
 	if (c->ndev)
 		CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
 	for (uint32_t i = 0; i < c->nchunks; i++)
@@ -1017,6 +1039,8 @@ static int dev_init(struct cuda_engine *c, const struct cuda_opts *o, int ord)
 		d->fn = NULL;
 	}
 	r = CU(c, cuModuleGetFunction)(&d->crc_fn, d->mod, "kvb_crc_segs");
+	if (r == CUDA_SUCCESS)
+		r = CU(c, cuStreamCreate)(&d->crc_st, CU_STREAM_NON_BLOCKING);
 	if (r != CUDA_SUCCESS) {
 		cu_fail(c, "the checksum kernel (PUT checksums from the pool)", r);
 		d->crc_fn = NULL;

@@ -73,7 +73,7 @@ struct cuda_info {
 	uint32_t ndev, nchunks, nmaps, nclosing, shapes;
 	uint64_t pinned_bytes;
 	double pin_seconds;
-	uint64_t jobs[2]; /* by path */
+	uint64_t jobs[2];  /* by path */
 	uint64_t crc_jobs; /* PUT checksums computed on the GPU [gpu-crc] */
 	uint64_t errors;
 };

@@ -253,8 +253,8 @@ static void *worker(void *arg)
 		if (last && !j->res && j->crc_len) {
 			pthread_mutex_unlock(&h->lock);
 			j->crc = j->crc_fused ? crc_slot_finish(j->crc_x, j->crc_at, j->segs[0].len,
-								 j->crc_len)
-					     : slot_crc32c(j->crc_at, j->crc_len);
+								j->crc_len)
+					      : slot_crc32c(j->crc_at, j->crc_len);
 			j->has_crc = 1;
 			pthread_mutex_lock(&h->lock);
 		}

@@ -196,9 +196,11 @@ uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc
 }
 #endif
 
+static const unsigned x8pow[KVB_X8POW_N] = KVB_X8POW;
+
 uint32_t crc_shift(uint32_t r, uint64_t n)
 {
-	return kvb_gf_mul(r, kvb_gf_x8n(n));
+	return kvb_gf_mul(r, kvb_gf_x8n_tab(x8pow, n));
 }
 
 uint32_t crc_slot_finish(uint32_t x, const void *slot, uint64_t covered, uint64_t slot_len)

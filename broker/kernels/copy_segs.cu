@@ -76,24 +76,30 @@ struct kvb_cseg {
 	unsigned long long src, len, after; /* after: the slot's bytes after this segment */
 };
 
+__constant__ unsigned kvb_x8pow[KVB_X8POW_N] = KVB_X8POW;
+
 /*
  * [gpu-crc] The crc32c of a page PUT from GPU memory, from the GPU's copy of its bytes (HBM at
  * TB/s) rather than from the pool after the DMA (a CPU reading 4 MiB back from DRAM, slower
  * than the DMA itself). Each thread takes a KVB_CRC_PIECE-byte piece of a segment, computes its
- * raw crc with a byte table in shared memory, and moves it to its place in the slot (times
- * x^(8 x the slot's bytes after it)): the slot's raw crc is then the xor of all of them, in any
- * order. Each block writes its threads' xor to out[block] (mapped pinned host memory); the
- * host xors those and finishes the checksum (crccopy.c crc_slot_finish). Grid as kvb_copy_segs.
+ * raw crc 4 bytes at a time with tables in shared memory, and moves it to its place in the slot
+ * (times x^(8 x the slot's bytes after it)): the slot's raw crc is then the xor of all of them,
+ * in any order. Each block writes its threads' xor to out[block] (mapped pinned host memory);
+ * the host xors those and finishes the checksum (crccopy.c crc_slot_finish). Grid as
+ * kvb_copy_segs, KVB_CRC_THREADS threads a block.
  */
 extern "C" __global__ void kvb_crc_segs(const kvb_cseg *segs, unsigned n, unsigned *out)
 {
-	__shared__ unsigned tab[256];
+	__shared__ unsigned tab[4 * 256];
+	__shared__ unsigned pw[KVB_X8POW_N];
 	__shared__ unsigned warp_x[32];
 	const unsigned long long step = (unsigned long long)gridDim.x * blockDim.x * KVB_CRC_PIECE;
 	unsigned x = 0;
 
 	for (unsigned i = threadIdx.x; i < 256; i += blockDim.x)
-		tab[i] = kvb_crc_tab(i);
+		kvb_crc_tab4(tab, i);
+	for (unsigned i = threadIdx.x; i < KVB_X8POW_N; i += blockDim.x)
+		pw[i] = kvb_x8pow[i];
 	__syncthreads();
 	for (unsigned i = blockIdx.y; i < n; i += gridDim.y) {
 		kvb_cseg s = segs[i];
@@ -111,16 +117,16 @@ extern "C" __global__ void kvb_crc_segs(const kvb_cseg *segs, unsigned n, unsign
 				for (; q < e; q++) {
 					uint4 v = *q;
 
-					r = kvb_crc_word(tab, r, v.x);
-					r = kvb_crc_word(tab, r, v.y);
-					r = kvb_crc_word(tab, r, v.z);
-					r = kvb_crc_word(tab, r, v.w);
+					r = kvb_crc_word4(tab, r, v.x);
+					r = kvb_crc_word4(tab, r, v.y);
+					r = kvb_crc_word4(tab, r, v.z);
+					r = kvb_crc_word4(tab, r, v.w);
 				}
 			} else {
 				for (unsigned long long k = 0; k < hi - lo; k++)
 					r = kvb_crc_byte(tab, r, p[k]);
 			}
-			x ^= kvb_gf_mul(r, kvb_gf_x8n(s.len - hi + s.after));
+			x ^= kvb_gf_mul(r, kvb_gf_x8n_tab(pw, s.len - hi + s.after));
 		}
 	}
 	for (int o = 16; o; o >>= 1)

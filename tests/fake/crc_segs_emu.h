@@ -9,6 +9,7 @@
 #define KVB_TESTS_CRC_SEGS_EMU_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/crc32c_gf.h"
 
@@ -16,11 +17,12 @@
 static inline void crc_segs_emu(const uint64_t *t, unsigned n, unsigned gx, unsigned gy,
 				unsigned threads, uint32_t *out)
 {
-	unsigned tab[256];
+	static const unsigned pw[KVB_X8POW_N] = KVB_X8POW;
+	unsigned tab[4 * 256];
 	uint64_t step = (uint64_t)gx * threads * KVB_CRC_PIECE;
 
 	for (unsigned i = 0; i < 256; i++)
-		tab[i] = kvb_crc_tab(i);
+		kvb_crc_tab4(tab, i);
 	for (unsigned by = 0; by < gy; by++) {
 		for (unsigned bx = 0; bx < gx; bx++) {
 			uint32_t x = 0;
@@ -30,15 +32,28 @@ static inline void crc_segs_emu(const uint64_t *t, unsigned n, unsigned gx, unsi
 					const uint8_t *src = (const uint8_t *)(uintptr_t)t[3 * i];
 					uint64_t len = t[3 * i + 1], after = t[3 * i + 2];
 
-					for (uint64_t lo = ((uint64_t)bx * threads + th) * KVB_CRC_PIECE;
+					for (uint64_t lo =
+						     ((uint64_t)bx * threads + th) * KVB_CRC_PIECE;
 					     lo < len; lo += step) {
-						uint64_t hi = lo + KVB_CRC_PIECE < len ? lo + KVB_CRC_PIECE
-										       : len;
+						uint64_t hi = lo + KVB_CRC_PIECE < len
+								      ? lo + KVB_CRC_PIECE
+								      : len;
 						unsigned r = 0;
 
-						for (uint64_t k = lo; k < hi; k++)
-							r = kvb_crc_byte(tab, r, src[k]);
-						x ^= kvb_gf_mul(r, kvb_gf_x8n(len - hi + after));
+						if ((((uintptr_t)(src + lo) | (hi - lo)) & 15) ==
+						    0) {
+							for (uint64_t k = lo; k < hi; k += 4) {
+								uint32_t w;
+
+								memcpy(&w, src + k, 4);
+								r = kvb_crc_word4(tab, r, w);
+							}
+						} else {
+							for (uint64_t k = lo; k < hi; k++)
+								r = kvb_crc_byte(tab, r, src[k]);
+						}
+						x ^= kvb_gf_mul(
+							r, kvb_gf_x8n_tab(pw, len - hi + after));
 					}
 				}
 			}

@@ -157,6 +157,12 @@ CUresult cuEventDestroy(CUevent hEvent)
 	return CUDA_SUCCESS;
 }
 
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+	(void)hStream, (void)hEvent, (void)Flags;
+	return CUDA_SUCCESS; /* work is done at once: every event has fired */
+}
+
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
 	(void)hEvent, (void)hStream;

@@ -58,7 +58,7 @@ static struct {
 	unsigned reg_flags;
 	int ipc_opens, ipc_closes, imports, maps, unmaps, releases;
 	int memcpys, launches, host_funcs, batches;
-	int crc_launches, no_crc_fn;
+	int crc_launches, no_crc_fn, waits;
 	CUresult crc_launch_res;
 	CUresult batch_res;
 	uint64_t alloc_base[FMAX], alloc_size[FMAX]; /* fake allocations (fd = index) */
@@ -118,6 +118,12 @@ static CUresult f_stream_create(CUstream *s, unsigned f)
 static CUresult f_stream_destroy(CUstream s)
 {
 	free(s);
+	return CUDA_SUCCESS;
+}
+static CUresult f_stream_wait(CUstream s, CUevent e, unsigned f)
+{
+	(void)s, (void)e, (void)f;
+	F.waits++;
 	return CUDA_SUCCESS;
 }
 static CUresult f_stream_sync(CUstream s)
@@ -387,6 +393,7 @@ static void fake_reset(void)
 	api.cuStreamCreate = f_stream_create;
 	api.cuStreamDestroy = f_stream_destroy;
 	api.cuStreamSynchronize = f_stream_sync;
+	api.cuStreamWaitEvent = f_stream_wait;
 	api.cuEventCreate = f_event_create;
 	api.cuEventDestroy = f_event_destroy;
 	api.cuEventRecord = f_event_record;
@@ -791,8 +798,11 @@ static void test_copy_cuda_path_by_measurement(void **state)
  */
 static void test_copy_cuda_put_checksum(void **state)
 {
-	/* Parts of 3 sizes, one unaligned (the byte loop), one of several 64 KiB chunks. */
-	static const uint32_t part[4] = {4096, 1000, 200704, 24};
+	/*
+	 * Parts of several sizes, one spanning several blocks' chunks; sources 16-byte aligned
+	 * (the kernel's 4-bytes-at-a-time loop) or not (its byte loop).
+	 */
+	static const uint32_t part[4] = {4096, 1000, 200704, 24}, pad[4] = {0, 3, 8, 13};
 	const uint64_t slot_len = 256u << 10;
 	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
 	struct gpu_map *gm;
@@ -811,7 +821,7 @@ static void test_copy_cuda_put_checksum(void **state)
 		/* Round 1 leaves a 16-byte gap between parts 1 and 2. */
 		for (int i = 0; i < 4; i++) {
 			seg(j, slot + off + (round == 1 && i == 2 ? 16 : 0),
-			    (void *)(uintptr_t)(base + 7 + off + 8 * (uint64_t)i), part[i]);
+			    (void *)(uintptr_t)(base + off + pad[i]), part[i]);
 			off += part[i];
 		}
 		j->crc_at = slot;
@@ -823,14 +833,16 @@ static void test_copy_cuda_put_checksum(void **state)
 		if (round == 0 || round == 3) {
 			assert_int_equal(j->has_crc, 1);
 			assert_int_equal(j->crc, slot_crc32c(slot, slot_len));
-			assert_memory_equal(slot + 4096, X.gpu[0] + 7 + 4096 + 8, 1000);
+			assert_memory_equal(slot + 4096, X.gpu[0] + 4096 + 3, 1000);
 		} else {
 			assert_int_equal(j->has_crc, 0);
 		}
 		free(j);
 	}
-	/* Rounds 0 and 3: a launch each; round 2's refusal left the kernel in place. */
+	/* Rounds 0 and 3: a launch each, and the job's stream waited for it; round 2's refusal
+	 * left the kernel in place. */
 	assert_int_equal(F.crc_launches, 2);
+	assert_int_equal(F.waits, 2);
 	gpu_map_put(X.e, gm);
 
 	/* A driver without the function: copies, and no checksum. */

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "crccopy.h"
+#include "kernels/crc32c_gf.h"
 #include "slot.h"
 
 #define GUARD 128
@@ -172,6 +173,43 @@ static void test_crccopy_shift_parts(void **state)
 	free(buf);
 }
 
+/*
+ * [gpu-crc] crc32c_gf.h, which the GPU's checksum kernel runs: KVB_X8POW derived again by
+ * squaring, its tables and its 4-bytes-at-a-time loop against ISA-L, and crc_slot_finish.
+ */
+static void test_crccopy_gf_header(void **state)
+{
+	static const unsigned pw[KVB_X8POW_N] = KVB_X8POW;
+	unsigned tab[4 * 256];
+	size_t n = 70000;
+	uint8_t *buf = malloc(n);
+	uint32_t r = 0, x;
+	(void)state;
+
+	assert_non_null(buf);
+	for (int k = 0; k < 64; k++)
+		assert_int_equal(pw[k % KVB_X8POW_N], kvb_gf_x8n(1ull << k));
+	assert_int_equal(kvb_gf_x8n_tab(pw, 123456789), kvb_gf_x8n(123456789));
+	assert_int_equal(kvb_gf_x8n_tab(pw, ~0ull), kvb_gf_x8n(~0ull));
+	for (unsigned i = 0; i < 256; i++)
+		kvb_crc_tab4(tab, i);
+	for (size_t i = 0; i < n; i++)
+		buf[i] = pattern(i * 5);
+	for (size_t i = 0; i + 4 <= 65536; i += 4) {
+		uint32_t w;
+
+		memcpy(&w, buf + i, 4);
+		r = kvb_crc_word4(tab, r, w);
+	}
+	for (size_t i = 65536; i < n - 100; i++)
+		r = kvb_crc_byte(tab, r, buf[i]);
+	assert_int_equal(r, ~slot_crc32c_more(~0u, buf, n - 100));
+	/* The slot: those bytes as one part, and 100 more read from the slot by the finish. */
+	x = kvb_gf_mul(r, kvb_gf_x8n_tab(pw, 100));
+	assert_int_equal(crc_slot_finish(x, buf, n - 100, n), slot_crc32c(buf, n));
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -179,6 +217,7 @@ int main(void)
 		cmocka_unit_test(test_crccopy_sizes),
 		cmocka_unit_test(test_crccopy_chunks),
 		cmocka_unit_test(test_crccopy_shift_parts),
+		cmocka_unit_test(test_crccopy_gf_header),
 	};
 
 	printf("# crc_copy level on this CPU: %d\n", crc_copy_level());
