@@ -73,11 +73,11 @@ struct copy_job {
 	struct copy_fdseg *fds; /* NULL, or one per segment (host jobs only) */
 	/*
 	 * [crc-worker] A PUT's slot (crc_len bytes at crc_at, in the pool): the host workers that
-	 * wrote it compute its crc32c (folded into their copies where the job is one segment at
-	 * the slot's start, crc_fused below; else the last reads the slot back after the copy)
-	 * into crc, and set has_crc; the loop thread then only writes the header (store.c
-	 * store_commit_crc). An inline job of one segment at the slot's start copies and
-	 * checksums in one pass ([crc-fused], copy_host.c run_fused) and sets has_crc too, and so
+	 * wrote it compute its crc32c (folded into their copies where the job fills the slot,
+	 * crc_fused below; else the last reads the slot back after the copy) into crc, and set
+	 * has_crc; the loop thread then only writes the header (store.c store_commit_crc). An
+	 * inline job that fills its slot copies and checksums in one pass ([crc-fused],
+	 * copy_host.c run_fused) and sets has_crc too, and so
 	 * does the CUDA engine where its kernel checksummed the source ([gpu-crc], copy_cuda.c).
 	 * Other inline jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its source
 	 * ([crc-src]), and the loop any other's from the slot.
@@ -87,7 +87,7 @@ struct copy_job {
 	uint32_t crc;
 	uint32_t has_crc;
 	/*
-	 * [crc-worker] A queued job of one segment at the slot's start: each part's worker folds
+	 * [crc-worker] A queued job that fills its slot (copy_job_tiles): each part's worker folds
 	 * its bytes' crc into its copy (crccopy.c) and xors it, moved to its place in the slot,
 	 * into crc_x under the engine's lock; the last one finishes the slot's crc from it.
 	 */
@@ -127,6 +127,29 @@ static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst
 	}
 	segs[n] = (struct copy_seg){dst, src, len};
 	return n + 1;
+}
+
+/*
+ * [crc-fused] The bytes a PUT's segments cover when they fill its slot (crc_at, crc_len) from
+ * the start, in order, with no file among them: then the slot's checksum can be computed from
+ * what is copied, in the copy's pass ([crc-fused], [crc-worker]) or on the GPU ([gpu-crc]),
+ * and the rest of the slot, if any, read from it. 0 for any other job. A page and a view's
+ * page do fill it: a view lays its parts out in order (ops.c).
+ */
+static inline uint64_t copy_job_tiles(const struct copy_job *j)
+{
+	const uint8_t *at = (const uint8_t *)j->crc_at;
+
+	if (!j->crc_len || j->fds)
+		return 0;
+	for (uint32_t i = 0; i < j->nsegs; i++) {
+		if ((const uint8_t *)j->segs[i].dst != at)
+			return 0;
+		at += j->segs[i].len;
+	}
+	return (uint64_t)(at - (const uint8_t *)j->crc_at) <= j->crc_len
+		       ? (uint64_t)(at - (const uint8_t *)j->crc_at)
+		       : 0;
 }
 
 /*

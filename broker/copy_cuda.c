@@ -677,30 +677,23 @@ static int issue_kernel(struct cuda_engine *c, struct cuda_dev *d, struct cuda_s
 static void issue_crc(struct cuda_engine *c, struct cuda_dev *d, struct cuda_stream *s,
 		      const struct copy_job *j, struct cuda_job *cj)
 {
-	const uint8_t *at = j->crc_at;
-	uint64_t head = s->desc_head, end = cj->desc_end, maxlen = 0, covered, need;
+	uint64_t head = s->desc_head, end = cj->desc_end, maxlen = 0, covered = copy_job_tiles(j);
+	uint64_t need;
 	CUdeviceptr table, out;
 	struct kvb_cseg *t;
 	unsigned n = j->nsegs, gx, gy;
 	void *args[3] = {&table, &n, &out};
 	CUresult r;
 
-	if (!d->crc_fn || j->dir != COPY_TO_POOL || !j->crc_len)
+	if (!d->crc_fn || j->dir != COPY_TO_POOL || !covered)
 		return;
 	if (!cj->crc_done &&
 	    CU(c, cuEventCreate)(&cj->crc_done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
 		cj->crc_done = NULL;
 		return;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		if (j->segs[i].dst != at)
-			return;
-		at += j->segs[i].len;
+	for (uint32_t i = 0; i < n; i++)
 		maxlen = j->segs[i].len > maxlen ? j->segs[i].len : maxlen;
-	}
-	covered = (uint64_t)(at - (const uint8_t *)j->crc_at);
-	if (covered > j->crc_len)
-		return;
 	gy = n < CUDA_GRID_Y ? n : CUDA_GRID_Y;
 	gx = (unsigned)((maxlen + KVB_CRC_THREADS * KVB_CRC_PIECE - 1) /
 			(KVB_CRC_THREADS * KVB_CRC_PIECE));

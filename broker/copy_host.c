@@ -98,17 +98,27 @@ static int run_part(const struct part *p)
 }
 
 /*
- * [crc-worker] A part of a crc_fused job (one segment at its slot's start): copied with its
- * bytes' raw crc folded in (crccopy.c), moved to its place in the slot (crc_shift by the slot's
- * bytes after it), into *x. The worker reads none of its bytes again.
+ * [crc-worker] A part of a crc_fused job (its segments fill the slot in order, so the part's
+ * bytes are one run of the slot's): copied with their crc folded in (crccopy.c), continued
+ * from segment to segment, the raw crc moved to its place in the slot (crc_shift by the
+ * slot's bytes after it), into *x. The worker reads none of its bytes again.
  */
 static int run_part_crc(const struct part *p, uint32_t *x)
 {
-	const struct copy_seg *s = &p->j->segs[0];
-	uint32_t r = ~crc_copy((uint8_t *)s->dst + p->off, (const uint8_t *)s->src + p->off, p->len,
-			       ~0u);
+	const struct copy_job *j = p->j;
+	uint64_t left = p->len, off = p->off,
+		 at = (uint64_t)((const uint8_t *)j->segs[p->seg].dst + off -
+				 (const uint8_t *)j->crc_at);
+	uint32_t crc = ~0u;
 
-	*x = crc_shift(r, p->j->crc_len - p->off - p->len);
+	for (uint32_t i = p->seg; left; i++, off = 0) {
+		const struct copy_seg *s = &j->segs[i];
+		uint64_t n = s->len - off < left ? s->len - off : left;
+
+		crc = crc_copy((uint8_t *)s->dst + off, (const uint8_t *)s->src + off, n, crc);
+		left -= n;
+	}
+	*x = crc_shift(~crc, j->crc_len - at - p->len);
 	return 0;
 }
 
@@ -246,13 +256,13 @@ static void *worker(void *arg)
 		last = !--j->running && j->taken == j->bytes;
 		/*
 		 * [crc-worker] The last part's worker has the job to itself: the slot's crc off the
-		 * loop thread, and off the lock. From the parts' folded crcs where the job is one
-		 * segment at the slot's start (crc_fused), else read back from the slot, which the
-		 * streaming stores left in DRAM (a Kimi page's PUT: 150-250 us more, docs/benchmarks.md).
+		 * loop thread, and off the lock. From the parts' folded crcs where the job fills
+		 * the slot (crc_fused), else read back from the slot, which the streaming stores
+		 * left in DRAM (a Kimi page's PUT: 150-250 us more, docs/benchmarks.md).
 		 */
 		if (last && !j->res && j->crc_len) {
 			pthread_mutex_unlock(&h->lock);
-			j->crc = j->crc_fused ? crc_slot_finish(j->crc_x, j->crc_at, j->segs[0].len,
+			j->crc = j->crc_fused ? crc_slot_finish(j->crc_x, j->crc_at, j->bytes,
 								j->crc_len)
 					      : slot_crc32c(j->crc_at, j->crc_len);
 			j->has_crc = 1;
@@ -290,20 +300,24 @@ static uint64_t part_bytes(const struct host_engine *h, const struct copy_job *j
 }
 
 /*
- * [crc-fused] An inline PUT of one plain segment at the start of its slot: copied and
- * checksummed in one pass (crccopy.c), the slot's bytes past the page read from the slot.
- * Returns 0 for any other job (run_segs copies it; xfer.c checksums a plain one's source).
+ * [crc-fused] An inline PUT that fills its slot (one segment, or a view's page): copied and
+ * checksummed in one pass (crccopy.c), segment after segment, the slot's bytes past the page
+ * read from the slot. Returns 0 for any other job (run_segs copies it; xfer.c checksums a
+ * plain one's source).
  */
 static int run_fused(struct copy_job *j)
 {
-	const struct copy_seg *sg = &j->segs[0];
+	uint64_t covered = copy_job_tiles(j);
+	uint32_t crc = 0;
 
-	if (!j->crc_len || j->nsegs != 1 || j->fds || sg->dst != j->crc_at || sg->len > j->crc_len)
+	if (!covered)
 		return 0;
-	j->crc = crc_copy(sg->dst, sg->src, sg->len, 0);
-	if (j->crc_len > sg->len)
-		j->crc = slot_crc32c_more(j->crc, (const uint8_t *)j->crc_at + sg->len,
-					  j->crc_len - sg->len);
+	for (uint32_t i = 0; i < j->nsegs; i++)
+		crc = crc_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len, crc);
+	if (j->crc_len > covered)
+		crc = slot_crc32c_more(crc, (const uint8_t *)j->crc_at + covered,
+				       j->crc_len - covered);
+	j->crc = crc;
 	j->has_crc = 1;
 	return 1;
 }
@@ -334,8 +348,7 @@ static int host_submit(struct copy_engine *e, struct copy_job *j)
 	j->next = NULL;
 	j->res = 0;
 	j->crc_x = 0;
-	j->crc_fused = j->crc_len && j->nsegs == 1 && !j->fds && j->segs[0].dst == j->crc_at &&
-		       j->segs[0].len <= j->crc_len;
+	j->crc_fused = copy_job_tiles(j) != 0;
 	j->part_bytes = part_bytes(h, j);
 	j->taken = j->cur_off = 0;
 	j->cur_seg = j->running = 0;

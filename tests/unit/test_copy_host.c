@@ -252,6 +252,62 @@ static void test_copy_host_split_fused(void **state)
 }
 
 /*
+ * [crc-fused] A view's PUT (segments from scattered sources filling the slot in order): inline,
+ * copied and checksummed in one pass; queued, each part's worker folds its crc in. A view that
+ * leaves a gap in its slot: inline, no crc (the loop reads the slot); queued, read back.
+ */
+static void test_copy_host_view_crc(void **state)
+{
+	enum { NSEGS = 61, PART = 73728, SLOT = NSEGS * PART + 4096 };
+	static struct copy_seg segs[4][NSEGS];
+	static struct copy_job jobs[4];
+	uint8_t *src = malloc((size_t)NSEGS * PART * 2), *dst = NULL;
+	struct copy_engine *e = copy_host_create(2, 1 << 20);
+
+	(void)state;
+	assert_non_null(e);
+	assert_non_null(src);
+	assert_int_equal(posix_memalign((void **)&dst, 4096, (size_t)4 * SLOT), 0);
+	for (size_t i = 0; i < (size_t)NSEGS * PART * 2; i++)
+		src[i] = (uint8_t)(i * 11 + i / 4091);
+	memset(dst, 0x3a, (size_t)4 * SLOT);
+	ndone = 0;
+	/* Jobs 0 and 1: 1 and 61 parts (inline, queued); 2 and 3 the same with a gap. */
+	for (int k = 0; k < 4; k++) {
+		uint32_t n = k % 2 ? NSEGS : 8;
+		uint8_t *slot = dst + (size_t)k * SLOT;
+
+		for (uint32_t i = 0; i < n; i++)
+			segs[k][i] = (struct copy_seg){slot + (size_t)i * PART + (k >= 2 && i == 5),
+						       src + (size_t)i * 2 * PART, PART - (k >= 2)};
+		jobs[k] = (struct copy_job){.done = done,
+					    .dev = COPY_HOST,
+					    .nsegs = n,
+					    .bytes = (uint64_t)n * (PART - (k >= 2)),
+					    .segs = segs[k],
+					    .crc_at = slot,
+					    .crc_len = SLOT};
+		assert_int_equal(e->submit(e, &jobs[k]), k % 2 ? COPY_QUEUED : COPY_DONE);
+	}
+	drain(e);
+	assert_int_equal(ndone, 2);
+	for (int k = 0; k < 4; k++) {
+		uint8_t *slot = dst + (size_t)k * SLOT;
+
+		assert_int_equal(jobs[k].res, 0);
+		assert_memory_equal(slot + 3 * PART, src + 6 * PART, PART - (k >= 2));
+		assert_int_equal(jobs[k].has_crc, k != 2);
+		if (k != 2)
+			assert_int_equal(jobs[k].crc, slot_crc32c(slot, SLOT));
+	}
+	assert_int_equal(jobs[1].crc_fused, 1);
+	assert_int_equal(jobs[3].crc_fused, 0);
+	e->destroy(e);
+	free(src);
+	free(dst);
+}
+
+/*
  * Stopping with jobs queued behind a slow one (the delay knob, 50 ms on the only worker): the
  * GETs left in the queue complete -ECANCELED with their destinations untouched, the PUT between
  * them is copied. The first job was taken before the stop and finishes as usual.
@@ -299,6 +355,7 @@ int main(void)
 		cmocka_unit_test(test_copy_host_many_jobs_quiet_after),
 		cmocka_unit_test(test_copy_host_split_jobs),
 		cmocka_unit_test(test_copy_host_split_fused),
+		cmocka_unit_test(test_copy_host_view_crc),
 		cmocka_unit_test(test_copy_host_stop_cancels_gets),
 	};
 
