@@ -218,10 +218,12 @@ static int put_result(int res, uint32_t flags)
  * small, so that the broker starts its copy early and tells us of a stored page before we
  * copied much of it, then doubling up to FILL_CHUNK_MAX, which bounds how far the broker's
  * copy trails ours (at most a chunk, a few tens of microseconds) while keeping the stores to
- * the shared word rare.
+ * the shared word rare. Towards the end at most half of what is left, down to FILL_CHUNK_TAIL:
+ * the broker's copy of the last chunk is all of its copy the PUT waits for once ours is done.
  */
 #define FILL_CHUNK_FIRST (16u << 10)
 #define FILL_CHUNK_MAX (256u << 10)
+#define FILL_CHUNK_TAIL (8u << 10)
 
 /*
  * [fill-ring] Where the staging copy lands and with which stores. The broker reads each chunk
@@ -297,7 +299,10 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	/* Busy on this CPU: a broker polling on it yields to us (the spinning hints, wire.h). */
 	kvb_store_relaxed(c->spin_cpu, (uint32_t)sched_getcpu() + 1u);
 	while (done < len) {
-		size_t n = len - done < chunk ? len - done : chunk;
+		size_t left = len - done, n = left / 2 > FILL_CHUNK_TAIL ? left / 2 : FILL_CHUNK_TAIL;
+
+		n = n < chunk ? n : chunk;
+		n = n < left ? n : left;
 
 		if (plain)
 			memcpy(dst + done, (const uint8_t *)src + done, n); /* [fill-ring] */
