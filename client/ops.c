@@ -299,7 +299,8 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	/* Busy on this CPU: a broker polling on it yields to us (the spinning hints, wire.h). */
 	kvb_store_relaxed(c->spin_cpu, (uint32_t)sched_getcpu() + 1u);
 	while (done < len) {
-		size_t left = len - done, n = left / 2 > FILL_CHUNK_TAIL ? left / 2 : FILL_CHUNK_TAIL;
+		size_t left = len - done,
+		       n = left / 2 > FILL_CHUNK_TAIL ? left / 2 : FILL_CHUNK_TAIL;
 
 		n = n < chunk ? n : chunk;
 		n = n < left ? n : left;
