@@ -125,6 +125,13 @@ stop_broker() {
 	grep -E "cuda: device .* pages of" "$log" | sed 's/^/  broker: /'
 }
 
+# The broker's STATS into $tmp/stats.json; crc_gpu: PUTs it had the GPU checksum.
+stats() { "$B/bin/kvbctl" --socket "$sock" status --json >"$tmp/stats.json" 2>/dev/null; }
+crc_gpu() {
+	n=$(grep -oE '"crc_gpu":[[:space:]]*[0-9]+' "$tmp/stats.json" | grep -oE '[0-9]+$')
+	echo "${n:-0}"
+}
+
 status=0
 summary=$tmp/summary
 : >"$summary"
@@ -140,8 +147,12 @@ for path in $PATHS; do
 		cat "$log"
 		fail "get ($path): data differs or an op failed"
 	}
-	# [gpu-crc] Each page's header carries the checksum computed on the GPU; adoption checks
-	# every one against the slot's bytes and drops what does not match.
+	# [gpu-crc] Each page's header carries the checksum computed on the GPU (else the loop
+	# computed it, and adoption would prove nothing of the kernel); adoption checks every one
+	# against the slot's bytes and drops what does not match.
+	stats
+	[ "$(crc_gpu)" -ge "$KIMI_PAGES" ] ||
+		fail "the GPU computed $(crc_gpu) of $KIMI_PAGES PUTs' checksums ($path): see $log"
 	say "adoption: kill -9; a new broker adopts the pool, checking every page's checksum"
 	kill -KILL "$pid"
 	wait "$pid" 2>/dev/null
@@ -160,9 +171,9 @@ for path in $PATHS; do
 	grep RESULT "$tmp/bench-$path" >>"$summary"
 	grep RESULT "$tmp/bench-$path" | sed 's/^/  /'
 	# Which path the jobs really took (a kernel that failed to load falls back to copies).
-	"$B/bin/kvbctl" --socket "$sock" status --json 2>/dev/null |
-		grep -oE '"(jobs_copy|jobs_kernel|crc_gpu|pin_seconds|errors)": *[0-9.e+-]+' | tr '\n' ' ' |
-		sed 's/^/  broker stats: /'
+	stats
+	grep -oE '"(jobs_copy|jobs_kernel|crc_gpu|pin_seconds)":[[:space:]]*[0-9.e+-]+' \
+		"$tmp/stats.json" | tr '\n\t' '  ' | sed 's/^/  broker stats: /'
 	echo
 	stop_broker
 done
