@@ -28,8 +28,9 @@
 #
 # PREBUILT=1 skips step 1 and runs the binaries already in BUILD_DIR: for a GPU machine without
 # the build's packages (liburing, libnuma, ...) or without network. Build where they are (the
-# kernels are embedded in the binaries), copy BUILD_DIR/bin over, and point LD_LIBRARY_PATH at
-# copies of the libraries `ldd BUILD_DIR/bin/kvbrokerd` lists that the GPU machine lacks.
+# kernels are embedded in the binaries), then `sh tools/gpu-libs.sh` (copies of the libraries
+# the binaries load, into .gpu/lib); carry BUILD_DIR/bin and .gpu there and run
+#   LD_LIBRARY_PATH=$PWD/.gpu/lib PREBUILT=1 sh tools/gpu-check.sh
 set -u
 
 B=${1:-build/release}
