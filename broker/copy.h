@@ -77,10 +77,10 @@ struct copy_job {
 	 * crc_fused below; else the last reads the slot back after the copy) into crc, and set
 	 * has_crc; the loop thread then only writes the header (store.c store_commit_crc). An
 	 * inline job that fills its slot copies and checksums in one pass ([crc-fused],
-	 * copy_host.c run_fused) and sets has_crc too, and so
-	 * does the CUDA engine where its kernel checksummed the source ([gpu-crc], copy_cuda.c).
-	 * Other inline jobs leave has_crc 0: xfer.c then takes a plain host PUT's from its source
-	 * ([crc-src]), and the loop any other's from the slot.
+	 * copy_host.c run_fused) and sets has_crc too, and so does the CUDA engine where its
+	 * kernel checksummed the source ([gpu-crc], copy_cuda.c). Other inline jobs leave has_crc
+	 * 0: xfer.c then takes a plain host PUT's from its source ([crc-src]), and the loop any
+	 * other's from the slot.
 	 */
 	const void *crc_at;
 	uint64_t crc_len;
@@ -138,18 +138,16 @@ static inline uint32_t copy_seg_add(struct copy_seg *segs, uint32_t n, void *dst
  */
 static inline uint64_t copy_job_tiles(const struct copy_job *j)
 {
-	const uint8_t *at = (const uint8_t *)j->crc_at;
+	uint64_t covered = 0;
 
 	if (!j->crc_len || j->fds)
 		return 0;
 	for (uint32_t i = 0; i < j->nsegs; i++) {
-		if ((const uint8_t *)j->segs[i].dst != at)
+		if ((const uint8_t *)j->segs[i].dst != (const uint8_t *)j->crc_at + covered)
 			return 0;
-		at += j->segs[i].len;
+		covered += j->segs[i].len;
 	}
-	return (uint64_t)(at - (const uint8_t *)j->crc_at) <= j->crc_len
-		       ? (uint64_t)(at - (const uint8_t *)j->crc_at)
-		       : 0;
+	return covered <= j->crc_len ? covered : 0;
 }
 
 /*

@@ -38,8 +38,8 @@
 #include <string.h>
 
 #include "crccopy.h"
-#include "kernels/crc32c_gf.h"
 #include "fastcopy.h"
+#include "kernels/crc32c_gf.h"
 #include "slot.h"
 
 #if defined(__x86_64__) && !defined(KVB_NO_NT)
