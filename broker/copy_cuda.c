@@ -724,6 +724,7 @@ static void issue_crc(struct cuda_engine *c, struct cuda_dev *d, struct cuda_str
 		CU(c, cuStreamSynchronize)(d->crc_st);
 		s->desc_head = head;
 		cj->desc_end = end;
+		c->info.errors++;
 		if (!c->logged_crc++)
 			cu_fail(c, "the checksum kernel (this PUT's checksum from the pool)", r);
 		return;

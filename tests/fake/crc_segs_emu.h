@@ -13,7 +13,27 @@
 
 #include "kernels/crc32c_gf.h"
 
-/* t: n segments of (src, len, after); out: gx * gy parts. */
+/* One thread's piece [lo, hi) of a segment: its raw crc, as the kernel computes it. */
+static inline unsigned crc_piece_emu(const unsigned *tab, const uint8_t *src, uint64_t lo,
+				     uint64_t hi)
+{
+	unsigned r = 0;
+
+	if ((((uintptr_t)(src + lo) | (hi - lo)) & 15) == 0) {
+		for (uint64_t k = lo; k < hi; k += 4) {
+			uint32_t w;
+
+			memcpy(&w, src + k, 4);
+			r = kvb_crc_word4(tab, r, w);
+		}
+		return r;
+	}
+	for (uint64_t k = lo; k < hi; k++)
+		r = kvb_crc_byte(tab, r, src[k]);
+	return r;
+}
+
+/* t: n segments of (src, len, after); out: gx * gy parts, block (bx, by) at by * gx + bx. */
 static inline void crc_segs_emu(const uint64_t *t, unsigned n, unsigned gx, unsigned gy,
 				unsigned threads, uint32_t *out)
 {
@@ -23,41 +43,25 @@ static inline void crc_segs_emu(const uint64_t *t, unsigned n, unsigned gx, unsi
 
 	for (unsigned i = 0; i < 256; i++)
 		kvb_crc_tab4(tab, i);
-	for (unsigned by = 0; by < gy; by++) {
-		for (unsigned bx = 0; bx < gx; bx++) {
-			uint32_t x = 0;
+	memset(out, 0, (size_t)gx * gy * sizeof(*out));
+	/* Thread th of block (bx, by) takes the pieces the kernel's loops give it. */
+	for (unsigned b = 0; b < gx * gy; b++) {
+		unsigned bx = b % gx, by = b / gx;
 
-			for (unsigned th = 0; th < threads; th++) {
-				for (unsigned i = by; i < n; i += gy) {
-					const uint8_t *src = (const uint8_t *)(uintptr_t)t[3 * i];
-					uint64_t len = t[3 * i + 1], after = t[3 * i + 2];
+		for (unsigned th = 0; th < threads; th++) {
+			for (unsigned i = by; i < n; i += gy) {
+				const uint8_t *src = (const uint8_t *)(uintptr_t)t[3 * i];
+				uint64_t len = t[3 * i + 1], after = t[3 * i + 2];
 
-					for (uint64_t lo =
-						     ((uint64_t)bx * threads + th) * KVB_CRC_PIECE;
-					     lo < len; lo += step) {
-						uint64_t hi = lo + KVB_CRC_PIECE < len
-								      ? lo + KVB_CRC_PIECE
-								      : len;
-						unsigned r = 0;
+				for (uint64_t lo = ((uint64_t)bx * threads + th) * KVB_CRC_PIECE;
+				     lo < len; lo += step) {
+					uint64_t hi = len - lo < KVB_CRC_PIECE ? len
+									       : lo + KVB_CRC_PIECE;
 
-						if ((((uintptr_t)(src + lo) | (hi - lo)) & 15) ==
-						    0) {
-							for (uint64_t k = lo; k < hi; k += 4) {
-								uint32_t w;
-
-								memcpy(&w, src + k, 4);
-								r = kvb_crc_word4(tab, r, w);
-							}
-						} else {
-							for (uint64_t k = lo; k < hi; k++)
-								r = kvb_crc_byte(tab, r, src[k]);
-						}
-						x ^= kvb_gf_mul(
-							r, kvb_gf_x8n_tab(pw, len - hi + after));
-					}
+					out[b] ^= kvb_gf_mul(crc_piece_emu(tab, src, lo, hi),
+							     kvb_gf_x8n_tab(pw, len - hi + after));
 				}
 			}
-			out[by * gx + bx] = x;
 		}
 	}
 }
