@@ -241,17 +241,26 @@ static int put_result(int res, uint32_t flags)
  * Not always: in spells (seconds long; a vCPU placed far from the other, sharing no cache
  * with it whatever the guest's topology says) the ring's PUTs took 31-37 us against 7 for
  * streaming ones. So the ring's PUTs are timed, each kind's ns per MiB kept as a moving
- * average, and the faster kind used, the other tried once in FILL_PROBE_EVERY PUTs so that its
- * figure follows the machine (what a spell costs then: a slow PUT in 64, a few percent).
+ * average, and the faster kind used, the other tried now and then so that its figure follows
+ * the machine. A probe of a kind k times slower costs k - 1 PUTs' time, so it comes once in
+ * 100 (k - 1) PUTs, FILL_PROBE_MIN to FILL_PROBE_MAX: 1% of the time at most. Once in 64 in a
+ * spell was a 32 us PUT among 7 us ones: 5% of a stream of 64 KiB PUTs, and its p99.
  */
-#define FILL_PROBE_EVERY 64
+#define FILL_PROBE_MIN 64
+#define FILL_PROBE_MAX 1024
 
 /* 1: this ring PUT's staging copy takes plain stores, 0 streaming ones. */
 static int fill_plain(struct kvb_client *c)
 {
-	int best = c->fill_ns[1] <= c->fill_ns[0]; /* the unmeasured kind first */
+	uint64_t plain = c->fill_ns[1], nt = c->fill_ns[0];
+	int best = plain <= nt; /* the unmeasured kind first */
+	uint64_t fast = best ? plain : nt, slow = best ? nt : plain, every = FILL_PROBE_MIN;
 
-	return ++c->fill_n % FILL_PROBE_EVERY ? best : !best;
+	if (fast && slow > fast)
+		every = 100 * (slow - fast) / fast;
+	every = every < FILL_PROBE_MIN ? FILL_PROBE_MIN : every;
+	every = every > FILL_PROBE_MAX ? FILL_PROBE_MAX : every;
+	return ++c->fill_n % every ? best : !best;
 }
 
 /* A ring PUT of len bytes took ns with plain or streaming stores: into that kind's average. */
