@@ -965,16 +965,23 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max)
  * 7% of a loop running 64 KiB PUTs, about 0.4 us a PUT). The loop waits for the next PUT
  * anyway; once per page that reaches the cold end.
  */
+#define PREFETCH_DEPTH 4
+
 void store_prefetch_victims(struct store *s)
 {
 	for (uint32_t p = 0; p < s->pool->nparts; p++) {
 		struct store_part *pt = &s->part[p];
-		const struct page *v;
+		const struct page *v = NULL;
+		struct list *n = pt->lru.prev;
 
-		if (list_empty(&pt->lru))
-			continue;
-		v = lru_page(pt->lru.prev, LRU_PART);
-		if (v == pt->warmed)
+		/* [chain] A page with kids at the cold end is held, not evicted (coldest()): the
+		 * victim is the first leaf after it, looked for a few pages deep. */
+		for (int i = 0; n != &pt->lru && i < PREFETCH_DEPTH; i++, n = n->prev) {
+			v = lru_page(n, LRU_PART);
+			if (!v->kids)
+				break;
+		}
+		if (!v || v->kids || v == pt->warmed)
 			continue;
 		pt->warmed = v;
 		index_prefetch(&s->ix, v->ns, &v->key);

@@ -11,7 +11,8 @@
 #             than the LLC) and with one reused, cache-hot
 #             destination (--dst hot), as a ratio to memcpy with the same destinations;
 #             PUT from a registered buffer and from plain memory (put-user) likewise; and
-#             at 64 KiB the same ops paired with memcpy op by op in one process (--pair)
+#             at 64 KiB the same ops paired with memcpy op by op in one process (--pair);
+#             on huge pages, the 64 KiB rows again from pools on 4 KiB pages
 #   scaling   get-user and GET of 1 MiB pages by 2 and 4 processes against memcpy by as many
 #   one CPU   client and broker pinned to CPU 0 (taskset): 64 KiB GET in GB/s
 #   TP=8      kvbbench --procs 8 --layout kimi mla-tp through the broker (its defaults: the ranks
@@ -36,11 +37,15 @@
 # destination read 0.92 of memcpy in one run and 0.80 in the next (docs/benchmarks.md). Verdicts
 # against the issue's targets are computed here. Knobs: KVB_BENCH_QUICK=1 (1 repetition of
 # 0.3 s, 32 MiB working sets: a smoke run), KVB_BENCH_DP_REPS (7), KVB_BENCH_DP_SECONDS (0.5),
-# KVB_BENCH_DP_TP_REPS (5), KVB_BENCH_DP_POOL (1G), KVB_BENCH_DP_HUGE=1 (the brokers' pools on
-# 2 MiB hugetlb pages, as docs/operations.md "Huge pages" advises for a broker host: as root,
-# it reserves what they need in /proc/sys/vm/nr_hugepages and gives it back at exit; without
-# it, the machine's default, which here is 4 KiB pages). Raw results: B/bench/datapath.jsonl
-# (datapath-huge.jsonl).
+# KVB_BENCH_DP_TP_REPS (5), KVB_BENCH_DP_POOL (1G), KVB_BENCH_DP_HUGE.
+#
+# Pools: the verdicts are taken where docs/operations.md "Huge pages" puts a broker host's
+# pool, on 2 MiB hugetlb pages: as root, the script reserves what its brokers need in
+# /proc/sys/vm/nr_hugepages and gives it back at exit. The 4 KiB pages of a host without them
+# cost most at 64 KiB, whose rows run again on such pools (a table of their own). Where pages
+# cannot be reserved (not root, memory short), every pool is on the machine's default pages
+# and the report says so. KVB_BENCH_DP_HUGE=1 insists on huge pages (fails without them),
+# 0 runs on the default pages only. Raw results: B/bench/datapath.jsonl.
 set -eu
 
 B=${1:-build/release}
@@ -57,14 +62,13 @@ else
 	WS=128M
 fi
 POOL=${KVB_BENCH_DP_POOL:-1G}
-HUGE=${KVB_BENCH_DP_HUGE:-0}
+HUGE=${KVB_BENCH_DP_HUGE:-auto}
 K="$B/bin/kvbbench"
 for p in kvbrokerd kvbbench; do
 	[ -x "$B/bin/$p" ] || { echo "bench-datapath: $B/bin/$p missing" >&2; exit 1; }
 done
 mkdir -p "$B/bench"
 res="$B/bench/datapath.jsonl"
-[ "$HUGE" = 1 ] && res="$B/bench/datapath-huge.jsonl"
 : >"$res"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvbdp.XXXXXX")
 pids=""
@@ -78,7 +82,7 @@ cleanup() {
 }
 trap cleanup EXIT
 BARGS=""
-if [ "$HUGE" = 1 ]; then
+if [ "$HUGE" != 0 ]; then
 	# Three brokers' pools, and 64 pages over for their other mappings.
 	need=$(awk -v p="$POOL" 'BEGIN { n = p + 0; u = substr(p, length(p));
 		n *= u == "G" ? 512 : u == "M" ? 1 / 2 : u == "K" ? 1 / 2048 : 1 / 2097152
@@ -86,23 +90,31 @@ if [ "$HUGE" = 1 ]; then
 	have=$(cat "$hp")
 	if [ "$have" -lt "$need" ]; then
 		hp0=$have
-		echo "$need" >"$hp" 2>/dev/null ||
-			{ echo "bench-datapath: cannot reserve $need huge pages (root?)" >&2; exit 1; }
-		[ "$(cat "$hp")" -ge "$need" ] ||
-			{ echo "bench-datapath: only $(cat "$hp") of $need huge pages" >&2; exit 1; }
+		echo "$need" >"$hp" 2>/dev/null || true
+		if [ "$(cat "$hp")" -lt "$need" ]; then
+			echo "$hp0" >"$hp" 2>/dev/null || true
+			hp0=""
+			msg="cannot reserve $need huge pages (root? memory?)"
+			[ "$HUGE" = 1 ] && { echo "bench-datapath: $msg" >&2; exit 1; }
+			echo "bench-datapath: $msg: pools on the machine's default pages" >&2
+			HUGE=0
+		fi
 	fi
-	BARGS="--hugepages 2M"
 fi
+[ "$HUGE" = 0 ] || { HUGE=1; BARGS="--hugepages 2M"; }
 
-# start NAME [taskset CPU]: a broker on $tmp/NAME.sock, returned once it answers a NOP.
+# start NAME [CPU [HUGEPAGES]]: a broker on $tmp/NAME.sock (on CPU alone, when not empty;
+# --hugepages HUGEPAGES, else as BARGS says), returned once it answers a NOP.
 start() {
-	if [ $# -gt 1 ]; then
+	ba=$BARGS
+	[ -z "${3:-}" ] || ba="--hugepages $3"
+	if [ -n "${2:-}" ]; then
 		# shellcheck disable=SC2086
-		taskset -c "$2" "$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $BARGS \
+		taskset -c "$2" "$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $ba \
 			--log-level warn 2>"$tmp/$1.log" &
 	else
 		# shellcheck disable=SC2086
-		"$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $BARGS --log-level warn \
+		"$B/bin/kvbrokerd" --socket "$tmp/$1.sock" --pool "$POOL" $ba --log-level warn \
 			2>"$tmp/$1.log" &
 	fi
 	pids="$pids $!"
@@ -127,48 +139,66 @@ run() {
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$(date +%s)
-start main
-# What the pool got: the first arena's page size and backing (hugetlb, shmem with THP or not).
-pages=$("$B/bin/kvbctl" --socket "$tmp/main.sock" status --json | python3 -c '
+# What broker NAME's pool got: the first arena's page size and backing (hugetlb, shmem with
+# THP or not).
+backing() {
+	"$B/bin/kvbctl" --socket "$tmp/$1.sock" status --json | python3 -c '
 import json, sys
 a = json.load(sys.stdin)["pool"]["arenas"][0]
-print("%s pages (%s)" % (a["page_size"], a["backing"]))')
+print("%s pages (%s)" % (a["page_size"], a["backing"]))'
+}
+start main
+pages=$(backing main)
 start wr # PUTs of new keys fill a pool: not the one whose working sets the reads need resident
 start pin 0
+pages4=""
+if [ "$HUGE" = 1 ]; then
+	start m4 "" off
+	start w4 "" off
+	pages4=$(backing m4)
+fi
+# page_rows P MAIN WR [TAG]: the copy rows of page P (64K, 1M, kimi) against the brokers MAIN
+# (reads) and WR (PUTs), under tags that start with TAG.
+page_rows() {
+	t=${4:-}
+	pa="--page $1"
+	[ "$1" = kimi ] && pa="--layout kimi"
+	for d in rotate hot; do
+		# shellcheck disable=SC2086
+		run "$t$1 $d memcpy" "$K" $pa --ws "$WS" --dst $d --seconds "$SECS" memcpy
+		for m in get get-user acquire-copy acquire; do
+			# shellcheck disable=SC2086
+			run "$t$1 $d $m" "$K" --socket "$tmp/$2.sock" $pa --ws "$WS" --dst $d \
+				--seconds "$SECS" $m
+		done
+	done
+	for m in put put-user; do
+		# shellcheck disable=SC2086
+		run "$t$1 rotate $m" "$K" --socket "$tmp/$3.sock" $pa --ws "$WS" --seconds "$SECS" $m
+	done
+	# 64 KiB, where a few tenths of a us per op decide the targets: the same ops, each followed
+	# by memcpy's copy in the same process (--pair). Not the larger pages into a reused
+	# destination: their streaming stores leave it cold for the memcpy after them.
+	[ "$1" = 64K ] || return 0
+	for d in rotate hot; do
+		for m in get get-user acquire-copy; do
+			run "$t$1 $d pair $m" "$K" --socket "$tmp/$2.sock" --page 64K --ws "$WS" \
+				--dst $d --seconds "$SECS" --pair $m
+		done
+	done
+	for m in put put-user; do
+		run "$t$1 rotate pair $m" "$K" --socket "$tmp/$3.sock" --page 64K --ws "$WS" \
+			--seconds "$SECS" --pair $m
+	done
+}
+
 for r in $(seq "$REPS"); do
 	echo "bench-datapath: repetition $r of $REPS" >&2
 	for p in 64K 1M kimi; do
-		pa="--page $p"
-		[ "$p" = kimi ] && pa="--layout kimi"
-		for d in rotate hot; do
-			# shellcheck disable=SC2086
-			run "$p $d memcpy" "$K" $pa --ws "$WS" --dst $d --seconds "$SECS" memcpy
-			for m in get get-user acquire-copy acquire; do
-				# shellcheck disable=SC2086
-				run "$p $d $m" "$K" --socket "$tmp/main.sock" $pa --ws "$WS" --dst $d \
-					--seconds "$SECS" $m
-			done
-		done
-		for m in put put-user; do
-			# shellcheck disable=SC2086
-			run "$p rotate $m" "$K" --socket "$tmp/wr.sock" $pa --ws "$WS" \
-				--seconds "$SECS" $m
-		done
-		# 64 KiB, where a few tenths of a us per op decide the targets: the same ops, each
-		# followed by memcpy's copy in the same process (--pair). Not the larger pages into a
-		# reused destination: their streaming stores leave it cold for the memcpy after them.
-		[ "$p" = 64K ] || continue
-		for d in rotate hot; do
-			for m in get get-user acquire-copy; do
-				run "$p $d pair $m" "$K" --socket "$tmp/main.sock" --page $p --ws "$WS" \
-					--dst $d --seconds "$SECS" --pair $m
-			done
-		done
-		for m in put put-user; do
-			run "$p rotate pair $m" "$K" --socket "$tmp/wr.sock" --page $p --ws "$WS" \
-				--seconds "$SECS" --pair $m
-		done
+		page_rows $p main wr
 	done
+	# On huge pages, the 64 KiB rows again from pools on 4 KiB pages, where they are slowest.
+	[ "$HUGE" = 0 ] || page_rows 64K m4 w4 "4k "
 	for n in 2 4; do
 		run "1M procs$n memcpy" "$K" --page 1M --ws "$WS" --procs $n --seconds "$SECS" memcpy
 		for m in get-user get; do
@@ -209,10 +239,11 @@ done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
 
-python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" "$HUGE" "$pages" <<'PY'
+python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" "$pages" \
+	"$pages4" <<'PY'
 import json, statistics, sys
 
-res, load0, load1, secs, reps, dur, tpreps, ncpu, huge, pages = sys.argv[1:]
+res, load0, load1, secs, reps, dur, tpreps, ncpu, pages, pages4 = sys.argv[1:]
 rows, fails = {}, []
 for line in open(res):
     d = json.loads(line)
@@ -239,56 +270,81 @@ def verdict(v, ok):
     return "-" if v is None else "met" if ok(v) else "**MISSED**"
 
 
-print("Command: `%ssh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
-      "interleaved, medians; TP=8 %s repetitions. %s CPUs; load average %s before, %s after; "
-      "%s s in all. The brokers' pools on %s.\n"
-      % ("KVB_BENCH_DP_HUGE=1 " if huge == "1" else "", reps, dur, tpreps, ncpu, load0, load1,
-         secs, pages))
-print("| page | destination | memcpy GB/s | GET | get-user | ACQUIRE | ACQUIRE, caller's memcpy "
-      "| PUT | PUT plain | target | verdict |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
-names = {"64K": "64 KiB", "1M": "1 MiB", "kimi": "Kimi 4.29 MiB"}
-for p in ("64K", "1M", "kimi"):
+def copy_ok(d, r):
+    """The targets of one row: reads >= 0.90, and with rotating destinations PUT >= 0.90 and
+    PUT from plain memory >= 0.75. None when a read is missing."""
+    reads = [r[m] for m in ("get", "get-user", "acquire-copy")]
+    if None in reads:
+        return None
+    ok = min(reads) >= 0.9
+    if d == "rotate" and r["put"] is not None and r["put-user"] is not None:
+        ok = ok and r["put"] >= 0.9 and r["put-user"] >= 0.75
+    return ok
+
+
+def target(d):
+    return "reads >= 0.90" + ("; PUT >= 0.90, plain >= 0.75" if d == "rotate" else "")
+
+
+def copy_table(tag, page_list):
+    print("| page | destination | memcpy GB/s | GET | get-user | ACQUIRE | ACQUIRE, caller's "
+          "memcpy | PUT | PUT plain | target | verdict |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    for p in page_list:
+        for d in ("rotate", "hot"):
+            base = med("%s%s %s memcpy" % (tag, p, d))
+            r = {m: ratio(med("%s%s %s %s" % (tag, p, d, m)), base)
+                 for m in ("get", "get-user", "acquire-copy", "acquire", "put", "put-user")}
+            ok = copy_ok(d, r)
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                names[p], "rotating" if d == "rotate" else "one reused (hot)", fx(base),
+                fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]), fx(r["acquire"]),
+                fx(r["put"]) if d == "rotate" else "", fx(r["put-user"]) if d == "rotate" else "",
+                target(d), "-" if ok is None else "met" if ok else "**MISSED**"))
+
+
+def pair_table(tag):
+    pair = lambda r: r["pair_ratio"]
+    print("| page | destination | paired memcpy GB/s | GET | get-user | ACQUIRE | PUT | PUT plain "
+          "| target | verdict |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for d in ("rotate", "hot"):
-        base = med("%s %s memcpy" % (p, d))
-        r = {m: ratio(med("%s %s %s" % (p, d, m)), base)
-             for m in ("get", "get-user", "acquire-copy", "acquire", "put", "put-user")}
-        reads = [r[m] for m in ("get", "get-user", "acquire-copy")]
-        ok = None not in reads and min(reads) >= 0.9
-        wr = "; PUT >= 0.90, plain >= 0.75" if d == "rotate" else ""
-        if d == "rotate" and r["put"] is not None and r["put-user"] is not None:
-            ok = ok and r["put"] >= 0.9 and r["put-user"] >= 0.75
-        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | reads >= 0.90%s | %s |" % (
-            names[p], "rotating" if d == "rotate" else "one reused (hot)", fx(base),
-            fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]), fx(r["acquire"]),
+        r = {m: med("%s64K %s pair %s" % (tag, d, m), pair)
+             for m in ("get", "get-user", "acquire-copy", "put", "put-user")}
+        ok = copy_ok(d, r)
+        print("| 64 KiB | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            "rotating" if d == "rotate" else "one reused (hot)",
+            fx(med("%s64K %s pair get-user" % (tag, d), lambda x: x["pair_memcpy_gb_per_s"])),
+            fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]),
             fx(r["put"]) if d == "rotate" else "", fx(r["put-user"]) if d == "rotate" else "",
-            wr, "-" if None in reads else "met" if ok else "**MISSED**"))
+            target(d), "-" if ok is None else "met" if ok else "**MISSED**"))
+
+
+names = {"64K": "64 KiB", "1M": "1 MiB", "kimi": "Kimi 4.29 MiB"}
+print("Command: `sh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
+      "interleaved, medians; TP=8 %s repetitions. %s CPUs; load average %s before, %s after; "
+      "%s s in all. The brokers' pools on %s%s.\n"
+      % (reps, dur, tpreps, ncpu, load0, load1, secs, pages,
+         "" if pages4 else " (no huge pages could be reserved: the verdicts below are not on "
+         "the pool a broker host should have, docs/operations.md \"Huge pages\")"))
+copy_table("", ("64K", "1M", "kimi"))
 print("\nRatios are x memcpy with the same destinations; above 1 they come from the streaming "
       "stores of `kvb_copy` (from 256 KiB) against glibc's memcpy. ACQUIRE is `kvb_acquire`, "
       "`kvb_lease_copy` (the library's copy, as in get-user) and `kvb_release`; the column after "
       "it copies out of the lease with glibc's memcpy instead, what a caller that copies by "
       "itself gets, and is not in the verdict.\n")
-pair = lambda r: r["pair_ratio"]
 print("64 KiB pages again, each op paired with memcpy's copy of a page right after it in the "
       "same process (`kvbbench --pair`: the memcpys' time over the ops'), so that both see "
       "the same machine, which from one process or one second to the next they do not:\n")
-print("| page | destination | paired memcpy GB/s | GET | get-user | ACQUIRE | PUT | PUT plain "
-      "| target | verdict |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
-for d in ("rotate", "hot"):
-    r = {m: med("64K %s pair %s" % (d, m), pair)
-         for m in ("get", "get-user", "acquire-copy", "put", "put-user")}
-    reads = [r[m] for m in ("get", "get-user", "acquire-copy")]
-    ok = None not in reads and min(reads) >= 0.9
-    if d == "rotate" and r["put"] is not None and r["put-user"] is not None:
-        ok = ok and r["put"] >= 0.9 and r["put-user"] >= 0.75
-    print("| 64 KiB | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-        "rotating" if d == "rotate" else "one reused (hot)",
-        fx(med("64K %s pair get-user" % d, lambda x: x["pair_memcpy_gb_per_s"])),
-        fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]),
-        fx(r["put"]) if d == "rotate" else "", fx(r["put-user"]) if d == "rotate" else "",
-        "reads >= 0.90" + ("; PUT >= 0.90, plain >= 0.75" if d == "rotate" else ""),
-        "-" if None in reads else "met" if ok else "**MISSED**"))
+pair_table("")
+if pages4:
+    print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "
+          "are on %s, as on a host without reserved huge pages (`--hugepages off`): each copy "
+          "out of the pool takes a TLB miss every 4 KiB, and on a VM the pool's physical pages "
+          "are a draw (docs/operations.md \"Huge pages\"):\n" % pages4)
+    copy_table("4k ", ("64K",))
+    print()
+    pair_table("4k ")
 print()
 print("| processes | memcpy GB/s (summed) | get-user | GET | target | verdict |")
 print("| ---: | ---: | ---: | ---: | --- | --- |")

@@ -543,6 +543,37 @@ static void test_chain_lru_among_leaves(void **state)
 	assert_true(stored(&f->st, 1, 306) && !stored(&f->st, 1, 307));
 }
 
+/* [evict-prefetch] The page warmed for the next eviction is the one coldest() takes: the first
+ * leaf from the cold end, not a held parent. */
+static void test_chain_prefetch_warms_the_leaf(void **state)
+{
+	struct fx *f = *state;
+	int cls = store_class_get(&f->st, 256 * 1024);
+	kvb_key k = key_of(2);
+	struct page *leaf;
+
+	put_chain(&f->st, cls, 1, 0, 3); /* the LRU from its cold end: 0 and 1 (parents), 2 */
+	leaf = store_find(&f->st, 1, &k);
+	store_prefetch_victims(&f->st);
+	assert_ptr_equal(f->st.part[0].warmed, leaf);
+	/* What the pool evicts when full is that page. */
+	for (uint32_t i = 0; i < 29; i++)
+		assert_non_null(cput(&f->st, cls, 1, 1000 + i, UINT32_MAX));
+	assert_true(stored(&f->st, 1, 2));
+	assert_non_null(cput(&f->st, cls, 1, 2000, UINT32_MAX));
+	assert_false(stored(&f->st, 1, 2));
+}
+
+/* ... looked for PREFETCH_DEPTH pages deep: past that many parents, nothing is warmed. */
+static void test_chain_prefetch_depth(void **state)
+{
+	struct fx *f = *state;
+
+	put_chain(&f->st, store_class_get(&f->st, 256 * 1024), 1, 0, 6);
+	store_prefetch_victims(&f->st);
+	assert_null(f->st.part[0].warmed);
+}
+
 static void test_chain_delete_abort_and_reuse(void **state)
 {
 	struct fx *f = *state;
@@ -729,6 +760,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_demote_seam, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_evicts_tail_first, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_lru_among_leaves, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chain_prefetch_warms_the_leaf, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_chain_prefetch_depth, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_delete_abort_and_reuse, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_never_cycles, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_demotion, setup, teardown),
