@@ -110,13 +110,13 @@ int dir_put(struct dir *d, uint32_t ns, const kvb_key *key, uint32_t len, uint64
 	return 0;
 }
 
-void dir_del(struct dir *d, uint32_t ns, const kvb_key *key)
+int dir_del(struct dir *d, uint32_t ns, const kvb_key *key)
 {
 	struct kvb_dir_ent *e;
 	uint32_t k[8];
 
 	if (!d->h)
-		return;
+		return 0;
 	memcpy(k, key->b, sizeof(k));
 	e = kvb_dir_bucket_of(d->h, d->nbuckets, ns, key);
 	for (uint32_t w = 0; w < KVB_DIR_WAYS; w++) {
@@ -126,8 +126,9 @@ void dir_del(struct dir *d, uint32_t ns, const kvb_key *key)
 		kvb_store_relaxed(&e[w].ns, 0);
 		ent_end(&e[w]);
 		d->entries--;
-		return;
+		return 1;
 	}
+	return 0;
 }
 
 void dir_prefetch(const struct dir *d, uint32_t ns, const kvb_key *key)

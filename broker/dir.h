@@ -30,8 +30,8 @@ void dir_open(struct dir *d, void *mem, uint64_t bytes, int adopted);
 /* Publishes the page of (ns, key) at loc in a slot of len bytes. 0, or -ENOSPC (bucket full). */
 int dir_put(struct dir *d, uint32_t ns, const kvb_key *key, uint32_t len, uint64_t loc);
 
-/* Takes (ns, key) out, if it is in. */
-void dir_del(struct dir *d, uint32_t ns, const kvb_key *key);
+/* Takes (ns, key) out, if it is in: 1 when it was. */
+int dir_del(struct dir *d, uint32_t ns, const kvb_key *key);
 
 /*
  * [put-prefetch] Asks for the lines of (ns, key)'s bucket ahead of its dir_put: a PUT calls it

@@ -508,16 +508,19 @@ static void publish(struct store *s, const struct page *pg);
 /*
  * [dir] Out of the directory, before the slot can be freed, so before anything can write it
  * again; then [hazard] pinned for the clients reading it under their hazard tables, if any.
+ * 1 when it had an entry (a full bucket may have left it without one).
  */
-static void withdraw(struct store *s, struct page *pg)
+static int withdraw(struct store *s, struct page *pg)
 {
 	struct dir *d = &s->dir[store_part_of(s, pg)];
+	int had;
 
 	if (pg->state != PAGE_READY || !d->h)
-		return; /* nobody can have found it without a directory */
-	dir_del(d, pg->ns, &pg->key);
+		return 0; /* nobody can have found it without a directory */
+	had = dir_del(d, pg->ns, &pg->key);
 	if (s->withdrawn)
 		s->withdrawn(s->withdrawn_arg, pg);
+	return had;
 }
 
 /* Out of the index, and out of its chain (the directory already withdrawn). */
@@ -644,6 +647,8 @@ static void slot_free(struct store *s, struct page *pg)
 #define EVICT_KEPT 2
 static int evict(struct store *s, struct page *pg)
 {
+	int had;
+
 	if (s->leaving)
 		s->leaving(s->leaving_arg, pg);
 	if (!pg->clean && s->demote) {
@@ -673,9 +678,12 @@ static int evict(struct store *s, struct page *pg)
 	 * [hazard] A page a client reads under its hazard table stays, pinned for it, as a leased
 	 * one would (off the LRUs until the client's entry moves on): back into the directory.
 	 */
-	withdraw(s, pg);
+	had = withdraw(s, pg);
 	if (pg->pins) {
-		publish(s, pg);
+		/* Its entry back where it was; one a full bucket refused is not asked for (and
+		 * counted in dir_full) again. */
+		if (had)
+			publish(s, pg);
 		return EVICT_KEPT;
 	}
 	unindex_withdrawn(s, pg);

@@ -245,12 +245,69 @@ static void test_dir_store(void **state)
 	pool_close(&pool);
 }
 
+static void pin_withdrawn(void *arg, struct page *pg)
+{
+	store_pin(arg, pg); /* as session_hz_withdrawn does for a client reading it */
+}
+
+/*
+ * [hazard] A page evicted while a client reads it is kept, pinned, and its entry goes back; one
+ * a full bucket left out stays out, and is not counted in dir_full once more.
+ */
+static void test_dir_kept_page(void **state)
+{
+	struct pool pool;
+	struct store st;
+	struct page *pg[KVB_DIR_WAYS + 1];
+	kvb_key k[KVB_DIR_WAYS + 1];
+	char name[64];
+	uint32_t n = 0, b0, epoch;
+	struct dir *d;
+	int cls;
+
+	(void)state;
+	snprintf(name, sizeof(name), "/kvb-test-dirkept-%d", (int)getpid());
+	assert_int_equal(pool_open(&pool, name, 8 * MiB, 1), 0);
+	pool.arena[0].dir_bytes = dir_bytes_for(pool.part[0].size);
+	assert_int_equal(store_init(&st, &pool, MiB, 1.0, 1.0), 0);
+	d = &st.dir[0];
+	epoch = kvb_load_relaxed(&d->h->epoch);
+	cls = store_class_get(&st, 65536);
+	k[0] = key_of(0);
+	b0 = kvb_dir_bucket(3, &k[0], d->nbuckets);
+	for (uint32_t i = 1; n < KVB_DIR_WAYS; i++) {
+		kvb_key c = key_of(i);
+
+		if (kvb_dir_bucket(3, &c, d->nbuckets) == b0)
+			k[++n] = c;
+	}
+	for (uint32_t i = 0; i <= KVB_DIR_WAYS; i++) {
+		assert_int_equal(store_alloc(&st, cls, 3, &k[i], &pg[i]), 0);
+		store_commit(&st, pg[i]);
+	}
+	assert_int_equal(d->full, 1);
+	st.withdrawn = pin_withdrawn;
+	st.withdrawn_arg = &st;
+	st.high_bytes = st.low_bytes = 0;
+	assert_int_equal(store_evict_watermark(&st, 100), KVB_DIR_WAYS + 1);
+	assert_int_equal(d->full, 1);
+	assert_int_equal(d->entries, KVB_DIR_WAYS);
+	for (uint32_t i = 0; i < KVB_DIR_WAYS; i++)
+		assert_int_equal(find(d, epoch, 3, &k[i], NULL), store_loc(&st, pg[i]));
+	assert_int_equal(find(d, epoch, 3, &k[KVB_DIR_WAYS], NULL), 0);
+	for (uint32_t i = 0; i <= KVB_DIR_WAYS; i++)
+		store_unpin(&st, pg[i]);
+	store_fini(&st);
+	pool_close(&pool);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_dir_put_find_del), cmocka_unit_test(test_dir_still_after_del),
 		cmocka_unit_test(test_dir_full_bucket),	 cmocka_unit_test(test_dir_adopt_wipes),
 		cmocka_unit_test(test_dir_too_small),	 cmocka_unit_test(test_dir_store),
+		cmocka_unit_test(test_dir_kept_page),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
