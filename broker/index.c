@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * index.c - the chained, intrusive hash table of the store and the disk tier; see index.h. Lookups compare the namespace and
- * all 32 key bytes: a hash collision never returns another page.
+ * index.c - the chained, intrusive hash table of the store and the disk tier; see index.h.
+ * Lookups compare the namespace and all 32 key bytes: a hash collision never returns another
+ * page.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -24,18 +25,31 @@ int index_init(struct index *ix, uint64_t expected)
 		return -ENOMEM;
 	ix->mask = n - 1;
 	ix->count = 0;
+	ix->old = NULL;
+	ix->old_mask = ix->moved = 0;
 	return 0;
 }
 
 void index_fini(struct index *ix)
 {
 	free(ix->buckets);
-	ix->buckets = NULL;
+	free(ix->old);
+	ix->buckets = ix->old = NULL;
+}
+
+/* [rehash] The bucket that holds (ns, key) now: the old array's until that bucket moved. */
+static struct ixnode **bucket_of(const struct index *ix, uint32_t ns, const kvb_key *key)
+{
+	uint64_t h = index_hash(ix, ns, key);
+
+	if (ix->old && (h & ix->old_mask) >= ix->moved)
+		return &ix->old[h & ix->old_mask];
+	return &ix->buckets[h & ix->mask];
 }
 
 struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
-	struct ixnode *n = ix->buckets[index_hash(ix, ns, key) & ix->mask];
+	struct ixnode *n = *bucket_of(ix, ns, key);
 
 	for (; n; n = n->next)
 		if (n->ns == ns && !memcmp(n->key.b, key->b, sizeof(key->b)))
@@ -43,6 +57,39 @@ struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *ke
 	return NULL;
 }
 
+/*
+ * [rehash] Moves REHASH_STEP of the old array's buckets (more, up to REHASH_EMPTY, where they
+ * are empty) into the new one; frees the old array after its last. A step is a few chains of
+ * two nodes each, a microsecond at worst; the old array, half the new one, is gone after
+ * (old buckets / REHASH_STEP) inserts and removes, long before the load could reach 2 again.
+ */
+#define REHASH_STEP 4
+#define REHASH_EMPTY 64
+
+static void rehash_step(struct index *ix)
+{
+	uint32_t full = 0, seen = 0;
+
+	while (ix->moved <= ix->old_mask && full < REHASH_STEP && seen++ < REHASH_EMPTY) {
+		struct ixnode *n = ix->old[ix->moved], *next;
+
+		full += n != NULL;
+		for (; n; n = next) {
+			uint64_t h = index_hash(ix, n->ns, &n->key) & ix->mask;
+
+			next = n->next;
+			n->next = ix->buckets[h];
+			ix->buckets[h] = n;
+		}
+		ix->old[ix->moved++] = NULL;
+	}
+	if (ix->moved > ix->old_mask) {
+		free(ix->old);
+		ix->old = NULL;
+	}
+}
+
+/* Starts doubling the bucket array; without the memory, chains just grow longer. */
 static void index_grow(struct index *ix)
 {
 	uint64_t nb = (ix->mask + 1) * 2;
@@ -50,44 +97,39 @@ static void index_grow(struct index *ix)
 
 	if (!b)
 		return; /* longer chains, still correct */
-	for (uint64_t i = 0; i <= ix->mask; i++) {
-		struct ixnode *n = ix->buckets[i], *next;
-
-		for (; n; n = next) {
-			uint64_t h = index_hash(ix, n->ns, &n->key) & (nb - 1);
-
-			next = n->next;
-			n->next = b[h];
-			b[h] = n;
-		}
-	}
-	free(ix->buckets);
+	ix->old = ix->buckets;
+	ix->old_mask = ix->mask;
+	ix->moved = 0;
 	ix->buckets = b;
 	ix->mask = nb - 1;
 }
 
 void index_insert(struct index *ix, struct ixnode *n)
 {
-	uint64_t h;
+	struct ixnode **b;
 
-	if (ix->count >= 2 * (ix->mask + 1))
+	if (ix->old)
+		rehash_step(ix);
+	else if (ix->count >= 2 * (ix->mask + 1))
 		index_grow(ix);
-	h = index_hash(ix, n->ns, &n->key) & ix->mask;
-	n->next = ix->buckets[h];
-	ix->buckets[h] = n;
+	b = bucket_of(ix, n->ns, &n->key);
+	n->next = *b;
+	*b = n;
 	ix->count++;
 }
 
 void index_remove(struct index *ix, struct ixnode *n)
 {
-	struct ixnode **pp = &ix->buckets[index_hash(ix, n->ns, &n->key) & ix->mask];
+	struct ixnode **pp = bucket_of(ix, n->ns, &n->key);
 
 	for (; *pp; pp = &(*pp)->next) {
 		if (*pp == n) {
 			*pp = n->next;
 			n->next = NULL;
 			ix->count--;
-			return;
+			break;
 		}
 	}
+	if (ix->old)
+		rehash_step(ix);
 }

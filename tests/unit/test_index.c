@@ -64,6 +64,66 @@ static void test_index_grows(void **state)
 	free(p);
 }
 
+static void key_i(kvb_key *k, uint32_t i)
+{
+	for (int j = 0; j < 8; j++)
+		k->b[j] = (uint8_t)(i * 2654435761u >> (j * 4));
+	memcpy(k->b + 8, &i, sizeof(i));
+}
+
+/*
+ * [rehash] The doubling moves a few buckets per insert and remove: right after it starts most
+ * entries are still in the old array, and every one is found, removed and found missing
+ * wherever it is, until the old array is gone.
+ */
+static void test_index_grows_incrementally(void **state)
+{
+	enum { N = 6000 };
+	struct page *p = calloc(N, sizeof(*p));
+	struct index ix;
+	uint32_t i, grew = 0;
+
+	(void)state;
+	assert_non_null(p);
+	assert_int_equal(index_init(&ix, 1), 0);
+	for (i = 0; i < N; i++) {
+		key_i(&p[i].key, i);
+		p[i].ns = i % 3;
+		index_insert(&ix, &p[i].ixn);
+		if (ix.old && !grew) {
+			grew = i;
+			assert_int_equal(ix.moved, 0);
+			assert_int_equal(ix.mask + 1, 2 * (ix.old_mask + 1));
+		} else if (grew && i == grew + 1) {
+			/* One insert's step: a few buckets, not the whole array. */
+			assert_true(ix.moved > 0 && ix.moved <= 64);
+		}
+		if (grew && i == grew + 10)
+			break;
+	}
+	assert_true(grew > 0);
+	assert_non_null(ix.old); /* mid-way */
+	for (uint32_t j = 0; j <= i; j++)
+		assert_ptr_equal(index_find(&ix, j % 3, &p[j].key), &p[j].ixn);
+	/* Removes from both arrays, each a step too. */
+	for (uint32_t j = 0; j <= i; j += 3)
+		index_remove(&ix, &p[j].ixn);
+	for (uint32_t j = 0; j <= i; j++)
+		assert_ptr_equal(index_find(&ix, j % 3, &p[j].key), j % 3 ? &p[j].ixn : NULL);
+	for (i++; i < N && ix.old; i++) {
+		key_i(&p[i].key, i);
+		p[i].ns = i % 3;
+		index_insert(&ix, &p[i].ixn);
+	}
+	assert_null(ix.old); /* moved over, the old array freed */
+	assert_int_equal(ix.moved, ix.old_mask + 1);
+	for (uint32_t j = 0; j < i; j++)
+		assert_ptr_equal(index_find(&ix, j % 3, &p[j].key),
+				 j % 3 || j > grew + 10 ? &p[j].ixn : NULL);
+	index_fini(&ix);
+	free(p);
+}
+
 /* Regression (hash flooding): keys that agree in 24 of 32 bytes must still spread out. */
 static void test_index_hash_uses_every_byte(void **state)
 {
@@ -91,6 +151,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_index_collisions_and_remove),
 		cmocka_unit_test(test_index_grows),
+		cmocka_unit_test(test_index_grows_incrementally),
 		cmocka_unit_test(test_index_hash_uses_every_byte),
 	};
 
