@@ -11,7 +11,8 @@
  *      (size the pool or the --numa list so), then 2 MiB;
  *   2. THP for shared memory: a tmpfs memfd advised MADV_HUGEPAGE, when shmem_enabled is
  *      always, within_size, advise or force;
- *   3. 4 KiB pages.
+ *   3. 4 KiB pages; with --hugepages collapse, made into 2 MiB ones at start-up (pool.c
+ *      [collapse]).
  * The choice per arena goes to the log and the stats. Start-up thread only.
  */
 #include <errno.h>
@@ -30,6 +31,8 @@ int hugepage_parse(const char *s)
 		return HP_MODE_1G;
 	if (!strcmp(s, "off"))
 		return HP_MODE_OFF;
+	if (!strcmp(s, "collapse"))
+		return HP_MODE_COLLAPSE;
 	return -EINVAL;
 }
 
@@ -100,7 +103,7 @@ int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *si
 	const uint64_t order[2] = {HP_1G, HP_2M};
 	int n = 0;
 
-	if (mode == HP_MODE_OFF)
+	if (mode == HP_MODE_OFF || mode == HP_MODE_COLLAPSE)
 		return 0;
 	for (int i = 0; i < 2; i++) {
 		uint64_t ps = order[i];

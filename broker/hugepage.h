@@ -12,7 +12,11 @@
 #define HP_2M (2ull << 20)
 #define HP_1G (1ull << 30)
 
-enum hp_mode { HP_MODE_AUTO = 0, HP_MODE_2M, HP_MODE_1G, HP_MODE_OFF };
+/*
+ * HP_MODE_COLLAPSE: no hugetlb; transparent huge pages made at start-up with MADV_COLLAPSE
+ * (Linux 6.1), which shmem_enabled=never does not forbid ([collapse], pool.c).
+ */
+enum hp_mode { HP_MODE_AUTO = 0, HP_MODE_2M, HP_MODE_1G, HP_MODE_OFF, HP_MODE_COLLAPSE };
 
 /* How an arena is backed. */
 enum hp_backing {
@@ -21,7 +25,7 @@ enum hp_backing {
 	HP_BACK_HUGETLB,   /* MFD_HUGETLB memfd of page_size pages */
 };
 
-/* "auto", "2M", "1G", "off" -> enum hp_mode; -EINVAL otherwise. */
+/* "auto", "2M", "1G", "off", "collapse" -> enum hp_mode; -EINVAL otherwise. */
 int hugepage_parse(const char *s);
 
 /*

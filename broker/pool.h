@@ -30,6 +30,7 @@ struct pool_arena {
 	uint64_t size;	    /* bytes, a multiple of page_size */
 	uint64_t page_size; /* 4096, HP_2M or HP_1G */
 	int backing;	    /* enum hp_backing */
+	int collapse;	    /* [collapse] 4 KiB pages to make into 2 MiB ones at the prefault */
 	char name[96];	    /* memfd name, shown in /proc/<pid>/maps as /memfd:<name> */
 	uint32_t part;	    /* tenant partition it belongs to [tenant-part] */
 	uint64_t unit0;	    /* [pagehdr] side-table unit of its byte 0 (4 KiB units, in order) */
