@@ -176,8 +176,8 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 		p->told_pages = 1;
 		log_info(
 			"pool: %s: 4 KiB pages (no free hugetlb pages, THP for shared memory off): "
-			"reads out of the pool map run slower; see docs/operations.md, \"Huge "
-			"pages\"",
+			"reads out of the pool map run slower; reserve hugetlb pages or start with "
+			"--hugepages collapse (docs/operations.md, \"Huge pages\")",
 			a->name);
 	}
 	want = mode == HP_MODE_1G ? HP_1G : mode == HP_MODE_2M ? HP_2M : 0;
