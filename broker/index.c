@@ -37,19 +37,9 @@ void index_fini(struct index *ix)
 	ix->buckets = ix->old = NULL;
 }
 
-/* [rehash] The bucket that holds (ns, key) now: the old array's until that bucket moved. */
-static struct ixnode **bucket_of(const struct index *ix, uint32_t ns, const kvb_key *key)
-{
-	uint64_t h = index_hash(ix, ns, key);
-
-	if (ix->old && (h & ix->old_mask) >= ix->moved)
-		return &ix->old[h & ix->old_mask];
-	return &ix->buckets[h & ix->mask];
-}
-
 struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
-	struct ixnode *n = *bucket_of(ix, ns, key);
+	struct ixnode *n = *index_bucket(ix, ns, key);
 
 	for (; n; n = n->next)
 		if (n->ns == ns && !memcmp(n->key.b, key->b, sizeof(key->b)))
@@ -112,7 +102,7 @@ void index_insert(struct index *ix, struct ixnode *n)
 		rehash_step(ix);
 	else if (ix->count >= 2 * (ix->mask + 1))
 		index_grow(ix);
-	b = bucket_of(ix, n->ns, &n->key);
+	b = index_bucket(ix, n->ns, &n->key);
 	n->next = *b;
 	*b = n;
 	ix->count++;
@@ -120,7 +110,7 @@ void index_insert(struct index *ix, struct ixnode *n)
 
 void index_remove(struct index *ix, struct ixnode *n)
 {
-	struct ixnode **pp = bucket_of(ix, n->ns, &n->key);
+	struct ixnode **pp = index_bucket(ix, n->ns, &n->key);
 
 	for (; *pp; pp = &(*pp)->next) {
 		if (*pp == n) {

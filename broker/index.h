@@ -64,14 +64,20 @@ static inline uint64_t index_hash(const struct index *ix, uint32_t ns, const kvb
 
 struct ixnode *index_find(const struct index *ix, uint32_t ns, const kvb_key *key);
 
-/* Asks for the bucket head of (ns, key) ahead of an index_find() or index_remove() there. */
-static inline void index_prefetch(const struct index *ix, uint32_t ns, const kvb_key *key)
+/* [rehash] The bucket that holds (ns, key) now: the old array's until that bucket moved. */
+static inline struct ixnode **index_bucket(const struct index *ix, uint32_t ns, const kvb_key *key)
 {
 	uint64_t h = index_hash(ix, ns, key);
 
-	__builtin_prefetch(&ix->buckets[h & ix->mask], 1);
 	if (ix->old && (h & ix->old_mask) >= ix->moved)
-		__builtin_prefetch(&ix->old[h & ix->old_mask], 1);
+		return &ix->old[h & ix->old_mask];
+	return &ix->buckets[h & ix->mask];
+}
+
+/* Asks for the bucket head of (ns, key) ahead of an index_find() or index_remove() there. */
+static inline void index_prefetch(const struct index *ix, uint32_t ns, const kvb_key *key)
+{
+	__builtin_prefetch(index_bucket(ix, ns, key), 1);
 }
 /* Inserts; the caller has checked that (ns, key) is absent. Never fails (growth is best effort). */
 void index_insert(struct index *ix, struct ixnode *n);

@@ -326,10 +326,9 @@ struct prefault_job {
  */
 static void collapse(struct prefault_job *j)
 {
-	uint8_t *b = (uint8_t *)(((uintptr_t)j->base + HP_2M - 1) & ~(uintptr_t)(HP_2M - 1));
-
-	for (; b + HP_2M <= j->base + j->len; b += HP_2M) {
-		if (madvise(b, HP_2M, MADV_COLLAPSE) == 0)
+	/* A job's share starts and ends on 2 MiB (map_aligned, pool_prefault's unit). */
+	for (uint64_t off = 0; off < j->len; off += HP_2M) {
+		if (madvise(j->base + off, HP_2M, MADV_COLLAPSE) == 0)
 			continue;
 		if (!j->refused++)
 			j->refused_errno = errno;
