@@ -74,10 +74,13 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvbdp.XXXXXX")
 pids=""
 hp=/proc/sys/vm/nr_hugepages
 hp0=""
+shm=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+shm0=""
 cleanup() {
 	for p in $pids; do kill "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	[ -z "$hp0" ] || echo "$hp0" >"$hp"
+	[ -z "$shm0" ] || echo "$shm0" >"$shm"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -102,6 +105,13 @@ if [ "$HUGE" != 0 ]; then
 	fi
 fi
 [ "$HUGE" = 0 ] || { HUGE=1; BARGS="--hugepages 2M"; }
+# The registered buffers' side of a copy on 2 MiB pages too, as docs/operations.md "Huge pages"
+# has a broker host set it (kvb_buf_alloc_host advises them): on 4 KiB pages what each run's
+# buffers draw moves a copy by up to 20% (kvbbench's own buffers: tools/kvbbench/util.c).
+if [ "$HUGE" = 1 ] && [ -w "$shm" ] && grep -q '\[never\]' "$shm"; then
+	shm0=never
+	echo advise >"$shm" 2>/dev/null || shm0=""
+fi
 
 # start NAME [CPU [HUGEPAGES]]: a broker on $tmp/NAME.sock (on CPU alone, when not empty;
 # --hugepages HUGEPAGES, else as BARGS says), returned once it answers a NOP.
@@ -181,9 +191,12 @@ page_rows() {
 	# destination: their streaming stores leave it cold for the memcpy after them.
 	[ "$1" = 64K ] || return 0
 	for d in rotate hot; do
-		for m in get get-user acquire-copy; do
-			run "$t$1 $d pair $m" "$K" --socket "$tmp/$2.sock" --page 64K --ws "$WS" \
-				--dst $d --seconds "$SECS" --pair $m
+		for m in memcpy get get-user acquire-copy; do
+			s=""
+			[ $m = memcpy ] || s="--socket $tmp/$2.sock"
+			# shellcheck disable=SC2086
+			run "$t$1 $d pair $m" "$K" $s --page 64K --ws "$WS" --dst $d \
+				--seconds "$SECS" --pair $m
 		done
 	done
 	for m in put put-user; do
@@ -239,11 +252,12 @@ done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
 
+thp() { sed 's/.*\[\(.*\)\].*/\1/' "/sys/kernel/mm/transparent_hugepage/$1" 2>/dev/null || echo none; }
 python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" "$pages" \
-	"$pages4" <<'PY'
+	"$pages4" "$(thp shmem_enabled)" "$(thp enabled)" <<'PY'
 import json, statistics, sys
 
-res, load0, load1, secs, reps, dur, tpreps, ncpu, pages, pages4 = sys.argv[1:]
+res, load0, load1, secs, reps, dur, tpreps, ncpu, pages, pages4, shmem, anon = sys.argv[1:]
 rows, fails = {}, []
 for line in open(res):
     d = json.loads(line)
@@ -305,17 +319,17 @@ def copy_table(tag, page_list):
 
 def pair_table(tag):
     pair = lambda r: r["pair_ratio"]
-    print("| page | destination | paired memcpy GB/s | GET | get-user | ACQUIRE | PUT | PUT plain "
-          "| target | verdict |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print("| page | destination | paired memcpy GB/s | memcpy itself | GET | get-user | ACQUIRE "
+          "| PUT | PUT plain | target | verdict |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     for d in ("rotate", "hot"):
         r = {m: med("%s64K %s pair %s" % (tag, d, m), pair)
              for m in ("get", "get-user", "acquire-copy", "put", "put-user")}
         ok = copy_ok(d, r)
-        print("| 64 KiB | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        print("| 64 KiB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             "rotating" if d == "rotate" else "one reused (hot)",
             fx(med("%s64K %s pair get-user" % (tag, d), lambda x: x["pair_memcpy_gb_per_s"])),
-            fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]),
+            fx(med("%s64K %s pair memcpy" % (tag, d), pair)), fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]),
             fx(r["put"]) if d == "rotate" else "", fx(r["put-user"]) if d == "rotate" else "",
             target(d), "-" if ok is None else "met" if ok else "**MISSED**"))
 
@@ -323,10 +337,11 @@ def pair_table(tag):
 names = {"64K": "64 KiB", "1M": "1 MiB", "kimi": "Kimi 4.29 MiB"}
 print("Command: `sh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
       "interleaved, medians; TP=8 %s repetitions. %s CPUs; load average %s before, %s after; "
-      "%s s in all. The brokers' pools on %s%s.\n"
+      "%s s in all. The brokers' pools on %s%s; THP for shared memory (registered "
+      "buffers) `%s`, for kvbbench's own buffers `%s`.\n"
       % (reps, dur, tpreps, ncpu, load0, load1, secs, pages,
          "" if pages4 else " (no huge pages could be reserved: the verdicts below are not on "
-         "the pool a broker host should have, docs/operations.md \"Huge pages\")"))
+         "the pool a broker host should have, docs/operations.md \"Huge pages\")", shmem, anon))
 copy_table("", ("64K", "1M", "kimi"))
 print("\nRatios are x memcpy with the same destinations; above 1 they come from the streaming "
       "stores of `kvb_copy` (from 256 KiB) against glibc's memcpy. ACQUIRE is `kvb_acquire`, "
@@ -335,7 +350,9 @@ print("\nRatios are x memcpy with the same destinations; above 1 they come from 
       "itself gets, and is not in the verdict.\n")
 print("64 KiB pages again, each op paired with memcpy's copy of a page right after it in the "
       "same process (`kvbbench --pair`: the memcpys' time over the ops'), so that both see "
-      "the same machine, which from one process or one second to the next they do not:\n")
+      "the same machine, which from one process or one second to the next they do not. "
+      "\"memcpy itself\" is memcpy paired with memcpy (its own buffers): the method's own "
+      "error, 1.00 where it has none:\n")
 pair_table("")
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kvbbench.h"
@@ -229,8 +230,16 @@ void *kvbb_alloc_touched(size_t len)
 {
 	void *p = NULL;
 
-	if (posix_memalign(&p, 4096, len))
+	/*
+	 * On 2 MiB pages where the kernel gives them (THP "madvise" or "always"): on 4 KiB ones
+	 * the same memcpy ran 0.84 to 1.20 times as fast as itself into a second buffer of the
+	 * same process (`--pair memcpy`, one VM, six runs), whatever physical pages each drew;
+	 * on THP 0.997 to 1.011, and 10-20% faster. The registered buffers (client/buf.c) and a
+	 * broker's pool are advised the same.
+	 */
+	if (posix_memalign(&p, len >= (2u << 20) ? 2u << 20 : 4096, len))
 		return NULL;
+	(void)madvise(p, len, MADV_HUGEPAGE); /* EINVAL where THP is compiled out */
 	memset(p, 0x5a, len); /* fault every page in before timing */
 	return p;
 }
