@@ -240,7 +240,7 @@ void *kvbb_alloc_touched(size_t len)
 	if (posix_memalign(&p, len >= (2u << 20) ? 2u << 20 : 4096, len))
 		return NULL;
 	(void)madvise(p, len, MADV_HUGEPAGE); /* EINVAL where THP is compiled out */
-	memset(p, 0x5a, len); /* fault every page in before timing */
+	memset(p, 0x5a, len);		      /* fault every page in before timing */
 	return p;
 }
 
