@@ -27,8 +27,10 @@ static uint32_t broker_poll(void *arg)
 	work += ops_poll(b);
 	work += session_poll_all(b);
 	work += tier_poll(b);
-	if (!work)
+	if (!work) {
+		store_evict_ahead(&b->store);	   /* [evict-ahead] */
 		store_prefetch_victims(&b->store); /* [evict-prefetch] */
+	}
 	return work;
 }
 

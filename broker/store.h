@@ -102,6 +102,7 @@ struct store_part {
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 	uint64_t pages, evictions;
 	const struct page *warmed; /* [evict-prefetch] the coldest page last prefetched */
+	int ahead_cls;		   /* [evict-ahead] class + 1 of the last PUT that evicted, or 0 */
 };
 
 struct store_stats {
@@ -271,6 +272,8 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max);
  * bucket and directory bucket): for the loop while it waits for work.
  */
 void store_prefetch_victims(struct store *s);
+/* [evict-ahead] While idle: one free slot for the next PUT of a full partition. */
+void store_evict_ahead(struct store *s);
 
 /*
  * The disk tier finished writing a page it took from evict(). ok: the copy on disk is complete;

@@ -564,6 +564,51 @@ static void test_chain_prefetch_warms_the_leaf(void **state)
 	assert_false(stored(&f->st, 1, 2));
 }
 
+/*
+ * [evict-ahead] Once a PUT had to evict, the idle loop frees the next slot: the page LRU order
+ * would take next, and only that one, so the next PUT evicts nothing itself. Not in a pool of
+ * fewer than 1,024 pages, and not while a free slot waits.
+ */
+static void test_evict_ahead(void **state)
+{
+	struct fx *f = *state;
+	int small = store_class_get(&f->st, 4096), big = store_class_get(&f->st, 64 * 1024);
+
+	/* 128 pages of 64 KiB fill the pool: too few to keep one free. */
+	for (uint32_t i = 0; i < 129; i++)
+		assert_non_null(put(&f->st, big, 1, i));
+	assert_int_equal(f->st.st.evictions, 1);
+	store_evict_ahead(&f->st);
+	assert_int_equal(f->st.st.evictions, 1);
+	assert_true(stored(&f->st, 1, 1));
+	for (uint32_t i = 1; i < 129; i++) {
+		kvb_key k = key_of(i);
+
+		store_drop(&f->st, store_find(&f->st, 1, &k));
+	}
+	/* 2,048 of 4 KiB: nothing goes ahead before a PUT evicted. */
+	for (uint32_t i = 0; i < 2048; i++)
+		assert_non_null(put(&f->st, small, 2, i));
+	store_evict_ahead(&f->st);
+	assert_int_equal(f->st.st.evictions, 1);
+	assert_non_null(put(&f->st, small, 2, 10000)); /* evicts 0 */
+	assert_int_equal(f->st.st.evictions, 2);
+	assert_false(stored(&f->st, 2, 0));
+	store_evict_ahead(&f->st); /* 1, the next coldest */
+	assert_int_equal(f->st.st.evictions, 3);
+	assert_false(stored(&f->st, 2, 1));
+	assert_true(stored(&f->st, 2, 2));
+	store_evict_ahead(&f->st); /* a slot is free: nothing more */
+	assert_int_equal(f->st.st.evictions, 3);
+	assert_non_null(put(&f->st, small, 2, 10001)); /* takes it */
+	assert_int_equal(f->st.st.evictions, 3);
+	assert_true(stored(&f->st, 2, 2));
+	store_evict_ahead(&f->st);
+	assert_int_equal(f->st.st.evictions, 4);
+	assert_false(stored(&f->st, 2, 2));
+	assert_int_equal(f->st.st.pages, 2047);
+}
+
 /* ... looked for PREFETCH_DEPTH pages deep: past that many parents, nothing is warmed. */
 static void test_chain_prefetch_depth(void **state)
 {
@@ -763,6 +808,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_chain_prefetch_warms_the_leaf, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_chain_prefetch_depth, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_evict_ahead, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_delete_abort_and_reuse, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_never_cycles, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_chain_demotion, setup, teardown),
