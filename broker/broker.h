@@ -255,6 +255,16 @@ struct broker {
 	 */
 	uint32_t copy_yield;
 	int copy_yield_on;
+	/*
+	 * [cqe-first] An inline PUT's commit after its CQE was posted (xfer.c): the page, its
+	 * checksum and namespace; late_ok while session_poll runs an op that may leave one.
+	 */
+	struct {
+		struct page *pg;
+		const struct ns *n;
+		uint32_t crc, has_crc;
+	} late;
+	int late_ok;
 	double start_time;
 	struct {		   /* seconds each start-up phase took (log, stats "startup") */
 		double reserve_s;  /* arenas created, bound, reserved, sealed */
@@ -387,6 +397,12 @@ uint32_t xfer_poll(struct broker *b);
 uint32_t xfer_event(struct broker *b);
 /* The loop is about to sleep: engines with copies in flight must ring their eventfds. */
 void xfer_arm(struct broker *b);
+/*
+ * [cqe-first] Commits the PUT whose CQE went out first, if any: session_poll calls it before
+ * each op it runs and once it posted the CQEs of its batch, so no op, request or thread sees
+ * the page before its commit but the client that wrote it.
+ */
+void xfer_commit_late(struct broker *b);
 /* Engines up (host always, CUDA when asked and present) / down (waits for their jobs). */
 int xfer_init(struct broker *b);
 void xfer_fini(struct broker *b);

@@ -93,6 +93,11 @@ struct copy_job {
 	 */
 	uint32_t crc_fused;
 	uint32_t crc_x;
+	/*
+	 * [cqe-first] An inline job may leave its streaming stores unfenced (crc_copy_unfenced):
+	 * the loop fences them before the page is published (xfer.c). Other runs ignore it.
+	 */
+	uint32_t unfenced;
 	/* The host engine's, while queued: a job split into parts (copy_host.c). */
 	uint64_t part_bytes; /* bytes per part */
 	uint64_t taken;	     /* bytes handed to workers so far */

@@ -313,7 +313,9 @@ static int run_fused(struct copy_job *j)
 	if (!covered)
 		return 0;
 	for (uint32_t i = 0; i < j->nsegs; i++)
-		crc = crc_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len, crc);
+		crc = j->unfenced ? crc_copy_unfenced(j->segs[i].dst, j->segs[i].src,
+						      j->segs[i].len, crc)
+				  : crc_copy(j->segs[i].dst, j->segs[i].src, j->segs[i].len, crc);
 	if (j->crc_len > covered)
 		crc = slot_crc32c_more(crc, (const uint8_t *)j->crc_at + covered,
 				       j->crc_len - covered);

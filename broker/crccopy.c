@@ -90,8 +90,6 @@ __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t fold512(uin
 		x3 = _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x3, k, 0x00),
 					       _mm512_clmulepi64_epi128(x3, k, 0x11), y3, 0x96);
 	}
-	/* Streaming stores are weakly ordered: fenced before anyone is told the page is there. */
-	_mm_sfence();
 	_mm512_storeu_si512(w, x0);
 	_mm512_storeu_si512(w + 8, x1);
 	_mm512_storeu_si512(w + 16, x2);
@@ -141,7 +139,6 @@ __attribute__((target("avx2,vpclmulqdq,sse4.2"))) static uint32_t fold256(uint8_
 						       _mm256_clmulepi64_epi128(x3, k, 0x11)),
 				      y3);
 	}
-	_mm_sfence();
 	_mm256_storeu_si256((__m256i *)w, x0);
 	_mm256_storeu_si256((__m256i *)(w + 4), x1);
 	_mm256_storeu_si256((__m256i *)(w + 8), x2);
@@ -158,7 +155,8 @@ int crc_copy_level(void)
 	return __builtin_cpu_supports("avx2") ? 1 : 0;
 }
 
-uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc)
+/* fence 0: the streaming stores are left for crc_copy_fence() ([cqe-first]). */
+static uint32_t copy_at(int max, int fence, void *dst, const void *src, size_t n, uint32_t crc)
 {
 	uint8_t *d = dst;
 	const uint8_t *s = src;
@@ -179,8 +177,16 @@ uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc
 	body = (n - head) / blk * blk;
 	crc = lvl == 2 ? fold512(d + head, s + head, body, crc)
 		       : fold256(d + head, s + head, body, crc);
+	/* Streaming stores are weakly ordered: fenced before anyone is told the page is there. */
+	if (fence)
+		_mm_sfence();
 	memcpy(d + head + body, s + head + body, n - head - body);
 	return slot_crc32c_more(crc, d + head + body, n - head - body);
+}
+
+void crc_copy_fence(void)
+{
+	_mm_sfence();
 }
 #else
 int crc_copy_level(void)
@@ -188,13 +194,28 @@ int crc_copy_level(void)
 	return 0;
 }
 
-uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc)
+static uint32_t copy_at(int max, int fence, void *dst, const void *src, size_t n, uint32_t crc)
 {
 	(void)max;
+	(void)fence;
 	kvb_copy_nt(dst, src, n);
 	return slot_crc32c_more(crc, src, n);
 }
+
+void crc_copy_fence(void)
+{
+}
 #endif
+
+uint32_t crc_copy_at(int max, void *dst, const void *src, size_t n, uint32_t crc)
+{
+	return copy_at(max, 1, dst, src, n, crc);
+}
+
+uint32_t crc_copy_unfenced(void *dst, const void *src, size_t n, uint32_t crc)
+{
+	return copy_at(2, 0, dst, src, n, crc);
+}
 
 static const unsigned x8pow[KVB_X8POW_N] = KVB_X8POW;
 

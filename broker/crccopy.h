@@ -26,6 +26,13 @@
  */
 uint32_t crc_copy(void *dst, const void *src, size_t n, uint32_t crc);
 
+/*
+ * [cqe-first] crc_copy without the store fence that ends it: the caller calls crc_copy_fence()
+ * before anyone may read the bytes it stored (streaming stores are weakly ordered).
+ */
+uint32_t crc_copy_unfenced(void *dst, const void *src, size_t n, uint32_t crc);
+void crc_copy_fence(void);
+
 /* How crc_copy runs on this CPU: 2 fused with 512-bit vectors, 1 with 256-bit ones, 0 a copy
  * then ISA-L's crc32c of the source. */
 int crc_copy_level(void);

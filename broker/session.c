@@ -762,6 +762,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max, uint32_t *to
 	int64_t avail, space;
 	uint64_t work = 0;
 	uint32_t n, i, posted = 0, ran = 0;
+	int r;
 
 	*told = 0;
 	if (!s->region)
@@ -827,7 +828,11 @@ int session_poll(struct broker *b, struct session *s, uint32_t max, uint32_t *to
 		 */
 		memcpy(&sqe, kvb_ring_cons_slot(&s->sq, i), sizeof(sqe));
 		s->batch_more = i + 1 < (uint32_t)avail;
-		if (ops_submit(b, s, &sqe, &cqe, &w) == OPS_DEFERRED)
+		xfer_commit_late(b); /* [cqe-first] the op before it committed */
+		b->late_ok = 1;
+		r = ops_submit(b, s, &sqe, &cqe, &w);
+		b->late_ok = 0;
+		if (r == OPS_DEFERRED)
 			s->inflight++;
 		else
 			memcpy(kvb_ring_prod_slot(&s->cq, posted++), &cqe, sizeof(cqe));
@@ -841,6 +846,7 @@ int session_poll(struct broker *b, struct session *s, uint32_t max, uint32_t *to
 		kvb_ring_publish(&s->cq, posted);
 		cq_doorbell(s);
 	}
+	xfer_commit_late(b); /* [cqe-first] its CQE is out */
 	/* An impossible CQ head ends the session as promptly as when it was read first. */
 	if (kvb_ring_space(&s->cq) < 0) {
 		b->ctr.protocol_errors++;

@@ -111,6 +111,8 @@ static void src_crc(struct broker *b, struct op *op)
 	op->job.has_crc = 1;
 }
 
+static void commit_later(struct broker *b, struct op *op);
+
 int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 {
 	struct copy_engine *e = op->dev == COPY_HOST ? b->copy : b->gpu;
@@ -136,6 +138,9 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		op->job.crc_at = store_addr(&b->store, op->pg);
 		op->job.crc_len = b->store.cls[op->pg->cls].slot_bytes;
 	}
+	/* [cqe-first] Only where session_poll will commit it (late_ok), into a host slot. */
+	op->job.unfenced = b->late_ok && dir == COPY_TO_POOL && op->dev == COPY_HOST && !op->segs &&
+			   !op->s->nfdbufs && op->pg;
 	/* KVB_BUF_FDCOPY buffers: each segment's file side, kept with the op (fdcopy.c). */
 	if (op->dev == COPY_HOST && op->s->nfdbufs) {
 		op->fds = malloc((size_t)op->job.nsegs * sizeof(*op->fds));
@@ -171,9 +176,46 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		src_crc(b, op);
 		/* Fair rounds: a copy on the loop thread is work of this turn (ops.h). */
 		op->work += op->job.bytes / OPS_WORK_BYTES;
+		if (op->job.unfenced && !op->job.res) {
+			commit_later(b, op);
+			return OPS_DONE;
+		}
 	}
 	xfer_finish(b, op);
 	return OPS_DONE;
+}
+
+/*
+ * [cqe-first] A 64 KiB PUT's copy ends with a store fence that waits for its streaming stores
+ * to reach memory (about 600 cycles here), then the commit: the slot's header, the directory
+ * entry. Its client needs neither: only to know that its source was read, which every load of
+ * the copy, retired before the CQE's store, says. Readers of the page do need both, and every
+ * reader finds the page through the directory or an op of ours, which session_poll runs only
+ * after xfer_commit_late. So an inline PUT into a host slot from session_poll posts its CQE
+ * first: the client's next op is on its way while we fence and commit.
+ */
+static void commit_later(struct broker *b, struct op *op)
+{
+	xfer_commit_late(b); /* one at a time: none is pending here (session_poll) */
+	b->late.pg = op->pg;
+	b->late.n = op->n;
+	b->late.crc = op->job.crc;
+	b->late.has_crc = op->job.has_crc;
+	op->pg = NULL;
+	op->bytes_in = op->n->page_bytes;
+	op->cqe.res = 0;
+}
+
+void xfer_commit_late(struct broker *b)
+{
+	struct page *pg = b->late.pg;
+
+	if (!pg)
+		return;
+	b->late.pg = NULL;
+	crc_copy_fence();
+	store_commit_crc(&b->store, pg, b->late.has_crc ? &b->late.crc : NULL);
+	remote_on_put(b, b->late.n, pg);
 }
 
 /*
