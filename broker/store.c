@@ -804,8 +804,8 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	if (err)
 		return err;
 	pg = slot_take(s, ci, part, pref);
-	/* [evict-ahead] Full: the idle loop frees this class's next slot, where that is a slot in
-	 * AHEAD_MIN_PAGES or fewer. */
+	/* [evict-ahead] Full: from now on the idle loop frees this class's next slot ahead
+	 * (partitions of AHEAD_MIN_PAGES pages or more). */
 	if (!pg && s->part[part].pages >= AHEAD_MIN_PAGES)
 		s->part[part].ahead_cls = ci + 1;
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
@@ -993,8 +993,9 @@ static int slot_ready(const struct store *s, int ci, uint32_t part)
 
 /*
  * [evict-ahead] A PUT into a full partition takes its slot by evicting the coldest page first:
- * a failed slot_take, the victim's directory entry, index chain, header and slab (800-1,000
- * cycles of a 64 KiB PUT's 12,000 on the loop, docs/benchmarks.md). The loop is idle between
+ * a failed slot_take, the victim's directory entry, index chain, header and slab (a 64 KiB
+ * PUT's slot took 1,200-1,400 cycles on the loop that way, 450-600 found free,
+ * docs/benchmarks.md). The loop is idle between
  * a client's PUTs anyway, so it evicts that page there and the next PUT finds its slot free.
  * Only the page LRU order would evict next, of the class a PUT last had to evict for, one at
  * a time; only where the partition holds AHEAD_MIN_PAGES or more, so that the slot kept free

@@ -187,7 +187,7 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 
 /*
  * [cqe-first] A 64 KiB PUT's copy ends with a store fence that waits for its streaming stores
- * to reach memory (about 600 cycles here), then the commit: the slot's header, the directory
+ * to reach memory (400-600 cycles of a 64 KiB PUT here), then the commit: the slot's header, the directory
  * entry. Its client needs neither: only to know that its source was read, which every load of
  * the copy, retired before the CQE's store, says. Readers of the page do need both, and every
  * reader finds the page through the directory or an op of ours, which session_poll runs only

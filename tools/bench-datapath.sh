@@ -203,6 +203,11 @@ page_rows() {
 		run "$t$1 rotate pair $m" "$K" --socket "$tmp/$3.sock" --page 64K --ws "$WS" \
 			--seconds "$SECS" --pair $m
 	done
+	# A PUT's copy without the broker (streaming stores), alone and paired: its bound.
+	[ -z "$t" ] || return 0
+	run "$t$1 rotate memcpy-stream" "$K" --page 64K --ws "$WS" --seconds "$SECS" memcpy-stream
+	run "$t$1 rotate pair memcpy-stream" "$K" --page 64K --ws "$WS" --seconds "$SECS" --pair \
+		memcpy-stream
 }
 
 for r in $(seq "$REPS"); do
@@ -354,6 +359,11 @@ print("64 KiB pages again, each op paired with memcpy's copy of a page right aft
       "\"memcpy itself\" is memcpy paired with memcpy (its own buffers): the method's own "
       "error, 1.00 where it has none:\n")
 pair_table("")
+print("\nA PUT's copy without the broker, with its streaming stores (`kvbbench memcpy-stream`): "
+      "%s x memcpy alone, %s paired: what the pairing takes from an op that stores as a PUT does "
+      "is the difference (it leaves no dirty lines for the memcpy after it to write back).\n" % (
+          fx(ratio(med("64K rotate memcpy-stream"), med("64K rotate memcpy"))),
+          fx(med("64K rotate pair memcpy-stream", lambda r: r["pair_ratio"]))))
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "
           "are on %s, as on a host without reserved huge pages (`--hugepages off`): each copy "

@@ -291,7 +291,7 @@ static void usage(FILE *f)
 		"destination\n"
 		"                    larger than the LLC (rotate, default) or in one reused page "
 		"(hot)\n"
-		"  --pair            get, get-user, acquire(-copy), put, put-user, memcpy(-nt):\n"
+		"  --pair            get, get-user, acquire(-copy), put, put-user, memcpy(-*):\n"
 		"                    each op followed by memcpy mode's copy of a page, timed\n"
 		"                    apart: pair_ratio is the op's throughput over memcpy's,\n"
 		"                    measured op by op (memcpy --pair: the method's own error)\n"
@@ -695,11 +695,12 @@ static int parse_args(int argc, char **argv)
 		return -1;
 	/* --pair: one page per op, as the memcpy it is paired with, timed back to back. */
 	snprintf(word, sizeof(word), " %s ", cfg.mode->name);
-	if (cfg.pair &&
-	    (!strstr(" get get-user acquire acquire-copy put put-user memcpy memcpy-nt ", word) ||
-	     cfg.qd > 1 || cfg.rate > 0)) {
+	if (cfg.pair && (!strstr(" get get-user acquire acquire-copy put put-user memcpy memcpy-nt "
+				 "memcpy-stream ",
+				 word) ||
+			 cfg.qd > 1 || cfg.rate > 0)) {
 		fprintf(stderr, "kvbbench: --pair is for get, get-user, acquire(-copy), put, "
-				"put-user and memcpy(-nt), without --qd or --rate\n");
+				"put-user and memcpy(-*), without --qd or --rate\n");
 		return -1;
 	}
 	if (!strcmp(cfg.mode->name, "mla-tp") && !page_given)

@@ -583,6 +583,19 @@ static int64_t op_memcpy_nt(struct kvbb_w *w, uint64_t i)
 	return (int64_t)pb;
 }
 
+/*
+ * memcpy-stream: streaming stores at every size (kvb_copy_nt), as the broker writes a PUT into
+ * the pool: the bound of a PUT, and, paired, how --pair treats an op that leaves no dirty lines
+ * for the memcpy after it to write back (docs/benchmarks.md, verdict run 29).
+ */
+static int64_t op_memcpy_stream(struct kvbb_w *w, uint64_t i)
+{
+	size_t pb = w->cfg->page_bytes;
+
+	kvb_copy_nt(dst_of(w, i), w->src + ((i + w->slots / 2) % w->slots) * pb, pb);
+	return (int64_t)pb;
+}
+
 /* mix: draws the kind of each op from the --mix weights. */
 static int64_t op_mix(struct kvbb_w *w, uint64_t i)
 {
@@ -1225,6 +1238,8 @@ const struct kvbb_mode kvbb_broker_modes[] = {
 	 setup_memcpy, op_memcpy, teardown, NULL, 0},
 	{"memcpy-nt", "memcpy as the data path copies (kvb_copy: streaming stores >= 256 KiB)",
 	 MF_DATA, NULL, setup_memcpy, op_memcpy_nt, teardown, NULL, 0},
+	{"memcpy-stream", "memcpy with streaming stores at every size, as a PUT into the pool",
+	 MF_DATA, NULL, setup_memcpy, op_memcpy_stream, teardown, NULL, 0},
 	{"nop", "kvb_nop round trip through the rings", MF_BROKER, prep_probe, setup_nop, op_nop,
 	 teardown, NULL, 1000},
 	{"put", "kvb_put of new keys from a registered host buffer", MF_BROKER | MF_DATA,
