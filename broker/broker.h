@@ -176,7 +176,9 @@ struct session {
 	uint32_t hz_npins;
 	uint64_t hz_bytes[KVB_HZ_ENTRIES];   /* page bytes of each lease it told us of */
 	uint64_t hz_gone[KVB_HZ_ENTRIES];    /* a lease id released before its ACQUIRE was read */
-	uint32_t hz_max;		     /* entries we let it use (KVB_HZ_MAX) */
+	uint32_t hz_max;		     /* its table's entries (KVB_HZ_MAX at most) */
+	kvb_atomic_u32 *hz_allow;	     /* KVB_HZ_MAX: entries it may still use */
+	kvb_atomic_u64 *hz_budget;	     /* KVB_HZ_BUDGET: bytes it may still hold so */
 	uint32_t hz_leases;		     /* leases it holds under its table, as told */
 	uint64_t hz_held;		     /* their page bytes (the lease limits count them) */
 	kvb_atomic_u32 *loop_cpu, *spin_cpu; /* spinning hints (wire.h): ours, the client's */
@@ -329,6 +331,11 @@ void session_hz_withdrawn(void *arg, struct page *pg);
  */
 void session_hz_told(struct broker *b, struct session *s, uint64_t id, struct page *pg,
 		     uint64_t bytes);
+/*
+ * [hazard] Rewrites what s may still lease under its own table (KVB_HZ_MAX, KVB_HZ_BUDGET):
+ * the limits less the leases it holds through us. ops.c calls it as those come and go.
+ */
+void session_hz_allow(struct broker *b, struct session *s);
 /* rounds.c: one turn of every session; returns ops run. */
 uint32_t session_poll_all(struct broker *b);
 /*

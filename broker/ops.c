@@ -744,6 +744,7 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 	s->lease_bytes += bytes;
 	b->leased_bytes[s->part] += bytes;
 	b->leases++;
+	session_hz_allow(b, s);
 	return 0;
 }
 
@@ -763,6 +764,7 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 				b->leased_bytes[s->part] -= b->store.cls[pg->cls].slot_bytes;
 			}
 			b->leases--;
+			session_hz_allow(b, s);
 			return 0;
 		}
 	}

@@ -96,7 +96,6 @@ void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64
 			 const struct kvb_region_hdr *h)
 {
 	uint8_t *notes = r + kvb_region_notes_off(h);
-	uint64_t budget = ops_lease_limit(b, s->part);
 	uint32_t hz_max = b->cfg.max_leases < KVB_HZ_ENTRIES ? b->cfg.max_leases : KVB_HZ_ENTRIES;
 
 	s->region = r;
@@ -122,13 +121,36 @@ void session_region_init(struct broker *b, struct session *s, uint8_t *r, uint64
 	} else {
 		((struct kvb_region_hdr *)(void *)r)->features &= ~KVB_FEAT_HAZARDS;
 	}
-	/* The region is ours alone yet: plain stores, read by the client after HELLO. */
-	memcpy(notes + KVB_HZ_BUDGET, &budget, sizeof(budget));
-	memcpy(notes + KVB_HZ_MAX, &hz_max, sizeof(hz_max));
+	s->hz_allow = (kvb_atomic_u32 *)(notes + KVB_HZ_MAX);
+	s->hz_budget = (kvb_atomic_u64 *)(void *)(notes + KVB_HZ_BUDGET);
+	session_hz_allow(b, s);
 	s->loop_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_BROKER_CPU);
 	s->spin_cpu = (kvb_atomic_u32 *)(r + KVB_REGION_CLIENT_CPU);
 	s->fill = (kvb_atomic_u32 *)(r + KVB_REGION_FILL);
 	s->fill_stop = (kvb_atomic_u32 *)(r + KVB_REGION_FILL_STOP);
+}
+
+/*
+ * [hazard] The limits hold for both kinds of lease together: a client's leases through us
+ * shrink what it may take under its own table. The words were written once, and a client that
+ * held 32 leases of ours could still take 32 more under its table (--max-leases 32: twice the
+ * limit); t_rel_overload's 33rd lease got through when its first took our path (the page not
+ * in the directory yet, [cqe-first]). A lease of ours granted while the client reads the words
+ * can still slip past by the leases in flight, as before.
+ */
+void session_hz_allow(struct broker *b, struct session *s)
+{
+	uint64_t limit = ops_lease_limit(b, s->part), budget = limit;
+	uint32_t left = b->cfg.max_leases > s->nleases ? b->cfg.max_leases - s->nleases : 0;
+
+	if (!s->hz_allow)
+		return;
+	if (left > KVB_HZ_ENTRIES)
+		left = KVB_HZ_ENTRIES;
+	if (limit) /* 0 would be "no limit": 1 byte left is none */
+		budget = limit > s->lease_bytes + 1 ? limit - s->lease_bytes : 1;
+	kvb_store_relaxed(s->hz_allow, left);
+	kvb_store64_relaxed(s->hz_budget, budget);
 }
 
 /*

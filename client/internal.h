@@ -176,12 +176,14 @@ struct kvb_client {
 	/* [hazard] Our hazard table (wire.h) in the ring region, NULL none (ring.c sets it). */
 	kvb_atomic_u32 *hz_count;
 	kvb_atomic_u64 *hz;
-	uint32_t hz_used;   /* bit i: entry i holds a lease of ours */
-	uint32_t hz_n;	    /* entries in use: what we publish in hz_count */
-	uint32_t hz_seq;    /* numbers the leases, so a stale id never matches a new one */
-	uint64_t hz_budget; /* page bytes the broker lets us hold so (wire.h), 0 no limit */
-	uint32_t hz_max;    /* entries it lets us use */
-	uint64_t hz_held;   /* page bytes we hold so */
+	uint32_t hz_used; /* bit i: entry i holds a lease of ours */
+	uint32_t hz_n;	  /* entries in use: what we publish in hz_count */
+	uint32_t hz_seq;  /* numbers the leases, so a stale id never matches a new one */
+	/* What the broker lets us still hold so (wire.h), as it rewrites it: page bytes (0 no
+	 * limit) and entries. */
+	const kvb_atomic_u64 *hz_budget;
+	const kvb_atomic_u32 *hz_max;
+	uint64_t hz_held; /* page bytes we hold so */
 	uint64_t hz_id[KVB_HZ_ENTRIES];
 	uint64_t hz_len[KVB_HZ_ENTRIES];
 

@@ -653,13 +653,17 @@ static int hz_acquire(struct kvb_client *c, const struct kvbc_ns *n, uint32_t ns
 {
 	const struct kvb_dir_ent *e;
 	struct kvb_sqe sqe;
-	uint32_t seq, len, i;
-	uint64_t loc;
+	uint32_t seq, len, i, max;
+	uint64_t loc, budget;
 
-	/* Within what the broker lets such leases of ours hold (KVB_HZ_MAX, KVB_HZ_BUDGET). */
-	if (!c->hz || !kvbc_dir_readable(c) ||
-	    (uint32_t)__builtin_popcount(c->hz_used) >= c->hz_max ||
-	    (c->hz_budget && c->hz_held + n->page_bytes > c->hz_budget))
+	if (!c->hz || !kvbc_dir_readable(c))
+		return 0;
+	/* Within what the broker lets such leases of ours hold now (KVB_HZ_MAX, KVB_HZ_BUDGET). */
+	max = kvb_load_relaxed(c->hz_max);
+	budget = kvb_load64_relaxed(c->hz_budget);
+	if ((uint32_t)__builtin_popcount(c->hz_used) >=
+		    (max < KVB_HZ_ENTRIES ? max : KVB_HZ_ENTRIES) ||
+	    (budget && c->hz_held + n->page_bytes > budget))
 		return 0;
 	e = kvb_dir_find(c->dir, c->dir_nbuckets, c->dir_epoch, n->bid, key, &seq, &loc, &len);
 	if (!e || len < n->page_bytes || kvbc_lease_map(c, loc, n->page_bytes, data))

@@ -127,12 +127,10 @@ int kvbc_ring_setup(struct kvb_client *c)
 
 		c->hz_count = (kvb_atomic_u32 *)(void *)(hz + KVB_HZ_COUNT);
 		c->hz = (kvb_atomic_u64 *)(void *)(hz + KVB_HZ_TABLE);
-		memcpy(&c->hz_budget, (char *)c->region + kvb_region_notes_off(h) + KVB_HZ_BUDGET,
-		       sizeof(c->hz_budget));
-		memcpy(&c->hz_max, (char *)c->region + kvb_region_notes_off(h) + KVB_HZ_MAX,
-		       sizeof(c->hz_max));
-		if (c->hz_max > KVB_HZ_ENTRIES)
-			c->hz_max = KVB_HZ_ENTRIES;
+		c->hz_budget = (const kvb_atomic_u64 *)(const void *)((char *)c->region +
+								      kvb_region_notes_off(h) +
+								      KVB_HZ_BUDGET);
+		c->hz_max = region_word(c, kvb_region_notes_off(h) + KVB_HZ_MAX);
 	}
 	c->hz_held = 0;
 	c->broker_cpu = region_word(c, h->sq_head_off + 8u); /* KVB_REGION_BROKER_CPU */

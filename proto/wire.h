@@ -325,13 +325,15 @@ static_assert(sizeof(struct kvb_msg_stats_page) == 16, "stats page");
 #define KVB_HZ_BYTES (KVB_HZ_TABLE + KVB_HZ_ENTRIES * 8u)
 #define KVB_HZ_LEASE_MIN 0xffffff00u
 /*
- * In a spare word of the note ring's head line (broker, once): the page bytes the session may
- * hold under its hazard table (u64, 0 no limit): its --max-lease-bytes share, which its
- * leases of either kind count against together. The ACQUIRE and RELEASE with KVB_SQEF_HELD
- * carry the library's lease id in off, so the broker can count what each holds.
+ * In a spare word of the note ring's head line (broker): the page bytes the session may still
+ * hold under its hazard table (u64, 0 no limit): its --max-lease-bytes share less its leases
+ * through the broker, rewritten as those come and go (once, before 2026-12-04), so that its
+ * leases of either kind stay within the limits together. The ACQUIRE and RELEASE with
+ * KVB_SQEF_HELD carry the library's lease id in off, so the broker can count what each holds.
  */
 #define KVB_HZ_BUDGET (KVB_NOTES_HEAD + 8u)
-/* And (u32, broker, once) how many entries it may use: --max-leases, at most KVB_HZ_ENTRIES. */
+/* And (u32, broker, likewise) how many entries it may still use: --max-leases less its leases
+ * through the broker, at most KVB_HZ_ENTRIES. */
 #define KVB_HZ_MAX (KVB_NOTES_HEAD + 16u)
 
 struct kvb_region_hdr {

@@ -15,6 +15,7 @@
  *    bounds them (the 17th of 1 MiB in 64 KiB pages is -EDQUOT from the broker); a page deleted
  *    while leased keeps its bytes until the release, and its slot comes back after it; a second
  *    release and an async RELEASE's leftover are -EINVAL; an async RELEASE completes 0.
+ *    With leases of the broker's held, the table takes only what the limits leave.
  * 3. kill -9 of a client whose leased pages were deleted meanwhile: their pins go with it.
  * 4. A hostile table: a raw client names real pages (and garbage) in all 32 entries with a
  *    wrong count; another client's PUTs through the whole pool all succeed, at most those pages
@@ -265,6 +266,50 @@ static void semantics(void)
 	harness_broker_stop(broker);
 }
 
+/*
+ * 2b. The limits hold for both kinds together (--max-leases 8): with 3 leases of the broker's
+ * (async ACQUIREs, which the library never takes under its table), the table takes 5, and the
+ * 9th lease is -EDQUOT. While the broker wrote KVB_HZ_MAX once, the table took 8 more.
+ */
+static void both_kinds(void)
+{
+	struct kvb_completion cq[3];
+	struct kvb_lease l[6];
+	struct kvb_op op[3];
+	uint32_t ns;
+	kvb_client *c;
+	char *json;
+
+	broker = harness_broker_start("--pool", "32M", "--slab", "4M", "--max-leases", "8");
+	c = open_client("both", &ns);
+	put_keys(c, ns, SEED + 7, 16);
+	memset(op, 0, sizeof(op));
+	for (int i = 0; i < 3; i++) {
+		op[i].opcode = KVB_OP_ACQUIRE;
+		op[i].ns = ns;
+		op[i].key = harness_key(SEED + 7, (uint64_t)i);
+		op[i].user_data = (uint64_t)i;
+	}
+	CHECK_RC(kvb_submit(c, op, 3), 3);
+	harness_reap_n(c, cq, 3);
+	for (int i = 0; i < 3; i++)
+		CHECK_EQ(cq[i].res, 0);
+	for (int i = 0; i < 5; i++)
+		CHECK_OK(kvb_acquire(c, ns, harness_key(SEED + 7, (uint64_t)(3 + i)), &l[i]));
+	CHECK_RC(kvb_acquire(c, ns, harness_key(SEED + 7, 8), &l[5]), -EDQUOT);
+	json = harness_stats(c);
+	CHECK_EQ(harness_stat_u64(json, "counters.dir_acquires"), 5);
+	CHECK_EQ(harness_stat_u64(json, "leases"), 8);
+	free(json);
+	/* One of the broker's released (its RELEASE may still be on its way): one more, by
+	 * either path. */
+	CHECK_OK(kvb_release(c, &cq[0].lease));
+	CHECK_OK(kvb_acquire(c, ns, harness_key(SEED + 7, 8), &l[5]));
+	CHECK_EQ(harness_stat(c, "leases"), 8);
+	kvb_close(c);
+	harness_broker_stop(broker);
+}
+
 static int holder(int idx, void *arg)
 {
 	struct shared *sh = arg;
@@ -372,6 +417,8 @@ int main(int argc, char **argv)
 	churn();
 	harness_log("semantics: counts, limits, delete under a lease, releases");
 	semantics();
+	harness_log("the lease limits for both kinds together");
+	both_kinds();
 	harness_log("kill -9 of a holder of deleted pages");
 	killed();
 	harness_log("a hostile hazard table");
