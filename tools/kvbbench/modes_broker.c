@@ -586,7 +586,7 @@ static int64_t op_memcpy_nt(struct kvbb_w *w, uint64_t i)
 /*
  * memcpy-stream: streaming stores at every size (kvb_copy_nt), as the broker writes a PUT into
  * the pool: the bound of a PUT, and, paired, how --pair treats an op that leaves no dirty lines
- * for the memcpy after it to write back (docs/benchmarks.md, verdict run 29).
+ * for the memcpy after it to write back (docs/benchmarks.md, verdict runs 29-30).
  */
 static int64_t op_memcpy_stream(struct kvbb_w *w, uint64_t i)
 {
