@@ -61,13 +61,9 @@ static int page_round(size_t len, size_t *out)
 	return 0;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
-/* Our own fresh buffer: huge pages where possible, every page allocated and mapped. */
 /*
- * Faults the buffer in here: a shared page is charged to the memory cgroup of whoever touches
+ * Our own fresh buffer: huge pages where possible, every page allocated and mapped. Faulted in
+ * here: a shared page is charged to the memory cgroup of whoever touches
  * it first, and that must be this process, not the broker's first GET into it. Also, a buffer
  * the machine cannot back fails now (-ENOMEM), not as a SIGBUS later.
  */
