@@ -258,13 +258,12 @@ struct broker {
 	uint32_t copy_yield;
 	int copy_yield_on;
 	/*
-	 * [cqe-first] An inline PUT's commit after its CQE was posted (xfer.c): the page, its
-	 * checksum and namespace; late_ok while session_poll runs an op that may leave one.
+	 * [cqe-first] An inline PUT's commit after its CQE was posted (xfer.c): the page (its
+	 * header sealed) and namespace; late_ok while session_poll runs an op that may leave one.
 	 */
 	struct {
 		struct page *pg;
 		const struct ns *n;
-		uint32_t crc, has_crc;
 	} late;
 	int late_ok;
 	double start_time;

@@ -914,6 +914,16 @@ static void publish(struct store *s, const struct page *pg)
 void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc)
 {
 	hdr_seal(s, pg, crc);
+	store_commit_sealed(s, pg);
+}
+
+void store_seal(struct store *s, struct page *pg, const uint32_t *crc)
+{
+	hdr_seal(s, pg, crc);
+}
+
+void store_commit_sealed(struct store *s, struct page *pg)
+{
 	pg->state = PAGE_READY;
 	if (!pg->unlinked)
 		publish(s, pg);

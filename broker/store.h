@@ -252,6 +252,12 @@ uint32_t store_arena(const struct store *s, const struct page *pg);
 void store_commit(struct store *s, struct page *pg);
 /* The same, with the slot's crc32c already computed (by its copy worker), or NULL. */
 void store_commit_crc(struct store *s, struct page *pg, const uint32_t *crc);
+/*
+ * store_commit_crc in two steps ([cqe-first], xfer.c): the slot's header first, which a broker
+ * adopting the pool after a crash trusts, then the rest (READY, the directory, waiters).
+ */
+void store_seal(struct store *s, struct page *pg, const uint32_t *crc);
+void store_commit_sealed(struct store *s, struct page *pg);
 
 /* A failed write: unindex and free (drops the writer's pin). */
 void store_abort(struct store *s, struct page *pg);

@@ -197,10 +197,15 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 static void commit_later(struct broker *b, struct op *op)
 {
 	xfer_commit_late(b); /* one at a time: none is pending here (session_poll) */
+	/*
+	 * The header before the CQE, though: a PUT that completed must survive a kill -9 right
+	 * after (test_restart.py: test_reconnect_off lost its page now and then). Its store may
+	 * overtake the unfenced copy's; only a broker adopting the pool reads it, once we are
+	 * gone and the copy's stores with us (the core drains them at the kill's interrupt).
+	 */
+	store_seal(&b->store, op->pg, op->job.has_crc ? &op->job.crc : NULL);
 	b->late.pg = op->pg;
 	b->late.n = op->n;
-	b->late.crc = op->job.crc;
-	b->late.has_crc = op->job.has_crc;
 	op->pg = NULL;
 	op->bytes_in = op->n->page_bytes;
 	op->cqe.res = 0;
@@ -214,7 +219,7 @@ void xfer_commit_late(struct broker *b)
 		return;
 	b->late.pg = NULL;
 	crc_copy_fence();
-	store_commit_crc(&b->store, pg, b->late.has_crc ? &b->late.crc : NULL);
+	store_commit_sealed(&b->store, pg);
 	remote_on_put(b, b->late.n, pg);
 }
 
