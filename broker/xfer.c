@@ -187,12 +187,12 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 
 /*
  * [cqe-first] A 64 KiB PUT's copy ends with a store fence that waits for its streaming stores
- * to reach memory (400-600 cycles of a 64 KiB PUT here), then the commit: the slot's header, the directory
- * entry. Its client needs neither: only to know that its source was read, which every load of
- * the copy, retired before the CQE's store, says. Readers of the page do need both, and every
+ * to reach memory (400-600 cycles here), then the commit: the directory entry, READY, waiters.
+ * Its client needs neither: only to know that its source was read, which every load of the
+ * copy, retired before the CQE's store, says. Readers of the page do need both, and every
  * reader finds the page through the directory or an op of ours, which session_poll runs only
- * after xfer_commit_late. So an inline PUT into a host slot from session_poll posts its CQE
- * first: the client's next op is on its way while we fence and commit.
+ * after xfer_commit_late. So an inline PUT into a host slot from session_poll seals the slot's
+ * header (below), posts its CQE, and only then fences and commits.
  */
 static void commit_later(struct broker *b, struct op *op)
 {
