@@ -11,7 +11,9 @@
 #             than the LLC) and with one reused, cache-hot
 #             destination (--dst hot), as a ratio to memcpy with the same destinations;
 #             PUT from a registered buffer and from plain memory (put-user) likewise; and
-#             at 64 KiB the same ops paired with memcpy op by op in one process (--pair);
+#             at 64 KiB the same ops paired with memcpy op by op in one process (--pair),
+#             and a PUT's streaming copy without the broker: alone, paired, and two at once
+#             (the bound of a PUT from plain memory, two such copies);
 #             on huge pages, the 64 KiB rows again from pools on 4 KiB pages
 #   scaling   get-user and GET of 1 MiB pages by 2 and 4 processes against memcpy by as many
 #   one CPU   client and broker pinned to CPU 0 (taskset): 64 KiB GET in GB/s
@@ -203,11 +205,15 @@ page_rows() {
 		run "$t$1 rotate pair $m" "$K" --socket "$tmp/$3.sock" --page 64K --ws "$WS" \
 			--seconds "$SECS" --pair $m
 	done
-	# A PUT's copy without the broker (streaming stores), alone and paired: its bound.
+	# A PUT's copy without the broker (streaming stores), alone and paired: its bound. Two of
+	# them at once, in two processes: a PUT from plain memory is two such copies on two CPUs
+	# (the client's into staging, the broker's out of it), which share the memory's bandwidth.
 	[ -z "$t" ] || return 0
 	run "$t$1 rotate memcpy-stream" "$K" --page 64K --ws "$WS" --seconds "$SECS" memcpy-stream
 	run "$t$1 rotate pair memcpy-stream" "$K" --page 64K --ws "$WS" --seconds "$SECS" --pair \
 		memcpy-stream
+	run "$t$1 rotate procs2 memcpy-stream" "$K" --page 64K --ws "$WS" --procs 2 \
+		--seconds "$SECS" memcpy-stream
 }
 
 for r in $(seq "$REPS"); do
@@ -364,6 +370,15 @@ print("\nA PUT's copy without the broker, with its streaming stores (`kvbbench m
       "is the difference (it leaves no dirty lines for the memcpy after it to write back).\n" % (
           fx(ratio(med("64K rotate memcpy-stream"), med("64K rotate memcpy"))),
           fx(med("64K rotate pair memcpy-stream", lambda r: r["pair_ratio"]))))
+# A PUT from plain memory copies the page twice at once (client into staging, broker into the
+# pool): at best as fast as one of two streaming copies running together.
+two = med("64K rotate procs2 memcpy-stream")
+print("Two such copies at once, in two processes: %s GB/s summed, each %s x memcpy. A 64 KiB PUT "
+      "from plain memory is two such copies on two CPUs (the client's into its staging buffer, "
+      "the broker's out of it), pipelined: that is its bound on this machine while both go "
+      "through DRAM (the staging ring's plain stores, client/ops.c [fill-ring], can pass it only "
+      "where the two CPUs share a cache).\n" % (
+          fx(two), fx(ratio(two / 2 if two else None, med("64K rotate memcpy")))))
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "
           "are on %s, as on a host without reserved huge pages (`--hugepages off`): each copy "
