@@ -168,6 +168,9 @@ struct session {
 	struct kvb_ring sq, cq;
 	struct kvb_ring notes;	  /* [notes] (wire.h), we consume */
 	int notes_bad;		  /* its note ring's tail was impossible */
+	uint64_t notes_read;	  /* entries drained from it, ever */
+	uint64_t nap_read;	  /* [note-nap] notes_read at the last sleep ... */
+	double nap_at;		  /* ... and its time */
 	kvb_atomic_u32 *hz_count; /* [hazard] (wire.h): the client's table */
 	kvb_atomic_u64 *hz;
 	struct page *hz_pin[KVB_HZ_ENTRIES]; /* pinned for that entry, NULL none */
@@ -339,7 +342,8 @@ void session_hz_allow(struct broker *b, struct session *s);
 uint32_t session_poll_all(struct broker *b);
 /*
  * rounds.c: announces sleep on every SQ. Returns 0 when some SQ got entries meanwhile (don't
- * sleep), else the epoll timeout in ms. session_wake_all() takes the announcement back.
+ * sleep), else the sleep's timeout in microseconds. session_wake_all() takes the announcement
+ * back.
  */
 int session_prepare_sleep(struct broker *b);
 /*

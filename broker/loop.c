@@ -13,7 +13,8 @@
  * the loop blocks in epoll_wait on every registered fd (control sockets, SQ doorbells, pidfds,
  * the listening socket, a signalfd, the disk ring's eventfd, the copy engines' eventfds, so it
  * sleeps correctly while I/O and copies are in flight), for at most the timeout prepare_sleep
- * gave (a second, so that watermark eviction runs).
+ * gave (a second, so that watermark eviction runs; less while clients' notes come, session.c
+ * [note-nap]).
  *
  * The window follows the work (loop_hold): after a page op (inline or not: ops.c op_hold), or
  * while a copy runs on a worker, the loop stays awake for as long as that copy takes at
@@ -35,6 +36,7 @@
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "clock.h"
@@ -112,6 +114,26 @@ void loop_hold(struct loop *l, double secs)
 		l->hold_until = until;
 }
 
+/*
+ * epoll_wait with a timeout in microseconds (prepare_sleep's): epoll_pwait2 (Linux 5.11), or
+ * epoll_wait's milliseconds, rounded up, on a kernel without it. Naps shorter than a
+ * millisecond are the broker's own wake-ups for the note rings (session.c [note-nap]).
+ */
+static int loop_wait(struct loop *l, struct epoll_event *evs, int n, int timeout_us)
+{
+	static int no_pwait2;
+
+	if (!no_pwait2) {
+		struct timespec ts = {timeout_us / 1000000, (long)(timeout_us % 1000000) * 1000};
+		int r = epoll_pwait2(l->epfd, evs, n, &ts, NULL);
+
+		if (r >= 0 || errno != ENOSYS)
+			return r;
+		no_pwait2 = 1;
+	}
+	return epoll_wait(l->epfd, evs, n, (timeout_us + 999) / 1000);
+}
+
 int loop_run(struct loop *l)
 {
 	struct epoll_event evs[64];
@@ -138,7 +160,7 @@ int loop_run(struct loop *l)
 			l->h.wake(l->h.arg);
 			continue;
 		}
-		n = epoll_wait(l->epfd, evs, 64, timeout);
+		n = loop_wait(l, evs, 64, timeout);
 		last_ep = clock_now();
 		if (sleeping) {
 			l->h.wake(l->h.arg);

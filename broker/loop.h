@@ -26,7 +26,10 @@ struct loop_fd {
 struct loop_hooks {
 	/* Each round while busy: the work done (0: nothing happened). */
 	uint32_t (*poll)(void *arg);
-	/* About to sleep: the epoll timeout in ms, or 0 when something arrived meanwhile. */
+	/*
+	 * About to sleep: the timeout in microseconds (epoll_pwait2 where the kernel has it,
+	 * else rounded up to a millisecond), or 0 when something arrived meanwhile.
+	 */
 	int (*prepare_sleep)(void *arg);
 	/* After a sleep, or a sleep given up: undo what prepare_sleep announced. */
 	void (*wake)(void *arg);

@@ -37,13 +37,14 @@ static uint32_t broker_poll(void *arg)
 static int broker_prepare_sleep(void *arg)
 {
 	struct broker *b = arg;
-	int timeout = session_prepare_sleep(b);
+	int timeout = session_prepare_sleep(b); /* microseconds */
 
 	if (timeout > 0) {
 		int rt = remote_sleep_ms(b);
 
-		if (rt >= 0 && rt < timeout)
-			timeout = rt ? rt : 1; /* a remote deadline or a reconnect is due */
+		/* A remote deadline or a reconnect is due (its time in ms). */
+		if (rt >= 0 && rt * 1000 < timeout)
+			timeout = (rt ? rt : 1) * 1000;
 		xfer_arm(b);
 	}
 	return timeout;

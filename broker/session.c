@@ -187,6 +187,7 @@ void session_notes(struct broker *b, struct session *s)
 	}
 	if (avail)
 		kvb_ring_consume(&s->notes, (uint32_t)avail);
+	s->notes_read += (uint64_t)avail;
 }
 
 /* [hazard] The library's own lease ids lie above every page id (wire.h KVB_HZ_LEASE_MIN). */
@@ -345,24 +346,57 @@ uint32_t session_poll_all(struct broker *b)
 }
 
 /*
+ * [note-nap] A client reading through the directory or its hazard table tells us of each read
+ * in its note ring and rings our doorbell when the ring is three quarters full (client/ring.c
+ * [note-early]). A write(2) that wakes a sleeping broker costs the writer about 12 us on these
+ * VMs (docs/design.md [told]): one per 192 notes, and a 64 KiB ACQUIRE and RELEASE send two.
+ * So while notes come we sleep only as long as half a ring of them took since the last sleep,
+ * and drain them when our own timer wakes us: the client rings only when its rate jumps. The
+ * naps cost us about the wake-ups its doorbells did; a client quiet since the last sleep, none.
+ */
+#define SLEEP_MAX_US 1000000 /* a second, so that watermark eviction runs */
+#define NOTE_NAP_MIN_US 50
+#define NOTE_NAP_NOTES (KVB_NOTES_ENTRIES / 2)
+
+static int note_nap_us(struct session *s, double now)
+{
+	uint64_t n = s->notes_read - s->nap_read;
+	double dt = now - s->nap_at, us;
+
+	s->nap_read = s->notes_read;
+	s->nap_at = now;
+	if (!n || dt <= 0)
+		return SLEEP_MAX_US;
+	us = dt * 1e6 * NOTE_NAP_NOTES / (double)n;
+	return us < NOTE_NAP_MIN_US ? NOTE_NAP_MIN_US : us > SLEEP_MAX_US ? SLEEP_MAX_US : (int)us;
+}
+
+/*
  * A client whose full CQ stalls its SQ rings no doorbell when it reaps, so while one is
  * stalled the loop naps 1 ms at a time instead of a second.
  */
 int session_prepare_sleep(struct broker *b)
 {
 	struct list *pos;
-	int timeout = 1000;
+	int timeout = SLEEP_MAX_US;
+	double now = clock_now();
 
 	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
+		int nap;
 
 		if (!s->region)
 			continue;
 		settle_one(b, s); /* counted and unpinned before a nap of up to a second */
-		if (s->stalled)
-			timeout = 1;
-		else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP))
+		nap = note_nap_us(s, now);
+		if (nap < timeout)
+			timeout = nap;
+		if (s->stalled) {
+			if (timeout > 1000)
+				timeout = 1000;
+		} else if (!kvb_ring_prepare_sleep(&s->sq, KVB_SQ_NEED_WAKEUP)) {
 			return 0;
+		}
 		/*
 		 * A filled PUT waiting for its bytes (xfer.c [fill]): its client rings the SQ
 		 * doorbell after publishing more while NEED_WAKEUP is set, so re-check the fill
@@ -374,8 +408,8 @@ int session_prepare_sleep(struct broker *b)
 				kvb_flag_clear(s->sq.flags, KVB_SQ_NEED_WAKEUP);
 				return 0;
 			}
-			if (timeout > 20)
-				timeout = 20;
+			if (timeout > 20000)
+				timeout = 20000;
 		}
 	}
 	return timeout;

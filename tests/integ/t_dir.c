@@ -18,8 +18,12 @@
  *    directory is woken when the client's note ring is three quarters full, not when it is
  *    full, and once: with the broker stopped, 250 reads ring its doorbell once, after the
  *    150th; the broker, running again, counts all 250.
+ * 5. [note-nap] (broker/session.c): a broker that is not stopped drains a steady stream of such
+ *    notes on its own timer: 3,000 reads 100 us apart ring its doorbell a few times while it
+ *    learns their rate (each ring's worth of them did before: 15), and all are counted.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,6 +316,61 @@ static void note_early(void)
 	harness_broker_stop(b);
 }
 
+#define NAP_READS 3000
+#define NAP_GAP_US 100
+
+/* Our write(2)s so far (/proc/self/io syscw): a doorbell is one, and reads make none. */
+static uint64_t writes_made(void)
+{
+	char line[128];
+	uint64_t n = 0;
+	FILE *f = fopen("/proc/self/io", "r");
+
+	CHECKF(f != NULL, "/proc/self/io: %s", strerror(errno));
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "syscw: %" SCNu64, &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
+static void note_nap(void)
+{
+	struct harness_broker *b = harness_broker_start("--pool", "64M", "--slab", "4M");
+	kvb_client *c = harness_connect(b, "nap", 0);
+	uint64_t rung, dir;
+	uint8_t page[4096];
+	struct kvb_layout l;
+	uint32_t ns;
+
+	harness_layout(&l, "test/note-nap", KVB_LAYOUT_MLA, 64, 1, 0, 1, sizeof(page) / 64);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	for (uint64_t i = 0; i < EARLY_READS; i++) {
+		kvb_key k = harness_key(SEED + 2, i);
+
+		harness_fill(page, sizeof(page), &k, SEED);
+		CHECK_OK(kvb_put(c, ns, k, page, sizeof(page)));
+	}
+	CHECK_EQ(harness_stat_wait(c, "bg_jobs", 0, 10000), 0);
+	usleep(50000); /* past the poll window STATS opened: the broker asleep */
+	dir = harness_stat(c, "counters.dir_gets");
+	rung = writes_made();
+	for (uint64_t i = 0; i < NAP_READS; i++) {
+		kvb_key k = harness_key(SEED + 2, i % EARLY_READS);
+
+		CHECK_EQ(kvb_get(c, ns, k, page, sizeof(page)), (int)sizeof(page));
+		usleep(NAP_GAP_US);
+	}
+	rung = writes_made() - rung;
+	CHECK_EQ(harness_stat(c, "counters.dir_gets") - dir, NAP_READS);
+	harness_log("note-nap: %d reads %d us apart, %llu doorbells", NAP_READS, NAP_GAP_US,
+		    (unsigned long long)rung);
+	CHECKF(rung <= 4, "%llu doorbells for %d steady reads through the directory",
+	       (unsigned long long)rung, NAP_READS);
+	kvb_close(c);
+	harness_broker_stop(b);
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t d;
@@ -323,5 +382,6 @@ int main(int argc, char **argv)
 	CHECK_EQ(churn(1), 0);
 	adoption();
 	note_early();
+	note_nap();
 	return H_PASS;
 }

@@ -55,7 +55,7 @@ static int f_prepare_sleep(void *arg)
 	struct fake *f = arg;
 
 	__atomic_add_fetch(&f->sleeps, 1, __ATOMIC_RELAXED);
-	return 1000;
+	return 1000000; /* microseconds */
 }
 
 static void f_wake(void *arg)
