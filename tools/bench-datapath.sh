@@ -375,9 +375,10 @@ print("\nA PUT's copy without the broker, with its streaming stores (`kvbbench m
 two = med("64K rotate procs2 memcpy-stream")
 print("Two such copies at once, in two processes: %s GB/s summed, each %s x memcpy. A 64 KiB PUT "
       "from plain memory is two such copies on two CPUs (the client's into its staging buffer, "
-      "the broker's out of it), pipelined: that is its bound on this machine while both go "
-      "through DRAM (the staging ring's plain stores, client/ops.c [fill-ring], can pass it only "
-      "where the two CPUs share a cache).\n" % (
+      "the broker's out of it), pipelined, so it runs at most that fast while both go through "
+      "DRAM (the staging ring's plain stores, client/ops.c [fill-ring], can pass it where the "
+      "two CPUs share a cache). On these VMs the figure is bimodal from one repetition to the "
+      "next (docs/benchmarks.md, runs 32-33).\n" % (
           fx(two), fx(ratio(two / 2 if two else None, med("64K rotate memcpy")))))
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "
