@@ -41,7 +41,7 @@
 # 0.3 s, 32 MiB working sets: a smoke run), KVB_BENCH_DP_REPS (7), KVB_BENCH_DP_SECONDS (0.5),
 # KVB_BENCH_DP_TP_REPS (9: the TP=8 wall times, private pools' as much as the broker's, moved
 # 50-100 ms from one run to the next, and a median of 5 flipped their verdict between two runs
-# of the same code, docs/benchmarks.md runs 32-33), KVB_BENCH_DP_POOL (1G), KVB_BENCH_DP_HUGE.
+# of the same code, docs/benchmarks.md runs 32-34), KVB_BENCH_DP_POOL (1G), KVB_BENCH_DP_HUGE.
 #
 # Pools: the verdicts are taken where docs/operations.md "Huge pages" puts a broker host's
 # pool, on 2 MiB hugetlb pages: as root, the script reserves what its brokers need in
@@ -380,7 +380,7 @@ print("Two such copies at once, in two processes: %s GB/s summed, each %s x memc
       "the broker's out of it), pipelined, so it runs at most that fast while both go through "
       "DRAM (the staging ring's plain stores, client/ops.c [fill-ring], can pass it where the "
       "two CPUs share a cache). On these VMs the figure is bimodal from one repetition to the "
-      "next (docs/benchmarks.md, runs 32-33).\n" % (
+      "next (docs/benchmarks.md, runs 32-34).\n" % (
           fx(two), fx(ratio(two / 2 if two else None, med("64K rotate memcpy")))))
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "
