@@ -754,14 +754,16 @@ static void slab_reclaim(struct store *s, struct slab *sl, int cut)
 {
 	for (uint32_t i = sl->nslots; i-- > 0 && sl->cls >= 0;) {
 		struct page *pg = &sl->pages[i];
+		int kids = pg->kids != 0, r;
 
 		if (!list_linked(&pg->lru) && !pg->held)
 			continue;
-		if (pg->kids && !cut)
+		if (kids && !cut)
 			continue;
-		s->st.chain_cuts += !!pg->kids;
-		if (evict(s, pg) < 0)
+		r = evict(s, pg);
+		if (r < 0)
 			break;
+		s->st.chain_cuts += kids && r != EVICT_KEPT; /* kept for a reader: not cut */
 	}
 }
 

@@ -43,19 +43,24 @@ static kvb_key key_of(uint32_t i)
 	return k;
 }
 
-/* 8 slabs of 1 MiB, watermarks out of the way unless a test sets them. */
-static int setup(void **state)
+/* slabs slabs of 1 MiB, watermarks out of the way unless a test sets them. */
+static int setup_slabs(void **state, uint64_t slabs)
 {
 	static struct fx f;
 
 	memset(&f, 0, sizeof(f));
 	snprintf(f.name, sizeof(f.name), "/kvb-test-store-%d", (int)getpid());
-	if (pool_open(&f.pool, f.name, 8 * MiB, 1))
+	if (pool_open(&f.pool, f.name, slabs * MiB, 1))
 		return -1;
 	if (store_init(&f.st, &f.pool, MiB, 1.0, 1.0))
 		return -1;
 	*state = &f;
 	return 0;
+}
+
+static int setup(void **state)
+{
+	return setup_slabs(state, 8);
 }
 
 static int teardown(void **state)
@@ -747,6 +752,59 @@ static void test_chain_reclaim_across_classes(void **state)
 	assert_int_equal(f->st.st.chain_cuts, 0);
 }
 
+/* 16 slabs: more than RECLAIM_TRIES hold leaves, so that a PUT gets to cut a chain. */
+static int setup16(void **state)
+{
+	return setup_slabs(state, 16);
+}
+
+static struct page *reader_holds; /* the page a client reads under its hazard table */
+
+/* store.leaving: that page is pinned for its reader as it is about to leave (session.c). */
+static void pin_if_read(void *arg, struct page *pg)
+{
+	if (pg == reader_holds)
+		store_pin(arg, pg);
+}
+
+/*
+ * A chain cut for a page of another size counts the parents that left with kids in RAM: not a
+ * page a hazard reader kept (evict() EVICT_KEPT), which neither left nor was cut.
+ */
+static void test_chain_cut_counts_pages_gone(void **state)
+{
+	struct fx *f = *state;
+	int small = store_class_get(&f->st, 256 * 1024), big = store_class_get(&f->st, MiB);
+	struct page *pg;
+	kvb_key k;
+
+	/* Slab j: pages 2j and 2j + 1 of one chain, then two pages of their own. */
+	for (uint32_t j = 0; j < 16; j++) {
+		assert_non_null(cput(&f->st, small, 1, 2 * j, j ? 2 * j - 1 : UINT32_MAX));
+		assert_non_null(cput(&f->st, small, 1, 2 * j + 1, 2 * j));
+		assert_non_null(cput(&f->st, small, 1, 1000 + 2 * j, UINT32_MAX));
+		assert_non_null(cput(&f->st, small, 1, 1001 + 2 * j, UINT32_MAX));
+	}
+	/* The tail leased: no slab empties leaf by leaf. */
+	k = key_of(31);
+	store_pin(&f->st, store_find(&f->st, 1, &k));
+	k = key_of(17);
+	reader_holds = store_find(&f->st, 1, &k);
+	f->st.leaving = pin_if_read;
+	f->st.leaving_arg = &f->st;
+	/*
+	 * Slabs 0-7 lose their own pages (RECLAIM_TRIES), then slab 8 is cut: page 17 stays for
+	 * its reader, page 16 goes with its kid 17 still in RAM. One cut, and no room.
+	 */
+	k = key_of(5000);
+	assert_int_equal(store_alloc(&f->st, big, 2, &k, &pg), -ENOSPC);
+	assert_true(stored(&f->st, 1, 17));
+	assert_false(stored(&f->st, 1, 16));
+	assert_true(stored(&f->st, 1, 15));
+	assert_int_equal(f->st.st.chain_cuts, 1);
+	f->st.leaving = NULL;
+}
+
 static void test_ns_limit_evicts_own_pages(void **state)
 {
 	struct fx *f = *state;
@@ -791,6 +849,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_store_alloc_find_commit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_store_lru_evicts_coldest, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_store_pins_block_eviction, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_chain_cut_counts_pages_gone, setup16,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_store_drop_pinned_and_generation, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_classes_share_slabs, setup, teardown),
