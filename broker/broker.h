@@ -261,8 +261,9 @@ struct broker {
 	uint32_t copy_yield;
 	int copy_yield_on;
 	/*
-	 * [cqe-first] An inline PUT's commit after its CQE was posted (xfer.c): the page (its
-	 * header sealed) and namespace; late_ok while session_poll runs an op that may leave one.
+	 * [cqe-first] An inline or filled PUT's commit after its CQE was posted (xfer.c): the page
+	 * (its header sealed) and namespace; late_ok while session_poll or ops_run_yielded runs an
+	 * op that may leave one (they commit it before the next op and before they return).
 	 */
 	struct {
 		struct page *pg;

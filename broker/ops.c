@@ -1110,9 +1110,18 @@ uint64_t ops_run_yielded(struct broker *b, struct session *s, uint64_t budget)
 
 	list_init(&mine);
 	list_splice_tail(&mine, &s->yieldq.ops);
-	/* At least one step per turn, so that a session always makes progress. */
-	while (!list_empty(&mine) && (!work || work < budget))
+	/*
+	 * At least one step per turn, so that a session always makes progress. A filled PUT's
+	 * last step posts its CQE before its commit ([cqe-first], xfer.c [fill]): committed
+	 * before the next op runs and before we return, as session_poll does for its SQEs.
+	 */
+	b->late_ok = 1;
+	while (!list_empty(&mine) && (!work || work < budget)) {
+		xfer_commit_late(b);
 		work += op_resume(b, list_entry(mine.next, struct op, link));
+	}
+	b->late_ok = 0;
+	xfer_commit_late(b);
 	/* What did not get its step this turn stays first in line for the next. */
 	list_splice_head(&s->yieldq.ops, &mine);
 	return work;
