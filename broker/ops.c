@@ -65,6 +65,12 @@ void ops_ns_close(struct broker *b, uint32_t id)
 	ops_ns_empty(b, id);
 }
 
+/* [told-lru] Notes and hazard entries read before the store evicts by age (store.c). */
+static int store_told(void *arg)
+{
+	return session_settle(arg);
+}
+
 void ops_init(struct broker *b)
 {
 	waitq_init(&b->runq);
@@ -74,6 +80,8 @@ void ops_init(struct broker *b)
 	b->store.ns_empty_arg = b;
 	b->store.withdrawn = session_hz_withdrawn; /* [hazard] */
 	b->store.withdrawn_arg = b;
+	b->store.told = store_told; /* [told-lru] */
+	b->store.told_arg = b;
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -577,13 +585,9 @@ static int op_put(struct broker *b, struct op *op)
 			return op_fail(op,
 				       -EAGAIN); /* its client stopped filling: a plain PUT now */
 		}
+		/* [told-lru] It reads what clients told before it evicts (session_settle). */
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);
-		if (err == -ENOSPC && session_settle(b)) {
-			/* [notes] RELEASEs not read yet, [hazard] entries cleared: pages freed. */
-			err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
-					       s->pref.n ? &s->pref : NULL, &pg);
-		}
 		if (err == -ENOSPC && tier_park_alloc(b, op))
 			return OPS_DEFERRED; /* runs again once a demotion freed RAM */
 		if (err)

@@ -768,6 +768,24 @@ static void slab_reclaim(struct store *s, struct slab *sl, int cut)
 }
 
 /*
+ * [told-lru] A client reads pages through the directory or its hazard table and tells us in its
+ * note ring, which we read when we sleep, at each tick, before its own ACQUIREs and RELEASEs:
+ * up to a millisecond later while busy. A page it had just read was still the coldest then, and
+ * its PUT right after evicted it: a chain's last page read as a prefix, the first PUT's parent,
+ * so the chain was stored past a hole (kvbchain, t_chain, once in a CI run). So whatever evicts
+ * by age reads what clients told first. 1 when that unpinned a page (a RELEASE not read yet).
+ */
+static int lru_told(struct store *s)
+{
+	return s->told ? s->told(s->told_arg) : 0;
+}
+
+static int ns_over(const struct store *s, uint32_t ns, uint64_t slot)
+{
+	return s->ns_bytes[ns] - s->ns_demoting[ns] + slot > s->ns_limit[ns];
+}
+
+/*
  * [ns-limit] Makes room for one more slot of slot bytes under namespace ns's cap by evicting its
  * own coldest leaves. 0 when it fits, -ENOSPC when nothing of it is evictable (a PUT then waits
  * for its demotions, or fails like one into a pool full of leased pages).
@@ -776,7 +794,9 @@ static int ns_room(struct store *s, uint32_t ns, uint64_t slot)
 {
 	if (ns >= STORE_MAX_NS || !s->ns_limit[ns])
 		return 0;
-	while (s->ns_bytes[ns] - s->ns_demoting[ns] + slot > s->ns_limit[ns]) {
+	if (ns_over(s, ns, slot))
+		(void)lru_told(s);
+	while (ns_over(s, ns, slot)) {
 		struct page *v = coldest(s, &s->ns_lru[ns], LRU_NS);
 		int r = v ? evict(s, v) : -ENOSPC;
 
@@ -810,6 +830,8 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 	 * (partitions of AHEAD_MIN_PAGES pages or more). */
 	if (!pg && s->part[part].pages >= AHEAD_MIN_PAGES)
 		s->part[part].ahead_cls = ci + 1;
+	if (!pg && lru_told(s)) /* [told-lru] */
+		pg = slot_take(s, ci, part, pref);
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
 	     tries--) {
 		if (cold->cls == ci) {
@@ -1026,6 +1048,8 @@ void store_evict_ahead(struct store *s)
 		struct page *cold;
 
 		if (ci < 0 || slot_ready(s, ci, p))
+			continue;
+		if (lru_told(s) && slot_ready(s, ci, p)) /* [told-lru] */
 			continue;
 		cold = coldest(s, &pt->lru, LRU_PART);
 		/* Another class's page (the PUT reclaims its slab) or a tier that cannot take the

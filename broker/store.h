@@ -166,6 +166,13 @@ struct store {
 	void (*wake)(void *arg, struct page *pg);
 	void *wake_arg;
 	/*
+	 * [told-lru] Before the store picks pages to evict by their age: what clients told us
+	 * and we have not read yet (reads through the directory and their hazard tables warm
+	 * their pages, RELEASEs unpin them), session.c. Returns 1 when that unpinned a page.
+	 */
+	int (*told)(void *arg);
+	void *told_arg;
+	/*
 	 * [hazard] A READY page left the index and the directory (unindex): ops.c may pin it for
 	 * the clients reading it under their hazard tables (wire.h). Whoever frees the slot then
 	 * checks pins first (evict, store_drop, the unpin that frees an unlinked page).

@@ -21,6 +21,12 @@
  * 5. [note-nap] (broker/session.c): a broker that is not stopped drains a steady stream of such
  *    notes on its own timer: 3,000 reads 100 us apart ring its doorbell a few times while it
  *    learns their rate (each ring's worth of them did before: 15), and all are counted.
+ * 6. [told-lru] (broker/store.c): a read through the directory warms its page before the
+ *    broker next evicts by age, though it has not read the note yet. In a full pool, with
+ *    the broker stopped, the client reads the coldest page and posts a PUT; the broker, let
+ *    go, takes the PUT first (rings before its tick), and must evict the next page, not the
+ *    one just read (it did, and a prefix's last page read by an engine went before the PUT
+ *    that continued it: kvbchain's stranded chains).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -380,6 +386,72 @@ static void note_nap(void)
 	harness_broker_stop(b);
 }
 
+#define LRU_PAGES 400 /* 64 KiB pages into a 16 MiB pool: about 150 evicted */
+#define LRU_ROUNDS 3
+
+static int stored(kvb_client *c, uint32_t ns, uint64_t i)
+{
+	kvb_key k = harness_key(SEED + 3, i);
+	size_t hits = 0;
+
+	CHECK_OK(kvb_lookup(c, ns, &k, 1, &hits));
+	return hits == 1;
+}
+
+static void told_lru(void)
+{
+	struct harness_broker *b = harness_broker_start("--pool", "16M", "--slab", "4M");
+	kvb_client *c = harness_connect(b, "told-lru", 0);
+	uint8_t *src, *page = malloc(PB);
+	struct kvb_layout l;
+	uint64_t first = 0, dir;
+	uint32_t ns, bid;
+
+	CHECK(page != NULL);
+	layout_of(&l);
+	CHECK_OK(kvb_ns_open(c, &l, &ns, NULL));
+	src = kvb_buf_alloc_host(c, PB, &bid);
+	CHECK(src != NULL);
+	for (uint64_t i = 0; i < LRU_PAGES; i++) {
+		kvb_key k = harness_key(SEED + 3, i);
+
+		harness_fill(src, PB, &k, SEED);
+		CHECK_RC(kvb_put(c, ns, k, src, PB), 0);
+	}
+	while (first < LRU_PAGES && !stored(c, ns, first))
+		first++;
+	CHECKF(first > 0 && first < LRU_PAGES - 10, "pool not full: %llu pages evicted",
+	       (unsigned long long)first);
+	dir = harness_stat(c, "counters.dir_gets");
+	for (uint64_t r = 0; r < LRU_ROUNDS; r++) {
+		uint64_t cold = first +
+				2 * r; /* the last round's coldest was read, the next evicted */
+		kvb_key k = harness_key(SEED + 3, cold), nk = harness_key(SEED + 4, r);
+		struct kvb_op put = {
+			.opcode = KVB_OP_PUT, .ns = ns, .buf = bid, .key = nk, .user_data = r};
+		struct kvb_completion done;
+
+		usleep(50000); /* past the poll window: the broker asleep */
+		CHECK_OK(kill(b->pid, SIGSTOP));
+		CHECK_EQ(kvb_get(c, ns, k, page, PB), (int)PB);
+		CHECK_OK(harness_verify(page, PB, &k, SEED, "the coldest page"));
+		harness_fill(src, PB, &nk, SEED);
+		CHECK_EQ(kvb_submit(c, &put, 1), 1);
+		CHECK_OK(kill(b->pid, SIGCONT));
+		harness_reap_n(c, &done, 1);
+		CHECK_EQ(done.res, 0);
+		CHECKF(stored(c, ns, cold), "round %llu: page %llu, just read, was evicted",
+		       (unsigned long long)r, (unsigned long long)cold);
+		CHECKF(!stored(c, ns, cold + 1),
+		       "round %llu: page %llu, the coldest, is still there", (unsigned long long)r,
+		       (unsigned long long)cold + 1);
+	}
+	CHECK_EQ(harness_stat(c, "counters.dir_gets") - dir, LRU_ROUNDS);
+	free(page);
+	kvb_close(c);
+	harness_broker_stop(b);
+}
+
 int main(int argc, char **argv)
 {
 	uint64_t d;
@@ -392,5 +464,6 @@ int main(int argc, char **argv)
 	adoption();
 	note_early();
 	note_nap();
+	told_lru();
 	return H_PASS;
 }
