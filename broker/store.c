@@ -772,8 +772,8 @@ static void slab_reclaim(struct store *s, struct slab *sl, int cut)
  * note ring, which we read when we sleep, at each tick, before its own ACQUIREs and RELEASEs:
  * up to a millisecond later while busy. A page it had just read was still the coldest then, and
  * its PUT right after evicted it: a chain's last page read as a prefix, the first PUT's parent,
- * so the chain was stored past a hole (kvbchain, t_chain, once in a CI run). So whatever evicts
- * by age reads what clients told first. 1 when that unpinned a page (a RELEASE not read yet).
+ * so the chain was stored past a hole (kvbchain in t_chain, once). So whatever evicts by age
+ * reads what clients told first. 1 when that unpinned a page (a RELEASE not read yet).
  */
 static int lru_told(struct store *s)
 {
