@@ -7,9 +7,11 @@
  * 1. Churn: a writer PUTs 64 KiB pages through a 32 MiB pool (every slot rewritten many times
  *    over) while two readers lease up to 16 of the coldest recent keys at a time, check them,
  *    hold them 300 us, check them again and release them. Every held page must stay byte-exact
- *    to its release; the leases must have been the clients' own (counters.dir_acquires) and
- *    the broker must have kept pages a reader held (counters.hazard_pins); at the end no lease
- *    and no pin is left, and acquires equal releases.
+ *    to its release; the leases must have been the clients' own (counters.dir_acquires); at
+ *    the end no lease and no pin is left, and acquires equal releases. The broker reads the
+ *    readers' notes before it evicts ([told-lru], store.c), so it mostly pins their pages as
+ *    told; the withdrawal that finds a lease it was not told of yet (counters.hazard_pins) is
+ *    left to the moment between a hazard entry and its note here, and is part 4's.
  * 2. Semantics, one client: the leases count in STATS (leases, lease_bytes, pinned pages once
  *    told); --max-lease-bytes
  *    bounds them (the 17th of 1 MiB in 64 KiB pages is -EDQUOT from the broker); a page deleted
@@ -173,7 +175,6 @@ static void churn(void)
 	CHECK(sh->held[0] > 1000 && sh->held[1] > 1000);
 	CHECK(sh->written > 4 * (32u << 20) / PB);
 	CHECK_GE(harness_stat_u64(json, "counters.dir_acquires"), (sh->held[0] + sh->held[1]) / 2);
-	CHECK_GE(harness_stat_u64(json, "counters.hazard_pins"), 1);
 	/* Every ACQUIRE counted, a miss too; every lease released once. */
 	CHECK_EQ(harness_stat_u64(json, "counters.acquires"),
 		 sh->held[0] + sh->held[1] + sh->missed[0] + sh->missed[1]);
