@@ -424,8 +424,8 @@ static void told_lru(void)
 	       (unsigned long long)first);
 	dir = harness_stat(c, "counters.dir_gets");
 	for (uint64_t r = 0; r < LRU_ROUNDS; r++) {
-		uint64_t cold = first +
-				2 * r; /* the last round's coldest was read, the next evicted */
+		/* Each round keeps the page it read and evicts the one after it. */
+		uint64_t cold = first + 2 * r;
 		kvb_key k = harness_key(SEED + 3, cold), nk = harness_key(SEED + 4, r);
 		struct kvb_op put = {
 			.opcode = KVB_OP_PUT, .ns = ns, .buf = bid, .key = nk, .user_data = r};
