@@ -43,7 +43,7 @@ static kvb_key key_of(uint32_t i)
 	return k;
 }
 
-/* slabs slabs of 1 MiB, watermarks out of the way unless a test sets them. */
+/* A pool of `slabs` slabs of 1 MiB, watermarks out of the way unless a test sets them. */
 static int setup_slabs(void **state, uint64_t slabs)
 {
 	static struct fx f;
