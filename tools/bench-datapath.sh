@@ -8,12 +8,12 @@
 #   copies    GET into a registered buffer, get-user (the client copies from its pool map),
 #             ACQUIRE + kvb_lease_copy + RELEASE (and with the caller's memcpy), at 64 KiB,
 #             1 MiB and Kimi-K2.5 pages (4.29 MiB), each with rotating destinations (larger
-#             than the LLC) and with one reused, cache-hot
-#             destination (--dst hot), as a ratio to memcpy with the same destinations;
-#             PUT from a registered buffer and from plain memory (put-user) likewise; and
-#             at 64 KiB the same ops paired with memcpy op by op in one process (--pair),
-#             and a PUT's streaming copy without the broker: alone, paired, and two at once
-#             (the bound of a PUT from plain memory, two such copies);
+#             than the LLC) and with one reused, cache-hot destination (--dst hot), as a
+#             ratio to memcpy with the same destinations; PUT from a registered buffer and
+#             from plain memory (put-user) likewise; the same ops paired with memcpy op by op
+#             in one process (--pair); and at 64 KiB a PUT's streaming copy without the
+#             broker: alone, paired, and two at once (the bound of a PUT from plain memory,
+#             two such copies);
 #             on huge pages, the 64 KiB rows again from pools on 4 KiB pages
 #   scaling   get-user and GET of 1 MiB pages by 2 and 4 processes against memcpy by as many
 #   one CPU   client and broker pinned to CPU 0 (taskset): 64 KiB GET in GB/s
@@ -190,23 +190,24 @@ page_rows() {
 		# shellcheck disable=SC2086
 		run "$t$1 rotate $m" "$K" --socket "$tmp/$3.sock" $pa --ws "$WS" --seconds "$SECS" $m
 	done
-	# 64 KiB, where a few tenths of a us per op decide the targets: the same ops, each followed
-	# by memcpy's copy in the same process (--pair). Not the larger pages into a reused
-	# destination: their streaming stores leave it cold for the memcpy after them.
-	[ "$1" = 64K ] || return 0
+	# The same ops, each followed by memcpy's copy in the same process (--pair), where a few
+	# tenths of a us per op (64 KiB) or the spell of the VM a measurement falls in decides a
+	# target: memcpy alone moves by 10-30% from one half second to the next.
 	for d in rotate hot; do
 		for m in memcpy get get-user acquire-copy; do
 			s=""
 			[ $m = memcpy ] || s="--socket $tmp/$2.sock"
 			# shellcheck disable=SC2086
-			run "$t$1 $d pair $m" "$K" $s --page 64K --ws "$WS" --dst $d \
-				--seconds "$SECS" --pair $m
+			run "$t$1 $d pair $m" "$K" $s $pa --ws "$WS" --dst $d --seconds "$SECS" \
+				--pair $m
 		done
 	done
 	for m in put put-user; do
-		run "$t$1 rotate pair $m" "$K" --socket "$tmp/$3.sock" --page 64K --ws "$WS" \
+		# shellcheck disable=SC2086
+		run "$t$1 rotate pair $m" "$K" --socket "$tmp/$3.sock" $pa --ws "$WS" \
 			--seconds "$SECS" --pair $m
 	done
+	[ "$1" = 64K ] || return 0
 	# A PUT's copy without the broker (streaming stores), alone and paired: its bound. Two of
 	# them at once, in two processes: a PUT from plain memory is two such copies on two CPUs
 	# (the client's into staging, the broker's out of it), which share the memory's bandwidth.
@@ -330,21 +331,24 @@ def copy_table(tag, page_list):
                 target(d), "-" if ok is None else "met" if ok else "**MISSED**"))
 
 
-def pair_table(tag):
+def pair_table(tag, page_list):
     pair = lambda r: r["pair_ratio"]
     print("| page | destination | paired memcpy GB/s | memcpy itself | GET | get-user | ACQUIRE "
           "| PUT | PUT plain | target | verdict |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
-    for d in ("rotate", "hot"):
-        r = {m: med("%s64K %s pair %s" % (tag, d, m), pair)
-             for m in ("get", "get-user", "acquire-copy", "put", "put-user")}
-        ok = copy_ok(d, r)
-        print("| 64 KiB | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            "rotating" if d == "rotate" else "one reused (hot)",
-            fx(med("%s64K %s pair get-user" % (tag, d), lambda x: x["pair_memcpy_gb_per_s"])),
-            fx(med("%s64K %s pair memcpy" % (tag, d), pair)), fx(r["get"]), fx(r["get-user"]), fx(r["acquire-copy"]),
-            fx(r["put"]) if d == "rotate" else "", fx(r["put-user"]) if d == "rotate" else "",
-            target(d), "-" if ok is None else "met" if ok else "**MISSED**"))
+    for p in page_list:
+        for d in ("rotate", "hot"):
+            pre = "%s%s %s pair " % (tag, p, d)
+            r = {m: med(pre + m, pair)
+                 for m in ("get", "get-user", "acquire-copy", "put", "put-user")}
+            ok = copy_ok(d, r)
+            print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                names[p], "rotating" if d == "rotate" else "one reused (hot)",
+                fx(med(pre + "get-user", lambda x: x["pair_memcpy_gb_per_s"])),
+                fx(med(pre + "memcpy", pair)), fx(r["get"]), fx(r["get-user"]),
+                fx(r["acquire-copy"]), fx(r["put"]) if d == "rotate" else "",
+                fx(r["put-user"]) if d == "rotate" else "", target(d),
+                "-" if ok is None else "met" if ok else "**MISSED**"))
 
 
 names = {"64K": "64 KiB", "1M": "1 MiB", "kimi": "Kimi 4.29 MiB"}
@@ -361,12 +365,12 @@ print("\nRatios are x memcpy with the same destinations; above 1 they come from 
       "`kvb_lease_copy` (the library's copy, as in get-user) and `kvb_release`; the column after "
       "it copies out of the lease with glibc's memcpy instead, what a caller that copies by "
       "itself gets, and is not in the verdict.\n")
-print("64 KiB pages again, each op paired with memcpy's copy of a page right after it in the "
-      "same process (`kvbbench --pair`: the memcpys' time over the ops'), so that both see "
-      "the same machine, which from one process or one second to the next they do not. "
-      "\"memcpy itself\" is memcpy paired with memcpy (its own buffers): the method's own "
-      "error, 1.00 where it has none:\n")
-pair_table("")
+print("The same rows again, each op paired with memcpy's copy of a page right after it in the "
+      "same process (`kvbbench --pair`: the memcpys' time over the ops'; into a reused "
+      "destination of its own with a reused one), so that both see the same machine, which "
+      "from one process or one second to the next they do not. \"memcpy itself\" is memcpy "
+      "paired with memcpy (its own buffers): the method's own error, 1.00 where it has none:\n")
+pair_table("", ("64K", "1M", "kimi"))
 print("\nA PUT's copy without the broker, with its streaming stores (`kvbbench memcpy-stream`): "
       "%s x memcpy alone, %s paired: what the pairing takes from an op that stores as a PUT does "
       "is the difference (it leaves no dirty lines for the memcpy after it to write back).\n" % (
@@ -389,7 +393,7 @@ if pages4:
           "are a draw (docs/operations.md \"Huge pages\"):\n" % pages4)
     copy_table("4k ", ("64K",))
     print()
-    pair_table("4k ")
+    pair_table("4k ", ("64K",))
 print()
 print("| processes | memcpy GB/s (summed) | get-user | GET | target | verdict |")
 print("| ---: | ---: | ---: | ---: | --- | --- |")

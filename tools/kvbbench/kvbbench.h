@@ -153,6 +153,7 @@ struct kvbb_w {
 	uint8_t *src;	   /* memcpy source, private pool */
 	uint8_t *pair_src; /* --pair: the paired memcpys' private source and destination */
 	uint8_t *pair_dst;
+	int pair_hot;	/* --pair --dst hot: pair_dst is one page, reused */
 	uint64_t slots; /* pages that fit in buf */
 	uint64_t start; /* this thread's first working-set page */
 	kvb_key *keys;	/* lookup: the working-set keys */
