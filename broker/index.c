@@ -5,11 +5,31 @@
  * page.
  */
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 
 #include "index.h"
+
+/*
+ * Bucket arrays come from mmap, zeroed by the kernel page by page as they are first written,
+ * not from calloc: below glibc's mmap threshold (which rises to 32 MiB as large blocks are
+ * freed) calloc can hand back a freed heap block and clear all of it in place, a memset of up
+ * to 32 MiB on the loop thread in one go.
+ */
+static struct ixnode **buckets_alloc(uint64_t n)
+{
+	void *p = mmap(NULL, n * sizeof(struct ixnode *), PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void buckets_free(struct ixnode **b, uint64_t mask)
+{
+	if (b)
+		munmap(b, (mask + 1) * sizeof(*b));
+}
 
 int index_init(struct index *ix, uint64_t expected)
 {
@@ -20,7 +40,7 @@ int index_init(struct index *ix, uint64_t expected)
 	if (getrandom(ix->seed, sizeof(ix->seed), 0) != sizeof(ix->seed))
 		return -EIO;
 	ix->seed[5] |= 1; /* an odd multiplier keeps the namespace term a bijection */
-	ix->buckets = calloc(n, sizeof(*ix->buckets));
+	ix->buckets = buckets_alloc(n);
 	if (!ix->buckets)
 		return -ENOMEM;
 	ix->mask = n - 1;
@@ -32,8 +52,8 @@ int index_init(struct index *ix, uint64_t expected)
 
 void index_fini(struct index *ix)
 {
-	free(ix->buckets);
-	free(ix->old);
+	buckets_free(ix->buckets, ix->mask);
+	buckets_free(ix->old, ix->old_mask);
 	ix->buckets = ix->old = NULL;
 }
 
@@ -74,7 +94,7 @@ static void rehash_step(struct index *ix)
 		ix->old[ix->moved++] = NULL;
 	}
 	if (ix->moved > ix->old_mask) {
-		free(ix->old);
+		buckets_free(ix->old, ix->old_mask);
 		ix->old = NULL;
 	}
 }
@@ -83,7 +103,7 @@ static void rehash_step(struct index *ix)
 static void index_grow(struct index *ix)
 {
 	uint64_t nb = (ix->mask + 1) * 2;
-	struct ixnode **b = calloc(nb, sizeof(*b));
+	struct ixnode **b = buckets_alloc(nb);
 
 	if (!b)
 		return; /* longer chains, still correct */
