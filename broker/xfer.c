@@ -314,7 +314,8 @@ int xfer_fill(struct broker *b, struct op *op)
 			if (late) {
 				commit_later(b, op);
 			} else {
-				crc_copy_fence();
+				if (b->pool.meta) /* kvb_copy_nt fenced its own chunks */
+					crc_copy_fence();
 				xfer_finish(b, op); /* committed, counted, as a copied PUT */
 			}
 			return OPS_DONE;
