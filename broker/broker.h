@@ -8,11 +8,13 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "bg.h"
 #include "clock.h"
 #include "copy.h"
+#include "keeper.h"
 #include "list.h"
 #include "loop.h"
 #include "ns.h"
@@ -279,7 +281,17 @@ struct broker {
 		double adopt_s;	   /* a kept pool's index rebuilt (adopt.c), 0 cold */
 		uint64_t adopted_pages, adopt_torn;
 	} startup;
-	int keeper;   /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	int keeper;	       /* a keeper holds our pool (keeper.c): freed at a clean exit */
+	struct keeper_link kl; /* [owner] our connection to it, -1 when none (watch.c) */
+	struct {	       /* watch.c: the keeper and the files beside the socket */
+		struct loop_fd on_keeper;
+		double at, retry_at;	  /* last look, next keeper start after a failure */
+		uint64_t keeper_deaths;	  /* keepers that died under us */
+		uint64_t keeper_starts;	  /* ... and were replaced */
+		uint64_t files_made;	  /* socket or lock files made again after removal */
+		struct stat sock;	  /* the socket file we listen on */
+		int lock_lost, sock_lost; /* another broker holds that file now (logged once) */
+	} watch;
 	int fdstore;  /* systemd's fd store holds it (sdnotify.c): FDSTOREREMOVE at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
 	double handover_wait_s; /* --takeover: how long the old broker took to go */

@@ -1,19 +1,38 @@
 // SPDX-License-Identifier: MIT
 /*
- * keeper.c - the pool keeper, which lets a RAM pool outlive a broker that dies.
+ * keeper.c - the pool keeper, which lets a RAM pool outlive a broker that dies, and guards the
+ * pool's identity: one pool, one broker.
  *
  * A pool's arenas are memfds: they have no name, and the memory goes with the last fd or
  * mapping. The keeper is a process that holds one more fd of each (and of the side table,
  * pagehdr.c), does nothing else, and gives them to the next broker on the same socket, which
- * adopts the pool (adopt.c). It is kvbrokerd itself, exec'd as "kvbrokerd --keeper N" from a
- * double fork (its own session, not the broker's child, so a SIGKILL of the broker or of its
- * process group leaves it alone), with its listening socket on fd 3 and the pool on fds 4...
- * It maps nothing: its cost is a few fds and a page of memory.
+ * adopts the pool (adopt.c). It is kvbrokerd itself, exec'd as "kvbrokerd --keeper N PATH" from
+ * a double fork (its own session, not the broker's child, so a SIGKILL of the broker or of its
+ * process group leaves it alone), with its listening socket on fd 3, its owner's connection on
+ * fd 4 and the pool on fds 5... It maps nothing: its cost is a few fds and a page of memory.
  *
- * Protocol, on "<socket>.keep" (SOCK_SEQPACKET, mode 0600 in the socket's directory): the
- * client sends struct keeper_msg {KEEPER_MAGIC, op}; GET is answered with {KEEPER_MAGIC, GET,
- * n} and the n fds (SCM_RIGHTS), FREE with {KEEPER_MAGIC, FREE, 0}, after which the keeper
- * closes everything and exits. Anything else is answered with op 0 and ignored.
+ * [owner] The pool has one owner at a time: the broker at the other end of the keeper's owner
+ * connection (a socketpair made by the broker that spawns the keeper, or the connection over
+ * which a broker adopting the pool fetched it). While that connection is open the keeper
+ * refuses the pool to everyone else, whatever happened to the files: a second broker started on
+ * the same path after an operator or a tmp cleaner removed the socket and its lock file is told
+ * the owner's pid (KEEPER_BUSY) instead of adopting a pool that a live broker writes. The kernel
+ * closes the connection when the owner dies, however it dies, so the next broker is never kept
+ * out by a dead one; a broker that hands over (--takeover) has exited before its successor asks,
+ * and a request from a non-owner waits up to KEEPER_OWNER_GRACE_MS for the owner's end to close
+ * (fds are closed one by one at exit: the lock may go before this connection). The other way
+ * round, the owner sees the connection hang up when the keeper dies, which is how the broker's
+ * watch (watch.c) notices and starts a new keeper.
+ *
+ * Protocol, on "<socket>.keep" (SOCK_SEQPACKET, mode 0600 in the socket's directory) and on the
+ * owner connection: the client sends struct keeper_msg {KEEPER_MAGIC, op}. GET is answered with
+ * {KEEPER_MAGIC, GET, n, keeper pid} and the n fds (SCM_RIGHTS), and makes the asker the owner
+ * (its connection stays open); FREE with {KEEPER_MAGIC, FREE}, after which the keeper closes
+ * everything and exits; either, from a non-owner while an owner lives, with {KEEPER_MAGIC, BUSY,
+ * 0, owner pid}. A new keeper says {KEEPER_MAGIC, HELLO, 0, its pid} on the owner connection
+ * once it runs. Anything else is answered with op 0 and ignored. A keeper of an earlier version
+ * answers GET with 0 in the last word and has no owner: the broker then starts a keeper of its
+ * own (main.c), which replaces the old one's socket file, and the old one exits.
  *
  * Security: the fds it holds are read-write (pool.c [keep]), so the keeper must hand them only
  * to a broker: it answers a peer only when SO_PEERCRED says the peer is its own uid or root
@@ -21,9 +40,12 @@
  * broker), it is not dumpable (no /proc/<pid>/fd reopen, no ptrace, by its own uid either), and
  * the socket file is 0600 in a directory the broker created 0750.
  *
- * Lifetime: it exits on FREE (a clean broker exit, kvbrokerd --free-pool), when its socket file
- * disappears or is replaced (checked every second: a removed directory, an operator's rm), and
- * on SIGTERM. Nothing else ends it, by design: after a crash it waits for the next broker.
+ * Lifetime: it exits on FREE (a clean broker exit, kvbrokerd --free-pool), on SIGTERM, and when
+ * it has no owner and its socket file disappears or is replaced (checked every second: a
+ * removed directory, an operator's rm; nobody could ask for the pool again). While it has an
+ * owner it binds its socket file again where it was removed, so that the next broker finds the
+ * pool after a crash; a file of someone else's in its place is left alone. Nothing else ends
+ * it, by design: after a crash it waits for the next broker.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +62,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "keeper.h"
 #include "log.h"
 #include "proto.h"
@@ -47,13 +70,19 @@
 #define KEEPER_MAGIC 0x4b50564bu /* "KVPK" */
 #define KEEPER_GET 1u
 #define KEEPER_FREE 2u
+#define KEEPER_BUSY 3u
+#define KEEPER_HELLO 4u
 #define KEEPER_TIMEOUT_S 5
+#define KEEPER_OWNER_GRACE_MS 1000
+#define KEEPER_LISTEN_FD 3
+#define KEEPER_OWNER_FD 4
+#define KEEPER_POOL_FD 5
 
 struct keeper_msg {
 	uint32_t magic;
 	uint32_t op;
 	uint32_t nfds;
-	uint32_t resv;
+	uint32_t pid; /* GET, HELLO: the keeper's; BUSY: the owner's; 0 in requests */
 };
 
 int keeper_path(const char *sock, char *out)
@@ -64,11 +93,18 @@ int keeper_path(const char *sock, char *out)
 	return 0;
 }
 
+static void set_timeouts(int fd)
+{
+	struct timeval tv = {.tv_sec = KEEPER_TIMEOUT_S};
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
 /* A connected socket to the keeper of sock, or -ENOENT when none answers. */
 static int keeper_connect(const char *sock)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	struct timeval tv = {.tv_sec = KEEPER_TIMEOUT_S};
 	int fd, err = keeper_path(sock, sa.sun_path);
 
 	if (err)
@@ -83,8 +119,7 @@ static int keeper_connect(const char *sock)
 		close(fd);
 		return err;
 	}
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	set_timeouts(fd);
 	return fd;
 }
 
@@ -104,8 +139,11 @@ static int msg_send(int fd, const struct keeper_msg *m, const int *fds, uint32_t
 	return sendmsg(fd, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -errno;
 }
 
-/* Receives a reply of op; its fds (at most max) into fds. Returns the fd count or -errno. */
-static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max)
+/*
+ * Receives a reply of op; its fds (at most max) into fds, the pid it carries into *pid. Returns
+ * the fd count, -EBUSY for a BUSY reply (*pid: the owner), or another negative errno.
+ */
+static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max, pid_t *pid)
 {
 	union {
 		char b[CMSG_SPACE(sizeof(int) * KEEPER_MAX_FDS)];
@@ -136,6 +174,11 @@ static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max)
 				close(f), err = -EPROTO;
 		}
 	}
+	if (!err && r == (ssize_t)sizeof(m) && m.magic == KEEPER_MAGIC && m.op == KEEPER_BUSY &&
+	    !n) {
+		*pid = (pid_t)m.pid;
+		return -EBUSY;
+	}
 	if (!err && (r != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC || m.op != op ||
 		     m.nfds != n || (mh.msg_flags & MSG_CTRUNC)))
 		err = r == 0 ? -ECONNRESET : -EPROTO;
@@ -144,35 +187,68 @@ static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max)
 			close(fds[--n]);
 		return err;
 	}
+	*pid = (pid_t)m.pid;
 	return (int)n;
 }
 
-int keeper_fetch(const char *sock, int *fds, uint32_t max)
+int keeper_fetch(const char *sock, int *fds, uint32_t max, struct keeper_link *k)
 {
 	struct keeper_msg m = {KEEPER_MAGIC, KEEPER_GET, 0, 0};
 	int fd = keeper_connect(sock), n;
+	pid_t pid = 0;
 
+	k->fd = -1;
+	k->pid = 0;
 	if (fd < 0)
 		return fd;
 	n = msg_send(fd, &m, NULL, 0);
 	if (!n)
-		n = msg_recv(fd, KEEPER_GET, fds, max);
-	close(fd);
+		n = msg_recv(fd, KEEPER_GET, fds, max, &pid);
+	k->pid = pid;
+	if (n >= 0 && pid > 0) {
+		k->fd = fd; /* [owner] ours while it stays open */
+		return n;
+	}
+	close(fd); /* an error, or a keeper of an earlier version: it has no owner */
 	return n;
 }
 
-int keeper_free(const char *sock)
+/* FREE on fd; 0, -EBUSY (*owner) or another negative errno. */
+static int free_on(int fd, pid_t *owner)
 {
 	struct keeper_msg m = {KEEPER_MAGIC, KEEPER_FREE, 0, 0};
+	int err = msg_send(fd, &m, NULL, 0);
+
+	if (!err)
+		err = msg_recv(fd, KEEPER_FREE, NULL, 0, owner);
+	return err < 0 ? err : 0;
+}
+
+int keeper_free(const char *sock, pid_t *owner)
+{
 	int fd = keeper_connect(sock), err;
 
+	*owner = 0;
 	if (fd < 0)
 		return fd;
-	err = msg_send(fd, &m, NULL, 0);
-	if (!err)
-		err = msg_recv(fd, KEEPER_FREE, NULL, 0);
+	err = free_on(fd, owner);
 	close(fd);
-	return err < 0 ? err : 0;
+	return err;
+}
+
+int keeper_release(struct keeper_link *k, int free_pool)
+{
+	pid_t none;
+	int err = 0;
+
+	if (k->fd < 0)
+		return -ENOENT;
+	if (free_pool)
+		err = free_on(k->fd, &none);
+	close(k->fd);
+	k->fd = -1;
+	k->pid = 0;
+	return err;
 }
 
 static int listen_at(const char *path)
@@ -184,7 +260,7 @@ static int listen_at(const char *path)
 	if (fd < 0)
 		return -errno;
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	unlink(path); /* keeper_fetch found none answering there */
+	unlink(path); /* the caller found none answering there */
 	um = umask(0177);
 	err = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(um);
@@ -197,33 +273,27 @@ static int listen_at(const char *path)
 }
 
 /*
- * In the grandchild: the listening socket on 3, the pool on 4..., nothing else; exec. The
- * write end of keeper_spawn's pipe rides along above them, close-on-exec, so that its EOF
- * tells the broker that the keeper runs (or one byte, that it could not be started).
+ * In the grandchild: the listening socket on 3, the owner connection on 4, the pool on 5...,
+ * nothing else; exec. Only async-signal-safe calls: the broker may have other threads when it
+ * replaces a keeper that died (watch.c), and argv was formatted before the fork.
  */
 static void __attribute__((noreturn))
-keeper_exec(int lfd, const int *fds, uint32_t n, char *path, int wfd)
+keeper_exec(int lfd, int ofd, const int *fds, uint32_t n, char *const argv[])
 {
-	int tmp[KEEPER_MAX_FDS + 1], devnull = open("/dev/null", O_RDWR), wout = 4 + (int)n;
-	char fail = 1;
-	char nbuf[16], a0[] = "kvbrokerd", a1[] = "--keeper", *argv[] = {a0, a1, nbuf, path, NULL};
+	int tmp[KEEPER_MAX_FDS + 2], devnull = open("/dev/null", O_RDWR);
 	struct stat st;
+	sigset_t none;
 
 	setsid();
 	signal(SIGPIPE, SIG_DFL);
 	/* Above every target first, so that no dup2 below closes a source. */
 	tmp[0] = fcntl(lfd, F_DUPFD, 128);
+	tmp[1] = fcntl(ofd, F_DUPFD, 128);
 	for (uint32_t i = 0; i < n; i++)
-		tmp[i + 1] = fcntl(fds[i], F_DUPFD, 128);
-	wfd = fcntl(wfd, F_DUPFD_CLOEXEC, 128);
-	if (wfd < 0)
-		_exit(127);
-	for (uint32_t i = 0; i <= n; i++)
-		if (tmp[i] < 0 || dup2(tmp[i], 3 + (int)i) < 0)
-			goto fail;
-	if (dup3(wfd, wout, O_CLOEXEC) < 0)
-		goto fail;
-	wfd = wout;
+		tmp[i + 2] = fcntl(fds[i], F_DUPFD, 128);
+	for (uint32_t i = 0; i < n + 2; i++)
+		if (tmp[i] < 0 || dup2(tmp[i], KEEPER_LISTEN_FD + (int)i) < 0)
+			_exit(127);
 	if (devnull >= 0) {
 		dup2(devnull, 0);
 		dup2(devnull, 1);
@@ -232,112 +302,144 @@ keeper_exec(int lfd, const int *fds, uint32_t n, char *path, int wfd)
 		if (fstat(2, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 			dup2(devnull, 2);
 	}
-	if (syscall(SYS_close_range, 5u + n, ~0u, 0) < 0)
-		for (int f = 5 + (int)n; f < 4096; f++)
+	if (syscall(SYS_close_range, KEEPER_POOL_FD + n, ~0u, 0) < 0)
+		for (int f = KEEPER_POOL_FD + (int)n; f < 4096; f++)
 			close(f);
-	snprintf(nbuf, sizeof(nbuf), "%u", n);
-	{
-		sigset_t none;
-
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-	}
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
 	execv("/proc/self/exe", argv);
-fail:
-	(void)!write(wfd, &fail, 1);
 	_exit(127);
 }
 
-/* Waits for the EOF (the keeper exec'd) or the byte (it did not) on the pipe's read end. */
-static int keeper_started(int rfd)
+int keeper_spawn(const char *sock, const int *fds, uint32_t n, struct keeper_link *k)
 {
-	struct pollfd p = {.fd = rfd, .events = POLLIN};
-	char c;
-	ssize_t r;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)], nbuf[16], a0[] = "kvbrokerd",
+									  a1[] = "--keeper";
+	char *argv[] = {a0, a1, nbuf, path, NULL};
+	int lfd, err = keeper_path(sock, path), sp[2], st;
+	pid_t pid, none = 0;
 
-	while ((r = poll(&p, 1, KEEPER_TIMEOUT_S * 1000)) < 0 && errno == EINTR)
-		;
-	if (r == 0)
-		return -ETIMEDOUT;
-	while ((r = read(rfd, &c, 1)) < 0 && errno == EINTR)
-		;
-	return r == 0 ? 0 : -ECHILD;
-}
-
-int keeper_spawn(const char *sock, const int *fds, uint32_t n)
-{
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	int lfd, err = keeper_path(sock, path), st, pfd[2];
-	pid_t pid;
-
+	k->fd = -1;
+	k->pid = 0;
 	if (err)
 		return err;
 	if (!n || n > KEEPER_MAX_FDS)
 		return -EINVAL;
-	if (pipe2(pfd, O_CLOEXEC) < 0)
+	/* Never replace a keeper that answers: it holds a pool, ours or another broker's. */
+	lfd = keeper_connect(sock);
+	if (lfd >= 0) {
+		close(lfd);
+		return -EADDRINUSE;
+	}
+	snprintf(nbuf, sizeof(nbuf), "%u", n);
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
 		return -errno;
 	lfd = listen_at(path);
 	if (lfd < 0) {
-		close(pfd[0]);
-		close(pfd[1]);
+		close(sp[0]);
+		close(sp[1]);
 		return lfd;
 	}
 	pid = fork();
 	if (pid == 0) {
-		pid_t g = fork();
-
-		if (g == 0)
-			keeper_exec(lfd, fds, n, path, pfd[1]);
-		if (g < 0)
-			(void)!write(pfd[1], "", 1);
+		if (fork() == 0)
+			keeper_exec(lfd, sp[1], fds, n, argv);
 		_exit(0);
 	}
 	err = pid < 0 ? -errno : 0;
 	close(lfd);
-	close(pfd[1]);
+	close(sp[1]);
 	if (pid > 0) {
 		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 			;
-		/* Ready means a keeper runs, not one about to: a crash right after must find it. */
-		err = keeper_started(pfd[0]);
+		/* Ready means a keeper runs, not one about to: a crash right after must find it.
+		 * Its HELLO says so; an exec that failed closes the pair instead (EOF). */
+		set_timeouts(sp[0]);
+		err = msg_recv(sp[0], KEEPER_HELLO, NULL, 0, &none);
+		if (err >= 0 && none <= 0)
+			err = -EPROTO;
 	}
-	close(pfd[0]);
-	if (err)
+	if (err < 0) {
+		close(sp[0]);
 		unlink(path);
-	return err;
+		return err == -EAGAIN ? -ETIMEDOUT : err;
+	}
+	k->fd = sp[0];
+	k->pid = none;
+	return 0;
 }
 
+/* ---- the keeper process ---- */
+
+struct keeper {
+	const int *fds;
+	uint32_t n;
+	int owner;	 /* the owner's connection, -1 none */
+	pid_t owner_pid; /* for BUSY replies */
+	ino_t ino;	 /* the socket file we listen on */
+	dev_t dev;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
 /* Whether path still names the socket we listen on (same inode). */
-static int still_ours(const char *path, ino_t ino, dev_t dev)
+static int still_ours(const struct keeper *kp)
 {
 	struct stat st;
 
-	return stat(path, &st) == 0 && st.st_ino == ino && st.st_dev == dev;
+	return stat(kp->path, &st) == 0 && st.st_ino == kp->ino && st.st_dev == kp->dev;
 }
 
-/* One connection: answers a request of our uid or root. Returns 1 when told to exit. */
-static int keeper_serve(int c, const int *fds, uint32_t n)
+static void drop_owner(struct keeper *kp)
 {
-	struct ucred cr;
-	socklen_t cl = sizeof(cr);
-	struct keeper_msg m, r = {KEEPER_MAGIC, 0, 0, 0};
-	struct timeval tv = {.tv_sec = KEEPER_TIMEOUT_S};
+	close(kp->owner);
+	kp->owner = -1;
+	kp->owner_pid = 0;
+}
 
-	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
-	    (cr.uid != getuid() && cr.uid != 0)) {
-		fprintf(stderr, "kvbrokerd keeper: refused a peer of uid %u\n", (unsigned)cr.uid);
-		return 0;
+/*
+ * [owner] Whether the owner is gone, waiting up to ms for its connection to close. Requests
+ * the owner sends meanwhile wait for the main loop; only its hang-up counts here.
+ */
+static int owner_gone(struct keeper *kp, int ms)
+{
+	double until = clock_now() + ms * 1e-3;
+
+	while (kp->owner >= 0) {
+		struct pollfd p = {.fd = kp->owner, .events = POLLRDHUP};
+		int left = (int)((until - clock_now()) * 1e3);
+
+		if (poll(&p, 1, left > 0 ? left : 0) > 0 &&
+		    (p.revents & (POLLHUP | POLLRDHUP | POLLERR))) {
+			drop_owner(kp);
+			break;
+		}
+		if (left <= 0)
+			return 0;
 	}
-	if (recv(c, &m, sizeof(m), 0) != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC) {
+	return 1;
+}
+
+/*
+ * One request on c (a new connection, or the owner's). Returns 1 when told to exit, 0 when done
+ * with c (the caller closes it unless it became the owner), -1 when c is closed or broken.
+ */
+static int keeper_serve(struct keeper *kp, int c)
+{
+	struct keeper_msg m, r = {KEEPER_MAGIC, 0, 0, 0};
+	ssize_t got = recv(c, &m, sizeof(m), 0);
+	int is_owner = c == kp->owner;
+
+	if (got <= 0)
+		return -1;
+	if (got != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC ||
+	    (m.op != KEEPER_GET && m.op != KEEPER_FREE)) {
 		msg_send(c, &r, NULL, 0);
 		return 0;
 	}
-	if (m.op == KEEPER_GET) {
-		r.op = KEEPER_GET;
-		r.nfds = n;
-		msg_send(c, &r, fds, n);
+	if (!is_owner && !owner_gone(kp, KEEPER_OWNER_GRACE_MS)) {
+		r.op = KEEPER_BUSY;
+		r.pid = (uint32_t)kp->owner_pid;
+		msg_send(c, &r, NULL, 0);
 		return 0;
 	}
 	if (m.op == KEEPER_FREE) {
@@ -345,16 +447,67 @@ static int keeper_serve(int c, const int *fds, uint32_t n)
 		msg_send(c, &r, NULL, 0);
 		return 1;
 	}
-	msg_send(c, &r, NULL, 0);
+	r.op = KEEPER_GET;
+	r.nfds = kp->n;
+	r.pid = (uint32_t)getpid();
+	if (msg_send(c, &r, kp->fds, kp->n) == 0 && !is_owner) {
+		struct ucred cr;
+		socklen_t cl = sizeof(cr);
+
+		kp->owner = c;
+		kp->owner_pid = getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 ? cr.pid : 0;
+	}
 	return 0;
+}
+
+/* A new connection: only our uid or root is answered. */
+static int keeper_accept(struct keeper *kp)
+{
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	int c = accept4(KEEPER_LISTEN_FD, NULL, NULL, SOCK_CLOEXEC), r;
+
+	if (c < 0)
+		return 0;
+	set_timeouts(c);
+	if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
+	    (cr.uid != getuid() && cr.uid != 0)) {
+		fprintf(stderr, "kvbrokerd keeper: refused a peer of uid %u\n", (unsigned)cr.uid);
+		close(c);
+		return 0;
+	}
+	r = keeper_serve(kp, c);
+	if (c != kp->owner)
+		close(c);
+	return r == 1;
+}
+
+/* [owner] Our socket file went while a broker owns the pool: bind it again where we can. */
+static void relisten(struct keeper *kp)
+{
+	struct stat st;
+	int fd;
+
+	if (stat(kp->path, &st) == 0)
+		return; /* someone else's file: not ours to remove */
+	fd = listen_at(kp->path);
+	if (fd < 0)
+		return; /* no directory yet: the broker makes it again, we try next second */
+	if (dup3(fd, KEEPER_LISTEN_FD, O_CLOEXEC) >= 0 && stat(kp->path, &st) == 0) {
+		kp->ino = st.st_ino;
+		kp->dev = st.st_dev;
+	}
+	close(fd);
 }
 
 int keeper_main(int nfds)
 {
+	static struct keeper kp;
+	int fds[KEEPER_MAX_FDS];
 	struct sockaddr_un sa;
 	socklen_t sl = sizeof(sa);
-	int fds[KEEPER_MAX_FDS];
 	struct stat st;
+	struct keeper_msg hello = {KEEPER_MAGIC, KEEPER_HELLO, 0, (uint32_t)getpid()};
 
 	prctl(PR_SET_DUMPABLE, 0);
 	prctl(PR_SET_NAME, "kvb-keeper");
@@ -363,31 +516,52 @@ int keeper_main(int nfds)
 	signal(SIGHUP, SIG_IGN);
 	signal(SIGUSR2, SIG_IGN); /* "systemctl kill -s SIGUSR2" without --kill-who=main */
 	if (nfds <= 0 || nfds > (int)KEEPER_MAX_FDS ||
-	    getsockname(3, (struct sockaddr *)&sa, &sl) || sa.sun_family != AF_UNIX ||
-	    stat(sa.sun_path, &st) < 0)
+	    getsockname(KEEPER_LISTEN_FD, (struct sockaddr *)&sa, &sl) ||
+	    sa.sun_family != AF_UNIX || stat(sa.sun_path, &st) < 0)
 		return 2;
 	for (int i = 0; i < nfds; i++) {
-		fds[i] = 4 + i;
+		fds[i] = KEEPER_POOL_FD + i;
 		fcntl(fds[i], F_SETFD, FD_CLOEXEC);
 	}
-	fcntl(3, F_SETFD, FD_CLOEXEC);
-	for (;;) {
-		struct pollfd p = {.fd = 3, .events = POLLIN};
-		int r = poll(&p, 1, 1000), c;
+	fcntl(KEEPER_LISTEN_FD, F_SETFD, FD_CLOEXEC);
+	fcntl(KEEPER_OWNER_FD, F_SETFD, FD_CLOEXEC);
+	kp = (struct keeper){.fds = fds,
+			     .n = (uint32_t)nfds,
+			     .owner = KEEPER_OWNER_FD,
+			     .ino = st.st_ino,
+			     .dev = st.st_dev};
+	snprintf(kp.path, sizeof(kp.path), "%s", sa.sun_path);
+	{
+		struct ucred cr;
+		socklen_t cl = sizeof(cr);
 
-		if (!still_ours(sa.sun_path, st.st_ino, st.st_dev))
-			break; /* the socket file is gone: nobody can ask for the pool again */
-		if (r <= 0)
-			continue;
-		c = accept4(3, NULL, NULL, SOCK_CLOEXEC);
-		if (c < 0)
-			continue;
-		r = keeper_serve(c, fds, (uint32_t)nfds);
-		close(c);
-		if (r) {
-			unlink(sa.sun_path);
-			break;
-		}
+		if (getsockopt(kp.owner, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+			kp.owner_pid = cr.pid;
 	}
+	set_timeouts(kp.owner);
+	if (msg_send(kp.owner, &hello, NULL, 0) < 0)
+		drop_owner(&kp); /* the broker that spawned us is gone already */
+	for (;;) {
+		struct pollfd p[2] = {{.fd = KEEPER_LISTEN_FD, .events = POLLIN},
+				      {.fd = kp.owner, .events = POLLIN}};
+		int ready = poll(p, kp.owner >= 0 ? 2 : 1, 1000) > 0, r;
+
+		if (ready && kp.owner >= 0 && p[1].revents) {
+			r = keeper_serve(&kp, kp.owner);
+			if (r == 1)
+				break;
+			if (r < 0)
+				drop_owner(&kp); /* the broker died: the pool waits for the next */
+		}
+		if (!still_ours(&kp)) {
+			if (kp.owner < 0)
+				break; /* the socket file is gone: nobody can ask for the pool again */
+			relisten(&kp);
+		}
+		if (ready && (p[0].revents & POLLIN) && keeper_accept(&kp))
+			break;
+	}
+	if (still_ours(&kp))
+		unlink(kp.path);
 	return 0; /* exit closes the fds: the pool goes with the last broker's mapping */
 }

@@ -27,6 +27,7 @@
 #include "broker.h"
 #include "instance.h"
 #include "keeper.h"
+#include "watch.h"
 #include "sdnotify.h"
 #include "copy_cuda.h"
 #include "log.h"
@@ -688,61 +689,6 @@ bad:
 	return -EINVAL;
 }
 
-/*
- * Binds the control socket, replacing a stale file but never a live broker's socket. With
- * --group, the directory we create and the socket belong to that group, so its members (and
- * nobody else but us) can enter and connect; SO_PEERCRED is checked again at accept.
- */
-/*
- * Creates the socket's directory when missing, before the lock file and the socket go in it:
- * only the broker's user (and group) may enter a directory we create.
- */
-static int socket_dir(const char *path, const struct config *c)
-{
-	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *slash;
-
-	snprintf(dir, sizeof(dir), "%s", path);
-	slash = strrchr(dir, '/');
-	if (!slash || slash == dir)
-		return 0;
-	*slash = '\0';
-	if (mkdir(dir, 0750) == 0) {
-		if (c->has_group && chown(dir, (uid_t)-1, c->group) < 0)
-			log_warn("chown %s to group %u: %s", dir, (unsigned)c->group,
-				 strerror(errno));
-	} else if (errno != EEXIST) {
-		return -errno;
-	}
-	return 0;
-}
-
-static int listen_socket(const char *path, const struct config *c)
-{
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd, err;
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		close(fd);
-		return -EADDRINUSE;
-	}
-	close(fd);
-	unlink(path); /* stale (ECONNREFUSED) or absent */
-	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(path, 0660) < 0 ||
-	    (c->has_group && chown(path, (uid_t)-1, c->group) < 0) || listen(fd, 128) < 0) {
-		err = -errno;
-		close(fd);
-		return err;
-	}
-	return fd;
-}
-
 /* The signalfd is readable: SIGHUP is a no-op, the others stop the loop. */
 static void on_signal(void *arg)
 {
@@ -870,13 +816,56 @@ static void drop_kept(struct broker *b, int fdstore, uint32_t nfds)
 	if (fdstore)
 		sdn_remove_pool(nfds ? nfds - 1 : 0);
 	else
-		keeper_free(b->cfg.socket_path);
+		keeper_release(&b->kl, 1);
 }
 
 /*
- * [keep] The pool kept for this socket, adopted (1), or none (0: start cold). A pool that
- * cannot be adopted (another slab size, a damaged side table) is freed: the flags changed,
- * so the operator asked for a new one.
+ * [owner] A live broker owns the pool kept for our socket: we must not start, whatever the
+ * files say. Returns -EBUSY for main to exit with.
+ */
+static int owned_elsewhere(struct broker *b, pid_t owner)
+{
+	log_error("socket %s: its pool belongs to kvbrokerd pid %d, which runs (its socket or lock "
+		  "file was removed or replaced meanwhile; it makes them again within a second): "
+		  "not starting a second broker on one pool. Stop pid %d first, or replace it "
+		  "with kvbrokerd --takeover",
+		  b->cfg.socket_path, (int)owner, (int)owner);
+	return -EBUSY;
+}
+
+/*
+ * [owner] The keeper's fds, the pool's ownership with them. Under --takeover a broker that owns
+ * the pool but holds no lock (its lock file was removed) is asked to hand it over, as one that
+ * holds the lock is (main). A keeper of an earlier version knows no owner: it is retired once
+ * we have its fds, and keep_pool starts one of ours.
+ */
+static int fetch_kept(struct broker *b, int *fds)
+{
+	double t0 = clock_now();
+	int n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS, &b->kl);
+	pid_t owner = b->kl.pid, none;
+
+	if (n == -EBUSY && b->cfg.takeover && owner > 0) {
+		log_info("takeover: asking kvbrokerd pid %d, which owns the pool, to hand it over",
+			 (int)owner);
+		if (kill(owner, SIGUSR2) < 0)
+			log_warn("takeover: pid %d: %s", (int)owner, strerror(errno));
+		while (n == -EBUSY && clock_now() - t0 < 60)
+			n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS, &b->kl);
+		owner = b->kl.pid;
+	}
+	if (n == -EBUSY)
+		return owned_elsewhere(b, owner);
+	if (n > 0 && b->kl.fd < 0 && keeper_free(b->cfg.socket_path, &none) == 0)
+		log_info("adopt: retired a keeper of an earlier version: ours replaces it");
+	return n;
+}
+
+/*
+ * [keep] The pool kept for this socket, adopted (1), none (0: start cold), or -EBUSY: a live
+ * broker owns it (keeper.c [owner]; its files were removed, or it was started outside this
+ * unit), and we must not start. A pool that cannot be adopted (another slab size, a damaged
+ * side table) is freed: the flags changed, so the operator asked for a new one.
  *
  * [fdstore] Precedence: fds systemd passed back (LISTEN_FDS, sdnotify.c) first, then a keeper.
  * The service manager outlives every broker and hands its store back on each start of the
@@ -890,14 +879,20 @@ static int adopt_kept(struct broker *b)
 	int fds[KEEPER_MAX_FDS], n = sdn_listen_pool(fds, KEEPER_MAX_FDS), err, fdstore = n > 0;
 	const char *from = fdstore ? "systemd's fd store" : "the keeper";
 	double t = clock_now();
+	pid_t owner;
 
 	if (fdstore) {
-		if (!keeper_free(b->cfg.socket_path))
+		err = keeper_free(b->cfg.socket_path, &owner);
+		if (!err)
 			log_warn("a keeper also held a pool for %s: freed it (systemd's fd store "
 				 "has precedence)",
 				 b->cfg.socket_path);
+		if (err == -EBUSY)
+			return owned_elsewhere(b, owner);
 	} else {
-		n = keeper_fetch(b->cfg.socket_path, fds, KEEPER_MAX_FDS);
+		n = fetch_kept(b, fds);
+		if (n == -EBUSY)
+			return -EBUSY;
 	}
 	if (n == -ENOENT || n == 0)
 		return 0;
@@ -951,7 +946,7 @@ static int adopt_kept(struct broker *b)
 			 "kept as it is; --free-pool (or a clean stop) then a start resizes it",
 			 (unsigned long long)(b->pool.total >> 20), b->pool.narenas,
 			 (unsigned long long)(b->cfg.pool_bytes >> 20));
-	b->keeper = !fdstore;
+	b->keeper = !fdstore && b->kl.fd >= 0;
 	b->fdstore = fdstore; /* the store still holds these fds: nothing to send again */
 	return 1;
 }
@@ -974,7 +969,7 @@ static void keep_pool(struct broker *b)
 		if (!err) {
 			log_info("pool kept in systemd's fd store (%u fds): no keeper", n);
 			b->fdstore = 1;
-			if (b->keeper && !keeper_free(b->cfg.socket_path))
+			if (b->keeper && !keeper_release(&b->kl, 1))
 				log_info("pool keeper retired: systemd's fd store holds the pool");
 			b->keeper = 0;
 			return;
@@ -988,7 +983,7 @@ static void keep_pool(struct broker *b)
 	}
 	if (b->keeper)
 		return;
-	err = keeper_spawn(b->cfg.socket_path, fds, n);
+	err = keeper_spawn(b->cfg.socket_path, fds, n, &b->kl);
 	if (err)
 		log_warn("pool keeper: %s: the pool will not survive a crash", strerror(-err));
 	b->keeper = !err;
@@ -1006,8 +1001,12 @@ static int free_pool(struct broker *b)
 			  fd == -EBUSY ? ": a live kvbrokerd owns it" : "", (int)owner);
 		return 1;
 	}
-	err = keeper_free(b->cfg.socket_path);
-	if (err)
+	err = keeper_free(b->cfg.socket_path, &owner);
+	if (err == -EBUSY)
+		log_error("the pool kept for %s belongs to kvbrokerd pid %d, which runs (its lock "
+			  "file was removed): stop it instead, a clean stop frees its pool",
+			  b->cfg.socket_path, (int)owner);
+	else if (err)
 		log_error("no pool is kept for %s (%s)", b->cfg.socket_path, strerror(-err));
 	else
 		log_info("freed the pool kept for %s", b->cfg.socket_path);
@@ -1030,7 +1029,7 @@ int main(int argc, char **argv)
 		return 2;
 	list_init(&b.sessions);
 	list_init(&b.graveyard);
-	b.listen_fd = b.loop.epfd = b.sigfd = -1;
+	b.listen_fd = b.loop.epfd = b.sigfd = b.kl.fd = -1;
 	b.start_time = clock_now();
 	/*
 	 * Not dumpable: processes of our uid can then neither ptrace us nor reopen our fds through
@@ -1041,7 +1040,7 @@ int main(int argc, char **argv)
 	b.spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	/* First, before any work: a second broker on this socket stops here. */
-	err = socket_dir(b.cfg.socket_path, &b.cfg);
+	err = instance_dir(b.cfg.socket_path, b.cfg.has_group, b.cfg.group);
 	if (err) {
 		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
 		return 1;
@@ -1074,7 +1073,10 @@ int main(int argc, char **argv)
 		instance_unlock(b.cfg.socket_path, b.lock_fd);
 		return free_pool(&b);
 	}
-	if (!adopt_kept(&b)) {
+	err = adopt_kept(&b);
+	if (err < 0)
+		goto out_pool;
+	if (!err) {
 		err = start_pool(&b);
 		if (err)
 			goto out_pool;
@@ -1129,7 +1131,7 @@ int main(int argc, char **argv)
 			goto out_store;
 		}
 	}
-	b.listen_fd = listen_socket(b.cfg.socket_path, &b.cfg);
+	b.listen_fd = instance_listen(b.cfg.socket_path, b.cfg.has_group, b.cfg.group);
 	if (b.listen_fd < 0) {
 		err = b.listen_fd;
 		log_error("socket %s: %s%s", b.cfg.socket_path, strerror(-err),
@@ -1155,6 +1157,7 @@ int main(int argc, char **argv)
 		err = loop_add(&b.loop, b.sigfd, &b.on_signal);
 	if (err)
 		goto out_sock;
+	watch_start(&b);
 	b.startup.ready_s = clock_now() - b.start_time;
 	log_info(
 		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
@@ -1197,7 +1200,8 @@ int main(int argc, char **argv)
 out_sock:
 	metrics_http_stop(b.metrics);
 	close(b.listen_fd);
-	unlink(b.cfg.socket_path);
+	if (instance_is(b.cfg.socket_path, -1, &b.watch.sock)) /* ours, not a successor's */
+		unlink(b.cfg.socket_path);
 out_store:
 	remote_close(&b);
 	loop_fini(&b.loop);
@@ -1212,13 +1216,16 @@ out_store:
 	store_fini(&b.store);
 out_pool:
 	/* [keep] A clean exit (or a failed start) frees the pool: only a crash or a hand-over
-	 * leaves it. */
+	 * leaves it. Our end of the keeper's connection closes before the lock goes: a
+	 * successor that takes the lock finds the pool without an owner. */
 	if (b.handover)
 		log_info("handed over: the pool stays with its keeper for the next broker");
-	else if (b.keeper && keeper_free(b.cfg.socket_path))
+	if (b.handover || !b.keeper)
+		keeper_release(&b.kl, 0);
+	else if (keeper_release(&b.kl, 1))
 		log_warn("pool keeper of %s did not answer: free it with --free-pool",
 			 b.cfg.socket_path);
-	else if (b.fdstore)
+	if (!b.handover && b.fdstore)
 		sdn_remove_pool(b.pool.narenas); /* [fdstore] FDSTOREREMOVE=1 of each */
 	pool_close(&b.pool);
 	instance_unlock(b.cfg.socket_path, b.lock_fd);

@@ -12,6 +12,7 @@
  */
 #include "broker.h"
 #include "metrics_http.h"
+#include "watch.h"
 
 #define EVICT_BATCH 256	  /* pages per watermark round */
 #define EXPIRE_EVERY 0.25 /* seconds between expiry checks while busy */
@@ -79,6 +80,7 @@ static void broker_tick(void *arg, int slept)
 	session_reap(b);
 	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
+	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->metrics)
 		metrics_http_tick(b);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "watch.h"
 #include "text.h"
 
 /* Who reads the document [tenant-stats]. */
@@ -139,6 +140,21 @@ static cJSON *pool_part_json(const struct broker *b, int part)
 	return p;
 }
 
+/* [owner] Who keeps the pool for the next broker, and whether a crash now would lose it. */
+static void keep_json(const struct broker *b, cJSON *p)
+{
+	cJSON_AddStringToObject(p, "kept_by",
+				b->fdstore		? "systemd"
+				: watch_restart_safe(b) ? "keeper"
+				: b->cfg.keep		? "nobody (keeper lost)"
+							: "nobody (--no-pool-keep)");
+	num(p, "restart_safe", watch_restart_safe(b));
+	num(p, "keeper_pid", b->keeper && b->kl.fd >= 0 ? (double)b->kl.pid : 0);
+	num(p, "keeper_deaths", (double)b->watch.keeper_deaths);
+	num(p, "keeper_starts", (double)b->watch.keeper_starts);
+	num(p, "files_remade", (double)b->watch.files_made);
+}
+
 static cJSON *pool_json(const struct broker *b)
 {
 	const struct store *st = &b->store;
@@ -164,6 +180,7 @@ static cJSON *pool_json(const struct broker *b)
 	num(p, "high_watermark", b->cfg.high_wm);
 	num(p, "low_watermark", b->cfg.low_wm);
 	num(p, "reclaimed_orphans", b->pool.reclaimed);
+	keep_json(b, p);
 	for (uint32_t i = 0; i < b->pool.narenas; i++) {
 		cJSON_AddItemToArray(arenas, arena_json(b, i, used[i]));
 	}

@@ -193,6 +193,11 @@ static void pool_bytes(struct mbuf *m, const cJSON *root, const cJSON *disk)
 		sample(m, "kvbroker_pool_pages", L("tier", "disk"), sdoc_num(disk, "pages"));
 	single(m, pool, "pinned_pages", "kvbroker_pool_pinned_pages", "gauge",
 	       "RAM pages that cannot be evicted now: leased or with a copy in flight.");
+	single(m, pool, "restart_safe", "kvbroker_pool_restart_safe", "gauge",
+	       "1 when the RAM pool survives a crash of the broker (a keeper process or systemd's "
+	       "fd store holds it), 0 when a crash now would lose it.");
+	single(m, pool, "keeper_deaths", "kvbroker_pool_keeper_deaths_total", "counter",
+	       "Pool keepers that died under this broker (each replaced at once when it can be).");
 	if (sdoc_has(pool, "slabs_total")) {
 		family(m, "kvbroker_pool_slabs", "gauge", "RAM pool slabs, free or holding pages.");
 		sample(m, "kvbroker_pool_slabs", L("state", "free"), sdoc_num(pool, "slabs_free"));

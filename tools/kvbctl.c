@@ -405,6 +405,20 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 		}
 		printf("           eviction above %.0f%% down to %.0f%%\n", hw, lw);
 	}
+	if (sdoc_has(pool, "restart_safe")) {
+		if (sdoc_num(pool, "restart_safe"))
+			printf("           survives a broker crash: kept by %s",
+			       sdoc_str(pool, "kept_by"));
+		else
+			printf("           AT RISK: a broker crash loses the pool (kept by %s)",
+			       sdoc_str(pool, "kept_by"));
+		if (sdoc_num(pool, "keeper_pid"))
+			printf(" (pid %.0f)", sdoc_num(pool, "keeper_pid"));
+		if (sdoc_num(pool, "keeper_deaths"))
+			printf(", %.0f keeper(s) died, %.0f restarted",
+			       sdoc_num(pool, "keeper_deaths"), sdoc_num(pool, "keeper_starts"));
+		printf("\n");
+	}
 	print_disk(root);
 	print_remote(root);
 	printf("clients    %.0f   leases %.0f   namespaces %d\n", sdoc_num(root, "clients"),
