@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "orphan.h"
 #include "broker.h"
 #include "log.h"
 #include "pagehdr.h"
@@ -176,6 +177,9 @@ int adopt_pool(struct broker *b)
 			memset(h, 0, sizeof(*h));
 			continue;
 		}
+		/* [orphans] Leased by a client of the broker before: pinned before an older or
+		 * newer copy of its key can drop it (store_drop keeps a pinned page's slot). */
+		orphan_adopted(b, &s->slabs[ents[i].slab].pages[ents[i].slot]);
 		if (!seen[nsid]) {
 			seen[nsid] = 1;
 			adopt_tenant(b, nsid, tenant[nsid], part);

@@ -198,6 +198,7 @@ struct session {
 	struct sbuf bufs[SESSION_MAX_BUFS];
 	struct sview *views[SESSION_MAX_VIEWS];
 	uint64_t *leases; /* lease ids held, with multiplicity */
+	uint64_t *ledger; /* [records] their mirror the keeper holds (orphan.c), NULL none */
 	double *lease_at; /* when each was taken (--lease-lifetime) */
 	uint32_t nleases, cap_leases;
 	uint64_t lease_bytes; /* page bytes of the leases held (--max-lease-bytes) */
@@ -240,6 +241,13 @@ struct broker {
 	struct counters ctr;
 	struct list sessions;
 	struct list graveyard;
+	struct list orphans; /* [orphans] clients of the previous broker still leasing (orphan.c) */
+	struct {
+		uint32_t live;	 /* orphans left */
+		uint64_t pins;	 /* pages they hold */
+		uint64_t unkept; /* sessions whose leases could not be kept for a successor */
+	} orphan_st;
+	uint32_t run_id;    /* random, per run: tags our sessions' records (orphan.c) */
 	uint32_t nsessions; /* ring clients (control connections not counted) */
 	uint32_t ncontrol;  /* control-only connections past HELLO */
 	uint32_t npending;  /* connections that have not sent HELLO yet */
@@ -291,6 +299,7 @@ struct broker {
 		uint64_t files_made;	  /* socket or lock files made again after removal */
 		struct stat sock;	  /* the socket file we listen on */
 		int lock_lost, sock_lost; /* another broker holds that file now (logged once) */
+		uint32_t busy_tries;	  /* keeper starts that found the dead one answering */
 	} watch;
 	int fdstore;  /* systemd's fd store holds it (sdnotify.c): FDSTOREREMOVE at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */

@@ -27,6 +27,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "orphan.h"
 #include "broker.h"
 #include "copy_cuda.h"
 #include "log.h"
@@ -252,6 +253,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	err = reply(s, h, 0, &rep, sizeof(rep), fds, (uint32_t)nfds);
 	if (!err) {
+		orphan_session_keep(b, s, s->region_fd); /* [records] */
 		s->hello_done = 1;
 		b->npending--;
 		b->nsessions++;

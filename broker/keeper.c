@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -72,6 +73,11 @@
 #define KEEPER_FREE 2u
 #define KEEPER_BUSY 3u
 #define KEEPER_HELLO 4u
+#define KEEPER_ADD 5u  /* [records] owner only: keep a session's record and its fds */
+#define KEEPER_DEL 6u  /* ... drop it */
+#define KEEPER_LIST 7u /* ... send every record (REC each), then END */
+#define KEEPER_REC 8u
+#define KEEPER_END 9u
 #define KEEPER_TIMEOUT_S 5
 #define KEEPER_OWNER_GRACE_MS 1000
 #define KEEPER_LISTEN_FD 3
@@ -83,6 +89,15 @@ struct keeper_msg {
 	uint32_t op;
 	uint32_t nfds;
 	uint32_t pid; /* GET, HELLO: the keeper's; BUSY: the owner's; 0 in requests */
+};
+
+/* [records] ADD, DEL, LIST, REC, END: a session's record, with up to KEEPER_REC_FDS fds. */
+struct keeper_rec {
+	uint32_t magic;
+	uint32_t op;
+	uint32_t nfds;
+	uint32_t part; /* the session's tenant partition */
+	uint64_t tag;  /* the broker's run and the session's id */
 };
 
 int keeper_path(const char *sock, char *out)
@@ -140,25 +155,25 @@ static int msg_send(int fd, const struct keeper_msg *m, const int *fds, uint32_t
 }
 
 /*
- * Receives a reply of op; its fds (at most max) into fds, the pid it carries into *pid. Returns
- * the fd count, -EBUSY for a BUSY reply (*pid: the owner), or another negative errno.
+ * One message of at most len bytes into buf, its fds (at most max, close-on-exec) into fds and
+ * their count into *n. Returns the bytes received (0: the peer hung up) or -errno; fds past max
+ * and truncated messages are -EPROTO, with every fd received closed.
  */
-static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max, pid_t *pid)
+static ssize_t recv_fds(int fd, void *buf, size_t len, int *fds, uint32_t max, uint32_t *n)
 {
 	union {
 		char b[CMSG_SPACE(sizeof(int) * KEEPER_MAX_FDS)];
 		struct cmsghdr align;
 	} cm;
-	struct keeper_msg m;
-	struct iovec iov = {&m, sizeof(m)};
+	struct iovec iov = {buf, len};
 	struct msghdr mh = {.msg_iov = &iov,
 			    .msg_iovlen = 1,
 			    .msg_control = cm.b,
 			    .msg_controllen = sizeof(cm)};
 	ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-	uint32_t n = 0;
 	int err = 0;
 
+	*n = 0;
 	if (r < 0)
 		return -errno;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
@@ -168,19 +183,40 @@ static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max, pid_t *pid)
 			int f;
 
 			memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(f));
-			if (n < max)
-				fds[n++] = f;
+			if (*n < max)
+				fds[(*n)++] = f;
 			else
 				close(f), err = -EPROTO;
 		}
 	}
-	if (!err && r == (ssize_t)sizeof(m) && m.magic == KEEPER_MAGIC && m.op == KEEPER_BUSY &&
-	    !n) {
+	if (!err && (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
+		err = -EPROTO;
+	if (err) {
+		while (*n)
+			close(fds[--*n]);
+		return err;
+	}
+	return r;
+}
+
+/*
+ * Receives a reply of op; its fds (at most max) into fds, the pid it carries into *pid. Returns
+ * the fd count, -EBUSY for a BUSY reply (*pid: the owner), or another negative errno.
+ */
+static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max, pid_t *pid)
+{
+	struct keeper_msg m;
+	uint32_t n;
+	ssize_t r = recv_fds(fd, &m, sizeof(m), fds, max, &n);
+	int err = 0;
+
+	if (r < 0)
+		return (int)r;
+	if (r == (ssize_t)sizeof(m) && m.magic == KEEPER_MAGIC && m.op == KEEPER_BUSY && !n) {
 		*pid = (pid_t)m.pid;
 		return -EBUSY;
 	}
-	if (!err && (r != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC || m.op != op ||
-		     m.nfds != n || (mh.msg_flags & MSG_CTRUNC)))
+	if (r != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC || m.op != op || m.nfds != n)
 		err = r == 0 ? -ECONNRESET : -EPROTO;
 	if (err) {
 		while (n)
@@ -249,6 +285,65 @@ int keeper_release(struct keeper_link *k, int free_pool)
 	k->fd = -1;
 	k->pid = 0;
 	return err;
+}
+
+int keeper_rec_add(struct keeper_link *k, uint64_t tag, uint32_t part, const int *fds, uint32_t n)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * KEEPER_REC_FDS)];
+		struct cmsghdr align;
+	} cm;
+	struct keeper_rec r = {KEEPER_MAGIC, KEEPER_ADD, n, part, tag};
+	struct iovec iov = {&r, sizeof(r)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+	if (k->fd < 0)
+		return -ENOENT;
+	if (n > KEEPER_REC_FDS)
+		return -EINVAL;
+	if (n)
+		kvb_msg_attach_fds(&mh, cm.b, fds, n);
+	/* Never waits: the loop thread calls it; a keeper that lags costs this record only. */
+	return sendmsg(k->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(r) ? 0 : -errno;
+}
+
+int keeper_rec_del(struct keeper_link *k, uint64_t tag)
+{
+	struct keeper_rec r = {KEEPER_MAGIC, KEEPER_DEL, 0, 0, tag};
+
+	if (k->fd < 0)
+		return -ENOENT;
+	return send(k->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(r)
+		       ? 0
+		       : -errno;
+}
+
+int keeper_rec_list(struct keeper_link *k, keeper_rec_fn fn, void *arg)
+{
+	struct keeper_rec r = {KEEPER_MAGIC, KEEPER_LIST, 0, 0, 0};
+	int fds[KEEPER_REC_FDS], count = 0;
+
+	if (k->fd < 0)
+		return -ENOENT;
+	if (send(k->fd, &r, sizeof(r), MSG_NOSIGNAL) != (ssize_t)sizeof(r))
+		return -errno;
+	for (;;) {
+		uint32_t n;
+		ssize_t got = recv_fds(k->fd, &r, sizeof(r), fds, KEEPER_REC_FDS, &n);
+
+		if (got < 0)
+			return (int)got;
+		if (got != (ssize_t)sizeof(r) || r.magic != KEEPER_MAGIC ||
+		    (r.op != KEEPER_REC && r.op != KEEPER_END) || r.nfds != n) {
+			while (n)
+				close(fds[--n]);
+			return got == 0 ? -ECONNRESET : -EPROTO;
+		}
+		if (r.op == KEEPER_END)
+			return count;
+		fn(arg, r.tag, r.part, fds, n); /* the fds are its */
+		count++;
+	}
 }
 
 static int listen_at(const char *path)
@@ -371,9 +466,18 @@ int keeper_spawn(const char *sock, const int *fds, uint32_t n, struct keeper_lin
 
 /* ---- the keeper process ---- */
 
+/* [records] A session's record: its tag, partition and fds, kept for the next broker. */
+struct krec {
+	uint64_t tag;
+	uint32_t part, n;
+	int fds[KEEPER_REC_FDS];
+};
+
 struct keeper {
 	const int *fds;
 	uint32_t n;
+	struct krec *recs;
+	uint32_t nrecs, cap;
 	int owner;	 /* the owner's connection, -1 none */
 	pid_t owner_pid; /* for BUSY replies */
 	ino_t ino;	 /* the socket file we listen on */
@@ -419,20 +523,85 @@ static int owner_gone(struct keeper *kp, int ms)
 	return 1;
 }
 
+static void rec_drop(struct keeper *kp, uint32_t i)
+{
+	for (uint32_t j = 0; j < kp->recs[i].n; j++)
+		close(kp->recs[i].fds[j]);
+	kp->recs[i] = kp->recs[--kp->nrecs];
+}
+
+/* [records] ADD, DEL or LIST from the owner. */
+static void rec_serve(struct keeper *kp, const struct keeper_rec *r, int *fds, uint32_t n)
+{
+	struct keeper_rec out = {KEEPER_MAGIC, KEEPER_REC, 0, 0, 0};
+
+	if (r->op == KEEPER_ADD) {
+		if (kp->nrecs == kp->cap) {
+			uint32_t cap = kp->cap ? 2 * kp->cap : 64;
+			struct krec *nr = realloc(kp->recs, cap * sizeof(*nr));
+
+			if (!nr)
+				goto drop; /* that session's leases are not kept: fail safe */
+			kp->recs = nr;
+			kp->cap = cap;
+		}
+		kp->recs[kp->nrecs] = (struct krec){.tag = r->tag, .part = r->part, .n = n};
+		memcpy(kp->recs[kp->nrecs++].fds, fds, n * sizeof(*fds));
+		return;
+	}
+	if (r->op == KEEPER_DEL) {
+		for (uint32_t i = 0; i < kp->nrecs; i++)
+			if (kp->recs[i].tag == r->tag)
+				rec_drop(kp, i--);
+	} else if (r->op == KEEPER_LIST) {
+		for (uint32_t i = 0; i < kp->nrecs; i++) {
+			union {
+				char b[CMSG_SPACE(sizeof(int) * KEEPER_REC_FDS)];
+				struct cmsghdr align;
+			} cm;
+			struct iovec iov = {&out, sizeof(out)};
+			struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+			out.nfds = kp->recs[i].n;
+			out.part = kp->recs[i].part;
+			out.tag = kp->recs[i].tag;
+			if (out.nfds)
+				kvb_msg_attach_fds(&mh, cm.b, kp->recs[i].fds, out.nfds);
+			(void)sendmsg(kp->owner, &mh, MSG_NOSIGNAL);
+		}
+		out = (struct keeper_rec){KEEPER_MAGIC, KEEPER_END, 0, 0, 0};
+		(void)send(kp->owner, &out, sizeof(out), MSG_NOSIGNAL);
+	}
+drop:
+	while (n)
+		close(fds[--n]);
+}
+
 /*
  * One request on c (a new connection, or the owner's). Returns 1 when told to exit, 0 when done
  * with c (the caller closes it unless it became the owner), -1 when c is closed or broken.
  */
 static int keeper_serve(struct keeper *kp, int c)
 {
-	struct keeper_msg m, r = {KEEPER_MAGIC, 0, 0, 0};
-	ssize_t got = recv(c, &m, sizeof(m), 0);
-	int is_owner = c == kp->owner;
+	union {
+		struct keeper_msg m;
+		struct keeper_rec r;
+	} u;
+	struct keeper_msg r = {KEEPER_MAGIC, 0, 0, 0};
+	int fds[KEEPER_REC_FDS], is_owner = c == kp->owner;
+	uint32_t n;
+	ssize_t got = recv_fds(c, &u, sizeof(u), fds, KEEPER_REC_FDS, &n);
 
-	if (got <= 0)
+	if (got == 0 || (got < 0 && got != -EPROTO))
 		return -1;
-	if (got != (ssize_t)sizeof(m) || m.magic != KEEPER_MAGIC ||
-	    (m.op != KEEPER_GET && m.op != KEEPER_FREE)) {
+	if (got == (ssize_t)sizeof(u.r) && u.r.magic == KEEPER_MAGIC && is_owner && u.r.nfds == n) {
+		rec_serve(kp, &u.r, fds, n);
+		return 0;
+	}
+	while (n)
+		close(fds[--n]); /* fds come only with records, and only from the owner */
+	if (got != (ssize_t)sizeof(u.m) || u.m.magic != KEEPER_MAGIC ||
+	    (u.m.op != KEEPER_GET && u.m.op != KEEPER_FREE)) {
 		msg_send(c, &r, NULL, 0);
 		return 0;
 	}
@@ -442,7 +611,7 @@ static int keeper_serve(struct keeper *kp, int c)
 		msg_send(c, &r, NULL, 0);
 		return 0;
 	}
-	if (m.op == KEEPER_FREE) {
+	if (u.m.op == KEEPER_FREE) {
 		r.op = KEEPER_FREE;
 		msg_send(c, &r, NULL, 0);
 		return 1;
@@ -509,8 +678,15 @@ int keeper_main(int nfds)
 	struct stat st;
 	struct keeper_msg hello = {KEEPER_MAGIC, KEEPER_HELLO, 0, (uint32_t)getpid()};
 
+	struct rlimit rl;
+
 	prctl(PR_SET_DUMPABLE, 0);
 	prctl(PR_SET_NAME, "kvb-keeper");
+	/* [records] Three fds for each client of the broker: as many as the hard limit allows. */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);

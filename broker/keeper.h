@@ -60,6 +60,19 @@ int keeper_release(struct keeper_link *k, int free_pool);
  */
 int keeper_spawn(const char *sock, const int *fds, uint32_t n, struct keeper_link *k);
 
+/*
+ * [records] What a broker's sessions need to outlive it (orphan.c): per session a tag, its
+ * tenant partition and up to KEEPER_REC_FDS fds, kept by the keeper until deleted, and handed
+ * to the next owner by keeper_rec_list. Add and delete never wait (the loop thread calls them):
+ * -EAGAIN when the keeper lags, -ENOENT when k holds no keeper.
+ */
+#define KEEPER_REC_FDS 3
+int keeper_rec_add(struct keeper_link *k, uint64_t tag, uint32_t part, const int *fds, uint32_t n);
+int keeper_rec_del(struct keeper_link *k, uint64_t tag);
+/* Calls fn for each record (fn owns the fds); the count or a negative errno. */
+typedef void (*keeper_rec_fn)(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t n);
+int keeper_rec_list(struct keeper_link *k, keeper_rec_fn fn, void *arg);
+
 /* kvbrokerd --keeper N PATH: the keeper's main, on fds 3 (listening), 4 (owner), 5..5+N-1. */
 int keeper_main(int nfds);
 

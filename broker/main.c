@@ -28,6 +28,7 @@
 #include "instance.h"
 #include "keeper.h"
 #include "watch.h"
+#include "orphan.h"
 #include "sdnotify.h"
 #include "copy_cuda.h"
 #include "log.h"
@@ -1029,6 +1030,8 @@ int main(int argc, char **argv)
 		return 2;
 	list_init(&b.sessions);
 	list_init(&b.graveyard);
+	list_init(&b.orphans);
+	b.run_id = orphan_run_id();
 	b.listen_fd = b.loop.epfd = b.sigfd = b.kl.fd = -1;
 	b.start_time = clock_now();
 	/*
@@ -1076,6 +1079,8 @@ int main(int argc, char **argv)
 	err = adopt_kept(&b);
 	if (err < 0)
 		goto out_pool;
+	if (err > 0)
+		(void)orphan_load(&b); /* [orphans] before keep_pool may retire the keeper */
 	if (!err) {
 		err = start_pool(&b);
 		if (err)
@@ -1158,6 +1163,7 @@ int main(int argc, char **argv)
 	if (err)
 		goto out_sock;
 	watch_start(&b);
+	orphan_start(&b); /* [orphans] what the previous broker's clients lease, watched */
 	b.startup.ready_s = clock_now() - b.start_time;
 	log_info(
 		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
@@ -1203,6 +1209,7 @@ out_sock:
 	if (instance_is(b.cfg.socket_path, -1, &b.watch.sock)) /* ours, not a successor's */
 		unlink(b.cfg.socket_path);
 out_store:
+	orphan_fini(&b); /* [orphans] their pins; handed over, their records stay kept */
 	remote_close(&b);
 	loop_fini(&b.loop);
 	if (b.sigfd >= 0)

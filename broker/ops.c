@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "orphan.h"
 #include "broker.h"
 #include "clock.h"
 #include "log.h"
@@ -745,6 +746,7 @@ static int lease_push(struct broker *b, struct session *s, const struct page *pg
 	}
 	s->lease_at[s->nleases] = clock_now();
 	s->leases[s->nleases++] = id;
+	orphan_ledger(b, s, s->nleases - 1); /* [records] */
 	s->lease_bytes += bytes;
 	b->leased_bytes[s->part] += bytes;
 	b->leases++;
@@ -762,6 +764,7 @@ static int lease_pop(struct broker *b, struct session *s, uint64_t id)
 			--s->nleases;
 			s->leases[i] = s->leases[s->nleases];
 			s->lease_at[i] = s->lease_at[s->nleases];
+			orphan_ledger(b, s, i); /* [records] */
 			/* A held lease pins its slot: the record is still the one leased. */
 			if (pg && store_lease_id(pg) == id) {
 				s->lease_bytes -= b->store.cls[pg->cls].slot_bytes;
@@ -863,6 +866,8 @@ void ops_release_all(struct broker *b, struct session *s)
 	b->leases -= s->nleases;
 	b->leased_bytes[s->part] -= s->lease_bytes;
 	s->nleases = 0;
+	if (!b->handover) /* [records] handed over, the next broker holds them */
+		orphan_ledger(b, s, 0);
 	s->lease_bytes = 0;
 	free(s->leases);
 	free(s->lease_at);

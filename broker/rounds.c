@@ -12,6 +12,7 @@
  */
 #include "broker.h"
 #include "metrics_http.h"
+#include "orphan.h"
 #include "watch.h"
 
 #define EVICT_BATCH 256	  /* pages per watermark round */
@@ -81,6 +82,8 @@ static void broker_tick(void *arg, int slept)
 	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
+	if (b->orphan_st.live)
+		orphan_tick(b); /* [orphans] clients of the previous broker that let go */
 	if (b->metrics)
 		metrics_http_tick(b);
 }

@@ -49,6 +49,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "orphan.h"
 #include "broker.h"
 #include "copy_cuda.h"
 #include "log.h"
@@ -609,6 +610,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 			 s->name[0] ? s->name : "?", (int)s->pid, why, s->nleases);
 	session_notes(b, s); /* [notes] its last reads count */
 	ops_release_all(b, s);
+	orphan_session_drop(b, s); /* [records] */
 	(void)hz_unpin(b, s, 1);
 	b->leases -= s->hz_leases; /* [hazard] its own, as told */
 	b->leased_bytes[s->part] -= s->hz_held;

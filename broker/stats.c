@@ -153,6 +153,9 @@ static void keep_json(const struct broker *b, cJSON *p)
 	num(p, "keeper_deaths", (double)b->watch.keeper_deaths);
 	num(p, "keeper_starts", (double)b->watch.keeper_starts);
 	num(p, "files_remade", (double)b->watch.files_made);
+	num(p, "orphans", b->orphan_st.live);
+	num(p, "orphan_pins", (double)b->orphan_st.pins);
+	num(p, "unkept_sessions", (double)b->orphan_st.unkept);
 }
 
 static cJSON *pool_json(const struct broker *b)

@@ -33,6 +33,13 @@
 
 #define WATCH_EVERY 1.0 /* seconds between looks at the files */
 #define WATCH_RETRY 5.0 /* seconds between keeper starts that fail */
+/*
+ * A keeper killed closes its owner connection before its listening socket is released (an
+ * exiting task's files are released last-closed first), so a new one started at once can find
+ * the dead one still answering for a moment: it waits a little, and tries soon again after
+ * that one reason.
+ */
+#define WATCH_SETTLE 0.05
 
 int watch_restart_safe(const struct broker *b)
 {
@@ -55,6 +62,10 @@ static void keeper_restart(struct broker *b, double now)
 	uint32_t n = pool_handover_fds(&b->pool, fds);
 
 	err = keeper_spawn(b->cfg.socket_path, fds, n, &b->kl);
+	if (err == -EADDRINUSE && b->watch.busy_tries++ < 20) {
+		b->watch.retry_at = now + 4 * WATCH_SETTLE;
+		return;
+	}
 	if (err) {
 		b->watch.retry_at = now + WATCH_RETRY;
 		log_error("pool keeper: cannot start a new one (%s%s): the pool will not survive "
@@ -66,6 +77,7 @@ static void keeper_restart(struct broker *b, double now)
 		return;
 	}
 	b->keeper = 1;
+	b->watch.busy_tries = 0;
 	b->watch.keeper_starts++;
 	keeper_join(b);
 	log_info("pool keeper: a new one runs (pid %d): the pool survives a crash again",
@@ -89,8 +101,7 @@ static void on_keeper(void *arg)
 	log_error("pool keeper (pid %d) died: until a new one runs, a crash of this broker "
 		  "loses the pool",
 		  (int)pid);
-	if (!b->handover && !b->loop.stop)
-		keeper_restart(b, clock_now());
+	b->watch.retry_at = clock_now() + WATCH_SETTLE; /* watch_tick starts the next */
 }
 
 void watch_start(struct broker *b)
@@ -163,11 +174,12 @@ static void watch_socket(struct broker *b)
 
 void watch_tick(struct broker *b, double now)
 {
+	if (b->cfg.keep && !b->keeper && !b->fdstore && !b->handover && !b->loop.stop &&
+	    now >= b->watch.retry_at)
+		keeper_restart(b, now);
 	if (now - b->watch.at < WATCH_EVERY)
 		return;
 	b->watch.at = now;
-	if (b->cfg.keep && !b->keeper && !b->fdstore && !b->handover && now >= b->watch.retry_at)
-		keeper_restart(b, now);
 	if (instance_dir(b->cfg.socket_path, b->cfg.has_group, b->cfg.group) < 0)
 		return;
 	watch_lock(b);

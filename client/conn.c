@@ -719,7 +719,7 @@ static void old_ids_keep(struct kvb_client *c, uint32_t gen)
 		return; /* such a RELEASE then goes to the new broker: -EINVAL, mappings kept */
 	c->old_ids = ids;
 	for (uint32_t i = 0; i < c->nheld; i++)
-		ids[c->nold_ids++] = (struct kvbc_old_id){c->held[i], gen};
+		ids[c->nold_ids++] = (struct kvbc_old_id){c->held[i].id, gen};
 	for (uint32_t i = 0; i < KVB_HZ_ENTRIES; i++)
 		if (c->hz_used & (1u << i))
 			ids[c->nold_ids++] = (struct kvbc_old_id){c->hz_id[i], gen};
@@ -754,10 +754,84 @@ static void retire_broker(struct kvb_client *c)
 	old_ids_keep(c, gen);
 }
 
+/*
+ * [retire] The bytes at [a, e) become memory of our own with the same contents, in one step
+ * (mremap over them), so a reader on another thread sees the same bytes throughout. 0 or -errno
+ * (then they stay the pool's).
+ */
+static int privatize_range(uintptr_t a, uintptr_t e)
+{
+	size_t n = e - a;
+	void *copy = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int err;
+
+	if (copy == MAP_FAILED)
+		return -errno;
+	memcpy(copy, (const void *)a, n);
+	if (mprotect(copy, n, PROT_READ) == 0 &&
+	    mremap(copy, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, (void *)a) != MAP_FAILED)
+		return 0;
+	err = -errno;
+	munmap(copy, n);
+	return err;
+}
+
+/*
+ * [retire] One lease's page: its 4 KiB pages (every slot is 4 KiB-aligned), or the huge pages
+ * around it where the pool map is of huge pages (mremap refuses part of one).
+ */
+static int privatize(const void *data, uint64_t len)
+{
+	static const uintptr_t align[] = {4096, 2u << 20};
+	int err = -EINVAL;
+
+	for (size_t i = 0; i < sizeof(align) / sizeof(align[0]) && err == -EINVAL; i++) {
+		uintptr_t a = (uintptr_t)data & ~(align[i] - 1);
+		uintptr_t e = ((uintptr_t)data + len + align[i] - 1) & ~(align[i] - 1);
+
+		err = privatize_range(a, e);
+	}
+	return err;
+}
+
+/*
+ * [retire] The broker went, and the pool may be adopted by the next one (broker/orphan.c),
+ * which reuses what nobody leases: every lease we hold of it gets memory of its own first, so
+ * that it reads what it leased whatever the pool holds next; then the old region's
+ * KVB_REGION_RETIRED word says so, and the next broker lets go of the pages it held for us.
+ * A lease that cannot be copied leaves the word alone: its page stays held until we exit.
+ */
+static void retire_leases(struct kvb_client *c)
+{
+	int ok = 1;
+
+	for (uint32_t i = 0; i < c->nheld; i++)
+		if (c->held[i].data && privatize(c->held[i].data, c->held[i].len))
+			ok = 0;
+	for (uint32_t i = 0; c->hz && i < KVB_HZ_ENTRIES; i++) {
+		uint64_t v;
+		const void *data;
+
+		if (!(c->hz_used & (1u << i)))
+			continue;
+		v = kvb_load64_relaxed(&c->hz[i]);
+		if (!(v & 1) || kvbc_lease_map(c, v & ~1ull, c->hz_len[i], &data) ||
+		    privatize(data, c->hz_len[i]))
+			ok = 0;
+	}
+	if (ok && c->region && c->region_size >= KVB_REGION_RETIRED + sizeof(uint32_t))
+		kvb_store_release(
+			(kvb_atomic_u32 *)(void *)((char *)c->region + KVB_REGION_RETIRED),
+			KVB_RETIRED_MAGIC);
+}
+
 /* Drops what ties us to the broker that went: socket, doorbells, rings, arena maps. */
 static void detach_locked(struct kvb_client *c)
 {
 	int cfd_on = c->cfd_on;
+
+	if (c->region)
+		retire_leases(c); /* [retire] before the region goes */
 
 	if (c->sock >= 0)
 		close(c->sock);

@@ -63,13 +63,22 @@ enum kvbc_slot_kind {
 	KVBC_SLOT_DISCARD, /* fire and forget (deferred RELEASE); dropped on completion */
 };
 
+/* [release-post] A lease of the current broker we hold: its id, and [retire] its bytes. */
+struct kvbc_held {
+	uint64_t id;
+	const void *data;
+	uint64_t len;
+};
+
 struct kvbc_slot {
 	uint64_t user_data; /* ASYNC: the caller's */
 	struct kvb_cqe cqe; /* valid once done */
 	uint32_t gen;	    /* bumped on every reuse: a stale or forged token never matches */
 	uint32_t ns;	    /* ACQUIRE: namespace, for lease.len */
 	uint64_t lease;	    /* ASYNC RELEASE: the lease, still the caller's if the broker goes */
-	uint8_t kind;	    /* enum kvbc_slot_kind */
+	const void *lease_data; /* ... its bytes and length, noted again with it ([retire]) */
+	uint64_t lease_len;
+	uint8_t kind; /* enum kvbc_slot_kind */
 	uint8_t opcode;
 	uint8_t done;
 };
@@ -229,7 +238,7 @@ struct kvb_client {
 	uint64_t retry_at, backoff_ns; /* the next attempt, CLOCK_MONOTONIC ns */
 	uint32_t leases;	       /* leases acquired here and not released */
 	uint32_t old_leases;	       /* of them, leases of a previous broker (retired maps) */
-	uint64_t *held;		       /* [release-post] ids of this broker's leases we hold */
+	struct kvbc_held *held;	       /* [release-post] this broker's leases we hold */
 	uint32_t nheld, held_cap;
 	struct kvbc_gone *gone; /* brokers that went while leases of theirs were held */
 	uint32_t ngone, gone_seq;
@@ -248,8 +257,9 @@ struct kvb_client {
  * completion), or given back by an async RELEASE; kvb_release() posts without waiting only
  * for an id noted here. A failed note only costs the wait.
  */
-void kvbc_lease_note(struct kvb_client *c, uint64_t id);
-void kvbc_lease_forget(struct kvb_client *c, uint64_t id);
+void kvbc_lease_note(struct kvb_client *c, uint64_t id, const void *data, uint64_t len);
+/* Forgets one instance of id; its bytes into *data and *len (NULL, 0 when not held). */
+void kvbc_lease_forget(struct kvb_client *c, uint64_t id, const void **data, uint64_t *len);
 
 /*
  * ops.c [lease-alias]: kvbc_lease_issue() turns the broker's lease id into the one the caller

@@ -718,8 +718,8 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
 	if (!err) {
 		c->leases++;
 		if (!hz) {
-			id = kvbc_lease_issue(c, id); /* [lease-alias] */
-			kvbc_lease_note(c, id);	      /* [release-post] */
+			id = kvbc_lease_issue(c, id);		     /* [lease-alias] */
+			kvbc_lease_note(c, id, data, n->page_bytes); /* [release-post] */
 		}
 		lease->data = data;
 		lease->len = (size_t)n->page_bytes;
@@ -734,24 +734,24 @@ int kvb_acquire(kvb_client *c, uint32_t ns, kvb_key key, struct kvb_lease *lease
  * (a lease is most often released soon, and there are few). An id may be held more than
  * once: two ACQUIREs of one page give it twice, and the broker wants two RELEASEs.
  */
-void kvbc_lease_note(struct kvb_client *c, uint64_t id)
+void kvbc_lease_note(struct kvb_client *c, uint64_t id, const void *data, uint64_t len)
 {
 	if (c->nheld == c->held_cap) {
 		uint32_t cap = c->held_cap ? 2 * c->held_cap : 16;
-		uint64_t *n = realloc(c->held, cap * sizeof(*n));
+		struct kvbc_held *n = realloc(c->held, cap * sizeof(*n));
 
 		if (!n)
 			return; /* not noted: its kvb_release() waits for the broker's answer */
 		c->held = n;
 		c->held_cap = cap;
 	}
-	c->held[c->nheld++] = id;
+	c->held[c->nheld++] = (struct kvbc_held){id, data, len};
 }
 
 int kvbc_lease_held(const struct kvb_client *c, uint64_t id)
 {
 	for (uint32_t i = 0; i < c->nheld; i++)
-		if (c->held[i] == id)
+		if (c->held[i].id == id)
 			return 1;
 	return 0;
 }
@@ -759,18 +759,25 @@ int kvbc_lease_held(const struct kvb_client *c, uint64_t id)
 /* Removes one instance of id; 1 when it was held. */
 static int lease_unnote(struct kvb_client *c, uint64_t id)
 {
-	for (uint32_t i = c->nheld; i-- > 0;) {
-		if (c->held[i] == id) {
-			c->held[i] = c->held[--c->nheld];
-			return 1;
-		}
-	}
-	return 0;
+	const void *data;
+	uint64_t len;
+
+	kvbc_lease_forget(c, id, &data, &len);
+	return data != NULL;
 }
 
-void kvbc_lease_forget(struct kvb_client *c, uint64_t id)
+void kvbc_lease_forget(struct kvb_client *c, uint64_t id, const void **data, uint64_t *len)
 {
-	(void)lease_unnote(c, id);
+	*data = NULL;
+	*len = 0;
+	for (uint32_t i = c->nheld; i-- > 0;) {
+		if (c->held[i].id == id) {
+			*data = c->held[i].data;
+			*len = c->held[i].len;
+			c->held[i] = c->held[--c->nheld];
+			return;
+		}
+	}
 }
 
 /*
@@ -872,7 +879,8 @@ int kvb_release(kvb_client *c, struct kvb_lease *lease)
 	} else if (lease_unnote(c, lease->id)) {
 		err = kvbc_note_locked(c, &sqe);
 		if (err)
-			kvbc_lease_note(c, lease->id); /* the broker is gone: still the caller's */
+			kvbc_lease_note(c, lease->id, lease->data,
+					lease->len); /* broker gone: still held */
 	} else {
 		err = run(c, &sqe, NULL);
 	}

@@ -250,7 +250,7 @@ void kvbc_fail_inflight(struct kvb_client *c, int err)
 			 * is answered here.
 			 */
 			if (s->opcode == KVB_OP_RELEASE)
-				kvbc_lease_note(c, s->lease);
+				kvbc_lease_note(c, s->lease, s->lease_data, s->lease_len);
 			c->doneq[c->doneq_tail++ & (c->nslots - 1)] = i;
 			queued = 1;
 		}
@@ -867,7 +867,8 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 	if (m > c->nfree)
 		m = c->nfree;
 	for (size_t i = 0; i < m; i++) {
-		uint64_t lease;
+		uint64_t lease, llen = 0;
+		const void *ldata = NULL;
 		uint32_t idx;
 		int old = 0, here = 0;
 
@@ -887,12 +888,14 @@ int kvb_submit_parents(kvb_client *c, const struct kvb_op *ops, const kvb_key *p
 		} else if (sqe.opcode == KVB_OP_RELEASE && (old = kvbc_old_release(c, sqe.off)))
 			sqe.opcode = KVB_OP_NOP;
 		else if (sqe.opcode == KVB_OP_RELEASE) {
-			kvbc_lease_forget(c, lease);	     /* [release-post] */
-			sqe.off = kvbc_lease_wire(c, lease); /* [lease-alias] */
+			kvbc_lease_forget(c, lease, &ldata, &llen); /* [release-post] */
+			sqe.off = kvbc_lease_wire(c, lease);	    /* [lease-alias] */
 		}
 		idx = slot_get(c, KVBC_SLOT_ASYNC, sqe.opcode, sqe.ns);
 		c->slots[idx].user_data = ops[i].user_data;
 		c->slots[idx].lease = lease; /* the caller's id: noted again if the RELEASE fails */
+		c->slots[idx].lease_data = ldata;
+		c->slots[idx].lease_len = llen;
 		if (old || here) {
 			complete_local(c, idx, 0);
 			local++;
@@ -946,7 +949,7 @@ static void deliver(struct kvb_client *c, uint32_t idx, struct kvb_completion *o
 		if (kvbc_lease_map(c, s->cqe.loc, len, &data) == 0) {
 			c->leases++;
 			out->lease.id = kvbc_lease_issue(c, s->cqe.lease); /* [lease-alias] */
-			kvbc_lease_note(c, out->lease.id);		   /* [release-post] */
+			kvbc_lease_note(c, out->lease.id, data, len);	   /* [release-post] */
 			out->lease.data = data;
 			out->lease.len = (size_t)len;
 		} else {

@@ -487,5 +487,13 @@ static_assert(offsetof(struct kvb_cqe, lease) == 16, "cqe lease");
  */
 #define KVB_REGION_FILL (KVB_REGION_CQ_HEAD + 16u)
 #define KVB_REGION_FILL_STOP (KVB_REGION_SQ_HEAD + 16u)
+/*
+ * [retire] In the client's line (u32, client): KVB_RETIRED_MAGIC once the library, finding its
+ * broker gone, holds private copies of every lease it had of that broker (client/conn.c), so a
+ * broker that adopted the pool may reuse those pages (broker/orphan.c). Zero in a fresh region;
+ * a client that writes it early only lets go of its own leases.
+ */
+#define KVB_REGION_RETIRED (KVB_REGION_CQ_HEAD + 24u)
+#define KVB_RETIRED_MAGIC 0x44525452u /* "RTRD" */
 
 #endif /* KVB_PROTO_WIRE_H */
