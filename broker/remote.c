@@ -7,8 +7,10 @@
  * Names and values. A page is stored under prefix + hex(namespace identity) + ":" + hex(key):
  * the identity (ns.c) is the same on every node for the same model, layout and tenant, and the
  * key is the engine's content hash, so equal names mean equal bytes. No hash tags: pages spread
- * over every shard by the key's own slot. A value is a struct remote_hdr (magic, version, page
- * length, crc32c of the page, crc32c of the header) followed by the page.
+ * over every shard by the key's own slot. A value is a header that names the page again
+ * (remote_value.c: magic, format version, namespace identity, key, page length, crc32c of the
+ * page and of the header) followed by the page: a value copied or swapped onto another name,
+ * which anyone who can write to the store can do, is intact but not the page asked for.
  *
  * Publish (at PUT, or at first reuse). When a PUT commits a page it stored (not a dedup), the
  * page is published with SET NX: the first node's copy wins, a second one is answered "exists"
@@ -41,11 +43,14 @@
  * bytes land, while they are in the cache (remote_call_landed); a reply it could not land is
  * copied into the slot and checked there. Either way the check (header, length, crc32c of the
  * bytes as they are in the slot) comes before the commit; anything else aborts the slot: a
- * miss, never a wrong page. The GET that issued the fetch, when its destination is a plain
- * registered host buffer (c->mdst), gets each piece copied there too as it lands, while the
- * piece is in the cache from the kernel's copy: once the check passed it completes with no
- * copy of its own and no hand-off to a copy worker (op->rfilled). Its completion still comes
- * only after the check, so nothing unchecked is ever reported as a page; a miss may leave
+ * miss, never a wrong page. A landing value's header is checked as it lands, before its page:
+ * one of another key or namespace (wrong_key) or of another format version (other_version)
+ * lands nothing at all (remote_call_header); one whose bytes do not check counts corrupt. The
+ * GET that issued the fetch, when its destination is a plain registered host buffer
+ * (c->mdst), gets each piece copied there too as it lands, while the piece is in the cache
+ * from the kernel's copy: once the check passed it completes with no copy of its own and no
+ * hand-off to a copy worker (op->rfilled). Its completion still comes only after the check,
+ * so nothing unchecked is ever reported as a page; a miss whose page fails its crc may leave
  * bytes in that destination (kvb_get's dst is unspecified after -ENOENT, kvbroker.h). Views,
  * GPU and fd buffers, ACQUIRE, PREFETCH and the ops that joined a fetch copy after the commit
  * as any hit; a GET that ends first (its client died) detaches, and nothing lands there
@@ -100,9 +105,9 @@ struct pubq_ent {
 
 struct remote_stats {
 	uint64_t lookups, lookup_found, fetches, fetched, fetched_in_place, fetched_direct,
-		fetch_misses, fetch_bytes, corrupt, timeouts, errors, unreachable, busy, published,
-		existed, publish_bytes, publish_queued, publish_dropped, publish_skipped,
-		publish_redirected, publish_resent, publish_lost;
+		fetch_misses, fetch_bytes, corrupt, wrong_key, other_version, timeouts, errors,
+		unreachable, busy, published, existed, publish_bytes, publish_queued,
+		publish_dropped, publish_skipped, publish_redirected, publish_resent, publish_lost;
 };
 
 struct remote {
@@ -119,7 +124,7 @@ struct remote {
 	uint64_t *pub_fp;
 	double tick_at;
 	struct remote_stats st;
-	struct log_throttle lt_corrupt, lt_err;
+	struct log_throttle lt_corrupt, lt_wrong, lt_version, lt_err;
 };
 
 static const char *const publish_name[] = {"put", "never", "reuse",
@@ -164,16 +169,6 @@ static uint64_t fp_of(const struct ns *n, const kvb_key *key)
 	return h ? h : 1;
 }
 
-/* 0 when header h heads a well-formed len-byte value of a page_bytes page, else -EBADMSG. */
-static int hdr_check(const struct remote_hdr *h, size_t len, uint64_t page_bytes)
-{
-	if (h->magic != REMOTE_MAGIC || h->version != REMOTE_VERSION || h->hdr_len != sizeof(*h) ||
-	    slot_crc32c(h, offsetof(struct remote_hdr, hcrc)) != h->hcrc || h->len != page_bytes ||
-	    len != sizeof(*h) + page_bytes)
-		return -EBADMSG;
-	return 0;
-}
-
 /* ---- calls ---- */
 
 static struct remote_call *call_new(struct remote *r, int kind)
@@ -206,6 +201,66 @@ static void mirror_detach(struct remote_call *c)
 	c->mdst = NULL;
 }
 
+/*
+ * The verdict on fetch c's value (res > 0): the header against what c asked for, then the page
+ * as it is in the slot. A value that landed in place was checksummed as it landed; one the
+ * backend could not land (it came behind others) is copied into the slot once its header
+ * checks, and checksummed there: what is served is what was checked.
+ */
+static enum remote_verdict fetch_verdict(struct remote *r, struct remote_call *c, struct page *pg,
+					 const void *val, size_t len)
+{
+	enum remote_verdict v;
+	uint8_t *dst;
+
+	if (c->verdict)
+		return (enum remote_verdict)c->verdict; /* refused as its header landed */
+	if (c->landed) {
+		v = remote_value_check(&c->vhdr, len, c->ident, &c->pkey, c->page_bytes);
+		if (v == REMOTE_VALUE_OK && (c->got != c->page_bytes || c->crc != c->vhdr.crc))
+			v = REMOTE_VALUE_CORRUPT;
+		return v;
+	}
+	if (!val || len < sizeof(c->vhdr))
+		return REMOTE_VALUE_CORRUPT;
+	memcpy(&c->vhdr, val, sizeof(c->vhdr));
+	v = remote_value_check(&c->vhdr, len, c->ident, &c->pkey, c->page_bytes);
+	if (v != REMOTE_VALUE_OK)
+		return v;
+	dst = store_addr(&r->b->store, pg);
+	memcpy(dst, (const uint8_t *)val + sizeof(c->vhdr), c->page_bytes);
+	return slot_crc32c(dst, c->page_bytes) == c->vhdr.crc ? REMOTE_VALUE_OK
+							      : REMOTE_VALUE_CORRUPT;
+}
+
+/* A value refused: counted by why, logged (rate-limited), never served. */
+static void fetch_refused(struct remote *r, const struct remote_call *c, enum remote_verdict v,
+			  size_t len)
+{
+	switch (v) {
+	case REMOTE_VALUE_WRONG_KEY:
+		r->st.wrong_key++;
+		log_throttled(&r->lt_wrong,
+			      "remote: %.*s...: the value is another key's or namespace's (moved "
+			      "or copied in the store): not served",
+			      24, c->key);
+		break;
+	case REMOTE_VALUE_OTHER_VERSION:
+		r->st.other_version++;
+		log_throttled(&r->lt_version,
+			      "remote: %.*s...: a value of another format version (%u; this "
+			      "broker's is %u): ignored",
+			      24, c->key, c->vhdr.version, REMOTE_VERSION);
+		break;
+	default:
+		r->st.corrupt++;
+		log_throttled(&r->lt_corrupt,
+			      "remote: %.*s...: damaged value (%zu bytes): not served", 24, c->key,
+			      len);
+		break;
+	}
+}
+
 /* A fetch's outcome: the page committed when the value checks, else aborted (a miss). */
 static void fetch_settle(struct remote *r, struct remote_call *c, int res, const void *val,
 			 size_t len)
@@ -214,32 +269,18 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 	struct page *pg = c->pg;
 	struct op *mop = c->mop;
 	uint8_t *mdst = c->mdst;
-	struct remote_hdr h;
 	int ok = 0;
 
 	c->pg = NULL;
 	c->dst = NULL; /* the backend lands nothing more in the slot, whatever comes */
 	mirror_detach(c);
 	pg->rflags &= (uint8_t)~REMOTE_PG_FETCHING;
-	if (res > 0 && c->landed) {
-		/* Landed in place: the crc is of the bytes as they are in the slot. */
-		ok = !hdr_check(&c->vhdr, len, c->page_bytes) && c->got == c->page_bytes &&
-		     c->crc == c->vhdr.crc;
-	} else if (res > 0 && val && len >= sizeof(h)) {
-		/* A reply the backend could not land (it came behind others): copied, then checked. */
-		memcpy(&h, val, sizeof(h));
-		if (!hdr_check(&h, len, c->page_bytes)) {
-			uint8_t *dst = store_addr(s, pg);
+	if (res > 0) {
+		enum remote_verdict v = fetch_verdict(r, c, pg, val, len);
 
-			memcpy(dst, (const uint8_t *)val + sizeof(h), c->page_bytes);
-			/* The bytes as they are in the slot: what is served is what was checked. */
-			ok = slot_crc32c(dst, c->page_bytes) == h.crc;
-		}
-	}
-	if (res > 0 && !ok) {
-		r->st.corrupt++;
-		log_throttled(&r->lt_corrupt, "remote: %.*s: damaged value (%zu bytes): not served",
-			      24, c->key, len);
+		ok = v == REMOTE_VALUE_OK;
+		if (!ok)
+			fetch_refused(r, c, v, len);
 	} else if (res == 0) {
 		r->st.fetch_misses++;
 	}
@@ -335,6 +376,20 @@ static void settle(struct remote *r, struct remote_call *c, int res, const void 
 	}
 }
 
+int remote_call_header(struct remote_call *c)
+{
+	size_t len = sizeof(c->vhdr) + c->page_bytes;
+	enum remote_verdict v = remote_value_check(&c->vhdr, len, c->ident, &c->pkey,
+						   c->page_bytes);
+
+	if (v == REMOTE_VALUE_OK)
+		return 0;
+	/* Settled now: its ops miss without waiting for a page that is not theirs. */
+	c->verdict = (uint8_t)v;
+	settle(c->r, c, 1, NULL, len);
+	return -EBADMSG;
+}
+
 void remote_call_landed(struct remote_call *c, size_t n)
 {
 	c->crc = slot_crc32c_more(c->crc, c->dst + c->got, n);
@@ -424,6 +479,8 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *ds
 	if (!c)
 		return 0;
 	make_key(r, n, &op->key, c);
+	memcpy(c->ident, n->ident, sizeof(c->ident));
+	c->pkey = op->key;
 	c->page_bytes = n->page_bytes;
 	c->bytes = n->page_bytes + sizeof(struct remote_hdr);
 	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
@@ -556,10 +613,7 @@ void remote_op_end(struct op *op)
  */
 static int publish_page(struct remote *r, const struct ns *n, struct page *pg, uint32_t route)
 {
-	struct remote_hdr h = {.magic = REMOTE_MAGIC,
-			       .version = REMOTE_VERSION,
-			       .hdr_len = sizeof(h),
-			       .len = n->page_bytes};
+	struct remote_hdr h;
 	const void *page = store_addr(&r->b->store, pg);
 	uint64_t fp = fp_of(n, &pg->key);
 	struct remote_call *c;
@@ -578,8 +632,7 @@ static int publish_page(struct remote *r, const struct ns *n, struct page *pg, u
 	c->pkey = pg->key;
 	c->route = route;
 	c->resend = route != 0;
-	h.crc = slot_crc32c(page, n->page_bytes);
-	h.hcrc = slot_crc32c(&h, offsetof(struct remote_hdr, hcrc));
+	remote_value_seal(&h, n->ident, &pg->key, n->page_bytes, slot_crc32c(page, n->page_bytes));
 	c->bytes = n->page_bytes + sizeof(h);
 	err = call_submit(r, c, &h, page);
 	if (err) {
@@ -807,6 +860,8 @@ static const struct {
 	RSTAT("publish_resent", publish_resent),
 	RSTAT("publish_lost", publish_lost),
 	RSTAT("corrupt", corrupt),
+	RSTAT("wrong_key", wrong_key),
+	RSTAT("other_version", other_version),
 	RSTAT("timeouts", timeouts),
 	RSTAT("unreachable", unreachable),
 	RSTAT("busy", busy),

@@ -17,6 +17,7 @@
 
 #include "kvbroker.h"
 #include "list.h"
+#include "remote_value.h"
 
 struct broker;
 struct op;
@@ -39,19 +40,6 @@ struct remote_cfg {
 	uint64_t max_inflight; /* --remote-inflight: value bytes on the wire at most */
 	int publish;	       /* --remote-publish: enum remote_publish */
 };
-
-/* The value header (little-endian), before the page's bytes; checked on every fetch. */
-#define REMOTE_MAGIC 0x5242564bu /* "KVBR" */
-#define REMOTE_VERSION 1u
-struct remote_hdr {
-	uint32_t magic;	  /* REMOTE_MAGIC */
-	uint16_t version; /* REMOTE_VERSION */
-	uint16_t hdr_len; /* sizeof(struct remote_hdr): the page starts here */
-	uint64_t len;	  /* page bytes that follow */
-	uint32_t crc;	  /* crc32c of the page bytes (ISA-L crc32_iscsi, as slot.c) */
-	uint32_t hcrc;	  /* crc32c of the 20 bytes above */
-};
-_Static_assert(sizeof(struct remote_hdr) == 24, "remote value header");
 
 #define REMOTE_KEY_MAX 192
 
@@ -94,6 +82,7 @@ struct remote_call {
 	uint64_t got; /* page bytes landed in dst */
 	uint32_t crc; /* their crc32c so far */
 	uint8_t landed;
+	uint8_t verdict; /* enum remote_verdict of a value refused on its header as it came */
 	struct remote_hdr vhdr;
 	/*
 	 * RC_FETCH for a plain GET into a registered host buffer (the op that issued it): each
@@ -106,11 +95,13 @@ struct remote_call {
 	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
 	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
 	/*
-	 * RC_PUBLISH: the page (found again by these for a resend), and route: set by a backend
-	 * that is done with REMOTE_REDIRECTED, where the page now goes (its own encoding, never
-	 * 0); a call with route set on submission is that one resend and goes there.
+	 * The page: RC_FETCH, what its value's header must name (remote_value.c); RC_PUBLISH,
+	 * how it is found again for a resend. route (RC_PUBLISH): set by a backend that is done
+	 * with REMOTE_REDIRECTED, where the page now goes (its own encoding, never 0); a call
+	 * with route set on submission is that one resend and goes there.
 	 */
 	uint32_t pns;
+	uint8_t ident[32]; /* RC_FETCH: the namespace identity */
 	kvb_key pkey;
 	uint32_t route;
 	uint8_t resend;
@@ -157,6 +148,14 @@ extern const struct remote_backend remote_redis_backend;
  * landed in place (c->landed) passes val NULL and len, the value's length. Frees c.
  */
 void remote_call_done(struct remote_call *c, int res, const void *val, size_t len);
+
+/*
+ * Fetch c's value header landed in c->vhdr, before any of its page: 0 when it is the header of
+ * the page c asked for, so the page may land in c->dst; else the call is settled now (a miss,
+ * counted) and c->dst is NULL: the backend reads the rest of the value and drops it, so not
+ * one byte of a value of another key reaches the slot or a GET's destination.
+ */
+int remote_call_header(struct remote_call *c);
 
 /*
  * The next n page bytes of fetch c landed at c->dst + c->got: checksummed now, while they are

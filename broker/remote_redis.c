@@ -77,7 +77,7 @@ struct rcluster;
 
 /*
  * A GET's reply read past hiredis, straight into the page's WRITING slot: "$<len>\r\n" and
- * the 24-byte value header into pre[], the page into c->dst, then the closing "\r\n".
+ * the value header into pre[], the page into c->dst, then the closing "\r\n".
  */
 struct land {
 	struct remote_call *c; /* NULL: hiredis reads */
@@ -240,8 +240,14 @@ static ssize_t land_read(struct rnode *n)
 			ld->c = NULL; /* not a value of this page's length: hiredis parses it */
 			return feed(ac, ld->pre, ld->pre_len) ? -2 : k;
 		}
-		if (ld->pre_len == plen)
+		/*
+		 * The header first: one that does not name this page settles the call (a miss)
+		 * and the page is read and dropped below (!c->dst), landing nowhere.
+		 */
+		if (ld->pre_len == plen) {
 			memcpy(&c->vhdr, ld->pre + ld->want_len, sizeof(c->vhdr));
+			remote_call_header(c);
+		}
 		return k;
 	}
 	if (!c->dst) {

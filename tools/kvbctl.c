@@ -317,11 +317,11 @@ static void print_remote(const cJSON *root)
 	       sdoc_num(r, "publish_existed"), sdoc_num(r, "fetched"), sdoc_num(r, "fetches"),
 	       fmt_bytes(sdoc_num(r, "fetch_bytes"), b, sizeof(b)),
 	       fmt_pct(sdoc_num(r, "fetched"), sdoc_num(r, "fetches"), c, sizeof(c)));
-	printf("           in flight %s  errors %.0f  timeouts %.0f  corrupt %.0f  back-offs %.0f  "
-	       "recoveries %.0f\n",
+	printf("           in flight %s  errors %.0f  timeouts %.0f  corrupt %.0f  wrong key %.0f  "
+	       "other version %.0f  back-offs %.0f  recoveries %.0f\n",
 	       fmt_bytes(sdoc_num(r, "bytes_in_flight"), a, sizeof(a)), sdoc_num(r, "errors"),
-	       sdoc_num(r, "timeouts"), sdoc_num(r, "corrupt"), sdoc_num(r, "backoffs"),
-	       sdoc_num(r, "recoveries"));
+	       sdoc_num(r, "timeouts"), sdoc_num(r, "corrupt"), sdoc_num(r, "wrong_key"),
+	       sdoc_num(r, "other_version"), sdoc_num(r, "backoffs"), sdoc_num(r, "recoveries"));
 }
 
 /* "disk: off", or the disk tier's state and figures (fields of the disk-tier work). */

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "../../broker/remote_value.h"
 #include "rtier.h"
 
 #define NNODES RT_NODES
@@ -260,8 +261,9 @@ static void case_damaged(void)
 	rt_publish_wait(0, pub + 1);
 	owner = rt_key_owner(&k, name, sizeof(name));
 	CHECK_GE(owner, 0);
-	/* One byte of the page (past the 24-byte header) changed behind every broker's back. */
-	r = rt_cmd(owner, "SETRANGE %s %d %b", name, 24 + 4096, "\x5a", (size_t)1);
+	/* One byte of the page (past the value header) changed behind every broker's back. */
+	r = rt_cmd(owner, "SETRANGE %s %d %b", name, (int)sizeof(struct remote_hdr) + 4096, "\x5a",
+		   (size_t)1);
 	CHECK(r && r->type == REDIS_REPLY_INTEGER);
 	freeReplyObject(r);
 	CHECK_EQ(rt_get_page(2, &k, 303, buf), 0);

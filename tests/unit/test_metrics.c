@@ -101,7 +101,7 @@ static void test_metrics_remote(void **state)
 	char *t = render("{\"version\":\"0.0.1\",\"remote\":{\"state\":\"degraded\","
 			 "\"shards\":3,\"shards_reachable\":2,\"published\":5,\"fetched\":4,"
 			 "\"fetch_bytes\":4096,\"publish_bytes\":8192,\"bytes_in_flight\":7,"
-			 "\"publish_lost\":3}}");
+			 "\"publish_lost\":3,\"corrupt\":1,\"wrong_key\":14,\"other_version\":2}}");
 
 	(void)state;
 	has(t, "kvbroker_remote_state{state=\"degraded\"} 1\n");
@@ -109,6 +109,9 @@ static void test_metrics_remote(void **state)
 	has(t, "kvbroker_remote_shards_reachable 2\n");
 	has(t, "kvbroker_remote_published_total 5\n");
 	has(t, "kvbroker_remote_publish_lost_total 3\n");
+	has(t, "kvbroker_remote_corrupt_total 1\n");
+	has(t, "kvbroker_remote_wrong_key_total 14\n");
+	has(t, "kvbroker_remote_other_version_total 2\n");
 	has(t, "kvbroker_remote_bytes_total{direction=\"fetch\"} 4096\n");
 	has(t, "kvbroker_remote_bytes_in_flight 7\n");
 	free(t);
