@@ -695,7 +695,8 @@ bad:
  */
 /*
  * Creates the socket's directory when missing, before the lock file and the socket go in it:
- * only the broker's user (and group) may enter a directory we create.
+ * only the broker's user (and group) may enter a directory we create. 1 when it made it, 0
+ * when it was there, or a negative errno.
  */
 static int socket_dir(const char *path, const struct config *c)
 {
@@ -710,10 +711,22 @@ static int socket_dir(const char *path, const struct config *c)
 		if (c->has_group && chown(dir, (uid_t)-1, c->group) < 0)
 			log_warn("chown %s to group %u: %s", dir, (unsigned)c->group,
 				 strerror(errno));
-	} else if (errno != EEXIST) {
-		return -errno;
+		return 1;
 	}
-	return 0;
+	return errno == EEXIST ? 0 : -errno;
+}
+
+/* A failed start leaves no directory it made: rmdir, which leaves one that is not empty. */
+static void socket_dir_remove(const char *path)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *slash;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return;
+	*slash = '\0';
+	rmdir(dir);
 }
 
 static int listen_socket(const char *path, const struct config *c)
@@ -1022,7 +1035,7 @@ int main(int argc, char **argv)
 	struct list *pos, *tmp;
 	pid_t owner;
 	double t;
-	int err;
+	int err, made_dir;
 
 	if (argc == 4 && !strcmp(argv[1], "--keeper")) /* PATH: for ps; it asks its socket */
 		return keeper_main(atoi(argv[2]));
@@ -1042,10 +1055,11 @@ int main(int argc, char **argv)
 
 	/* First, before any work: a second broker on this socket stops here. */
 	err = socket_dir(b.cfg.socket_path, &b.cfg);
-	if (err) {
+	if (err < 0) {
 		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
 		return 1;
 	}
+	made_dir = err;
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
 	if (b.lock_fd == -EBUSY && b.cfg.takeover && owner > 0 && !b.cfg.free_pool) {
 		/* [handover] The running broker drains and exits; its lock goes last. */
@@ -1222,5 +1236,7 @@ out_pool:
 		sdn_remove_pool(b.pool.narenas); /* [fdstore] FDSTOREREMOVE=1 of each */
 	pool_close(&b.pool);
 	instance_unlock(b.cfg.socket_path, b.lock_fd);
+	if (err && made_dir)
+		socket_dir_remove(b.cfg.socket_path);
 	return err ? 1 : 0;
 }
