@@ -115,11 +115,12 @@ INTEG_BINS := $(patsubst tests/integ/%.c,$(B)/tests/%,$(INTEG_SRC))
 KVBGPUCHECK := $(B)/bin/kvbgpucheck
 PROGS := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVBDEMO) $(KVBDISK) $(KVBGPUCHECK) $(B)/bin/kvbfetch \
 	$(B)/bin/kvbchain
-# The broker the fault-injection tests run: kvbrokerd with broker/tier.c built with
-# -DKVB_TEST_HOOKS (KVB_DISK_FAULTS), so injection is compiled into test builds only - never
-# into the kvbrokerd that `make install` ships. (MODE=debug|asan|tsan define the hooks
-# everywhere anyway.)
+# The broker the fault-injection tests run: kvbrokerd with broker/tier.c (KVB_DISK_FAULTS) and
+# broker/memcap.c (KVB_TEST_MEMCAP_ROOT, a fabricated /proc and /sys) built with
+# -DKVB_TEST_HOOKS, so injection is compiled into test builds only - never into the kvbrokerd
+# that `make install` ships. (MODE=debug|asan|tsan define the hooks everywhere anyway.)
 BROKERD_HOOKS := $(B)/tests/kvbrokerd-hooks
+HOOKS_OBJ := $(B)/obj/broker/tier-hooks.o $(B)/obj/broker/memcap-hooks.o
 # A fake CUDA driver for end-to-end tests of the GPU paths without a GPU (tests/fake/libcuda.c).
 FAKE_CUDA := $(if $(HAVE_CUDA),$(B)/tests/fake/libcuda.so.1)
 
@@ -191,13 +192,13 @@ $(BROKERD): $(call obj,broker/main.c) $(BROKER_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(B)/obj/broker/tier-hooks.o: broker/tier.c $(DEPS_STAMP)
+$(HOOKS_OBJ): $(B)/obj/broker/%-hooks.o: broker/%.c $(DEPS_STAMP)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  CC      $< (KVB_TEST_HOOKS)")
 	$(Q)$(CC) $(CFLAGS) -DKVB_TEST_HOOKS -MMD -MP -c $< -o $@
 
-# tier-hooks.o defines every symbol of tier.o, so the archive's tier.o is never pulled in.
-$(BROKERD_HOOKS): $(call obj,broker/main.c) $(B)/obj/broker/tier-hooks.o $(BROKER_A)
+# Each X-hooks.o defines every symbol of X.o, so the archive's X.o is never pulled in.
+$(BROKERD_HOOKS): $(call obj,broker/main.c) $(HOOKS_OBJ) $(BROKER_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)

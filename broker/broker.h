@@ -77,6 +77,7 @@ struct config {
 	int keep;		  /* 0: --no-pool-keep (pool.c [keep]) */
 	int free_pool;		  /* --free-pool: free a kept pool and exit */
 	int takeover;		  /* --takeover: the running broker hands its pool over */
+	int pool_overcommit;	  /* --pool-overcommit: start a pool that does not fit */
 	struct remote_cfg remote; /* remote.url NULL: no remote tier */
 };
 
@@ -304,7 +305,8 @@ struct broker {
 	int fdstore;  /* systemd's fd store holds it (sdnotify.c): FDSTOREREMOVE at a clean exit */
 	int handover; /* SIGUSR2: exit leaving the pool to the keeper (main.c [handover]) */
 	double handover_wait_s; /* --takeover: how long the old broker took to go */
-	int lock_fd; /* "<socket>.lock", write-locked for our life: one broker per socket */
+	int freed_kept; /* start-up freed a kept pool: its memory is on its way back (pool_fits) */
+	int lock_fd;	/* "<socket>.lock", write-locked for our life: one broker per socket */
 	struct metrics_http *metrics; /* --metrics-listen server, NULL when off */
 	char metrics_addr[80];	      /* the address it bound, "" when off (stats) */
 };

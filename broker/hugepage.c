@@ -16,6 +16,7 @@
  * The choice per arena goes to the log and the stats. Start-up thread only.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,23 +50,23 @@ static uint64_t read_u64(const char *path)
 	return v;
 }
 
-uint64_t hugepage_free(uint64_t page_size, int node)
+uint64_t hugepage_free(const char *root, uint64_t page_size, int node)
 {
-	char path[160];
+	char path[PATH_MAX];
 	uint64_t kb = page_size >> 10, free, resv;
 
 	if (node >= 0) {
-		snprintf(
-			path, sizeof(path),
-			"/sys/devices/system/node/node%d/hugepages/hugepages-%llukB/free_hugepages",
-			node, (unsigned long long)kb);
+		snprintf(path, sizeof(path),
+			 "%s/sys/devices/system/node/node%d/hugepages/hugepages-%llukB/"
+			 "free_hugepages",
+			 root, node, (unsigned long long)kb);
 		return read_u64(path);
 	}
-	snprintf(path, sizeof(path), "/sys/kernel/mm/hugepages/hugepages-%llukB/free_hugepages",
-		 (unsigned long long)kb);
+	snprintf(path, sizeof(path), "%s/sys/kernel/mm/hugepages/hugepages-%llukB/free_hugepages",
+		 root, (unsigned long long)kb);
 	free = read_u64(path);
-	snprintf(path, sizeof(path), "/sys/kernel/mm/hugepages/hugepages-%llukB/resv_hugepages",
-		 (unsigned long long)kb);
+	snprintf(path, sizeof(path), "%s/sys/kernel/mm/hugepages/hugepages-%llukB/resv_hugepages",
+		 root, (unsigned long long)kb);
 	resv = read_u64(path);
 	return free > resv ? free - resv : 0;
 }
@@ -98,7 +99,7 @@ int hugepage_thp_shmem(void)
 	       !strcmp(mode, "force");
 }
 
-int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *sizes)
+int hugepage_pick(enum hp_mode mode, uint64_t size, const uint64_t free[2], uint64_t *sizes)
 {
 	const uint64_t order[2] = {HP_1G, HP_2M};
 	int n = 0;
@@ -110,11 +111,22 @@ int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *si
 
 		if (ps == HP_1G && mode == HP_MODE_2M)
 			continue;
-		if (size % ps || hugepage_free(ps, node) < size / ps)
+		if (size % ps || free[i] < size / ps)
 			continue;
 		sizes[n++] = ps;
 	}
 	return n;
+}
+
+int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *sizes)
+{
+	uint64_t free[2] = {0, 0};
+
+	if (mode == HP_MODE_OFF || mode == HP_MODE_COLLAPSE)
+		return 0;
+	free[0] = hugepage_free("", HP_1G, node);
+	free[1] = hugepage_free("", HP_2M, node);
+	return hugepage_pick(mode, size, free, sizes);
 }
 
 const char *hugepage_name(uint64_t page_size)

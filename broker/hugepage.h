@@ -30,9 +30,10 @@ int hugepage_parse(const char *s);
 
 /*
  * Free hugetlb pages of page_size on node (node < 0: in the whole system, less those already
- * reserved). 0 when the size is not supported or sysfs cannot be read.
+ * reserved), read under root ("": the real /sys; memcap.c's tests fabricate one). 0 when the
+ * size is not supported or sysfs cannot be read.
  */
-uint64_t hugepage_free(uint64_t page_size, int node);
+uint64_t hugepage_free(const char *root, uint64_t page_size, int node);
 
 /* 1 when shared memory advised with MADV_HUGEPAGE gets transparent huge pages
  * (/sys/kernel/mm/transparent_hugepage/shmem_enabled, and the 2 MiB size's own setting). */
@@ -40,9 +41,14 @@ int hugepage_thp_shmem(void);
 
 /*
  * The hugetlb page sizes to try for an arena of size bytes under mode, best first, into sizes
- * (at most 2). A size is listed only when size is a multiple of it (1G) and the node has enough
- * free pages of it. Returns the count (0: no hugetlb; then THP or 4 KiB pages).
+ * (at most 2), given free[0] free 1 GiB pages and free[1] free 2 MiB pages where it goes. A
+ * size is listed only when size is a multiple of it (1G) and enough of its pages are free.
+ * Returns the count (0: no hugetlb; then THP or 4 KiB pages). The one rule for both the arenas
+ * (hugepage_candidates) and the start-up check that predicts them (memcap.c).
  */
+int hugepage_pick(enum hp_mode mode, uint64_t size, const uint64_t free[2], uint64_t *sizes);
+
+/* hugepage_pick over the free pages on node now (node < 0: in the whole system). */
 int hugepage_candidates(enum hp_mode mode, uint64_t size, int node, uint64_t *sizes);
 
 /* "4k", "2M", "1G" for a page size. */

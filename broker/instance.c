@@ -98,10 +98,21 @@ int instance_dir(const char *socket_path, int has_group, gid_t group)
 	if (mkdir(dir, 0750) == 0) {
 		if (has_group && chown(dir, (uid_t)-1, group) < 0)
 			log_warn("chown %s to group %u: %s", dir, (unsigned)group, strerror(errno));
-	} else if (errno != EEXIST) {
-		return -errno;
+		return 1;
 	}
-	return 0;
+	return errno == EEXIST ? 0 : -errno;
+}
+
+void instance_dir_remove(const char *socket_path)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)], *slash;
+
+	snprintf(dir, sizeof(dir), "%s", socket_path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return;
+	*slash = '\0';
+	rmdir(dir); /* leaves a directory that is not empty */
 }
 
 int instance_listen(const char *socket_path, int has_group, gid_t group)

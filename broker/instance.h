@@ -21,10 +21,13 @@ void instance_unlock(const char *socket_path, int fd);
 
 /*
  * Creates the socket's directory when missing, before the lock file and the socket go in it:
- * only the broker's user (and with has_group, group) may enter a directory we create. 0 or
- * -errno.
+ * only the broker's user (and with has_group, group) may enter a directory we create. 1 when it
+ * made it, 0 when it was there, or -errno.
  */
 int instance_dir(const char *socket_path, int has_group, gid_t group);
+
+/* A failed start leaves no directory it made: removes it when empty. */
+void instance_dir_remove(const char *socket_path);
 
 /*
  * Binds and listens on the control socket, replacing a stale file but never a live broker's

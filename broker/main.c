@@ -2,8 +2,8 @@
 /*
  * main.c - kvbrokerd: flags, start-up in dependency order (lock, pool, store, socket, loop) and
  * a clean shutdown on SIGTERM/SIGINT. Start-up refuses to run twice on the same socket (the
- * lock file, instance.c) or on a socket another broker answers on; a stale socket file from a
- * crash is replaced.
+ * lock file, instance.c) or on a socket another broker answers on, and a new pool larger than
+ * the machine can give it (pool_fits, memcap.c); a stale socket file from a crash is replaced.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -32,10 +32,12 @@
 #include "sdnotify.h"
 #include "copy_cuda.h"
 #include "log.h"
+#include "memcap.h"
 #include "plan.h"
 #include "parse.h"
 #include "proto.h"
 #include "metrics_http.h"
+#include "text.h"
 
 static void usage(FILE *f)
 {
@@ -48,7 +50,12 @@ static void usage(FILE *f)
 		"                         $XDG_RUNTIME_DIR/kvbroker.sock, else "
 		"/run/kvbroker/kvbroker.sock)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
-		"                         64M..4G)\n"
+		"                         64M..4G). A new pool larger than the machine can give\n"
+		"                         the broker (MemAvailable, its memory cgroup, RLIMIT_AS,\n"
+		"                         less a headroom; hugetlb pages apart) is refused before\n"
+		"                         any memory is touched (docs/operations.md)\n"
+		"  --pool-overcommit      start with such a pool anyway, with a warning (memory\n"
+		"                         that something else frees first, swap on purpose)\n"
 		"  --pool-name /NAME      name of the pool's memfds, shown in /proc/PID/maps\n"
 		"                         (default derived from the socket)\n"
 		"  --numa MODE            auto (one arena per NUMA node with memory, sized in\n"
@@ -275,7 +282,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_REMOTE_PREFIX,
 		O_REMOTE_TIMEOUT,
 		O_REMOTE_INFLIGHT,
-		O_REMOTE_PUBLISH
+		O_REMOTE_PUBLISH,
+		O_POOL_OVERCOMMIT
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -328,6 +336,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"remote-timeout", required_argument, NULL, O_REMOTE_TIMEOUT},
 		{"remote-inflight", required_argument, NULL, O_REMOTE_INFLIGHT},
 		{"remote-publish", required_argument, NULL, O_REMOTE_PUBLISH},
+		{"pool-overcommit", no_argument, NULL, O_POOL_OVERCOMMIT},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -380,6 +389,9 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case O_POOL:
 			if (parse_size(optarg, &c->pool_bytes) || !c->pool_bytes)
 				goto bad;
+			break;
+		case O_POOL_OVERCOMMIT:
+			c->pool_overcommit = 1;
 			break;
 		case O_POOL_NAME:
 			if (optarg[0] != '/' || strchr(optarg + 1, '/') ||
@@ -756,6 +768,83 @@ static int setup_signals(void)
 }
 
 /*
+ * Refuses a new pool larger than the machine can give the broker (memcap.c), before any arena
+ * exists: past it, the prefault ends in the OOM killer with nothing in the log. With
+ * --pool-overcommit a warning instead. Only a new pool: an adopted one is in memory already.
+ * 0 or -ENOMEM (said in the log).
+ */
+static int pool_fits(struct broker *b, const struct pool_cfg *pc)
+{
+	struct numa_plan plan[POOL_MAX_PARTS];
+	struct numa_topo topo;
+	struct memcap_need need;
+	struct memcap m;
+	char size[32], can[32], why[1024], what[192], fix[160];
+	int sized = strchr(pc->numa, ':') != NULL, n;
+	double t0 = clock_now(), grew = t0;
+	uint64_t max, best = 0;
+
+	numa_topo_probe(&topo);
+	n = pool_plan(pc, &topo, plan);
+	if (n < 0)
+		return 0; /* pool_create says what is wrong with --numa */
+	for (int first = 1;; first = 0) {
+		struct timespec ts = {0, 50000000};
+
+		memcap_probe(memcap_root(), &m);
+		memcap_need(&m, pc->hugepage, plan, (uint32_t)n, &need);
+		max = memcap_max_pool(&m, &need);
+		if (need.total <= max || !b->freed_kept || b->cfg.pool_overcommit)
+			break;
+		/*
+		 * [keep] A kept pool freed just before (adopt_kept) comes back to the machine only
+		 * as its holder lets go: the keeper exits after it answers, systemd closes the fds
+		 * after FDSTOREREMOVE, and the kernel frees a big pool's pages over seconds. So look
+		 * again while the room still grows; once it stops for half a second, that is all.
+		 */
+		if (first || max > best) {
+			best = max;
+			grew = clock_now();
+		}
+		if (clock_now() - grew > 0.5 || clock_now() - t0 > 60)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	memcap_explain(&m, &need, max, why, sizeof(why));
+	text_bytes((double)need.total, size, sizeof(size));
+	text_bytes((double)max, can, sizeof(can));
+	if (sized)
+		snprintf(what, sizeof(what), "--numa %s (%s in all)", pc->numa, size);
+	else
+		snprintf(what, sizeof(what), "--pool %s", size);
+	if (need.total <= max) {
+		log_info("pool: %s fits: this machine can give the broker %s (%s)", size,
+			 max == MEMCAP_NONE ? "what it asks (no limit found)" : can, why);
+		return 0;
+	}
+	if (max >= (1ull << 30))
+		snprintf(fix, sizeof(fix), "use %s%lluG or less",
+			 sized ? "--numa sizes adding up to " : "--pool ",
+			 (unsigned long long)(max >> 30));
+	else if (max >= (2ull << 20))
+		snprintf(fix, sizeof(fix), "use %s%lluM or less",
+			 sized ? "--numa sizes adding up to " : "--pool ",
+			 (unsigned long long)(max >> 20));
+	else
+		snprintf(fix, sizeof(fix), "free memory first");
+	if (b->cfg.pool_overcommit) {
+		log_warn("%s: this machine can give the broker %s (%s): starting anyway "
+			 "(--pool-overcommit)",
+			 what, can, why);
+		return 0;
+	}
+	log_error("%s: this machine can give the broker %s (%s): %s, or --pool-overcommit if you "
+		  "know better",
+		  what, can, why, fix);
+	return -ENOMEM;
+}
+
+/*
  * Start-up phases, each timed into the log and the stats ("startup"): reserve (arenas created,
  * bound, sealed), prefault (parallel, per node), pin (the copy engines start, and a CUDA engine
  * registers the pool with the driver: xfer_init in main), then the socket listens (ready).
@@ -774,6 +863,8 @@ static int start_pool(struct broker *b)
 	double t = clock_now();
 	int err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);
 
+	if (!err)
+		err = pool_fits(b, &pc);
 	if (err)
 		return err;
 	err = pool_create(&b->pool, &pc);
@@ -814,6 +905,7 @@ static int start_pool(struct broker *b)
 /* [keep] Lets go of a pool we were handed and will not use: who holds it frees it. */
 static void drop_kept(struct broker *b, int fdstore, uint32_t nfds)
 {
+	b->freed_kept = 1; /* its memory comes back soon after (pool_fits) */
 	if (fdstore)
 		sdn_remove_pool(nfds ? nfds - 1 : 0);
 	else
@@ -1022,7 +1114,7 @@ int main(int argc, char **argv)
 	struct list *pos, *tmp;
 	pid_t owner;
 	double t;
-	int err;
+	int err, made_dir;
 
 	if (argc == 4 && !strcmp(argv[1], "--keeper")) /* PATH: for ps; it asks its socket */
 		return keeper_main(atoi(argv[2]));
@@ -1044,10 +1136,11 @@ int main(int argc, char **argv)
 
 	/* First, before any work: a second broker on this socket stops here. */
 	err = instance_dir(b.cfg.socket_path, b.cfg.has_group, b.cfg.group);
-	if (err) {
+	if (err < 0) {
 		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
 		return 1;
 	}
+	made_dir = err;
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
 	if (b.lock_fd == -EBUSY && b.cfg.takeover && owner > 0 && !b.cfg.free_pool) {
 		/* [handover] The running broker drains and exits; its lock goes last. */
@@ -1236,5 +1329,7 @@ out_pool:
 		sdn_remove_pool(b.pool.narenas); /* [fdstore] FDSTOREREMOVE=1 of each */
 	pool_close(&b.pool);
 	instance_unlock(b.cfg.socket_path, b.lock_fd);
+	if (err && made_dir)
+		instance_dir_remove(b.cfg.socket_path);
 	return err ? 1 : 0;
 }

@@ -240,10 +240,27 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 	return err;
 }
 
+int pool_plan(const struct pool_cfg *cfg, const struct numa_topo *topo, struct numa_plan *plan)
+{
+	uint32_t n = cfg->nparts > 1 ? cfg->nparts : 1;
+
+	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. Each
+	 * tenant partition is planned over the nodes like a pool of its own [tenant-part]. */
+	for (uint32_t i = 0; i < n; i++) {
+		int err = numa_plan_make(topo, cfg->numa,
+					 cfg->nparts > 1 ? cfg->part_size[i] : cfg->size, HP_2M,
+					 &plan[i]);
+
+		if (err)
+			return err;
+	}
+	return (int)n;
+}
+
 int pool_create(struct pool *p, const struct pool_cfg *cfg)
 {
-	struct numa_plan plan;
-	int err;
+	struct numa_plan plan[POOL_MAX_PARTS];
+	int n, err;
 
 	memset(p, 0, sizeof(*p));
 	p->meta_fd = -1;
@@ -252,13 +269,11 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
 			 p->topo.skipped, NUMA_NODES_MAX);
-	/* 2 MiB multiples; 1 GiB pages only back arenas that happen to be 1 GiB multiples. Each
-	 * tenant partition is planned over the nodes like a pool of its own [tenant-part]. */
-	for (uint32_t i = 0; i < (cfg->nparts > 1 ? cfg->nparts : 1); i++) {
-		err = numa_plan_make(&p->topo, cfg->numa,
-				     cfg->nparts > 1 ? cfg->part_size[i] : cfg->size, HP_2M, &plan);
-		if (!err)
-			err = arenas_create(p, cfg->name, &plan, cfg->hugepage, !cfg->prefault);
+	n = pool_plan(cfg, &p->topo, plan);
+	if (n < 0)
+		return n;
+	for (int i = 0; i < n; i++) {
+		err = arenas_create(p, cfg->name, &plan[i], cfg->hugepage, !cfg->prefault);
 		if (err)
 			return err;
 		/* [dir] At byte 0 of the partition's first arena, where an adopter looks. */

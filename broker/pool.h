@@ -76,6 +76,12 @@ struct pool {
 };
 
 /*
+ * The arenas pool_create would make for cfg over topo, one plan per tenant partition into
+ * plan[POOL_MAX_PARTS], without making any. Returns how many plans, or numa_plan_make's error.
+ */
+int pool_plan(const struct pool_cfg *cfg, const struct numa_topo *topo, struct numa_plan *plan);
+
+/*
  * Creates the arenas of cfg: plan (numa_topo.h), then per arena memfd, size, map, mbind, backing
  * (hugepage.h), reserve (fallocate, when not prefaulting) and seal.
  * -EINVAL/-ENODEV/-E2BIG for a bad --numa (numa_plan_make), else a negative errno

@@ -5,6 +5,8 @@
  * depends on the first byte, which is what rules out overlong forms, surrogates and code points
  * past U+10FFFF. Pure functions, any thread.
  */
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "text.h"
@@ -81,4 +83,20 @@ char *text_printable(char *s)
 	}
 	*o = '\0';
 	return s;
+}
+
+const char *text_bytes(double b, char *buf, size_t len)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	unsigned u = 0;
+
+	while (fabs(b) >= 1024.0 && u < 5) {
+		b /= 1024.0;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%.0f B", b);
+	else
+		snprintf(buf, len, "%.1f %s", b, unit[u]);
+	return buf;
 }

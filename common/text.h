@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * text.h - client-supplied strings (model names, client names) made safe for the two places
- * they reach operators: JSON documents, which must be valid UTF-8, and terminals, which must
- * not receive control characters (a newline forges a table row, ESC sequences rewrite the
- * screen). Pure functions, any thread; shared by the broker and the tools.
+ * text.h - text for operators: client-supplied strings (model names, client names) made safe
+ * for the two places they reach operators, JSON documents, which must be valid UTF-8, and
+ * terminals, which must not receive control characters (a newline forges a table row, ESC
+ * sequences rewrite the screen); and sizes written in binary units, as the pool is configured.
+ * Pure functions, any thread; shared by the broker and the tools.
  */
 #ifndef KVB_COMMON_TEXT_H
 #define KVB_COMMON_TEXT_H
@@ -30,5 +31,8 @@ char *text_utf8(char *dst, size_t cap, const char *src, size_t n);
  * never longer. Returns s.
  */
 char *text_printable(char *s);
+
+/* b bytes in binary units with one decimal ("1.5 GiB", "512 B") into buf; returns buf. */
+const char *text_bytes(double b, char *buf, size_t len);
 
 #endif /* KVB_COMMON_TEXT_H */

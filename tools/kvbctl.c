@@ -20,7 +20,6 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,23 +151,6 @@ int ctl_fetch(struct ctl *x, cJSON **root, int quiet)
 		return -EPROTO;
 	}
 	return 0;
-}
-
-/* Binary units for sizes (what the pool is configured in), one decimal. */
-const char *fmt_bytes(double b, char *buf, size_t len)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-	unsigned u = 0;
-
-	while (fabs(b) >= 1024.0 && u < 5) {
-		b /= 1024.0;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, len, "%.0f B", b);
-	else
-		snprintf(buf, len, "%.1f %s", b, unit[u]);
-	return buf;
 }
 
 const char *fmt_pct(double num, double den, char *buf, size_t len)
@@ -313,13 +295,13 @@ static void print_remote(const cJSON *root)
 	       sdoc_num(r, "shards_reachable"), sdoc_num(r, "shards"), sdoc_str(r, "publish"));
 	printf("           published %.0f (%s, %.0f there already)  fetched %.0f of %.0f (%s, "
 	       "hit rate %s)\n",
-	       sdoc_num(r, "published"), fmt_bytes(sdoc_num(r, "publish_bytes"), a, sizeof(a)),
+	       sdoc_num(r, "published"), text_bytes(sdoc_num(r, "publish_bytes"), a, sizeof(a)),
 	       sdoc_num(r, "publish_existed"), sdoc_num(r, "fetched"), sdoc_num(r, "fetches"),
-	       fmt_bytes(sdoc_num(r, "fetch_bytes"), b, sizeof(b)),
+	       text_bytes(sdoc_num(r, "fetch_bytes"), b, sizeof(b)),
 	       fmt_pct(sdoc_num(r, "fetched"), sdoc_num(r, "fetches"), c, sizeof(c)));
 	printf("           in flight %s  errors %.0f  timeouts %.0f  corrupt %.0f  wrong key %.0f  "
 	       "other version %.0f  back-offs %.0f  recoveries %.0f\n",
-	       fmt_bytes(sdoc_num(r, "bytes_in_flight"), a, sizeof(a)), sdoc_num(r, "errors"),
+	       text_bytes(sdoc_num(r, "bytes_in_flight"), a, sizeof(a)), sdoc_num(r, "errors"),
 	       sdoc_num(r, "timeouts"), sdoc_num(r, "corrupt"), sdoc_num(r, "wrong_key"),
 	       sdoc_num(r, "other_version"), sdoc_num(r, "backoffs"), sdoc_num(r, "recoveries"));
 }
@@ -336,8 +318,8 @@ static void print_disk(const cJSON *root)
 		return;
 	}
 	printf("disk       %s  %s used of %s (%s), %.0f pages%s\n", sdoc_str(d, "state"),
-	       fmt_bytes(sdoc_num(d, "bytes_used"), a, sizeof(a)),
-	       fmt_bytes(sdoc_num(d, "bytes_total"), b, sizeof(b)),
+	       text_bytes(sdoc_num(d, "bytes_used"), a, sizeof(a)),
+	       text_bytes(sdoc_num(d, "bytes_total"), b, sizeof(b)),
 	       fmt_pct(sdoc_num(d, "bytes_used"), sdoc_num(d, "bytes_total"), c, sizeof(c)),
 	       sdoc_num(d, "pages"),
 	       cJSON_IsTrue(cJSON_GetObjectItem(d, "direct")) ? ", O_DIRECT" : "");
@@ -350,8 +332,8 @@ static void print_disk(const cJSON *root)
 	}
 	printf("%s\n", first ? " -" : "");
 	printf("           reads %.0f (%s)  writes %.0f (%s)  demotions %.0f  promotions %.0f\n",
-	       sdoc_num(d, "reads"), fmt_bytes(sdoc_num(d, "read_bytes"), a, sizeof(a)),
-	       sdoc_num(d, "writes"), fmt_bytes(sdoc_num(d, "write_bytes"), e, sizeof(e)),
+	       sdoc_num(d, "reads"), text_bytes(sdoc_num(d, "read_bytes"), a, sizeof(a)),
+	       sdoc_num(d, "writes"), text_bytes(sdoc_num(d, "write_bytes"), e, sizeof(e)),
 	       sdoc_num(d, "demotions"), sdoc_num(d, "promotions"));
 	printf("           errors %.0f  corrupt %.0f  torn %.0f  dropped %.0f  scan %.2f s\n",
 	       sdoc_num(d, "errors"), sdoc_num(d, "corrupt"), sdoc_num(d, "torn"),
@@ -376,21 +358,21 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 	if (*sdoc_str(root, "metrics_listen"))
 		printf("metrics    http://%s/metrics\n", sdoc_str(root, "metrics_listen"));
 	printf("ram        %s used of %s (%s), %.0f pages, %.0f pinned",
-	       fmt_bytes(used, a, sizeof(a)), fmt_bytes(total, b, sizeof(b)),
+	       text_bytes(used, a, sizeof(a)), text_bytes(total, b, sizeof(b)),
 	       fmt_pct(used, total, c, sizeof(c)), sdoc_num(pool, "pages"),
 	       sdoc_num(pool, "pinned_pages"));
 	if (sdoc_has(pool, "slabs_total"))
 		printf(", slabs %.0f free of %.0f x %s", sdoc_num(pool, "slabs_free"),
 		       sdoc_num(pool, "slabs_total"),
-		       fmt_bytes(sdoc_num(pool, "slab_bytes"), d, sizeof(d)));
+		       text_bytes(sdoc_num(pool, "slab_bytes"), d, sizeof(d)));
 	printf("\n");
 	for (int i = 0; i < nn; i++) {
 		char nd[16];
 
 		snprintf(nd, sizeof(nd), nodes[i].node < 0 ? "-" : "%d", nodes[i].node);
 		printf("  node %-3s %s used of %s (%s), %d arena%s%s%s\n", nd,
-		       fmt_bytes(nodes[i].used, a, sizeof(a)),
-		       fmt_bytes(nodes[i].total, b, sizeof(b)),
+		       text_bytes(nodes[i].used, a, sizeof(a)),
+		       text_bytes(nodes[i].total, b, sizeof(b)),
 		       fmt_pct(nodes[i].used, nodes[i].total, c, sizeof(c)), nodes[i].arenas,
 		       nodes[i].arenas == 1 ? "" : "s", *nodes[i].page_size ? ", pages " : "",
 		       nodes[i].page_size);
@@ -436,11 +418,11 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 			printf("%4.0f  %-24.24s %-4s %6.0f %10s %8.0f %10s %8s %8.0f %8.0f %10s\n",
 			       sdoc_num(ns, "id"), clip(sdoc_str(ns, "model"), 24, mb, sizeof(mb)),
 			       sdoc_str(ns, "kind"), sdoc_num(ns, "tokens_per_page"),
-			       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
+			       text_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)),
 			       sdoc_num(ns, "pages"),
-			       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+			       text_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
 			       fmt_pct(h, h + m, c, sizeof(c)), sdoc_num(ns, "puts"),
-			       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), e, sizeof(e)));
+			       sdoc_num(ns, "dedup"), text_bytes(ns_saved(ns), e, sizeof(e)));
 		}
 	}
 
@@ -454,12 +436,12 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 	       sdoc_num(ctr, "acquires"), sdoc_num(ctr, "releases"), sdoc_num(ctr, "lookups"),
 	       sdoc_num(ctr, "lookup_keys"), sdoc_num(ctr, "deletes"), sdoc_num(ctr, "nops"));
 	printf("           in %s  out %s  disconnects %.0f  protocol errors %.0f\n",
-	       fmt_bytes(sdoc_num(ctr, "bytes_in"), a, sizeof(a)),
-	       fmt_bytes(sdoc_num(ctr, "bytes_out"), b, sizeof(b)), sdoc_num(ctr, "disconnects"),
+	       text_bytes(sdoc_num(ctr, "bytes_in"), a, sizeof(a)),
+	       text_bytes(sdoc_num(ctr, "bytes_out"), b, sizeof(b)), sdoc_num(ctr, "disconnects"),
 	       sdoc_num(ctr, "protocol_errors"));
 	printf("dedup      %s not stored twice: PUTs that found the page already stored by "
 	       "another rank or engine\n",
-	       fmt_bytes(dedup_saved(root), a, sizeof(a)));
+	       text_bytes(dedup_saved(root), a, sizeof(a)));
 }
 
 /* "0,3" from a client's namespace ids, "-" when none or an older broker. */
@@ -503,8 +485,8 @@ static void print_clients(const cJSON *root)
 		       clip(sdoc_str(cl, "name"), 24, nm, sizeof(nm)),
 		       ctl_ns_list(cl, nsb, sizeof(nsb)), sdoc_num(cl, "leases"),
 		       sdoc_num(cl, "ops"), sdoc_num(cl, "puts"), sdoc_num(cl, "gets"),
-		       fmt_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
-		       fmt_bytes(sdoc_num(cl, "bytes_out"), b, sizeof(b)));
+		       text_bytes(sdoc_num(cl, "bytes_in"), a, sizeof(a)),
+		       text_bytes(sdoc_num(cl, "bytes_out"), b, sizeof(b)));
 	}
 }
 
@@ -536,10 +518,10 @@ static void print_ns(const cJSON *root)
 		       sdoc_num(ns, "id"), clip(sdoc_str(ns, "model"), 24, mb, sizeof(mb)),
 		       sdoc_str(ns, "kind"), sdoc_num(ns, "tokens_per_page"), tp,
 		       sdoc_num(ns, "components"), sdoc_num(ns, "clients"),
-		       fmt_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)), sdoc_num(ns, "pages"),
-		       fmt_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
+		       text_bytes(sdoc_num(ns, "page_bytes"), a, sizeof(a)), sdoc_num(ns, "pages"),
+		       text_bytes(sdoc_num(ns, "bytes"), b, sizeof(b)),
 		       fmt_pct(h, h + m, c, sizeof(c)), h, sdoc_num(ns, "puts"),
-		       sdoc_num(ns, "dedup"), fmt_bytes(ns_saved(ns), d, sizeof(d)));
+		       sdoc_num(ns, "dedup"), text_bytes(ns_saved(ns), d, sizeof(d)));
 	}
 }
 
@@ -583,8 +565,8 @@ static void print_map(const cJSON *root)
 
 		printf("arena %.0f  node %.0f  %s in %.0f slabs of %s, %.0f slab%s per cell\n",
 		       sdoc_num(a, "arena"), sdoc_num(a, "node"),
-		       fmt_bytes(slab * slabs, x, sizeof(x)), slabs, fmt_bytes(slab, y, sizeof(y)),
-		       per, per == 1 ? "" : "s");
+		       text_bytes(slab * slabs, x, sizeof(x)), slabs,
+		       text_bytes(slab, y, sizeof(y)), per, per == 1 ? "" : "s");
 		for (int i = 0; i < n; i++) {
 			double left = slabs - i * per;
 			double cap = (left < per ? left : per) * slab;

@@ -13,6 +13,7 @@
 
 #include "kvbroker.h"
 #include "statsdoc.h"
+#include "text.h"
 
 extern const char *ctl_prog;
 
@@ -27,8 +28,7 @@ int ctl_connect(struct ctl *x, int quiet);
 int ctl_fetch(struct ctl *x, cJSON **root, int quiet);
 void ctl_disconnect(struct ctl *x);
 
-/* Binary units, one decimal ("1.5 GiB"); a percentage or "-" when den <= 0. */
-const char *fmt_bytes(double b, char *buf, size_t len);
+/* A percentage or "-" when den <= 0 (sizes: text_bytes, text.h). */
 const char *fmt_pct(double num, double den, char *buf, size_t len);
 
 /* A client's namespace ids as "0,3", "-" when none. */

@@ -182,8 +182,8 @@ static void tier_rows(const char *name, const struct plan_tier *p, const struct 
 
 	if (!p->bytes)
 		return;
-	snprintf(lab, sizeof(lab), "%s %s", name, fmt_bytes((double)p->bytes, c, sizeof(c)));
-	snprintf(a, sizeof(a), "%u x %s", tp, fmt_bytes((double)p->bytes / tp, d, sizeof(d)));
+	snprintf(lab, sizeof(lab), "%s %s", name, text_bytes((double)p->bytes, c, sizeof(c)));
+	snprintf(a, sizeof(a), "%u x %s", tp, text_bytes((double)p->bytes / tp, d, sizeof(d)));
 	row(lab, a, "one pool");
 	snprintf(a, sizeof(a), "%u x %s", tp, fmt_count(p->pages / tp, c, sizeof(c)));
 	row("  pages stored", a, fmt_count(s->pages, b, sizeof(b)));
@@ -213,7 +213,7 @@ static void plan_text(const struct plan_in *in, const struct plan_out *o)
 	       fmt_count(o->bytes_token_unique, c, sizeof(c)));
 	printf("page       %u tokens = %s B per rank (%s slot)\n", in->page_tokens,
 	       fmt_count(o->bytes_token_rank * in->page_tokens, a, sizeof(a)),
-	       fmt_bytes((double)o->slot_bytes, d, sizeof(d)));
+	       text_bytes((double)o->slot_bytes, d, sizeof(d)));
 	printf("requests   %s tokens on average\n\n", fmt_count(in->req_tokens, a, sizeof(a)));
 	printf("  %-26s %-30s %s\n", "", "private per-rank pools", "one shared kvbroker pool");
 	snprintf(a, sizeof(a), "%s tokens", fmt_count(o->gpu.tokens, c, sizeof(c)));

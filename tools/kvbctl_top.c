@@ -116,8 +116,8 @@ static void bar(int y, int x, int width, const char *label, double used, double 
 	mvprintw(y, x, "%-12s [", label);
 	for (int i = 0; i < width; i++)
 		addch(i < fill ? '#' : '.');
-	printw("] %6s  %s / %s", fmt_pct(used, total, c, sizeof(c)), fmt_bytes(used, a, sizeof(a)),
-	       fmt_bytes(total, b, sizeof(b)));
+	printw("] %6s  %s / %s", fmt_pct(used, total, c, sizeof(c)), text_bytes(used, a, sizeof(a)),
+	       text_bytes(total, b, sizeof(b)));
 }
 
 static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, const char *status)
@@ -168,7 +168,7 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 			 sdoc_num(rem, "shards"), sdoc_num(rem, "published"),
 			 sdoc_num(rem, "fetched"), sdoc_num(rem, "fetches"),
 			 sdoc_num(rem, "errors"),
-			 fmt_bytes(sdoc_num(rem, "bytes_in_flight"), a, sizeof(a)));
+			 text_bytes(sdoc_num(rem, "bytes_in_flight"), a, sizeof(a)));
 	else
 		mvprintw(y++, 0, "remote: off");
 	y++;
@@ -186,7 +186,7 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 		y++;
 	}
 	mvprintw(y++, 0, "dedup saved %s   evictions %.0f   errors %.0f",
-		 fmt_bytes(sdoc_num(sdoc_obj(root, "counters"), "dedup_bytes"), d, sizeof(d)),
+		 text_bytes(sdoc_num(sdoc_obj(root, "counters"), "dedup_bytes"), d, sizeof(d)),
 		 sdoc_num(sdoc_obj(root, "counters"), "evictions"),
 		 sdoc_num(sdoc_obj(root, "counters"), "errors"));
 	y++;

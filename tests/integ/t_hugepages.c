@@ -5,7 +5,8 @@
  * As root the test reserves 2 MiB hugetlb pages (/proc/sys/vm/nr_hugepages, restored at exit
  * whatever happens), starts a broker with --hugepages 2M and checks that the arena is a hugetlb
  * memfd (stats page_size "2M", backing "hugetlb"), that the pages were taken from the hugetlb
- * pool and that pages round-trip through them. Then, with
+ * pool, that the start-up check counted them as hugetlb pages rather than RAM, and that pages
+ * round-trip through them. Then, with
  * a pool larger than the free hugetlb pages, --hugepages 2M falls back (transparent huge pages
  * or 4 KiB pages), says so in the log and still serves. Without root, only the fallback runs.
  * --hugepages collapse makes the 4 KiB pages of a pool into 2 MiB ones where the kernel can.
@@ -138,6 +139,8 @@ int main(int argc, char **argv)
 		CHECKF(free0 - free1 >= 32,
 		       "free hugetlb pages %ld -> %ld: the pool is not on them", free0, free1);
 		CHECK(harness_broker_log_has(b, "2M pages (hugetlb)"));
+		/* The start-up check (memcap.c) foresaw it: the pool is not RAM to be found. */
+		CHECK(harness_broker_log_has(b, "hugetlb pages back 64.0 MiB of the pool"));
 		roundtrip(b, 1);
 		harness_broker_stop(b);
 	} else {

@@ -3,7 +3,8 @@
  * test_text.c - common/text.c: the UTF-8 validator accepts exactly the well-formed sequences
  * (1-4 bytes; no overlongs, surrogates, code points past U+10FFFF, stray continuations or cut
  * sequences), text_utf8() keeps valid text and turns each bad byte into U+FFFD within its
- * buffer, and text_printable() leaves no C0/C1 control, DEL or invalid byte for a terminal.
+ * buffer, text_printable() leaves no C0/C1 control, DEL or invalid byte for a terminal, and
+ * text_bytes() writes sizes in binary units.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,12 +104,25 @@ static void test_text_printable_for_terminals(void **state)
 	assert_string_equal(text_printable(s), "\xc2\xa0nbsp");
 }
 
+static void test_text_bytes_binary_units(void **state)
+{
+	char b[32];
+
+	(void)state;
+	assert_string_equal(text_bytes(512, b, sizeof(b)), "512 B");
+	assert_string_equal(text_bytes(1536, b, sizeof(b)), "1.5 KiB");
+	assert_string_equal(text_bytes(256.0 * (1 << 20), b, sizeof(b)), "256.0 MiB");
+	assert_string_equal(text_bytes(1024.0 * (1ull << 30), b, sizeof(b)), "1.0 TiB");
+	assert_string_equal(text_bytes(-3.0 * (1 << 30), b, sizeof(b)), "-3.0 GiB");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_text_utf8_seq_table),
 		cmocka_unit_test(test_text_utf8_replaces_bad_bytes),
 		cmocka_unit_test(test_text_printable_for_terminals),
+		cmocka_unit_test(test_text_bytes_binary_units),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
