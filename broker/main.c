@@ -1057,7 +1057,8 @@ static void keep_pool(struct broker *b)
 
 	if (b->fdstore || !n)
 		return;
-	if (sdn_fdstore_ok(n)) {
+	/* [records] Room for the pool and three fds for every client's record (orphan.c). */
+	if (sdn_fdstore_ok(n + KEEPER_REC_FDS * (b->cfg.max_clients + b->cfg.max_control))) {
 		err = sdn_store_pool(fds, n);
 		if (!err) {
 			log_info("pool kept in systemd's fd store (%u fds): no keeper", n);
@@ -1172,8 +1173,7 @@ int main(int argc, char **argv)
 	err = adopt_kept(&b);
 	if (err < 0)
 		goto out_pool;
-	if (err > 0)
-		(void)orphan_load(&b); /* [orphans] before keep_pool may retire the keeper */
+	(void)orphan_load(&b); /* [orphans] before keep_pool may retire the keeper */
 	if (!err) {
 		err = start_pool(&b);
 		if (err)

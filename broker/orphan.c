@@ -32,9 +32,9 @@
  * pages of its own partition, at most KVB_HZ_ENTRIES by its table and --max-leases by the
  * ledger, which is ours.
  *
- * Without a keeper (--no-pool-keep, or systemd's fd store) there are no records: leases of a
- * broker that dies are then safe only because the pool is not adopted (--no-pool-keep) or not
- * at all (docs/reliability.md says which).
+ * Under systemd the fd store holds the pool instead of a keeper, and the records too
+ * (sdnotify.c: three fds per session, named for its tag); with --no-pool-keep the pool is not
+ * adopted, so no lease of the dead broker's can meet a page of the next one's.
  *
  * Loop thread, and the start-up thread before the loop runs.
  */
@@ -51,6 +51,7 @@
 #include "log.h"
 #include "orphan.h"
 #include "proto.h"
+#include "sdnotify.h"
 
 /* A lease of an old broker that a page may answer to, and the orphan that holds it. */
 struct want {
@@ -110,6 +111,22 @@ static uint64_t session_tag(const struct broker *b, const struct session *s)
 	return (uint64_t)b->run_id << 32 | s->id;
 }
 
+/* [records] Kept by the keeper, or by systemd's fd store when it holds the pool. */
+static int rec_add(struct broker *b, uint64_t tag, uint32_t part, const int *fds, uint32_t n)
+{
+	if (b->fdstore)
+		return sdn_store_record(tag, part, fds, n);
+	return keeper_rec_add(&b->kl, tag, part, fds, n);
+}
+
+static void rec_del(struct broker *b, uint64_t tag, uint32_t part)
+{
+	if (b->fdstore)
+		sdn_remove_record(tag, part);
+	else
+		(void)keeper_rec_del(&b->kl, tag);
+}
+
 static uint64_t ledger_bytes(const struct broker *b)
 {
 	return (uint64_t)(1 + b->cfg.max_leases) * sizeof(uint64_t);
@@ -120,7 +137,7 @@ void orphan_session_keep(struct broker *b, struct session *s, int region_fd)
 	int fds[KEEPER_REC_FDS], n = 0, lfd, err;
 	uint64_t *l;
 
-	if (b->kl.fd < 0 || !b->keeper)
+	if ((b->kl.fd < 0 || !b->keeper) && !b->fdstore)
 		return;
 	lfd = memfd_create("kvbroker-ledger", MFD_CLOEXEC);
 	if (lfd < 0)
@@ -138,7 +155,7 @@ void orphan_session_keep(struct broker *b, struct session *s, int region_fd)
 	fds[n++] = lfd;
 	if (s->pidfd >= 0)
 		fds[n++] = s->pidfd;
-	err = keeper_rec_add(&b->kl, session_tag(b, s), s->part, fds, (uint32_t)n);
+	err = rec_add(b, session_tag(b, s), s->part, fds, (uint32_t)n);
 	close(lfd);
 	if (err) {
 		munmap(l, ledger_bytes(b));
@@ -173,7 +190,7 @@ void orphan_session_drop(struct broker *b, struct session *s)
 		return;
 	/* [records] Handed over: the next broker holds what our clients lease. */
 	if (!b->handover)
-		(void)keeper_rec_del(&b->kl, session_tag(b, s));
+		rec_del(b, session_tag(b, s), s->part);
 	munmap(s->ledger, ledger_bytes(b));
 	s->ledger = NULL;
 }
@@ -189,7 +206,7 @@ static void orphan_free(struct broker *b, struct orphan *o, const char *why)
 		log_info("orphan %llx: %s: its %u leased page(s) are free again",
 			 (unsigned long long)o->tag, why, o->npins);
 	if (!b->handover)
-		(void)keeper_rec_del(&b->kl, o->tag);
+		rec_del(b, o->tag, o->part);
 	if (o->pidfd >= 0) {
 		if (b->loop.epfd >= 0)
 			loop_del(&b->loop, o->pidfd);
@@ -260,7 +277,7 @@ static void on_record(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t
 	if (!o || n < 2 || process_gone(pidfd)) {
 		/* Nobody is left to read what it leased (or we cannot tell: kept, see below). */
 		if (o && n >= 2 && process_gone(pidfd))
-			(void)keeper_rec_del(&b->kl, tag);
+			rec_del(b, tag, part);
 		else if (o)
 			b->orphan_st.unkept++;
 		for (uint32_t i = 0; i < n; i++)
@@ -289,13 +306,29 @@ static void on_record(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t
 	b->orphan_st.live++;
 }
 
+/* [records] Of a pool that was not adopted: nobody can read what they leased any more. */
+static void drop_record(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t n)
+{
+	(void)arg;
+	sdn_remove_record(tag, part); /* only the store's are left to drop: a keeper's went */
+	while (n)
+		close(fds[--n]);
+}
+
 int orphan_load(struct broker *b)
 {
 	int n;
 
-	if (b->kl.fd < 0)
+	if (!b->pool.adopted) {
+		(void)sdn_records(drop_record, b);
 		return 0;
-	n = keeper_rec_list(&b->kl, on_record, b);
+	}
+	if (b->fdstore)
+		n = sdn_records(on_record, b);
+	else if (b->kl.fd >= 0)
+		n = keeper_rec_list(&b->kl, on_record, b);
+	else
+		return 0;
 	if (n < 0) {
 		log_warn("adopt: the keeper's session records: %s: leases of the previous "
 			 "broker's clients are not held",

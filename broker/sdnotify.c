@@ -140,6 +140,108 @@ int sdn_store_pool(const int *fds, uint32_t n)
 	return 0;
 }
 
+/* [records] The store's name of part c ('r' region, 'l' ledger, 'p' pidfd) of record tag. */
+static void rec_name(uint64_t tag, uint32_t part, char c, char *out, size_t len)
+{
+	snprintf(out, len, "%s%016llx-%u-%c", SDN_NAME_REC, (unsigned long long)tag, part, c);
+}
+
+static const char rec_parts[KEEPER_REC_FDS] = {'r', 'l', 'p'};
+
+int sdn_store_record(uint64_t tag, uint32_t part, const int *fds, uint32_t n)
+{
+	for (uint32_t i = 0; i < n && i < KEEPER_REC_FDS; i++) {
+		char msg[96], name[64];
+		int err;
+
+		rec_name(tag, part, rec_parts[i], name, sizeof(name));
+		snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+		err = sdn_send(msg, &fds[i], 1);
+		if (err) {
+			sdn_remove_record(tag, part);
+			return err;
+		}
+	}
+	return 0;
+}
+
+static void remove_name(const char *name);
+
+void sdn_remove_record(uint64_t tag, uint32_t part)
+{
+	char name[64];
+
+	for (uint32_t i = 0; i < KEEPER_REC_FDS; i++) {
+		rec_name(tag, part, rec_parts[i], name, sizeof(name));
+		remove_name(name);
+	}
+}
+
+/* [records] The records passed back by the last sdn_listen_pool, until sdn_records takes them. */
+static struct sdn_rec {
+	uint64_t tag;
+	uint32_t part;
+	int fds[KEEPER_REC_FDS];
+} * recs;
+static uint32_t nrecs;
+
+/* A "kvbsess-" name: its fd joins its record; 0, or -1 when the name is not well formed. */
+static int rec_take(const char *s, size_t len, int fd)
+{
+	char buf[64], c;
+	unsigned long long tag;
+	unsigned part;
+	uint32_t i, k;
+	int used;
+
+	if (len >= sizeof(buf))
+		return -1;
+	memcpy(buf, s, len);
+	buf[len] = 0;
+	if (sscanf(buf, SDN_NAME_REC "%16llx-%u-%c%n", &tag, &part, &c, &used) != 3 ||
+	    (size_t)used != len || part >= POOL_MAX_PARTS || !memchr(rec_parts, c, KEEPER_REC_FDS))
+		return -1;
+	k = (uint32_t)((const char *)memchr(rec_parts, c, KEEPER_REC_FDS) - rec_parts);
+	for (i = 0; i < nrecs && (recs[i].tag != tag || recs[i].part != part); i++)
+		;
+	if (i == nrecs) {
+		struct sdn_rec *r = realloc(recs, (nrecs + 1) * sizeof(*r));
+
+		if (!r)
+			return -1;
+		recs = r;
+		recs[nrecs++] = (struct sdn_rec){.tag = tag, .part = part, .fds = {-1, -1, -1}};
+	}
+	if (recs[i].fds[k] >= 0)
+		return -1; /* given twice */
+	recs[i].fds[k] = fd;
+	return 0;
+}
+
+int sdn_records(keeper_rec_fn fn, void *arg)
+{
+	uint32_t n = nrecs;
+
+	for (uint32_t i = 0; i < nrecs; i++) {
+		int fds[KEEPER_REC_FDS];
+		uint32_t k = 0;
+
+		/* The record's fds in keeper order, up to the first missing one. */
+		while (k < KEEPER_REC_FDS && recs[i].fds[k] >= 0) {
+			fds[k] = recs[i].fds[k];
+			k++;
+		}
+		for (uint32_t j = k; j < KEEPER_REC_FDS; j++)
+			if (recs[i].fds[j] >= 0)
+				close(recs[i].fds[j]);
+		fn(arg, recs[i].tag, recs[i].part, fds, k);
+	}
+	free(recs);
+	recs = NULL;
+	nrecs = 0;
+	return (int)n;
+}
+
 static void remove_name(const char *name)
 {
 	char msg[300];
@@ -269,6 +371,14 @@ int sdn_listen_pool(int *fds, uint32_t max)
 			fds[slot] = fd;
 			got++;
 			top = slot + 1 > top ? slot + 1 : top;
+		} else if (p && len > strlen(SDN_NAME_REC) &&
+			   !memcmp(p, SDN_NAME_REC, strlen(SDN_NAME_REC))) {
+			if (rec_take(p, len, fd)) { /* [records] a client session's, for orphan.c */
+				log_warn("LISTEN_FDS: fd %d (\"%.*s\") is not a session record: "
+					 "closed",
+					 fd, (int)(len > 64 ? 64 : len), p);
+				close(fd);
+			}
 		} else {
 			if (!err)
 				log_warn("LISTEN_FDS: fd %d (\"%.*s\") is not a pool fd: closed",

@@ -9,9 +9,14 @@
 
 #include <stdint.h>
 
+#include "keeper.h"
+
 /* fd names of a pool in the store: the side table, then "kvbpool-arena-<i>" for arena i. */
 #define SDN_NAME_META "kvbpool-meta"
 #define SDN_NAME_ARENA "kvbpool-arena-"
+/* [records] A client session's record (orphan.c), as a keeper keeps it: its region, ledger and
+ * pidfd as "kvbsess-<tag>-<partition>-r", "-l", "-p". */
+#define SDN_NAME_REC "kvbsess-"
 
 /* Whether $NOTIFY_SOCKET names a service manager to talk to. */
 int sdn_enabled(void);
@@ -45,5 +50,15 @@ void sdn_remove_pool(uint32_t narenas);
  * Fds of other names are closed and logged. Clears the LISTEN_* variables either way.
  */
 int sdn_listen_pool(int *fds, uint32_t max);
+
+/* [records] Stores a session's record (fds as keeper_rec_add takes them); 0 or -errno. */
+int sdn_store_record(uint64_t tag, uint32_t part, const int *fds, uint32_t n);
+/* [records] FDSTOREREMOVE=1 of each of its names. */
+void sdn_remove_record(uint64_t tag, uint32_t part);
+/*
+ * [records] The records the last sdn_listen_pool() found, each to fn as keeper_rec_list
+ * hands them (fn owns the fds; the fds after a missing one are closed). Returns how many.
+ */
+int sdn_records(keeper_rec_fn fn, void *arg);
 
 #endif /* KVB_BROKER_SDNOTIFY_H */
