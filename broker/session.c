@@ -632,8 +632,12 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	}
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
-	if (s->pidfd >= 0)
-		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
+	if (s->pidfd >= 0) {
+		/* The keeper holds a dup ([records], orphan.c): closing ours alone would leave
+		 * it in the epoll set, naming a freed session. */
+		loop_del(&b->loop, s->pidfd);
+		close(s->pidfd);
+	}
 	close(s->sock);		 /* also leaves the epoll set */
 	list_del(&s->link);
 	if (!s->hello_done)

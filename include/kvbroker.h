@@ -161,7 +161,10 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
  *     calling thread. One whose allocation is no longer the one registered (freed, replaced at
  *     that address), or that the new broker refuses (started --no-gpu), is lost alone: its
  *     ops, and those of views over it, fail -EBADF until the caller registers it anew.
- *   - Leases of the old broker stay readable (their mapping is kept); kvb_release() of one,
+ *   - Leases of the old broker stay readable and intact (their mapping is kept, and a broker
+ *     that adopts the pool holds their pages until this library, at its first call after the
+ *     broker went, has copied each into memory of its own, or until the process exits: so a
+ *     lease reads the page it leased even before the library notices); kvb_release() of one,
  *     or a RELEASE of its id through kvb_submit(), completes 0 without a round trip, and the
  *     old mapping goes with the last of them (each broker's with its own last lease, whatever
  *     leases of other brokers are held). An async RELEASE that was in flight when the

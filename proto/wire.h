@@ -362,8 +362,8 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
 /*
  * ABI 1.3: the broker ended this session while it lives on (kvbctl drop, --lease-lifetime):
  * leased pages may be reused for others' data, so the library unmaps the pool at once and a
- * stale lease pointer faults. Without it (a broker that died) the mapping stays: the pages
- * there are no one's but ours any more, and leases keep reading.
+ * stale lease pointer faults. Without it (a broker that died) the mapping stays and leases keep
+ * reading: the next broker holds their pages until the library copied them ([retire] below).
  */
 #define KVB_SQ_REVOKED (1u << 1)
 /* cq flags (client writes): the client sleeps; ring the cq doorbell after posting. */
