@@ -191,7 +191,7 @@ void orphan_session_drop(struct broker *b, struct session *s)
 	/* [records] Handed over: the next broker holds what our clients lease. */
 	if (!b->handover)
 		rec_del(b, session_tag(b, s), s->part);
-	munmap(s->ledger, ledger_bytes(b));
+	bg_unmap(b->bg, s->ledger, ledger_bytes(b)); /* as its region: off the loop */
 	s->ledger = NULL;
 }
 
