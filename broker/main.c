@@ -1143,6 +1143,23 @@ int main(int argc, char **argv)
 	}
 	made_dir = err;
 	b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+	/*
+	 * A broker killed while it started a keeper leaves a copy of its lock's fd in that child
+	 * until the child's exec closes it (t_rel_crash saw it once): a dead owner's lock is
+	 * waited for, briefly.
+	 */
+	for (int i = 0;
+	     b.lock_fd == -EBUSY && owner > 0 && i < 300 && kill(owner, 0) < 0 && errno == ESRCH;
+	     i++) {
+		struct timespec ts = {0, 10000000};
+
+		if (!i)
+			log_info("socket %s: the lock of pid %d, which is gone, is still held: "
+				 "waiting up to 3 s",
+				 b.cfg.socket_path, (int)owner);
+		nanosleep(&ts, NULL);
+		b.lock_fd = instance_lock(b.cfg.socket_path, &owner);
+	}
 	if (b.lock_fd == -EBUSY && b.cfg.takeover && owner > 0 && !b.cfg.free_pool) {
 		/* [handover] The running broker drains and exits; its lock goes last. */
 		double t0 = clock_now();
