@@ -335,7 +335,8 @@ int orphan_load(struct broker *b)
 			 strerror(-n));
 		return n;
 	}
-	qsort(wants.w, wants.n, sizeof(*wants.w), want_cmp);
+	if (wants.n)
+		qsort(wants.w, wants.n, sizeof(*wants.w), want_cmp);
 	if (b->orphan_st.live)
 		log_info("adopt: %u client(s) of the previous broker live on, with %u lease(s) "
 			 "to hold until they let go",
