@@ -150,7 +150,7 @@ static struct harness_broker *run_case(struct harness_broker *b, const char *how
 	pid_t pids[2];
 	kvb_client *obs = NULL;
 	struct kvb_opts o = {.socket_path = sh->sock, .reconnect_ms = 10000};
-	int st;
+	int st[2];
 
 	memset((char *)sh + sizeof(sh->sock), 0, sizeof(*sh) - sizeof(sh->sock));
 	for (int i = 0; i < 2; i++)
@@ -184,7 +184,7 @@ static struct harness_broker *run_case(struct harness_broker *b, const char *how
 	       sh->bad[1]);
 	set_step(3);
 	if (exits) {
-		CHECK_EQ(harness_wait(pids, 2, 10000, &st), 0);
+		CHECK_EQ(harness_wait(pids, 2, 10000, st), 0);
 		CHECK_EQ(harness_stat_wait(obs, "pool.orphans", 0, 5000), 0);
 		CHECK_EQ(harness_stat(obs, "pool.orphan_pins"), 0);
 		kvb_close(obs);
@@ -201,7 +201,7 @@ static struct harness_broker *run_case(struct harness_broker *b, const char *how
 	set_step(5);
 	wait_done(5);
 	CHECK_EQ(sh->errors[0] + sh->errors[1], 0);
-	CHECK_EQ(harness_wait(pids, 2, 10000, &st), 0);
+	CHECK_EQ(harness_wait(pids, 2, 10000, st), 0);
 	CHECK_EQ(harness_stat(obs, "pool.pinned_pages"), 0);
 	rel_figure("%s: 2 x %d leases (broker's and hazard table's) intact through a fill of %d "
 		   "pages, let go once copied",
