@@ -205,7 +205,7 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, int *fds, uint32_t max, u
  */
 static int msg_recv(int fd, uint32_t op, int *fds, uint32_t max, pid_t *pid)
 {
-	struct keeper_msg m;
+	struct keeper_msg m = {0};
 	uint32_t n;
 	ssize_t r = recv_fds(fd, &m, sizeof(m), fds, max, &n);
 	int err = 0;
@@ -321,7 +321,7 @@ int keeper_rec_del(struct keeper_link *k, uint64_t tag)
 int keeper_rec_list(struct keeper_link *k, keeper_rec_fn fn, void *arg)
 {
 	struct keeper_rec r = {KEEPER_MAGIC, KEEPER_LIST, 0, 0, 0};
-	int fds[KEEPER_REC_FDS], count = 0;
+	int fds[KEEPER_REC_FDS] = {0}, count = 0;
 
 	if (k->fd < 0)
 		return -ENOENT;
@@ -586,7 +586,7 @@ static int keeper_serve(struct keeper *kp, int c)
 	union {
 		struct keeper_msg m;
 		struct keeper_rec r;
-	} u;
+	} u = {0};
 	struct keeper_msg r = {KEEPER_MAGIC, 0, 0, 0};
 	int fds[KEEPER_REC_FDS], is_owner = c == kp->owner;
 	uint32_t n;

@@ -638,7 +638,7 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 		loop_del(&b->loop, s->pidfd);
 		close(s->pidfd);
 	}
-	close(s->sock);		 /* also leaves the epoll set */
+	close(s->sock); /* also leaves the epoll set */
 	list_del(&s->link);
 	if (!s->hello_done)
 		b->npending--;

@@ -36,8 +36,12 @@ static kvb_client *attach(const char *sock, const char *name, uint32_t *ns)
 {
 	struct kvb_opts o = {.socket_path = sock, .name = name};
 	kvb_client *c = NULL;
+	int rc;
 
-	CHECK_OK(kvb_connect(&o, &c));
+	/* -EAGAIN: a broker that took over is still adopting the pool. */
+	for (int i = 0; (rc = kvb_connect(&o, &c)) == -EAGAIN && i < 500; i++)
+		usleep(10000);
+	CHECK_OK(rc);
 	CHECK_OK(kvb_ns_open(c, &lay, ns, NULL));
 	return c;
 }
