@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# bench-datapath.sh B - issue 19's target table in one run: the data path against memcpy.
+# bench-datapath.sh B - the data path's target table in one run: the data path against memcpy.
 # Prints markdown on stdout (tools/bench.sh puts it into docs/benchmarks.md as a section of its
 # own; run alone it is the same table), progress on stderr.
 #

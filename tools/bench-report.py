@@ -245,7 +245,7 @@ if mk:
 else:
     target("MLA at TP=8 stores one copy, not eight", "-", None)
 
-L.append("## Targets (issue 7)\n")
+L.append("## Targets\n")
 L.append("Verdicts computed by `tools/bench-report.py` from the medians below.%s\n" %
          (" Quick run: noisy, indicative only." if quick else ""))
 L.append("| target | measured (median) | verdict |")
@@ -400,7 +400,7 @@ for name in ("python.md", "sglang.md", "vllm.md", "chain.md", "remote.md"):
         L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "datapath.md")
 if os.path.exists(p) and os.path.getsize(p):
-    L.append("## Data path against memcpy (issue 19, from `tools/bench-datapath.sh`)\n")
+    L.append("## Data path against memcpy (from `tools/bench-datapath.sh`)\n")
     L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
