@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: MIT
 #
 # bench.sh B - `make bench`: kvbroker side by side with the limits of the machine and with what
-# users would pick instead; writes docs/benchmarks.md and docs/bench/*.png.
+# users would pick instead; writes a report, B/bench/report.md, and its plots, B/bench/plots/*.png.
+# docs/benchmarks.md quotes the figures of such reports with their dates and machines; it is
+# written by hand, so a run never overwrites it.
 #
 # In one go, at page sizes 64K, 1M and 4.5M and with 1, 2 and 4 client processes:
 #   limits    memcpy (1 process up to all cores), fio io_uring + O_DIRECT on a file next to the
@@ -40,7 +42,7 @@
 # ("1 2 4"), KVB_BENCH_POOL (2G), KVB_BENCH_WS (working set per page size, 128M),
 # KVB_BENCH_DISK_DIR (B/bench/disk: must be a real file system, not tmpfs), KVB_BENCH_DISK_POOL
 # (256M), KVB_BENCH_MODES (kvbroker data modes, "put get acquire"; get-user, put-user exist too),
-# KVB_BENCH_OUT (docs/benchmarks.md), KVB_BENCH_PLOTS (docs/bench).
+# KVB_BENCH_OUT (B/bench/report.md), KVB_BENCH_PLOTS (B/bench/plots).
 # Raw results: B/bench/results.jsonl. Exit 1 when any run failed (the report is written anyway
 # and lists the failures); a MISSED target is a finding, not a failure.
 set -eu
@@ -63,8 +65,8 @@ else
 fi
 PAGES=${KVB_BENCH_PAGES:-"64K 1M 4.5M"}
 PROCS=${KVB_BENCH_PROCS:-"1 2 4"}
-OUT=${KVB_BENCH_OUT:-docs/benchmarks.md}
-PLOTS=${KVB_BENCH_PLOTS:-docs/bench}
+OUT=${KVB_BENCH_OUT:-$B/bench/report.md}
+PLOTS=${KVB_BENCH_PLOTS:-$B/bench/plots}
 DISK_DIR=${KVB_BENCH_DISK_DIR:-$B/bench/disk}
 KVB_MODES=${KVB_BENCH_MODES:-"put get acquire"}
 NCPU=$(nproc)
