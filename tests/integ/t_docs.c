@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_docs.c - every command block of README.md and docs/*.md marked runnable works as written.
+ * t_docs.c - every command block of README.md and of the docs/ pages marked runnable
+ * works as written.
  *
  * The work is tests/docs/run.sh's, which documents the convention (an HTML comment
  * "<!-- runnable -->" on the line before a ```sh or ```python block, $KVB_SOCKET and $KVB_BIN
