@@ -4,7 +4,7 @@
 #   make              build everything (release, build/release/)
 #   make test         unit + integration tests
 #   make demo         start a broker, run two simulated engines, print what happened
-#   make bench        kvbbench figures into docs/benchmarks.md (QUICK=1: a short smoke run)
+#   make bench        the benchmark report into build/MODE/bench/ (QUICK=1: a short smoke run)
 #   make bench-disk   the NVMe tier against fio, and the warm-restart scan (tools/bench-disk.sh)
 #   make asan|tsan    the test suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make fuzz         every libFuzzer target for FUZZ_SECONDS each (clang; make test runs each

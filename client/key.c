@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * key.c - page keys: the SHA-256 chain over token ids (DESIGN.md §2, docs/protocol.md).
+ * key.c - page keys: the SHA-256 chain over token ids (docs/protocol.md, section 5).
  *
  *   key_0 = SHA256(le32(t_0) || le32(t_1) || ...)               first page
  *   key_i = SHA256(key_{i-1} || le32(t_0) || le32(t_1) || ...)  every later page

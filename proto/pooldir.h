@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pooldir.h - the pool directory [dir] (ABI 1.5, issue 19): where a client finds a RAM-resident
+ * pooldir.h - the pool directory [dir] (ABI 1.5): where a client finds a RAM-resident
  * page by itself, so that kvb_get() into host memory reads it with no round trip to the broker.
  *
  * Place. A tenant partition's directory is the first dir_units * 4 KiB of the partition's
  * first arena (the HELLO reply's dir_units; 0: none). A client maps it with the pool,
- * read-only like every pool byte (rule 2), and a broker that takes the pool over finds it
- * where the side table says (pagehdr.h, pmeta_arena.dir_units).
+ * read-only like every pool byte (rule 2, docs/design.md), and a broker that takes the pool
+ * over finds it where the side table says (pagehdr.h, pmeta_arena.dir_units).
  *
  * Format. A 64-byte header, then nbuckets buckets of KVB_DIR_WAYS 64-byte entries:
  *   header: magic "KVBDIR1\0", version, nbuckets (a power of two), ways, epoch (never 0)

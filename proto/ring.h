@@ -177,7 +177,7 @@ static inline int64_t kvb_ring_space(struct kvb_ring *r)
  * Producer: free slots, from the head last seen while that leaves at least want of them;
  * otherwise as kvb_ring_space(). The consumer's head line is written by the other side on
  * every consume, so re-reading it is a cross-CPU cache miss on the way to every publish
- * (issue 19: the fixed cost per op); the head only grows, so the old value under-counts the
+ * (the fixed cost per op); the head only grows, so the old value under-counts the
  * room and is always safe to use. A cached head passed kvb_ring_sane() when it was read and
  * our tail grew only within the room it left, so it is still sane.
  */

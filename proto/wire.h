@@ -65,8 +65,8 @@
 #define KVB_ABI_MAJOR 1
 /* 1: BUF_REG_GPU; 2: BUF_REG_FD, VIEW_CREATE2, NS_OPEN identity, KVB_SQEF_GET;
  * 3: DROP, paged STATS (struct kvb_msg_stats_page);
- * 4: KVB_SQEF_FILL (issue 19: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
- *    (issue 20: a PUT's parent key, in the arg area);
+ * 4: KVB_SQEF_FILL (the filled PUT: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
+ *    (a PUT's parent key, in the arg area: chains evicted tail first);
  * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET;
  * 6: the note ring (KVB_FEAT_NOTES) */
 #define KVB_ABI_MINOR 6
@@ -380,7 +380,7 @@ static_assert(sizeof(struct kvb_region_hdr) == 64, "region hdr");
  */
 #define KVB_SQEF_GET (1u << 7)
 /*
- * KVB_SQEF_FILL (ABI 1.4, issue 19): a PUT whose source, a host buffer of the client, is being
+ * KVB_SQEF_FILL (ABI 1.4): a PUT whose source, a host buffer of the client, is being
  * filled while the op runs (kvb_put() from plain memory: the library's copy into its staging
  * buffer overlaps the broker's copy out of it). The broker asks first: a key stored (RAM or
  * disk) completes EXISTED having read nothing, and a key being written waits for that write;
@@ -433,7 +433,7 @@ static_assert(offsetof(struct kvb_sqe, off) == 56, "sqe off");
 static_assert(offsetof(struct kvb_sqe, parent_off) == 52, "sqe parent_off");
 
 /*
- * KVB_OPF_PARENT (ABI 1.4, issue 20) on a PUT: the 32-byte key of the page this one continues
+ * KVB_OPF_PARENT (ABI 1.4) on a PUT: the 32-byte key of the page this one continues
  * (its prefix) is at byte parent_off of the arg area; the SQE has no room for a second key. The
  * broker reads it once, when it takes the SQE, so the client may reuse those bytes as soon as
  * the CQE came. The library gives each op slot its own 32 bytes at the top of the arg area
@@ -466,7 +466,7 @@ static_assert(offsetof(struct kvb_cqe, lease) == 16, "cqe lease");
 #define KVB_REGION_CQ_FLAGS 260u
 #define KVB_REGION_SQES 320u
 /*
- * Spinning hints (issue 19), in spare words of the two sides' lines (zero in a fresh region, so
+ * Spinning hints, in spare words of the two sides' lines (zero in a fresh region, so
  * a peer that never writes them reads as "unknown"): the broker's loop writes the CPU it polls
  * on + 1 at sq head + 8; a client writes the CPU it spins on + 1 at cq head + 8 while it spins
  * on its CQ or fills a PUT's source (KVB_SQEF_FILL), 0 otherwise. A side that finds the other

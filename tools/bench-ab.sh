@@ -8,8 +8,8 @@
 # Prints per page size memcpy's median GB/s and p50, then per mode and build the median ratio
 # to memcpy (with the range over repetitions) and the median p50 (with its excess over
 # memcpy's), then the load average. PAGES: sizes for --page, or "kimi" for --layout kimi. A
-# mode may carry its own arguments joined by '+' ("get+--qd+8"). Used for issue 19's figures
-# in docs/benchmarks.md; on a shared machine, prefer it to two separate runs.
+# mode may carry its own arguments joined by '+' ("get+--qd+8"). Used for the data path's A/B
+# figures; on a shared machine, prefer it to two separate runs.
 set -eu
 A=$1 B=$2 REPS=$3 SECS=$4 PAGES=$5 MODES=$6
 shift 6

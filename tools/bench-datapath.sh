@@ -1,9 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# bench-datapath.sh B - issue 19's target table in one run: the data path against memcpy.
-# Prints markdown on stdout (tools/bench.sh puts it into docs/benchmarks.md as a section of its
-# own; run alone it is the same table), progress on stderr.
+# bench-datapath.sh B - the data path's target table in one run: the data path against memcpy.
+# Prints markdown on stdout (tools/bench.sh puts it into its report as a section of its own; run
+# alone it is the same table), progress on stderr.
 #
 #   copies    GET into a registered buffer, get-user (the client copies from its pool map),
 #             ACQUIRE + kvb_lease_copy + RELEASE (and with the caller's memcpy), at 64 KiB,
@@ -153,6 +153,7 @@ run() {
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 t0=$(date +%s)
+date0=$(date -u '+%Y-%m-%d %H:%M UTC')
 # What broker NAME's pool got: the first arena's page size and backing (hugetlb, shmem with
 # THP or not).
 backing() {
@@ -267,11 +268,14 @@ load1=$(cut -d' ' -f1-3 /proc/loadavg)
 secs=$(($(date +%s) - t0))
 
 thp() { sed 's/.*\[\(.*\)\].*/\1/' "/sys/kernel/mm/transparent_hugepage/$1" 2>/dev/null || echo none; }
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 python3 - "$res" "$load0" "$load1" "$secs" "$REPS" "$SECS" "$TPREPS" "$(nproc)" "$pages" \
-	"$pages4" "$(thp shmem_enabled)" "$(thp enabled)" <<'PY'
+	"$pages4" "$(thp shmem_enabled)" "$(thp enabled)" "$date0" "${cpu:-unknown CPU}" \
+	"$(uname -r)" <<'PY'
 import json, statistics, sys
 
-res, load0, load1, secs, reps, dur, tpreps, ncpu, pages, pages4, shmem, anon = sys.argv[1:]
+(res, load0, load1, secs, reps, dur, tpreps, ncpu, pages, pages4, shmem, anon, date0, cpu,
+ kernel) = sys.argv[1:]
 rows, fails = {}, []
 for line in open(res):
     d = json.loads(line)
@@ -352,16 +356,19 @@ def pair_table(tag, page_list):
 
 
 names = {"64K": "64 KiB", "1M": "1 MiB", "kimi": "Kimi 4.29 MiB"}
-print("Command: `sh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
-      "interleaved, medians; TP=8 %s repetitions. %s CPUs; load average %s before, %s after; "
+print("Run of %s on %s, %s CPUs, Linux %s. "
+      "Command: `sh tools/bench-datapath.sh B` (part of `make bench`); %s repetitions of %s s, "
+      "interleaved, medians; TP=8 %s repetitions. Load average %s before, %s after; "
       "%s s in all. The brokers' pools on %s%s; THP for shared memory (registered "
       "buffers) `%s`, for kvbbench's own buffers `%s`.\n"
-      % (reps, dur, tpreps, ncpu, load0, load1, secs, pages,
+      % (date0, cpu, ncpu, kernel, reps, dur, tpreps, load0, load1, secs, pages,
          "" if pages4 else " (no huge pages could be reserved: the verdicts below are not on "
          "the pool a broker host should have, docs/operations.md \"Huge pages\")", shmem, anon))
 copy_table("", ("64K", "1M", "kimi"))
-print("\nRatios are x memcpy with the same destinations; above 1 they come from the streaming "
-      "stores of `kvb_copy` (from 256 KiB) against glibc's memcpy. ACQUIRE is `kvb_acquire`, "
+print("\nRatios are x memcpy with the same destinations. Above 1 they come from `kvb_copy`'s "
+      "streaming stores (from 64 KiB, into any destination but the one its thread wrote last: "
+      "[nt-fresh] in proto/fastcopy.h), which write a cold destination without reading its "
+      "lines from DRAM first, as glibc's memcpy does. ACQUIRE is `kvb_acquire`, "
       "`kvb_lease_copy` (the library's copy, as in get-user) and `kvb_release`; the column after "
       "it copies out of the lease with glibc's memcpy instead, what a caller that copies by "
       "itself gets, and is not in the verdict.\n")
@@ -384,7 +391,7 @@ print("Two such copies at once, in two processes: %s GB/s summed, each %s x memc
       "the broker's out of it), pipelined, so it runs at most that fast while both go through "
       "DRAM (the staging ring's plain stores, client/ops.c [fill-ring], can pass it where the "
       "two CPUs share a cache). On these VMs the figure is bimodal from one repetition to the "
-      "next (docs/benchmarks.md, runs 32-34).\n" % (
+      "next (the measurement log in docs/benchmarks.md).\n" % (
           fx(two), fx(ratio(two / 2 if two else None, med("64K rotate memcpy")))))
 if pages4:
     print("\nThe 64 KiB rows again, in the same repetitions, from two more brokers whose pools "

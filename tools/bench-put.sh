@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 #
 # bench-put.sh A B REPS SECS "PAGES": the PUT paths of two builds side by side, interleaved
-# (issue 19's filled PUT). A and B are build directories (before and after); each gets its own
+# (the filled PUT). A and B are build directories (before and after); each gets its own
 # kvbrokerd --pool 1G. Every repetition measures, per page size, memcpy (B's kvbbench), then
 # put (registered buffer) and put-user (plain memory) on A and on B, and put-user on B with
 # KVB_CLIENT_FILL_KB=0 (B's library without filled PUTs: copy, then PUT). Prints per page

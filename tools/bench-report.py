@@ -8,7 +8,8 @@ RESULTS.jsonl holds one JSON object per measurement (kvbbench --json, or fio con
 same fields), each labelled by bench.sh with "fig" (what it is) and "rep". Every figure in the
 document is a median over repetitions with its range; every ratio divides medians of the same
 run; every target row's verdict ("met" / "MISSED") is computed here from those medians.
-Plots: clustered bars through tools/plot-bars.gp (gnuplot, PNG); skipped with a note when
+Plots: clustered bars through tools/plot-bars.gp (gnuplot, PNG), each stamped with the run's
+date, machine and command under its title and again in its caption; skipped with a note when
 gnuplot is missing.
 """
 import json
@@ -245,7 +246,7 @@ if mk:
 else:
     target("MLA at TP=8 stores one copy, not eight", "-", None)
 
-L.append("## Targets (issue 7)\n")
+L.append("## Targets\n")
 L.append("Verdicts computed by `tools/bench-report.py` from the medians below.%s\n" %
          (" Quick run: noisy, indicative only." if quick else ""))
 L.append("| target | measured (median) | verdict |")
@@ -400,7 +401,7 @@ for name in ("python.md", "sglang.md", "vllm.md", "chain.md", "remote.md"):
         L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "datapath.md")
 if os.path.exists(p) and os.path.getsize(p):
-    L.append("## Data path against memcpy (issue 19, from `tools/bench-datapath.sh`)\n")
+    L.append("## Data path against memcpy (from `tools/bench-datapath.sh`)\n")
     L.append(open(p).read().strip() + "\n")
 p = os.path.join(sections, "startup.md")
 if os.path.exists(p) and os.path.getsize(p):
@@ -420,8 +421,9 @@ def bars(name, title, ylabel, header, table, logy=False):
                                                 for v in row[1:]) + "\n")
     png = os.path.join(plots, name + ".png")
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot-bars.gp")
-    rc = subprocess.run(["gnuplot", "-e", "data='%s'; out='%s'; ttl='%s'; ylab='%s'; ncols=%d; "
-                         "logy=%d" % (dat, png, title, ylabel, len(header), int(logy)), script],
+    rc = subprocess.run(["gnuplot", "-e", "data='%s'; out='%s'; ttl='%s'; stamp='%s'; ylab='%s'; "
+                         "ncols=%d; logy=%d" % (dat, png, title, stamp.replace("'", ""), ylabel,
+                                                len(header), int(logy)), script],
                         capture_output=True, text=True)
     os.unlink(dat)
     if rc.returncode:
@@ -430,6 +432,9 @@ def bars(name, title, ylabel, header, table, logy=False):
     return png
 
 
+# Every plot carries its run: date, machine and command, under its title and in its caption.
+stamp = "%s, %s; %s" % (meta.get("date", "?"), meta.get("machine", "?"),
+                        meta.get("make", "make bench"))
 imgs = []
 sysg = [("memcpy", "memcpy"), ("kvb-get", "kvbroker GET"), ("kvb-acquire", "kvbroker ACQUIRE"),
         ("memcached-get", "memcached GET"), ("redis-tcp-get", "Redis GET TCP"),
@@ -465,6 +470,7 @@ if imgs:
     rel = os.path.relpath(plots, os.path.dirname(os.path.abspath(out)))
     for i in imgs:
         L.append("![%s](%s/%s)\n" % (os.path.basename(i)[:-4], rel, os.path.basename(i)))
+        L.append("*%s.*\n" % stamp)
 elif not shutil.which("gnuplot"):
     L.append("Plots skipped: gnuplot not installed (`sh tools/deps.sh bench`).\n")
 

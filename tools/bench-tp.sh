@@ -11,7 +11,7 @@
 # Prints, per --qd and side, medians of: the GET p50, mean and p99 (qd 1: each kvb_get; qd N:
 # each page, from its batch's start), the batch p50 (qd N: what delays a request's first
 # token), the load phase and the whole run, then each run's load phase; and the load average.
-# Used for issue 19's TP=8 figures in docs/benchmarks.md.
+# Used for the TP=8 A/B figures of the data path.
 set -eu
 REPS=$1 QDS=$2
 shift 2

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: MIT
 #
 # bench.sh B - `make bench`: kvbroker side by side with the limits of the machine and with what
-# users would pick instead; writes docs/benchmarks.md and docs/bench/*.png.
+# users would pick instead; writes a report, B/bench/report.md, and its plots, B/bench/plots/*.png.
+# docs/benchmarks.md quotes the figures of such reports with their dates and machines; it is
+# written by hand, so a run never overwrites it.
 #
 # In one go, at page sizes 64K, 1M and 4.5M and with 1, 2 and 4 client processes:
 #   limits    memcpy (1 process up to all cores), fio io_uring + O_DIRECT on a file next to the
@@ -23,15 +25,15 @@
 #   chains    kvbchain: prefix hit rate of a Zipf workload of shared prefixes larger than the
 #             pool, PUTs with parent keys (chains evicted tail first) vs plain LRU, same run
 #   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
-#             memory allows, or KVB_BENCH_STARTUP_SIZE), tools/bench-datapath.sh B (issue 19's
-#             table: GET, get-user, ACQUIRE, PUT against memcpy with rotating and cache-hot
+#             memory allows, or KVB_BENCH_STARTUP_SIZE), tools/bench-datapath.sh B (the data
+#             path's table: GET, get-user, ACQUIRE, PUT against memcpy with rotating and cache-hot
 #             destinations, 2 and 4 processes, one CPU, TP=8 load) and, with the disk tier,
 #             tools/bench-disk.sh B (its own QD-8 figures and the warm-restart scan), when
 #             present: each prints markdown on stdout, which goes into the report as is; a
 #             non-zero exit is reported as a failure
 # Every measurement runs REPS times, interleaved (the repetition is the outer loop, so drift of
 # the machine spreads over all rows); the report gives medians and ranges, ratios and a
-# "met / MISSED" column for every target of issue 7, computed here, never hand-written.
+# "met / MISSED" column for every target (tools/bench-report.py), computed, never hand-written.
 # Every server started here is stopped on exit (trap EXIT), whatever happens.
 #
 # Knobs (environment): KVB_BENCH_QUICK=1 (make bench QUICK=1: 0.3 s per case, 1 repetition,
@@ -40,7 +42,7 @@
 # ("1 2 4"), KVB_BENCH_POOL (2G), KVB_BENCH_WS (working set per page size, 128M),
 # KVB_BENCH_DISK_DIR (B/bench/disk: must be a real file system, not tmpfs), KVB_BENCH_DISK_POOL
 # (256M), KVB_BENCH_MODES (kvbroker data modes, "put get acquire"; get-user, put-user exist too),
-# KVB_BENCH_OUT (docs/benchmarks.md), KVB_BENCH_PLOTS (docs/bench).
+# KVB_BENCH_OUT (B/bench/report.md), KVB_BENCH_PLOTS (B/bench/plots).
 # Raw results: B/bench/results.jsonl. Exit 1 when any run failed (the report is written anyway
 # and lists the failures); a MISSED target is a finding, not a failure.
 set -eu
@@ -63,8 +65,8 @@ else
 fi
 PAGES=${KVB_BENCH_PAGES:-"64K 1M 4.5M"}
 PROCS=${KVB_BENCH_PROCS:-"1 2 4"}
-OUT=${KVB_BENCH_OUT:-docs/benchmarks.md}
-PLOTS=${KVB_BENCH_PLOTS:-docs/bench}
+OUT=${KVB_BENCH_OUT:-$B/bench/report.md}
+PLOTS=${KVB_BENCH_PLOTS:-$B/bench/plots}
 DISK_DIR=${KVB_BENCH_DISK_DIR:-$B/bench/disk}
 KVB_MODES=${KVB_BENCH_MODES:-"put get acquire"}
 NCPU=$(nproc)
@@ -367,7 +369,7 @@ while [ "$rep" -le "$REPS" ]; do
 	kvb mla-private "$rep" kvbbench --procs 8 --pages 16 --private mla-tp
 	rep=$((rep + 1))
 done
-# The Python package against kvbbench, same broker, its own interleaved repetitions (issue 13).
+# The Python package against kvbbench, same broker, its own interleaved repetitions.
 if [ -x build/venv/bin/python ]; then
 	echo "bench: tools/bench_python.py"
 	build/venv/bin/python tools/bench_python.py --socket "$msock" --build "$B" --seconds "$SECS" \
@@ -446,7 +448,7 @@ if [ -f tools/bench-startup.sh ]; then
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
-# ---- issue 19's data-path table (ratios to memcpy, cache-hot, TP=8), when its script exists ----
+# ---- the data-path table (ratios to memcpy, cache-hot, TP=8), when its script exists ----
 if [ -f tools/bench-datapath.sh ]; then
 	echo "bench: tools/bench-datapath.sh $B"
 	hrc=0
@@ -475,7 +477,7 @@ else
 	fail "sglang: $PYV cannot import kvbroker and sglang (make python)"
 fi
 
-# ---- kvbroker.vllm (issue 15): scheduler-side match and worker save/load, its own broker ----
+# ---- kvbroker.vllm: scheduler-side match and worker save/load, its own broker ----
 if [ -x "$PYV" ] && "$PYV" -c 'import kvbroker.vllm' 2>/dev/null; then
 	start_broker vllm --pool 2G
 	echo "bench: tools/bench_vllm.py"
@@ -492,7 +494,7 @@ else
 	fail "vllm: $PYV cannot import kvbroker.vllm (make python)"
 fi
 
-# ---- eviction that keeps prefixes whole (issue 20): prefix hit rate, parent keys vs plain LRU ----
+# ---- eviction that keeps prefixes whole: prefix hit rate, parent keys vs plain LRU ----
 # tools/kvbchain.c runs the same Zipf workload twice on one 64 MiB broker (4096 pages of 16 KiB,
 # a working set of 24,512 pages), same seed: PUTs naming their parents, then plain PUTs.
 if [ -x "$B/bin/kvbchain" ]; then

@@ -141,7 +141,7 @@ def main() -> int:
     g_np_reg = med("py_get_np") / med("c_get")
     lk = med("py_lookup") / med("c_lookup")
     nop_d = med("py_nop") - med("c_nop")
-    print("## Python package (issue 13)\n")
+    print("## Python package (`tools/bench_python.py`)\n")
     print(f"`tools/bench_python.py`: the `kvbroker` package against kvbbench in the same run and "
           f"on the same broker, {a.reps} interleaved repetitions of {secs:g} s; medians "
           f"[range]. Kimi-K2.5 pages ({pb} B), a working set of {slots} pages walked in "

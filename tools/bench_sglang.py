@@ -225,7 +225,7 @@ def main() -> int:
     L.append("")
     fg = statistics.median(res["file_get"])
     fe = statistics.median(res["file_ex_p50"]) * 1e6
-    L.append("| target (issue 14) | measured | verdict |")
+    L.append("| target | measured | verdict |")
     L.append("|---|---|---|")
     L.append(f"| batch_get_v1 of 128 pages >= 85% of memcpy | {statistics.median(ratio):.0%} "
              f"[{min(ratio):.0%}-{max(ratio):.0%}] | "

@@ -4,7 +4,7 @@
   match   the scheduler-side connector's get_num_new_matched_tokens for a 32K-token request
           against a warm broker (all its pages stored): chain keys of the token ids plus one
           batched LOOKUP, on a fresh vLLM Request each time (nothing cached), at vLLM block
-          sizes 16 and 64. Target (issue 15): p50 <= 1 ms.
+          sizes 16 and 64. Target: p50 <= 1 ms.
   worker  the worker-role connector storing (wait_for_save) and loading (start_load_kv +
           wait_for_layer_load per layer) MLA pages between CPU KV tensors (zero-copy: the
           tensors moved into a registered memfd, the broker copies) and the broker, and the
@@ -151,7 +151,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     n = 50 if a.quick else 300
-    print("## vLLM connector (`tools/bench_vllm.py`, issue 15)\n")
+    print("## vLLM connector (`tools/bench_vllm.py`)\n")
     print(f"vllm==0.33.0 on the CPU torch {torch.__version__}; importing vllm + kvbroker.vllm "
           f"took {IMPORT_S:.1f} s.\n")
     print("### Scheduler-side match of a 32K-token request, warm broker\n")

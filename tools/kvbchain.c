@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * kvbchain.c - prefix-lookup hit rate of a Zipf workload of shared prefixes larger than the
- * pool, with parent keys on PUT (chains evicted tail first, issue 20) against plain LRU (the
+ * pool, with parent keys on PUT (chains evicted tail first) against plain LRU (the
  * same PUTs without parents), in one run, same seed, same broker, one after the other.
  *
  * The workload: G system prompts of S pages each; P prompts, prompt p continuing system prompt

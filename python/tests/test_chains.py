@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Parent keys through the Python API (issue 20): Namespace.put/put_many, View.put/put_many and
+"""Parent keys through the Python API: Namespace.put/put_many, View.put/put_many and
 low-level Op(parent=...) all reach the broker, which then evicts chains tail first.
 
 Each test stores chains head first (so the heads are the coldest pages: plain LRU would evict

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""A kvbroker.Client rides through a broker restart (issue 17): kill -9 of a real broker whose
+"""A kvbroker.Client rides through a broker restart: kill -9 of a real broker whose
 pool a keeper holds, a new broker on the same socket; calls in the gap fail fast with
 BrokerGone (or wait with reconnect_ms), afterwards the same objects work and the pages are
 intact."""

@@ -484,7 +484,7 @@ def test_broker_killed_then_restarted(tmp_path: Path) -> None:
 def test_broker_kill9_pages_survive(tmp_path: Path) -> None:
     """kill -9 of the broker (its keeper holds the pool), a new one on the socket: the
     backend object reconnects by itself and the pages it wrote before are there, byte-exact,
-    without writing them again (issue 17)."""
+    without writing them again."""
     br = Broker(tmp_path)
     try:
         pool = pool_of("mla", "page_first_direct")

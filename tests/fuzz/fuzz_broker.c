@@ -291,7 +291,7 @@ void fuzz_session_end(struct fuzz_broker *fb, struct session *s, int alive)
 	if (alive)
 		session_destroy(b, s, NULL);
 	session_reap(b);
-	/* A client's death releases everything it held (DESIGN.md rule 5). */
+	/* A client's death releases everything it held (rule 5, docs/design.md). */
 	if (b->leases)
 		fuzz_fail("leases left after the session ended");
 	if (b->store.st.pinned)

@@ -15,9 +15,9 @@
  * against shrink, grow, write; bit 4 attaches a second fd (never allowed).
  *
  * Oracles beyond ASan/UBSan: every reply is a well-formed reply datagram (kvb_msg_check) that
- * echoes the request's type and seq; every fd a reply carries obeys DESIGN.md rule 2 (the ring
- * region memfd sealed against shrink, grow and further sealing; pool fds read-only); and when
- * the session ends nothing it held is left and no fd leaked (fuzz_session_end).
+ * echoes the request's type and seq; every fd a reply carries obeys rule 2 of docs/design.md
+ * (the ring region memfd sealed against shrink, grow and further sealing; pool fds read-only);
+ * and when the session ends nothing it held is left and no fd leaked (fuzz_session_end).
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_bad_ring.c - a client can hurt only itself (DESIGN.md rule 1). A raw client speaking the
+ * t_bad_ring.c - a client can hurt only itself (rule 1, docs/design.md). A raw client speaking the
  * wire protocol by hand sends what libkvbroker never would:
  *   - malformed SQEs (unknown opcode, reserved bits, bad LOOKUP bounds, forged lease): each gets
  *     its own CQE with -EINVAL and the client stays connected;

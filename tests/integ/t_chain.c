@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_chain.c - chains evicted tail first (issue 20) against a real broker.
+ * t_chain.c - chains evicted tail first against a real broker.
  *
  * 1. By hand: 1 MiB pages in a 64 MiB pool, four chains of 12 stored through every path that
  *    carries a parent (kvb_put_child from a registered buffer and from plain memory, which

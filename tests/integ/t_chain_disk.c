@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_chain_disk.c - chains stay whole across the RAM and disk tiers (issue 20). A 64 MiB pool
+ * t_chain_disk.c - chains stay whole across the RAM and disk tiers. A 64 MiB pool
  * of 1 MiB pages over a 128 MiB disk tier on tmpfs: 4 chains of 12 pages PUT with their
  * parents (48 pages: all in RAM, below the 80 % low watermark), their tails read so that the
  * heads are the coldest pages, then 300 unrelated pages flood both tiers (the disk log wraps

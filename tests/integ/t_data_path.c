@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_data_path.c - the data path's fast paths keep every byte (issue 19). Behaviour only: no
+ * t_data_path.c - the data path's fast paths keep every byte. Behaviour only: no
  * figure is asserted (make bench measures them).
  *   - Registration prefault: a kvb_buf_alloc_host() buffer is resident as soon as it is
  *     returned (mincore); a sealed memfd registered by fd has its blocks allocated (st_blocks)

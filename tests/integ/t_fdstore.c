@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_fdstore.c - the RAM pool survives a SIGKILL of the broker in systemd's fd store (issue 17;
- * broker/sdnotify.c, main.c [fdstore]).
+ * t_fdstore.c - the RAM pool survives a SIGKILL of the broker in systemd's fd store (the pool
+ * kept across restarts; broker/sdnotify.c, main.c [fdstore]).
  *
  * There is no systemd here, so the test plays its side of the protocol (sd_notify(3),
  * systemd.io/FILE_DESCRIPTOR_STORE): a datagram unix socket with SO_PASSCRED as NOTIFY_SOCKET

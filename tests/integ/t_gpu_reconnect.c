@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * t_gpu_reconnect.c - GPU buffers are registered again when a client reconnects to a restarted
- * broker (issue 17; client/cuda.c kvbc_gpu_again, conn.c [RECONNECT]), against the fake CUDA
+ * broker (client/cuda.c kvbc_gpu_again, conn.c [RECONNECT]), against the fake CUDA
  * driver of tests/fake/libcuda.c (its device memory is shared host memory; t_gpu_fake is the
  * model).
  *

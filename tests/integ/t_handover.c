@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_handover.c - planned hand-over under load (issue 17): "kvbrokerd --takeover" on the socket
+ * t_handover.c - planned hand-over under load: "kvbrokerd --takeover" on the socket
  * of a running broker while 8 client processes PUT and GET, over and over.
  *
  * Each client opens a namespace, registers a host buffer and a view over it, and loops: PUT a

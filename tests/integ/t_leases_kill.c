@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_leases_kill.c - a client's death releases everything it held (DESIGN.md rule 5). A child
+ * t_leases_kill.c - a client's death releases everything it held (rule 5, docs/design.md). A child
  * acquires leases on every page (one page twice) and is killed with SIGKILL; another exits
  * without kvb_close(). Within 2 s the broker has dropped both clients and their leases, while
  * the lease the test itself holds is untouched; and the pages are really unpinned: pressure

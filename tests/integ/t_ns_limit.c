@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_ns_limit.c - --ns-limit MODEL=SIZE|N% caps one model's namespaces (issue 20): in a 64 MiB
+ * t_ns_limit.c - --ns-limit MODEL=SIZE|N% caps one model's namespaces: in a 64 MiB
  * pool of 1 MiB pages, a model capped at 8M (then at 25%) that PUTs 40 pages keeps at most 8
  * (16) of them, its newest, evicting only its own, while an uncapped model's 20 pages, stored
  * first and never touched again (the coldest in the pool), all stay. Another namespace of the

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_pool_keep.c - the RAM pool survives a SIGKILL of the broker (issue 17; keeper.c, adopt.c).
+ * t_pool_keep.c - the RAM pool survives a SIGKILL of the broker (keeper.c, adopt.c).
  *
  * Cycles of: client processes PUT RAM-only pages (no disk tier) as fast as they can; the broker
  * is SIGKILLed under that load; a broker started with the same command line adopts the pool the

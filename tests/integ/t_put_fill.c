@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_put_fill.c - filled PUTs (KVB_SQEF_FILL, ABI 1.4, issue 19): kvb_put() from plain memory
+ * t_put_fill.c - filled PUTs (KVB_SQEF_FILL, ABI 1.4): kvb_put() from plain memory
  * posts its PUT first and copies into staging while the broker copies out of it, asking first.
  *   - Byte-exact under concurrent readers: two writers PUT the same 1 MiB and 64 KiB pages in
  *     opposite orders while two readers GET them (plain and registered memory); every GET that

@@ -18,7 +18,7 @@
  *     sealed against shrink and grow, be mode 0400, and a process of another uid must fail to
  *     reopen it writable through /proc/self/fd (checked in a child that drops to nobody, when
  *     the test runs as root).
- * And the other direction (DESIGN.md rule 2): the broker registers a client buffer only when it
+ * And the other direction (design.md rule 2): the broker registers a client buffer only when it
  * is a tmpfs memfd sealed against shrinking; a hole punched into a registered buffer reads as
  * zeros, it cannot make the broker fault.
  */

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * t_tenant_keep.c - a pool cut into tenant partitions survives a SIGKILL of the broker
- * (issues 17 and 20 together: keeper.c, adopt.c, [tenant-part]).
+ * (the kept pool and tenants together: keeper.c, adopt.c, [tenant-part]).
  *
  * A broker with --tenants uid and four 16 MiB shares; this process's tenant stores pages of two
  * sizes (64 KiB and 12 KiB: slabs of two lengths, carved from the partition's extents one after

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * t_tenants.c - two tenants (--tenants uid) as real processes of two uids (setpriv, as
- * t_rel_peer does), and every attack of issue 20 tried by tenant B against tenant A:
+ * t_rel_peer does), and every attack on tenant isolation tried by tenant B against tenant A:
  *   - scan: B reads every memfd mapping it has (its read-only pool map included): none of A's
  *     pages is there (B's own page is, so the scan is real);
  *   - guess / probe / delete: GET of A's key -ENOENT, LOOKUP of A's keys 0 hits, DELETE -ENOENT;
