@@ -18,7 +18,7 @@ bit; everything else that decides whether two processes' pages are the same byte
 the namespace (model, MLA/MHA, tokens per page, dtype, TP rank for MHA, PP, CP), never into
 the key. Whatever the host layout (page_first_direct, layer_first, page_first), the bytes
 stored are kvbroker's canonical page, [component][layer][token][bytes] with one component
-"kv" for MLA and "k", "v" for MHA (/work/wt/notes/engine-pages.md): a view over the host pool
+"kv" for MLA and "k", "v" for MHA (docs/protocol.md): a view over the host pool
 does the reordering in the broker's copy, so a page written by one layout reads into another,
 and by vLLM.
 
