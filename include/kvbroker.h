@@ -39,6 +39,12 @@ extern "C" {
 #define KVB_VERSION_MAJOR 0
 #define KVB_VERSION_MINOR 5
 #define KVB_VERSION_PATCH 0
+/* "major.minor.patch", made from the three numbers above. */
+#define KVB_VERSION_STRING                                                                         \
+	KVB_VERSION_STR_(KVB_VERSION_MAJOR)                                                        \
+	"." KVB_VERSION_STR_(KVB_VERSION_MINOR) "." KVB_VERSION_STR_(KVB_VERSION_PATCH)
+#define KVB_VERSION_STR_(x) KVB_VERSION_STR2_(x)
+#define KVB_VERSION_STR2_(x) #x
 
 /* Returns (major << 16) | (minor << 8) | patch of the library actually linked. */
 unsigned kvb_version(void);
