@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "cli.h"
 #include "instance.h"
 #include "keeper.h"
 #include "watch.h"
@@ -182,6 +183,8 @@ static void usage(FILE *f)
 		"                         then adopts the pool and listens. Clients reconnect\n"
 		"                         by themselves (include/kvbroker.h)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
+		"  --version              print the version (the library's, kvbctl's and the\n"
+		"                         Python package's are the same) and exit\n"
 		"  --help                 this text\n"
 		"\n"
 		"Signals: SIGTERM or SIGINT drains and exits 0 (freeing the pool); SIGUSR2 hands\n"
@@ -283,7 +286,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_REMOTE_TIMEOUT,
 		O_REMOTE_INFLIGHT,
 		O_REMOTE_PUBLISH,
-		O_POOL_OVERCOMMIT
+		O_POOL_OVERCOMMIT,
+		O_VERSION
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -337,6 +341,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"remote-inflight", required_argument, NULL, O_REMOTE_INFLIGHT},
 		{"remote-publish", required_argument, NULL, O_REMOTE_PUBLISH},
 		{"pool-overcommit", no_argument, NULL, O_POOL_OVERCOMMIT},
+		{"version", no_argument, NULL, O_VERSION},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -375,14 +380,20 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
 	c->gpu = 1;
 	c->gpu_path = CUDA_PATH_AUTO;
-	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
+	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path))) {
+		fprintf(stderr,
+			"kvbrokerd: $KVB_SOCKET is longer than a socket path may be (%zu "
+			"bytes)\n",
+			sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
 		return -ENAMETOOLONG;
-	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	}
+	while ((o = cli_getopt(argc, argv, "h", opts, "kvbrokerd")) != -1) {
 		switch (o) {
 		case O_SOCKET:
 			if (snprintf(c->socket_path, sizeof(c->socket_path), "%s", optarg) >=
 			    (int)sizeof(c->socket_path)) {
-				fprintf(stderr, "kvbrokerd: --socket: path too long\n");
+				cli_usage_error("kvbrokerd", "--socket: path longer than %zu bytes",
+						sizeof(c->socket_path) - 1);
 				return -EINVAL;
 			}
 			break;
@@ -502,7 +513,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			struct group *g = getgrnam(optarg);
 
 			if (!g) {
-				fprintf(stderr, "kvbrokerd: --group: no group '%s'\n", optarg);
+				cli_usage_error("kvbrokerd", "--group: no group '%s'", optarg);
 				return -EINVAL;
 			}
 			c->group = g->gr_gid;
@@ -648,17 +659,19 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case 'h':
 			usage(stdout);
 			exit(0);
-		default:
-			usage(stderr);
+		case O_VERSION:
+			cli_version("kvbrokerd");
+			exit(0);
+		default: /* cli_getopt() said what */
 			return -EINVAL;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "kvbrokerd: unexpected argument '%s'\n", argv[optind]);
+		cli_usage_error("kvbrokerd", "unexpected argument '%s'", argv[optind]);
 		return -EINVAL;
 	}
 	if (c->disk.paths && !c->disk.size) {
-		fprintf(stderr, "kvbrokerd: --disk needs --disk-size\n");
+		cli_usage_error("kvbrokerd", "--disk needs --disk-size");
 		return -EINVAL;
 	}
 	/* A disk share with no disk would be a limit that never applies: say so, not ignore it. */
@@ -671,8 +684,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 			disk_share |= eq && strchr(eq, ',');
 		}
 		if (disk_share) {
-			fprintf(stderr, "kvbrokerd: a tenant's disk share (--tenant ID=RAM,DISK, "
-					"--tenant-share RAM,DISK) needs --disk\n");
+			cli_usage_error("kvbrokerd", "a tenant's disk share (--tenant ID=RAM,DISK, "
+						     "--tenant-share RAM,DISK) needs --disk");
 			return -EINVAL;
 		}
 	}
@@ -681,7 +694,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	if (!low)
 		low = c->disk.paths ? (high > 10 ? high - 10 : high) : (high < 90 ? high : 90);
 	if (low > high) {
-		fprintf(stderr, "kvbrokerd: --low-watermark above --high-watermark\n");
+		cli_usage_error("kvbrokerd", "--low-watermark above --high-watermark");
 		return -EINVAL;
 	}
 	c->high_wm = high / 100.0;
@@ -691,14 +704,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 	if (!c->slab_bytes)
 		c->slab_bytes = plan_default_slab(c->pool_bytes); /* kvbctl plan assumes the same */
 	if (c->slab_bytes > c->pool_bytes) {
-		fprintf(stderr, "kvbrokerd: --slab larger than --pool\n");
+		cli_usage_error("kvbrokerd", "--slab larger than --pool");
 		return -EINVAL;
 	}
 	if (!c->pool_name[0])
 		default_pool_name(c->socket_path, c->pool_name, sizeof(c->pool_name));
 	return 0;
 bad:
-	fprintf(stderr, "kvbrokerd: bad value '%s' for --%s\n", optarg, opts[o - O_SOCKET].name);
+	cli_usage_error("kvbrokerd", "bad value '%s' for --%s", optarg, opts[o - O_SOCKET].name);
 	return -EINVAL;
 }
 

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "kvbctl.h"
 #include "plan.h"
 
@@ -316,16 +317,15 @@ int ctl_plan(int argc, char **argv, int json)
 	int o, err = 0;
 
 	optind = 1;
-	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((o = cli_getopt(argc, argv, "h", opts, "kvbctl plan")) != -1) {
 		switch (o) {
 		case O_MODEL: {
 			const struct plan_model *p = plan_preset(optarg);
 
-			if (!p) {
-				fprintf(stderr, "%s plan: no preset '%s' (kvbctl plan --list)\n",
-					ctl_prog, optarg);
-				return 2;
-			}
+			if (!p)
+				return cli_usage_error(
+					"kvbctl plan",
+					"no preset '%s' (kvbctl plan --list names them)", optarg);
 			preset = p;
 			break;
 		}
@@ -406,43 +406,32 @@ int ctl_plan(int argc, char **argv, int json)
 		case 'h':
 			plan_usage(stdout);
 			return 0;
-		default:
-			plan_usage(stderr);
-			return 2;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
-		if (err) {
-			fprintf(stderr, "%s plan: bad value '%s' for --%s\n", ctl_prog, optarg,
-				opts[o - O_MODEL].name);
-			return 2;
-		}
+		if (err)
+			return cli_usage_error("kvbctl plan", "bad value '%s' for --%s", optarg,
+					       opts[o - O_MODEL].name);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s plan: unexpected argument '%s'\n", ctl_prog, argv[optind]);
-		return 2;
-	}
+	if (optind < argc)
+		return cli_usage_error("kvbctl plan", "unexpected argument '%s'", argv[optind]);
 	if (preset)
 		in.m = *preset;
 	else
 		in.m.dtype_bytes = 2;
 	override(&in.m, &over);
-	if (!in.m.attn || !in.m.layers) {
-		fprintf(stderr, "%s plan: name a --model, or give --attention and --layers\n",
-			ctl_prog);
-		return 2;
-	}
-	if (!in.gpu_tokens && !in.gpu_bytes) {
-		fprintf(stderr, "%s plan: give --gpu-tokens, or --gpu-mem (and --mem-fraction)\n",
-			ctl_prog);
-		return 2;
-	}
-	if (plan_compute(&in, &out)) {
-		fprintf(stderr,
-			"%s plan: inconsistent inputs (mla needs --kv-dim, mha --kv-heads and "
+	if (!in.m.attn || !in.m.layers)
+		return cli_usage_error("kvbctl plan",
+				       "name a --model, or give --attention and --layers");
+	if (!in.gpu_tokens && !in.gpu_bytes)
+		return cli_usage_error("kvbctl plan",
+				       "give --gpu-tokens, or --gpu-mem (and --mem-fraction)");
+	if (plan_compute(&in, &out))
+		return cli_usage_error(
+			"kvbctl plan",
+			"inconsistent inputs (mla needs --kv-dim, mha --kv-heads and "
 			"--head-dim; with --gpu-mem the weights per rank must fit in "
-			"gpu-mem x mem-fraction)\n",
-			ctl_prog);
-		return 2;
-	}
+			"gpu-mem x mem-fraction)");
 	if (json)
 		return plan_json(&in, &out);
 	plan_text(&in, &out);
