@@ -31,6 +31,9 @@ endif
 endif
 
 MODE ?= release
+# The version, for kvbroker.pc: include/kvbroker.h's KVB_VERSION_MAJOR/MINOR/PATCH, its one home.
+KVB_VERSION := $(shell sed -n 's/^\#define KVB_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$$/\2/p' \
+	include/kvbroker.h | paste -sd. -)
 PREFIX ?= /usr/local
 DESTDIR ?=
 CC ?= cc
@@ -395,7 +398,8 @@ install: $(PROGS) $(LIB_A) $(LIB_SO)
 	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libkvbroker.so.0
 	ln -sf libkvbroker.so.0 $(DESTDIR)$(PREFIX)/lib/libkvbroker.so
 	install -m 0644 include/kvbroker.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' client/kvbroker.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvbroker.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(KVB_VERSION)|' client/kvbroker.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvbroker.pc
 
 clean:
 	rm -rf build

@@ -1271,15 +1271,14 @@ int main(int argc, char **argv)
 	watch_start(&b);
 	orphan_start(&b); /* [orphans] what the previous broker's clients lease, watched */
 	b.startup.ready_s = clock_now() - b.start_time;
-	log_info(
-		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
-		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
-		"copy engine %s (%u threads) + %s, poll %u us",
-		KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.startup.ready_s,
-		b.startup.reserve_s, b.startup.prefault_s, b.startup.pin_s, b.cfg.socket_path,
-		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
-		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
-		b.cfg.copy_threads, b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
+	log_info("kvbrokerd %s ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
+		 "socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
+		 "copy engine %s (%u threads) + %s, poll %u us",
+		 KVB_VERSION_STRING, b.startup.ready_s, b.startup.reserve_s, b.startup.prefault_s,
+		 b.startup.pin_s, b.cfg.socket_path, b.cfg.pool_name,
+		 (unsigned long long)(b.pool.total >> 20), b.pool.narenas, b.store.nslabs,
+		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.copy_threads,
+		 b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
 	/* [fdstore] Type=notify: systemd counts the broker started from here. */
 	if (sdn_enabled()) {
 		char msg[400];

@@ -36,6 +36,14 @@
 extern "C" {
 #endif
 
+/*
+ * The one version of kvbroker, here and nowhere else: the library (kvb_version()), kvbrokerd
+ * (its "ready" log line, the stats document's "version", so `kvbctl status` and the metric
+ * kvbroker_info{version=...}), every program's --version, kvbroker.pc and the Python package
+ * (kvbroker.__version__ and its metadata, which python/setup.py reads from these lines) all
+ * take it from these three numbers. t_version and python/tests/test_version.py fail when any
+ * two disagree.
+ */
 #define KVB_VERSION_MAJOR 0
 #define KVB_VERSION_MINOR 5
 #define KVB_VERSION_PATCH 0

@@ -73,11 +73,13 @@ __all__ = [
     "version",
 ]
 
-__version__ = "0.5.0"
+# kvbroker's one version (include/kvbroker.h), from the library compiled into the extension.
+__version__: str = _kvbroker.version()
 
 
 def version() -> str:
-    """The version of the libkvbroker compiled into this package, "major.minor.patch"."""
+    """The version of the libkvbroker compiled into this package, "major.minor.patch": the
+    same as __version__, the package metadata's, and kvbrokerd --version's of the same build."""
     return _kvbroker.version()
 
 
