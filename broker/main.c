@@ -48,8 +48,9 @@ static void usage(FILE *f)
 		"The node-local KV-cache page broker. Runs in the foreground and logs to stderr.\n"
 		"\n"
 		"  --socket PATH          control socket (default $KVB_SOCKET, else\n"
-		"                         $XDG_RUNTIME_DIR/kvbroker.sock, else "
-		"/run/kvbroker/kvbroker.sock)\n"
+		"                         " KVB_SOCKET_DEFAULT ", whoever runs it: clients\n"
+		"                         look there by the same rule; its directory is made\n"
+		"                         0750, group --group, if missing)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
 		"                         64M..4G). A new pool larger than the machine can give\n"
 		"                         the broker (MemAvailable, its memory cgroup, RLIMIT_AS,\n"
@@ -1121,6 +1122,19 @@ static int free_pool(struct broker *b)
 	return err ? 1 : 0;
 }
 
+/*
+ * The socket's directory may not be made or written by this uid: most often a user without
+ * root starting a broker on the default socket, in /run. Say what to do instead.
+ */
+static void socket_denied(const char *sock)
+{
+	log_error("socket %s: permission denied creating it, its lock file or its directory: run "
+		  "as root (%s, the default, is in /run), or give --socket a path in a directory "
+		  "you may write, e.g. --socket $XDG_RUNTIME_DIR/kvbroker.sock, and clients the "
+		  "same path (KVB_SOCKET=PATH, kvbctl --socket PATH)",
+		  sock, KVB_SOCKET_DEFAULT);
+}
+
 int main(int argc, char **argv)
 {
 	static struct broker b;
@@ -1151,7 +1165,10 @@ int main(int argc, char **argv)
 	/* First, before any work: a second broker on this socket stops here. */
 	err = instance_dir(b.cfg.socket_path, b.cfg.has_group, b.cfg.group);
 	if (err < 0) {
-		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
+		if (err == -EACCES || err == -EPERM)
+			socket_denied(b.cfg.socket_path);
+		else
+			log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
 		return 1;
 	}
 	made_dir = err;
@@ -1171,6 +1188,10 @@ int main(int argc, char **argv)
 		}
 		b.handover_wait_s = clock_now() - t0;
 		log_info("takeover: the old broker was gone after %.3f s", b.handover_wait_s);
+	}
+	if (b.lock_fd == -EACCES || b.lock_fd == -EPERM) {
+		socket_denied(b.cfg.socket_path);
+		return 1;
 	}
 	if (b.lock_fd < 0) {
 		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,

@@ -56,8 +56,8 @@ static void usage(FILE *f)
 		"\n"
 		"options:\n"
 		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
-		"                  $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
-		"                  /run/kvbroker/kvbroker.sock)\n"
+		"                  " KVB_SOCKET_DEFAULT "; nothing else, $XDG_RUNTIME_DIR\n"
+		"                  included, moves it)\n"
 		"  --json          JSON for scripts: status/metrics the whole stats document,\n"
 		"                  clients/ns/map their part, top one sample of the rates\n"
 		"  --interval S    top: seconds between refreshes (default 1)\n"
@@ -70,43 +70,24 @@ static void usage(FILE *f)
 		"exit status: 0 ok, 1 broker not reachable or bad reply, 2 usage error\n");
 }
 
-/* The path the library will try, resolved the same way, so an error can say where we looked. */
-static void socket_path(const char *flag, char *buf, size_t len)
+/*
+ * The socket: --socket, else the library's rule (kvb_socket_path: $KVB_SOCKET, else
+ * KVB_SOCKET_DEFAULT), resolved here so that output and errors can name it. 0 or -ENAMETOOLONG.
+ */
+static int socket_path(const char *flag, char *buf, size_t len)
 {
-	const char *env = getenv("KVB_SOCKET");
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	int rc = kvb_socket_path(flag && *flag ? flag : NULL, buf, len);
 
-	if (flag && *flag)
-		snprintf(buf, len, "%s", flag);
-	else if (env && *env)
-		snprintf(buf, len, "%s", env);
-	else if (xdg && *xdg)
-		snprintf(buf, len, "%s/kvbroker.sock", xdg);
-	else
-		snprintf(buf, len, "/run/kvbroker/kvbroker.sock");
-}
-
-/* kvb_strerror() speaks of pages; a failed connect deserves words about sockets. */
-static const char *connect_error(int rc)
-{
-	switch (rc) {
-	case -ENOENT:
-		return "no socket there";
-	case -ECONNREFUSED:
-		return "socket exists but no broker listens: a stale file?";
-	case -EACCES:
-	case -EPERM:
-		return "permission denied: not the broker's uid or --group";
-	case -EPROTO:
-		return "broker speaks another protocol version";
-	default:
-		return kvb_strerror(rc);
-	}
+	if (rc < 0)
+		fprintf(stderr, "%s: %s\n", ctl_prog,
+			kvb_connect_error(rc, flag && *flag ? flag : NULL, buf, len));
+	return rc;
 }
 
 int ctl_connect(struct ctl *x, int quiet)
 {
 	struct kvb_opts opts;
+	char msg[1024];
 	int rc;
 
 	memset(&opts, 0, sizeof(opts));
@@ -117,10 +98,8 @@ int ctl_connect(struct ctl *x, int quiet)
 	if (rc < 0) {
 		x->c = NULL;
 		if (!quiet)
-			fprintf(stderr,
-				"%s: no broker reachable at %s (%s); start one with: "
-				"kvbrokerd --socket %s\n",
-				ctl_prog, x->path, connect_error(rc), x->path);
+			fprintf(stderr, "%s: %s\n", ctl_prog,
+				kvb_connect_error(rc, x->path, msg, sizeof(msg)));
 	}
 	return rc;
 }
@@ -788,7 +767,8 @@ int main(int argc, char **argv)
 		if (optind + 1 != argc)
 			return cli_usage_error(ctl_prog, "drop takes one client id (kvbctl clients "
 							 "lists them)");
-		socket_path(o.sock, x.path, sizeof(x.path));
+		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+			return 1;
 		ret = ctl_drop(&x, argv[optind]);
 		ctl_disconnect(&x);
 		return ret;
@@ -796,7 +776,8 @@ int main(int argc, char **argv)
 	if (optind < argc)
 		return cli_usage_error(ctl_prog, "unexpected argument '%s'", argv[optind]);
 	ret = 1;
-	socket_path(o.sock, x.path, sizeof(x.path));
+	if (!o.file && socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+		return 1;
 	if (o.file) {
 		if (!strcmp(cmd, "top"))
 			return cli_usage_error(ctl_prog,

@@ -502,10 +502,9 @@ int main(int argc, char **argv)
 	 */
 	rc = rank_connect("kvbdemo", 1, 0, &c, &vns, &pb);
 	if (rc < 0) {
-		fprintf(stderr, "kvbdemo: cannot use the broker at %s: %s\n",
-			sock ? sock : "the default socket",
-			rc == -ENOENT || rc == -ECONNREFUSED ? "no broker listens there"
-							     : kvb_strerror(rc));
+		char msg[1024];
+
+		fprintf(stderr, "kvbdemo: %s\n", kvb_connect_error(rc, sock, msg, sizeof(msg)));
 		return 1;
 	}
 	kvb_close(c);

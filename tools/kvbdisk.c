@@ -128,8 +128,14 @@ int main(int argc, char **argv)
 	l.comp[0].num_layers = 1;
 	l.comp[0].bytes_per_token_layer = (uint32_t)(page / 64);
 	rc = kvb_connect(&co, &c);
-	if (!rc)
-		rc = kvb_ns_open(c, &l, &ns, &pb);
+	if (rc) {
+		char msg[1024];
+
+		fprintf(stderr, "kvbdisk: %s\n",
+			kvb_connect_error(rc, co.socket_path, msg, sizeof(msg)));
+		return 1;
+	}
+	rc = kvb_ns_open(c, &l, &ns, &pb);
 	if (rc) {
 		fprintf(stderr, "kvbdisk: %s\n", kvb_strerror(rc));
 		return 1;

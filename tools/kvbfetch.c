@@ -68,8 +68,13 @@ int main(int argc, char **argv)
 	l.comp[0].num_layers = 61;
 	l.comp[0].bytes_per_token_layer = 1152;
 	rc = kvb_connect(&o, &c);
-	if (!rc)
-		rc = kvb_ns_open(c, &l, &ns, &pb);
+	if (rc) {
+		char msg[1024];
+
+		fprintf(stderr, "kvbfetch: %s\n", kvb_connect_error(rc, argv[2], msg, sizeof(msg)));
+		return 1;
+	}
+	rc = kvb_ns_open(c, &l, &ns, &pb);
 	if (rc) {
 		fprintf(stderr, "kvbfetch: %s: %s\n", argv[2], kvb_strerror(rc));
 		return 1;

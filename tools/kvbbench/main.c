@@ -990,7 +990,7 @@ int main(int argc, char **argv)
 	size_t shsize;
 	pid_t *pids = NULL;
 	double deadline, seconds = 0, ops_s = 0, bytes_s = 0, t0, el;
-	char err[256] = "";
+	char err[1024] = "";
 	int i, j, k, bad, started, ret = 1;
 
 	i = parse_args(argc, argv);
