@@ -14,8 +14,11 @@
         ns.get_into(keys[0], buf)                  # False: not stored
 
 Every call that waits on the broker releases the GIL. Failures raise :class:`Error` (an
-OSError with the C API's errno and kvb_strerror's text); a page that is not stored is an
-answer (None / False), never an exception. Importing this package imports neither numpy nor
+OSError with the C API's errno and kvb_strerror's text; a failed connect's names the socket,
+the cause and the fix: :class:`NoBroker` says where it looked and how to start a broker, a
+permission refused says which uid and group the broker admits and how to join); a page that
+is not stored is an answer (None / False), never an exception. The socket is ``socket=``,
+else $KVB_SOCKET, else /run/kvbroker/kvbroker.sock (:func:`socket_path`), as for kvbctl. Importing this package imports neither numpy nor
 torch.
 """
 
@@ -58,6 +61,7 @@ from ._kvbroker import (
     key_chain_eagle,
     page_keys,
     page_keys_eagle,
+    socket_path,
     strerror,
 )
 from ._layout import DTYPES, MHA, MLA, Component, Layout, dtype_code
@@ -69,8 +73,8 @@ __all__ = [
     "BrokerGone", "Client", "ClientClosed", "Completion", "Component", "Error", "ForkedClient",
     "GpuBuffer", "HostBuffer", "Layout", "Lease", "Namespace", "NoBroker", "Op", "PoolFull",
     "Timeout", "View", "ViewPart", "connect", "dtype_code", "key_chain", "key_chain_eagle",
-    "key_from_hex", "key_hex", "page_keys", "page_keys_eagle", "page_keys_hex", "strerror",
-    "version",
+    "key_from_hex", "key_hex", "page_keys", "page_keys_eagle", "page_keys_hex", "socket_path",
+    "strerror", "version",
 ]
 
 # kvbroker's one version (include/kvbroker.h), from the library compiled into the extension.
@@ -130,8 +134,8 @@ class Client(_kvbroker.Client):
     """A connection to the node's kvbrokerd (``kvb_connect``); see :func:`connect`.
 
     Client(socket=None, *, name=None, gpu_busid=None, numa_node=None, sq_entries=0,
-    control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then the
-    default path. gpu_busid (as cudaDeviceGetPCIBusId writes it) or numa_node place this
+    control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then
+    /run/kvbroker/kvbroker.sock (:func:`socket_path`). gpu_busid (as cudaDeviceGetPCIBusId writes it) or numa_node place this
     client's new pages in the nearest NUMA arena. A context manager; close() is idempotent
     and waits for calls other threads have in flight. Threads may share a client (calls are
     serialized in the C library; open one client per thread for parallel I/O). After fork()
