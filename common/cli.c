@@ -112,7 +112,7 @@ static void unknown_long(const char *prog, const char *typed, size_t len, const 
 	size_t n = 0, k, used = 0;
 	int ambiguous;
 
-	while (lo[n].name && n < CLI_OPTS_MAX) {
+	while (n < CLI_OPTS_MAX && lo[n].name) {
 		names[n] = lo[n].name;
 		n++;
 	}

@@ -29,8 +29,8 @@ def test_no_broker_names_the_socket(tmp_path: Path) -> None:
     with pytest.raises(kvb.NoBroker) as ei:
         kvb.connect(path)
     assert ei.value.errno == 2
-    assert ei.value.strerror.startswith(f"no broker at {path} (no socket there): start one "
-                                        f"with: kvbrokerd --socket {path}")
+    assert (ei.value.strerror or "").startswith(f"no broker at {path} (no socket there): start "
+                                                f"one with: kvbrokerd --socket {path}")
     assert path in str(ei.value)
 
 
@@ -39,7 +39,7 @@ def test_no_broker_default_socket_named(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("KVB_SOCKET", str(tmp_path / "env.sock"))
     with pytest.raises(kvb.NoBroker) as ei:
         kvb.connect()
-    assert f"no broker at {tmp_path / 'env.sock'} " in ei.value.strerror
+    assert f"no broker at {tmp_path / 'env.sock'} " in (ei.value.strerror or "")
 
 
 def test_stale_socket(tmp_path: Path) -> None:
@@ -50,8 +50,8 @@ def test_stale_socket(tmp_path: Path) -> None:
     with pytest.raises(kvb.NoBroker) as ei:
         kvb.connect(path)
     assert ei.value.errno == 111
-    assert "nobody listens" in ei.value.strerror and f"kvbrokerd --socket {path}" in \
-        ei.value.strerror
+    msg = ei.value.strerror or ""
+    assert "nobody listens" in msg and f"kvbrokerd --socket {path}" in msg
 
 
 def test_socket_rule_ignores_xdg(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,8 @@ OSError with the C API's errno and kvb_strerror's text; a failed connect's names
 the cause and the fix: :class:`NoBroker` says where it looked and how to start a broker, a
 permission refused says which uid and group the broker admits and how to join); a page that
 is not stored is an answer (None / False), never an exception. The socket is ``socket=``,
-else $KVB_SOCKET, else /run/kvbroker/kvbroker.sock (:func:`socket_path`), as for kvbctl. Importing this package imports neither numpy nor
-torch.
+else $KVB_SOCKET, else /run/kvbroker/kvbroker.sock (:func:`socket_path`), as for kvbctl.
+Importing this package imports neither numpy nor torch.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ __version__: str = _kvbroker.version()
 
 def version() -> str:
     """The version of the libkvbroker compiled into this package, "major.minor.patch": the
-    same as __version__, the package metadata's, and kvbrokerd --version's of the same build."""
+    same as __version__, the package metadata's, and kvbrokerd --version's of the same build.
+    """
     return _kvbroker.version()
 
 
@@ -135,11 +136,12 @@ class Client(_kvbroker.Client):
 
     Client(socket=None, *, name=None, gpu_busid=None, numa_node=None, sq_entries=0,
     control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then
-    /run/kvbroker/kvbroker.sock (:func:`socket_path`). gpu_busid (as cudaDeviceGetPCIBusId writes it) or numa_node place this
-    client's new pages in the nearest NUMA arena. A context manager; close() is idempotent
-    and waits for calls other threads have in flight. Threads may share a client (calls are
-    serialized in the C library; open one client per thread for parallel I/O). After fork()
-    the child must connect again: the parent's client raises ForkedClient there.
+    /run/kvbroker/kvbroker.sock (:func:`socket_path`). gpu_busid (as cudaDeviceGetPCIBusId
+    writes it) or numa_node place this client's new pages in the nearest NUMA arena. A context
+    manager; close() is idempotent and waits for calls other threads have in flight. Threads may
+    share a client (calls are serialized in the C library; open one client per thread for
+    parallel I/O). After fork() the child must connect again: the parent's client raises
+    ForkedClient there.
 
     Broker restarts (a crash, a hand-over): the call in progress raises BrokerGone; a later
     call reconnects by itself (backoff 1 ms to 200 ms) and re-opens the namespaces, buffers
