@@ -31,6 +31,9 @@ endif
 endif
 
 MODE ?= release
+# The version, for kvbroker.pc: include/kvbroker.h's KVB_VERSION_MAJOR/MINOR/PATCH, its one home.
+KVB_VERSION := $(shell sed -n 's/^\#define KVB_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$$/\2/p' \
+	include/kvbroker.h | paste -sd. -)
 PREFIX ?= /usr/local
 DESTDIR ?=
 CC ?= cc
@@ -103,6 +106,9 @@ HARNESS_SRC := $(filter-out tests/integ/t_%.c,$(wildcard tests/integ/*.c))
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 
 LIB_A := $(B)/lib/libkvbroker.a
+# common/ for every program (command lines, cli.c; text; the stats document): an archive, so a
+# program links only the files it calls.
+COMMON_A := $(B)/lib/libkvbcommon.a
 LIB_SO := $(B)/lib/libkvbroker.so
 BROKER_A := $(B)/lib/libbrokercore.a
 BROKERD := $(B)/bin/kvbrokerd
@@ -175,6 +181,10 @@ $(LIB_SO): $(call obj,$(CLIENT_SRC) $(PROTO_SRC)) client/libkvbroker.map
 		-Wl,--version-script=client/libkvbroker.map -Wl,-soname,libkvbroker.so.0 \
 		-pthread $(shell pkg-config --libs libcrypto) -ldl
 
+$(COMMON_A): $(call obj,$(COMMON_SRC))
+	@mkdir -p $(@D)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
 $(BROKER_A): $(call obj,$(BROKER_SRC) $(PROTO_SRC) $(COMMON_SRC))
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -203,7 +213,7 @@ $(BROKERD_HOOKS): $(call obj,broker/main.c) $(HOOKS_OBJ) $(BROKER_A)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(B)/bin/%: $(B)/obj/tools/%.o $(LIB_A)
+$(B)/bin/%: $(B)/obj/tools/%.o $(COMMON_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
@@ -312,12 +322,12 @@ KVBPEERS := $(B)/bin/kvbbench-peers
 PEER_PKGS := hiredis libmemcached
 $(B)/obj/tools/kvbbench/peer_%.o: override CFLAGS += $(shell pkg-config --cflags $(PEER_PKGS) 2>/dev/null)
 
-$(KVBBENCH): $(call obj,$(KVBBENCH_SRC)) $(LIB_A)
+$(KVBBENCH): $(call obj,$(KVBBENCH_SRC)) $(COMMON_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(LIB_A)
+$(KVBPEERS): $(call obj,$(filter-out tools/kvbbench/table.c,$(KVBB_SRC))) $(COMMON_A) $(LIB_A)
 	@mkdir -p $(@D)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(shell pkg-config --libs $(PEER_PKGS))
@@ -388,7 +398,8 @@ install: $(PROGS) $(LIB_A) $(LIB_SO)
 	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libkvbroker.so.0
 	ln -sf libkvbroker.so.0 $(DESTDIR)$(PREFIX)/lib/libkvbroker.so
 	install -m 0644 include/kvbroker.h $(DESTDIR)$(PREFIX)/include/
-	sed -e 's|@PREFIX@|$(PREFIX)|' client/kvbroker.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvbroker.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(KVB_VERSION)|' client/kvbroker.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvbroker.pc
 
 clean:
 	rm -rf build

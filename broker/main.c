@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "cli.h"
 #include "instance.h"
 #include "keeper.h"
 #include "watch.h"
@@ -47,8 +48,9 @@ static void usage(FILE *f)
 		"The node-local KV-cache page broker. Runs in the foreground and logs to stderr.\n"
 		"\n"
 		"  --socket PATH          control socket (default $KVB_SOCKET, else\n"
-		"                         $XDG_RUNTIME_DIR/kvbroker.sock, else "
-		"/run/kvbroker/kvbroker.sock)\n"
+		"                         " KVB_SOCKET_DEFAULT ", whoever runs it: clients\n"
+		"                         look there by the same rule; its directory is made\n"
+		"                         0750, group --group, if missing)\n"
 		"  --pool SIZE            RAM pool size, K/M/G/T suffixes (default 1/16 of RAM,\n"
 		"                         64M..4G). A new pool larger than the machine can give\n"
 		"                         the broker (MemAvailable, its memory cgroup, RLIMIT_AS,\n"
@@ -182,6 +184,8 @@ static void usage(FILE *f)
 		"                         then adopts the pool and listens. Clients reconnect\n"
 		"                         by themselves (include/kvbroker.h)\n"
 		"  --log-level LEVEL      debug, info, warn or error (default info)\n"
+		"  --version              print the version (the library's, kvbctl's and the\n"
+		"                         Python package's are the same) and exit\n"
 		"  --help                 this text\n"
 		"\n"
 		"Signals: SIGTERM or SIGINT drains and exits 0 (freeing the pool); SIGUSR2 hands\n"
@@ -283,7 +287,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 		O_REMOTE_TIMEOUT,
 		O_REMOTE_INFLIGHT,
 		O_REMOTE_PUBLISH,
-		O_POOL_OVERCOMMIT
+		O_POOL_OVERCOMMIT,
+		O_VERSION
 	};
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, O_SOCKET},
@@ -337,6 +342,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 		{"remote-inflight", required_argument, NULL, O_REMOTE_INFLIGHT},
 		{"remote-publish", required_argument, NULL, O_REMOTE_PUBLISH},
 		{"pool-overcommit", no_argument, NULL, O_POOL_OVERCOMMIT},
+		{"version", no_argument, NULL, O_VERSION},
 		{NULL, 0, NULL, 0},
 	};
 	uint32_t high = 0, low = 0; /* 0: the default, which depends on --disk */
@@ -375,14 +381,20 @@ static int parse_args(int argc, char **argv, struct config *c)
 	c->copy_inline = COPY_HOST_INLINE_DEFAULT;
 	c->gpu = 1;
 	c->gpu_path = CUDA_PATH_AUTO;
-	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path)))
+	if (kvb_default_socket(c->socket_path, sizeof(c->socket_path))) {
+		fprintf(stderr,
+			"kvbrokerd: $KVB_SOCKET is longer than a socket path may be (%zu "
+			"bytes)\n",
+			sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
 		return -ENAMETOOLONG;
-	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	}
+	while ((o = cli_getopt(argc, argv, "h", opts, "kvbrokerd")) != -1) {
 		switch (o) {
 		case O_SOCKET:
 			if (snprintf(c->socket_path, sizeof(c->socket_path), "%s", optarg) >=
 			    (int)sizeof(c->socket_path)) {
-				fprintf(stderr, "kvbrokerd: --socket: path too long\n");
+				cli_usage_error("kvbrokerd", "--socket: path longer than %zu bytes",
+						sizeof(c->socket_path) - 1);
 				return -EINVAL;
 			}
 			break;
@@ -502,7 +514,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			struct group *g = getgrnam(optarg);
 
 			if (!g) {
-				fprintf(stderr, "kvbrokerd: --group: no group '%s'\n", optarg);
+				cli_usage_error("kvbrokerd", "--group: no group '%s'", optarg);
 				return -EINVAL;
 			}
 			c->group = g->gr_gid;
@@ -648,17 +660,19 @@ static int parse_args(int argc, char **argv, struct config *c)
 		case 'h':
 			usage(stdout);
 			exit(0);
-		default:
-			usage(stderr);
+		case O_VERSION:
+			cli_version("kvbrokerd");
+			exit(0);
+		default: /* cli_getopt() said what */
 			return -EINVAL;
 		}
 	}
 	if (optind < argc) {
-		fprintf(stderr, "kvbrokerd: unexpected argument '%s'\n", argv[optind]);
+		cli_usage_error("kvbrokerd", "unexpected argument '%s'", argv[optind]);
 		return -EINVAL;
 	}
 	if (c->disk.paths && !c->disk.size) {
-		fprintf(stderr, "kvbrokerd: --disk needs --disk-size\n");
+		cli_usage_error("kvbrokerd", "--disk needs --disk-size");
 		return -EINVAL;
 	}
 	/* A disk share with no disk would be a limit that never applies: say so, not ignore it. */
@@ -671,8 +685,8 @@ static int parse_args(int argc, char **argv, struct config *c)
 			disk_share |= eq && strchr(eq, ',');
 		}
 		if (disk_share) {
-			fprintf(stderr, "kvbrokerd: a tenant's disk share (--tenant ID=RAM,DISK, "
-					"--tenant-share RAM,DISK) needs --disk\n");
+			cli_usage_error("kvbrokerd", "a tenant's disk share (--tenant ID=RAM,DISK, "
+						     "--tenant-share RAM,DISK) needs --disk");
 			return -EINVAL;
 		}
 	}
@@ -681,7 +695,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 	if (!low)
 		low = c->disk.paths ? (high > 10 ? high - 10 : high) : (high < 90 ? high : 90);
 	if (low > high) {
-		fprintf(stderr, "kvbrokerd: --low-watermark above --high-watermark\n");
+		cli_usage_error("kvbrokerd", "--low-watermark above --high-watermark");
 		return -EINVAL;
 	}
 	c->high_wm = high / 100.0;
@@ -691,14 +705,14 @@ static int parse_args(int argc, char **argv, struct config *c)
 	if (!c->slab_bytes)
 		c->slab_bytes = plan_default_slab(c->pool_bytes); /* kvbctl plan assumes the same */
 	if (c->slab_bytes > c->pool_bytes) {
-		fprintf(stderr, "kvbrokerd: --slab larger than --pool\n");
+		cli_usage_error("kvbrokerd", "--slab larger than --pool");
 		return -EINVAL;
 	}
 	if (!c->pool_name[0])
 		default_pool_name(c->socket_path, c->pool_name, sizeof(c->pool_name));
 	return 0;
 bad:
-	fprintf(stderr, "kvbrokerd: bad value '%s' for --%s\n", optarg, opts[o - O_SOCKET].name);
+	cli_usage_error("kvbrokerd", "bad value '%s' for --%s", optarg, opts[o - O_SOCKET].name);
 	return -EINVAL;
 }
 
@@ -1108,6 +1122,19 @@ static int free_pool(struct broker *b)
 	return err ? 1 : 0;
 }
 
+/*
+ * The socket's directory may not be made or written by this uid: most often a user without
+ * root starting a broker on the default socket, in /run. Say what to do instead.
+ */
+static void socket_denied(const char *sock)
+{
+	log_error("socket %s: permission denied creating it, its lock file or its directory: run "
+		  "as root (%s, the default, is in /run), or give --socket a path in a directory "
+		  "you may write, e.g. --socket $XDG_RUNTIME_DIR/kvbroker.sock, and clients the "
+		  "same path (KVB_SOCKET=PATH, kvbctl --socket PATH)",
+		  sock, KVB_SOCKET_DEFAULT);
+}
+
 int main(int argc, char **argv)
 {
 	static struct broker b;
@@ -1138,7 +1165,10 @@ int main(int argc, char **argv)
 	/* First, before any work: a second broker on this socket stops here. */
 	err = instance_dir(b.cfg.socket_path, b.cfg.has_group, b.cfg.group);
 	if (err < 0) {
-		log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
+		if (err == -EACCES || err == -EPERM)
+			socket_denied(b.cfg.socket_path);
+		else
+			log_error("socket directory of %s: %s", b.cfg.socket_path, strerror(-err));
 		return 1;
 	}
 	made_dir = err;
@@ -1175,6 +1205,10 @@ int main(int argc, char **argv)
 		}
 		b.handover_wait_s = clock_now() - t0;
 		log_info("takeover: the old broker was gone after %.3f s", b.handover_wait_s);
+	}
+	if (b.lock_fd == -EACCES || b.lock_fd == -EPERM) {
+		socket_denied(b.cfg.socket_path);
+		return 1;
 	}
 	if (b.lock_fd < 0) {
 		log_error("socket %s: %s%s (lock file %s.lock, pid %d)", b.cfg.socket_path,
@@ -1275,15 +1309,14 @@ int main(int argc, char **argv)
 	watch_start(&b);
 	orphan_start(&b); /* [orphans] what the previous broker's clients lease, watched */
 	b.startup.ready_s = clock_now() - b.start_time;
-	log_info(
-		"kvbrokerd %d.%d.%d ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
-		"socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
-		"copy engine %s (%u threads) + %s, poll %u us",
-		KVB_VERSION_MAJOR, KVB_VERSION_MINOR, KVB_VERSION_PATCH, b.startup.ready_s,
-		b.startup.reserve_s, b.startup.prefault_s, b.startup.pin_s, b.cfg.socket_path,
-		b.cfg.pool_name, (unsigned long long)(b.pool.total >> 20), b.pool.narenas,
-		b.store.nslabs, (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name,
-		b.cfg.copy_threads, b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
+	log_info("kvbrokerd %s ready in %.3f s (reserve %.3f s, prefault %.3f s, pin %.3f s): "
+		 "socket %s, pool %s %llu MiB in %u arena(s), %u slabs of %llu MiB, "
+		 "copy engine %s (%u threads) + %s, poll %u us",
+		 KVB_VERSION_STRING, b.startup.ready_s, b.startup.reserve_s, b.startup.prefault_s,
+		 b.startup.pin_s, b.cfg.socket_path, b.cfg.pool_name,
+		 (unsigned long long)(b.pool.total >> 20), b.pool.narenas, b.store.nslabs,
+		 (unsigned long long)(b.cfg.slab_bytes >> 20), b.copy->name, b.cfg.copy_threads,
+		 b.gpu ? b.gpu->name : "no GPU", b.cfg.poll_us);
 	/* [fdstore] Type=notify: systemd counts the broker started from here. */
 	if (sdn_enabled()) {
 		char msg[400];

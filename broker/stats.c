@@ -444,7 +444,7 @@ static char *render(const struct broker *b, const struct stats_view *v)
 
 	if (!root)
 		return NULL;
-	cJSON_AddStringToObject(root, "version", "0.1.0");
+	cJSON_AddStringToObject(root, "version", KVB_VERSION_STRING);
 	num(root, "pid", getpid());
 	num(root, "uptime_s", clock_now() - b->start_time);
 	cJSON_AddStringToObject(root, "copy_engine", b->copy->name);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * conn.c - attaching to and detaching from the broker: kvb_connect(), kvb_close(),
- * kvb_version(), and the entry checks every other public call goes through.
+ * kvb_version(), kvb_socket_path(), and the entry checks every other public call goes through.
  *
  * kvb_connect() sends HELLO on a fresh SOCK_SEQPACKET socket and receives, with the reply, the
  * region memfd, the two doorbell eventfds and one read-only fd per pool arena (wire.h). The
@@ -408,6 +408,16 @@ static int cond_init(pthread_cond_t *cv)
 	return err;
 }
 
+int kvb_socket_path(const char *path, char *buf, size_t len)
+{
+	if (!path)
+		return kvb_default_socket(buf, len); /* [socket-rule] */
+	if (strlen(path) >= len || strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+		return -ENAMETOOLONG;
+	strcpy(buf, path);
+	return 0;
+}
+
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -424,15 +434,9 @@ int kvb_connect(const struct kvb_opts *opts, kvb_client **out)
 	err = check_opts(opts, &sq_entries);
 	if (err)
 		return err;
-	if (opts && opts->socket_path) {
-		if (strlen(opts->socket_path) >= sizeof(path))
-			return -ENAMETOOLONG;
-		strcpy(path, opts->socket_path);
-	} else {
-		err = kvb_default_socket(path, sizeof(path));
-		if (err)
-			return err;
-	}
+	err = kvb_socket_path(opts ? opts->socket_path : NULL, path, sizeof(path));
+	if (err)
+		return err;
 
 	c = calloc(1, sizeof(*c));
 	if (!c)

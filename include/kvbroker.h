@@ -36,9 +36,23 @@
 extern "C" {
 #endif
 
+/*
+ * The one version of kvbroker, here and nowhere else: the library (kvb_version()), kvbrokerd
+ * (its "ready" log line, the stats document's "version", so `kvbctl status` and the metric
+ * kvbroker_info{version=...}), every program's --version, kvbroker.pc and the Python package
+ * (kvbroker.__version__ and its metadata, which python/setup.py reads from these lines) all
+ * take it from these three numbers. t_version and python/tests/test_version.py fail when any
+ * two disagree.
+ */
 #define KVB_VERSION_MAJOR 0
-#define KVB_VERSION_MINOR 5
+#define KVB_VERSION_MINOR 6
 #define KVB_VERSION_PATCH 0
+/* "major.minor.patch", made from the three numbers above. */
+#define KVB_VERSION_STRING                                                                         \
+	KVB_VERSION_STR_(KVB_VERSION_MAJOR)                                                        \
+	"." KVB_VERSION_STR_(KVB_VERSION_MINOR) "." KVB_VERSION_STR_(KVB_VERSION_PATCH)
+#define KVB_VERSION_STR_(x) KVB_VERSION_STR2_(x)
+#define KVB_VERSION_STR2_(x) #x
 
 /* Returns (major << 16) | (minor << 8) | patch of the library actually linked. */
 unsigned kvb_version(void);
@@ -95,7 +109,8 @@ struct kvb_layout {
  * from wherever a page is; only its placement at PUT depends on this.
  */
 struct kvb_opts {
-	const char *socket_path; /* NULL: $KVB_SOCKET, then the default path */
+	const char *socket_path; /* NULL: $KVB_SOCKET, else KVB_SOCKET_DEFAULT
+				    (kvb_socket_path) */
 	const char *name;	 /* shown by kvbctl; NULL: the program name */
 	const char *gpu_busid;	 /* PCI bus id of this client's GPU, as cudaDeviceGetPCIBusId()
 				    writes it ("0000:3B:00.0"); NULL: none. One the broker's
@@ -127,14 +142,36 @@ enum kvb_tier {
 };
 
 /*
+ * The control socket's path when neither --socket nor $KVB_SOCKET names one: kvbrokerd listens
+ * there, and every client (kvb_connect, kvbctl, the Python package) looks there.
+ */
+#define KVB_SOCKET_DEFAULT "/run/kvbroker/kvbroker.sock"
+
+/*
+ * The socket kvb_connect() tries for opts->socket_path = path, into buf (len bytes): path when
+ * not NULL, else $KVB_SOCKET when set and not empty, else KVB_SOCKET_DEFAULT. That is the one
+ * rule, kvbrokerd's for its own socket too (--socket, else $KVB_SOCKET, else the default); no
+ * other variable, $XDG_RUNTIME_DIR included, moves it, so a broker started by a service and a
+ * client in a login shell agree on the default. A broker that must live elsewhere (no root to
+ * create /run/kvbroker) is given --socket, and its clients the same path in $KVB_SOCKET.
+ * Returns 0, or -ENAMETOOLONG when the path does not fit buf or a sockaddr_un (107 bytes).
+ * Thread-safe as getenv() is. Library 0.6.
+ */
+int kvb_socket_path(const char *path, char *buf, size_t len);
+
+/*
  * Connects to the broker and maps this client's rings and the pool. opts may be NULL.
- * Errors: -ENOENT/-ECONNREFUSED no broker at the path, -EAGAIN a broker is starting there (it
- * listens only once its pool is ready, which for a large pool takes seconds: retry),
- * -EACCES refused by the broker's credential check, -EPROTO version mismatch, -EINVAL bad
- * opts (or a malformed gpu_busid), -ENODEV gpu_busid names no PCI device on the broker's
- * machine (a broker that cannot see any, without sysfs, accepts it and places by CPU node),
- * -ENAMETOOLONG socket path, -EUSERS the broker's --max-clients (or, for a
- * KVB_CONNECT_CONTROL client, --max-control) reached, -ETIMEDOUT no answer, -ENOMEM.
+ * Errors: -ENOENT no socket at the path, -ECONNREFUSED a socket file nobody listens on (a
+ * broker that died), -EAGAIN a broker is starting there (it listens only once its pool is
+ * ready, which for a large pool takes seconds: retry), -EACCES the permissions of the socket
+ * or of a directory above it refuse this uid and its groups (-EPERM where a security module
+ * refuses), -ECONNRESET the broker hung up at once: its credential check refused this uid or
+ * group (its log says so), -EPROTO version mismatch, -EINVAL bad opts (or a malformed
+ * gpu_busid), -ENODEV gpu_busid names no PCI device on the broker's machine (a broker that
+ * cannot see any, without sysfs, accepts it and places by CPU node), -ENAMETOOLONG socket
+ * path, -EUSERS the broker's --max-clients (or, for a KVB_CONNECT_CONTROL client,
+ * --max-control) reached, -ETIMEDOUT no answer, -ENOMEM. kvb_connect_error() turns each into
+ * a sentence naming the socket, the cause and the fix.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);
 
@@ -193,6 +230,28 @@ void kvb_close(kvb_client *c);
 
 /* A static, human-readable string for a negative errno returned by this API. */
 const char *kvb_strerror(int err);
+
+/*
+ * What a failed kvb_connect() tells a person: one line naming the socket, the cause and the
+ * fix, for err as kvb_connect() returned it and socket_path as given to it (NULL: resolved as
+ * kvb_connect() does, kvb_socket_path). For example:
+ *   -ENOENT        "no broker at /run/kvbroker/kvbroker.sock (no socket there): start one
+ *                   with: kvbrokerd --socket /run/kvbroker/kvbroker.sock, or point
+ *                   $KVB_SOCKET at the socket of the broker that runs"
+ *   -ECONNREFUSED  the same for a socket file nobody listens on
+ *   -EACCES/-EPERM "permission denied at PATH: a broker is running there, but DIR (owner root,
+ *                   group kvbroker, mode 0750) admits only uid 0 (root) and group kvbroker,
+ *                   and uid 1000 (alice) is not in it: usermod -aG kvbroker alice, then log
+ *                   in again", after a look at the socket and the directories above it (the
+ *                   first that refuses this process is named; a group this user was added to
+ *                   after logging in, a group-less broker and a mode that admits no group
+ *                   each get their own fix)
+ *   others         "the broker at PATH ...: " and kvb_strerror()'s text, or its own fix.
+ * Writes at most len bytes into buf, NUL-terminated when len > 0 (512 bytes hold every message
+ * with paths of up to 107 bytes). Returns buf. Reads the filesystem and the user and group
+ * databases (reentrant calls), never the socket; thread-safe. Library 0.6.
+ */
+const char *kvb_connect_error(int err, const char *socket_path, char *buf, size_t len);
 
 /*
  * Opens (creating on first use) the namespace of a layout. Every rank of an MLA model gets the

@@ -358,16 +358,15 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size)
 int kvb_default_socket(char *buf, size_t len)
 {
 	const char *env = getenv("KVB_SOCKET");
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
 	size_t max = sizeof(((struct sockaddr_un *)0)->sun_path);
 	int n;
 
+	/* [socket-rule] No $XDG_RUNTIME_DIR: a service has none, a login shell has one, and the
+	 * broker and its clients must not look in two places (kvb_socket_path, kvbroker.h). */
 	if (env && *env)
 		n = snprintf(buf, len, "%s", env);
-	else if (xdg && *xdg)
-		n = snprintf(buf, len, "%s/kvbroker.sock", xdg);
 	else
-		n = snprintf(buf, len, "/run/kvbroker/kvbroker.sock");
+		n = snprintf(buf, len, "%s", KVB_SOCKET_DEFAULT);
 	if (n < 0 || (size_t)n >= len || (size_t)n >= max)
 		return -ENAMETOOLONG;
 	return 0;

@@ -79,8 +79,10 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size);
 void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t n);
 
 /*
- * The control socket path: $KVB_SOCKET, else $XDG_RUNTIME_DIR/kvbroker.sock, else
- * /run/kvbroker/kvbroker.sock. Returns 0, or -ENAMETOOLONG when it does not fit a sockaddr_un.
+ * The control socket path when none is given: $KVB_SOCKET when set and not empty, else
+ * KVB_SOCKET_DEFAULT (/run/kvbroker/kvbroker.sock); the one rule of kvbrokerd and the library
+ * (kvb_socket_path in include/kvbroker.h). Returns 0, or -ENAMETOOLONG when it does not fit
+ * buf or a sockaddr_un.
  */
 int kvb_default_socket(char *buf, size_t len);
 

@@ -9,13 +9,16 @@ linked dynamically; CUDA is loaded at run time (dlopen of libcuda.so.1) when $CU
 CPython 3.11: one cp311-abi3 wheel serves every later CPython.
 
 The package builds from this repository (pip install ./python, or pip install -e ./python):
-the C sources are found one directory up.
+the C sources are found one directory up, and so is its version (include/kvbroker.h), which
+kvbroker.__version__ reads back from the extension: the package cannot disagree with the
+library compiled into it or with the programs built from the same tree.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -43,6 +46,17 @@ class BuildExt(build_ext):
             depends=glob.glob(os.path.join(ROOT, "include", "*.h")))
         ext.extra_objects = list(objs)
         super().build_extension(ext)
+
+
+def _version() -> str:
+    """kvbroker's one version: KVB_VERSION_MAJOR/MINOR/PATCH of include/kvbroker.h."""
+    with open(os.path.join(ROOT, "include", "kvbroker.h")) as f:
+        text = f.read()
+    parts = [re.search(rf"^#define KVB_VERSION_{p} (\d+)$", text, re.M) for p in
+             ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        raise SystemExit("kvbroker: no KVB_VERSION_MAJOR/MINOR/PATCH in include/kvbroker.h")
+    return ".".join(m.group(1) for m in parts if m)
 
 
 def _cuda_flags() -> tuple[list[str], list[str]]:
@@ -75,5 +89,5 @@ ext = Extension(
              + glob.glob(os.path.join(HERE, "csrc", "*.h"))],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt},
+setup(version=_version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt},
       options={"bdist_wheel": {"py_limited_api": "cp311"}})

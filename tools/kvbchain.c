@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "kvbroker.h"
 
 struct cfg {
@@ -303,11 +304,10 @@ static void run(const struct cfg *c, kvb_client *cl, int parents, const double *
 
 static void usage(void)
 {
-	fprintf(stderr,
-		"usage: kvbchain --socket PATH [--prompts N] [--groups G] [--shared S] [--own O]\n"
-		"                [--requests R] [--zipf S] [--page BYTES] [--tpp T] [--seed N]\n"
-		"                [--check-every K] [--md] [--assert]\n");
-	exit(2);
+	printf("usage: kvbchain --socket PATH [--prompts N] [--groups G] [--shared S] [--own O]\n"
+	       "                [--requests R] [--zipf S] [--page BYTES] [--tpp T] [--seed N]\n"
+	       "                [--check-every K] [--engines E] [--local K] [--restart-every R]\n"
+	       "                [--md] [--assert] [--version]\n");
 }
 
 int main(int argc, char **argv)
@@ -341,6 +341,8 @@ int main(int argc, char **argv)
 					   {"restart-every", required_argument, NULL, 'R'},
 					   {"md", no_argument, NULL, 'm'},
 					   {"assert", no_argument, NULL, 'a'},
+					   {"help", no_argument, NULL, 'h'},
+					   {"version", no_argument, NULL, 'V'},
 					   {NULL, 0, NULL, 0}};
 	struct kvb_opts o = {0};
 	struct result res[2];
@@ -349,7 +351,7 @@ int main(int argc, char **argv)
 	double *cdf, sum = 0;
 	int opt, err, bad = 0;
 
-	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	while ((opt = cli_getopt(argc, argv, "", lo, "kvbchain")) != -1) {
 		switch (opt) {
 		case 'S':
 			c.socket = optarg;
@@ -399,13 +401,23 @@ int main(int argc, char **argv)
 		case 'a':
 			c.assert_ok = 1;
 			break;
-		default:
+		case 'h':
 			usage();
+			return 0;
+		case 'V':
+			cli_version("kvbchain");
+			return 0;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
 	}
 	if (!c.prompts || !c.groups || !c.own || !c.requests || !c.tpp || !c.engines || !c.local ||
 	    c.page_bytes % c.tpp || !c.page_bytes)
-		usage();
+		return cli_usage_error("kvbchain", "--prompts, --groups, --own, --requests, --tpp, "
+						   "--engines and --local take N > 0, --page a "
+						   "multiple of --tpp");
+	if (optind < argc)
+		return cli_usage_error("kvbchain", "unexpected argument '%s'", argv[optind]);
 	o.socket_path = c.socket;
 	o.name = "kvbchain";
 	err = kvb_connect(&o, &cl);

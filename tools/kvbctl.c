@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cli.h"
 #include "kvbctl.h"
 #include "kvbroker.h"
 #include "metrics.h"
@@ -55,55 +56,38 @@ static void usage(FILE *f)
 		"\n"
 		"options:\n"
 		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
-		"                  $XDG_RUNTIME_DIR/kvbroker.sock, else\n"
-		"                  /run/kvbroker/kvbroker.sock)\n"
+		"                  " KVB_SOCKET_DEFAULT "; nothing else, $XDG_RUNTIME_DIR\n"
+		"                  included, moves it)\n"
 		"  --json          JSON for scripts: status/metrics the whole stats document,\n"
 		"                  clients/ns/map their part, top one sample of the rates\n"
 		"  --interval S    top: seconds between refreshes (default 1)\n"
 		"  --stats-file F  render a saved `status --json` document instead of asking a\n"
 		"                  broker (all commands but top)\n"
+		"  --version       print the version (kvbrokerd's, the library's and the Python\n"
+		"                  package's are the same; status shows the broker's) and exit\n"
 		"  -h, --help      this text\n"
 		"\n"
 		"exit status: 0 ok, 1 broker not reachable or bad reply, 2 usage error\n");
 }
 
-/* The path the library will try, resolved the same way, so an error can say where we looked. */
-static void socket_path(const char *flag, char *buf, size_t len)
+/*
+ * The socket: --socket, else the library's rule (kvb_socket_path: $KVB_SOCKET, else
+ * KVB_SOCKET_DEFAULT), resolved here so that output and errors can name it. 0 or -ENAMETOOLONG.
+ */
+static int socket_path(const char *flag, char *buf, size_t len)
 {
-	const char *env = getenv("KVB_SOCKET");
-	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	int rc = kvb_socket_path(flag && *flag ? flag : NULL, buf, len);
 
-	if (flag && *flag)
-		snprintf(buf, len, "%s", flag);
-	else if (env && *env)
-		snprintf(buf, len, "%s", env);
-	else if (xdg && *xdg)
-		snprintf(buf, len, "%s/kvbroker.sock", xdg);
-	else
-		snprintf(buf, len, "/run/kvbroker/kvbroker.sock");
-}
-
-/* kvb_strerror() speaks of pages; a failed connect deserves words about sockets. */
-static const char *connect_error(int rc)
-{
-	switch (rc) {
-	case -ENOENT:
-		return "no socket there";
-	case -ECONNREFUSED:
-		return "socket exists but no broker listens: a stale file?";
-	case -EACCES:
-	case -EPERM:
-		return "permission denied: not the broker's uid or --group";
-	case -EPROTO:
-		return "broker speaks another protocol version";
-	default:
-		return kvb_strerror(rc);
-	}
+	if (rc < 0)
+		fprintf(stderr, "%s: %s\n", ctl_prog,
+			kvb_connect_error(rc, flag && *flag ? flag : NULL, buf, len));
+	return rc;
 }
 
 int ctl_connect(struct ctl *x, int quiet)
 {
 	struct kvb_opts opts;
+	char msg[1024];
 	int rc;
 
 	memset(&opts, 0, sizeof(opts));
@@ -114,10 +98,8 @@ int ctl_connect(struct ctl *x, int quiet)
 	if (rc < 0) {
 		x->c = NULL;
 		if (!quiet)
-			fprintf(stderr,
-				"%s: no broker reachable at %s (%s); start one with: "
-				"kvbrokerd --socket %s\n",
-				ctl_prog, x->path, connect_error(rc), x->path);
+			fprintf(stderr, "%s: %s\n", ctl_prog,
+				kvb_connect_error(rc, x->path, msg, sizeof(msg)));
 	}
 	return rc;
 }
@@ -625,6 +607,7 @@ static int print_part(const cJSON *root, const char *name)
 
 static const char *const commands[] = {"status",  "clients", "ns",   "map",
 				       "metrics", "top",     "plan", "drop"};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 /* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */
 static int ctl_drop(struct ctl *x, const char *arg)
@@ -633,11 +616,9 @@ static int ctl_drop(struct ctl *x, const char *arg)
 	unsigned long id = strtoul(arg, &end, 10);
 	int err;
 
-	if (!*arg || *end || id > UINT32_MAX) {
-		fprintf(stderr, "%s: drop: want a client id (kvbctl clients), not '%s'\n", ctl_prog,
-			arg);
-		return 2;
-	}
+	if (!*arg || *end || id > UINT32_MAX)
+		return cli_usage_error(ctl_prog,
+				       "drop: want a client id (kvbctl clients), not '%s'", arg);
 	if (ctl_connect(x, 0) < 0)
 		return 1;
 	err = kvb_drop_client(x->c, (uint32_t)id);
@@ -671,12 +652,13 @@ static int parse_opts(int argc, char **argv, const char *spec, struct cli *o)
 		{"interval", required_argument, NULL, 'i'},
 		{"stats-file", required_argument, NULL, 'f'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	char *end;
 	int opt;
 
-	while ((opt = getopt_long(argc, argv, spec, lopts, NULL)) != -1) {
+	while ((opt = cli_getopt(argc, argv, spec, lopts, ctl_prog)) != -1) {
 		switch (opt) {
 		case 's':
 			o->sock = optarg;
@@ -689,18 +671,18 @@ static int parse_opts(int argc, char **argv, const char *spec, struct cli *o)
 			break;
 		case 'i':
 			o->interval = strtod(optarg, &end);
-			if (*end || !(o->interval >= 0.05 && o->interval <= 3600)) {
-				fprintf(stderr, "%s: --interval: seconds, 0.05 to 3600\n",
-					ctl_prog);
-				return 2;
-			}
+			if (*end || !(o->interval >= 0.05 && o->interval <= 3600))
+				return cli_usage_error(ctl_prog,
+						       "--interval: seconds, 0.05 to 3600");
 			break;
 		case 'h':
 			usage(stdout);
 			return 0;
-		default:
-			usage(stderr);
-			return 2;
+		case 'V':
+			cli_version(ctl_prog);
+			return 0;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
 	}
 	return -1;
@@ -758,13 +740,19 @@ int main(int argc, char **argv)
 		return ret;
 	if (optind < argc)
 		cmd = argv[optind];
-	for (size_t i = 0; cmd && i < sizeof(commands) / sizeof(commands[0]); i++)
+	for (size_t i = 0; cmd && i < NCOMMANDS; i++)
 		known |= !strcmp(cmd, commands[i]);
+	if (!cmd)
+		return cli_usage_error(ctl_prog,
+				       "no command: status, top, clients, ns, map, metrics, "
+				       "plan or drop");
 	if (!known) {
-		if (cmd)
-			fprintf(stderr, "%s: unknown command '%s'\n", ctl_prog, cmd);
-		usage(stderr);
-		return 2;
+		const char *near[1];
+
+		if (cli_nearest(cmd, strlen(cmd), commands, NCOMMANDS, near, 1) == 1)
+			return cli_usage_error(ctl_prog, "unknown command '%s'; did you mean %s?",
+					       cmd, near[0]);
+		return cli_usage_error(ctl_prog, "unknown command '%s'", cmd);
 	}
 	if (!strcmp(cmd, "plan"))
 		return ctl_plan(argc - optind, argv + optind, o.json);
@@ -776,28 +764,24 @@ int main(int argc, char **argv)
 	if (ret >= 0)
 		return ret;
 	if (!strcmp(cmd, "drop")) {
-		if (optind + 1 != argc) {
-			usage(stderr);
-			return 2;
-		}
-		socket_path(o.sock, x.path, sizeof(x.path));
+		if (optind + 1 != argc)
+			return cli_usage_error(ctl_prog, "drop takes one client id (kvbctl clients "
+							 "lists them)");
+		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+			return 1;
 		ret = ctl_drop(&x, argv[optind]);
 		ctl_disconnect(&x);
 		return ret;
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s: unexpected argument '%s'\n", ctl_prog, argv[optind]);
-		usage(stderr);
-		return 2;
-	}
+	if (optind < argc)
+		return cli_usage_error(ctl_prog, "unexpected argument '%s'", argv[optind]);
 	ret = 1;
-	socket_path(o.sock, x.path, sizeof(x.path));
+	if (!o.file && socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+		return 1;
 	if (o.file) {
-		if (!strcmp(cmd, "top")) {
-			fprintf(stderr, "%s: top needs a live broker, not --stats-file\n",
-				ctl_prog);
-			return 2;
-		}
+		if (!strcmp(cmd, "top"))
+			return cli_usage_error(ctl_prog,
+					       "top needs a live broker, not --stats-file");
 		snprintf(x.path, sizeof(x.path), "%s", o.file);
 		root = read_stats_file(o.file);
 		if (!root)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli.h"
 #include "kvbctl.h"
 #include "plan.h"
 
@@ -50,6 +51,14 @@ static void plan_usage(FILE *f)
 		"                      arithmetic, not bytes / page)\n"
 		"  --json              the inputs and results as JSON\n"
 		"  --list              the presets\n"
+		"\n"
+		"Bytes per token per rank is what one TP rank stores for a token: with MLA the\n"
+		"whole latent (layers x kv-dim x dtype), the same bytes on every rank, never a\n"
+		"1/TP share; with MHA/GQA the rank's KV heads. A naive per-rank estimate, host\n"
+		"RAM / TP / bytes per token per GPU, matches the private column only with that\n"
+		"figure (Kimi-K2.5: 70,272 B on every rank), and its tokens are the same tokens\n"
+		"on every MLA rank, not TP times as many; the plan's last lines reconcile the\n"
+		"two for the inputs given.\n"
 		"\n"
 		"SIZE takes K, M, G, T (binary: 300G = 300 GiB) or KB, MB, GB, TB (decimal).\n"
 		"example: kvbctl plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 --host-ram "
@@ -193,6 +202,39 @@ static void tier_rows(const char *name, const struct plan_tier *p, const struct 
 	    fmt_count(s->requests, b, sizeof(b)));
 }
 
+/*
+ * How the host columns meet a naive per-rank estimate, host RAM / TP / bytes per token per
+ * GPU: they do when that figure is the rank's own (MLA: the whole latent on every rank), and
+ * an MLA engine's ranks hold the same tokens, so the private figure is not TP times larger;
+ * the shared pool holds each token once for all of them.
+ */
+static void naive_line(const struct plan_in *in, const struct plan_out *o)
+{
+	char a[32], b[32], c[32], d[32], e[32];
+
+	if (!in->host_bytes)
+		return;
+	text_bytes((double)in->host_bytes / in->tp, a, sizeof(a));
+	fmt_count(o->bytes_token_rank, b, sizeof(b));
+	fmt_count(o->priv_host.tokens, c, sizeof(c));
+	fmt_count(o->shared_host.tokens, d, sizeof(d));
+	fmt_count(o->gpu.tokens, e, sizeof(e));
+	printf("\nagainst a naive per-rank estimate (host RAM / TP / bytes per token per GPU): ");
+	if (in->m.attn == PLAN_MLA && in->tp > 1)
+		printf("with MLA each\n"
+		       "  rank stores the whole latent, %s B per token, so %s per rank holds %s "
+		       "tokens,\n"
+		       "  the same on all %u ranks; one shared pool holds each once: %s (GPU: %s "
+		       "more).\n",
+		       b, a, c, in->tp, d, e);
+	else
+		printf("each rank\n"
+		       "  stores %s B per token, so %s per rank holds %s tokens, private or "
+		       "shared\n"
+		       "  alike (GPU: %s more).\n",
+		       b, a, c, e);
+}
+
 static void plan_text(const struct plan_in *in, const struct plan_out *o)
 {
 	const struct plan_model *m = &in->m;
@@ -237,6 +279,7 @@ static void plan_text(const struct plan_in *in, const struct plan_out *o)
 		       "(workload-dependent).\n",
 		       o->host_gain,
 		       m->attn == PLAN_MLA ? "one rank" : "MHA/GQA ranks hold different KV heads");
+	naive_line(in, o);
 }
 
 /* Explicit model flags (non-zero fields of o) over a preset's values. */
@@ -316,16 +359,15 @@ int ctl_plan(int argc, char **argv, int json)
 	int o, err = 0;
 
 	optind = 1;
-	while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+	while ((o = cli_getopt(argc, argv, "h", opts, "kvbctl plan")) != -1) {
 		switch (o) {
 		case O_MODEL: {
 			const struct plan_model *p = plan_preset(optarg);
 
-			if (!p) {
-				fprintf(stderr, "%s plan: no preset '%s' (kvbctl plan --list)\n",
-					ctl_prog, optarg);
-				return 2;
-			}
+			if (!p)
+				return cli_usage_error(
+					"kvbctl plan",
+					"no preset '%s' (kvbctl plan --list names them)", optarg);
 			preset = p;
 			break;
 		}
@@ -406,43 +448,32 @@ int ctl_plan(int argc, char **argv, int json)
 		case 'h':
 			plan_usage(stdout);
 			return 0;
-		default:
-			plan_usage(stderr);
-			return 2;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
-		if (err) {
-			fprintf(stderr, "%s plan: bad value '%s' for --%s\n", ctl_prog, optarg,
-				opts[o - O_MODEL].name);
-			return 2;
-		}
+		if (err)
+			return cli_usage_error("kvbctl plan", "bad value '%s' for --%s", optarg,
+					       opts[o - O_MODEL].name);
 	}
-	if (optind < argc) {
-		fprintf(stderr, "%s plan: unexpected argument '%s'\n", ctl_prog, argv[optind]);
-		return 2;
-	}
+	if (optind < argc)
+		return cli_usage_error("kvbctl plan", "unexpected argument '%s'", argv[optind]);
 	if (preset)
 		in.m = *preset;
 	else
 		in.m.dtype_bytes = 2;
 	override(&in.m, &over);
-	if (!in.m.attn || !in.m.layers) {
-		fprintf(stderr, "%s plan: name a --model, or give --attention and --layers\n",
-			ctl_prog);
-		return 2;
-	}
-	if (!in.gpu_tokens && !in.gpu_bytes) {
-		fprintf(stderr, "%s plan: give --gpu-tokens, or --gpu-mem (and --mem-fraction)\n",
-			ctl_prog);
-		return 2;
-	}
-	if (plan_compute(&in, &out)) {
-		fprintf(stderr,
-			"%s plan: inconsistent inputs (mla needs --kv-dim, mha --kv-heads and "
+	if (!in.m.attn || !in.m.layers)
+		return cli_usage_error("kvbctl plan",
+				       "name a --model, or give --attention and --layers");
+	if (!in.gpu_tokens && !in.gpu_bytes)
+		return cli_usage_error("kvbctl plan",
+				       "give --gpu-tokens, or --gpu-mem (and --mem-fraction)");
+	if (plan_compute(&in, &out))
+		return cli_usage_error(
+			"kvbctl plan",
+			"inconsistent inputs (mla needs --kv-dim, mha --kv-heads and "
 			"--head-dim; with --gpu-mem the weights per rank must fit in "
-			"gpu-mem x mem-fraction)\n",
-			ctl_prog);
-		return 2;
-	}
+			"gpu-mem x mem-fraction)");
 	if (json)
 		return plan_json(&in, &out);
 	plan_text(&in, &out);

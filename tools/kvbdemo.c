@@ -35,6 +35,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cli.h"
 #include "kvbroker.h"
 
 #define MODEL "kimi-k2.5-demo"
@@ -456,7 +457,7 @@ static int report_pool(kvb_client *c, uint32_t ns, size_t pb, int unique, int pr
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: kvbdemo [--socket PATH]\n"
+	fprintf(f, "usage: kvbdemo [--socket PATH] [--version]\n"
 		   "\n"
 		   "Two simulated engines (MLA TP=4 and TP=2 of one model) share a system prompt\n"
 		   "through a running kvbrokerd; prints pages stored, dedup and prefix hits, pool\n"
@@ -468,6 +469,7 @@ int main(int argc, char **argv)
 	static const struct option lopts[] = {
 		{"socket", required_argument, NULL, 's'},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},
 		{NULL, 0, NULL, 0},
 	};
 	struct shared *sh;
@@ -476,7 +478,7 @@ int main(int argc, char **argv)
 	size_t pb = 0;
 	int opt, i, rc, fail = 0, private_pages = 0;
 
-	while ((opt = getopt_long(argc, argv, "s:h", lopts, NULL)) != -1) {
+	while ((opt = cli_getopt(argc, argv, "s:h", lopts, "kvbdemo")) != -1) {
 		switch (opt) {
 		case 's':
 			sock = optarg;
@@ -484,15 +486,15 @@ int main(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			return 0;
-		default:
-			usage(stderr);
-			return 2;
+		case 'V':
+			cli_version("kvbdemo");
+			return 0;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
 	}
-	if (optind != argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (optind != argc)
+		return cli_usage_error("kvbdemo", "unexpected argument '%s'", argv[optind]);
 
 	/*
 	 * Connect first: a missing broker is one clear line, not six failing ranks. Closed again
@@ -500,10 +502,9 @@ int main(int argc, char **argv)
 	 */
 	rc = rank_connect("kvbdemo", 1, 0, &c, &vns, &pb);
 	if (rc < 0) {
-		fprintf(stderr, "kvbdemo: cannot use the broker at %s: %s\n",
-			sock ? sock : "the default socket",
-			rc == -ENOENT || rc == -ECONNREFUSED ? "no broker listens there"
-							     : kvb_strerror(rc));
+		char msg[1024];
+
+		fprintf(stderr, "kvbdemo: %s\n", kvb_connect_error(rc, sock, msg, sizeof(msg)));
 		return 1;
 	}
 	kvb_close(c);

@@ -19,7 +19,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "kvbroker.h"
+
+#define KVBDISK_USAGE                                                                              \
+	"usage: kvbdisk [--socket P] --page SIZE (a multiple of 64) --pages N [--qd 1..255] "      \
+	"[--seconds S] fill|prefetch"
 
 static double now(void)
 {
@@ -72,7 +77,8 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"socket", required_argument, NULL, 's'},  {"page", required_argument, NULL, 'p'},
 		{"pages", required_argument, NULL, 'n'},   {"qd", required_argument, NULL, 'q'},
-		{"seconds", required_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
+		{"seconds", required_argument, NULL, 'S'}, {"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, 'V'},	   {NULL, 0, NULL, 0}};
 	struct kvb_opts co = {.name = "kvbdisk"};
 	struct kvb_layout l = {.model = "kvbdisk",
 			       .kind = KVB_LAYOUT_MLA,
@@ -88,7 +94,7 @@ int main(int argc, char **argv)
 	uint8_t *mem;
 	int o, rc;
 
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	while ((o = cli_getopt(argc, argv, "", opts, "kvbdisk")) != -1) {
 		switch (o) {
 		case 's':
 			co.socket_path = optarg;
@@ -105,22 +111,31 @@ int main(int argc, char **argv)
 		case 'S':
 			secs = strtod(optarg, NULL);
 			break;
-		default:
-			return 2;
+		case 'h':
+			printf("%s\n", KVBDISK_USAGE);
+			return 0;
+		case 'V':
+			cli_version("kvbdisk");
+			return 0;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
 	}
-	if (optind != argc - 1 || page % 64 || !n || !qd || qd > 255) {
-		fprintf(stderr, "usage: kvbdisk [--socket P] --page SIZE --pages N [--qd Q] "
-				"[--seconds S] fill|prefetch\n");
-		return 2;
-	}
+	if (optind != argc - 1 || page % 64 || !n || !qd || qd > 255)
+		return cli_usage_error("kvbdisk", "%s", KVBDISK_USAGE);
 	mode = argv[optind];
 	snprintf(l.comp[0].name, sizeof(l.comp[0].name), "kv");
 	l.comp[0].num_layers = 1;
 	l.comp[0].bytes_per_token_layer = (uint32_t)(page / 64);
 	rc = kvb_connect(&co, &c);
-	if (!rc)
-		rc = kvb_ns_open(c, &l, &ns, &pb);
+	if (rc) {
+		char msg[1024];
+
+		fprintf(stderr, "kvbdisk: %s\n",
+			kvb_connect_error(rc, co.socket_path, msg, sizeof(msg)));
+		return 1;
+	}
+	rc = kvb_ns_open(c, &l, &ns, &pb);
 	if (rc) {
 		fprintf(stderr, "kvbdisk: %s\n", kvb_strerror(rc));
 		return 1;

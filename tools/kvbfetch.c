@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "kvbroker.h"
 
 static double now(void)
@@ -42,12 +43,18 @@ int main(int argc, char **argv)
 	long n, first = 0;
 	int put, rc, hits = 0;
 
+	if (argc == 2 && !strcmp(argv[1], "--version")) {
+		cli_version("kvbfetch");
+		return 0;
+	}
+	if (argc == 2 && !strcmp(argv[1], "--help")) {
+		printf("usage: kvbfetch put|get SOCKET N [FIRST]\n");
+		return 0;
+	}
 	if (argc < 4 || argc > 5 || (strcmp(argv[1], "put") && strcmp(argv[1], "get")) ||
 	    (n = strtol(argv[3], NULL, 10)) <= 0 ||
-	    (argc == 5 && (first = strtol(argv[4], NULL, 10)) < 0)) {
-		fprintf(stderr, "usage: kvbfetch put|get SOCKET N [FIRST]\n");
-		return 2;
-	}
+	    (argc == 5 && (first = strtol(argv[4], NULL, 10)) < 0))
+		return cli_usage_error("kvbfetch", "usage: kvbfetch put|get SOCKET N [FIRST]");
 	put = !strcmp(argv[1], "put");
 	o.socket_path = argv[2];
 	o.name = "kvbfetch";
@@ -61,8 +68,13 @@ int main(int argc, char **argv)
 	l.comp[0].num_layers = 61;
 	l.comp[0].bytes_per_token_layer = 1152;
 	rc = kvb_connect(&o, &c);
-	if (!rc)
-		rc = kvb_ns_open(c, &l, &ns, &pb);
+	if (rc) {
+		char msg[1024];
+
+		fprintf(stderr, "kvbfetch: %s\n", kvb_connect_error(rc, argv[2], msg, sizeof(msg)));
+		return 1;
+	}
+	rc = kvb_ns_open(c, &l, &ns, &pb);
 	if (rc) {
 		fprintf(stderr, "kvbfetch: %s: %s\n", argv[2], kvb_strerror(rc));
 		return 1;

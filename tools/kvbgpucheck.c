@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "cuda_api.h"
+#include "cli.h"
 #include "kvbroker.h"
 
 #ifdef KVB_HAVE_CUDA
@@ -436,25 +437,38 @@ static int cmd_probe(void)
 	return 0;
 }
 
+#define GPUCHECK_USAGE                                                                             \
+	"usage: kvbgpucheck probe|put|get|bench [--socket S] [--pages N] [--alloc legacy|vmm] "    \
+	"[--rounds R] [--label L]"
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{"socket", required_argument, NULL, 's'}, {"pages", required_argument, NULL, 'n'},
-		{"alloc", required_argument, NULL, 'a'},  {"rounds", required_argument, NULL, 'r'},
-		{"label", required_argument, NULL, 'l'},  {NULL, 0, NULL, 0},
+		{"socket", required_argument, NULL, 's'},
+		{"pages", required_argument, NULL, 'n'},
+		{"alloc", required_argument, NULL, 'a'},
+		{"rounds", required_argument, NULL, 'r'},
+		{"label", required_argument, NULL, 'l'},
+		{"version", no_argument, NULL, 'V'},
+		{NULL, 0, NULL, 0},
 	};
 	struct opts o = {.alloc = "legacy", .label = "-", .pages = 64, .rounds = 4};
 	const char *cmd;
 	int ch;
 
-	if (argc < 2) {
-		fprintf(stderr, "usage: kvbgpucheck probe|put|get|bench [--socket S] [--pages N] "
-				"[--alloc legacy|vmm] [--rounds R] [--label L]\n");
-		return 2;
+	if (argc == 2 && !strcmp(argv[1], "--version")) {
+		cli_version("kvbgpucheck");
+		return 0;
 	}
+	if (argc == 2 && !strcmp(argv[1], "--help")) {
+		printf("%s\n", GPUCHECK_USAGE);
+		return 0;
+	}
+	if (argc < 2 || argv[1][0] == '-')
+		return cli_usage_error("kvbgpucheck", "%s", GPUCHECK_USAGE);
 	cmd = argv[1];
 	optind = 2;
-	while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	while ((ch = cli_getopt(argc, argv, "", lo, "kvbgpucheck")) != -1) {
 		switch (ch) {
 		case 's':
 			o.socket = optarg;
@@ -471,12 +485,15 @@ int main(int argc, char **argv)
 		case 'l':
 			o.label = optarg;
 			break;
-		default:
-			return 2;
+		case 'V':
+			cli_version("kvbgpucheck");
+			return 0;
+		default: /* cli_getopt() said what */
+			return CLI_USAGE;
 		}
 	}
 	if (!o.pages || !o.rounds)
-		return 2;
+		return cli_usage_error("kvbgpucheck", "--pages and --rounds take N > 0");
 	if (!strcmp(cmd, "probe"))
 		return cmd_probe();
 	if (!strcmp(cmd, "put"))
@@ -491,8 +508,12 @@ int main(int argc, char **argv)
 
 #else
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc == 2 && !strcmp(argv[1], "--version")) {
+		cli_version("kvbgpucheck");
+		return 0;
+	}
 	fprintf(stderr, "kvbgpucheck: built without the CUDA headers (CUDA_HOME): no GPU check\n");
 	return 2;
 }

@@ -124,13 +124,13 @@ static int client_init(PyObject *self, PyObject *args, PyObject *kw)
 		err = kvb_connect(&o, &c);
 		PyEval_RestoreThread(ts_);
 	}
+	if (err < 0)
+		kvbpy_raise_connect(err, o.socket_path); /* before ks, which owns the path, goes */
 	Py_XDECREF(ks);
 	Py_XDECREF(kn);
 	Py_XDECREF(kb);
-	if (err < 0) {
-		kvbpy_raise(err);
+	if (err < 0)
 		return -1;
-	}
 	cl->c = c;
 	cl->gen = kvbpy_fork_gen;
 	cl->control = control;

@@ -59,6 +59,9 @@ extern volatile unsigned kvbpy_fork_gen;
 PyObject *kvbpy_raise(int err);
 /* Same with our own text (errors the module detects itself). */
 PyObject *kvbpy_raise_msg(PyObject *type, int err, const char *msg);
+/* For a failed kvb_connect() to socket_path (NULL: the default): kvb_connect_error()'s text,
+ * which names the socket, the cause and the fix. */
+PyObject *kvbpy_raise_connect(int err, const char *socket_path);
 
 /* A registered buffer: how a pointer maps to (buf id, offset) for batched ops. */
 struct kvbpy_reg {

@@ -4,7 +4,8 @@
  * generation, and the small helpers every type uses (enter, keys, integer attributes).
  *
  * Exceptions: kvb.Error subclasses OSError, so errno and strerror are the usual attributes
- * (strerror is kvb_strerror()'s text, which says what the code means to kvbroker). Some errnos
+ * (strerror is kvb_strerror()'s text, which says what the code means to kvbroker; for a failed
+ * connect, kvb_connect_error()'s, which names the socket, the cause and the fix). Some errnos
  * get a subclass that also derives from the matching builtin, so both `except kvb.BrokerGone`
  * and `except ConnectionResetError` work. A miss (-ENOENT from a page op) is never raised: the
  * calls return None/False for it.
@@ -57,6 +58,16 @@ PyObject *kvbpy_raise(int err)
 	if (err < 0)
 		err = -err;
 	return kvbpy_raise_msg(err_type(err), err, kvb_strerror(-err));
+}
+
+PyObject *kvbpy_raise_connect(int err, const char *socket_path)
+{
+	char msg[1024];
+
+	if (err < 0)
+		err = -err;
+	return kvbpy_raise_msg(err_type(err), err,
+			       kvb_connect_error(-err, socket_path, msg, sizeof(msg)));
 }
 
 int kvbpy_enter(kvbpy_client *cl)
@@ -116,11 +127,44 @@ static PyObject *mod_strerror(PyObject *self, PyObject *arg)
 	return PyUnicode_FromString(kvb_strerror((int)err));
 }
 
+static PyObject *mod_socket_path(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwl[] = {"socket", NULL};
+	char path[512];
+	PyObject *sock = Py_None, *keep = NULL;
+	const char *p = NULL;
+	int err;
+
+	(void)self;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:socket_path", kwl, &sock))
+		return NULL;
+	if (sock != Py_None) {
+		if (!PyUnicode_FSConverter(sock, &keep))
+			return NULL;
+		p = PyBytes_AsString(keep);
+		if (!p) {
+			Py_DECREF(keep);
+			return NULL;
+		}
+	}
+	err = kvb_socket_path(p, path, sizeof(path));
+	if (err < 0) {
+		kvbpy_raise_connect(err, p);
+		Py_XDECREF(keep);
+		return NULL;
+	}
+	Py_XDECREF(keep);
+	return PyUnicode_DecodeFSDefault(path);
+}
+
 static PyMethodDef mod_methods[] = {
 	{"version", mod_version, METH_NOARGS,
 	 "version() -> str\n--\n\nThe version of the linked libkvbroker, \"major.minor.patch\"."},
 	{"strerror", mod_strerror, METH_O,
 	 "strerror(err) -> str\n--\n\nkvb_strerror(): what errno err means to kvbroker."},
+	{"socket_path", (PyCFunction)(void (*)(void))mod_socket_path, METH_VARARGS | METH_KEYWORDS,
+	 "socket_path(socket=None) -> str\n--\n\nkvb_socket_path(): the socket connect(socket) "
+	 "tries: socket, else $KVB_SOCKET, else /run/kvbroker/kvbroker.sock."},
 	{NULL, NULL, 0, NULL},
 };
 
@@ -164,10 +208,10 @@ static int init_errors(PyObject *m)
 		"reconnects by itself once a broker is back on the socket "
 		"(namespaces, buffers and views re-made, same ids); until then "
 		"calls fail fast with this, or wait up to reconnect_ms.");
-	kvbpy_NoBroker = new_exc(m, "NoBroker",
-				 Py_BuildValue("(OO)", kvbpy_Error, PyExc_ConnectionRefusedError),
-				 "connect() found no broker at the socket path (ENOENT or "
-				 "ECONNREFUSED).");
+	kvbpy_NoBroker = new_exc(
+		m, "NoBroker", Py_BuildValue("(OO)", kvbpy_Error, PyExc_ConnectionRefusedError),
+		"connect() found no broker at the socket path (ENOENT or "
+		"ECONNREFUSED); its strerror names the path and how to start one.");
 	kvbpy_PoolFull = new_exc(m, "PoolFull", Py_BuildValue("(O)", kvbpy_Error),
 				 "The pool is full of leased pages (ENOSPC): nothing can be "
 				 "evicted to make room.");

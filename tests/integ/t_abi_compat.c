@@ -183,7 +183,7 @@ int main(int argc, char **argv)
 			usleep(10000);
 	}
 	CHECK_OK(rc);
-	CHECK_EQ(kvb_version(), 0x000500);
+	CHECK_EQ(kvb_version(), 0x000600);
 
 	harness_layout(&l, "test/abi-compat", KVB_LAYOUT_MLA, TPP, 1, 0, LAYERS, BPT);
 	CHECK_OK(kvb_ns_open2(c, &l, &id, &ns, &pb)); /* the default: fine with 1.1 */

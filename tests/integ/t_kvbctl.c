@@ -4,7 +4,8 @@
  * `status --json` (every number the issue's JSON shape names), `clients --json` (a client's
  * namespaces and counters), `ns --json` (dedup bytes, clients), `map --json` and the map grid
  * (used, leased), `metrics` (the exposition format, checked line by line, and its values),
- * `top --json` (rates), `plan --json` (the issue's Kimi-K2.5 case) and the text views.
+ * `top --json` (rates), `plan --json` (the Kimi-K2.5 case at TP=8, and its reconciliation with
+ * a naive per-rank estimate) and the text views.
  * kvbctl must not count as a client, and with no broker every command says where it looked and
  * exits 1.
  */
@@ -338,6 +339,18 @@ int main(int argc, char **argv)
 	CHECK_EQ(run("plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 --host-ram 300G", &out), 0);
 	CHECKF(strstr(out, "4,583,936") && strstr(out, "x8.00"),
 	       "plan text should show the shared pool's tokens and the 8x:\n%s", out);
+	/* Reconciled with a naive per-rank estimate: the bytes per token per rank, the same
+	 * tokens on every rank. */
+	CHECKF(strstr(out,
+		      "\nagainst a naive per-rank estimate (host RAM / TP / bytes per token "
+		      "per GPU): with MLA each\n  rank stores the whole latent, 70,272 B per "
+		      "token, so 37.5 GiB per rank holds 572,992 tokens,\n  the same on all 8 "
+		      "ranks; one shared pool holds each once: 4,583,936 (GPU: 116,171 more).\n"),
+	       "plan text should reconcile itself with a naive per-rank estimate:\n%s", out);
+	free(out);
+	CHECK_EQ(run("plan --help", &out), 0);
+	CHECKF(strstr(out, "A naive per-rank estimate") && strstr(out, "70,272 B on every rank"),
+	       "plan --help should say what bytes per token per rank means:\n%s", out);
 	free(out);
 
 	/*

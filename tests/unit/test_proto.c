@@ -837,16 +837,27 @@ static void test_proto_default_socket(void **state)
 	setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
 	assert_int_equal(kvb_default_socket(buf, sizeof(buf)), 0);
 	assert_string_equal(buf, "/some/where.sock");
-	/* An empty $KVB_SOCKET counts as unset. */
+	/* An empty $KVB_SOCKET counts as unset; $XDG_RUNTIME_DIR never counts [socket-rule]. */
 	setenv("KVB_SOCKET", "", 1);
 	assert_int_equal(kvb_default_socket(buf, sizeof(buf)), 0);
-	assert_string_equal(buf, "/run/user/1000/kvbroker.sock");
+	assert_string_equal(buf, "/run/kvbroker/kvbroker.sock");
 	unsetenv("KVB_SOCKET");
 	assert_int_equal(kvb_default_socket(buf, sizeof(buf)), 0);
-	assert_string_equal(buf, "/run/user/1000/kvbroker.sock");
+	assert_string_equal(buf, KVB_SOCKET_DEFAULT);
 	unsetenv("XDG_RUNTIME_DIR");
 	assert_int_equal(kvb_default_socket(buf, sizeof(buf)), 0);
 	assert_string_equal(buf, "/run/kvbroker/kvbroker.sock");
+	/* The library's public rule is the same one, and a given path wins. */
+	setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+	assert_int_equal(kvb_socket_path(NULL, buf, sizeof(buf)), 0);
+	assert_string_equal(buf, KVB_SOCKET_DEFAULT);
+	setenv("KVB_SOCKET", "/some/where.sock", 1);
+	assert_int_equal(kvb_socket_path(NULL, buf, sizeof(buf)), 0);
+	assert_string_equal(buf, "/some/where.sock");
+	assert_int_equal(kvb_socket_path("/given.sock", buf, sizeof(buf)), 0);
+	assert_string_equal(buf, "/given.sock");
+	unsetenv("KVB_SOCKET");
+	unsetenv("XDG_RUNTIME_DIR");
 	/* Too long for the caller's buffer, or for a sockaddr_un (108 bytes with the NUL). */
 	assert_int_equal(kvb_default_socket(buf, 10), -ENAMETOOLONG);
 	memset(big, 'a', sizeof(big));

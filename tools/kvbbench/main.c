@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "kvbbench.h"
 
 struct shared {
@@ -341,6 +342,7 @@ static void usage(FILE *f)
 		"  --progress        a progress line on stderr every second (default: when stderr\n"
 		"                    is a terminal and the run is 5 s or longer)\n"
 		"  --json            one JSON object instead of text\n"
+		"  --version         print the version and exit\n"
 		"  -h, --help        this text\n"
 		"\n"
 		"GB/s are 1e9 bytes of page data per second; latencies are per op, all threads\n"
@@ -455,6 +457,7 @@ enum {
 	O_PAIR,
 	O_TP,
 	O_LAYERS,
+	O_VERSION,
 };
 
 static int parse_args(int argc, char **argv)
@@ -496,6 +499,7 @@ static int parse_args(int argc, char **argv)
 		{"tp", required_argument, NULL, O_TP},
 		{"layers", required_argument, NULL, O_LAYERS},
 		{"help", no_argument, NULL, 'h'},
+		{"version", no_argument, NULL, O_VERSION},
 		{NULL, 0, NULL, 0},
 	};
 	long long warm = -1;
@@ -518,7 +522,7 @@ static int parse_args(int argc, char **argv)
 	cfg.suffix_pages = 4;
 	cfg.progress = -1;
 	cfg.tp = 1;
-	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+	while ((opt = cli_getopt(argc, argv, "h", lopts, kvbb_progname)) != -1) {
 		switch (opt) {
 		case O_SOCKET:
 			cfg.socket = optarg;
@@ -680,8 +684,11 @@ static int parse_args(int argc, char **argv)
 		case 'h':
 			usage(stdout);
 			exit(0);
-		default:
-			return -1;
+		case O_VERSION:
+			cli_version(kvbb_progname);
+			exit(0);
+		default: /* cli_getopt() said what, and where help is */
+			return -2;
 		}
 	}
 	if (optind != argc - 1) {
@@ -983,12 +990,15 @@ int main(int argc, char **argv)
 	size_t shsize;
 	pid_t *pids = NULL;
 	double deadline, seconds = 0, ops_s = 0, bytes_s = 0, t0, el;
-	char err[256] = "";
+	char err[1024] = "";
 	int i, j, k, bad, started, ret = 1;
 
-	if (parse_args(argc, argv) < 0) {
-		usage(stderr);
-		return 2;
+	i = parse_args(argc, argv);
+	if (i < 0) {
+		/* -1: the cause is printed; one more line says where help is. */
+		if (i == -1)
+			fprintf(stderr, "Try '%s --help' for more information.\n", kvbb_progname);
+		return CLI_USAGE;
 	}
 	if (cfg.mode->prepare && cfg.mode->prepare(&cfg, err, sizeof(err)) < 0) {
 		fprintf(stderr, "%s: %s\n", kvbb_progname, err[0] ? err : "set-up failed");

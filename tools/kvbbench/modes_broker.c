@@ -40,22 +40,6 @@
 #include "fastcopy.h"
 #include "kvbbench.h"
 
-/* kvb_strerror() speaks of pages; a failed connect deserves words about sockets. */
-static const char *connect_error(int rc)
-{
-	switch (rc) {
-	case -ENOENT:
-		return "no broker socket there";
-	case -ECONNREFUSED:
-		return "socket exists but no broker listens";
-	case -EACCES:
-	case -EPERM:
-		return "permission denied by the broker";
-	default:
-		return kvb_strerror(rc);
-	}
-}
-
 /* Connects and, unless l is NULL, opens l's namespace (checking its page size). */
 static int connect_ns(const struct kvbb_cfg *cfg, const struct kvb_layout *l, const char *name,
 		      kvb_client **c, uint32_t *ns)
@@ -93,11 +77,18 @@ static int prep_probe(struct kvbb_cfg *cfg, char *err, size_t errlen)
 {
 	kvb_client *c = NULL;
 	uint32_t ns;
-	int rc = connect_ns(cfg, layout_of(cfg), "kvbbench-probe", &c, &ns);
+	int rc = connect_ns(cfg, NULL, "kvbbench-probe", &c, &ns);
 
+	/* A failed connect deserves words about sockets; a refused layout, about pages. */
+	if (rc < 0) {
+		kvb_connect_error(rc, cfg->socket, err, errlen);
+		return rc;
+	}
+	kvb_close(c);
+	c = NULL;
+	rc = connect_ns(cfg, layout_of(cfg), "kvbbench-probe", &c, &ns);
 	if (rc < 0)
-		snprintf(err, errlen, "cannot use the broker at %s: %s",
-			 cfg->socket ? cfg->socket : "the default socket", connect_error(rc));
+		snprintf(err, errlen, "the broker refuses this layout: %s", kvb_strerror(rc));
 	kvb_close(c);
 	return rc;
 }

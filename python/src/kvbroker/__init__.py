@@ -14,9 +14,12 @@
         ns.get_into(keys[0], buf)                  # False: not stored
 
 Every call that waits on the broker releases the GIL. Failures raise :class:`Error` (an
-OSError with the C API's errno and kvb_strerror's text); a page that is not stored is an
-answer (None / False), never an exception. Importing this package imports neither numpy nor
-torch.
+OSError with the C API's errno and kvb_strerror's text; a failed connect's names the socket,
+the cause and the fix: :class:`NoBroker` says where it looked and how to start a broker, a
+permission refused says which uid and group the broker admits and how to join); a page that
+is not stored is an answer (None / False), never an exception. The socket is ``socket=``,
+else $KVB_SOCKET, else /run/kvbroker/kvbroker.sock (:func:`socket_path`), as for kvbctl.
+Importing this package imports neither numpy nor torch.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from ._kvbroker import (
     key_chain_eagle,
     page_keys,
     page_keys_eagle,
+    socket_path,
     strerror,
 )
 from ._layout import DTYPES, MHA, MLA, Component, Layout, dtype_code
@@ -69,15 +73,18 @@ __all__ = [
     "BrokerGone", "Client", "ClientClosed", "Completion", "Component", "Error", "ForkedClient",
     "GpuBuffer", "HostBuffer", "Layout", "Lease", "Namespace", "NoBroker", "Op", "PoolFull",
     "Timeout", "View", "ViewPart", "connect", "dtype_code", "key_chain", "key_chain_eagle",
-    "key_from_hex", "key_hex", "page_keys", "page_keys_eagle", "page_keys_hex", "strerror",
-    "version",
+    "key_from_hex", "key_hex", "page_keys", "page_keys_eagle", "page_keys_hex", "socket_path",
+    "strerror", "version",
 ]
 
-__version__ = "0.5.0"
+# kvbroker's one version (include/kvbroker.h), from the library compiled into the extension.
+__version__: str = _kvbroker.version()
 
 
 def version() -> str:
-    """The version of the libkvbroker compiled into this package, "major.minor.patch"."""
+    """The version of the libkvbroker compiled into this package, "major.minor.patch": the
+    same as __version__, the package metadata's, and kvbrokerd --version's of the same build.
+    """
     return _kvbroker.version()
 
 
@@ -128,12 +135,13 @@ class Client(_kvbroker.Client):
     """A connection to the node's kvbrokerd (``kvb_connect``); see :func:`connect`.
 
     Client(socket=None, *, name=None, gpu_busid=None, numa_node=None, sq_entries=0,
-    control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then the
-    default path. gpu_busid (as cudaDeviceGetPCIBusId writes it) or numa_node place this
-    client's new pages in the nearest NUMA arena. A context manager; close() is idempotent
-    and waits for calls other threads have in flight. Threads may share a client (calls are
-    serialized in the C library; open one client per thread for parallel I/O). After fork()
-    the child must connect again: the parent's client raises ForkedClient there.
+    control=False, reconnect=True, reconnect_ms=0). socket None means $KVB_SOCKET, then
+    /run/kvbroker/kvbroker.sock (:func:`socket_path`). gpu_busid (as cudaDeviceGetPCIBusId
+    writes it) or numa_node place this client's new pages in the nearest NUMA arena. A context
+    manager; close() is idempotent and waits for calls other threads have in flight. Threads may
+    share a client (calls are serialized in the C library; open one client per thread for
+    parallel I/O). After fork() the child must connect again: the parent's client raises
+    ForkedClient there.
 
     Broker restarts (a crash, a hand-over): the call in progress raises BrokerGone; a later
     call reconnects by itself (backoff 1 ms to 200 ms) and re-opens the namespaces, buffers

@@ -329,11 +329,11 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             self._client = kvb.connect(self.socket, name=self.client_name)
         except kvb.Error as e:
             if self.required:
-                raise RuntimeError(f"kvbroker: no broker at {self._where()}: {e.strerror}; "
-                                   "extra config required=true, so SGLang stops") from e
-            logger.warning("kvbroker: no broker at %s (%s): SGLang runs without the L3 "
-                           "tier; retrying every %.0f s", self._where(), e.strerror,
-                           self.retry_interval)
+                raise RuntimeError(f"kvbroker: {e.strerror}; extra config required=true, "
+                                   "so SGLang stops") from e
+            # strerror names the socket and the fix: "no broker at PATH (...): start one...".
+            logger.warning("kvbroker: %s: SGLang runs without the L3 tier; retrying every "
+                           "%.0f s", e.strerror, self.retry_interval)
             self._down_logged = True
             self._retry_at = time.monotonic() + self.retry_interval
 
@@ -344,7 +344,10 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         return self.geometry
 
     def _where(self) -> str:
-        return self.socket or os.environ.get("KVB_SOCKET") or "the default socket"
+        try:
+            return kvb.socket_path(self.socket)  # the library's rule, as connect() uses it
+        except kvb.Error:  # longer than a socket path may be: connect() said so already
+            return self.socket or os.environ.get("KVB_SOCKET", "")
 
     # ---- set-up ----
 
