@@ -9,7 +9,7 @@
  * text (common/metrics.c, the generator the broker's HTTP endpoint uses too), `top` as a live
  * view (kvbctl_top.c). `plan` (kvbctl_plan.c) needs no broker: it is the capacity planner.
  *
- * The --json output is for scripts, so it promises a shape: every field that issue 2 names
+ * The --json output is for scripts, so it promises a shape: every field that scripts read
  * (pool.bytes_total/bytes_used/pages, clients, leases, namespaces[].id/model/kind/page_bytes/
  * pages, counters.puts/gets/hits/misses/dedup/evictions/errors) is present. A field the broker
  * did not send is added as 0 (or "" / []) with a warning on stderr, so a script never breaks on
@@ -187,7 +187,7 @@ static void need(cJSON *o, const char *where, const char *name, int type)
 	}
 }
 
-/* Makes sure root has at least the shape issue 2 promises to scripts. */
+/* Makes sure root has at least the shape promised to scripts (the file's header). */
 static void ensure_shape(cJSON *root)
 {
 	static const char *const pool_f[] = {"bytes_total", "bytes_used", "pages"};
