@@ -632,9 +632,17 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	}
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
-	if (s->pidfd >= 0)
-		close(s->pidfd); /* ours alone: closing it leaves the epoll set */
-	close(s->sock);		 /* also leaves the epoll set */
+	if (s->pidfd >= 0) {
+		/*
+		 * The keeper holds a dup of it in the session's record (orphan.c) until it hears
+		 * that the record is dropped, so closing ours would not take it out of the epoll
+		 * set: the client's exit would then name a freed session, or a new one calloc gave
+		 * the same memory, which was ended before its HELLO (t_pidfd_stale).
+		 */
+		loop_del(&b->loop, s->pidfd);
+		close(s->pidfd);
+	}
+	close(s->sock); /* also leaves the epoll set */
 	list_del(&s->link);
 	if (!s->hello_done)
 		b->npending--;
