@@ -42,6 +42,10 @@ struct loop_hooks {
 	void *arg;
 };
 
+/* [stretch] The thresholds of loop->stretches, in milliseconds: 1, 4, 16 and 64. */
+#define LOOP_NSTRETCH 4
+extern const unsigned loop_stretch_ms[LOOP_NSTRETCH];
+
 struct loop {
 	int epfd;
 	int stop;	   /* set by anyone: loop_run returns after the current round */
@@ -49,6 +53,12 @@ struct loop {
 	double hold_until; /* ... and until then, whatever the window (loop_hold) */
 	uint64_t sleeps;   /* times it went to sleep (STATS loop_sleeps) */
 	uint32_t revents;  /* the epoll events of the fd whose callback runs now */
+	/*
+	 * [stretch] CPU time of this thread from one look at epoll to the next (loop.c): where
+	 * the last one ended, the longest, and how many passed each of loop_stretch_ms.
+	 */
+	double stretch_at, stretch_max;
+	uint64_t stretches[LOOP_NSTRETCH];
 	struct loop_hooks h;
 };
 
