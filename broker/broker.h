@@ -236,6 +236,9 @@ struct broker {
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct op *op_cache;	  /* [op-cache] freed ops kept for the next SQEs (ops.c) */
 	uint32_t op_ncached;
+	struct seg_map seg_cache[OPS_SEG_CACHE]; /* [seg-list] idle segment lists (ops.c) */
+	uint32_t seg_ncached;
+	double seg_used; /* when one was last taken or given back */
 	struct xfer_stats xs;
 	struct tier *tier;     /* NULL without --disk */
 	struct remote *remote; /* NULL without --remote */

@@ -79,7 +79,8 @@ static void broker_tick(void *arg, int slept)
 		b->expired_at = now;
 	}
 	session_reap(b);
-	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
+	ops_tick(b, now); /* [seg-list] idle segment lists go */
+	remote_tick(b);	  /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->orphan_st.live)
