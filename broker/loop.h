@@ -35,8 +35,9 @@ struct loop_hooks {
 	void (*wake)(void *arg);
 	/* An idle polling round: 1 to yield the CPU (a client spins on ours, a worker copies
 	 * for us: rounds.c), 2 to sleep at once (a client works on ours for what we wait for:
-	 * it wakes us when that is done); may be NULL. */
-	int (*share_cpu)(void *arg);
+	 * it wakes us when that is done); may be NULL. After a busy round (busy 1): 1 to yield
+	 * (the round completed ops of a client spinning on our CPU: loop.c [busy-share]). */
+	int (*share_cpu)(void *arg, int busy);
 	/* After each epoll batch; slept: the batch followed a sleep. */
 	void (*tick)(void *arg, int slept);
 	void *arg;

@@ -57,10 +57,13 @@ static void broker_wake(void *arg)
 	session_wake_all(arg);
 }
 
-static int broker_share_cpu(void *arg)
+static int broker_share_cpu(void *arg, int busy)
 {
 	struct broker *b = arg;
 
+	/* [busy-share] A client spinning on our CPU has completions to take. */
+	if (busy)
+		return session_cq_spun(b);
 	/* A worker copies a page for us: let it have the CPU (xfer.c [copy-yield]). */
 	if (b->copy_yield && b->copy_yield_on)
 		return 1;
