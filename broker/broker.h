@@ -236,6 +236,9 @@ struct broker {
 	uint64_t ops_parked;	  /* ops on any wait list now: a waitq, runq, a yield queue */
 	struct op *op_cache;	  /* [op-cache] freed ops kept for the next SQEs (ops.c) */
 	uint32_t op_ncached;
+	struct seg_map seg_cache[OPS_SEG_CACHE]; /* [seg-list] idle segment lists (ops.c) */
+	uint32_t seg_ncached;
+	double seg_used; /* when one was last taken or given back */
 	struct xfer_stats xs;
 	struct tier *tier;     /* NULL without --disk */
 	struct remote *remote; /* NULL without --remote */
@@ -265,6 +268,7 @@ struct broker {
 	int sigfd;
 	double expired_at; /* the last handshake and idle expiry (rounds.c) */
 	uint32_t loop_cpu; /* the CPU + 1 the loop last ran a round on (session_note_cpu) */
+	uint8_t cq_spun;   /* [busy-share] this round posted to a client spinning on loop_cpu */
 	/*
 	 * Page copies queued on host workers (not views' many-segment jobs), and whether the
 	 * loop yields its idle rounds while there are any (xfer.c [copy-yield]).
@@ -374,10 +378,13 @@ int session_prepare_sleep(struct broker *b);
  * Spinning hints (wire.h): session_note_cpu() writes the CPU the loop runs on into every
  * session's region when it changed (each round: a load of the rseq CPU id while it did not);
  * session_cpu_shared() is 1 when a client spins, or sleeps waiting for us, on that same CPU
- * (the loop then yields its idle rounds). Loop thread only.
+ * (the loop then yields its idle rounds). session_cq_spun() is 1 (once) when the round posted
+ * completions to a client spinning on that CPU (the loop then yields after the busy round,
+ * loop.c [busy-share]). Loop thread only.
  */
 void session_note_cpu(struct broker *b);
 int session_cpu_shared(struct broker *b);
+int session_cq_spun(struct broker *b);
 void session_wake_all(struct broker *b);
 void session_destroy(struct broker *b, struct session *s, const char *why);
 /* Before session_destroy of a client we end on purpose: tells its library to unmap the pool

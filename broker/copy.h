@@ -94,6 +94,12 @@ struct copy_job {
 	uint32_t crc_fused;
 	uint32_t crc_x;
 	/*
+	 * What copy_job_tiles() would find, where the producer knows it without the pass over
+	 * every segment (a view PUT's, ops.c [seg-list]): the bytes its segments fill the slot
+	 * with, in order, from crc_at. 0: unknown, copy_job_tiles() looks.
+	 */
+	uint64_t tiled;
+	/*
 	 * [cqe-first] An inline job may leave its streaming stores unfenced (crc_copy_unfenced):
 	 * the loop fences them before the page is published (xfer.c). Other runs ignore it.
 	 */
@@ -147,6 +153,8 @@ static inline uint64_t copy_job_tiles(const struct copy_job *j)
 
 	if (!j->crc_len || j->fds)
 		return 0;
+	if (j->tiled)
+		return j->tiled <= j->crc_len ? j->tiled : 0;
 	for (uint32_t i = 0; i < j->nsegs; i++) {
 		if ((const uint8_t *)j->segs[i].dst != (const uint8_t *)j->crc_at + covered)
 			return 0;

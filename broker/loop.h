@@ -35,12 +35,17 @@ struct loop_hooks {
 	void (*wake)(void *arg);
 	/* An idle polling round: 1 to yield the CPU (a client spins on ours, a worker copies
 	 * for us: rounds.c), 2 to sleep at once (a client works on ours for what we wait for:
-	 * it wakes us when that is done); may be NULL. */
-	int (*share_cpu)(void *arg);
+	 * it wakes us when that is done); may be NULL. After a busy round (busy 1): 1 to yield
+	 * (the round completed ops of a client spinning on our CPU: loop.c [busy-share]). */
+	int (*share_cpu)(void *arg, int busy);
 	/* After each epoll batch; slept: the batch followed a sleep. */
 	void (*tick)(void *arg, int slept);
 	void *arg;
 };
+
+/* [stretch] The thresholds of loop->stretches, in milliseconds: 1, 4, 16 and 64. */
+#define LOOP_NSTRETCH 4
+extern const unsigned loop_stretch_ms[LOOP_NSTRETCH];
 
 struct loop {
 	int epfd;
@@ -49,6 +54,12 @@ struct loop {
 	double hold_until; /* ... and until then, whatever the window (loop_hold) */
 	uint64_t sleeps;   /* times it went to sleep (STATS loop_sleeps) */
 	uint32_t revents;  /* the epoll events of the fd whose callback runs now */
+	/*
+	 * [stretch] CPU time of this thread from one look at epoll to the next (loop.c): where
+	 * the last one ended, the longest, and how many passed each of loop_stretch_ms.
+	 */
+	double stretch_at, stretch_max;
+	uint64_t stretches[LOOP_NSTRETCH];
 	struct loop_hooks h;
 };
 

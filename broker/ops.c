@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "orphan.h"
 #include "broker.h"
@@ -47,6 +48,8 @@
 
 /* The most segments one view op may build: 1,024 layers x 1,024 strided tokens (24 MiB). */
 #define OPS_MAX_SEGS (1u << 20)
+/* Segment lists up to this many entries (48 KiB) live on the heap ([seg-list]). */
+#define OPS_SEGS_HEAP 2048u
 
 /* [ns-free] A namespace no session has open lost its last page: it goes. */
 static void ops_ns_empty(void *arg, uint32_t id)
@@ -182,6 +185,132 @@ static int layers_ok(const struct ns *n, uint32_t lfirst, uint32_t lcount)
 }
 
 /*
+ * [seg-list] A view op's segment list grows as its steps build it: one segment per (part,
+ * token), fewer where they merge (a layer-first view's page needs one per part). Up to
+ * OPS_SEGS_HEAP entries it lives on the heap and doubles. A longer one (a view whose slots
+ * never merge: up to OPS_MAX_SEGS entries, 24 MiB) takes, once, a mapping of at least every
+ * pair the op has (total): an idle one kept from an earlier op (up to OPS_SEG_CACHE of them,
+ * smallest fit first), else a new one, faulted in a step at a time. When the op ends its list
+ * goes back among the idle ones, or (no room, or idle for OPS_SEG_IDLE) to the background
+ * thread to unmap (bg.c). Doubled on the heap, a step that grew the list copied up to 12 MiB
+ * (glibc's realloc, once its mmap threshold had risen past that size) and the op's end freed
+ * it: one session's turn of a view-segment flood held the loop for 7-70 ms of CPU instead of
+ * its budget (t_flood_tail). Mapped and unmapped for every op, each list's 6,000 pages were
+ * faulted in and zeroed again, and the loop's mmap() queued behind the background thread's
+ * munmap() for the process's mmap lock, which a niced thread on a busy machine held for
+ * milliseconds: the honest client's GETs beside the flood went from a p50 of 3-20 us to 2 ms.
+ */
+#define OPS_SEG_IDLE 1.0 /* seconds */
+
+static size_t segs_map_len(uint32_t cap)
+{
+	return ((size_t)cap * sizeof(struct copy_seg) + 4095) & ~(size_t)4095;
+}
+
+/* A mapping of at least total entries into *m: an idle one, or a new one. 0 or -ENOMEM. */
+static int segs_take(struct broker *b, uint32_t total, struct seg_map *m)
+{
+	uint32_t best = b->seg_ncached;
+	void *at;
+
+	for (uint32_t i = 0; i < b->seg_ncached; i++)
+		if (b->seg_cache[i].cap >= total &&
+		    (best == b->seg_ncached || b->seg_cache[i].cap < b->seg_cache[best].cap))
+			best = i;
+	b->seg_used = clock_now();
+	if (best < b->seg_ncached) {
+		*m = b->seg_cache[best];
+		b->seg_cache[best] = b->seg_cache[--b->seg_ncached];
+		return 0;
+	}
+	at = mmap(NULL, segs_map_len(total), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		  -1, 0);
+	if (at == MAP_FAILED)
+		return -ENOMEM;
+	*m = (struct seg_map){at, total};
+	return 0;
+}
+
+/* A mapping no op uses any more: kept idle in place of a smaller one, or unmapped. */
+static void segs_give(struct broker *b, struct seg_map m)
+{
+	uint32_t small = 0;
+
+	b->seg_used = clock_now();
+	if (b->seg_ncached < OPS_SEG_CACHE) {
+		b->seg_cache[b->seg_ncached++] = m;
+		return;
+	}
+	for (uint32_t i = 1; i < b->seg_ncached; i++)
+		if (b->seg_cache[i].cap < b->seg_cache[small].cap)
+			small = i;
+	if (b->seg_cache[small].cap < m.cap) {
+		struct seg_map t = b->seg_cache[small];
+
+		b->seg_cache[small] = m;
+		m = t;
+	}
+	bg_unmap(b->bg, m.at, segs_map_len(m.cap));
+}
+
+void ops_tick(struct broker *b, double now)
+{
+	if (!b->seg_ncached || now - b->seg_used < OPS_SEG_IDLE)
+		return;
+	while (b->seg_ncached) {
+		struct seg_map m = b->seg_cache[--b->seg_ncached];
+
+		bg_unmap(b->bg, m.at, segs_map_len(m.cap));
+	}
+}
+
+/* Room for need entries in op's list of at most total. 0 or -ENOMEM. */
+static int segs_room(struct op *op, uint32_t need, uint32_t total)
+{
+	struct copy_seg *ns;
+	uint32_t cap;
+
+	if (need <= op->segs_cap)
+		return 0;
+	if (need <= OPS_SEGS_HEAP) {
+		for (cap = op->segs_cap ? op->segs_cap : 64; cap < need; cap *= 2)
+			;
+		if (cap > total)
+			cap = total;
+		ns = realloc(op->segs, (size_t)cap * sizeof(*ns));
+		if (!ns)
+			return -ENOMEM;
+	} else {
+		struct seg_map m;
+
+		/* Once: total bounds every segment this op can build. */
+		if (segs_take(op->b, total, &m))
+			return -ENOMEM;
+		ns = m.at;
+		if (op->nsegs)
+			memcpy(ns, op->segs, (size_t)op->nsegs * sizeof(*ns));
+		free(op->segs);
+		op->segs_mapped = 1;
+		cap = m.cap;
+	}
+	op->segs = ns;
+	op->segs_cap = cap;
+	return 0;
+}
+
+/* [seg-list] Drops op's segment list. */
+static void segs_free(struct broker *b, struct op *op)
+{
+	if (op->segs_mapped)
+		segs_give(b, (struct seg_map){op->segs, op->segs_cap});
+	else
+		free(op->segs);
+	op->segs = NULL;
+	op->segs_mapped = 0;
+	op->segs_cap = op->nsegs = 0;
+}
+
+/*
  * Builds the next step of the segments between a page and a view slot: one per (part, token),
  * merged whenever both sides are contiguous, OPS_STEP_WORK (part, token) pairs at most, from
  * op->cursor on. to_page selects the direction; parts whose layer is outside the SQE's layer
@@ -212,20 +341,9 @@ static int view_build(struct op *op, uint8_t *page, int to_page)
 		cl = view_part(op->s, vp, op->sqe.off, tpp, bpt, &dev, &err);
 		if (!cl)
 			return err;
-		if (op->nsegs + (stop - t) > op->segs_cap) {
-			uint32_t cap = op->segs_cap ? op->segs_cap : 64;
-			struct copy_seg *ns;
-
-			while (cap < op->nsegs + (stop - t))
-				cap *= 2;
-			if (cap > total)
-				cap = total;
-			ns = realloc(op->segs, (size_t)cap * sizeof(*ns));
-			if (!ns)
-				return -ENOMEM;
-			op->segs = ns;
-			op->segs_cap = cap;
-		}
+		err = segs_room(op, op->nsegs + (stop - t), total);
+		if (err)
+			return err;
 		/*
 		 * view_part checked the whole run. Within a page, slots are stride apart; at a page
 		 * boundary the next slot is page_stride past the page's slot 0 (run). A step that
@@ -240,6 +358,8 @@ static int view_build(struct op *op, uint8_t *page, int to_page)
 		}
 		r = (uint32_t)((op->sqe.off + t) % tpp);
 		run = cl - (uint64_t)r * vp->stride;
+		/* [seg-list] Summed here: xfer_start needs no pass over them. */
+		op->seg_bytes += (uint64_t)(stop - t) * bpt;
 		for (; t < stop; t++, i++) {
 			uint8_t *pg = page + n->part_off[p] + (uint64_t)t * bpt;
 
@@ -450,6 +570,11 @@ void ops_fini(struct broker *b)
 {
 	while (b->op_cache)
 		free(op_alloc(b));
+	while (b->seg_ncached) {
+		struct seg_map m = b->seg_cache[--b->seg_ncached];
+
+		munmap(m.at, segs_map_len(m.cap));
+	}
 }
 
 /* Counts op, drops what it holds and frees it; the CQE is the caller's to post. */
@@ -459,7 +584,7 @@ static void op_end(struct broker *b, struct op *op)
 	remote_op_end(op);
 	if (op->v)
 		sview_put(op->v);
-	free(op->segs);
+	segs_free(b, op);
 	free(op->fds);
 	list_del(&op->slink);
 	op->s->nops--;

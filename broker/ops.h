@@ -72,27 +72,40 @@ struct op {
 	uint64_t bytes_in, bytes_out; /* page bytes moved, counted at completion */
 	uint64_t work;		      /* work units of its last step (fair rounds) */
 	struct copy_seg seg1;	      /* a plain op's one segment */
-	struct copy_seg *segs;	      /* view ops: heap, nsegs built so far */
+	struct copy_seg *segs;	      /* view ops: nsegs built so far ([seg-list], ops.c) */
 	uint32_t nsegs, segs_cap;
+	uint8_t segs_mapped;	/* segs is a mapping of its own, not the heap's */
+	uint64_t seg_bytes;	/* the bytes of segs, summed as they are built */
 	struct copy_fdseg *fds; /* KVB_BUF_FDCOPY: the file side of each segment (xfer.c) */
 	struct copy_job job;	/* its copy, while an engine runs it */
 };
 
 /*
  * Work units (fair rounds): an op costs 1, plus one per key looked up and per segment built,
- * plus one per OPS_WORK_BYTES bytes copied inline; a unit is ~50 ns of loop time on these
- * machines. A session gets OPS_ROUND_WORK per loop round (about a millisecond); long ops
- * (a LOOKUP of many keys, a view op of many segments) run in steps of about OPS_STEP_WORK and
- * yield between them, so that no client holds the loop for more than that.
+ * plus one per segment and per OPS_WORK_BYTES bytes copied inline; a unit is ~50 ns of loop
+ * time on these machines. A session gets OPS_ROUND_WORK per loop round (about 200 us); long
+ * ops (a LOOKUP of many keys, a view op of many segments) run in steps of about OPS_STEP_WORK
+ * and yield between them, so that no client holds the loop for more than that. Whatever else
+ * a step does on the loop must stay within its units too: a segment list is never copied or
+ * freed whole there (ops.c [seg-list]); STATS loop_stretch_* shows the loop's longest runs.
  */
 #define OPS_WORK_BYTES 256u
 #define OPS_ROUND_WORK 4096u
 #define OPS_STEP_WORK 2048u
 
+/* [seg-list] A segment list mapped for view ops of many segments, idle (ops.c). */
+struct seg_map {
+	struct copy_seg *at;
+	uint32_t cap; /* entries */
+};
+#define OPS_SEG_CACHE 4
+
 /* The loop: initialises the run queue. */
 void ops_init(struct broker *b);
-/* At exit: frees the ops kept for reuse ([op-cache], ops.c). */
+/* At exit: frees the ops and segment lists kept for reuse ([op-cache], [seg-list], ops.c). */
 void ops_fini(struct broker *b);
+/* After each epoll batch: segment lists idle for a second go back to the system. */
+void ops_tick(struct broker *b, double now);
 /* [ns-free] A session that had namespace id open is gone (its last op completed). */
 void ops_ns_close(struct broker *b, uint32_t id);
 

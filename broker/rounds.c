@@ -57,10 +57,13 @@ static void broker_wake(void *arg)
 	session_wake_all(arg);
 }
 
-static int broker_share_cpu(void *arg)
+static int broker_share_cpu(void *arg, int busy)
 {
 	struct broker *b = arg;
 
+	/* [busy-share] A client spinning on our CPU has completions to take. */
+	if (busy)
+		return session_cq_spun(b);
 	/* A worker copies a page for us: let it have the CPU (xfer.c [copy-yield]). */
 	if (b->copy_yield && b->copy_yield_on)
 		return 1;
@@ -79,7 +82,8 @@ static void broker_tick(void *arg, int slept)
 		b->expired_at = now;
 	}
 	session_reap(b);
-	remote_tick(b); /* deadlines: a fetch past its own misses, it never holds the loop */
+	ops_tick(b, now); /* [seg-list] idle segment lists go */
+	remote_tick(b);	  /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->orphan_st.live)

@@ -432,6 +432,14 @@ void session_note_cpu(struct broker *b)
 	}
 }
 
+int session_cq_spun(struct broker *b)
+{
+	int r = b->cq_spun;
+
+	b->cq_spun = 0;
+	return r;
+}
+
 int session_cpu_shared(struct broker *b)
 {
 	struct list *pos;
@@ -633,8 +641,12 @@ void session_destroy(struct broker *b, struct session *s, const char *why)
 	if (s->cq_efd >= 0)
 		close(s->cq_efd);
 	if (s->pidfd >= 0) {
-		/* The keeper holds a dup ([records], orphan.c): closing ours alone would leave
-		 * it in the epoll set, naming a freed session. */
+		/*
+		 * The keeper holds a dup of it in the session's record (orphan.c) until it hears
+		 * that the record is dropped, so closing ours would not take it out of the epoll
+		 * set: the client's exit would then name a freed session, or a new one calloc gave
+		 * the same memory, which was ended before its HELLO (t_pidfd_stale).
+		 */
 		loop_del(&b->loop, s->pidfd);
 		close(s->pidfd);
 	}
@@ -700,6 +712,9 @@ static void cq_doorbell(struct session *s)
 {
 	uint64_t one = 1;
 
+	/* [busy-share] It spins for these on the loop's CPU: the round ends with a yield. */
+	if (s->spin_cpu && kvb_load_relaxed(s->spin_cpu) == s->b->loop_cpu)
+		s->b->cq_spun = 1;
 	if (kvb_ring_needs_wakeup(&s->cq, KVB_CQ_NEED_WAKEUP) &&
 	    write(s->cq_efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 		log_warn("client %u: cq doorbell: %s", s->id, strerror(errno));

@@ -13,6 +13,7 @@
  * as does --metrics-listen, which only the operator can enable.
  */
 #include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -344,6 +345,19 @@ static cJSON *counters_json(const struct broker *b)
 	return o;
 }
 
+/* [stretch] How many of the loop's stretches (loop.c) passed each threshold, by its ms. */
+static cJSON *stretches_json(const struct loop *l)
+{
+	cJSON *o = cJSON_CreateObject();
+	char name[16];
+
+	for (unsigned i = 0; i < LOOP_NSTRETCH; i++) {
+		snprintf(name, sizeof(name), "%u", loop_stretch_ms[i]);
+		num(o, name, (double)l->stretches[i]);
+	}
+	return o;
+}
+
 /* The request engine now: ops waiting, ops in flight, dead sessions still draining. */
 static cJSON *ops_json(const struct broker *b)
 {
@@ -471,6 +485,8 @@ static char *render(const struct broker *b, const struct stats_view *v)
 	num(root, "handshakes", b->npending);
 	num(root, "bg_jobs", (double)bg_pending(b->bg));
 	num(root, "loop_sleeps", (double)b->loop.sleeps);
+	num(root, "loop_stretch_max_us", (double)(uint64_t)(b->loop.stretch_max * 1e6));
+	cJSON_AddItemToObject(root, "loop_stretches_over_ms", stretches_json(&b->loop));
 	num(root, "leases", (double)b->leases);
 	cJSON_AddItemToObject(root, "namespaces", ns_json(b, v));
 	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */

@@ -122,9 +122,16 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 				    .dev = op->dev,
 				    .dir = dir,
 				    .nsegs = op->segs ? op->nsegs : 1,
-				    .segs = op->segs ? op->segs : &op->seg1};
-	for (uint32_t i = 0; i < op->job.nsegs; i++)
-		op->job.bytes += op->job.segs[i].len;
+				    .segs = op->segs ? op->segs : &op->seg1,
+				    .bytes = op->segs ? op->seg_bytes : op->seg1.len};
+	/*
+	 * [seg-list] A view op's bytes were summed as its steps built the segments, and a view
+	 * PUT's segments fill its page in order by construction (parts lie in the page in order,
+	 * ns.c): a pass over a million segments here, and another in copy_job_tiles(), held the
+	 * loop for 1-2 ms after the op's last step.
+	 */
+	if (op->segs && dir == COPY_TO_POOL)
+		op->job.tiled = op->n->page_bytes;
 	/*
 	 * [batch-queue] More ops of this client's batch wait behind it: its big copies go to the
 	 * workers (split, side by side) while the loop takes the next SQEs (copy.h).
@@ -175,7 +182,7 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		b->xs.inline_jobs++;
 		src_crc(b, op);
 		/* Fair rounds: a copy on the loop thread is work of this turn (ops.h). */
-		op->work += op->job.bytes / OPS_WORK_BYTES;
+		op->work += op->job.bytes / OPS_WORK_BYTES + op->job.nsegs;
 		if (op->job.unfenced && !op->job.res) {
 			commit_later(b, op);
 			return OPS_DONE;

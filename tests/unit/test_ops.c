@@ -10,7 +10,8 @@
  *   - page state changes wake their waiters: commit, abort, free; never from inside the store
  *     (woken ops wait on the run queue for ops_poll);
  *   - a LOOKUP of more keys than a step yields and resumes on its session's turns;
- *   - a view GET of many segments is built in steps, the page pinned meanwhile;
+ *   - a view GET of many segments is built in steps, the page pinned meanwhile; its mapped
+ *     segment list is kept for the next such op, and unmapped after a second idle;
  *   - a session that dies with ops parked or yielded gets them cancelled at once, pages
  *     unpinned; one with a copy in flight keeps it until the engine finishes;
  *   - an ACQUIRE/RELEASE pair flagged KVB_SQEF_GET counts as one GET.
@@ -501,15 +502,27 @@ static void test_ops_long_view_yields_and_cancels(void **state)
 	assert_int_equal(pg->pins, 0);
 	assert_int_equal(f->b.ctr.gets, 1);
 	assert_int_equal(f->b.ctr.hits, 1);
+	/* [seg-list] Its list of tpp segments (past the heap's) is kept for the next op. */
+	assert_int_equal(f->b.seg_ncached, 1);
+	assert_true(f->b.seg_cache[0].cap >= tpp);
 
 	/* Dying between steps: cancelled, the page unpinned. */
 	assert_int_equal(submit(f, &q, &c), 1);
 	assert_int_equal(pg->pins, 1);
+	assert_int_equal(f->b.seg_ncached, 1); /* a first step's segments fit the heap's */
+	ops_run_yielded(&f->b, f->s, 1);
+	assert_int_equal(f->b.seg_ncached, 0); /* its second step took the kept list */
 	f->s->dead = 1;
 	ops_session_dead(&f->b, f->s);
 	assert_int_equal(ndone, 2);
 	assert_int_equal(done[1].res, -ECANCELED);
 	assert_int_equal(pg->pins, 0);
+	assert_int_equal(f->b.seg_ncached, 1);
+	/* Kept while it may serve the next op; unmapped once idle for a second. */
+	ops_tick(&f->b, f->b.seg_used + 0.5);
+	assert_int_equal(f->b.seg_ncached, 1);
+	ops_tick(&f->b, f->b.seg_used + 1.5);
+	assert_int_equal(f->b.seg_ncached, 0);
 }
 
 static void test_ops_kvb_get_pair_is_one_get(void **state)
