@@ -241,8 +241,12 @@ static int make_cgroup(char *cg, size_t len, char *path, size_t plen)
 			    "/sys/fs/cgroup/memory): the real cgroup part is skipped");
 		return -1;
 	}
-	snprintf(cg, len, "/sys/fs/cgroup/memory%s/kvbt-poolcap-%d", self, (int)getpid());
-	snprintf(path, plen, "%s/kvbt-poolcap-%d", self, (int)getpid());
+	if (snprintf(cg, len, "/sys/fs/cgroup/memory%s/kvbt-poolcap-%d", self, (int)getpid()) >=
+		    (int)len ||
+	    snprintf(path, plen, "%s/kvbt-poolcap-%d", self, (int)getpid()) >= (int)plen) {
+		harness_log("cgroup path too long: the real cgroup part is skipped");
+		return -1;
+	}
 	if (mkdir(cg, 0755) < 0) {
 		harness_log("mkdir %s: %s: the real cgroup part is skipped", cg, strerror(errno));
 		return -1;
