@@ -215,8 +215,8 @@ static void remove_dirs(void)
 	char lock[160];
 
 	for (int i = 0; i < 2; i++) {
-		snprintf(lock, sizeof(lock), "%s.lock", sockp[i]);
-		unlink(lock);
+		if (snprintf(lock, sizeof(lock), "%s.lock", sockp[i]) < (int)sizeof(lock))
+			unlink(lock);
 		unlink(sockp[i]);
 		rmdir(rundir[i]);
 	}
@@ -253,8 +253,10 @@ static void permission(void)
 	atexit(remove_dirs);
 	CHECK_OK(chmod(dir, 0711));
 	for (int i = 0; i < 2; i++) {
-		snprintf(rundir[i], sizeof(rundir[i]), "%s/run%d", dir, i);
-		snprintf(sockp[i], sizeof(sockp[i]), "%s/sock", rundir[i]);
+		CHECK(snprintf(rundir[i], sizeof(rundir[i]), "%s/run%d", dir, i) <
+		      (int)sizeof(rundir[i]));
+		CHECK(snprintf(sockp[i], sizeof(sockp[i]), "%s/sock", rundir[i]) <
+		      (int)sizeof(sockp[i]));
 	}
 	b = harness_broker_start("--pool", "64M", "--group", "users", "--socket", sockp[0]);
 	rc = harness_wait_exit(
