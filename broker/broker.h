@@ -200,6 +200,8 @@ struct session {
 	struct sview *views[SESSION_MAX_VIEWS];
 	uint64_t *leases; /* lease ids held, with multiplicity */
 	uint64_t *ledger; /* [records] their mirror the keeper holds (orphan.c), NULL none */
+	int rec_fd[2];	  /* [records] its region and ledger, for a keeper that replaces one */
+	int rec_kept;	  /* [records] the current keeper (or fd store) has its record */
 	double *lease_at; /* when each was taken (--lease-lifetime) */
 	uint32_t nleases, cap_leases;
 	uint64_t lease_bytes; /* page bytes of the leases held (--max-lease-bytes) */
@@ -247,9 +249,10 @@ struct broker {
 	struct list graveyard;
 	struct list orphans; /* [orphans] clients of the previous broker still leasing (orphan.c) */
 	struct {
-		uint32_t live;	 /* orphans left */
-		uint64_t pins;	 /* pages they hold */
-		uint64_t unkept; /* sessions whose leases could not be kept for a successor */
+		uint32_t live;	  /* orphans left */
+		uint64_t pins;	  /* pages they hold */
+		uint64_t unkept;  /* sessions whose leases could not be kept for a successor */
+		uint32_t pending; /* records not with the current keeper yet (watch.c resends) */
 	} orphan_st;
 	uint32_t run_id;    /* random, per run: tags our sessions' records (orphan.c) */
 	uint32_t nsessions; /* ring clients (control connections not counted) */

@@ -747,14 +747,15 @@ static void on_signal(void *arg)
 }
 
 /*
- * A ring client costs 4 fds (socket, pidfd, two doorbells), any connection 2: with the usual
- * soft limit of 1024, some 250 clients would attach whatever --max-clients says, and the rest
- * would be refused. Raise the soft limit to what --max-clients needs, up to the hard limit, and
- * say so when even that is short (t_rel_overload: fd_limit).
+ * A ring client costs 6 fds (socket, pidfd, two doorbells, its record's region and ledger), any
+ * connection 2: with the usual soft limit of 1024, some 170 clients would attach whatever
+ * --max-clients says, and the rest would be refused. Raise the soft limit to what --max-clients
+ * needs, up to the hard limit, and say so when even that is short (t_rel_overload: fd_limit).
  */
 static void raise_nofile(uint32_t max_clients, uint32_t max_control)
 {
-	rlim_t want = ((rlim_t)max_clients + max_control + CONN_SPARE) * 4 + 64;
+	/* [records] ... and 2 more for its record (orphan.c) */
+	rlim_t want = ((rlim_t)max_clients + max_control + CONN_SPARE) * 6 + 64;
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)

@@ -39,6 +39,7 @@
  * Loop thread, and the start-up thread before the loop runs.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,8 @@ struct orphan {
 	void *region;
 	uint64_t region_size;
 	const kvb_atomic_u32 *retired;
+	int fds[2]; /* its region and ledger, for a keeper that replaces one */
+	int kept;   /* the current keeper (or fd store) has its record */
 	struct page **pins;
 	uint32_t npins, cap;
 };
@@ -132,38 +135,57 @@ static uint64_t ledger_bytes(const struct broker *b)
 	return (uint64_t)(1 + b->cfg.max_leases) * sizeof(uint64_t);
 }
 
+/* [records] Whether a keeper (or the fd store) takes records now. */
+static int rec_holder(const struct broker *b)
+{
+	return b->fdstore || (b->keeper && b->kl.fd >= 0);
+}
+
+/* [records] Sends s's record to the current holder; counts it pending when it cannot. */
+static void session_send(struct broker *b, struct session *s)
+{
+	int fds[KEEPER_REC_FDS] = {s->rec_fd[0], s->rec_fd[1], s->pidfd};
+	uint32_t n = s->pidfd >= 0 ? 3 : 2;
+	int was = s->rec_kept;
+
+	s->rec_kept = rec_holder(b) && !rec_add(b, session_tag(b, s), s->part, fds, n);
+	if (was != s->rec_kept) {
+		if (s->rec_kept)
+			b->orphan_st.pending--;
+		else
+			b->orphan_st.pending++;
+	}
+}
+
 void orphan_session_keep(struct broker *b, struct session *s, int region_fd)
 {
-	int fds[KEEPER_REC_FDS], n = 0, lfd, err;
+	int lfd;
 	uint64_t *l;
 
-	if ((b->kl.fd < 0 || !b->keeper) && !b->fdstore)
-		return;
+	s->rec_fd[0] = s->rec_fd[1] = -1;
+	if (!b->cfg.keep)
+		return; /* nobody adopts this pool: its leases die with it */
 	lfd = memfd_create("kvbroker-ledger", MFD_CLOEXEC);
 	if (lfd < 0)
 		goto fail;
-	if (ftruncate(lfd, (off_t)ledger_bytes(b)) < 0) {
-		close(lfd);
-		goto fail;
-	}
+	if (ftruncate(lfd, (off_t)ledger_bytes(b)) < 0)
+		goto fail_close;
 	l = mmap(NULL, ledger_bytes(b), PROT_READ | PROT_WRITE, MAP_SHARED, lfd, 0);
-	if (l == MAP_FAILED) {
-		close(lfd);
-		goto fail;
-	}
-	fds[n++] = region_fd;
-	fds[n++] = lfd;
-	if (s->pidfd >= 0)
-		fds[n++] = s->pidfd;
-	err = rec_add(b, session_tag(b, s), s->part, fds, (uint32_t)n);
-	close(lfd);
-	if (err) {
+	if (l == MAP_FAILED)
+		goto fail_close;
+	s->rec_fd[0] = fcntl(region_fd, F_DUPFD_CLOEXEC, 3);
+	if (s->rec_fd[0] < 0) {
 		munmap(l, ledger_bytes(b));
-		errno = -err;
-		goto fail;
+		goto fail_close;
 	}
+	s->rec_fd[1] = lfd;
 	s->ledger = l;
+	/* Kept by us too, so that a keeper that replaces a dead one gets it (watch.c). */
+	b->orphan_st.pending++;
+	session_send(b, s);
 	return;
+fail_close:
+	close(lfd);
 fail:
 	b->orphan_st.unkept++;
 	log_warn("client %u: its leases would not outlive this broker (%s): a broker that "
@@ -189,10 +211,17 @@ void orphan_session_drop(struct broker *b, struct session *s)
 	if (!s->ledger)
 		return;
 	/* [records] Handed over: the next broker holds what our clients lease. */
-	if (!b->handover)
+	if (!b->handover && s->rec_kept)
 		rec_del(b, session_tag(b, s), s->part);
+	if (!s->rec_kept)
+		b->orphan_st.pending--;
+	s->rec_kept = 0;
 	bg_unmap(b->bg, s->ledger, ledger_bytes(b)); /* as its region: off the loop */
 	s->ledger = NULL;
+	for (int i = 0; i < 2; i++)
+		if (s->rec_fd[i] >= 0)
+			close(s->rec_fd[i]);
+	s->rec_fd[0] = s->rec_fd[1] = -1;
 }
 
 /* ---- the sessions of the broker before [orphans] ---- */
@@ -205,8 +234,13 @@ static void orphan_free(struct broker *b, struct orphan *o, const char *why)
 	if (why)
 		log_info("orphan %llx: %s: its %u leased page(s) are free again",
 			 (unsigned long long)o->tag, why, o->npins);
-	if (!b->handover)
+	if (!b->handover && o->kept)
 		rec_del(b, o->tag, o->part);
+	if (!o->kept)
+		b->orphan_st.pending--;
+	for (int i = 0; i < 2; i++)
+		if (o->fds[i] >= 0)
+			close(o->fds[i]);
 	if (o->pidfd >= 0) {
 		if (b->loop.epfd >= 0)
 			loop_del(&b->loop, o->pidfd);
@@ -289,6 +323,9 @@ static void on_record(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t
 	o->tag = tag;
 	o->part = part;
 	o->pidfd = pidfd;
+	o->fds[0] = fds[0];
+	o->fds[1] = fds[1];
+	o->kept = 1; /* the holder we listed it from keeps it */
 	if (fstat(fds[0], &st) == 0 && st.st_size > 0) {
 		o->region = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fds[0], 0);
 		if (o->region == MAP_FAILED)
@@ -300,8 +337,6 @@ static void on_record(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t
 		o->retired = (const kvb_atomic_u32 *)(const void *)((const char *)o->region +
 								    KVB_REGION_RETIRED);
 	orphan_wants(o, fds[1], b->cfg.max_leases ? b->cfg.max_leases : UINT32_MAX);
-	close(fds[0]);
-	close(fds[1]);
 	list_add_tail(&b->orphans, &o->link);
 	b->orphan_st.live++;
 }
@@ -432,6 +467,51 @@ void orphan_fini(struct broker *b)
 	free(wants.w);
 	wants.w = NULL;
 	wants.n = wants.cap = 0;
+}
+
+void orphan_holder_lost(struct broker *b)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->ledger && s->rec_kept) {
+			s->rec_kept = 0;
+			b->orphan_st.pending++;
+		}
+	}
+	list_for_each (pos, &b->orphans) {
+		struct orphan *o = list_entry(pos, struct orphan, link);
+
+		if (o->kept) {
+			o->kept = 0;
+			b->orphan_st.pending++;
+		}
+	}
+}
+
+void orphan_resend(struct broker *b)
+{
+	struct list *pos;
+
+
+	list_for_each (pos, &b->sessions) {
+		struct session *s = list_entry(pos, struct session, link);
+
+		if (s->ledger && !s->rec_kept)
+			session_send(b, s);
+	}
+	list_for_each (pos, &b->orphans) {
+		struct orphan *o = list_entry(pos, struct orphan, link);
+		int fds[KEEPER_REC_FDS] = {o->fds[0], o->fds[1], o->pidfd};
+
+		if (o->kept || !rec_holder(b))
+			continue;
+		o->kept = !rec_add(b, o->tag, o->part, fds, o->pidfd >= 0 ? 3 : 2);
+		if (o->kept)
+			b->orphan_st.pending--;
+	}
 }
 
 uint32_t orphan_run_id(void)

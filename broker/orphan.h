@@ -23,6 +23,11 @@ void orphan_ledger(struct broker *b, struct session *s, uint32_t i);
 /* [records] The session ends: its record goes (unless the broker hands over). */
 void orphan_session_drop(struct broker *b, struct session *s);
 
+/* [records] The keeper died: every record must go to the next one (orphan_resend). */
+void orphan_holder_lost(struct broker *b);
+/* [records] Sends the records the current keeper (or fd store) lacks; watch.c, each look. */
+void orphan_resend(struct broker *b);
+
 /* [orphans] Before adopt_pool installs pages: the previous broker's records. 0 or -errno. */
 int orphan_load(struct broker *b);
 /* [orphans] adopt_pool installed pg: pinned for every orphan that leases it. */

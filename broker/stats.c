@@ -157,6 +157,7 @@ static void keep_json(const struct broker *b, cJSON *p)
 	num(p, "orphans", b->orphan_st.live);
 	num(p, "orphan_pins", (double)b->orphan_st.pins);
 	num(p, "unkept_sessions", (double)b->orphan_st.unkept);
+	num(p, "records_pending", b->orphan_st.pending);
 }
 
 static cJSON *pool_json(const struct broker *b)

@@ -29,6 +29,7 @@
 #include "broker.h"
 #include "instance.h"
 #include "log.h"
+#include "orphan.h"
 #include "watch.h"
 
 #define WATCH_EVERY 1.0 /* seconds between looks at the files */
@@ -43,7 +44,8 @@
 
 int watch_restart_safe(const struct broker *b)
 {
-	return b->fdstore || (b->keeper && b->kl.fd >= 0);
+	/* [records] ... and it has every session's record: their leases hold too. */
+	return (b->fdstore || (b->keeper && b->kl.fd >= 0)) && !b->orphan_st.pending;
 }
 
 static void on_keeper(void *arg);
@@ -80,6 +82,7 @@ static void keeper_restart(struct broker *b, double now)
 	b->watch.busy_tries = 0;
 	b->watch.keeper_starts++;
 	keeper_join(b);
+	orphan_resend(b); /* [records] what the dead one held */
 	log_info("pool keeper: a new one runs (pid %d): the pool survives a crash again",
 		 (int)b->kl.pid);
 }
@@ -98,6 +101,7 @@ static void on_keeper(void *arg)
 	keeper_release(&b->kl, 0);
 	b->keeper = 0;
 	b->watch.keeper_deaths++;
+	orphan_holder_lost(b); /* [records] they died with it */
 	log_error("pool keeper (pid %d) died: until a new one runs, a crash of this broker "
 		  "loses the pool",
 		  (int)pid);
@@ -180,6 +184,8 @@ void watch_tick(struct broker *b, double now)
 	if (now - b->watch.at < WATCH_EVERY)
 		return;
 	b->watch.at = now;
+	if (b->orphan_st.pending)
+		orphan_resend(b); /* [records] a keeper that lagged (its socket was full) */
 	if (instance_dir(b->cfg.socket_path, b->cfg.has_group, b->cfg.group) < 0)
 		return;
 	watch_lock(b);

@@ -14,7 +14,9 @@
  *      the new broker has let go of every page it held for them (pool.orphans 0,
  *      pool.orphan_pins 0), and kvb_release() of each returns 0;
  *   2. the same with kvbrokerd --takeover in place of the crash;
- *   3. a holder that exits without calling again after a crash: its pages are let go at its exit.
+ *   3. a holder that exits without calling again after a crash: its pages are let go at its exit;
+ *   4. the keeper is killed first (the broker starts another, which must get every session's
+ *      record), then the broker: the leases hold as in 1.
  * Before the ledger, the records and the copies, the leased pages held other pages' bytes after
  * the fill and kvb_release() returned 0 all the same.
  */
@@ -156,7 +158,16 @@ static struct harness_broker *run_case(struct harness_broker *b, const char *how
 	for (int i = 0; i < 2; i++)
 		pids[i] = harness_fork(holder, i, (void *)(uintptr_t)exits);
 	wait_done(1);
-	if (!strcmp(how, "kill")) {
+	if (!strcmp(how, "keeper, then kill")) {
+		/* The keeper dies first: the one that replaces it must get every record. */
+		CHECK_OK(kvb_connect(&o, &obs));
+		CHECK_EQ(kill((pid_t)harness_stat(obs, "pool.keeper_pid"), SIGKILL), 0);
+		CHECK_EQ(harness_stat_wait(obs, "pool.keeper_starts", 1, 5000), 1);
+		CHECK_EQ(harness_stat_wait(obs, "pool.restart_safe", 1, 5000), 1);
+		kvb_close(obs);
+		obs = NULL;
+	}
+	if (strcmp(how, "takeover")) {
 		CHECK_EQ(kill(b->pid, SIGKILL), 0);
 		for (int i = 0; i < 500 && harness_broker_alive(b); i++)
 			rel_sleep_ms(10);
@@ -222,6 +233,7 @@ int main(int argc, char **argv)
 	b = run_case(b, "kill", 0);
 	b = run_case(b, "takeover", 0);
 	b = run_case(b, "kill", 1);
+	b = run_case(b, "keeper, then kill", 0);
 	harness_broker_stop(b);
 	return 0;
 }
