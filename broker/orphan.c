@@ -495,7 +495,6 @@ void orphan_resend(struct broker *b)
 {
 	struct list *pos;
 
-
 	list_for_each (pos, &b->sessions) {
 		struct session *s = list_entry(pos, struct session, link);
 
