@@ -809,6 +809,10 @@ static void retire_leases(struct kvb_client *c)
 {
 	int ok = 1;
 
+	/* A session the broker ended (kvbctl drop): its pool map is PROT_NONE, its leases void. */
+	if (c->sq.flags && (kvb_load_acquire(c->sq.flags) & KVB_SQ_REVOKED))
+		return;
+
 	for (uint32_t i = 0; i < c->nheld; i++)
 		if (c->held[i].data && privatize(c->held[i].data, c->held[i].len))
 			ok = 0;
