@@ -211,6 +211,18 @@ void rt_cluster_wait_ok(int timeout_ms)
 	CHECKF(ok, "the cluster did not reach cluster_state:ok in %d ms", timeout_ms);
 }
 
+void rt_cluster_start(void)
+{
+	rt_init();
+	for (int i = 0; i < RT_NODES; i++) {
+		rt.n[i].port = rt_free_port();
+		rt.n[i].bus = rt_free_port();
+	}
+	for (int i = 0; i < RT_NODES; i++)
+		rt_redis_start(i);
+	rt_cluster_create();
+}
+
 void rt_cluster_create(void)
 {
 	for (int i = 0; i < RT_NODES; i++) {

@@ -62,6 +62,8 @@ void rt_redis_kill_all(void);
 redisReply *rt_cmd(int i, const char *fmt, ...);
 /* Three masters, a third of the slots each, met by hand (no redis-cli --cluster needed). */
 void rt_cluster_create(void);
+/* rt_init, free ports for every node, its redis-server started, the cluster created. */
+void rt_cluster_start(void);
 void rt_cluster_wait_ok(int timeout_ms);
 /* The node holding the value of key k and its name there, or -1. */
 int rt_key_owner(const kvb_key *k, char *name, size_t len);

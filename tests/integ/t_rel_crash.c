@@ -1012,14 +1012,7 @@ int main(int argc, char **argv)
 	}
 	remote = !system("redis-server --version >/dev/null 2>&1");
 	if (remote) {
-		rt_init();
-		for (int i = 0; i < RT_NODES; i++) {
-			rt.n[i].port = rt_free_port();
-			rt.n[i].bus = rt_free_port();
-		}
-		for (int i = 0; i < RT_NODES; i++)
-			rt_redis_start(i);
-		rt_cluster_create();
+		rt_cluster_start();
 		snprintf(url, sizeof(url), "redis://%s:%u", rt.n[0].addr, rt.n[0].port);
 		snprintf(tmo, sizeof(tmo), "%d", rt.tmo);
 		bargs[nbargs++] = "--remote";

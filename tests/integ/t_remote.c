@@ -454,14 +454,7 @@ static void case_fault(int down, int stop, uint64_t seed)
 int main(int argc, char **argv)
 {
 	harness_init(argc, argv);
-	rt_init();
-	for (int i = 0; i < NNODES; i++) {
-		rt.n[i].port = rt_free_port();
-		rt.n[i].bus = rt_free_port();
-	}
-	for (int i = 0; i < NNODES; i++)
-		rt_redis_start(i);
-	rt_cluster_create();
+	rt_cluster_start();
 	harness_log("cluster up on ports %u %u %u", rt.n[0].port, rt.n[1].port, rt.n[2].port);
 	rt_brokers_start(NULL);
 	case_put_a_get_b();

@@ -335,14 +335,7 @@ static void case_bulk(void)
 int main(int argc, char **argv)
 {
 	harness_init(argc, argv);
-	rt_init();
-	for (int i = 0; i < RT_NODES; i++) {
-		rt.n[i].port = rt_free_port();
-		rt.n[i].bus = rt_free_port();
-	}
-	for (int i = 0; i < RT_NODES; i++)
-		rt_redis_start(i);
-	rt_cluster_create();
+	rt_cluster_start();
 	rt_brokers_start(NULL);
 	learn_cluster();
 	case_one_slot();

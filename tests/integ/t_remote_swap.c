@@ -214,14 +214,7 @@ int main(int argc, char **argv)
 	uint64_t pub;
 
 	harness_init(argc, argv);
-	rt_init();
-	for (int i = 0; i < RT_NODES; i++) {
-		rt.n[i].port = rt_free_port();
-		rt.n[i].bus = rt_free_port();
-	}
-	for (int i = 0; i < RT_NODES; i++)
-		rt_redis_start(i);
-	rt_cluster_create();
+	rt_cluster_start();
 	rt_brokers_start(NULL);
 
 	harness_log("node A publishes %d pages of namespace 1 and one of namespace 2", N);
