@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "clock.h"
 #include "copy_cuda.h"
 #include "crccopy.h"
 #include "cuda_api.h"
@@ -180,14 +181,6 @@ struct cuda_engine {
 };
 
 #define CU(e, call) ((e)->api->call)
-
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cu_fail(struct cuda_engine *c, const char *what, CUresult r)
 {
@@ -1046,7 +1039,7 @@ static int dev_init(struct cuda_engine *c, const struct cuda_opts *o, int ord)
 static int pin_pool(struct cuda_engine *c, const struct cuda_opts *o)
 {
 	uint64_t max = o->chunk_max ? o->chunk_max : CUDA_CHUNK_MAX, n = 0;
-	double t0 = mono();
+	double t0 = clock_now();
 
 	for (uint32_t a = 0; a < o->npool; a++)
 		n += (o->pool[a].len + max - 1) / max;
@@ -1071,7 +1064,7 @@ static int pin_pool(struct cuda_engine *c, const struct cuda_opts *o)
 		}
 	}
 	c->info.nchunks = c->nchunks;
-	c->info.pin_seconds = mono() - t0;
+	c->info.pin_seconds = clock_now() - t0;
 	log_info("cuda: pinned the pool, %llu MiB in %u chunks, in %.3f s",
 		 (unsigned long long)(c->info.pinned_bytes >> 20), c->nchunks, c->info.pin_seconds);
 	return 0;

@@ -629,7 +629,8 @@ int ctl_on_msg(struct broker *b, struct session *s)
 			    .msg_iovlen = 1,
 			    .msg_control = cm.b,
 			    .msg_controllen = sizeof(cm.b)};
-	int fds[KVB_MAX_FDS], nfds = 0, err = 0, violation = 1;
+	int fds[KVB_MAX_FDS], err = 0, violation = 1, fds_err;
+	uint32_t nfds = 0;
 	struct kvb_msg_hdr h;
 	const char *why = NULL;
 	ssize_t n;
@@ -641,14 +642,8 @@ int ctl_on_msg(struct broker *b, struct session *s)
 		session_destroy(b, s, strerror(errno));
 		return -1;
 	}
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-
-		for (size_t i = 0; i < k && nfds < (int)KVB_MAX_FDS; i++)
-			memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-	}
+	/* Fds of a truncated message, or too many, are closed here: "malformed" below. */
+	fds_err = kvb_msg_take_fds(&mh, fds, KVB_MAX_FDS, &nfds);
 	if (n == 0) {
 		why = s->control_only || !s->hello_done ? NULL : "hang-up";
 		violation = 0;
@@ -656,7 +651,7 @@ int ctl_on_msg(struct broker *b, struct session *s)
 		goto out;
 	}
 	s->active_at = clock_now();
-	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC) || kvb_msg_check(buf, (size_t)n) ||
+	if (fds_err || kvb_msg_check(buf, (size_t)n) ||
 	    (((struct kvb_msg_hdr *)buf)->flags & KVB_MSGF_REPLY)) {
 		why = "malformed control message";
 		err = -1;
@@ -682,7 +677,7 @@ int ctl_on_msg(struct broker *b, struct session *s)
 	} else if (err < 0)
 		why = err == -EPROTO ? "protocol violation on the control socket" : strerror(-err);
 out:
-	for (int i = 0; i < nfds; i++)
+	for (uint32_t i = 0; i < nfds; i++)
 		close(fds[i]);
 	if (err < 0) {
 		b->ctr.protocol_errors += violation;

@@ -176,27 +176,8 @@ static ssize_t recv_fds(int fd, void *buf, size_t len, int *fds, uint32_t max, u
 	*n = 0;
 	if (r < 0)
 		return -errno;
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-			int f;
-
-			memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(f));
-			if (*n < max)
-				fds[(*n)++] = f;
-			else
-				close(f), err = -EPROTO;
-		}
-	}
-	if (!err && (mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC)))
-		err = -EPROTO;
-	if (err) {
-		while (*n)
-			close(fds[--*n]);
-		return err;
-	}
-	return r;
+	err = kvb_msg_take_fds(&mh, fds, max, n);
+	return err ? err : r;
 }
 
 /*

@@ -36,6 +36,7 @@
 #include "memcap.h"
 #include "plan.h"
 #include "parse.h"
+#include "size.h"
 #include "proto.h"
 #include "metrics_http.h"
 #include "text.h"
@@ -399,7 +400,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			}
 			break;
 		case O_POOL:
-			if (parse_size(optarg, &c->pool_bytes) || !c->pool_bytes)
+			if (size_parse(optarg, &c->pool_bytes) || !c->pool_bytes)
 				goto bad;
 			break;
 		case O_POOL_OVERCOMMIT:
@@ -412,7 +413,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			snprintf(c->pool_name, sizeof(c->pool_name), "%s", optarg);
 			break;
 		case O_SLAB:
-			if (parse_size(optarg, &c->slab_bytes) || c->slab_bytes < (1u << 20) ||
+			if (size_parse(optarg, &c->slab_bytes) || c->slab_bytes < (1u << 20) ||
 			    c->slab_bytes % STORE_SLOT_ALIGN)
 				goto bad;
 			break;
@@ -470,7 +471,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 					goto bad;
 				c->max_lease_frac = pct / 100.0;
 				c->max_lease_bytes = 0;
-			} else if (parse_size(optarg, &c->max_lease_bytes) || !c->max_lease_bytes) {
+			} else if (size_parse(optarg, &c->max_lease_bytes) || !c->max_lease_bytes) {
 				goto bad;
 			} else {
 				c->max_lease_frac = 0;
@@ -506,7 +507,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 				goto bad;
 			break;
 		case O_ARG:
-			if (parse_size(optarg, &v) || v < 4096 || v > (64u << 20))
+			if (size_parse(optarg, &v) || v < 4096 || v > (64u << 20))
 				goto bad;
 			c->arg_size = (uint32_t)v;
 			break;
@@ -522,7 +523,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		}
 		case O_MAXBUF:
-			if (parse_size(optarg, &c->max_buf_bytes))
+			if (size_parse(optarg, &c->max_buf_bytes))
 				goto bad;
 			break;
 		case O_NOPREFAULT:
@@ -548,7 +549,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			c->disk.paths = optarg;
 			break;
 		case O_DISK_SIZE:
-			if (parse_size(optarg, &c->disk.size) || !c->disk.size)
+			if (size_parse(optarg, &c->disk.size) || !c->disk.size)
 				goto bad;
 			break;
 		case O_DISK_QD:
@@ -575,7 +576,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 			break;
 		}
 		case O_REMOTE_INFLIGHT:
-			if (parse_size(optarg, &c->remote.max_inflight) || !c->remote.max_inflight)
+			if (size_parse(optarg, &c->remote.max_inflight) || !c->remote.max_inflight)
 				goto bad;
 			break;
 		case O_REMOTE_PUBLISH:
@@ -598,7 +599,7 @@ static int parse_args(int argc, char **argv, struct config *c)
 				goto bad;
 			break;
 		case O_COPY_INLINE:
-			if (parse_size(optarg, &c->copy_inline))
+			if (size_parse(optarg, &c->copy_inline))
 				goto bad;
 			break;
 		case O_COPY_DELAY:

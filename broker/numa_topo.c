@@ -26,7 +26,7 @@
 
 #include "log.h"
 #include "numa_topo.h"
-#include "parse.h"
+#include "size.h"
 
 void numa_topo_probe(struct numa_topo *t)
 {
@@ -107,7 +107,7 @@ static int parse_list(const struct numa_topo *t, const char *spec, struct numa_p
 		p->size[p->n] = 0;
 		s = end;
 		if (*s == ':') {
-			if (sized == 0 || parse_size_end(s + 1, &p->size[p->n], &s) ||
+			if (sized == 0 || size_parse_end(s + 1, &p->size[p->n], &s) ||
 			    !p->size[p->n])
 				return -EINVAL;
 			sized = 1;

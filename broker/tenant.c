@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "parse.h"
+#include "size.h"
 #include "tenant.h"
 
 const char *tenant_mode_name(int mode)
@@ -78,7 +79,7 @@ static int parse_amount(const char *arg, uint64_t *bytes, double *frac)
 		*frac = pct / 100.0;
 		return 0;
 	}
-	return parse_size(arg, bytes) || !*bytes ? -EINVAL : 0;
+	return size_parse(arg, bytes) || !*bytes ? -EINVAL : 0;
 }
 
 int tenant_parse_amount(const char *arg, uint64_t *bytes, double *frac)

@@ -992,18 +992,18 @@ fail:
 	c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : 1000000;
 	if (c->backoff_ns > 200000000ull)
 		c->backoff_ns = 200000000ull;
-	c->retry_at = kvbc_now_ns() + c->backoff_ns;
+	c->retry_at = clock_ns() + c->backoff_ns;
 	return -ECONNRESET;
 }
 
 static int reconnect_locked(struct kvb_client *c)
 {
-	uint64_t now = kvbc_now_ns(), deadline = now + (uint64_t)c->reconnect_ms * 1000000ull;
+	uint64_t now = clock_ns(), deadline = now + (uint64_t)c->reconnect_ms * 1000000ull;
 
 	for (;;) {
 		if (now >= c->retry_at && !attempt_locked(c))
 			return 0;
-		now = kvbc_now_ns();
+		now = clock_ns();
 		if (now >= deadline)
 			return -ECONNRESET; /* fail fast: the caller asked not to wait longer */
 		{
@@ -1017,6 +1017,6 @@ static int reconnect_locked(struct kvb_client *c)
 			/* Waiting with the lock held: every call on this client would wait too. */
 			nanosleep(&ts, NULL);
 		}
-		now = kvbc_now_ns();
+		now = clock_ns();
 	}
 }

@@ -53,14 +53,6 @@ void kvbc_reply_free(struct kvbc_reply *r)
 	r->body_len = 0;
 }
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* The socket failed in a way that means the broker is gone: remember it for every later call. */
 static int conn_lost(struct kvb_client *c)
 {
@@ -103,38 +95,6 @@ static int send_req(struct kvb_client *c, uint16_t type, const void *body, size_
 	return 0;
 }
 
-/* Moves every SCM_RIGHTS fd of msg into r; returns -EPROTO (fds closed) when any was lost. */
-static int take_fds(struct msghdr *msg, struct kvbc_reply *r)
-{
-	int err = 0;
-
-	for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
-		size_t n;
-
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (size_t i = 0; i < n; i++) {
-			int fd;
-
-			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			if (r->nfds < (int)KVB_MAX_FDS) {
-				r->fds[r->nfds++] = fd;
-			} else {
-				close(fd);
-				err = -EPROTO;
-			}
-		}
-	}
-	if (msg->msg_flags & (MSG_CTRUNC | MSG_TRUNC))
-		err = -EPROTO;
-	if (err) {
-		kvbc_close_fds(r->fds, r->nfds);
-		r->nfds = 0;
-	}
-	return err;
-}
-
 /*
  * Receives one datagram into r (malloc'd, fds taken). Returns its length, -ETIMEDOUT when
  * nothing came by deadline, -ECONNRESET on hang-up, -EPROTO when it cannot be a reply.
@@ -150,10 +110,11 @@ static int recv_one(struct kvb_client *c, int64_t deadline, struct kvbc_reply *r
 	struct msghdr msg;
 	char probe;
 	ssize_t n, got;
+	uint32_t nfds;
 	int err;
 
 	for (;;) {
-		int64_t left = deadline - now_ms();
+		int64_t left = deadline - (int64_t)(clock_ns() / 1000000);
 		int rc;
 
 		if (left < 0)
@@ -198,9 +159,10 @@ static int recv_one(struct kvb_client *c, int64_t deadline, struct kvbc_reply *r
 		err = got == 0 ? conn_lost(c) : kvbc_errno();
 		goto err_free;
 	}
-	err = take_fds(&msg, r);
+	err = kvb_msg_take_fds(&msg, r->fds, KVB_MAX_FDS, &nfds);
 	if (err)
 		goto err_free;
+	r->nfds = (int)nfds;
 	return (int)got;
 
 err_free:
@@ -217,7 +179,7 @@ err_free:
 int kvbc_ctl(struct kvb_client *c, uint16_t type, const void *body, size_t body_len, int send_fd,
 	     struct kvbc_reply *r)
 {
-	int64_t deadline = now_ms() + KVBC_CTL_TIMEOUT_MS;
+	int64_t deadline = (int64_t)(clock_ns() / 1000000) + KVBC_CTL_TIMEOUT_MS;
 	struct kvb_msg_reply rep;
 	struct kvb_msg_hdr h;
 	int err, len;

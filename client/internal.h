@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "clock.h" /* clock_ns(): every deadline and timing of the library */
 #include "kvbroker.h"
 #include "pooldir.h"
 #include "proto.h"
@@ -384,15 +385,6 @@ const struct kvbc_ns *kvbc_ns_find(const struct kvb_client *c, uint32_t ns);
 
 /* buf.c */
 struct kvbc_buf *kvbc_buf_find(struct kvb_client *c, const void *p, size_t len);
-
-/* CLOCK_MONOTONIC in ns: every deadline and timing of the library. */
-static inline uint64_t kvbc_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /*
  * Whether reads of ours through the pool directory may answer now ([dir], [hazard], [vdir]):

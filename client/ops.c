@@ -293,7 +293,7 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	uint8_t *dst = (uint8_t *)c->staging.addr + sqe->off;
 	size_t done = 0, chunk = FILL_CHUNK_FIRST;
 	int plain = ring && fill_plain(c);
-	uint64_t t0 = ring ? kvbc_now_ns() : 0;
+	uint64_t t0 = ring ? clock_ns() : 0;
 	struct kvb_cqe cqe;
 	int stopped = 0;
 	uint32_t seq;
@@ -340,7 +340,7 @@ static int put_fill(struct kvb_client *c, struct kvb_sqe *sqe, const kvb_key *pa
 	if (cqe.res != -EAGAIN) {
 		/* Timed only when the whole page crossed: a stored page stops the copy early. */
 		if (ring && cqe.res >= 0 && !stopped && !(cqe.flags & KVB_CQEF_EXISTED))
-			fill_timed(c, plain, kvbc_now_ns() - t0, len);
+			fill_timed(c, plain, clock_ns() - t0, len);
 		*flags = cqe.flags;
 		return cqe.res;
 	}

@@ -369,7 +369,7 @@ static int cq_nonempty(const struct kvb_client *c)
  */
 static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 {
-	uint64_t now = kvbc_now_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
+	uint64_t now = clock_ns(), copy = c->expect_bytes / SPIN_COPY_BPS_PER_NS;
 	uint64_t spin_end = now + c->spin_ns + (copy < SPIN_COPY_MAX_NS ? copy : SPIN_COPY_MAX_NS);
 	uint64_t next_check = now + SPIN_YIELD_NS;
 	uint32_t cpu = (uint32_t)sched_getcpu() + 1u;
@@ -391,7 +391,7 @@ static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 		/* Reading the clock costs ~20 ns: every 16th turn keeps the loop tight. */
 		if (i & 15)
 			continue;
-		now = kvbc_now_ns();
+		now = clock_ns();
 		if (now >= spin_end)
 			return 0;
 		if (now < next_check)
@@ -401,7 +401,7 @@ static int cq_spin_on(const struct kvb_client *c, uint64_t deadline)
 			sched_yield();
 		cpu = (uint32_t)sched_getcpu() + 1u;
 		kvb_store_relaxed(c->spin_cpu, cpu);
-		next_check = kvbc_now_ns() + SPIN_YIELD_NS;
+		next_check = clock_ns() + SPIN_YIELD_NS;
 	}
 }
 
@@ -433,7 +433,7 @@ static int cq_sleep(struct kvb_client *c, uint64_t deadline, int unlock)
 	int timeout = -1, rc, err = 0;
 
 	if (deadline) {
-		uint64_t now = kvbc_now_ns();
+		uint64_t now = clock_ns();
 
 		if (now >= deadline)
 			return -ETIMEDOUT;
@@ -655,7 +655,7 @@ int kvbc_sync_locked(struct kvb_client *c, struct kvb_sqe *sqe, struct kvb_cqe *
 
 int kvbc_wait_discards_locked(struct kvb_client *c, uint32_t timeout_ms)
 {
-	uint64_t deadline = kvbc_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	uint64_t deadline = clock_ns() + (uint64_t)timeout_ms * 1000000ull;
 
 	if (c->region)
 		sq_doorbell(c); /* [dir-note] what was posted without one */
@@ -993,7 +993,7 @@ static int reap_wait(struct kvb_client *c, uint64_t deadline)
 		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
 				      .tv_nsec = (long)(deadline % 1000000000ull)};
 
-		if (kvbc_now_ns() >= deadline)
+		if (clock_ns() >= deadline)
 			return -ETIMEDOUT;
 		err = pthread_cond_timedwait(&c->reaped, &c->lock, &ts);
 	}
@@ -1095,7 +1095,7 @@ int kvb_reap(kvb_client *c, struct kvb_completion *out, size_t max, size_t min, 
 		return err;
 	c->nreapers++; /* kvb_close() frees the client only once we left */
 	if (timeout_ms >= 0)
-		deadline = kvbc_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+		deadline = clock_ns() + (uint64_t)timeout_ms * 1000000ull;
 	for (;;) {
 		int n = cq_drain(c);
 

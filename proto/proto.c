@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include "proto.h"
 
@@ -386,4 +387,33 @@ void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t 
 	c->cmsg_type = SCM_RIGHTS;
 	c->cmsg_len = CMSG_LEN(sizeof(int) * n);
 	memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+}
+
+int kvb_msg_take_fds(struct msghdr *mh, int *fds, uint32_t max, uint32_t *n)
+{
+	int err = mh->msg_flags & (MSG_TRUNC | MSG_CTRUNC) ? -EPROTO : 0;
+
+	*n = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		size_t k;
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (*n < max) {
+				fds[(*n)++] = fd;
+			} else {
+				close(fd);
+				err = -EPROTO;
+			}
+		}
+	}
+	if (err)
+		while (*n)
+			close(fds[--*n]);
+	return err;
 }

@@ -79,6 +79,16 @@ int kvb_sqe_check(const struct kvb_sqe *sqe, uint32_t arg_size);
 void kvb_msg_attach_fds(struct msghdr *mh, void *cbuf, const int *fds, uint32_t n);
 
 /*
+ * The other half of kvb_msg_attach_fds(), for a message recvmsg() filled: moves every
+ * SCM_RIGHTS fd of mh into fds[0..max) and sets *n to how many. Returns 0, or -EPROTO when
+ * any was lost (more than max came, or the kernel truncated the data or the control part,
+ * MSG_TRUNC / MSG_CTRUNC): then every fd received is closed and *n is 0, so no caller can
+ * leak one or act on part of a message. The one receive loop of the broker, its keeper and
+ * the library.
+ */
+int kvb_msg_take_fds(struct msghdr *mh, int *fds, uint32_t max, uint32_t *n);
+
+/*
  * The control socket path when none is given: $KVB_SOCKET when set and not empty, else
  * KVB_SOCKET_DEFAULT (/run/kvbroker/kvbroker.sock); the one rule of kvbrokerd and the library
  * (kvb_socket_path in include/kvbroker.h). Returns 0, or -ENAMETOOLONG when it does not fit

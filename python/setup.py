@@ -72,7 +72,9 @@ werror = ["-Werror"] if os.environ.get("CI") else []
 ext = Extension(
     "kvbroker._kvbroker",
     sources=sorted(glob.glob("csrc/*.c", root_dir=HERE)),
-    include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "proto"), "csrc"],
+    # common/ for the header-only helpers the library shares with every program (clock.h).
+    include_dirs=[os.path.join(ROOT, "include"), os.path.join(ROOT, "proto"),
+                  os.path.join(ROOT, "common"), "csrc"],
     define_macros=[("_GNU_SOURCE", None), ("Py_LIMITED_API", "0x030B0000")]
     + [(m, "1") for m in cuda_macros],
     extra_compile_args=["-std=gnu11", "-pthread", "-fvisibility=hidden", "-O2",
@@ -85,6 +87,7 @@ ext = Extension(
     depends=[os.path.relpath(p, HERE) for p in _lib_sources()
              + glob.glob(os.path.join(ROOT, "include", "*.h"))
              + glob.glob(os.path.join(ROOT, "proto", "*.h"))
+             + glob.glob(os.path.join(ROOT, "common", "clock.h"))
              + glob.glob(os.path.join(ROOT, "client", "*.h"))
              + glob.glob(os.path.join(HERE, "csrc", "*.h"))],
 )

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "kvbroker.h"
 
 struct cfg {
@@ -71,14 +72,6 @@ static uint64_t rng(void)
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
 	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
 	return z ^ (z >> 31);
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void die(const char *what, int err)
@@ -176,7 +169,7 @@ static void run(const struct cfg *c, kvb_client *cl, int parents, const double *
 	struct kvb_completion *done = calloc(len, sizeof(*done));
 	uint32_t *gpu = malloc((size_t)c->engines * c->local * sizeof(*gpu) + 1);
 	size_t pb;
-	double t0 = now();
+	double t0 = clock_now();
 	int err;
 
 	if (!ops || !par || !tiers || !done || !gpu)
@@ -284,7 +277,7 @@ static void run(const struct cfg *c, kvb_client *cl, int parents, const double *
 		if (c->check_every && q % c->check_every == 0)
 			r->stranded_seen += stranded(cl, ns, k, len, 0, tiers, NULL);
 	}
-	r->secs = now() - t0;
+	r->secs = clock_now() - t0;
 	for (uint32_t p = 0; p < c->prompts; p++)
 		r->stranded_end += stranded(cl, ns, &keys[(size_t)p * len], len,
 					    p < c->groups ? 0 : c->shared, tiers, &r->stored_end);

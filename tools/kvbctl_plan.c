@@ -14,6 +14,7 @@
 #include "cli.h"
 #include "kvbctl.h"
 #include "plan.h"
+#include "size.h"
 
 static void plan_usage(FILE *f)
 {
@@ -60,44 +61,10 @@ static void plan_usage(FILE *f)
 		"on every MLA rank, not TP times as many; the plan's last lines reconcile the\n"
 		"two for the inputs given.\n"
 		"\n"
-		"SIZE takes K, M, G, T (binary: 300G = 300 GiB) or KB, MB, GB, TB (decimal).\n"
+		"SIZE: 300G (or 300GiB) is 300 GiB, 300GB is 300 x 10^9 bytes, as everywhere in\n"
+		"kvbroker (docs/operations.md, \"Sizes and durations\").\n"
 		"example: kvbctl plan --model kimi-k2.5 --tp 8 --gpu-tokens 116171 --host-ram "
 		"300G\n");
-}
-
-/* "300G" (GiB), "300GB" (10^9), plain bytes; -EINVAL on garbage or overflow. */
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-	double mult = 1;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *s == '-')
-		return -EINVAL;
-	if (*end) {
-		const char *u = strchr("KMGTkmgt", *end);
-		int p;
-
-		if (!u)
-			return -EINVAL;
-		p = (int)((u - "KMGTkmgt") % 4) + 1;
-		end++;
-		if (!strcmp(end, "B") || !strcmp(end, "b")) {
-			for (int i = 0; i < p; i++)
-				mult *= 1000;
-		} else if (!*end || !strcmp(end, "iB") || !strcmp(end, "ib")) {
-			for (int i = 0; i < p; i++)
-				mult *= 1024;
-		} else {
-			return -EINVAL;
-		}
-	}
-	if ((double)v * mult > 1.8e19)
-		return -EINVAL;
-	*out = (uint64_t)((double)v * mult);
-	return 0;
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -410,19 +377,19 @@ int ctl_plan(int argc, char **argv, int json)
 			err = parse_u64(optarg, &in.req_tokens);
 			break;
 		case O_WEIGHTS:
-			err = parse_size(optarg, &over.weight_bytes);
+			err = size_parse(optarg, &over.weight_bytes);
 			break;
 		case O_GPUMEM:
-			err = parse_size(optarg, &in.gpu_bytes);
+			err = size_parse(optarg, &in.gpu_bytes);
 			break;
 		case O_HOST:
-			err = parse_size(optarg, &in.host_bytes);
+			err = size_parse(optarg, &in.host_bytes);
 			break;
 		case O_DISK:
-			err = parse_size(optarg, &in.disk_bytes);
+			err = size_parse(optarg, &in.disk_bytes);
 			break;
 		case O_SLAB:
-			err = parse_size(optarg, &in.slab_bytes);
+			err = size_parse(optarg, &in.slab_bytes);
 			break;
 		case O_ARENAS:
 			err = parse_u64(optarg, &v);

@@ -22,15 +22,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "kvbctl.h"
-
-static double mono(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Decimal units for rates ("1.2 GB/s"), as link speeds are quoted. */
 static const char *fmt_rate(double v, const char *unit, char *buf, size_t len)
@@ -226,7 +219,7 @@ int ctl_top(struct ctl *x, double interval)
 	curs_set(0);
 	keypad(stdscr, TRUE);
 	for (;;) {
-		double now = mono();
+		double now = clock_now();
 
 		if (now >= next) {
 			next = now + interval;
@@ -251,7 +244,7 @@ int ctl_top(struct ctl *x, double interval)
 			}
 			draw(x, root, prev, status);
 		}
-		ms = (int)((next - mono()) * 1000) + 1;
+		ms = (int)((next - clock_now()) * 1000) + 1;
 		timeout(ms > 0 ? ms : 0); /* a negative timeout would block */
 		ch = getch();
 		if (ch == 'q' || ch == 'Q' || ch == 3)

@@ -20,19 +20,13 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
+#include "size.h"
 #include "kvbroker.h"
 
 #define KVBDISK_USAGE                                                                              \
 	"usage: kvbdisk [--socket P] --page SIZE (a multiple of 64) --pages N [--qd 1..255] "      \
 	"[--seconds S] fill|prefetch"
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static kvb_key key_of(uint64_t i)
 {
@@ -64,14 +58,6 @@ static double stat_of(kvb_client *c, const char *obj, const char *name)
 	return v;
 }
 
-static double parse_size(const char *s)
-{
-	char *e;
-	double v = strtod(s, &e);
-
-	return v * (*e == 'K' ? 1024.0 : *e == 'M' ? 1048576.0 : *e == 'G' ? 1073741824.0 : 1.0);
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -100,7 +86,9 @@ int main(int argc, char **argv)
 			co.socket_path = optarg;
 			break;
 		case 'p':
-			page = (uint64_t)parse_size(optarg);
+			if (size_parse(optarg, &page) || !page)
+				return cli_usage_error("kvbdisk", "bad size '%s' for --page",
+						       optarg);
 			break;
 		case 'n':
 			n = strtoull(optarg, NULL, 10);
@@ -152,7 +140,7 @@ int main(int argc, char **argv)
 		for (uint64_t i = 0; i < n; i++) {
 			memset(mem, (int)i, 4096); /* distinct content, cheap */
 			if (i == from)
-				t0 = now();
+				t0 = clock_now();
 			rc = kvb_put(c, ns, key_of(i), mem, pb);
 			if (rc < 0) {
 				fprintf(stderr, "kvbdisk: put %llu: %s\n", (unsigned long long)i,
@@ -160,7 +148,7 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		}
-		t1 = now();
+		t1 = clock_now();
 		printf("{\"mode\":\"fill\",\"page\":%zu,\"pages\":%llu,\"timed_pages\":%llu,"
 		       "\"seconds\":%.3f,\"mb_per_s\":%.1f}\n",
 		       pb, (unsigned long long)n, (unsigned long long)(n - from), t1 - t0,
@@ -168,7 +156,7 @@ int main(int argc, char **argv)
 	} else if (!strcmp(mode, "prefetch")) {
 		uint64_t *perm = malloc(n * sizeof(*perm)), next = 0, inflight = 0, done = 0;
 		struct kvb_completion cq[256];
-		double rb0 = stat_of(c, "disk", "read_bytes"), t0 = now(), t1, rb1;
+		double rb0 = stat_of(c, "disk", "read_bytes"), t0 = clock_now(), t1, rb1;
 
 		if (!perm)
 			return 1;
@@ -181,11 +169,11 @@ int main(int argc, char **argv)
 			perm[i] = perm[j];
 			perm[j] = x;
 		}
-		while (inflight || (next < n && now() - t0 < secs)) {
+		while (inflight || (next < n && clock_now() - t0 < secs)) {
 			struct kvb_op ops[256];
 			uint32_t k = 0;
 
-			while (inflight + k < qd && next < n && now() - t0 < secs) {
+			while (inflight + k < qd && next < n && clock_now() - t0 < secs) {
 				memset(&ops[k], 0, sizeof(ops[k]));
 				ops[k].opcode = KVB_OP_PREFETCH;
 				ops[k].ns = ns;
@@ -209,7 +197,7 @@ int main(int argc, char **argv)
 			inflight -= (uint64_t)rc;
 			done += (uint64_t)rc;
 		}
-		t1 = now();
+		t1 = clock_now();
 		rb1 = stat_of(c, "disk", "read_bytes");
 		printf("{\"mode\":\"prefetch\",\"page\":%zu,\"qd\":%llu,\"prefetches\":%llu,"
 		       "\"seconds\":%.3f,\"read_bytes\":%.0f,\"mb_per_s\":%.1f}\n",

@@ -14,15 +14,8 @@
 #include <time.h>
 
 #include "cli.h"
+#include "clock.h"
 #include "kvbroker.h"
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -83,7 +76,7 @@ int main(int argc, char **argv)
 	t = calloc((size_t)n, sizeof(*t));
 	if (!page || !t)
 		return 1;
-	total = now();
+	total = clock_now();
 	for (long i = first; i < first + n; i++) {
 		kvb_key k;
 
@@ -92,9 +85,9 @@ int main(int argc, char **argv)
 		k.b[31] = 0x5a;
 		if (put)
 			memset(page, (int)(i * 7 + 1), pb);
-		t0 = now();
+		t0 = clock_now();
 		rc = put ? kvb_put(c, ns, k, page, pb) : kvb_get(c, ns, k, page, pb);
-		t[i - first] = (now() - t0) * 1e6;
+		t[i - first] = (clock_now() - t0) * 1e6;
 		if (rc < 0 && rc != -ENOENT) {
 			fprintf(stderr, "kvbfetch: %s %ld: %s\n", argv[1], i, kvb_strerror(rc));
 			return 1;
@@ -107,7 +100,7 @@ int main(int argc, char **argv)
 			hits++;
 		}
 	}
-	total = now() - total;
+	total = clock_now() - total;
 	qsort(t, (size_t)n, sizeof(*t), cmp);
 	printf("{\"gb_per_s\":%.3f,\"ops_per_s\":%.1f,\"p50_us\":%.1f,\"p99_us\":%.1f,\"hits\":%d}"
 	       "\n",

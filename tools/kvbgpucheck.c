@@ -32,6 +32,7 @@
 
 #include "cuda_api.h"
 #include "cli.h"
+#include "clock.h"
 #include "kvbroker.h"
 
 #ifdef KVB_HAVE_CUDA
@@ -84,14 +85,6 @@ static void die(const char *what, CUresult r)
 		if (r_ != CUDA_SUCCESS)                                                            \
 			die(#call, r_);                                                            \
 	} while (0)
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Loads the driver and the first device; exit 2 with the reason when there is none. */
 static void cuda_up(int need_kernels)
@@ -190,7 +183,7 @@ static kvb_client *attach(const struct opts *o, const char *name, uint32_t *ns, 
 static void make_view(kvb_client *c, uint32_t ns, struct kv *k)
 {
 	struct kvb_view_part parts[LAYERS];
-	double t0 = now();
+	double t0 = clock_now();
 
 	for (int l = 0; l < LAYERS; l++) {
 		int err = kvb_buf_register_gpu(c, (void *)(uintptr_t)k->layer[l], k->layer_bytes,
@@ -208,7 +201,7 @@ static void make_view(kvb_client *c, uint32_t ns, struct kv *k)
 		fprintf(stderr, "kvbgpucheck: kvb_view_create failed\n");
 		exit(1);
 	}
-	printf("registered %d GPU layer buffers in %.1f ms\n", LAYERS, (now() - t0) * 1e3);
+	printf("registered %d GPU layer buffers in %.1f ms\n", LAYERS, (clock_now() - t0) * 1e3);
 }
 
 static kvb_key page_key(unsigned seed, unsigned p)
@@ -309,11 +302,11 @@ static int cmd_put(const struct opts *o)
 		launch(fn_fill, args);
 	}
 	CK(cu->cuCtxSynchronize());
-	t0 = now();
+	t0 = clock_now();
 	if (run_ops(c, &k, KVB_OP_PUT, 1, npages, 0, 0, 0, &existed))
 		return 1;
 	printf("put %u pages (%u already stored) from %s GPU buffers in %.1f ms\n", npages, existed,
-	       o->alloc, (now() - t0) * 1e3);
+	       o->alloc, (clock_now() - t0) * 1e3);
 	kvb_close(c);
 	return 0;
 }
@@ -335,13 +328,13 @@ static int cmd_get(const struct opts *o)
 	for (int l = 0; l < LAYERS; l++)
 		CK(cu->cuMemsetD8Async(k.layer[l], 0, k.layer_bytes, NULL));
 	CK(cu->cuCtxSynchronize());
-	t0 = now();
+	t0 = clock_now();
 	/* Layer groups in order, as an engine overlapping load and compute would ask. */
 	if (run_ops(c, &k, KVB_OP_GET, 1, npages, 1, 0, SPLIT, NULL) ||
 	    run_ops(c, &k, KVB_OP_GET, 1, npages, 1, SPLIT, LAYERS - SPLIT, NULL))
 		return 1;
 	printf("got %u pages into %s GPU buffers in %.1f ms\n", npages, o->alloc,
-	       (now() - t0) * 1e3);
+	       (clock_now() - t0) * 1e3);
 	for (unsigned l = 0; l < LAYERS; l++) {
 		void *args[] = {&k.layer[l], &l, &npages, &tpp, &bpt, &stride, &reverse, &dbad};
 
@@ -407,16 +400,16 @@ static int cmd_bench(const struct opts *o)
 	if (run_ops(c, &k, KVB_OP_PUT, 1000, o->pages, 0, 0, 0, NULL) ||
 	    run_ops(c, &k, KVB_OP_GET, 1000, o->pages, 0, 0, 0, NULL))
 		return 1;
-	t0 = now();
+	t0 = clock_now();
 	for (unsigned r = 0; r < o->rounds; r++)
 		if (run_ops(c, &k, KVB_OP_PUT, 2000 + r, o->pages, 0, 0, 0, NULL))
 			return 1;
-	d2h = (double)bytes * o->rounds / (now() - t0) / 1e9;
-	t0 = now();
+	d2h = (double)bytes * o->rounds / (clock_now() - t0) / 1e9;
+	t0 = clock_now();
 	for (unsigned r = 0; r < o->rounds; r++)
 		if (run_ops(c, &k, KVB_OP_GET, 2000, o->pages, 0, 0, 0, NULL))
 			return 1;
-	h2d = (double)bytes * o->rounds / (now() - t0) / 1e9;
+	h2d = (double)bytes * o->rounds / (clock_now() - t0) / 1e9;
 	kvb_close(c);
 	bd2h = baseline(0, bytes, o->rounds);
 	bh2d = baseline(1, bytes, o->rounds);

@@ -36,6 +36,7 @@
 
 #include <cJSON.h>
 
+#include "clock.h"
 #include "harness.h"
 #include "proto.h"
 
@@ -63,10 +64,7 @@ static int our_child(pid_t pid)
 
 uint64_t harness_now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return clock_ns();
 }
 
 uint64_t harness_now_ms(void)

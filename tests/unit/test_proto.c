@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -828,6 +831,78 @@ static void test_proto_is_pow2(void **state)
 	assert_false(kvb_is_pow2(UINT64_MAX));
 }
 
+/* Open fds of this process, from /proc/self/fd. */
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	assert_non_null(d);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* Sends "x" with n copies of fd 0 through s (kvb_msg_attach_fds). */
+static void send_fds(int s, uint32_t n)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * 8)];
+		struct cmsghdr align;
+	} cm;
+	int fds[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+	char x = 'x';
+	struct iovec iov = {&x, 1};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+	kvb_msg_attach_fds(&mh, cm.b, fds, n);
+	assert_int_equal(sendmsg(s, &mh, 0), 1);
+}
+
+static int recv_fds(int s, int *fds, uint32_t max, uint32_t *n)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * 8)];
+		struct cmsghdr align;
+	} cm;
+	char c;
+	struct iovec iov = {&c, 1};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = cm.b,
+			    .msg_controllen = sizeof(cm.b)};
+
+	assert_int_equal(recvmsg(s, &mh, MSG_CMSG_CLOEXEC), 1);
+	return kvb_msg_take_fds(&mh, fds, max, n);
+}
+
+/* The fd-passing pair: what is sent arrives; too many is -EPROTO with nothing left open. */
+static void test_proto_fds_pair(void **state)
+{
+	int sv[2], fds[8], base;
+	uint32_t n = 99;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM, 0, sv), 0);
+	base = count_fds();
+	send_fds(sv[0], 3);
+	assert_int_equal(recv_fds(sv[1], fds, 4, &n), 0);
+	assert_int_equal(n, 3);
+	assert_int_equal(count_fds(), base + 3);
+	for (uint32_t i = 0; i < n; i++)
+		close(fds[i]);
+	send_fds(sv[0], 5);
+	assert_int_equal(recv_fds(sv[1], fds, 2, &n), -EPROTO);
+	assert_int_equal(n, 0);
+	assert_int_equal(count_fds(), base); /* the 2 taken and the 3 past max: all closed */
+	send_fds(sv[0], 0);
+	assert_int_equal(recv_fds(sv[1], fds, 2, &n), 0);
+	assert_int_equal(n, 0);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 static void test_proto_default_socket(void **state)
 {
 	char buf[256], big[300];
@@ -889,6 +964,7 @@ int main(void)
 		cmocka_unit_test(test_proto_sqe_parent),
 		cmocka_unit_test(test_proto_is_pow2),
 		cmocka_unit_test(test_proto_default_socket),
+		cmocka_unit_test(test_proto_fds_pair),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,6 +34,7 @@
 #if defined(__SANITIZE_THREAD__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #pragma GCC diagnostic ignored "-Wtsan"
 #endif
+#include "clock.h"
 #include "ring.h"
 #include "wire.h"
 
@@ -372,14 +373,6 @@ struct stress {
 	kvb_atomic_u32 stop;   /* producer's deadline passed: total is final */
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* xorshift: batch sizes that vary without depending on libc's rand state. */
 static uint32_t rnd(uint32_t *s)
 {
@@ -393,7 +386,7 @@ static void *producer(void *arg)
 {
 	struct stress *s = arg;
 	struct kvb_ring *r = &s->f.prod;
-	uint64_t seq = 0, deadline = now_ns() + STRESS_BUDGET_NS;
+	uint64_t seq = 0, deadline = clock_ns() + STRESS_BUDGET_NS;
 	uint32_t seed = 0x9e3779b9u;
 
 	while (seq < s->total) {
@@ -431,7 +424,7 @@ static void *producer(void *arg)
 		/* Now and then pause so the consumer runs dry and exercises the sleep path. */
 		if ((seq & 0xffff) < n)
 			usleep(50);
-		if ((seq & 0xfff) < n && now_ns() > deadline)
+		if ((seq & 0xfff) < n && clock_ns() > deadline)
 			break;
 	}
 	s->sent = seq;
@@ -511,12 +504,12 @@ static void run_stress(uint32_t nentries, uint32_t start)
 	assert_true(s->doorbell >= 0);
 	s->total = STRESS_TARGET;
 	atomic_init(&s->stop, 0);
-	t0 = now_ns();
+	t0 = clock_ns();
 	assert_int_equal(pthread_create(&tc, NULL, consumer, s), 0);
 	assert_int_equal(pthread_create(&tp, NULL, producer, s), 0);
 	assert_int_equal(pthread_join(tp, NULL), 0);
 	assert_int_equal(pthread_join(tc, NULL), 0);
-	t1 = now_ns();
+	t1 = clock_ns();
 	printf("# ring %u entries from %u: %llu entries in %.3f s (%.1f M/s), %llu sleeps, "
 	       "%llu doorbells\n",
 	       nentries, start, (unsigned long long)s->received, (double)(t1 - t0) / 1e9,

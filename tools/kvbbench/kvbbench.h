@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "clock.h" /* clock_ns(), clock_now(): every timing */
+#include "size.h"  /* size_parse(): --page, --working-set */
 #include "kvbroker.h"
 
 /* ---- latency histogram: log-linear, 64 sub-buckets per power of two of nanoseconds ---- */
@@ -199,12 +201,9 @@ extern const struct kvbb_mode kvbb_memc_modes[];
 
 /* ---- helpers (util.c) ---- */
 
-uint64_t kvbb_now_ns(void);
-double kvbb_now_s(void);
 uint64_t kvbb_mix64(uint64_t x);
 uint64_t kvbb_rand(uint64_t *state);
 kvb_key kvbb_key(uint64_t seed, uint64_t stream, uint64_t i);
-uint64_t kvbb_parse_size(const char *s);
 const char *kvbb_fmt_bytes(double b, char *buf, size_t len);
 void kvbb_fill_page(uint8_t *p, size_t len, const kvb_key *k);
 int kvbb_check_page(const uint8_t *p, size_t len, const kvb_key *k);

@@ -153,8 +153,8 @@ static void thread_run(int idx)
 	if (go < 0)
 		goto out;
 
-	start = kvbb_now_s();
-	t0 = kvbb_now_ns();
+	start = clock_now();
+	t0 = clock_ns();
 	deadline = cfg.iters ? UINT64_MAX : t0 + (uint64_t)(cfg.seconds * 1e9);
 	if (cfg.rate > 0) {
 		/* Per arrival stream (a thread, or an engine's ranks together): its share of R. */
@@ -167,7 +167,7 @@ static void thread_run(int idx)
 		if (gap_ns > 0) {
 			/* Exponential gaps: -ln(U) x mean, U in (0, 1]. */
 			double u = (double)((kvbb_rand(&arr_rng) >> 11) + 1) / 9007199254740992.0;
-			uint64_t now = kvbb_now_ns();
+			uint64_t now = clock_ns();
 
 			t0 += (uint64_t)(-log(u) * gap_ns);
 			if (t0 >= deadline && !cfg.iters)
@@ -180,7 +180,7 @@ static void thread_run(int idx)
 		w.kind = K_MAIN;
 		w.t_start = t0;
 		r = m->op(&w, cfg.warmup + i);
-		t1 = kvbb_now_ns();
+		t1 = clock_ns();
 		if (r < 0) {
 			kvbb_fail(s, (int)r, m->name);
 			break;
@@ -192,7 +192,7 @@ static void thread_run(int idx)
 			uint64_t p0 = t1;
 
 			pair_copy(&w, cfg.warmup + i);
-			t1 = kvbb_now_ns();
+			t1 = clock_ns();
 			s->pair_ns += t1 - p0;
 		}
 		s->ops++;
@@ -205,11 +205,11 @@ static void thread_run(int idx)
 			continue; /* the next op's start is its arrival, not our end */
 		if (cfg.gap_us) {
 			sleep_us(cfg.gap_us);
-			t1 = kvbb_now_ns();
+			t1 = clock_ns();
 		}
 		t0 = t1;
 	}
-	s->elapsed = kvbb_now_s() - start;
+	s->elapsed = clock_now() - start;
 	/*
 	 * mla-tp: TP ranks stay attached until every rank has loaded, as an engine's do. A rank
 	 * that tore down as soon as its own pages were in (the broker serves the first ranks'
@@ -218,10 +218,10 @@ static void thread_run(int idx)
 	 * which no engine pays and the private pools, whose ranks all end together, did not.
 	 */
 	if (!strcmp(m->name, "mla-tp") && !cfg.leave_early) {
-		double until = kvbb_now_s() + cfg.timeout;
+		double until = clock_now() + cfg.timeout;
 
 		atomic_fetch_add(&sh->ended, 1);
-		while (atomic_load(&sh->ended) < cfg.nslots && kvbb_now_s() < until)
+		while (atomic_load(&sh->ended) < cfg.nslots && clock_now() < until)
 			sleep_us(200);
 	}
 out:
@@ -531,7 +531,10 @@ static int parse_args(int argc, char **argv)
 			cfg.server = optarg;
 			break;
 		case O_PAGE:
-			cfg.page_req = kvbb_parse_size(optarg);
+			if (size_parse(optarg, &cfg.page_req) || !cfg.page_req) {
+				cli_usage_error(kvbb_progname, "bad size '%s' for --page", optarg);
+				return -1;
+			}
 			page_given = 1;
 			break;
 		case O_LAYOUT:
@@ -545,7 +548,10 @@ static int parse_args(int argc, char **argv)
 			cfg.pages = strtoull(optarg, NULL, 0);
 			break;
 		case O_WS:
-			ws = kvbb_parse_size(optarg);
+			if (size_parse(optarg, &ws) || !ws) {
+				cli_usage_error(kvbb_progname, "bad size '%s' for --ws", optarg);
+				return -1;
+			}
 			break;
 		case O_PROCS:
 			cfg.procs = atoi(optarg);
@@ -729,7 +735,7 @@ static int parse_args(int argc, char **argv)
 				"acquire\n");
 		return -1;
 	}
-	cfg.put_seed = kvbb_mix64(kvbb_now_ns() ^ ((uint64_t)getpid() << 32));
+	cfg.put_seed = kvbb_mix64(clock_ns() ^ ((uint64_t)getpid() << 32));
 	cfg.ws_seed = kvbb_mix64(0x6b76626265ull ^ cfg.page_bytes ^ ((uint64_t)cfg.kimi << 40));
 	if (ws)
 		cfg.pages = (ws + cfg.page_bytes - 1) / cfg.page_bytes;
@@ -821,7 +827,7 @@ static int parse_args(int argc, char **argv)
 static void progress_line(double t0)
 {
 	uint64_t ops = 0, bytes = 0;
-	double el = kvbb_now_s() - t0;
+	double el = clock_now() - t0;
 	int i;
 
 	for (i = 0; i < cfg.nslots; i++) {
@@ -853,14 +859,14 @@ static int reap(pid_t *pids, int n, double deadline, double t0)
 			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
 				bad++;
 		}
-		if (left > 0 && !killed && kvbb_now_s() > deadline) {
+		if (left > 0 && !killed && clock_now() > deadline) {
 			fprintf(stderr, "%s: timed out; killing workers\n", kvbb_progname);
 			for (i = 0; i < n; i++)
 				if (pids[i] > 0)
 					kill(pids[i], SIGKILL);
 			killed = 1;
 		}
-		if (cfg.progress && t0 > 0 && kvbb_now_s() >= next) {
+		if (cfg.progress && t0 > 0 && clock_now() >= next) {
 			progress_line(t0);
 			next += 1;
 		}
@@ -1018,7 +1024,7 @@ int main(int argc, char **argv)
 		if (pids[i] < 0) {
 			fprintf(stderr, "%s: fork: %s\n", kvbb_progname, strerror(errno));
 			atomic_store(&sh->go, -1);
-			reap(pids, i, kvbb_now_s() + cfg.timeout, 0);
+			reap(pids, i, clock_now() + cfg.timeout, 0);
 			goto out;
 		}
 		if (pids[i] == 0)
@@ -1026,13 +1032,13 @@ int main(int argc, char **argv)
 	}
 
 	/* Start together: a thread that failed set-up counts as ready and makes us abort. */
-	deadline = kvbb_now_s() + cfg.timeout;
-	while ((started = atomic_load(&sh->ready)) < cfg.nslots && kvbb_now_s() < deadline)
+	deadline = clock_now() + cfg.timeout;
+	while ((started = atomic_load(&sh->ready)) < cfg.nslots && clock_now() < deadline)
 		usleep(200);
 	for (i = 0; i < cfg.nslots; i++)
 		if (sh->slot[i].rc)
 			started = -1;
-	t0 = kvbb_now_s();
+	t0 = clock_now();
 	atomic_store(&sh->go, started == cfg.nslots ? 1 : -1);
 	bad = reap(pids, cfg.procs, deadline + (cfg.iters ? cfg.timeout : cfg.seconds),
 		   started == cfg.nslots ? t0 : 0);

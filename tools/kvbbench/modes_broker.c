@@ -363,7 +363,7 @@ static int submit_all(struct kvbb_w *w, const struct kvb_op *ops, size_t n,
 		if (rc < 0)
 			return rc;
 		if (at) {
-			uint64_t t = kvbb_now_ns();
+			uint64_t t = clock_ns();
 
 			for (int j = 0; j < rc; j++)
 				at[done + (size_t)j] = t;
@@ -843,7 +843,7 @@ static int engine_load_layers(struct kvbb_w *w, uint32_t hits, uint64_t base, ui
 				return comp[j].res;
 			}
 			if (k < hits && !--left0)
-				kvbb_record(w, K_FIRST, kvbb_now_ns() - w->t_start);
+				kvbb_record(w, K_FIRST, clock_ns() - w->t_start);
 		}
 		done += (uint64_t)rc;
 	}
@@ -944,7 +944,7 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 		w->s->misses += hits32 - miss;
 		hits32 = miss;
 	}
-	t_load = kvbb_now_ns();
+	t_load = clock_ns();
 	kvbb_record(w, K_LOAD, t_load - w->t_start);
 	for (j = 0; j < n; j++) {
 		if (j >= hits32)
@@ -958,7 +958,7 @@ static int64_t op_engine(struct kvbb_w *w, uint64_t i)
 			return rc;
 	}
 	if (hits32 < n)
-		kvbb_record(w, K_WRITE, kvbb_now_ns() - t_load);
+		kvbb_record(w, K_WRITE, clock_ns() - t_load);
 	return (int64_t)(n * pb);
 }
 
@@ -1065,7 +1065,7 @@ static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
 	struct kvb_completion comp[KVBB_MAX_QD];
 	uint64_t at[KVBB_MAX_QD];
 	size_t pb = cfg->page_bytes, n = cfg->qd, j;
-	uint64_t k0 = b * n, t0 = kvbb_now_ns();
+	uint64_t k0 = b * n, t0 = clock_ns();
 	int rc;
 
 	if (k0 + n > cfg->pages)
@@ -1076,7 +1076,7 @@ static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
 	if (cfg->private_pools) {
 		for (j = 0; j < n; j++) {
 			memcpy(slot_of(w, k0 + j), w->src + (k0 + j) * pb, pb);
-			kvbb_record(w, K_GET, kvbb_now_ns() - t0);
+			kvbb_record(w, K_GET, clock_ns() - t0);
 		}
 		goto check;
 	}
@@ -1100,7 +1100,7 @@ static int64_t tp_load_batch(struct kvbb_w *w, uint64_t b)
 		kvbb_record(w, K_GET, at[j] - t0);
 	}
 check:
-	w->s->load_t1 = kvbb_now_ns();
+	w->s->load_t1 = clock_ns();
 	for (j = 0; j < n; j++)
 		if (kvbb_check_page(slot_of(w, k0 + j), pb, &cfg->tree_keys[k0 + j]))
 			return -EBADMSG;
@@ -1135,7 +1135,7 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 		return tp_load_batch(w, i - cfg->pages);
 	w->kind = K_GET; /* load it back */
 	if (!k)
-		w->s->load_t0 = kvbb_now_ns();
+		w->s->load_t0 = clock_ns();
 	if (cfg->private_pools) {
 		memcpy(slot, w->src + k * pb, pb);
 	} else {
@@ -1143,7 +1143,7 @@ static int64_t op_tp(struct kvbb_w *w, uint64_t i)
 		if (rc < 0)
 			return rc;
 	}
-	w->s->load_t1 = kvbb_now_ns();
+	w->s->load_t1 = clock_ns();
 	return kvbb_check_page(slot, pb, key) ? -EBADMSG : (int64_t)pb;
 }
 

@@ -62,19 +62,6 @@ double kvbb_h_quantile(const uint64_t *h, double q)
 	return h_value(H_BUCKETS - 1);
 }
 
-uint64_t kvbb_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-double kvbb_now_s(void)
-{
-	return (double)kvbb_now_ns() * 1e-9;
-}
-
 uint64_t kvbb_mix64(uint64_t x)
 {
 	x += 0x9e3779b97f4a7c15ull;
@@ -156,33 +143,6 @@ uint64_t kvbb_pick(struct kvbb_w *w, uint64_t i)
 	default:
 		return (w->start + i) % cfg->pages;
 	}
-}
-
-/* "64K", "1M", "4.5M", "1048576": binary multiples. 0 on garbage. */
-uint64_t kvbb_parse_size(const char *s)
-{
-	static const char suffix[] = "kKmMgGtT";
-	char *end;
-	double v = strtod(s, &end);
-	double mul = 1;
-
-	if (end == s || v < 0)
-		return 0;
-	if (*end) {
-		const char *u = strchr(suffix, *end);
-
-		if (u) {
-			mul = ldexp(1.0, 10 * (int)((u - suffix) / 2 + 1));
-			end++;
-		}
-	}
-	if (*end == 'i')
-		end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end)
-		return 0;
-	return (uint64_t)(v * mul + 0.5);
 }
 
 const char *kvbb_fmt_bytes(double b, char *buf, size_t len)
