@@ -171,6 +171,10 @@ $(B)/obj/tools/kvbgpucheck.o: $(GPUCHECK_FATBIN)
 $(B)/obj/tools/kvbgpucheck.o: override CFLAGS += -DKVB_GPUCHECK_FATBIN='"$(GPUCHECK_FATBIN)"'
 endif
 
+# The library's objects hide everything but the API of include/kvbroker.h (client/api.h), in the
+# archive as in the shared library, where the version script says the same.
+$(call obj,$(CLIENT_SRC) $(PROTO_SRC)): override CFLAGS += -fvisibility=hidden -DKVB_EXPORT_API
+
 $(LIB_A): $(call obj,$(CLIENT_SRC) $(PROTO_SRC))
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -364,7 +368,7 @@ PY_VENV := build/venv
 PY_VENV_STAMP := $(PY_VENV)/.reqs-ok
 PY_PKG_STAMP := $(PY_VENV)/.kvbroker-ok
 PY_PKG_SRC := $(wildcard python/csrc/*.[ch] python/src/kvbroker/*.py*) python/setup.py \
-	python/pyproject.toml $(CLIENT_SRC) $(PROTO_SRC) $(wildcard include/*.h proto/*.h client/*.h)
+	python/pyproject.toml $(CLIENT_SRC) $(PROTO_SRC) $(wildcard include/*.h proto/*.h client/*.h) common/clock.h
 
 $(PY_VENV_STAMP): tools/pyvenv.sh $(wildcard python/requirements/*.txt)
 	@echo "  VENV    $(PY_VENV)"

@@ -28,7 +28,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "kvbroker.h"
+#include "api.h"
 
 const char *kvb_strerror(int err)
 {

@@ -30,7 +30,7 @@
 #include <time.h>
 
 #include "clock.h" /* clock_ns(): every deadline and timing of the library */
-#include "kvbroker.h"
+#include "api.h"
 #include "pooldir.h"
 #include "proto.h"
 #include "ring.h"

@@ -20,7 +20,7 @@
 #include <openssl/sha.h>
 #include <string.h>
 
-#include "kvbroker.h"
+#include "api.h"
 
 _Static_assert(SHA256_DIGEST_LENGTH == sizeof(kvb_key), "a key is one SHA-256 digest");
 
