@@ -70,15 +70,17 @@ struct config {
 	struct tenant_cfg tenants; /* --tenants, --tenant, --tenant-share (tenant.c) */
 	struct ns_limit ns_limits[NS_LIMITS_MAX]; /* --ns-limit (ns.h [ns-limit]) */
 	uint32_t n_ns_limits;
-	uint64_t max_lease_bytes; /* --max-lease-bytes: page bytes one client may lease */
-	double max_lease_frac;	  /* ... as a fraction of its partition (N%) */
-	double max_pinned;	  /* --max-pinned: fraction of a partition leases may pin */
-	double lease_lifetime;	  /* --lease-lifetime: seconds a lease may be held, 0 ever */
-	int keep;		  /* 0: --no-pool-keep (pool.c [keep]) */
-	int free_pool;		  /* --free-pool: free a kept pool and exit */
-	int takeover;		  /* --takeover: the running broker hands its pool over */
-	int pool_overcommit;	  /* --pool-overcommit: start a pool that does not fit */
-	struct remote_cfg remote; /* remote.url NULL: no remote tier */
+	uint64_t max_lease_bytes;   /* --max-lease-bytes: page bytes one client may lease */
+	double max_lease_frac;	    /* ... as a fraction of its partition (N%) */
+	double max_pinned;	    /* --max-pinned: fraction of a partition leases may pin */
+	double lease_lifetime;	    /* --lease-lifetime: seconds a lease may be held, 0 ever */
+	int keep;		    /* 0: --no-pool-keep (pool.c [keep]) */
+	int free_pool;		    /* --free-pool: free a kept pool and exit */
+	int takeover;		    /* --takeover: the running broker hands its pool over */
+	int pool_overcommit;	    /* --pool-overcommit: start a pool that does not fit */
+	struct remote_cfg remote;   /* remote.url NULL: no remote tier */
+	uint32_t high_pct, low_pct; /* --high/low-watermark as given; 0: the default */
+	struct opt_seen *seen;	    /* options.c: what set each option, for "config" */
 };
 
 /* xfer.c: page copies (see stats "copy"). */

@@ -892,7 +892,8 @@ int session_poll(struct broker *b, struct session *s, uint32_t max, uint32_t *to
 	/*
 	 * Fair rounds: the turn ends when its ops did about OPS_ROUND_WORK units of work (keys
 	 * looked up, segments built, bytes copied inline), so no client's legal ops hold the
-	 * others up for more than about a millisecond per round.
+	 * others up for more than about 200 us per round (4096 units of ~50 ns; t_fairness
+	 * sees a flooder's turn take ~130 us, docs/design.md "fair rounds").
 	 */
 	for (i = 0; i < n && work < OPS_ROUND_WORK; i++) {
 		struct kvb_sqe sqe;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "broker.h"
+#include "options.h"
 #include "watch.h"
 #include "text.h"
 
@@ -471,6 +472,7 @@ static char *render(const struct broker *b, const struct stats_view *v)
 	cJSON_AddItemToObject(root, "copy", xfer_stats_json(b));
 	cJSON_AddItemToObject(root, "pool", pool_json(b));
 	cJSON_AddItemToObject(root, "startup", startup_json(b));
+	cJSON_AddItemToObject(root, "config", options_json(&b->cfg)); /* the operator's only */
 	disk = tier_json(b);
 	if (tier_nparts(b) > 1) {
 		/* [tenant-disk] each partition's region of the disk */

@@ -322,6 +322,30 @@ static void print_disk(const cJSON *root)
 	       sdoc_num(d, "dropped"), sdoc_num(d, "scan_seconds"));
 }
 
+/* The settings not at their default, and where each came from (the whole list: --json). */
+static void print_config(const cJSON *root)
+{
+	const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(root, "config"), *o;
+	int n = 0;
+
+	if (!cJSON_IsObject(cfg))
+		return; /* an older broker, or a tenant's view */
+	cJSON_ArrayForEach(o, cfg)
+	{
+		const char *src = sdoc_str(o, "source");
+		char *v;
+
+		if (!strcmp(src, "default"))
+			continue;
+		v = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(o, "value"));
+		printf("%s%s = %s  (%s)\n", n++ ? "           " : "config     ", o->string,
+		       v ? v : "?", src);
+		free(v);
+	}
+	if (!n)
+		printf("config     defaults only\n");
+}
+
 static void print_status(const cJSON *root, const char *path, int from_file)
 {
 	const cJSON *pool = sdoc_obj(root, "pool");
@@ -424,6 +448,7 @@ static void print_status(const cJSON *root, const char *path, int from_file)
 	printf("dedup      %s not stored twice: PUTs that found the page already stored by "
 	       "another rank or engine\n",
 	       text_bytes(dedup_saved(root), a, sizeof(a)));
+	print_config(root);
 }
 
 /* "0,3" from a client's namespace ids, "-" when none or an older broker. */

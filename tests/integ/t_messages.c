@@ -87,7 +87,8 @@ static void usage_errors(void)
 	       "--max-control?\n"
 	       "Try 'kvbrokerd --help' for more information.\n");
 	expect("kvbrokerd", "--pool 1X", 2,
-	       "kvbrokerd: bad value '1X' for --pool\n"
+	       "kvbrokerd: bad value '1X' for --pool: a size such as 64G (G = GiB; GB = 10^9 "
+	       "bytes)\n"
 	       "Try 'kvbrokerd --help' for more information.\n");
 	expect("kvbrokerd", "--no-gpu=yes", 2,
 	       "kvbrokerd: option --no-gpu takes no value\n"
