@@ -10,7 +10,7 @@
 #   make fuzz         every libFuzzer target for FUZZ_SECONDS each (clang; make test runs each
 #                     for FUZZ_SMOKE_SECONDS on its seed corpus and regression inputs)
 #   make soak         the reliability tests at full size, the soak for DURATION seconds
-#   make lint         clang-format check, cppcheck
+#   make lint         clang-format check, the layering rule (tools/check-layers.sh), cppcheck
 #   make install      PREFIX=/usr/local DESTDIR=
 #   V=1 shows commands; MODE=debug|asan|tsan selects the build flavour.
 
@@ -354,6 +354,7 @@ tsan:
 
 lint:
 	$(Q)clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+	$(Q)sh tools/check-layers.sh
 	$(Q)cppcheck --quiet --error-exitcode=1 --enable=warning,portability \
 		--suppress=missingIncludeSystem -Iinclude -Iproto $$(git ls-files '*.c')
 	$(Q)$(MAKE) --no-print-directory pylint

@@ -34,7 +34,11 @@
 #ifndef KVB_BROKER_COPY_H
 #define KVB_BROKER_COPY_H
 
+#include <errno.h>
 #include <stdint.h>
+
+struct copy_gpu_alloc;
+struct gpu_map;
 
 struct copy_seg {
 	void *dst;
@@ -120,7 +124,50 @@ struct copy_engine {
 	uint32_t (*poll)(struct copy_engine *e);
 	void (*arm)(struct copy_engine *e); /* may be NULL */
 	void (*destroy)(struct copy_engine *e);
+	/* Engines of device memory only (NULL elsewhere): copy_gpu_open(), copy_gpu_put(). */
+	int (*gpu_open)(struct copy_engine *e, uint32_t owner, const struct copy_gpu_alloc *a,
+			struct gpu_map **gm, uint64_t *dptr, int32_t *dev);
+	void (*gpu_put)(struct copy_engine *e, struct gpu_map *gm);
 };
+
+/*
+ * A client's GPU allocation for copy_gpu_open(): what the control path decoded from the
+ * client's registration (BUF_REG_GPU), in the engine's terms. The engine knows no message.
+ */
+#define COPY_GPU_IPC 1 /* handle: a CUipcMemHandle (cuMemAlloc memory) */
+#define COPY_GPU_FD 2  /* fd: a cuMem allocation's POSIX fd */
+struct copy_gpu_alloc {
+	uint8_t uuid[16];   /* the device it lives on */
+	uint8_t handle[64]; /* COPY_GPU_IPC */
+	uint64_t key;	    /* its base address in the client: one open per client and key */
+	uint64_t size;	    /* its bytes */
+	int kind;	    /* COPY_GPU_IPC or COPY_GPU_FD */
+	int fd;		    /* COPY_GPU_FD: the fd (the caller closes it); else -1 */
+};
+
+/*
+ * Opens owner's allocation a on its device (or takes another reference: one open per owner
+ * and key): *dptr is the device address of its base in the engine's context and *dev the
+ * device's index, which jobs name (copy_job.dev). Errors: -ENODEV no engine of device memory
+ * or no device with a's uuid, -EINVAL a key reopened with another size or kind, -EFAULT the
+ * driver maps less than a->size, -ENOMEM, -EIO (or another errno) the driver refused it.
+ */
+static inline int copy_gpu_open(struct copy_engine *e, uint32_t owner,
+				const struct copy_gpu_alloc *a, struct gpu_map **gm, uint64_t *dptr,
+				int32_t *dev)
+{
+	return e && e->gpu_open ? e->gpu_open(e, owner, a, gm, dptr, dev) : -ENODEV;
+}
+
+/*
+ * Drops one reference on gm; the last closes it, once no copy on its device is in flight any
+ * more. A NULL engine (already destroyed, which closed every mapping) is a no-op.
+ */
+static inline void copy_gpu_put(struct copy_engine *e, struct gpu_map *gm)
+{
+	if (e && e->gpu_put && gm)
+		e->gpu_put(e, gm);
+}
 
 /*
  * Appends dst <- src (len bytes) to segs[*n], merging it into the previous segment when both

@@ -94,7 +94,7 @@ struct kvb_cseg { /* kernels/copy_segs.cu, [gpu-crc] */
 struct gpu_map {
 	struct gpu_map *next; /* on its device's closing list */
 	uint32_t owner;	      /* session id */
-	uint32_t kind;	      /* KVB_BUF_GPU_IPC or KVB_BUF_GPU_FD */
+	int kind;	      /* COPY_GPU_IPC or COPY_GPU_FD */
 	uint32_t refs;
 	int dev;
 	uint64_t key; /* the client's address of the allocation */
@@ -182,6 +182,9 @@ struct cuda_engine {
 
 #define CU(e, call) ((e)->api->call)
 
+static int cuda_gpu_open(struct copy_engine *e, uint32_t owner, const struct copy_gpu_alloc *a,
+			 struct gpu_map **gm, uint64_t *dptr, int32_t *dev);
+
 static int cu_fail(struct cuda_engine *c, const char *what, CUresult r)
 {
 	log_warn("cuda: %s: %s", what, kvb_cuda_strerror(c->api, r));
@@ -265,7 +268,7 @@ static void map_close(struct cuda_engine *c, struct gpu_map *gm)
 	CUresult r = CUDA_SUCCESS;
 
 	CU(c, cuCtxSetCurrent)(c->dev[gm->dev].ctx);
-	if (gm->kind == KVB_BUF_GPU_IPC) {
+	if (gm->kind == COPY_GPU_IPC) {
 		r = CU(c, cuIpcCloseMemHandle)(gm->base);
 	} else {
 		CU(c, cuMemUnmap)(gm->base, gm->size);
@@ -333,8 +336,8 @@ static int map_open_ipc(struct cuda_engine *c, struct gpu_map *gm, const uint8_t
 	return 0;
 }
 
-int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
-		 const struct kvb_msg_buf_reg_gpu *m, int fd, struct gpu_map **out, uint64_t *dptr)
+int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev, const struct copy_gpu_alloc *m,
+		 struct gpu_map **out, uint64_t *dptr)
 {
 	struct cuda_engine *c = (struct cuda_engine *)e;
 	struct cuda_dev *d = &c->dev[dev];
@@ -343,8 +346,8 @@ int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
 
 	for (uint32_t i = 0; i < d->nmaps; i++) {
 		gm = d->maps[i];
-		if (gm->owner == owner && gm->key == m->alloc_base) {
-			if (gm->size != m->alloc_size || gm->kind != m->kind)
+		if (gm->owner == owner && gm->key == m->key) {
+			if (gm->size != m->size || gm->kind != m->kind)
 				return -EINVAL;
 			gm->refs++;
 			*out = gm;
@@ -359,12 +362,12 @@ int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
 			       .kind = m->kind,
 			       .refs = 1,
 			       .dev = dev,
-			       .key = m->alloc_base,
-			       .size = m->alloc_size};
+			       .key = m->key,
+			       .size = m->size};
 	CU(c, cuCtxSetCurrent)(d->ctx);
 	/* Each open undoes its own steps on failure. */
-	err = m->kind == KVB_BUF_GPU_FD ? map_open_fd(c, d, gm, fd)
-					: map_open_ipc(c, gm, m->handle);
+	err = m->kind == COPY_GPU_FD ? map_open_fd(c, d, gm, m->fd)
+				     : map_open_ipc(c, gm, m->handle);
 	if (err) {
 		free(gm);
 		return err;
@@ -1087,6 +1090,8 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 	c->e.poll = cuda_poll;
 	c->e.arm = cuda_arm;
 	c->e.destroy = cuda_destroy;
+	c->e.gpu_open = cuda_gpu_open;
+	c->e.gpu_put = gpu_map_put;
 	c->e.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (c->e.efd < 0) {
 		snprintf(why, whylen, "eventfd: %s", strerror(errno));
@@ -1168,35 +1173,18 @@ struct copy_engine *copy_cuda_open(struct broker *b)
 	return e;
 }
 
-int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_gpu *m, int fd,
-		uint32_t *id)
+/* copy.h's gpu_open: the device by its uuid, then its mapping of the allocation. */
+static int cuda_gpu_open(struct copy_engine *e, uint32_t owner, const struct copy_gpu_alloc *a,
+			 struct gpu_map **gm, uint64_t *dptr, int32_t *dev)
 {
-	struct gpu_map *gm;
-	uint64_t dptr;
-	int dev, err;
+	int d = cuda_dev_find(e, a->uuid), err;
 
-	if (!b->gpu)
-		return -ENODEV;
-	if (m->resv || !m->len || (m->kind != KVB_BUF_GPU_IPC && m->kind != KVB_BUF_GPU_FD) ||
-	    (m->kind == KVB_BUF_GPU_FD) != (fd >= 0))
-		return -EINVAL;
-	if (m->off > m->alloc_size || m->len > m->alloc_size - m->off)
-		return -EFAULT;
-	dev = cuda_dev_find(b->gpu, m->uuid);
-	if (dev < 0)
-		return dev;
-	err = session_buf_slot(b, s, id); /* --max-bufs counts GPU buffers too */
-	if (err)
-		return err;
-	err = cuda_map_get(b->gpu, s->id, dev, m, fd, &gm, &dptr);
-	if (err)
-		return err;
-	s->bufs[*id] = (struct sbuf){
-		.base = (void *)(uintptr_t)(dptr + m->off), .len = m->len, .dev = dev, .gm = gm};
-	log_debug("client %u: GPU buffer %u: %llu bytes at +%llu of a %s allocation on device %d",
-		  s->id, *id, (unsigned long long)m->len, (unsigned long long)m->off,
-		  m->kind == KVB_BUF_GPU_FD ? "cuMem" : "cuMemAlloc", dev);
-	return 0;
+	if (d < 0)
+		return d;
+	err = cuda_map_get(e, owner, d, a, gm, dptr);
+	if (!err)
+		*dev = d;
+	return err;
 }
 
 cJSON *copy_cuda_stats_json(const struct broker *b)
@@ -1242,18 +1230,6 @@ struct copy_engine *copy_cuda_open(struct broker *b)
 	(void)b;
 	log_info("GPU copies off: built without CUDA headers");
 	return NULL;
-}
-
-int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_gpu *m, int fd,
-		uint32_t *id)
-{
-	(void)b, (void)s, (void)m, (void)fd, (void)id;
-	return -ENODEV;
-}
-
-void gpu_map_put(struct copy_engine *e, struct gpu_map *gm)
-{
-	(void)e, (void)gm;
 }
 
 cJSON *copy_cuda_stats_json(const struct broker *b)

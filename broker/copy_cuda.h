@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * copy_cuda.h - the CUDA copy engine as the rest of the broker sees it: open it (libcuda.so.1
- * loaded at run time, so one binary runs with and without a GPU), register clients' GPU
- * buffers with it, drop them. Copies go through copy.h. Loop thread only.
+ * loaded at run time, so one binary runs with and without a GPU). Copies, and the clients'
+ * GPU allocations it opens, go through copy.h (copy_gpu_open, copy_gpu_put): the control path
+ * decodes a registration, the engine knows no message and no session. Loop thread only.
  */
 #ifndef KVB_BROKER_COPY_CUDA_H
 #define KVB_BROKER_COPY_CUDA_H
@@ -10,10 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "wire.h"
+#include "copy.h"
 
 struct broker;
-struct session;
 struct gpu_map;
 struct copy_engine;
 struct cJSON;
@@ -25,21 +25,7 @@ struct cJSON;
  */
 struct copy_engine *copy_cuda_open(struct broker *b);
 
-/*
- * BUF_REG_GPU: opens (or reuses: one open per client and allocation) the client's allocation
- * on the device with m->uuid and puts the range into a free buffer slot of s, its id into *id.
- * fd: the cuMem allocation's fd (KVB_BUF_GPU_FD) or -1; the caller closes it. Errors: -ENODEV
- * GPU copies off or no device with that UUID, -EINVAL malformed, -EFAULT range outside the
- * allocation, -EMFILE no buffer slot, -EIO (or another errno) the driver refused the handle.
- */
-int gpu_buf_reg(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_gpu *m, int fd,
-		uint32_t *id);
-
-/*
- * Drops one buffer's reference on its mapping; the last closes the handle, once no copy on its
- * device is in flight any more. A NULL engine (already destroyed, which closed every mapping)
- * is a no-op.
- */
+/* The engine's copy_gpu_put (copy.h); the tests call it directly. */
 void gpu_map_put(struct copy_engine *e, struct gpu_map *gm);
 
 /* The "gpu" member of the copy statistics: devices, pin time, paths, calibrated shapes. */
@@ -84,8 +70,8 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 int cuda_dev_find(struct copy_engine *e, const uint8_t uuid[16]);
 /* Opens (or takes another reference on) owner's allocation m on device dev: *dptr is the device
  * address of the allocation's base in our context. */
-int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev,
-		 const struct kvb_msg_buf_reg_gpu *m, int fd, struct gpu_map **out, uint64_t *dptr);
+int cuda_map_get(struct copy_engine *e, uint32_t owner, int dev, const struct copy_gpu_alloc *m,
+		 struct gpu_map **out, uint64_t *dptr);
 void copy_cuda_info(struct copy_engine *e, struct cuda_info *out);
 /* The path chosen for a page shape, or -1 while it is still being measured (or unknown). */
 int cuda_shape_path(struct copy_engine *e, int dev, uint32_t dir, uint32_t nsegs, uint64_t bytes);

@@ -390,6 +390,47 @@ static int buf_reg_fd(struct broker *b, struct session *s, const struct kvb_msg_
 }
 
 /*
+ * BUF_REG_GPU: the GPU engine opens (or reuses: one open per client and allocation) the
+ * client's allocation on the device with m->uuid (copy.h), and the range goes into a free
+ * buffer slot of s, its id into *id. fd: the cuMem allocation's fd (KVB_BUF_GPU_FD) or -1; the
+ * caller closes it. Errors: -ENODEV GPU copies off or no device with that UUID, -EINVAL
+ * malformed, -EFAULT range outside the allocation, -EMFILE no buffer slot, -EIO (or another
+ * errno) the driver refused the handle.
+ */
+static int buf_reg_gpu(struct broker *b, struct session *s, const struct kvb_msg_buf_reg_gpu *m,
+		       int fd, uint32_t *id)
+{
+	struct copy_gpu_alloc a = {.key = m->alloc_base, .size = m->alloc_size, .fd = fd};
+	struct gpu_map *gm;
+	uint64_t dptr;
+	int32_t dev;
+	int err;
+
+	if (!b->gpu)
+		return -ENODEV;
+	if (m->resv || !m->len || (m->kind != KVB_BUF_GPU_IPC && m->kind != KVB_BUF_GPU_FD) ||
+	    (m->kind == KVB_BUF_GPU_FD) != (fd >= 0))
+		return -EINVAL;
+	if (m->off > m->alloc_size || m->len > m->alloc_size - m->off)
+		return -EFAULT;
+	a.kind = m->kind == KVB_BUF_GPU_FD ? COPY_GPU_FD : COPY_GPU_IPC;
+	memcpy(a.uuid, m->uuid, sizeof(a.uuid));
+	memcpy(a.handle, m->handle, sizeof(a.handle));
+	err = session_buf_slot(b, s, id); /* --max-bufs counts GPU buffers too */
+	if (err)
+		return err;
+	err = copy_gpu_open(b->gpu, s->id, &a, &gm, &dptr, &dev);
+	if (err)
+		return err;
+	s->bufs[*id] = (struct sbuf){
+		.base = (void *)(uintptr_t)(dptr + m->off), .len = m->len, .dev = dev, .gm = gm};
+	log_debug("client %u: GPU buffer %u: %llu bytes at +%llu of a %s allocation on device %d",
+		  s->id, *id, (unsigned long long)m->len, (unsigned long long)m->off,
+		  m->kind == KVB_BUF_GPU_FD ? "cuMem" : "cuMemAlloc", dev);
+	return 0;
+}
+
+/*
  * VIEW_CREATE and VIEW_CREATE2: one part per (component, layer) of a namespace this session
  * opened. Strides must cover a token's bytes and page strides a page's tokens, so that slot
  * addresses grow with the slot and pages never overlap (ops.c bounds a page by its first and
@@ -573,7 +614,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 		struct kvb_msg_buf_reg_gpu m;
 
 		memcpy(&m, body, sizeof(m));
-		err = gpu_buf_reg(b, s, &m, fd, &bid);
+		err = buf_reg_gpu(b, s, &m, fd, &bid);
 		id = (struct kvb_msg_id){bid, 0};
 		return err ? reply(s, h, err, NULL, 0, NULL, 0)
 			   : reply(s, h, 0, &id, sizeof(id), NULL, 0);

@@ -668,9 +668,9 @@ int main(int argc, char **argv)
 			 NULL, 0);
 	list_for_each_safe (pos, tmp, &b.sessions)
 		session_destroy(&b, list_entry(pos, struct session, link), NULL);
-	xfer_fini(&b);	  /* in-flight copies finish, their dead sessions' counts drop to 0 */
-	tier_close(&b);	  /* writes what is only in RAM, completes parked ops */
-	remote_close(&b); /* requests in flight are cancelled: their pages abort */
+	xfer_fini(&b); /* in-flight copies finish, their dead sessions' counts drop to 0 */
+	tier_close(&b, ops_poll); /* writes what is only in RAM, completes parked ops */
+	remote_close(&b);	  /* requests in flight are cancelled: their pages abort */
 	session_reap(&b);
 	log_info("stopped: %llu puts, %llu gets, %llu dedup, %llu evictions",
 		 (unsigned long long)b.ctr.puts, (unsigned long long)b.ctr.gets,

@@ -422,18 +422,16 @@ int ops_park(struct broker *b, struct op *op, struct waitq *q, const char *what)
 
 int ops_park_page(struct broker *b, struct op *op, struct page *pg, const char *what)
 {
-	if (!pg->waiters) {
-		pg->waiters = malloc(sizeof(*pg->waiters));
-		if (!pg->waiters)
-			return op_fail(op, -ENOMEM);
-		waitq_init(pg->waiters);
-	}
-	return ops_park(b, op, pg->waiters, what);
+	struct waitq *q = store_waiters(pg);
+
+	if (!q)
+		return op_fail(op, -ENOMEM);
+	return ops_park(b, op, q, what);
 }
 
 void ops_wake(struct broker *b, struct waitq *q)
 {
-	list_splice_tail(&b->runq.ops, &q->ops); /* they run in the order they parked */
+	waitq_wake(q, &b->runq); /* they run in the order they parked */
 }
 
 void ops_page_changed(void *arg, struct page *pg)
@@ -581,7 +579,7 @@ void ops_fini(struct broker *b)
 static void op_end(struct broker *b, struct op *op)
 {
 	op_account(b, op);
-	remote_op_end(op);
+	remote_ask_end(&op->ra);
 	if (op->v)
 		sview_put(op->v);
 	segs_free(b, op);
@@ -662,6 +660,7 @@ static int op_put(struct broker *b, struct op *op)
 {
 	struct ns *n = op->n;
 	struct session *s = op->s;
+	struct wait_on w;
 	struct page *pg;
 	int err = 0;
 
@@ -714,8 +713,9 @@ static int op_put(struct broker *b, struct op *op)
 		/* [told-lru] It reads what clients told before it evicts (session_settle). */
 		err = store_alloc_pref(&b->store, n->cls, n->id, &op->key,
 				       s->pref.n ? &s->pref : NULL, &pg);
-		if (err == -ENOSPC && tier_park_alloc(b, op))
-			return OPS_DEFERRED; /* runs again once a demotion freed RAM */
+		if (err == -ENOSPC && tier_wait_alloc(b, &w))
+			return ops_park(b, op, w.q,
+					w.why); /* runs again once a demotion freed RAM */
 		if (err)
 			return op_fail(op, err);
 		if (op->sqe.flags & KVB_OPF_PARENT)
@@ -736,6 +736,24 @@ static int op_put(struct broker *b, struct op *op)
 		}
 	}
 	return xfer_start(b, op, COPY_TO_POOL);
+}
+
+/*
+ * RAM has no READY page for the op (pg: the key's WRITING page, or NULL): asks the disk tier,
+ * then the remote one (whose fetch may also land in dst, a plain host destination). Returns 1
+ * with the op parked where a tier said to wait (it runs again from ops_poll and finds the
+ * page in RAM, or misses), 0 for a miss. The tiers only answer; parking is done here.
+ */
+static int op_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *dst)
+{
+	struct wait_on w;
+
+	if (tier_promote(b, op->n, &op->key, pg, &w) ||
+	    remote_promote(b, &op->ra, op->n, &op->key, pg, dst, &w)) {
+		ops_park(b, op, w.q, w.why);
+		return 1;
+	}
+	return 0;
 }
 
 static int op_get(struct broker *b, struct op *op)
@@ -762,7 +780,7 @@ static int op_get(struct broker *b, struct op *op)
 		b->ctr.dir_gets++;
 		return OPS_DONE;
 	}
-	if (op->rfilled) {
+	if (op->ra.filled) {
 		/* A fetch landed in dst as well as in the slot, and was checked: nothing to copy. */
 		op->hit = 1;
 		op->bytes_out = n->page_bytes;
@@ -788,9 +806,8 @@ static int op_get(struct broker *b, struct op *op)
 			 * fetch also lands in a plain host destination (not a view's, a GPU's or
 			 * an fd buffer's: those keep the copy after the commit).
 			 */
-			if (tier_promote(b, op, pg) ||
-			    remote_promote(b, op, pg,
-					   op->dev == COPY_HOST && !op->s->nfdbufs ? dst : NULL))
+			if (op_promote(b, op, pg,
+				       op->dev == COPY_HOST && !op->s->nfdbufs ? dst : NULL))
 				return OPS_DEFERRED; /* runs again once the page is in RAM */
 			op->hit = 0;
 			return op_fail(op, -ENOENT);
@@ -932,7 +949,7 @@ static int op_acquire(struct broker *b, struct op *op)
 		return OPS_DONE;
 	}
 	if (!pg || pg->state != PAGE_READY) {
-		if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
+		if (op_promote(b, op, pg, NULL))
 			return OPS_DEFERRED;
 		op->hit = 0;
 		return op_fail(op, -ENOENT);
@@ -1027,7 +1044,7 @@ static int op_prefetch(struct broker *b, struct op *op)
 	if (pg && pg->state == PAGE_READY)
 		return OPS_DONE;
 	/* A page on disk is promoted first; then this op runs again and finds it in RAM. */
-	if (tier_promote(b, op, pg) || remote_promote(b, op, pg, NULL))
+	if (op_promote(b, op, pg, NULL))
 		return OPS_DEFERRED;
 	return op_fail(op, -ENOENT);
 }
@@ -1040,12 +1057,13 @@ static int op_lookup(struct broker *b, struct op *op)
 	uint8_t *tiers = s->arg + op->sqe.batch.out_off;
 	uint32_t count = op->sqe.batch.count, i = op->cursor;
 	uint32_t end = count - i > OPS_STEP_WORK ? i + OPS_STEP_WORK : count;
+	struct wait_on w;
 
 	if (!op->n)
 		return op_fail(op, -EBADF);
-	if (op->rlq) {
+	if (op->ra.lq) {
 		/* The remote tier answered (or its deadline passed): the keys it has. */
-		op->cqe.res = (int32_t)remote_lookup_apply(b, op, tiers, op->lead);
+		op->cqe.res = (int32_t)remote_lookup_apply(&op->ra, tiers, op->lead);
 		return OPS_DONE;
 	}
 	if (!i)
@@ -1072,8 +1090,8 @@ static int op_lookup(struct broker *b, struct op *op)
 	if (end < count)
 		return op_yield(b, op);
 	/* Only keys found nowhere here cross the network; a LOOKUP of local pages never waits. */
-	if (remote_lookup(b, op, keys, tiers, count))
-		return OPS_DEFERRED;
+	if (remote_lookup(b, &op->ra, op->n, keys, tiers, count, &w))
+		return ops_park(b, op, w.q, w.why);
 	op->cqe.res = (int32_t)op->lead;
 	return OPS_DONE;
 }

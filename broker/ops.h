@@ -11,6 +11,8 @@
 #include "copy.h"
 #include "kvbroker.h"
 #include "list.h"
+#include "remote.h"
+#include "waitq.h"
 #include "wire.h"
 
 struct broker;
@@ -23,11 +25,6 @@ struct remote_call;
 
 /* What an op's run returned: complete now (cqe filled), or it completes later. */
 enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
-
-/* A list of parked ops; whoever owns it wakes it when what they wait for happened. */
-struct waitq {
-	struct list ops;
-};
 
 /*
  * One request. Decoded once from its SQE (a private copy: the key, the resolved namespace or
@@ -56,16 +53,13 @@ struct op {
 	uint8_t note;	    /* from the note ring (ops_note) */
 	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	    /* PUT: the key was stored */
-	uint8_t remote;	    /* the remote tier was asked (once per op: remote.c) */
 	uint8_t fill;	    /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
 	uint8_t copy_yield; /* counted in b->copy_yield while its copy is queued */
-	uint8_t fill_stopped;	   /* the client was told to stop filling (fill-stop word) */
-	uint32_t fill_seq;	   /* its number among the session's filled PUTs (wire.h) */
-	uint32_t filled;	   /* bytes of it copied into the page so far */
-	double fill_at;		   /* when the fill word last moved on (or the copy began) */
-	struct remote_lq *rlq;	   /* LOOKUP: its questions to the remote tier, while asked */
-	struct remote_call *rcall; /* GET: the fetch landing in its destination too (remote.c) */
-	uint8_t rfilled;	   /* GET: that fetch checked and committed: dst holds the page */
+	uint8_t fill_stopped; /* the client was told to stop filling (fill-stop word) */
+	uint32_t fill_seq;    /* its number among the session's filled PUTs (wire.h) */
+	uint32_t filled;      /* bytes of it copied into the page so far */
+	double fill_at;	      /* when the fill word last moved on (or the copy began) */
+	struct remote_ask ra; /* what it asked of the remote tier (remote.h) */
 	/* resumable work: LOOKUP keys done, or view (part, token) pairs whose segments are built */
 	uint32_t cursor, lead;
 	uint8_t leading;
@@ -170,10 +164,5 @@ void ops_session_dead(struct broker *b, struct session *s);
 
 /* Drops every lease a session holds (client gone). */
 void ops_release_all(struct broker *b, struct session *s);
-
-static inline void waitq_init(struct waitq *q)
-{
-	list_init(&q->ops);
-}
 
 #endif /* KVB_BROKER_OPS_H */

@@ -37,8 +37,9 @@
  * (publish_lost): that page is not shared, nothing worse.
  *
  * Fetch (GET, ACQUIRE, PREFETCH that missed in RAM and on disk). As a promotion from disk
- * (tier.c): a RAM slot is allocated WRITING (never served), the op parks on it (pg->waiters),
- * and ops for the same key join it. The backend lands the value in place (c->dst: the slot
+ * (tier.c): a RAM slot is allocated WRITING (never served), the tier answers "wait on it"
+ * (pg->waiters: the request engine parks the op there, waitq.h), and requests for the same key
+ * join it. The backend lands the value in place (c->dst: the slot
  * itself, no whole-value buffer in between) and the crc32c is computed piece by piece as the
  * bytes land, while they are in the cache (remote_call_landed); a reply it could not land is
  * copied into the slot and checked there. Either way the check (header, length, crc32c of the
@@ -49,18 +50,18 @@
  * GET that issued the fetch, when its destination is a plain registered host buffer
  * (c->mdst), gets each piece copied there too as it lands, while the piece is in the cache
  * from the kernel's copy: once the check passed it completes with no copy of its own and no
- * hand-off to a copy worker (op->rfilled). Its completion still comes only after the check,
+ * hand-off to a copy worker (remote_ask.filled). Its completion still comes only after the check,
  * so nothing unchecked is ever reported as a page; a miss whose page fails its crc may leave
  * bytes in that destination (kvb_get's dst is unspecified after -ENOENT, kvbroker.h). Views,
  * GPU and fd buffers, ACQUIRE, PREFETCH and the ops that joined a fetch copy after the commit
  * as any hit; a GET that ends first (its client died) detaches, and nothing lands there
  * after. Each fetch has a deadline (--remote-timeout): past it the slot is aborted and the ops
- * miss; a reply that comes later finds its call settled and is dropped. An op asks
- * the store once (op->remote): run again after a failed fetch, it misses.
+ * miss; a reply that comes later finds its call settled and is dropped. A request asks
+ * the store once (remote_ask.asked): asking again after a failed fetch, it misses.
  *
  * Lookup. A LOOKUP first answers from RAM and disk; the keys it found nowhere (at most
- * REMOTE_LOOKUP_MAX of them) are asked of the store (EXISTS), the op parks until every answer
- * or its deadline, and the keys found are reported KVB_TIER_REMOTE. Only keys that missed
+ * REMOTE_LOOKUP_MAX of them) are asked of the store (EXISTS), the op waits on the question's
+ * queue until every answer or its deadline, and the keys found are reported KVB_TIER_REMOTE. Only keys that missed
  * locally cross the network, so a local hit never waits for the cluster.
  *
  * Faults. The backend knows its shards: one that refuses, resets or stalls is backed off
@@ -91,7 +92,7 @@ struct remote_lq {
 	uint32_t pending; /* calls not settled */
 	uint32_t n;	  /* keys asked */
 	uint32_t end;	  /* the first key after idx[n - 1] that was NONE and not asked, or count */
-	struct op *op;	  /* NULL once the op ended */
+	struct remote_ask *ra; /* the asking request's, NULL once it ended */
 	struct waitq wq;
 	uint32_t *idx;	/* which keys of the LOOKUP */
 	uint8_t *found; /* the answer per key asked */
@@ -195,9 +196,9 @@ static void lq_put(struct remote_lq *lq)
 /* The GET whose destination fetch c also fills lets go of it: nothing lands there after. */
 static void mirror_detach(struct remote_call *c)
 {
-	if (c->mop)
-		c->mop->rcall = NULL;
-	c->mop = NULL;
+	if (c->mra)
+		c->mra->call = NULL;
+	c->mra = NULL;
 	c->mdst = NULL;
 }
 
@@ -267,7 +268,7 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 {
 	struct store *s = &r->b->store;
 	struct page *pg = c->pg;
-	struct op *mop = c->mop;
+	struct remote_ask *mra = c->mra;
 	uint8_t *mdst = c->mdst;
 	int ok = 0;
 
@@ -290,8 +291,8 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 		 * Every byte that landed in the slot went to the issuing GET's destination as it
 		 * landed: checked now, that GET completes with no copy of its own (ops.c).
 		 */
-		if (mop && mdst && c->landed) {
-			mop->rfilled = 1;
+		if (mra && mdst && c->landed) {
+			mra->filled = 1;
 			r->st.fetched_direct++;
 		}
 		store_commit(s, pg);
@@ -311,8 +312,8 @@ static void lookup_settle(struct remote *r, struct remote_call *c, int res)
 
 	lq->found[c->lq_idx] = res > 0;
 	r->st.lookup_found += res > 0;
-	if (!--lq->pending && lq->op)
-		ops_wake(r->b, &lq->wq);
+	if (!--lq->pending && lq->ra)
+		waitq_wake(&lq->wq, &r->b->runq);
 }
 
 /*
@@ -448,29 +449,27 @@ static int call_submit(struct remote *r, struct remote_call *c, const struct rem
 
 /* ---- fetch ---- */
 
-int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *dst)
+int remote_promote(struct broker *b, struct remote_ask *ra, const struct ns *n, const kvb_key *key,
+		   struct page *pg, uint8_t *dst, struct wait_on *w)
 {
 	struct remote *r = b->remote;
-	const struct ns *n = op->n;
 	struct remote_call *c;
+	struct waitq *q;
 	int err;
 
 	if (!r)
 		return 0;
 	if (pg) {
 		/* WRITING: a fetch of ours is joined; a PUT's or a promotion's is not ours. */
-		if (!(pg->rflags & REMOTE_PG_FETCHING) || op->remote)
+		if (!(pg->rflags & REMOTE_PG_FETCHING) || ra->asked)
 			return 0;
-		op->remote = 1;
-		if (ops_park_page(b, op, pg, "a fetch from the remote tier") != OPS_DEFERRED) {
-			op->cqe.res = 0;
-			return 0;
-		}
-		return 1;
+		ra->asked = 1;
+		q = store_waiters(pg);
+		return q ? wait_on(w, q, "a fetch from the remote tier") : 0;
 	}
-	if (op->remote)
+	if (ra->asked)
 		return 0;
-	op->remote = 1;
+	ra->asked = 1;
 	if (r->inflight + n->page_bytes > r->cfg.max_inflight) {
 		r->st.busy++;
 		return 0;
@@ -478,12 +477,12 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *ds
 	c = call_new(r, RC_FETCH);
 	if (!c)
 		return 0;
-	make_key(r, n, &op->key, c);
+	make_key(r, n, key, c);
 	memcpy(c->ident, n->ident, sizeof(c->ident));
-	c->pkey = op->key;
+	c->pkey = *key;
 	c->page_bytes = n->page_bytes;
 	c->bytes = n->page_bytes + sizeof(struct remote_hdr);
-	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
+	err = store_alloc(&b->store, n->cls, n->id, key, &pg);
 	if (err) {
 		free(c);
 		return 0; /* no RAM to fetch into: a miss */
@@ -497,30 +496,29 @@ int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *ds
 		return 0;
 	}
 	pg->rflags |= REMOTE_PG_FETCHING;
-	if (ops_park_page(b, op, pg, "a fetch from the remote tier") != OPS_DEFERRED) {
-		op->cqe.res = 0; /* out of memory: this op misses; the fetch goes on */
-		return 0;
-	}
+	q = store_waiters(pg);
+	if (!q)
+		return 0; /* out of memory: this request misses; the fetch goes on */
 	if (dst) {
-		c->mop = op;
+		c->mra = ra;
 		c->mdst = dst;
-		op->rcall = c;
+		ra->call = c;
 	}
-	return 1;
+	return wait_on(w, q, "a fetch from the remote tier");
 }
 
 /* ---- lookup ---- */
 
-int remote_lookup(struct broker *b, struct op *op, const uint8_t *keys, const uint8_t *tiers,
-		  uint32_t count)
+int remote_lookup(struct broker *b, struct remote_ask *ra, const struct ns *n, const uint8_t *keys,
+		  const uint8_t *tiers, uint32_t count, struct wait_on *w)
 {
 	struct remote *r = b->remote;
 	struct remote_lq *lq;
 	uint32_t nq = 0, i;
 
-	if (!r || op->remote)
+	if (!r || ra->asked)
 		return 0;
-	op->remote = 1;
+	ra->asked = 1;
 	for (i = 0; i < count && nq < REMOTE_LOOKUP_MAX; i++)
 		nq += tiers[i] == KVB_TIER_NONE;
 	if (!nq)
@@ -548,7 +546,7 @@ int remote_lookup(struct broker *b, struct op *op, const uint8_t *keys, const ui
 			kvb_key k;
 
 			memcpy(k.b, keys + (uint64_t)i * sizeof(kvb_key), sizeof(k.b));
-			make_key(r, op->n, &k, c);
+			make_key(r, n, &k, c);
 			c->lq = lq;
 			c->lq_idx = lq->n;
 			r->st.lookups++;
@@ -566,18 +564,16 @@ int remote_lookup(struct broker *b, struct op *op, const uint8_t *keys, const ui
 		free(lq);
 		return 0;
 	}
-	lq->op = op;
-	op->rlq = lq;
-	ops_park(b, op, &lq->wq, "a lookup in the remote tier");
-	return 1;
+	lq->ra = ra;
+	ra->lq = lq;
+	return wait_on(w, &lq->wq, "a lookup in the remote tier");
 }
 
-uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, uint32_t lead)
+uint32_t remote_lookup_apply(struct remote_ask *ra, uint8_t *tiers, uint32_t lead)
 {
-	struct remote_lq *lq = op->rlq;
+	struct remote_lq *lq = ra->lq;
 	int leading = lead == lq->idx[0];
 
-	(void)b;
 	/* Keys between two asked ones were found locally: a run of answers extends the lead. */
 	for (uint32_t j = 0; j < lq->n; j++) {
 		if (lq->found[j])
@@ -587,21 +583,21 @@ uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, ui
 		else
 			leading = 0;
 	}
-	remote_op_end(op);
+	remote_ask_end(ra);
 	return lead;
 }
 
-void remote_op_end(struct op *op)
+void remote_ask_end(struct remote_ask *ra)
 {
-	struct remote_lq *lq = op->rlq;
+	struct remote_lq *lq = ra->lq;
 
 	/* A GET ending (its client died, say) before its fetch did: its buffer is not ours. */
-	if (op->rcall)
-		mirror_detach(op->rcall);
+	if (ra->call)
+		mirror_detach(ra->call);
 	if (!lq)
 		return;
-	op->rlq = NULL;
-	lq->op = NULL;
+	ra->lq = NULL;
+	lq->ra = NULL;
 	lq_put(lq);
 }
 

@@ -18,9 +18,9 @@
 #include "kvbroker.h"
 #include "list.h"
 #include "remote_value.h"
+#include "waitq.h"
 
 struct broker;
-struct op;
 struct page;
 struct ns;
 struct cJSON;
@@ -49,6 +49,19 @@ struct remote_cfg {
 #define REMOTE_PG_QUEUED 4u    /* waiting in the publish queue */
 
 enum remote_kind { RC_LOOKUP = 1, RC_FETCH = 2, RC_PUBLISH = 3 };
+
+/*
+ * What one request asked of the remote tier: the request engine keeps one in each op and
+ * hands it to every call below, so that the tier knows nothing of ops. It asks the cluster at
+ * most once per request (asked); a LOOKUP's questions (lq) and a GET's fetch that lands in its
+ * destination too (call, then filled) are the tier's until remote_ask_end().
+ */
+struct remote_ask {
+	struct remote_lq *lq;	  /* LOOKUP: its questions, while asked */
+	struct remote_call *call; /* GET: the fetch landing in its destination too */
+	uint8_t asked;		  /* the cluster was asked (once per request) */
+	uint8_t filled;		  /* GET: that fetch checked and committed: dst holds the page */
+};
 
 /*
  * One request to the backend, owned by the tier. A backend that accepted it (its function
@@ -85,12 +98,12 @@ struct remote_call {
 	uint8_t verdict; /* enum remote_verdict of a value refused on its header as it came */
 	struct remote_hdr vhdr;
 	/*
-	 * RC_FETCH for a plain GET into a registered host buffer (the op that issued it): each
+	 * RC_FETCH for a plain GET into a registered host buffer (the request that issued it): each
 	 * piece that lands is also copied into that GET's destination while it is in the cache, so
 	 * the GET completes without a copy of its own once the check passed (remote.c, "Fetch").
-	 * Both NULL once that op ended or the call settled: nothing is written there after.
+	 * Both NULL once that request ended or the call settled: nothing is written there after.
 	 */
-	struct op *mop;
+	struct remote_ask *mra; /* the request whose destination mdst this fetch also fills */
 	uint8_t *mdst;
 	struct remote_lq *lq; /* RC_LOOKUP: the LOOKUP it answers */
 	uint32_t lq_idx;      /* RC_LOOKUP: which of its keys */
@@ -168,26 +181,28 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg);
 void remote_close(struct broker *b);
 
 /*
- * ops.c, GET/ACQUIRE/PREFETCH that missed in RAM and on disk (pg: the WRITING page of the key,
- * or NULL): 1 when the op was parked on a page being fetched (its fetch issued or joined), 0 a
- * miss. An op asks the cluster once: run again, it misses if the fetch did. dst: a plain GET's
- * destination in a registered host buffer (NULL for the others: views, GPU and fd buffers,
- * ACQUIRE, PREFETCH); a fetch it issues also lands there, and op->rfilled says, when it runs
- * again, that its page was checked and is in dst already.
+ * A GET/ACQUIRE/PREFETCH of (n, key) that missed in RAM and on disk (pg: the key's WRITING
+ * page, or NULL): 1, "wait" with *w on the page being fetched (the fetch issued or joined),
+ * or 0, a miss. A request asks the cluster once (ra->asked): asked again, it misses if the
+ * fetch did. dst: a plain GET's destination in a registered host buffer (NULL for the others:
+ * views, GPU and fd buffers, ACQUIRE, PREFETCH); a fetch it issues also lands there, and
+ * ra->filled says, when it asks RAM again, that its page was checked and is in dst already.
  */
-int remote_promote(struct broker *b, struct op *op, struct page *pg, uint8_t *dst);
+int remote_promote(struct broker *b, struct remote_ask *ra, const struct ns *n, const kvb_key *key,
+		   struct page *pg, uint8_t *dst, struct wait_on *w);
 
 /*
- * ops.c, LOOKUP whose local pass is done: asks the cluster about its keys that were NONE
- * (tiers[i]) and parks the op (1), or 0 when nothing was asked. Run again, remote_lookup_apply
- * marks the keys found KVB_TIER_REMOTE and returns the new leading count.
+ * A LOOKUP of namespace n whose local pass is done: asks the cluster about its keys that were
+ * NONE (tiers[i]) and answers 1, "wait" with *w until the answers or the deadline came, or 0
+ * when nothing was asked. Then remote_lookup_apply marks the keys found KVB_TIER_REMOTE and
+ * returns the new leading count.
  */
-int remote_lookup(struct broker *b, struct op *op, const uint8_t *keys, const uint8_t *tiers,
-		  uint32_t count);
-uint32_t remote_lookup_apply(struct broker *b, struct op *op, uint8_t *tiers, uint32_t lead);
+int remote_lookup(struct broker *b, struct remote_ask *ra, const struct ns *n, const uint8_t *keys,
+		  const uint8_t *tiers, uint32_t count, struct wait_on *w);
+uint32_t remote_lookup_apply(struct remote_ask *ra, uint8_t *tiers, uint32_t lead);
 
-/* ops.c, at every op's end: lets go of what the op held in the tier. */
-void remote_op_end(struct op *op);
+/* At every request's end: lets go of what it held in the tier. */
+void remote_ask_end(struct remote_ask *ra);
 
 /* xfer.c: a PUT committed page pg of namespace n: publish it (once; --remote-publish put). */
 void remote_on_put(struct broker *b, const struct ns *n, struct page *pg);

@@ -685,7 +685,7 @@ void session_buf_release(struct broker *b, struct session *s, struct sbuf *sb)
 		bg_unmap(b->bg, (uint8_t *)sb->base - sb->lead, sb->lead + sb->len);
 		s->buf_bytes -= sb->lead + sb->len;
 	} else {
-		gpu_map_put(b->gpu, sb->gm);
+		copy_gpu_put(b->gpu, sb->gm);
 	}
 	*sb = (struct sbuf){0};
 }

@@ -56,7 +56,7 @@
  * With a disk tier [tier-seam], evict() frees a "clean" page (its copy on disk is complete) at
  * once and hands any other to the tier (tier.c), which writes it while it stays READY and
  * pinned, and frees it through store_demote_done(). An allocation that found no slot then
- * returns -ENOSPC with demotions in flight, and its op waits for them (tier_park_alloc).
+ * returns -ENOSPC with demotions in flight, and its op waits for them (tier_wait_alloc).
  *
  * Whoever waits for a page's next state (a PUT of a key being written or promoted) is woken
  * at every change: commit, abort, demotion done, free ([page-wake], store.h).
@@ -77,6 +77,7 @@
 #include "log.h"
 #include "pagehdr.h"
 #include "store.h"
+#include "waitq.h"
 
 static_assert(STORE_MAX_NS == PMETA_NS_MAX, "the side table holds every namespace");
 static_assert(STORE_MAX_SLABS < PMETA_SLABS_MAX, "the side table records every slab");
@@ -675,7 +676,7 @@ static int evict(struct store *s, struct page *pg)
 		 * No demotion now (the tier failed, say). The pages still being demoted were taken
 		 * from the cold end, so they are colder than this one, and a failed write puts them
 		 * back there: they go first. Dropping this one instead would keep old pages and
-		 * lose the newest (the op waits for the writes: tier_park_alloc).
+		 * lose the newest (the op waits for the writes: tier_wait_alloc).
 		 */
 		if (s->demoting_bytes)
 			return -EBUSY;
@@ -1285,4 +1286,15 @@ uint64_t store_loc(const struct store *s, const struct page *pg)
 	uint32_t local = sl->arena - s->pool->part[s->pool->arena[sl->arena].part].first;
 
 	return KVB_LOC(local, sl->off + (uint64_t)slot_of(pg) * s->cls[sl->cls].slot_bytes);
+}
+
+struct waitq *store_waiters(struct page *pg)
+{
+	if (!pg->waiters) {
+		pg->waiters = malloc(sizeof(*pg->waiters));
+		if (!pg->waiters)
+			return NULL;
+		waitq_init(pg->waiters);
+	}
+	return pg->waiters;
 }

@@ -323,4 +323,11 @@ static inline uint64_t store_lease_id(const struct page *pg)
 	return ((uint64_t)pg->gen << 32) | pg->id;
 }
 
+/*
+ * The wait queue of pg's next state change (committed, aborted, freed), made at the first
+ * waiter; NULL without memory. A tier answers "wait on it" (waitq.h); the store wakes it
+ * through its wake hook.
+ */
+struct waitq *store_waiters(struct page *pg);
+
 #endif /* KVB_BROKER_STORE_H */

@@ -39,20 +39,20 @@
  * is free). On a write error it stays in RAM, dirty. Background demotion runs from the high
  * watermark down to the low one (defaults 90/80 with a disk); an allocation that finds the pool
  * full frees a clean page, else starts demotions of the coldest pages and parks its op until one
- * completed (tier_park_alloc): PUTs then run at the disk's write speed instead of losing data.
+ * completed (tier_wait_alloc): PUTs then run at the disk's write speed instead of losing data.
  * Only when no demotion can be started (no disk, tier failed) does the coldest page get dropped,
  * and only once no colder page is still being demoted (a failed write returns its page to the
  * cold end, to be dropped first).
  *
  * Promotion (ops.c -> tier_promote). A GET, ACQUIRE or PREFETCH that found no READY page in
  * RAM (RAM first: the disk index is not consulted on a RAM hit) and whose page is on disk
- * allocates a RAM slot (WRITING, so never served), reads the payload into it and parks its op
- * on that page (pg->waiters, ops.c); ops for the same page meanwhile, PUTs of the key
- * included, park on it too (a GET joins the read). When the read completed and the payload's
+ * allocates a RAM slot (WRITING, so never served), reads the payload into it and answers "wait
+ * on that page" (pg->waiters: the request engine parks the op there, waitq.h); ops for the
+ * same page meanwhile, PUTs of the key included, wait on it too (a GET joins the read). When the read completed and the payload's
  * crc32c matches the one in the header, the page is committed READY (clean); a failed or
  * short read, or a checksum mismatch (counted as corrupt), aborts the RAM slot and forgets the
  * disk copy. Either state change wakes every op parked on the page ([page-wake], store.h):
- * they run again through the one resume path (ops_poll) and find the page in RAM, or miss
+ * they run again through the request engine's one resume path and find the page in RAM, or miss
  * (a PUT then stores it). Never a partial or wrong page.
  *
  * Failure. Every I/O error is counted; after TIER_FAIL_AFTER in a row the tier is marked failed:
@@ -521,9 +521,9 @@ static void read_done(struct tier *t, struct dslot *d)
 		store_abort(&t->b->store, pg);
 	}
 	/*
-	 * The commit or abort above woke the ops parked on the page ([page-wake]); they run
-	 * at the loop's next ops_poll, once the slot is settled: they find the page in RAM, or
-	 * miss.
+	 * The commit or abort above woke what waits on the page ([page-wake]); it runs again
+	 * at the request engine's next poll, once the slot is settled: it finds the page in RAM,
+	 * or misses.
 	 */
 	if (d->dead)
 		free(d);
@@ -642,16 +642,17 @@ static int demote(void *arg, struct page *pg)
 	return 1;
 }
 
-int tier_promote(struct broker *b, struct op *op, struct page *pg)
+int tier_promote(struct broker *b, const struct ns *n, const kvb_key *key, struct page *pg,
+		 struct wait_on *w)
 {
 	struct tier *t = b->tier;
-	const struct ns *n = op->n;
 	struct dslot *d;
+	struct waitq *q;
 	int err;
 
 	if (!t)
 		return 0;
-	d = lookup(t, n, &op->key);
+	d = lookup(t, n, key);
 	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
 	if (!d || d->len != n->page_bytes)
 		return 0;
@@ -659,17 +660,15 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 		/* WRITING: our own promotion's page is joined; a PUT's is not served until done. */
 		if (d->state != DS_READING || d->pg != pg)
 			return 0;
-		if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
-			op->cqe.res = 0; /* out of memory: a miss */
-			return 0;
-		}
+		q = store_waiters(pg);
+		if (!q)
+			return 0; /* out of memory: a miss */
 		t->st.joined++;
-		return 1;
+		return wait_on(w, q, "a promotion from disk");
 	}
 	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
 		t->st.parked++;
-		ops_park(b, op, &t->wait, "room in the disk queue");
-		return 1;
+		return wait_on(w, &t->wait, "room in the disk queue");
 	}
 	/*
 	 * The slot is held (READING) across the allocation: store_alloc may evict, and a page it
@@ -678,20 +677,19 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	 * stops the head (log_alloc: -EBUSY) instead of being freed under us.
 	 */
 	d->state = DS_READING;
-	err = store_alloc(&b->store, n->cls, n->id, &op->key, &pg);
+	err = store_alloc(&b->store, n->cls, n->id, key, &pg);
 	if (err)
 		d->state = DS_ONDISK;
 	if (err == -ENOSPC && t->writes + t->reads) {
 		t->st.parked++;
-		ops_park(b, op, &t->wait, "RAM for a promotion (demotions in flight)");
-		return 1;
+		return wait_on(w, &t->wait, "RAM for a promotion (demotions in flight)");
 	}
 	if (err)
 		return 0;
-	if (ops_park_page(b, op, pg, "a promotion from disk") != OPS_DEFERRED) {
+	q = store_waiters(pg);
+	if (!q) {
 		d->state = DS_ONDISK;
 		store_abort(&b->store, pg);
-		op->cqe.res = 0;
 		return 0;
 	}
 	d->pg = pg;
@@ -700,22 +698,19 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	disk_prep(&t->d, 0, d->path, d->off + SLOT_BLOCK, store_addr(&b->store, pg),
 		  (uint32_t)(stride_of(d) - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_READ, 0);
 	t->reads++;
-	return 1;
+	return wait_on(w, q, "a promotion from disk");
 }
 
-int tier_park_alloc(struct broker *b, struct op *op)
+int tier_wait_alloc(struct broker *b, struct wait_on *w)
 {
 	struct tier *t = b->tier;
 
 	/* Also when the tier failed: the writes still in flight free RAM or return their pages to
 	 * the cold end of the LRU, to be dropped before anything newer (store.c evict). */
-	/* Also when the tier failed: the writes still in flight free RAM or return their pages to
-	 * the cold end of the LRU, to be dropped before anything newer (store.c evict). */
 	if (!t || !(t->writes + t->reads))
 		return 0;
 	t->st.parked++;
-	ops_park(b, op, &t->wait, "RAM (demotions in flight)");
-	return 1;
+	return wait_on(w, &t->wait, "RAM (demotions in flight)");
 }
 
 int tier_has(struct broker *b, const struct ns *n, const kvb_key *key)
@@ -759,7 +754,7 @@ uint32_t tier_poll(struct broker *b)
 	n = disk_reap(&t->d, max, 0, on_cqe, t);
 	if (n) {
 		/* I/O completed: RAM or ring room may be free for the ops that waited. */
-		ops_wake(b, &t->wait);
+		waitq_wake(&t->wait, &b->runq);
 		err = disk_submit(&t->d);
 	}
 	if (err)
@@ -1221,7 +1216,7 @@ void tier_ns_forget(struct broker *b, uint32_t id)
 	t->ns2dns[id] = -1;
 }
 
-void tier_close(struct broker *b)
+void tier_close(struct broker *b, uint32_t (*resume)(struct broker *b))
 {
 	struct tier *t = b->tier;
 	struct store *s = &b->store;
@@ -1242,15 +1237,17 @@ void tier_close(struct broker *b)
 			break;
 		if (t->writes + t->reads + t->probe_pending)
 			disk_reap(&t->d, REAP_MAX, 1, on_cqe, t);
-		ops_wake(b, &t->wait);
-		ops_poll(b);
+		waitq_wake(&t->wait, &b->runq);
+		if (resume)
+			resume(b);
 	}
 	written = t->st.demotions - before;
 	if (written)
 		log_info("disk: wrote %llu pages at shutdown in %.2f s",
 			 (unsigned long long)written, clock_now() - t0);
-	ops_wake(b, &t->wait);
-	ops_poll(b);
+	waitq_wake(&t->wait, &b->runq);
+	if (resume)
+		resume(b);
 	log_info("disk: %s, %llu pages on disk, %llu demotions, %llu promotions, %llu errors, "
 		 "%llu corrupt, %llu dropped",
 		 state_name(t), (unsigned long long)t->ix.count,

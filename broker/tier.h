@@ -9,13 +9,12 @@
 #include <stdint.h>
 
 #include "disk.h"
+#include "waitq.h"
 #include "kvbroker.h"
 #include "wire.h"
 
 struct broker;
-struct session;
 struct ns;
-struct op;
 struct page;
 struct cJSON;
 
@@ -28,10 +27,11 @@ int tier_open(struct broker *b, const struct disk_cfg *c);
 
 /*
  * main.c, at shutdown after every session was destroyed: writes every page that has no copy on
- * disk yet (so a restart finds the whole cache), waits for all I/O, completes parked ops and
- * closes. Blocks; no-op without a tier.
+ * disk yet (so a restart finds the whole cache), waits for all I/O and closes. Whatever waited
+ * on the tier is woken onto b->runq, and resume(b) (the request engine's ops_poll, NULL: none)
+ * runs it after each batch of completions. Blocks; no-op without a tier.
  */
-void tier_close(struct broker *b);
+void tier_close(struct broker *b, uint32_t (*resume)(struct broker *b));
 /* [ns-free] Namespace id was freed: its identity's pages on disk stay, found again by identity. */
 void tier_ns_forget(struct broker *b, uint32_t id);
 
@@ -39,18 +39,20 @@ void tier_ns_forget(struct broker *b, uint32_t id);
 uint32_t tier_poll(struct broker *b);
 
 /*
- * ops.c, GET/ACQUIRE/PREFETCH of (op->n, op->key) that found no READY page in RAM (pg: the
- * WRITING page of the key, or NULL): returns 1 when the page is on disk and the op was parked
- * until it is in RAM (its read issued or joined, or waiting for RAM or room in the disk
- * queue): it runs again from ops_poll and finds the page, or misses. 0: a miss.
+ * A request for (n, key) found no READY page in RAM (pg: the key's WRITING page, or NULL).
+ * Returns 0, a miss (not on disk, or no memory to bring it), or 1, "wait" with *w set (waitq.h):
+ * on the page's queue while its read from disk, issued now or joined, is in flight, or on the
+ * tier's queue while the disk queue is full or RAM waits for demotions. Whoever waited on w->q
+ * then asks RAM again and finds the page, or misses. The tier parks nothing (ops.c does).
  */
-int tier_promote(struct broker *b, struct op *op, struct page *pg);
+int tier_promote(struct broker *b, const struct ns *n, const kvb_key *key, struct page *pg,
+		 struct wait_on *w);
 
 /*
- * ops.c: store_alloc answered -ENOSPC. Returns 1 when the op was parked until disk I/O in
- * flight (demotions) completes and frees RAM, then it runs again; 0 when nothing is in flight.
+ * store_alloc answered -ENOSPC. Returns 1, "wait on w" until disk I/O in flight (demotions)
+ * completes and frees RAM, or 0 when nothing is in flight (the allocation fails).
  */
-int tier_park_alloc(struct broker *b, struct op *op);
+int tier_wait_alloc(struct broker *b, struct wait_on *w);
 
 /* Is (n, key) stored on disk (LOOKUP, PUT's dedup)? */
 int tier_has(struct broker *b, const struct ns *n, const kvb_key *key);

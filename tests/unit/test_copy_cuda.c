@@ -490,12 +490,12 @@ static int teardown(void **state)
 	return 0;
 }
 
-static struct kvb_msg_buf_reg_gpu ipc_msg(int alloc)
+static struct copy_gpu_alloc ipc_msg(int alloc)
 {
-	struct kvb_msg_buf_reg_gpu m = {.kind = KVB_BUF_GPU_IPC,
-					.alloc_base = 0x7f0000000000ull + (uint64_t)alloc,
-					.alloc_size = GPUMEM,
-					.len = GPUMEM};
+	struct copy_gpu_alloc m = {.kind = COPY_GPU_IPC,
+				   .key = 0x7f0000000000ull + (uint64_t)alloc,
+				   .size = GPUMEM,
+				   .fd = -1};
 
 	memcpy(m.handle, &alloc, sizeof(alloc));
 	memset(m.uuid, 0xa0, sizeof(m.uuid));
@@ -581,17 +581,17 @@ static void test_copy_cuda_pool_pinned_in_chunks(void **state)
 
 static void test_copy_cuda_handle_cache(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct gpu_map *a, *b, *c;
 	uint64_t pa, pb, pc;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &a, &pa), 0);
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &b, &pb), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &a, &pa), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &b, &pb), 0);
 	assert_ptr_equal(a, b); /* one open per client and allocation */
 	assert_int_equal(pa, (uint64_t)(uintptr_t)X.gpu[0]);
 	assert_int_equal(F.ipc_opens, 1);
-	assert_int_equal(cuda_map_get(X.e, 8, 0, &m, -1, &c, &pc), 0);
+	assert_int_equal(cuda_map_get(X.e, 8, 0, &m, &c, &pc), 0);
 	assert_ptr_not_equal(a, c); /* another client opens its own */
 	assert_int_equal(F.ipc_opens, 2);
 	gpu_map_put(X.e, a);
@@ -602,23 +602,24 @@ static void test_copy_cuda_handle_cache(void **state)
 	assert_int_equal(F.ipc_closes, 2);
 
 	/* A claimed size past the driver's: refused, closed again. */
-	m.alloc_size = 2 * GPUMEM;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &a, &pa), -EFAULT);
+	m.size = 2 * GPUMEM;
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &a, &pa), -EFAULT);
 	assert_int_equal(F.ipc_closes, 3);
 	/* A bad handle: the driver's error. */
 	m = ipc_msg(9);
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &a, &pa), -EINVAL);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &a, &pa), -EINVAL);
 }
 
 static void test_copy_cuda_fd_import(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(1);
+	struct copy_gpu_alloc m = ipc_msg(1);
 	struct gpu_map *a;
 	uint64_t pa = 0;
 
 	(void)state;
-	m.kind = KVB_BUF_GPU_FD;
-	assert_int_equal(cuda_map_get(X.e, 7, 1, &m, 1, &a, &pa), 0);
+	m.kind = COPY_GPU_FD;
+	m.fd = 1;
+	assert_int_equal(cuda_map_get(X.e, 7, 1, &m, &a, &pa), 0);
 	assert_int_equal(pa, (uint64_t)(uintptr_t)X.gpu[1]);
 	assert_int_equal(F.imports, 1);
 	assert_int_equal(F.maps, 1);
@@ -626,21 +627,21 @@ static void test_copy_cuda_fd_import(void **state)
 	assert_int_equal(F.unmaps, 1);
 	assert_int_equal(F.releases, 1);
 	/* Larger than the allocation: cuMemMap refuses, everything is undone. */
-	m.alloc_size = 2 * GPUMEM;
-	assert_int_equal(cuda_map_get(X.e, 7, 1, &m, 1, &a, &pa), -EINVAL);
+	m.size = 2 * GPUMEM;
+	assert_int_equal(cuda_map_get(X.e, 7, 1, &m, &a, &pa), -EINVAL);
 	assert_int_equal(F.releases, 2);
 	assert_int_equal(F.unmaps, 1);
 }
 
 static void test_copy_cuda_get_coalesced_by_events(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_job *j = job_new(0, COPY_FROM_POOL, 4);
 	struct gpu_map *gm;
 	uint64_t base;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	for (int i = 0; i < 4096; i++)
 		X.pool[i] = (uint8_t)(i * 7);
 	/* Four contiguous parts: one copy. */
@@ -663,13 +664,13 @@ static void test_copy_cuda_get_coalesced_by_events(void **state)
 
 static void test_copy_cuda_completion_order(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_job *j = job_new(0, COPY_TO_POOL, 1);
 	struct gpu_map *gm;
 	uint64_t base;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	memset(X.gpu[0], 0x5c, 512);
 	seg(j, X.pool + 8192, (void *)(uintptr_t)base, 512);
 	F.auto_complete = 0;
@@ -693,13 +694,13 @@ static void test_copy_cuda_completion_order(void **state)
 
 static void test_copy_cuda_bounds(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_job *j = job_new(0, COPY_FROM_POOL, 2);
 	struct gpu_map *gm;
 	uint64_t base;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	/* Past the end of the client's allocation, by one byte. */
 	seg(j, (void *)(uintptr_t)(base + GPUMEM - 64), X.pool, 65);
 	assert_int_equal(X.e->submit(X.e, j), -EFAULT);
@@ -743,13 +744,13 @@ static struct copy_job *scattered(uint64_t base, uint32_t dir, uint32_t part)
 
 static void test_copy_cuda_path_by_measurement(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct gpu_map *gm;
 	uint64_t base;
 	int kernel_runs = 0;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	/* H2D of 8 x 4 KiB: the kernel is faster. */
 	F.ms[CUDA_PATH_COPY] = 2.0f;
 	F.ms[CUDA_PATH_KERNEL] = 0.5f;
@@ -804,14 +805,14 @@ static void test_copy_cuda_put_checksum(void **state)
 	 */
 	static const uint32_t part[4] = {4096, 1000, 200704, 24}, pad[4] = {0, 3, 8, 13};
 	const uint64_t slot_len = 256u << 10;
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct gpu_map *gm;
 	struct copy_job *j;
 	uint64_t base, off = 0;
 	uint8_t *slot = X.pool + 65536;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	for (uint32_t i = 0; i < GPUMEM; i++)
 		X.gpu[0][i] = (uint8_t)(i * 2654435761u >> 13);
 	memset(slot, 0xee, slot_len); /* the tail past the page: stale bytes, checksummed too */
@@ -850,7 +851,7 @@ static void test_copy_cuda_put_checksum(void **state)
 	F.no_crc_fn = 1;
 	X.e = make_engine(CUDA_PATH_AUTO, 0);
 	assert_non_null(X.e);
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	j = job_new(0, COPY_TO_POOL, 1);
 	seg(j, slot, (void *)(uintptr_t)base, 4096);
 	j->crc_at = slot;
@@ -866,7 +867,7 @@ static void test_copy_cuda_put_checksum(void **state)
 
 static void test_copy_cuda_forced_kernel_path(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_engine *e = make_engine(CUDA_PATH_KERNEL, 0);
 	struct copy_job *j;
 	struct gpu_map *gm;
@@ -874,7 +875,7 @@ static void test_copy_cuda_forced_kernel_path(void **state)
 
 	(void)state;
 	assert_non_null(e);
-	assert_int_equal(cuda_map_get(e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(e, 7, 0, &m, &gm, &base), 0);
 	j = scattered(base, COPY_FROM_POOL, 1000); /* unaligned parts: the byte loop */
 	memset(X.pool, 0x42, 8000);
 	assert_int_equal(e->submit(e, j), COPY_QUEUED);
@@ -890,7 +891,7 @@ static void test_copy_cuda_forced_kernel_path(void **state)
 
 static void test_copy_cuda_batched_copies(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_engine *e;
 	struct copy_job *j;
 	struct gpu_map *gm;
@@ -900,7 +901,7 @@ static void test_copy_cuda_batched_copies(void **state)
 	api.cuMemcpyBatchAsync = f_batch;
 	e = make_engine(CUDA_PATH_COPY, 0);
 	assert_non_null(e);
-	assert_int_equal(cuda_map_get(e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(e, 7, 0, &m, &gm, &base), 0);
 	/* Eight scattered parts: one batch call, no single copies. */
 	j = scattered(base, COPY_FROM_POOL, 4096);
 	memset(X.pool, 0x31, 8 * 4096);
@@ -935,13 +936,13 @@ static void test_copy_cuda_batched_copies(void **state)
 
 static void test_copy_cuda_driver_errors(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_job *j = job_new(0, COPY_FROM_POOL, 1);
 	struct gpu_map *gm;
 	uint64_t base;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	seg(j, (void *)(uintptr_t)base, X.pool, 64);
 	/* The copy faults on the device: the job completes with -EIO. */
 	F.query_res = CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -961,14 +962,14 @@ static void test_copy_cuda_driver_errors(void **state)
 
 static void test_copy_cuda_client_dies_mid_copy(void **state)
 {
-	struct kvb_msg_buf_reg_gpu m = ipc_msg(0);
+	struct copy_gpu_alloc m = ipc_msg(0);
 	struct copy_job *j = job_new(0, COPY_TO_POOL, 1);
 	struct cuda_info in;
 	struct gpu_map *gm;
 	uint64_t base;
 
 	(void)state;
-	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, -1, &gm, &base), 0);
+	assert_int_equal(cuda_map_get(X.e, 7, 0, &m, &gm, &base), 0);
 	seg(j, X.pool, (void *)(uintptr_t)base, 4096);
 	F.auto_complete = 0;
 	assert_int_equal(X.e->submit(X.e, j), COPY_QUEUED);

@@ -241,7 +241,7 @@ static void start(uint64_t page, uint64_t disk, uint32_t qd)
 static void stop(int keep_image)
 {
 	assert_int_equal(F.b.ops_parked, 0);
-	tier_close(&F.b);
+	tier_close(&F.b, ops_poll);
 	assert_int_equal(F.s->nops, 0);
 	free(F.s);
 	free(F.mem);
