@@ -228,10 +228,9 @@ NUMA_WRAPS := numa_available numa_max_node numa_node_size64 numa_distance numa_n
 	numa_run_on_node numa_set_localalloc mbind
 TEST_LDFLAGS_numa := $(foreach f,$(NUMA_WRAPS),-Wl,--wrap=$(f))
 # test_ops records completions instead of posting them into a ring; test_tier runs the tier over
-# an in-memory disk behind the disk_prep/disk_submit/disk_reap seam.
+# an in-memory disk behind the disk_prep/disk_submit/disk_reap seam, with no session.
 TEST_LDFLAGS_ops := -Wl,--wrap=session_complete
-TIER_WRAPS := disk_open disk_close disk_prep disk_submit disk_reap disk_ack_event disk_space \
-	session_complete
+TIER_WRAPS := disk_open disk_close disk_prep disk_submit disk_reap disk_ack_event disk_space
 TEST_LDFLAGS_tier := $(foreach f,$(TIER_WRAPS),-Wl,--wrap=$(f))
 # test_copy_host holds the window between poll()'s read of the eventfd and its lock open.
 TEST_LDFLAGS_copy_host := -Wl,--wrap=read

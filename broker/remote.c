@@ -61,8 +61,9 @@
  *
  * Lookup. A LOOKUP first answers from RAM and disk; the keys it found nowhere (at most
  * REMOTE_LOOKUP_MAX of them) are asked of the store (EXISTS), the op waits on the question's
- * queue until every answer or its deadline, and the keys found are reported KVB_TIER_REMOTE. Only keys that missed
- * locally cross the network, so a local hit never waits for the cluster.
+ * queue until every answer or its deadline, and the keys found are reported KVB_TIER_REMOTE.
+ * Only keys that missed locally cross the network, so a local hit never waits for the
+ * cluster.
  *
  * Faults. The backend knows its shards: one that refuses, resets or stalls is backed off
  * (its slots are misses at once, without waiting for a deadline) and retried later; the tier
@@ -788,6 +789,12 @@ static void remote_free(struct remote *r)
 
 int remote_open(struct broker *b, const struct remote_cfg *cfg)
 {
+	return remote_open_backend(b, cfg, &remote_redis_backend);
+}
+
+int remote_open_backend(struct broker *b, const struct remote_cfg *cfg,
+			const struct remote_backend *be)
+{
 	struct remote *r = calloc(1, sizeof(*r));
 	int err;
 
@@ -798,7 +805,7 @@ int remote_open(struct broker *b, const struct remote_cfg *cfg)
 	snprintf(r->url, sizeof(r->url), "%s", cfg->url);
 	r->cfg.url = r->url;
 	list_init(&r->calls);
-	r->be_ops = &remote_redis_backend;
+	r->be_ops = be;
 	r->pubq = calloc(PUBQ_CAP, sizeof(*r->pubq));
 	r->pub_fp = calloc(PUB_FP, sizeof(*r->pub_fp));
 	err = r->pubq && r->pub_fp ? r->be_ops->open(r, &r->cfg, &b->loop, &r->be) : -ENOMEM;

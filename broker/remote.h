@@ -178,6 +178,9 @@ void remote_call_landed(struct remote_call *c, size_t n);
 
 /* main.c: opens the tier when cfg->url is set (b->remote). 0 or -errno. */
 int remote_open(struct broker *b, const struct remote_cfg *cfg);
+/* The same over backend be ([remote-seam]; the tests' fake store). */
+int remote_open_backend(struct broker *b, const struct remote_cfg *cfg,
+			const struct remote_backend *be);
 void remote_close(struct broker *b);
 
 /*

@@ -48,12 +48,13 @@
  * RAM (RAM first: the disk index is not consulted on a RAM hit) and whose page is on disk
  * allocates a RAM slot (WRITING, so never served), reads the payload into it and answers "wait
  * on that page" (pg->waiters: the request engine parks the op there, waitq.h); ops for the
- * same page meanwhile, PUTs of the key included, wait on it too (a GET joins the read). When the read completed and the payload's
- * crc32c matches the one in the header, the page is committed READY (clean); a failed or
- * short read, or a checksum mismatch (counted as corrupt), aborts the RAM slot and forgets the
- * disk copy. Either state change wakes every op parked on the page ([page-wake], store.h):
- * they run again through the request engine's one resume path and find the page in RAM, or miss
- * (a PUT then stores it). Never a partial or wrong page.
+ * same page meanwhile, PUTs of the key included, wait on it too (a GET joins the read). When
+ * the read completed and the payload's crc32c matches the one in the header, the page is
+ * committed READY (clean); a failed or short read, or a checksum mismatch (counted as
+ * corrupt), aborts the RAM slot and forgets the disk copy. Either state change wakes every op
+ * parked on the page ([page-wake], store.h): they run again through the request engine's one
+ * resume path and find the page in RAM, or miss (a PUT then stores it). Never a partial or
+ * wrong page.
  *
  * Failure. Every I/O error is counted; after TIER_FAIL_AFTER in a row the tier is marked failed:
  * no more demotions (evictions drop again) and no more promotions (disk pages are misses); the
