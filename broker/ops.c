@@ -8,10 +8,11 @@
  *   running --op_run--> done: CQE now (posted with the batch by session_poll)
  *           |        \-> parked on a waitq: a page being written or promoted (pg->waiters,
  *           |            woken by store.c at commit, abort or free), RAM or disk queue room
- *           |            (the tier's wait, woken at each disk completion), or its own session's
- *           |            yield queue (a long op's next step, run at the session's next turn)
+ *           |            (the tier's wait, woken at each disk completion), a LOOKUP's question
+ *           |            to the remote tier, or its own session's yield queue (a long op's
+ *           |            next step, run at the session's next turn)
  *           |        \-> copying: a copy engine holds it (xfer.c), done() completes it
- *   parked --ops_wake: onto the run queue--> ops_poll --op_run again (same op, same decode)
+ *   parked --waitq_wake: onto the run queue--> ops_poll --op_run again (same op, same decode)
  *   done --ops_complete / inline: counted once (global, namespace, client), CQE posted
  *
  * Every op is one heap struct op from the ring to its completion, on its session's list of ops
@@ -27,8 +28,10 @@
  * The SQE's references are checked against this session's own bookkeeping: the namespace must
  * be one it opened, the buffer or view one it registered, and every byte range must lie inside
  * the registered length, computed without overflow. A lease id is only honoured when this
- * session holds it and the slot's generation still matches. RAM comes first: the disk tier is
- * asked only when RAM has no READY page (a miss, or a page still being written).
+ * session holds it and the slot's generation still matches. RAM comes first: the disk tier, then
+ * the remote one, is asked only when RAM has no READY page (a miss, or a page still being
+ * written). The tiers only answer, miss or "wait on this queue" (waitq.h); this file alone
+ * parks, resumes and completes ops (op_promote), so no tier knows what an op is.
  *
  * Fair rounds: each op reports the work it did (ops.h, OPS_ROUND_WORK); a LOOKUP of many keys
  * or a view op of many segments runs in steps and yields between them. Loop thread only.
@@ -429,7 +432,7 @@ int ops_park_page(struct broker *b, struct op *op, struct page *pg, const char *
 	return ops_park(b, op, q, what);
 }
 
-void ops_wake(struct broker *b, struct waitq *q)
+static void ops_wake(struct broker *b, struct waitq *q)
 {
 	waitq_wake(q, &b->runq); /* they run in the order they parked */
 }

@@ -20,8 +20,6 @@ struct session;
 struct ns;
 struct page;
 struct sview;
-struct remote_lq;
-struct remote_call;
 
 /* What an op's run returned: complete now (cqe filled), or it completes later. */
 enum { OPS_DONE = 0, OPS_DEFERRED = 1 };
@@ -149,9 +147,6 @@ int ops_park(struct broker *b, struct op *op, struct waitq *q, const char *what)
 
 /* Parks op until page pg changes state (committed, aborted, freed); returns OPS_DEFERRED. */
 int ops_park_page(struct broker *b, struct op *op, struct page *pg, const char *what);
-
-/* Moves every op of q to the run queue: they run again at the loop's next ops_poll(). */
-void ops_wake(struct broker *b, struct waitq *q);
 
 /* store.c's hook: page pg changed state; its waiters run again. */
 void ops_page_changed(void *arg, struct page *pg);

@@ -158,7 +158,7 @@ int xfer_start(struct broker *b, struct op *op, uint32_t dir)
 		}
 		fdcopy_resolve(op->s, &op->job, op->fds);
 	}
-	/* A GPU buffer only exists while its engine does (gpu_buf_reg): e is never NULL here. */
+	/* A GPU buffer only exists while its engine does (ctl.c buf_reg_gpu): e is never NULL here. */
 	r = e ? e->submit(e, &op->job) : -ENODEV;
 	if (r == COPY_QUEUED) {
 		b->xs.queued_jobs++;
