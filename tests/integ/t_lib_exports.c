@@ -31,6 +31,12 @@ static void add(struct names *s, const char *p, size_t len)
 	s->v[s->n++] = strndup(p, len);
 }
 
+static void drop(struct names *s)
+{
+	while (s->n)
+		free(s->v[--s->n]);
+}
+
 static int has(const struct names *s, const char *name)
 {
 	for (int i = 0; i < s->n; i++)
@@ -174,5 +180,9 @@ int main(int argc, char **argv)
 				bad++;
 	printf("# API %d functions; .so exports %d, .a %d visible; %d problems\n", api.n, so.n,
 	       ar.n, bad);
+	drop(&api);
+	drop(&map);
+	drop(&so);
+	drop(&ar);
 	return bad ? 1 : 0;
 }
