@@ -8,7 +8,8 @@
 # "miss" or "wait on this queue" (broker/waitq.h), and the CUDA engine opens the GPU
 # allocations the control path decodes for it (broker/copy.h). This checks that the files of
 # those layers name nothing of the request engine or of sessions: struct op, its CQE, ops_*(),
-# session_*(), struct session. Run from the repository root (make lint, t_layers).
+# session_*(), struct session; nor a control message (kvb_msg_*), which the control path
+# decodes. Run from the repository root (make lint, t_layers).
 # Exit 0 clean, 1 with each offending line printed.
 
 set -u
@@ -16,7 +17,7 @@ files="broker/store.c broker/store.h broker/tier.c broker/tier.h broker/disk.c b
 broker/slot.c broker/slot.h broker/remote.c broker/remote.h broker/remote_redis.c
 broker/remote_value.c broker/remote_value.h broker/cslot.c broker/cslot.h broker/copy.h
 broker/copy_host.c broker/copy_cuda.c broker/copy_cuda.h broker/waitq.h"
-pattern='struct op\b|struct session\b|\bop->|\bops_[a-z_]+\(|\bsession_[a-z_]+\(|kvb_cqe|cqe\.res'
+pattern='struct op\b|struct session\b|\bop->|\bops_[a-z_]+\(|\bsession_[a-z_]+\(|kvb_cqe|cqe\.res|kvb_msg_'
 
 for f in $files; do
 	if [ ! -f "$f" ]; then
