@@ -385,7 +385,7 @@ pytest: $(PY_PKG_STAMP) $(BROKERD) $(FAKE_CUDA)
 		-q -p no:cacheprovider tests
 
 pylint: $(PY_PKG_STAMP)
-	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests setup.py ../tools/bench_python.py ../tools/bench_sglang.py ../tools/bench_vllm.py
+	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests ../tests/wheel setup.py ../tools/bench_python.py ../tools/bench_sglang.py ../tools/bench_vllm.py
 	$(Q)cd python && ../$(PY_VENV)/bin/mypy
 
 # ---- the wheel and the sdist: `pip install kvbroker` (python/setup.py, tests/wheel/) ----
@@ -414,12 +414,13 @@ $(PY_PKG_STAMP): $(NATIVE)
 
 $(WHEEL_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC) $(NATIVE)
 	@test "$(MODE)" = release || { echo "make wheel: the wheel is the release build (MODE=release)" >&2; exit 2; }
-	@echo "  WHEEL   $(WHEEL_DIR)"
 	$(Q)rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/kvbroker-*.whl && mkdir -p $(WHEEL_DIR)/raw
 	$(Q)cd python && ../$(PY_VENV)/bin/pip wheel -q --no-deps --no-build-isolation \
 		-w ../$(WHEEL_DIR)/raw .
 	$(Q)PATH="$(CURDIR)/$(PY_VENV)/bin:$$PATH" $(PY_VENV)/bin/auditwheel repair \
-		-w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kvbroker-*.whl
+		-w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kvbroker-*.whl >$(WHEEL_DIR)/repair.log 2>&1 || \
+		{ cat $(WHEEL_DIR)/repair.log; exit 1; }
+	@echo "  WHEEL   $$(ls $(WHEEL_DIR)/kvbroker-*.whl)"
 	$(Q)touch $@
 wheel: $(WHEEL_STAMP)
 

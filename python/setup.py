@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # native-stage` compiles, the Makefile and the script it runs at parse time.
 NATIVE_FILES = ("Makefile", "tools/deps.sh", "include/*.h", "proto/*.[ch]", "common/*.[ch]",
                 "client/*.[ch]", "client/libkvbroker.map", "client/kvbroker.pc.in",
-                "broker/*.[ch]", "broker/kernels/*.cu", "tools/*.[ch]", "tools/kvbbench/*.[ch]",
-                "tools/kernels/*.cu")
+                "broker/*.[ch]", "broker/kernels/*.cu", "broker/kernels/*.h", "tools/*.[ch]",
+                "tools/kvbbench/*.[ch]", "tools/kernels/*.cu")
 
 
 def _root() -> str:
@@ -106,7 +106,7 @@ class SDist(sdist):
 
     def make_release_tree(self, base_dir: str, files: list[str]) -> None:
         super().make_release_tree(base_dir, files)
-        if ROOT == os.path.join(HERE, "native"):
+        if os.path.join(HERE, "native") == ROOT:
             shutil.copytree(ROOT, os.path.join(base_dir, "native"), dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("build"))
             return

@@ -58,7 +58,8 @@ class Venv:
 
     def __init__(self, path: Path, wheel: Path) -> None:
         self.path = path
-        subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(path)],
+        base = getattr(sys, "_base_executable", sys.executable)  # build/venv's interpreter
+        subprocess.run([base, "-m", "venv", "--without-pip", str(path)],
                        check=True)
         # build/venv's pip installs into it (--python): the same pip, no download of one.
         subprocess.run([sys.executable, "-m", "pip", "--python", str(self.python), "install",
@@ -177,8 +178,8 @@ def test_every_elf_needs_only_base_libraries(venv: Venv) -> None:
     assert len(files) >= len(PROGRAMS) + 3 + len(VENDORED), files
     for f in files:
         out = subprocess.run(["ldd", str(f)], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            line = line.strip()
+        for raw in out.splitlines():
+            line = raw.strip()
             assert "not found" not in line, f"{f}: {line}"
             name = line.split()[0]
             target = line.split("=>")[1].split("(")[0].strip() if "=>" in line else name
@@ -238,16 +239,16 @@ def test_c_library_and_header(venv: Venv, broker: Broker, tmp_path: Path) -> Non
 #include <kvbroker.h>
 int main(void)
 {
-	kvb_client *c;
-	int err = kvb_connect(NULL, &c);
-	if (err) {
-		fprintf(stderr, "kvb_connect: %s\\n", kvb_strerror(err));
-		return 1;
-	}
-	printf("%u.%u.%u\\n", kvb_version() >> 16, (kvb_version() >> 8) & 0xff,
-	       kvb_version() & 0xff);
-	kvb_close(c);
-	return 0;
+    kvb_client *c;
+    int err = kvb_connect(NULL, &c);
+    if (err) {
+        fprintf(stderr, "kvb_connect: %s\\n", kvb_strerror(err));
+        return 1;
+    }
+    printf("%u.%u.%u\\n", kvb_version() >> 16, (kvb_version() >> 8) & 0xff,
+           kvb_version() & 0xff);
+    kvb_close(c);
+    return 0;
 }
 """)
     exe = tmp_path / "hello"
