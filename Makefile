@@ -423,6 +423,8 @@ $(WHEEL_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC) $(NATIVE)
 	@echo "  WHEEL   $$(ls $(WHEEL_DIR)/kvbroker-*.whl)"
 	$(Q)touch $@
 wheel: $(WHEEL_STAMP)
+# make bench sets the wheel's kvbrokerd beside the build's (tools/bench.sh).
+bench: $(WHEEL_STAMP)
 
 sdist: $(PY_VENV_STAMP)
 	$(Q)rm -f $(WHEEL_DIR)/kvbroker-*.tar.gz
