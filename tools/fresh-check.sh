@@ -24,10 +24,11 @@
 # (/opt/wheels, bound read-only), so that make pytest's venv reaches the registry and takes
 # the CPU torch on disk as it would on the host.
 #
-# Then the wheel: `make test` in the chroot built it (make wheel); a second minimal Debian
+# Then the wheel: the chroot builds it (make wheel, after make test); a second minimal Debian
 # (ROOT-wheel) gets only python3 and python3-venv, none of the C libraries the programs link
-# (Debian's python3 itself brings libssl3 and libncursesw6; the report lists which are there,
-# and the wheel's programs load their own copies either way), and runs tests/wheel/test_wheel.py
+# (minbase's apt brings libgnutls30, Debian's python3 libssl3 and libncursesw6: the report
+# lists which are there, and the wheel's programs load their own copies, which the ldd test
+# checks), and runs tests/wheel/test_wheel.py
 # of the clone there: pip installs the wheel into a fresh venv, kvbrokerd --help, a broker,
 # kvbctl status --json, ldd of every ELF file, the README's blocks, kvbroker.sglang and
 # kvbroker.vllm against the pinned engines (the first chroot's build/venv, bound read-only at
@@ -200,7 +201,7 @@ echo "runtime libraries installed here (the wheel carries its own copies):"
 for p in liburing2 libnuma1 libcjson1 libisal2 libhiredis0.14 libhiredis1.1.0 \
 	libmicrohttpd12 libncursesw6 libssl3 libgnutls30; do
 	if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed'; then
-		echo "  $p (installed by python3)"
+		echo "  $p (already here: minbase or python3 brought it)"
 	fi
 done
 for p in gcc cc make pkg-config; do
@@ -247,7 +248,7 @@ verdict() { [ "$1" = 0 ] && echo PASS || echo "FAIL (exit $1)"; }
 	grep -E '^(PASS|FAIL) +fuzz_' "$OUT/test.log" | sed 's/^/  /'
 	echo "apt-get install make: $(verdict "$(awk '$1 == "make-install" { print $2 }' "$ROOT/root/results")")"
 	echo "the wheel (${wheel_file##*/}) in a minimal Debian with python3 only: $(verdict "$wheel_rc") in $((t3 - t2)) s"
-	grep -E '^  .*(installed by python3|is here)' "$OUT/wheel.log" | sed 's/^/  /' || true
+	grep -E '^  .*(already here|is here)' "$OUT/wheel.log" | sed 's/^/  /' || true
 	grep -E '^=+ .*(passed|failed)|^FAILED|SKIPPED' "$OUT/wheel.log" | sed 's/^/  /' || true
 	echo "  skipped here (the host's kernel or devices, or no CUDA toolkit):"
 	skips=$(grep -E -A1 '^SKIP' "$OUT/test.log" | grep -v '^--' || true)
