@@ -508,8 +508,8 @@ if [ -n "$WHEEL" ] && [ -x "$PYV" ]; then
 	hrc=0
 	wpages="64K 1M"
 	{
-		"$PYV" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))' |
-			xargs -I{} {} -m venv --without-pip "$wv" &&
+		wpy=$("$PYV" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))') &&
+			"$wpy" -m venv --without-pip "$wv" &&
 			"$PYV" -m pip --python "$wv/bin/python" install -q --no-index --no-deps "$WHEEL" &&
 			mkdir -p "$wb/bin" && ln -s "$wv/bin/kvbrokerd" "$wb/bin/kvbrokerd" &&
 			ln -s "$(cd "$B/bin" && pwd)/kvbbench" "$wb/bin/kvbbench"
@@ -530,9 +530,9 @@ if [ -n "$WHEEL" ] && [ -x "$PYV" ]; then
 			echo "start to start), the same \`$B/bin/kvbbench\` against both, interleaved, $REPS"
 			echo "repetitions of $SECS s. Rows: GB/s over memcpy's (range), p50; \`b/a\`: the"
 			echo "wheel's GB/s over the build's, per repetition. Target: b/a >= 0.97 for GET"
-			echo "and PUT. Command: \`KVB_AB_BROKER_ARGS='--hugepages collapse' sh tools/bench-ab.sh"
-			echo "$B WHEELDIR $REPS $SECS \"$wpages\""
-			echo "\"get put\" --ws $WS\`."
+			echo "and PUT. Command:"
+			echo "\`KVB_AB_BROKER_ARGS='--hugepages collapse' sh tools/bench-ab.sh $B WHEELDIR $REPS $SECS \"$wpages\" \"get put\" --ws $WS\`"
+			echo "(WHEELDIR/bin: the wheel's kvbrokerd, $B's kvbbench)."
 			echo
 			echo '```'
 			cat "$tmp/wheel-ab.txt"
