@@ -412,7 +412,7 @@ native-stage: $(NATIVE)
 # finds nothing to do (and never builds the same objects as this make at the same time).
 $(PY_PKG_STAMP): $(NATIVE)
 
-$(WHEEL_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC) $(NATIVE)
+$(WHEEL_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC) python/README.md python/MANIFEST.in $(NATIVE)
 	@test "$(MODE)" = release || { echo "make wheel: the wheel is the release build (MODE=release)" >&2; exit 2; }
 	$(Q)rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/kvbroker-*.whl && mkdir -p $(WHEEL_DIR)/raw
 	$(Q)cd python && ../$(PY_VENV)/bin/pip wheel -q --no-deps --no-build-isolation \
