@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "dir.h"
+#include "hist.h"
 #include "index.h"
 #include "kvbroker.h"
 #include "list.h"
@@ -54,6 +55,7 @@ struct page {
 	uint32_t parent;
 	uint32_t parent_gen;
 	uint32_t kids;	  /* indexed pages naming this one as parent: evicted after them */
+	uint32_t born;	  /* [hist] when it became READY: tenths of a second after store_init */
 	struct list lru;  /* its partition's LRU: on it iff READY, unpinned, linked, not held */
 	struct list clru; /* its class's LRU, same condition */
 	struct list nlru; /* its namespace's LRU, same condition (--ns-limit) */
@@ -135,6 +137,10 @@ struct store {
 	uint32_t gen; /* last generation handed out */
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
+	/* [hist] Page age at eviction from RAM, unless hist_off; t0: store_init's clock. */
+	struct hist evict_age;
+	uint8_t hist_off;
+	double t0;
 	uint64_t ns_pages[STORE_MAX_NS];
 	/*
 	 * [ns-limit] Per namespace: slot bytes in RAM, the cap (0: none; set when it opens, from

@@ -37,6 +37,7 @@ struct tenant {
 	uint8_t used;	  /* bound to key */
 	uint32_t clients; /* ring clients attached now */
 	uint64_t attaches;
+	uint64_t hits, misses; /* [hist] its GETs and ACQUIREs, while bound to key */
 };
 
 /*
