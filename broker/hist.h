@@ -31,23 +31,23 @@ struct hist_bounds {
 
 /* Which histogram: the op ones first, in the order stats.c names them. */
 enum hist_id {
-	HIST_GET = 0,	 /* GET, and the kvb_get() ACQUIRE/RELEASE pair's ACQUIRE */
-	HIST_PUT,	 /* PUT */
-	HIST_LOOKUP,	 /* LOOKUP (all its keys) */
-	HIST_ACQUIRE,	 /* zero-copy ACQUIRE */
-	HIST_PROMOTE,	 /* disk read of a promotion: submitted to checked and committed */
-	HIST_FETCH,	 /* remote fetch: sent to value checked and committed */
-	HIST_EVICT_AGE,	 /* a page's age (since stored) when evicted from RAM */
+	HIST_GET = 0,	/* GET, and the kvb_get() ACQUIRE/RELEASE pair's ACQUIRE */
+	HIST_PUT,	/* PUT */
+	HIST_LOOKUP,	/* LOOKUP (all its keys) */
+	HIST_ACQUIRE,	/* zero-copy ACQUIRE */
+	HIST_PROMOTE,	/* disk read of a promotion: submitted to checked and committed */
+	HIST_FETCH,	/* remote fetch: sent to value checked and committed */
+	HIST_EVICT_AGE, /* a page's age (since stored) when evicted from RAM */
 	HIST__COUNT,
 };
 
 /* Latencies: 5 us to 10 s. */
-static const double hist_lat_le[] = {5e-6,   10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
+static const double hist_lat_le[] = {5e-6,   10e-6,  25e-6, 50e-6, 100e-6, 250e-6, 500e-6,
 				     1e-3,   2.5e-3, 5e-3,  10e-3, 25e-3,  50e-3,  100e-3,
-				     250e-3, 500e-3, 1,	    2.5,   5,	  10};
+				     250e-3, 500e-3, 1,	    2.5,   5,	   10};
 /* Ages: 1 s to a week. */
-static const double hist_age_le[] = {1,	   5,	  15,	 30,	60,	120,   300,   600,
-				     1800, 3600,  10800, 21600, 43200, 86400, 259200, 604800};
+static const double hist_age_le[] = {1,	   5,	 15,	30,    60,    120,   300,    600,
+				     1800, 3600, 10800, 21600, 43200, 86400, 259200, 604800};
 
 static inline struct hist_bounds hist_bounds_of(enum hist_id id)
 {
