@@ -262,6 +262,7 @@ static cJSON *ns_json(const struct broker *b, const struct stats_view *v)
 		/* A PUT that found its key stored neither copied nor stored its page again. */
 		num(o, "dedup_bytes", (double)(n->c.dedup * n->page_bytes));
 		num(o, "clients", clients[n->id]);
+		num(o, "limit_bytes", (double)b->store.ns_limit[n->id]); /* [ns-limit] 0: none */
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -418,6 +419,25 @@ static cJSON *tenants_json(const struct broker *b)
 	return arr;
 }
 
+/* [ns-limit] The caps by model, as --ns-limit set them or kvbctl ns-limit since. */
+static cJSON *ns_limits_json(const struct broker *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+
+	for (uint32_t i = 0; i < b->cfg.n_ns_limits; i++) {
+		const struct ns_limit *l = &b->cfg.ns_limits[i];
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(o, "model", l->model);
+		if (l->bytes)
+			num(o, "bytes", (double)l->bytes);
+		else
+			num(o, "percent", l->frac * 100);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
+}
+
 /* [stretch] How many of the loop's stretches (loop.c) passed each threshold, by its ms. */
 static cJSON *stretches_json(const struct loop *l)
 {
@@ -566,6 +586,7 @@ static char *render(const struct broker *b, const struct stats_view *v)
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
 	cJSON_AddItemToObject(root, "histograms", histograms_json(b));
+	cJSON_AddItemToObject(root, "ns_limits", ns_limits_json(b));
 	cJSON_AddItemToObject(root, "tenants", tenants_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b, v));
 	cJSON_AddItemToObject(root, "map", stats_map_json(b, -1));

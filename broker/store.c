@@ -812,6 +812,11 @@ static int ns_room(struct store *s, uint32_t ns, uint64_t slot)
 	return 0;
 }
 
+int store_ns_trim(struct store *s, uint32_t ns)
+{
+	return ns_room(s, ns, 0);
+}
+
 #define AHEAD_MIN_PAGES 1024 /* [evict-ahead] */
 
 int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,

@@ -257,6 +257,12 @@ struct page *store_parent(struct store *s, const struct page *pg);
 
 /* [ns-limit] Caps namespace ns at bytes of slots in RAM (0: no cap). */
 void store_ns_limit(struct store *s, uint32_t ns, uint64_t bytes);
+/*
+ * [ns-limit] Evicts namespace ns's coldest pages (demoting them where there is a disk tier)
+ * until it is within its cap, as its next PUT would: after the cap was lowered at run time.
+ * 0, or -ENOSPC when what is left over it is pinned (trimmed by its next PUTs).
+ */
+int store_ns_trim(struct store *s, uint32_t ns);
 
 /* The arena a page's slot is in. */
 uint32_t store_arena(const struct store *s, const struct page *pg);

@@ -362,6 +362,8 @@ static const struct series ns_series[] = {
 	{"pages", "kvbroker_ns_pages", "gauge", "RAM pages stored in the namespace."},
 	{"bytes", "kvbroker_ns_bytes", "gauge", "RAM slot bytes the namespace's pages occupy."},
 	{"clients", "kvbroker_ns_clients", "gauge", "Attached clients that opened the namespace."},
+	{"limit_bytes", "kvbroker_ns_limit_bytes", "gauge",
+	 "The namespace's cap on RAM slot bytes (--ns-limit, kvbctl ns-limit); 0: none."},
 	{"puts", "kvbroker_ns_puts_total", "counter", "PUTs into the namespace."},
 	{"gets", "kvbroker_ns_gets_total", "counter", "GETs from the namespace."},
 	{"hits", "kvbroker_ns_hits_total", "counter", "GETs and ACQUIREs that found the page."},
@@ -526,6 +528,8 @@ static cJSON *ns_capped(const cJSON *arr)
 	for (size_t f = 0; f < sizeof(ns_series) / sizeof(ns_series[0]); f++) {
 		double sum = 0;
 
+		if (!strcmp(ns_series[f].field, "limit_bytes"))
+			continue; /* caps do not add up */
 		for (int j = METRICS_NS_MAX; j < n; j++)
 			sum += sdoc_num(v[j], ns_series[f].field);
 		cJSON_AddNumberToObject(other, ns_series[f].field, sum);
