@@ -97,7 +97,8 @@ int ctl_ns_limit_set(struct ctl *x, const char *arg)
 	if (remove)
 		printf("ns-limit %s: removed\n", model);
 	else if (bytes)
-		printf("ns-limit %s: %s per namespace\n", model, text_bytes((double)bytes, a, sizeof(a)));
+		printf("ns-limit %s: %s per namespace\n", model,
+		       text_bytes((double)bytes, a, sizeof(a)));
 	else
 		printf("ns-limit %s: %u%% of its tenant's partition per namespace\n", model, pct);
 	return 0;
@@ -152,14 +153,16 @@ void ctl_print_tenants(const cJSON *root)
 
 		if (!any)
 			printf("%4s  %-12s %7s %12s %12s %7s %8s %10s %10s\n", "part", "tenant",
-			       "clients", "used", "share", "used%", "hit rate", "hits", "evictions");
+			       "clients", "used", "share", "used%", "hit rate", "hits",
+			       "evictions");
 		any = 1;
 		if (!strcmp(sdoc_str(t, "mode"), "none"))
 			snprintf(who, sizeof(who), "all");
 		else if (sdoc_num(t, "id") < 0)
 			snprintf(who, sizeof(who), "- (free)");
 		else
-			snprintf(who, sizeof(who), "%s %.0f", sdoc_str(t, "mode"), sdoc_num(t, "id"));
+			snprintf(who, sizeof(who), "%s %.0f", sdoc_str(t, "mode"),
+				 sdoc_num(t, "id"));
 		printf("%4.0f  %-12s %7.0f %12s %12s %7s %8s %10.0f %10.0f\n",
 		       sdoc_num(t, "partition"), who, sdoc_num(t, "clients"),
 		       text_bytes(sdoc_num(t, "bytes_used"), a, sizeof(a)),
