@@ -82,8 +82,9 @@ static void broker_tick(void *arg, int slept)
 		b->expired_at = now;
 	}
 	session_reap(b);
-	ops_tick(b, now); /* [seg-list] idle segment lists go */
-	remote_tick(b);	  /* deadlines: a fetch past its own misses, it never holds the loop */
+	ops_tick(b, now);   /* [seg-list] idle segment lists go */
+	remote_tick(b);	    /* deadlines: a fetch past its own misses, it never holds the loop */
+	b->store.now = now; /* [hist] the store's clock for page ages */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->orphan_st.live)

@@ -217,7 +217,7 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		return -EINVAL;
 	s->pool = p;
 	s->slab_bytes = slab_bytes;
-	s->t0 = clock_now();
+	s->t0 = s->now = clock_now();
 	s->slabs = calloc(STORE_MAX_SLABS, sizeof(*s->slabs));
 	s->rec_free = calloc(STORE_MAX_SLABS, sizeof(*s->rec_free));
 	if (!s->slabs || !s->rec_free)
@@ -699,7 +699,7 @@ static int evict(struct store *s, struct page *pg)
 	part_of(s, pg)->evictions++;
 	if (!s->hist_off)
 		hist_observe(&s->evict_age, hist_bounds_of(HIST_EVICT_AGE),
-			     clock_now() - s->t0 - pg->born * 0.1);
+			     s->now - s->t0 - pg->born * 0.1);
 	slot_free(s, pg);
 	return 1;
 }
@@ -960,7 +960,7 @@ void store_commit_sealed(struct store *s, struct page *pg)
 {
 	pg->state = PAGE_READY;
 	if (!s->hist_off)
-		pg->born = (uint32_t)((clock_now() - s->t0) * 10);
+		pg->born = (uint32_t)((s->now - s->t0) * 10);
 	if (!pg->unlinked)
 		publish(s, pg);
 	slab_of(s, pg)->writing--;

@@ -137,10 +137,14 @@ struct store {
 	uint32_t gen; /* last generation handed out */
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
-	/* [hist] Page age at eviction from RAM, unless hist_off; t0: store_init's clock. */
+	/*
+	 * [hist] Page age at eviction from RAM, unless hist_off. t0: store_init's clock; now: the
+	 * loop's, set at each of its ticks (a few ms stale at most), so that stamping a page and
+	 * timing an eviction read no clock on the data path.
+	 */
 	struct hist evict_age;
 	uint8_t hist_off;
-	double t0;
+	double t0, now;
 	uint64_t ns_pages[STORE_MAX_NS];
 	/*
 	 * [ns-limit] Per namespace: slot bytes in RAM, the cap (0: none; set when it opens, from
