@@ -414,6 +414,7 @@ static cJSON *tenants_json(const struct broker *b)
 		num(o, "evictions", (double)sp->evictions);
 		num(o, "hits", (double)t->hits);
 		num(o, "misses", (double)t->misses);
+		num(o, "put_refused", (double)t->refused);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;

@@ -105,3 +105,25 @@ def test_tenants_table(limited: Broker) -> None:
         assert 0 < t["bytes_used"] <= t["share_bytes"]
         text = kvbctl(limited, "tenants").stdout
         assert "all" in text and "share" in text
+
+
+def test_refused_put_says_why(limited: Broker) -> None:
+    with kvb.connect(limited.socket, name="refused") as c:
+        ns = c.ns_open(A)
+        keys = fresh_keys(5)
+        for i, k in enumerate(keys[:4]):
+            assert ns.put(k, page(ns, i))
+        slot = ns_stats(limited, "limit/a")["bytes"] / 4
+        assert kvbctl(limited, "ns-limit", f"limit/a={int(4 * slot)}").returncode == 0
+        leases = [ns.acquire(k) for k in keys[:4]]  # nothing of its own evictable
+        with pytest.raises(kvb.Error) as e:
+            ns.put(keys[4], page(ns, 4))
+        assert e.value.errno == 28  # ENOSPC
+        for lease in leases:
+            assert lease is not None
+            lease.release()
+        assert ns.put(keys[4], page(ns, 4))  # released: the coldest goes, the PUT fits
+    assert "PUT refused (-ENOSPC): namespace" in limited.log_text()
+    assert "kvbctl ns-limit" in limited.log_text()
+    met = kvbctl(limited, "metrics").stdout
+    assert 'kvbroker_tenant_put_refused_total{partition="0",tenant="all"} 1' in met
