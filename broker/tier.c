@@ -659,7 +659,6 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	/* The identity fixes the page size; a slot that disagrees would overrun the RAM slot. */
 	if (!d || d->len != n->page_bytes)
 		return 0;
-	op->disk = 1; /* [hist] a hit now is a promotion's */
 	if (pg) {
 		/* WRITING: our own promotion's page is joined; a PUT's is not served until done. */
 		if (d->state != DS_READING || d->pg != pg)
@@ -669,6 +668,7 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 			return 0;
 		}
 		t->st.joined++;
+		op->disk = 1; /* [hist] a hit now is a promotion's */
 		return 1;
 	}
 	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
@@ -703,6 +703,7 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	d->pending = 1;
 	d->err = 0;
 	d->read_us = (uint32_t)(uint64_t)(clock_now() * 1e6);
+	op->disk = 1;
 	disk_prep(&t->d, 0, d->path, d->off + SLOT_BLOCK, store_addr(&b->store, pg),
 		  (uint32_t)(stride_of(d) - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_READ, 0);
 	t->reads++;

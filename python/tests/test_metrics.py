@@ -160,3 +160,36 @@ def test_rules_pass_promtool() -> None:
     out = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_disk_hits_and_promotion_latency(tmp_path: Path) -> None:
+    import time
+
+    b = Broker(tmp_path, "--pool", "32M", "--disk", str(tmp_path / "cache"),
+               "--disk-size", "128M")
+    try:
+        with kvb.connect(b.socket, name="disk") as c:
+            lay = kvb.Layout("test/metrics-disk", kvb.MLA, 16, [kvb.Component("kv", 4, 1024)])
+            ns = c.ns_open(lay)
+            keys = fresh_keys(3000)  # 48 MiB into 32 MiB of RAM: the oldest go to disk
+            data = page(ns, 3)
+            ns.put_many(keys, [data] * len(keys))
+            deadline = time.monotonic() + 10
+            while True:  # demotion runs in the background
+                _, tiers = ns.lookup_tiers(keys)
+                if kvb.TIER_DISK in tiers or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            cold = [k for k, t in zip(keys, tiers, strict=True) if t == kvb.TIER_DISK][:16]
+            assert cold
+            for k in cold:
+                assert ns.get(k) == data  # promoted for this GET: a disk hit
+        by = samples(scrape(b))
+        tiers_ = {lab["tier"]: v for lab, v in by["kvbroker_tier_hits_total"]}
+        assert tiers_["disk"] >= len(cold)
+        (hits,) = [v for _, v in by["kvbroker_hits_total"]]
+        assert tiers_["ram"] + tiers_["disk"] + tiers_["remote"] == hits
+        (promoted,) = [v for _, v in by["kvbroker_disk_promote_seconds_count"]]
+        assert promoted >= len(cold)
+    finally:
+        b.stop()
