@@ -18,10 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import kvbroker as kvb
-
 from conftest import ROOT, Broker, build_dir, fresh_keys, page
 
-HISTOGRAMS = {
+HISTOGRAMS: dict[str, list[str | None] | None] = {
     "kvbroker_op_latency_seconds": ["get", "put", "lookup", "acquire"],
     "kvbroker_disk_promote_seconds": None,
     "kvbroker_remote_fetch_seconds": None,
