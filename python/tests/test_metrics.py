@@ -170,7 +170,7 @@ def test_disk_hits_and_promotion_latency(tmp_path: Path) -> None:
         with kvb.connect(b.socket, name="disk") as c:
             lay = kvb.Layout("test/metrics-disk", kvb.MLA, 16, [kvb.Component("kv", 4, 1024)])
             ns = c.ns_open(lay)
-            keys = fresh_keys(3000)  # 48 MiB into 32 MiB of RAM: the oldest go to disk
+            keys = fresh_keys(1000)  # 64 MiB into 32 MiB of RAM: the oldest go to disk, all fit it
             data = page(ns, 3)
             ns.put_many(keys, [data] * len(keys))
             deadline = time.monotonic() + 10
