@@ -208,16 +208,33 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		return -EUSERS;
 	}
 	err = tenant_attach(&b->tt, s->tenant);
-	if (err < 0) {
-		log_throttled(&tt_refused, "client %u ('%s', pid %d, uid %d, gid %d): refused: %s",
-			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid,
-			      "every tenant share is taken (--tenant-share)");
+	if (err < 0 && (s->uid == 0 || s->uid == geteuid())) {
+		/*
+		 * [inspect] The operator always attaches, for inspection: with no share of its
+		 * own it is handed partition 0's memory, read-only, which it can read anyway
+		 * (root reads any process's memory; the broker's uid owns the memfds), and it opens
+		 * no namespace (on_ns_open), so nothing of its own is ever stored in another
+		 * tenant's partition. STATS, DROP and NS_LIMIT work as on a control connection.
+		 */
+		log_info("client %u ('%s', pid %d, uid %d): every tenant share is taken: attached "
+			 "for inspection (no namespaces)",
+			 s->id, s->name, (int)s->pid, (int)s->uid);
+		err = 0;
+	} else if (err < 0) {
+		log_throttled(&tt_refused,
+			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			      "share is taken (%u, by other %ss with clients attached or seen "
+			      "before; --tenant-share, --tenant); root and uid %d may still attach "
+			      "to inspect",
+			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			      tenant_mode_name(b->tt.mode), (int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
+	} else {
+		s->tenant_bound = 1;
 	}
 	s->part = (uint32_t)err;
-	s->tenant_bound = 1;
 	hello_arenas(b, s, !!(m->flags & KVB_HELLOF_PLACE));
 	err = region_create(b, s, sq);
 	if (err) {
@@ -278,10 +295,14 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 {
 	struct kvb_msg_ns_reply rep = {0};
 	struct ns *n;
+	int err;
+
+	/* [inspect] An operator attached without a share of its own stores nothing. */
+	if (!s->tenant_bound)
+		return reply(s, h, -EACCES, NULL, 0, NULL, 0);
 	/* The tenant is part of the identity [tenant-part]: another tenant's same model is
 	 * another namespace, and its pages go to this tenant's partition. */
-	int err = ns_open2(&b->nst, &b->store, l, id, s->tenant, &n);
-
+	err = ns_open2(&b->nst, &b->store, l, id, s->tenant, &n);
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	b->store.ns_part[n->id] = (uint8_t)s->part;

@@ -257,7 +257,8 @@ const char *kvb_connect_error(int err, const char *socket_path, char *buf, size_
  * Opens (creating on first use) the namespace of a layout. Every rank of an MLA model gets the
  * same *ns; MHA ranks get one each. *page_bytes receives the page size (may be NULL).
  * Errors: -EINVAL malformed layout, -E2BIG page larger than the broker accepts, -EMFILE too many
- * namespaces, -ECONNRESET broker gone.
+ * namespaces, -EACCES an operator (root, the broker's uid) attached for inspection only
+ * because every tenant share was taken (--tenants), -ECONNRESET broker gone.
  */
 int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes);
 
