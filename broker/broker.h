@@ -251,7 +251,10 @@ struct broker {
 	 */
 	struct {
 		struct hist h[HIST__COUNT];
-		uint64_t tier_hits[3]; /* RAM, disk (promoted), remote (fetched) */
+		uint64_t tier_hits[3];	      /* RAM, disk (promoted), remote (fetched) */
+		double t_end;		      /* the last timed op's end */
+		const struct session *next_s; /* whose next SQE starts at next_t0 (ops_submit) */
+		double next_t0;
 		uint8_t off;
 	} obs;
 	struct list sessions;

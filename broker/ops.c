@@ -123,7 +123,8 @@ static void op_observe(struct broker *b, const struct op *op)
 	if (op->t0 && opc < sizeof(which) / sizeof(which[0]) && which[opc]) {
 		enum hist_id h = op->as_get ? HIST_GET : (enum hist_id)(which[opc] - 1);
 
-		hist_observe(&b->obs.h[h], hist_bounds_of(h), clock_now() - op->t0);
+		b->obs.t_end = clock_now();
+		hist_observe(&b->obs.h[h], hist_bounds_of(h), b->obs.t_end - op->t0);
 	}
 }
 
@@ -1229,19 +1230,27 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 		return OPS_DONE;
 	}
 	op->batch = s->batch_more;
+	/* [hist] The next SQE of a batch is taken as the one before it ends: its end is its t0. */
 	if (!b->obs.off)
-		op->t0 = clock_now();
+		op->t0 = b->obs.next_s == s ? b->obs.next_t0 : clock_now();
+	b->obs.next_s = NULL;
 	r = op_run(b, op);
 	*work = op->work;
 	if (r == OPS_DEFERRED) {
 		if (!op->since)
-			op->since = clock_now();
+			op->since = op->t0 ? op->t0 : clock_now();
 		return OPS_DEFERRED;
 	}
 	*cqe = op->cqe;
 	if (!ops_told(sqe))
 		op_hold(b, op);
+	b->obs.t_end = 0;
+	r = op->batch;
 	op_end(b, op);
+	if (r && b->obs.t_end) {
+		b->obs.next_s = s;
+		b->obs.next_t0 = b->obs.t_end;
+	}
 	return OPS_DONE;
 }
 
