@@ -75,6 +75,7 @@ static void broker_tick(void *arg, int slept)
 	struct broker *b = arg;
 	double now = clock_now();
 
+	b->store.now = now; /* [hist] the store's clock for page ages */
 	/* [notes][hazard] within a tick: the expiry (leases released) and the LRU see them */
 	(void)session_settle(b);
 	if (slept || now - b->expired_at >= EXPIRE_EVERY) {
@@ -82,9 +83,8 @@ static void broker_tick(void *arg, int slept)
 		b->expired_at = now;
 	}
 	session_reap(b);
-	ops_tick(b, now);   /* [seg-list] idle segment lists go */
-	remote_tick(b);	    /* deadlines: a fetch past its own misses, it never holds the loop */
-	b->store.now = now; /* [hist] the store's clock for page ages */
+	ops_tick(b, now); /* [seg-list] idle segment lists go */
+	remote_tick(b);	  /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->orphan_st.live)
