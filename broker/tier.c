@@ -127,11 +127,11 @@ struct dslot {
 	uint8_t state;
 	uint8_t indexed;
 	uint8_t dead;
-	uint8_t pending;  /* CQEs still owed */
-	uint8_t part;	  /* [tenant-disk] the partition whose region of the path holds it */
-	uint32_t hdr;	  /* header block while writing */
-	int32_t err;	  /* first error of the I/O in flight */
-	uint32_t read_us; /* [hist] a promotion's read submitted: clock_now() in us, mod 2^32 */
+	uint8_t pending; /* CQEs still owed */
+	uint8_t part;	 /* [tenant-disk] the partition whose region of the path holds it */
+	uint32_t hdr;	 /* header block while writing */
+	int32_t err;	 /* first error of the I/O in flight */
+	uint32_t rd_us;	 /* [hist] a promotion's read submitted: clock_now() in us, mod 2^32 */
 };
 
 struct tlog {
@@ -518,7 +518,7 @@ static void read_done(struct tier *t, struct dslot *d)
 		t->st.promotions++;
 		if (!t->b->obs.off)
 			hist_observe(&t->b->obs.h[HIST_PROMOTE], hist_bounds_of(HIST_PROMOTE),
-				     (uint32_t)((uint64_t)(clock_now() * 1e6) - d->read_us) * 1e-6);
+				     (uint32_t)((uint64_t)(clock_now() * 1e6) - d->rd_us) * 1e-6);
 	} else if (pg->unlinked) {
 		store_unpin(&t->b->store, pg); /* DELETEd meanwhile (tier_delete): frees it */
 	} else {
@@ -702,7 +702,7 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	d->pg = pg;
 	d->pending = 1;
 	d->err = 0;
-	d->read_us = (uint32_t)(uint64_t)(clock_now() * 1e6);
+	d->rd_us = (uint32_t)(uint64_t)(clock_now() * 1e6);
 	op->disk = 1;
 	disk_prep(&t->d, 0, d->path, d->off + SLOT_BLOCK, store_addr(&b->store, pg),
 		  (uint32_t)(stride_of(d) - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_READ, 0);
