@@ -33,7 +33,7 @@ static int client_main(const char *mode, const char *sock)
 	struct kvb_opts o = {.socket_path = sock, .name = mode};
 	struct kvb_layout l;
 	kvb_client *c = NULL;
-	uint8_t *buf = malloc(PAGE);
+	uint8_t *buf;
 	uint32_t ns;
 	size_t pb;
 	int rc = kvb_connect(&o, &c);
@@ -42,6 +42,8 @@ static int client_main(const char *mode, const char *sock)
 	if (!strcmp(mode, "try"))
 		return rc == -EUSERS ? 3 : rc ? 4 : 0;
 	CHECK_OK(rc);
+	buf = malloc(PAGE);
+	CHECK(buf != NULL);
 	layout(&l);
 	CHECK_OK(kvb_ns_open(c, &l, &ns, &pb));
 	harness_fill(buf, PAGE, &k, getuid());
