@@ -415,6 +415,9 @@ static cJSON *tenants_json(const struct broker *b)
 		num(o, "hits", (double)t->hits);
 		num(o, "misses", (double)t->misses);
 		num(o, "put_refused", (double)t->refused);
+		/* Seconds since its last client left (0: attached, or never bound). */
+		num(o, "idle_s",
+		    t->used && !t->clients && t->left_at ? clock_now() - t->left_at : 0);
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "parse.h"
 #include "tenant.h"
@@ -239,6 +240,7 @@ int tenant_attach(struct tenant_table *tt, uint32_t key)
 		if (tt->t[p].used && tt->t[p].key == key) {
 			tt->t[p].clients++;
 			tt->t[p].attaches++;
+			tt->t[p].left_at = 0;
 			return (int)p;
 		}
 		if (!tt->t[p].used && free_part == tt->n)
@@ -252,8 +254,8 @@ int tenant_attach(struct tenant_table *tt, uint32_t key)
 
 void tenant_detach(struct tenant_table *tt, uint32_t part)
 {
-	if (part < tt->n && tt->t[part].clients)
-		tt->t[part].clients--;
+	if (part < tt->n && tt->t[part].clients && !--tt->t[part].clients)
+		tt->t[part].left_at = clock_now(); /* idle from now: kvbctl tenants shows it */
 }
 
 void tenant_put_refused(struct tenant_table *tt, uint32_t part, uint32_t ns, uint64_t ns_limit,

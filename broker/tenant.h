@@ -39,6 +39,7 @@ struct tenant {
 	uint64_t attaches;
 	uint64_t hits, misses; /* [hist] its GETs and ACQUIREs, while bound to key */
 	uint64_t refused;      /* PUTs refused -ENOSPC: its share full, nothing of it evictable */
+	double left_at;	       /* when its last client detached (clock_now), 0 while attached */
 };
 
 /*

@@ -486,6 +486,9 @@ static const struct series tenant_series[] = {
 	 "A tenant's GETs and ACQUIREs that found the page."},
 	{"misses", "kvbroker_tenant_misses_total", "counter",
 	 "A tenant's GETs and ACQUIREs that did not."},
+	{"idle_s", "kvbroker_tenant_idle_seconds", "gauge",
+	 "Seconds since a bound tenant's last client detached (0 while one is attached): its "
+	 "share stays bound, unused."},
 	{"put_refused", "kvbroker_tenant_put_refused_total", "counter",
 	 "A tenant's PUTs refused: its share (or the namespace's cap) full of pages that cannot "
 	 "be evicted (leased or being copied)."},

@@ -148,13 +148,13 @@ void ctl_print_tenants(const cJSON *root)
 
 	cJSON_ArrayForEach(t, sdoc_arr(root, "tenants"))
 	{
-		char who[32], a[32], b[32], c[16], d[16];
+		char who[32], a[32], b[32], c[16], d[16], idle[24];
 		double h = sdoc_num(t, "hits"), m = sdoc_num(t, "misses");
 
 		if (!any)
-			printf("%4s  %-12s %7s %12s %12s %7s %8s %10s %10s\n", "part", "tenant",
-			       "clients", "used", "share", "used%", "hit rate", "hits",
-			       "evictions");
+			printf("%4s  %-12s %7s %12s %12s %7s %8s %10s %10s %9s\n", "part", "tenant",
+			       "clients", "used", "share", "used%", "hit rate", "hits", "evictions",
+			       "idle");
 		any = 1;
 		if (!strcmp(sdoc_str(t, "mode"), "none"))
 			snprintf(who, sizeof(who), "all");
@@ -163,12 +163,16 @@ void ctl_print_tenants(const cJSON *root)
 		else
 			snprintf(who, sizeof(who), "%s %.0f", sdoc_str(t, "mode"),
 				 sdoc_num(t, "id"));
-		printf("%4.0f  %-12s %7.0f %12s %12s %7s %8s %10.0f %10.0f\n",
+		if (sdoc_num(t, "idle_s") > 0)
+			snprintf(idle, sizeof(idle), "%.0f s", sdoc_num(t, "idle_s"));
+		else
+			snprintf(idle, sizeof(idle), "-");
+		printf("%4.0f  %-12s %7.0f %12s %12s %7s %8s %10.0f %10.0f %9s\n",
 		       sdoc_num(t, "partition"), who, sdoc_num(t, "clients"),
 		       text_bytes(sdoc_num(t, "bytes_used"), a, sizeof(a)),
 		       text_bytes(sdoc_num(t, "share_bytes"), b, sizeof(b)),
 		       fmt_pct(sdoc_num(t, "bytes_used"), sdoc_num(t, "share_bytes"), c, sizeof(c)),
-		       fmt_pct(h, h + m, d, sizeof(d)), h, sdoc_num(t, "evictions"));
+		       fmt_pct(h, h + m, d, sizeof(d)), h, sdoc_num(t, "evictions"), idle);
 	}
 	if (!any)
 		printf("no tenant figures (a broker before this kvbctl)\n");

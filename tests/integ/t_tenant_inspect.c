@@ -6,6 +6,7 @@
  * client, for inspection: its STATS sees every tenant, it opens no namespace (-EACCES), and the
  * tenants' pages stay theirs. Root only (setpriv); skipped elsewhere.
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <grp.h>
 #include <signal.h>
@@ -118,10 +119,28 @@ int main(int argc, char **argv)
 	CHECK_EQ(kvb_ns_limit(root, "inspect/model", 1 << 20, 0), 0); /* an operator's call */
 	CHECK_EQ(harness_stat(ctl, "pool.pages"), 2); /* 1 MiB holds each tenant's one page */
 
+	harness_log("the tenants leave: their shares stay bound, shown idle");
 	kill(a, SIGKILL);
 	kill(bb, SIGKILL);
 	harness_wait_exit(a);
 	harness_wait_exit(bb);
+	CHECK_EQ(harness_stat_wait(ctl, "clients", 1, 10000), 1); /* root's */
+	usleep(100000);
+	js = harness_stats(ctl);
+	{
+		cJSON *doc = cJSON_Parse(js);
+		const cJSON *t;
+		int idle = 0;
+
+		cJSON_ArrayForEach(t, cJSON_GetObjectItem(doc, "tenants"))
+		{
+			CHECK_EQ(cJSON_GetObjectItem(t, "bound")->valuedouble, 1);
+			idle += cJSON_GetObjectItem(t, "idle_s")->valuedouble >= 0.05;
+		}
+		CHECK_EQ(idle, 2);
+		cJSON_Delete(doc);
+	}
+	free(js);
 	kvb_close(root);
 	kvb_close(ctl);
 	harness_broker_stop(b);
