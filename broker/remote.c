@@ -298,6 +298,9 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 		}
 		store_commit(s, pg);
 		r->st.fetched++;
+		if (!r->b->obs.off && c->sent)
+			hist_observe(&r->b->obs.h[HIST_FETCH], hist_bounds_of(HIST_FETCH),
+				     clock_now() - c->sent);
 		r->st.fetched_in_place += c->landed;
 		r->st.fetch_bytes += c->page_bytes;
 	} else if (pg->unlinked) {
@@ -466,7 +469,7 @@ int remote_promote(struct broker *b, struct remote_ask *ra, const struct ns *n, 
 			return 0;
 		ra->asked = 1;
 		q = store_waiters(pg);
-		return q ? wait_on(w, q, "a fetch from the remote tier") : 0;
+		return q ? wait_on_page(w, q, pg, "a fetch from the remote tier") : 0;
 	}
 	if (ra->asked)
 		return 0;
@@ -505,7 +508,7 @@ int remote_promote(struct broker *b, struct remote_ask *ra, const struct ns *n, 
 		c->mdst = dst;
 		ra->call = c;
 	}
-	return wait_on(w, q, "a fetch from the remote tier");
+	return wait_on_page(w, q, pg, "a fetch from the remote tier");
 }
 
 /* ---- lookup ---- */

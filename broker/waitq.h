@@ -18,10 +18,17 @@ struct waitq {
 	struct list ops; /* the waiters, in the order they came */
 };
 
-/* A tier's answer "wait": on q, for the reason why (shown in the drain log). */
+struct page;
+
+/*
+ * A tier's answer "wait": on q, for the reason why (shown in the drain log). pg: the page q
+ * belongs to, when the tier is bringing that page into RAM (a read from disk or a fetch, issued
+ * or joined); NULL when it waits for something else (room in the disk queue, RAM).
+ */
 struct wait_on {
 	struct waitq *q;
 	const char *why;
+	struct page *pg;
 };
 
 static inline void waitq_init(struct waitq *q)
@@ -40,6 +47,15 @@ static inline int wait_on(struct wait_on *w, struct waitq *q, const char *why)
 {
 	w->q = q;
 	w->why = why;
+	w->pg = (struct page *)0;
+	return 1;
+}
+
+/* Answers "wait on q, the queue of page pg, which is being brought into RAM": returns 1. */
+static inline int wait_on_page(struct wait_on *w, struct waitq *q, struct page *pg, const char *why)
+{
+	wait_on(w, q, why);
+	w->pg = pg;
 	return 1;
 }
 

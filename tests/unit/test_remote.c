@@ -239,7 +239,7 @@ static int ask(struct remote_ask *ra, uint32_t key, uint8_t *dst, struct waiter 
 {
 	kvb_key k = key_of(key);
 	struct page *pg = page_of(key);
-	struct wait_on on = {NULL, NULL};
+	struct wait_on on = {NULL, NULL, NULL};
 
 	if (pg && pg->state == PAGE_READY)
 		pg = NULL; /* not asked then: the request found it */
@@ -247,6 +247,7 @@ static int ask(struct remote_ask *ra, uint32_t key, uint8_t *dst, struct waiter 
 		return 0;
 	assert_non_null(on.q);
 	assert_non_null(on.why);
+	assert_true(on.pg == page_of(key)); /* it waits on the page being fetched */
 	list_add_tail(&on.q->ops, &w->link);
 	w->q = on.q;
 	return 1;

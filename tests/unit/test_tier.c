@@ -176,6 +176,7 @@ struct waiter {
 	struct list link;
 	struct waitq *q;
 	const char *why;
+	struct page *pg; /* the page the tier brings, NULL when it waits for room or RAM */
 };
 
 /* The store's [page-wake] hook, as ops.c has it: a page's waiters go to the run queue. */
@@ -312,7 +313,7 @@ static int ask(uint32_t key, uint32_t slot, struct waiter *w)
 {
 	kvb_key k = key_of(key);
 	struct page *pg = store_find(&F.b.store, F.n->id, &k);
-	struct wait_on on = {NULL, NULL};
+	struct wait_on on = {NULL, NULL, NULL};
 
 	if (pg && pg->state == PAGE_READY) {
 		memcpy(F.mem + slot * F.pb, store_addr(&F.b.store, pg), F.pb);
@@ -325,6 +326,9 @@ static int ask(uint32_t key, uint32_t slot, struct waiter *w)
 	list_add_tail(&on.q->ops, &w->link);
 	w->q = on.q;
 	w->why = on.why;
+	w->pg = on.pg;
+	if (on.pg) /* the page's own queue, the page being read (WRITING) */
+		assert_true(on.pg->waiters == on.q && on.pg->state == PAGE_WRITING);
 	return -1;
 }
 
@@ -427,6 +431,8 @@ static void test_tier_joined_and_parked_promotions(void **state)
 	list_add_tail(&w[0].q->ops, &w[3].link);
 	assert_int_equal(ask(2, 2, &w[4]), -1); /* queue depth 1: waits for room */
 	assert_true(w[4].q != w[0].q);
+	assert_non_null(w[0].pg); /* a promotion: a hit after it is the disk's ([hist]) */
+	assert_null(w[4].pg);	  /* no promotion yet: room first */
 	assert_int_equal(tstat("joined"), 2);
 	assert_int_equal(tstat("parked"), 1);
 	/* RAM is not full, but demotions in flight would make room: an allocation may wait. */
