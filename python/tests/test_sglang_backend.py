@@ -536,7 +536,7 @@ def test_backups_name_parents_chains_evicted_tail_first(own_broker: Broker) -> N
     assert b.batch_get_v1(keys[8:], S.indices(list(range(8)), PAGE)) == [True] * 8
     h = b._handles()
     assert h is not None
-    ns, blob = h[1], bytes.fromhex("".join(keys))
+    ns, blob = h[1][0], bytes.fromhex("".join(keys))
     for _ in range(2000):  # 2 pages at a time: the chain's end is seen going page by page
         flood = hkeys(2)
         assert b.batch_set_v1(flood, S.indices([20, 21], PAGE)) == [True] * 2
