@@ -157,3 +157,100 @@ def fill(pool: Any, seed: int) -> None:
 def indices(pages: list[int], page: int) -> torch.Tensor:
     """Host indices of whole pages, as the controller passes them (int64, page-aligned)."""
     return torch.cat([torch.arange(p * page, (p + 1) * page) for p in pages])
+
+
+# ---- SGLang's radix cache (UnifiedRadixCache + HybridCacheController) on the CPU ----
+
+def _direct_lf_pf(src_ptrs: list[torch.Tensor], dst_ptrs: list[torch.Tensor],
+                  src_indices: torch.Tensor, dst_indices: torch.Tensor,
+                  page_size: int) -> None:
+    """sgl-kernel's transfer_kv_all_layer_direct_lf_pf on CPU tensors: device rows
+    src_ptrs[c * L + l][src_indices] of every component c and layer l into the
+    page_first_direct host buffer dst_ptrs[c] ([page][layer][token]...) at dst_indices."""
+    n = len(src_ptrs) // len(dst_ptrs)
+    hp, ht = dst_indices // page_size, dst_indices % page_size
+    for c, dst in enumerate(dst_ptrs):
+        for layer in range(n):
+            dst[hp, layer, ht] = src_ptrs[c * n + layer][src_indices]
+
+
+def _direct_pf_lf(src_ptrs: list[torch.Tensor], dst_ptrs: list[torch.Tensor],
+                  src_indices: torch.Tensor, dst_indices: torch.Tensor, layer_id: int,
+                  page_size: int) -> None:
+    """sgl-kernel's transfer_kv_per_layer_direct_pf_lf on CPU tensors: layer layer_id of
+    the page_first_direct host buffers at src_indices into the device rows dst_indices."""
+    hp, ht = src_indices // page_size, src_indices % page_size
+    for src, dst in zip(src_ptrs, dst_ptrs, strict=True):
+        dst[dst_indices] = src[hp, layer_id, ht]
+
+
+def cpu_l2_transfers() -> None:
+    """What SGLang's device<->host (L2) copy needs of a GPU, made to run on the CPU, and
+    nothing else: (1) the two sgl-kernel ops its page_first_direct/direct path calls
+    (transfer_kv_all_layer_direct_lf_pf, transfer_kv_per_layer_direct_pf_lf: CUDA ops,
+    sgl-kernel has no CPU build) as torch index copies of the same rows, bound in SGLang's
+    MLA and MHA host-pool modules; (2) host pools allocated without cudaHostRegister (the
+    pin of a GPU this machine lacks), through SGLang's own alloc_with_host_register. The
+    radix cache, the controller, the host pools, the threads, the policies and the storage
+    backend are SGLang's and kvbroker's own code; tests check the bytes end to end, so a
+    wrong stand-in copy would fail them."""
+    import sglang.srt.mem_cache.pool_host.mha as mha
+    import sglang.srt.mem_cache.pool_host.mla as mla
+    from sglang.srt.mem_cache.pool_host import common
+
+    for mod in (mla, mha):
+        mod.transfer_kv_all_layer_direct_lf_pf = _direct_lf_pf  # type: ignore[attr-defined]
+        mod.transfer_kv_per_layer_direct_pf_lf = _direct_pf_lf  # type: ignore[attr-defined]
+
+    def unpinned(dims: tuple[int, ...], dtype: torch.dtype, device: str, pin_memory: bool,
+                 allocator: Any, registration_granularity_bytes: int | None = None
+                 ) -> torch.Tensor:
+        t: torch.Tensor = common.alloc_with_host_register(
+            dims, dtype, device, False, allocator, registration_granularity_bytes)
+        return t
+
+    common.ALLOC_MEMORY_FUNCS["cpu"] = unpinned
+
+
+def radix_cache(sock: str, group: Any, *, write_policy: str = "write_through",
+                prefetch_policy: str = "wait_complete", host_memory_mode: str = "cache",
+                model: str = "radix/Model", page: int = 16, tokens: int = 256,
+                layers: int = 3, **extra: Any) -> tuple[Any, Any, Any]:
+    """SGLang's hierarchical radix cache as the scheduler builds it (registry: a
+    UnifiedRadixCache with the FULL component, then init_hicache with the server args):
+    an MLA model on the CPU, page_first_direct host pool with the direct I/O backend, L3 =
+    kvbroker through the "dynamic" backend. Returns (cache, allocator, device pool)."""
+    import json
+
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    cpu_l2_transfers()
+    # model_path "dummy": ServerArgs reads a real path's HF config; the namespace's model
+    # name comes from the backend's "model" key instead.
+    cfg = dict(BACKEND, socket=sock, allocator="shm", prefetch_threshold=page, model=model,
+               **extra)
+    args = ServerArgs(model_path="dummy", page_size=page, enable_hierarchical_cache=True,
+                      hicache_io_backend="direct", hicache_mem_layout="page_first_direct",
+                      hicache_write_policy=write_policy, hicache_storage_backend="dynamic",
+                      hicache_storage_backend_extra_config=json.dumps(cfg),
+                      hicache_storage_prefetch_policy=prefetch_policy, hicache_ratio=2.0,
+                      hicache_host_memory_mode=host_memory_mode)
+    set_global_server_args_for_scheduler(args)
+    dev = MLATokenToKVPool(size=tokens, page_size=page, dtype=torch.bfloat16,
+                           kv_lora_rank=512, qk_rope_head_dim=64, layer_num=layers,
+                           device="cpu", enable_memory_saver=False, start_layer=0,
+                           end_layer=layers)
+    alloc = PagedTokenToKVPoolAllocator(tokens, page, torch.bfloat16, "cpu", dev,
+                                        need_sort=False)
+    rtp = ReqToTokenPool(size=8, max_context_len=4096, device="cpu", enable_memory_saver=False)
+    params = CacheInitParams(disable=False, req_to_token_pool=rtp,
+                             token_to_kv_pool_allocator=alloc, page_size=page,
+                             tp_cache_group=group, tree_components=(ComponentType.FULL,))
+    cache = UnifiedRadixCache(params)
+    cache.init_hicache(args, params)
+    return cache, alloc, dev
