@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 _IMPORT = {"seconds": 0.0}
@@ -215,7 +216,7 @@ def cpu_l2_transfers() -> None:
 def radix_cache(sock: str, group: Any, *, write_policy: str = "write_through",
                 prefetch_policy: str = "wait_complete", host_memory_mode: str = "cache",
                 model: str = "radix/Model", page: int = 16, tokens: int = 256,
-                layers: int = 3, **extra: Any) -> tuple[Any, Any, Any]:
+                layers: int = 3, tp_size: int = 1, **extra: Any) -> tuple[Any, Any, Any]:
     """SGLang's hierarchical radix cache as the scheduler builds it (registry: a
     UnifiedRadixCache with the FULL component, then init_hicache with the server args):
     an MLA model on the CPU, page_first_direct host pool with the direct I/O backend, L3 =
@@ -234,7 +235,8 @@ def radix_cache(sock: str, group: Any, *, write_policy: str = "write_through",
     # name comes from the backend's "model" key instead.
     cfg = dict(BACKEND, socket=sock, allocator="shm", prefetch_threshold=page, model=model,
                **extra)
-    args = ServerArgs(model_path="dummy", page_size=page, enable_hierarchical_cache=True,
+    args = ServerArgs(model_path="dummy", page_size=page, tp_size=tp_size,
+                      enable_hierarchical_cache=True,
                       hicache_io_backend="direct", hicache_mem_layout="page_first_direct",
                       hicache_write_policy=write_policy, hicache_storage_backend="dynamic",
                       hicache_storage_backend_extra_config=json.dumps(cfg),
@@ -254,3 +256,160 @@ def radix_cache(sock: str, group: Any, *, write_policy: str = "write_through",
     cache = UnifiedRadixCache(params)
     cache.init_hicache(args, params)
     return cache, alloc, dev
+
+
+def pump(cache: Any, done: Callable[[], bool], what: str, timeout: float = 20,
+         group: Any = None) -> None:
+    """Scheduler ticks (check_hicache_events) until done(). With a TP group of several
+    ranks the ranks tick in lockstep (the tick's collectives need every rank) and stop when
+    done() holds on all of them."""
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout
+    while True:
+        cache.check_hicache_events()
+        ok = bool(done())
+        if group is not None and dist.get_world_size(group) > 1:
+            t = torch.tensor(int(ok or time.monotonic() > deadline), dtype=torch.int)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+            stop = bool(t.item())
+        else:
+            stop = ok
+        if stop:
+            assert ok, what
+            return
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def ticks(cache: Any, n: int = 10) -> None:
+    """n scheduler ticks (every rank of a TP group ticks n times)."""
+    for _ in range(n):
+        cache.check_hicache_events()
+        time.sleep(0.005)
+
+
+def fill_device(dev: Any, idx: torch.Tensor, seed: int) -> list[torch.Tensor]:
+    """Random bytes in rows idx of every layer (the forward pass's KV); returns them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for buf in dev.kv_buffer:
+        rows = buf[idx].view(torch.uint8)
+        new = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g)
+        buf[idx] = new.view(buf.dtype).view(buf[idx].shape)
+        out.append(new)
+    return out
+
+
+def device_rows(dev: Any, idx: torch.Tensor) -> list[torch.Tensor]:
+    return [buf[idx].view(torch.uint8) for buf in dev.kv_buffer]
+
+
+def backend(cache: Any) -> Any:
+    """The cache's storage backend: kvbroker.sglang's KVBrokerStorage."""
+    from kvbroker.sglang import KVBrokerStorage
+
+    b = cache.cache_controller.storage_backend
+    assert isinstance(b, KVBrokerStorage)
+    return b
+
+
+def shut(cache: Any) -> None:
+    """What the scheduler's shutdown does for the cache (and no atexit pin)."""
+    import atexit
+
+    atexit.unregister(cache.shutdown)
+    cache.cache_controller.detach_storage_backend()
+    cache.release_host_resources()
+
+
+def write_prefix(cache: Any, alloc: Any, dev: Any, tokens: list[int], policy: str,
+                 seed: int, group: Any = None) -> list[torch.Tensor]:
+    """A finished request's prefix into the tree, then what the write policy does with
+    it, until its pages are in kvbroker (on a TP group: rank 0's write, every rank's ack).
+    Returns the device bytes written."""
+    from array import array
+
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        EvictParams,
+        InsertParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    n, page = len(tokens), cache.page_size
+    hashes = get_hash_str(tokens, None, page_size=page)
+    key = RadixKey(array("q", tokens))
+    v = alloc.alloc(n)
+    want = fill_device(dev, v, seed)
+    cache.insert(InsertParams(key=key, value=v))
+    b = backend(cache)
+    if policy != "write_through":
+        # write_through_selective backs up a prefix on its second hit, write_back when the
+        # device evicts it: one insert alone reaches neither host nor storage.
+        ticks(cache)
+        assert b.batch_exists(hashes) == 0
+    if policy == "write_through_selective":
+        cache.insert(InsertParams(key=key, value=v))  # the same prefix finished again
+    if policy == "write_back":
+        assert cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted == n
+        m = cache.match_prefix(MatchPrefixParams(key=key))
+        host = 0 if cache.host_memory_mode == "buffer_only" else n
+        assert (m.device_prefix_len, m.host_hit_length) == (0, host)  # evicted to host
+    pump(cache, lambda: b.batch_exists(hashes) == len(hashes) and not cache.ongoing_backup,
+         f"{policy}: pages never reached kvbroker", group=group)
+    return want
+
+
+def read_prefix(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor],
+                policy: str = "wait_complete", group: Any = None) -> None:
+    """Another instance's request for the prefix: a tree miss, SGLang's prefetch from
+    storage (on a TP group: hits and progress MIN-reduced across the ranks), the host hit
+    it leaves, the load back to the device; the device rows are the writer's bytes."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.base_prefix_cache import (
+        CacheRequestHandle,
+        InitLoadBackParams,
+        MatchPrefixParams,
+    )
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    n = len(tokens)
+    key = RadixKey(array("q", tokens))
+    m = cache.match_prefix(MatchPrefixParams(key=key))
+    assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
+    h = CacheRequestHandle(rid, 0)
+    cache.prefetch_from_storage(h, m.last_host_node, array("q", tokens))
+    b = backend(cache)
+    pages = n // cache.page_size
+    if policy == "best_effort":
+        # best_effort takes what has arrived when the request is scheduled: let the
+        # prefetch finish first, then the progress check ends it at once.
+        pump(cache, lambda: b.stats.totals["get_hits"] >= pages, "prefetch never loaded",
+             group=group)
+        ticks(cache, 3)
+        assert cache.check_prefetch_progress(h)
+    else:
+        pump(cache, lambda: bool(cache.check_prefetch_progress(h)),
+             f"{policy}: prefetch did not finish", group=group)
+    m = cache.match_prefix(MatchPrefixParams(key=key))
+    assert (m.device_prefix_len, m.host_hit_length) == (0, n)
+    req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
+              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+    cache.req_to_token_pool.alloc([req])
+    req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
+    req.last_host_node, req.host_hit_length = m.last_host_node, m.host_hit_length
+    loaded = cache.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
+                                                     host_hit_length=n, req=req))
+    assert loaded is not None and loaded[0] == n
+    cache.ready_to_load_host_cache()
+    pump(cache, lambda: not cache.ongoing_load_back, "load back did not finish", group=group)
+    m = cache.match_prefix(MatchPrefixParams(key=key))
+    assert m.device_prefix_len == n
+    got = device_rows(cache.token_to_kv_pool_allocator.get_kvcache(),
+                      cache.path_device_indices(m.last_device_node))
+    assert all(torch.equal(a, w) for a, w in zip(got, want, strict=True))

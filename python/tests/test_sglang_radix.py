@@ -63,124 +63,6 @@ def gloo() -> Iterator[Any]:
     dist.destroy_process_group()
 
 
-def pump(cache: Any, done: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    """Scheduler ticks (check_hicache_events) until done()."""
-    deadline = time.monotonic() + timeout
-    while True:
-        cache.check_hicache_events()
-        if done():
-            return
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
-def ticks(cache: Any, n: int = 10) -> None:
-    for _ in range(n):
-        cache.check_hicache_events()
-        time.sleep(0.005)
-
-
-def fill_device(dev: Any, idx: torch.Tensor, seed: int) -> list[torch.Tensor]:
-    """Random bytes in rows idx of every layer (the forward pass's KV); returns them."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for buf in dev.kv_buffer:
-        rows = buf[idx].view(torch.uint8)
-        new = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g)
-        buf[idx] = new.view(buf.dtype).view(buf[idx].shape)
-        out.append(new)
-    return out
-
-
-def device_rows(dev: Any, idx: torch.Tensor) -> list[torch.Tensor]:
-    return [buf[idx].view(torch.uint8) for buf in dev.kv_buffer]
-
-
-def backend(cache: Any) -> KVBrokerStorage:
-    b: KVBrokerStorage = cache.cache_controller.storage_backend
-    assert isinstance(b, KVBrokerStorage)
-    return b
-
-
-def shut(cache: Any) -> None:
-    import atexit
-
-    atexit.unregister(cache.shutdown)  # init_hicache registers it; the test stops it now
-    cache.cache_controller.detach_storage_backend()
-    cache.release_host_resources()
-
-
-def write_prefix(cache: Any, alloc: Any, dev: Any, tokens: list[int], policy: str,
-                 seed: int) -> list[torch.Tensor]:
-    """A finished request's prefix into the tree, then what the policy does with it,
-    until its pages are in kvbroker. Returns the device bytes written."""
-    n = len(tokens)
-    hashes = get_hash_str(tokens, None, page_size=PAGE)
-    key = RadixKey(array("q", tokens))
-    v = alloc.alloc(n)
-    want = fill_device(dev, v, seed)
-    cache.insert(InsertParams(key=key, value=v))
-    b = backend(cache)
-    if policy != "write_through":
-        # write_through_selective backs up a prefix on its second hit, write_back when the
-        # device evicts it: one insert alone reaches neither host nor storage.
-        ticks(cache)
-        assert b.batch_exists(hashes) == 0
-    if policy == "write_through_selective":
-        cache.insert(InsertParams(key=key, value=v))  # the same prefix finished again
-    if policy == "write_back":
-        assert cache.evict(EvictParams(num_tokens=n)).num_tokens_evicted == n
-        m = cache.match_prefix(MatchPrefixParams(key=key))
-        host = 0 if cache.host_memory_mode == "buffer_only" else n
-        assert (m.device_prefix_len, m.host_hit_length) == (0, host)  # evicted to host
-    pump(cache, lambda: b.batch_exists(hashes) == len(hashes) and not cache.ongoing_backup,
-         f"{policy}: pages never reached kvbroker")
-    return want
-
-
-def read_prefix(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor],
-                policy: str) -> None:
-    """Another instance's request for the prefix: a tree miss, SGLang's prefetch from
-    storage, the host hit it leaves, the load back to the device; the device rows are the
-    writer's bytes."""
-    n = len(tokens)
-    key = RadixKey(array("q", tokens))
-    m = cache.match_prefix(MatchPrefixParams(key=key))
-    assert (m.device_prefix_len, m.host_hit_length) == (0, 0)
-    h = CacheRequestHandle(rid, 0)
-    cache.prefetch_from_storage(h, m.last_host_node, array("q", tokens))
-    b = backend(cache)
-    if policy == "best_effort":
-        # best_effort takes what has arrived when the request is scheduled: let the
-        # prefetch finish first, then the progress check ends it at once.
-        pump(cache, lambda: b.stats.totals["get_hits"] >= NPAGES, "prefetch never loaded")
-        ticks(cache, 3)
-        assert cache.check_prefetch_progress(h)
-    else:
-        pump(cache, lambda: bool(cache.check_prefetch_progress(h)),
-             f"{policy}: prefetch did not finish")
-    m = cache.match_prefix(MatchPrefixParams(key=key))
-    assert (m.device_prefix_len, m.host_hit_length) == (0, n)
-    from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
-              sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-    cache.req_to_token_pool.alloc([req])
-    req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
-    req.last_host_node, req.host_hit_length = m.last_host_node, m.host_hit_length
-    loaded = cache.init_load_back(InitLoadBackParams(best_match_node=m.best_match_node,
-                                                     host_hit_length=n, req=req))
-    assert loaded is not None and loaded[0] == n
-    cache.ready_to_load_host_cache()
-    pump(cache, lambda: not cache.ongoing_load_back, "load back did not finish")
-    m = cache.match_prefix(MatchPrefixParams(key=key))
-    assert m.device_prefix_len == n
-    got = device_rows(cache.token_to_kv_pool_allocator.get_kvcache(),
-                      cache.path_device_indices(m.last_device_node))
-    assert all(torch.equal(a, w) for a, w in zip(got, want, strict=True))
-
-
 def read_staged(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor]) -> None:
     """buffer_only: SGLang's prefetch stages the storage hit in the host buffer, and the
     request's admission (PrefillAdder: prepare_staged_prefetch, init_load_back under the
@@ -193,7 +75,7 @@ def read_staged(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor
     m = cache.match_prefix(MatchPrefixParams(key=key))
     h = CacheRequestHandle(rid, 0)
     cache.prefetch_from_storage(h, m.last_host_node, array("q", tokens))
-    pump(cache, lambda: bool(cache.check_prefetch_progress(h)), "prefetch did not finish")
+    S.pump(cache, lambda: bool(cache.check_prefetch_progress(h)), "prefetch did not finish")
     pipe = cache.buffer_pipeline
     assert pipe.has_staged(h)
     req = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
@@ -212,10 +94,10 @@ def read_staged(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor
         cache.unlock(lock)
     assert loaded is not None and loaded[0] == n
     cache.ready_to_load_host_cache()
-    pump(cache, lambda: not pipe.ongoing_buffer_load_back, "staged load did not commit")
+    S.pump(cache, lambda: not pipe.ongoing_buffer_load_back, "staged load did not commit")
     m = cache.match_prefix(MatchPrefixParams(key=key))
     assert m.device_prefix_len == n
-    got = device_rows(cache.token_to_kv_pool_allocator.get_kvcache(),
+    got = S.device_rows(cache.token_to_kv_pool_allocator.get_kvcache(),
                       cache.path_device_indices(m.last_device_node))
     assert all(torch.equal(x, w) for x, w in zip(got, want, strict=True))
     host = cache.cache_controller.mem_pool_host
@@ -236,15 +118,15 @@ def test_radix_cache_writes_and_prefetches_through_kvbroker(
     b, _, _ = S.radix_cache(broker.socket, gloo, write_policy=write_policy,
                             prefetch_policy=prefetch_policy, model=model)
     try:
-        assert backend(a).zero_copy and backend(b).zero_copy
+        assert S.backend(a).zero_copy and S.backend(b).zero_copy
         tokens = list(range(1000, 1000 + NPAGES * PAGE))
-        want = write_prefix(a, a_alloc, a_dev, tokens, write_policy, seed=3)
-        read_prefix(b, tokens, "req-b", want, prefetch_policy)
+        want = S.write_prefix(a, a_alloc, a_dev, tokens, write_policy, seed=3)
+        S.read_prefix(b, tokens, "req-b", want, prefetch_policy)
         # SGLang's metrics poll reads the backend's counters each tick
-        assert sum(backend(b).get_stats().prefetch_pgs) in (0, NPAGES)
+        assert sum(S.backend(b).get_stats().prefetch_pgs) in (0, NPAGES)
     finally:
-        shut(a)
-        shut(b)
+        S.shut(a)
+        S.shut(b)
 
 
 def test_radix_cache_buffer_only(gloo: Any, broker: Broker) -> None:
@@ -258,16 +140,16 @@ def test_radix_cache_buffer_only(gloo: Any, broker: Broker) -> None:
     try:
         assert a.buffer_pipeline is not None
         tokens = list(range(5000, 5000 + NPAGES * PAGE))
-        want = write_prefix(a, a_alloc, a_dev, tokens, "write_through", seed=5)
+        want = S.write_prefix(a, a_alloc, a_dev, tokens, "write_through", seed=5)
         key = RadixKey(array("q", tokens))
         assert a.evict(EvictParams(num_tokens=len(tokens))).num_tokens_evicted == len(tokens)
-        ticks(a)
+        S.ticks(a)
         m = a.match_prefix(MatchPrefixParams(key=key))
         assert (m.device_prefix_len, m.host_hit_length) == (0, 0)  # no host copy kept
         host = a.cache_controller.mem_pool_host
         assert host.available_size() == host.size  # the staging buffer is empty again
-        assert backend(a).batch_exists(get_hash_str(tokens, None, page_size=PAGE)) == NPAGES
+        assert S.backend(a).batch_exists(get_hash_str(tokens, None, page_size=PAGE)) == NPAGES
         read_staged(b, tokens, "req-buf", want)
     finally:
-        shut(a)
-        shut(b)
+        S.shut(a)
+        S.shut(b)
