@@ -113,8 +113,8 @@ def mla_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
 
 def mha_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
                   layers: int = 3, page: int = 16, tokens: int = 256, heads: int = 2,
-                  head_dim: int = 64, dtype: torch.dtype = torch.float16
-                  ) -> MHATokenToKVPoolHost:
+                  head_dim: int = 64, dtype: torch.dtype = torch.float16,
+                  head_group_num: int = 1) -> MHATokenToKVPoolHost:
     """SGLang's MHA host pool on the CPU, as its aibrix unit test and the assembler build it."""
     dev = MHATokenToKVPool(tokens, page, dtype, heads, head_dim, layers, "cpu", False,
                            start_layer=0, end_layer=layers)
@@ -122,16 +122,21 @@ def mha_host_pool(layout: str = "page_first_direct", allocator: str = "shm", *,
         dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, page, layout, pin_memory=False,
         device="cpu", allocator_type=allocator, device_capacity_tokens=dev.size,
         start_layer=dev.start_layer, end_layer=dev.end_layer,
-        write_back_staging=dev.hicache_write_back_staging)
+        write_back_staging=dev.hicache_write_back_staging, head_group_num=head_group_num)
 
 
 def storage_config(*, mla: bool, tp_rank: int = 0, tp_size: int = 1, model: str = "test/Model",
                    layout: str = "page_first_direct", **extra: Any) -> HiCacheStorageConfig:
-    """HiCacheStorageConfig as HiCacheController._generate_storage_config fills it."""
+    """HiCacheStorageConfig as HiCacheController._generate_storage_config fills it
+    (tp_lcm_size popped from the extra config; heads split for an MHA page_head pool whose
+    tp_lcm_size exceeds its TP size)."""
+    lcm = extra.pop("tp_lcm_size", None)
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
         attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=True,
         is_page_first_layout=layout == "page_first", model_name=model,
+        tp_lcm_size=lcm,
+        should_split_heads=bool(lcm) and not mla and layout == "page_head" and lcm > tp_size,
         extra_config=dict(extra))
 
 
@@ -140,7 +145,7 @@ def kvbroker_backend(pool: Any, socket: str, *, mla: bool, tp_rank: int = 0,
     """The backend as SGLang makes it: StorageBackendFactory, "dynamic", then
     register_mem_pool_host (HiCacheController.attach_storage_backend)."""
     cfg = storage_config(mla=mla, tp_rank=tp_rank, tp_size=tp_size, layout=pool.layout,
-                         socket=socket, **BACKEND, **extra)
+                         socket=socket, **{**BACKEND, **extra})
     if pool.allocator.__class__.__name__ == "ShmHostTensorAllocator":
         cfg.extra_config["allocator"] = "shm"
     backend = StorageBackendFactory.create_backend("dynamic", cfg, pool)
