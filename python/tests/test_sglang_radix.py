@@ -22,9 +22,11 @@ import sglang_support as S  # first: imports SGLang (see there)
 
 # isort: split
 
+import logging
 import os
 import socket
 import time
+from pathlib import Path
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -153,3 +155,37 @@ def test_radix_cache_buffer_only(gloo: Any, broker: Broker) -> None:
     finally:
         S.shut(a)
         S.shut(b)
+
+
+def test_radix_cache_without_broker(gloo: Any, tmp_path: Path,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """No broker on the socket: SGLang starts and serves from its device and host tiers,
+    kvbroker says so in one log line, the backups to storage fail without an exception and
+    a prefetch finds nothing."""
+    sock = str(tmp_path / "none.sock")
+    with caplog.at_level(logging.INFO):
+        a, alloc, dev = S.radix_cache(sock, gloo, model="radix/no-broker",
+                                      retry_interval_s=0.05)
+        try:
+            tokens = list(range(7000, 7000 + NPAGES * PAGE))
+            key = RadixKey(array("q", tokens))
+            v = alloc.alloc(len(tokens))
+            want = S.fill_device(dev, v, 9)
+            a.insert(InsertParams(key=key, value=v))  # write_through: to host, L3 fails
+            S.ticks(a, 20)
+            assert a.evict(EvictParams(num_tokens=len(tokens))).num_tokens_evicted
+            m = a.match_prefix(MatchPrefixParams(key=key))
+            assert (m.device_prefix_len, m.host_hit_length) == (0, len(tokens))  # L2 works
+            other = list(range(8000, 8000 + NPAGES * PAGE))
+            m2 = a.match_prefix(MatchPrefixParams(key=RadixKey(array("q", other))))
+            h = CacheRequestHandle("req-none", 0)
+            a.prefetch_from_storage(h, m2.last_host_node, array("q", other))
+            S.pump(a, lambda: bool(a.check_prefetch_progress(h)), "prefetch hung")
+            m2 = a.match_prefix(MatchPrefixParams(key=RadixKey(array("q", other))))
+            assert m2.host_hit_length == 0
+            assert len(want) == dev.layer_num
+        finally:
+            S.shut(a)
+    ours = [r.getMessage() for r in caplog.records
+            if r.name == "kvbroker.sglang" and r.levelno >= logging.WARNING]
+    assert len(ours) == 1 and "no broker" in ours[0] and "without the L3 tier" in ours[0]
