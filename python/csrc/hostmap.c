@@ -41,6 +41,56 @@ static PyObject *raise_os(int err, const char *what)
 }
 
 /*
+ * The work of remap_onto_memfd() (GIL released): 0 with *fd_out the new memfd, or a positive
+ * errno with *what naming the step that failed, the range untouched and no fd left open.
+ */
+static int remap(void *addr, size_t len, const char *name, int *fd_out, const char **what)
+{
+	void *tmp, *got;
+	int fd, err;
+
+	/* msync fails with ENOMEM when part of the range is not mapped: never map over a hole
+	 * (or past the end of the pool) that something else may own later. */
+	if (msync(addr, len, MS_ASYNC) < 0) {
+		*what = "remap_onto_memfd: the range is not one mapping (msync)";
+		return errno;
+	}
+	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		*what = "remap_onto_memfd: memfd_create";
+		return errno;
+	}
+	if (ftruncate(fd, (off_t)len) < 0) {
+		err = errno;
+		*what = "remap_onto_memfd: ftruncate";
+		goto err_close;
+	}
+	tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (tmp == MAP_FAILED) {
+		err = errno;
+		*what = "remap_onto_memfd: mmap of the new memfd";
+		goto err_close;
+	}
+	memcpy(tmp, addr, len);
+	/* One step from the old mapping to the new one: mremap onto a fixed address replaces
+	 * what is there atomically (munmap + mmap MAP_FIXED would leave a window, and a failed
+	 * MAP_FIXED may leave the range unmapped). */
+	got = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, addr);
+	if (got == MAP_FAILED) {
+		err = errno;
+		*what = "remap_onto_memfd: mremap onto the pool's addresses";
+		goto err_unmap;
+	}
+	*fd_out = fd;
+	return 0;
+err_unmap:
+	munmap(tmp, len);
+err_close:
+	close(fd);
+	return err;
+}
+
+/*
  * remap_onto_memfd(address, nbytes, name) -> fd. [address, address + nbytes) must be one
  * page-aligned, fully mapped, readable range (nbytes is rounded up to whole pages). On
  * success the range is a MAP_SHARED mapping of the returned memfd (MFD_CLOEXEC |
@@ -54,8 +104,7 @@ static PyObject *mod_remap_onto_memfd(PyObject *self, PyObject *args, PyObject *
 	const char *name = "kvbroker_host_pool";
 	const char *what = NULL;
 	size_t pg = (size_t)sysconf(_SC_PAGESIZE), len;
-	void *addr, *tmp = MAP_FAILED, *got;
-	int fd = -1, err = 0;
+	int fd = -1, err;
 
 	(void)self;
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|s:remap_onto_memfd", kwl, &addr_arg,
@@ -69,51 +118,11 @@ static PyObject *mod_remap_onto_memfd(PyObject *self, PyObject *args, PyObject *
 			     addr_arg, nbytes_arg);
 		return NULL;
 	}
-	addr = (void *)(uintptr_t)addr_arg;
 	len = ((size_t)nbytes_arg + pg - 1) / pg * pg;
-	Py_BEGIN_ALLOW_THREADS
-	/* msync fails with ENOMEM when part of the range is not mapped: never map over a hole
-	 * (or past the end of the pool) that something else may own later. */
-	if (msync(addr, len, MS_ASYNC) < 0) {
-		err = errno;
-		what = "remap_onto_memfd: the range is not one mapping (msync)";
-		goto out;
-	}
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0) {
-		err = errno;
-		what = "remap_onto_memfd: memfd_create";
-		goto out;
-	}
-	if (ftruncate(fd, (off_t)len) < 0) {
-		err = errno;
-		what = "remap_onto_memfd: ftruncate";
-		goto err_close;
-	}
-	tmp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (tmp == MAP_FAILED) {
-		err = errno;
-		what = "remap_onto_memfd: mmap of the new memfd";
-		goto err_close;
-	}
-	memcpy(tmp, addr, len);
-	/* One step from the old mapping to the new one: mremap over a fixed address replaces
-	 * what is there atomically (munmap + mmap MAP_FIXED would leave a window, and a failed
-	 * MAP_FIXED may leave the range unmapped). */
-	got = mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, addr);
-	if (got == MAP_FAILED) {
-		err = errno;
-		what = "remap_onto_memfd: mremap onto the pool's addresses";
-		munmap(tmp, len);
-		goto err_close;
-	}
-	goto out;
-err_close:
-	close(fd);
-	fd = -1;
-out:;
-	Py_END_ALLOW_THREADS
-	if (fd < 0)
+	Py_BEGIN_ALLOW_THREADS;
+	err = remap((void *)(uintptr_t)addr_arg, len, name, &fd, &what);
+	Py_END_ALLOW_THREADS;
+	if (err)
 		return raise_os(err, what);
 	return PyLong_FromLong(fd);
 }
@@ -131,14 +140,14 @@ static PyObject *mod_punch_hole(PyObject *self, PyObject *args)
 		PyErr_SetString(PyExc_ValueError, "punch_hole: fd, offset >= 0 and nbytes > 0");
 		return NULL;
 	}
-	Py_BEGIN_ALLOW_THREADS
-	rc = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
-	if (rc < 0)
-		rc = errno;
-	Py_END_ALLOW_THREADS
+	Py_BEGIN_ALLOW_THREADS;
+	rc = fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0
+		     ? errno
+		     : 0;
+	Py_END_ALLOW_THREADS;
 	if (rc)
 		return raise_os(rc, "punch_hole: fallocate(PUNCH_HOLE)");
-	Py_RETURN_NONE;
+	return Py_NewRef(Py_None);
 }
 
 static PyMethodDef hostmap_methods[] = {

@@ -205,8 +205,8 @@ def cpu_l2_transfers() -> None:
     from sglang.srt.mem_cache.pool_host import common
 
     for mod in (mla, mha):
-        mod.transfer_kv_all_layer_direct_lf_pf = _direct_lf_pf  # type: ignore[attr-defined]
-        mod.transfer_kv_per_layer_direct_pf_lf = _direct_pf_lf  # type: ignore[attr-defined]
+        mod.transfer_kv_all_layer_direct_lf_pf = _direct_lf_pf
+        mod.transfer_kv_per_layer_direct_pf_lf = _direct_pf_lf
 
     def unpinned(dims: tuple[int, ...], dtype: torch.dtype, device: str, pin_memory: bool,
                  allocator: Any, registration_granularity_bytes: int | None = None

@@ -13,6 +13,7 @@ import sglang_support as S  # first: imports SGLang (see there)
 # isort: split
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def hkeys(n: int) -> list[str]:
     return keys
 
 
-def backend(pool: object, broker: Broker, model: str, **kw: object) -> KVBrokerStorage:
+def backend(pool: object, broker: Broker, model: str, **kw: Any) -> KVBrokerStorage:
     b: KVBrokerStorage = S.kvbroker_backend(pool, broker.socket, mla=False, model=model,
                                             interface_v1=1, **kw)
     return b
@@ -63,6 +64,7 @@ def test_page_head_and_page_unified_byte_exact(broker: Broker) -> None:
     assert u.batch_set_v1(keys, S.indices([2, 5], PAGE)) == [True, True]
     assert f.batch_get_v1(keys, S.indices([0, 1], PAGE)) == [True, True]
     fl_u, fl_f = (p.kv_buffer.view(-1).view(torch.uint8) for p in (pu, pf))
+    assert u.geometry is not None and f.geometry is not None
     for su, sf in ((2, 0), (5, 1)):
         assert torch.equal(u.geometry.canonical(fl_u, su * PAGE).contiguous(),
                            f.geometry.canonical(fl_f, sf * PAGE).contiguous())

@@ -25,10 +25,9 @@ import sglang_support as S  # first: imports SGLang (see there)
 import logging
 import os
 import socket
-import time
-from pathlib import Path
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,7 +45,6 @@ from sglang.srt.mem_cache.utils import get_hash_str
 from sglang.srt.runtime_context import get_parallel
 
 from conftest import Broker
-from kvbroker.sglang import KVBrokerStorage
 
 PAGE = 16
 NPAGES = 4

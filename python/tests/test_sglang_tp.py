@@ -17,6 +17,7 @@ import sglang_support as S  # first: imports SGLang (see there)
 
 # isort: split
 
+import datetime
 import hashlib
 import multiprocessing as mp
 import os
@@ -104,7 +105,10 @@ def _radix_rank(rank: int, port: int, sock: str, tokens: list[int], q: Any) -> N
 
         torch.set_num_threads(1)
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=2)
+        # A rank that fails leaves its peer in a collective: the group's timeout ends the
+        # wait with an error instead of gloo's default half hour.
+        dist.init_process_group("gloo", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=60))
         with get_parallel().override(tp_rank=rank, tp_size=2, pp_rank=0, pp_size=1,
                                      attn_dcp_size=1, attn_dcp_rank=0):
             g = dist.group.WORLD
@@ -129,20 +133,41 @@ def _radix_rank(rank: int, port: int, sock: str, tokens: list[int], q: Any) -> N
 RADIX_MODEL = "tp2/DeepSeek-radix-test"
 
 
+def _rank_server(rank: int, tasks: Any, q: Any) -> None:
+    args = tasks.get()  # (port, socket, tokens), or None: the test did not run
+    if args is not None:
+        _radix_rank(rank, *args, q)
+
+
+# The two rank processes are forked when this module is collected, before any test of the
+# session has made a torch process group in this process: a group leaves gloo's threads
+# behind, and a child forked with a copy of their locks can hang in its own group. They
+# wait for the test's arguments; daemons, so a run that deselects the test ends them.
+_FORK = mp.get_context("fork")
+_TASKS = [_FORK.Queue() for _ in range(2)]
+_RESULTS = _FORK.Queue()
+_RANKS = [_FORK.Process(target=_rank_server, args=(r, _TASKS[r], _RESULTS), daemon=True)
+          for r in range(2)]
+for _p in _RANKS:
+    _p.start()
+
+
 def test_tp2_mla_radix_caches_one_copy_and_prefetch(broker: Broker) -> None:
     tokens = list(range(9000, 9000 + NPAGES * PAGE))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_radix_rank, args=(r, port, broker.socket, tokens, q))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    res = sorted(q.get(timeout=120) for _ in range(2))
-    for p in procs:
-        p.join(30)
+    procs = _RANKS
+    for t in _TASKS:
+        t.put((port, broker.socket, tokens))
+    try:
+        res = sorted(_RESULTS.get(timeout=120) for _ in range(2))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():  # stuck: never leave it behind the test run
+                p.kill()
+                p.join()
     assert [r[3] for r in res] == [None, None], res
     assert [p.exitcode for p in procs] == [0, 0]
     assert [r[1] for r in res] == [True, False]  # rank 0 is SGLang's storage writer
