@@ -562,12 +562,12 @@ def test_get_stats_cost_per_scheduler_tick(broker: Broker) -> None:
         b.batch_set_v1(keys, S.indices([1, 2], PAGE))
         b.batch_get_v1(keys, S.indices([3, 4], PAGE))
     best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
+    for _ in range(5):  # CPU time: a loaded machine's preemptions are not the call's cost
+        t = time.thread_time()
         for _ in range(2000):
             b.get_stats()
-        best = min(best, (time.perf_counter() - t) / 2000)
-    print(f"get_stats: {best * 1e6:.2f} us per call")
+        best = min(best, (time.thread_time() - t) / 2000)
+    print(f"get_stats: {best * 1e6:.2f} us CPU per call")
     assert best < 100e-6
     b.close()
 

@@ -136,7 +136,8 @@ RADIX_MODEL = "tp2/DeepSeek-radix-test"
 def _rank_server(rank: int, tasks: Any, q: Any) -> None:
     args = tasks.get()  # (port, socket, tokens), or None: the test did not run
     if args is not None:
-        _radix_rank(rank, *args, q)
+        port, sock, tokens = args
+        _radix_rank(rank, port, sock, tokens, q)
 
 
 # The two rank processes are forked when this module is collected, before any test of the

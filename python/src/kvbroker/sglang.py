@@ -70,6 +70,10 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+# Imported here, not in get_stats(): its first import takes about 0.1 s, which SGLang's first
+# metrics poll would otherwise pay on the scheduler thread.
+from sglang.srt.observability.metrics_collector import StorageMetrics
+
 import kvbroker as kvb
 from kvbroker import _kvbroker
 from kvbroker._layout import model_ns_name
@@ -187,6 +191,7 @@ def pool_geometries(pool: Any, split: int = 1) -> list[PoolGeometry]:
     st = [s * es for s in kv.stride()]
     P = pool.page_size
     runs, hs = 1, 0
+    comps: tuple[str, ...]
     if cls == "MLATokenToKVPoolHost":  # one latent row per token and layer
         kind, comps, cs, row = "mla", ("kv",), 0, kv.shape[-1] * es
         if layout in ("page_first_direct", "page_unified"):  # [page][layer][token]([1])[dim]
@@ -226,7 +231,8 @@ def pool_geometries(pool: Any, split: int = 1) -> list[PoolGeometry]:
 
 def pool_geometry(pool: Any) -> PoolGeometry:
     """The geometry of the one kvbroker page of each SGLang page of `pool` (see
-    pool_geometries; ValueError for a pool or layout that cannot be stored)."""
+    pool_geometries; ValueError for a pool or layout that cannot be stored).
+    """
     return pool_geometries(pool)[0]
 
 
@@ -474,7 +480,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
 
     def _layout(self, g: PoolGeometry, shard: int = 0, split: int = 1) -> kvb.Layout:
         """Shard `shard`'s namespace: MHA shards of a split page are TP ranks tp_rank * split
-        + shard of tp_size * split (SGLang's virtual ranks of tp_lcm_size)."""
+        + shard of tp_size * split (SGLang's virtual ranks of tp_lcm_size).
+        """
         sc = self.storage_config
         name = self.cfg.get("namespace")
         if not name:
@@ -653,7 +660,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
                     got = view.put_many(kb, slots, par) if put else view.get_many(kb, slots)
                 else:
                     with self._staging_lock:
-                        got = self._staged(ns, g, staging, kb, slots, par)
+                        got = self._staged(ns, g, staging, kb, slots, parents=par)
                 done = [a and bool(b) for a, b in zip(done, got, strict=True)]
         except Exception as e:
             if put and isinstance(e, kvb.PoolFull):
@@ -677,7 +684,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         return kv.view(-1).view(torch.uint8)
 
     def _staged(self, ns: kvb.Namespace, g: PoolGeometry, staging: Any, kb: list[bytes],
-                slots: list[int], parents: list[bytes | None] | None) -> list[bool]:
+                slots: list[int], *, parents: list[bytes | None] | None) -> list[bool]:
         """The copy path: pages of shard g through the staging buffer, cap at a time; a PUT
         batch when parents is given (one per key, or None each), else a GET batch.
         """
@@ -943,8 +950,6 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         """SGLang's StorageMetrics since the last call (it polls every scheduler tick: this
         swaps four lists and asks nothing of the broker).
         """
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-
         m = StorageMetrics()
         s = self.stats
         with s.lock:
