@@ -16,11 +16,18 @@ controller's prefetch thread calls ``batch_exists`` and ``batch_get_v1`` and its
 Pages: SGLang's page hashes (hex SHA-256 chains of get_hash_str) are kvbroker keys bit for
 bit; everything else that decides whether two processes' pages are the same bytes goes into
 the namespace (model, MLA/MHA, tokens per page, dtype, TP rank for MHA, PP, CP), never into
-the key. Whatever the host layout (page_first_direct, layer_first, page_first), the bytes
-stored are kvbroker's canonical page, [component][layer][token][bytes] with one component
-"kv" for MLA and "k", "v" for MHA (docs/protocol.md): a view over the host pool
-does the reordering in the broker's copy, so a page written by one layout reads into another,
-and by vLLM.
+the key. Whatever the host layout (page_first_direct, layer_first, page_first, page_unified
+with one head group), the bytes stored are kvbroker's canonical page,
+[component][layer][token][bytes] with one component "kv" for MLA and "k", "v" for MHA
+(docs/protocol.md): a view over the host pool does the reordering in the broker's copy, so a
+page written by one layout reads into another, and by vLLM. page_head (and page_unified with
+several head groups) keep a token's heads apart: their pages are head-major, a namespace of
+their own (PoolGeometry). With SGLang's tp_lcm_size a page_head page is stored as one page per
+virtual TP rank, so instances of different TP sizes share them. Host pools and layouts this
+backend cannot store byte for byte are refused at registration (pool_geometries).
+
+SGLang's buffer_only host memory mode (--hicache-host-memory-mode buffer_only) needs nothing
+more of a backend: its host pool stages pages on their way to and from these same calls.
 
 Zero copy: with ``"allocator": "shm"`` SGLang's host pool is a memfd. The broker copies
 straight between its pool and that memory once the fd is registered. SGLang 0.5.23 creates
