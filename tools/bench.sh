@@ -450,6 +450,13 @@ if [ -f tools/bench-startup.sh ]; then
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
+# ---- what the histograms cost: GET and PUT with and without them, side by side ----
+echo "bench: tools/bench-hist.sh $B"
+hrc=0
+KVB_BENCH_QUICK=$QUICK sh tools/bench-hist.sh "$B" >"$extra/hist.md" 2>"$tmp/hook.err" || hrc=$?
+[ "$hrc" -eq 0 ] ||
+	fail "tools/bench-hist.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+
 # ---- the data-path table (ratios to memcpy, cache-hot, TP=8), when its script exists ----
 if [ -f tools/bench-datapath.sh ]; then
 	echo "bench: tools/bench-datapath.sh $B"
