@@ -184,6 +184,7 @@ int kvbpy_ns_init_type(PyObject *m);
 int kvbpy_buffers_init_type(PyObject *m);
 int kvbpy_view_init_type(PyObject *m);
 int kvbpy_keys_init(PyObject *m);
+int kvbpy_hostmap_init(PyObject *m); /* hostmap.c: remap_onto_memfd, punch_hole */
 
 /* Integer attribute of obj (Layout fields); -1 with an exception set when missing or bad. */
 int kvbpy_attr_u32(PyObject *obj, const char *name, uint32_t *out);

@@ -280,7 +280,8 @@ PyMODINIT_FUNC PyInit__kvbroker(void)
 	}
 	if (init_errors(m) < 0 || add_ints(m) < 0 || kvbpy_keys_init(m) < 0 ||
 	    kvbpy_client_init_type(m) < 0 || kvbpy_ns_init_type(m) < 0 ||
-	    kvbpy_buffers_init_type(m) < 0 || kvbpy_view_init_type(m) < 0)
+	    kvbpy_buffers_init_type(m) < 0 || kvbpy_view_init_type(m) < 0 ||
+	    kvbpy_hostmap_init(m) < 0)
 		goto err;
 	return m;
 err:

@@ -513,6 +513,65 @@ def test_broker_kill9_pages_survive(tmp_path: Path) -> None:
         br.stop()
 
 
+def test_broker_stopped_and_started_fresh_no_stale_hits(tmp_path: Path) -> None:
+    """A broker stopped with SIGTERM frees its RAM pool; the one started next has none of
+    the old pages. The backend reconnects by itself and reports misses for them (its
+    namespace, view and buffer are made again on the new broker, nothing cached from the
+    old one), and a page stored again under the same key reads back as the new bytes."""
+    br = Broker(tmp_path)
+    try:
+        pool = pool_of("mla", "page_first_direct")
+        S.fill(pool, 19)
+        b = S.kvbroker_backend(pool, br.socket, mla=True, model="fresh/model",
+                               retry_interval_s=0.05)
+        keys = hkeys(3)
+        old = canon(b, [1, 2, 3])
+        assert b.batch_set_v1(keys, S.indices([1, 2, 3], PAGE)) == [True] * 3
+        br.stop()
+        br = Broker(tmp_path)
+        deadline = time.monotonic() + 5
+        while b.stats.totals["reconnects"] < 1:
+            assert b.batch_exists(keys) == 0  # gone with the old pool, never a stale hit
+            assert time.monotonic() < deadline, "no reconnect"
+            time.sleep(0.02)
+        flat = pool.kv_buffer.view(-1).view(torch.uint8)
+        for p in (4, 5, 6):
+            b.geometry.canonical(flat, p * PAGE).fill_(0x5A)
+        assert b.batch_exists(keys) == 0
+        assert b.batch_get_v1(keys, S.indices([4, 5, 6], PAGE)) == [False] * 3
+        assert all(bool((x == 0x5A).all()) for x in canon(b, [4, 5, 6]))  # nothing written
+        S.fill(pool, 20)  # new bytes under the same keys
+        new = canon(b, [1, 2, 3])
+        assert not any(torch.equal(x, y) for x, y in zip(new, old, strict=True))
+        assert b.batch_set_v1(keys, S.indices([1, 2, 3], PAGE)) == [True] * 3
+        assert b.batch_get_v1(keys, S.indices([7, 8, 9], PAGE)) == [True] * 3
+        assert all(torch.equal(x, w) for x, w in zip(canon(b, [7, 8, 9]), new, strict=True))
+        b.close()
+    finally:
+        br.stop()
+
+
+def test_get_stats_cost_per_scheduler_tick(broker: Broker) -> None:
+    """SGLang calls get_stats() on every scheduler tick with storage metrics on: it swaps
+    four lists under a lock and asks nothing of the broker: microseconds (printed by -s),
+    after 100 calls' worth of counters."""
+    pool = pool_of("mla", "page_first_direct")
+    b = backend(pool, broker, "mla", "stats/tick")
+    keys = hkeys(2)
+    for _ in range(50):
+        b.batch_set_v1(keys, S.indices([1, 2], PAGE))
+        b.batch_get_v1(keys, S.indices([3, 4], PAGE))
+    best = float("inf")
+    for _ in range(5):  # CPU time: a loaded machine's preemptions are not the call's cost
+        t = time.thread_time()
+        for _ in range(2000):
+            b.get_stats()
+        best = min(best, (time.thread_time() - t) / 2000)
+    print(f"get_stats: {best * 1e6:.2f} us CPU per call")
+    assert best < 100e-6
+    b.close()
+
+
 def test_import_time_recorded() -> None:
     """Importing SGLang's modules is the slow part of these tests: it is measured (and
     printed by -s) so a regression shows."""
@@ -536,7 +595,7 @@ def test_backups_name_parents_chains_evicted_tail_first(own_broker: Broker) -> N
     assert b.batch_get_v1(keys[8:], S.indices(list(range(8)), PAGE)) == [True] * 8
     h = b._handles()
     assert h is not None
-    ns, blob = h[1], bytes.fromhex("".join(keys))
+    ns, blob = h[1][0], bytes.fromhex("".join(keys))
     for _ in range(2000):  # 2 pages at a time: the chain's end is seen going page by page
         flood = hkeys(2)
         assert b.batch_set_v1(flood, S.indices([20, 21], PAGE)) == [True] * 2

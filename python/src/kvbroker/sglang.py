@@ -16,11 +16,18 @@ controller's prefetch thread calls ``batch_exists`` and ``batch_get_v1`` and its
 Pages: SGLang's page hashes (hex SHA-256 chains of get_hash_str) are kvbroker keys bit for
 bit; everything else that decides whether two processes' pages are the same bytes goes into
 the namespace (model, MLA/MHA, tokens per page, dtype, TP rank for MHA, PP, CP), never into
-the key. Whatever the host layout (page_first_direct, layer_first, page_first), the bytes
-stored are kvbroker's canonical page, [component][layer][token][bytes] with one component
-"kv" for MLA and "k", "v" for MHA (docs/protocol.md): a view over the host pool
-does the reordering in the broker's copy, so a page written by one layout reads into another,
-and by vLLM.
+the key. Whatever the host layout (page_first_direct, layer_first, page_first, page_unified
+with one head group), the bytes stored are kvbroker's canonical page,
+[component][layer][token][bytes] with one component "kv" for MLA and "k", "v" for MHA
+(docs/protocol.md): a view over the host pool does the reordering in the broker's copy, so a
+page written by one layout reads into another, and by vLLM. page_head (and page_unified with
+several head groups) keep a token's heads apart: their pages are head-major, a namespace of
+their own (PoolGeometry). With SGLang's tp_lcm_size a page_head page is stored as one page per
+virtual TP rank, so instances of different TP sizes share them. Host pools and layouts this
+backend cannot store byte for byte are refused at registration (pool_geometries).
+
+SGLang's buffer_only host memory mode (--hicache-host-memory-mode buffer_only) needs nothing
+more of a backend: its host pool stages pages on their way to and from these same calls.
 
 Zero copy: with ``"allocator": "shm"`` SGLang's host pool is a memfd. The broker copies
 straight between its pool and that memory once the fd is registered. SGLang 0.5.23 creates
@@ -53,7 +60,6 @@ of the copy path, default 64).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import hashlib
 import logging
@@ -71,14 +77,18 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
+# Imported here, not in get_stats(): its first import takes about 0.1 s, which SGLang's first
+# metrics poll would otherwise pay on the scheduler thread.
+from sglang.srt.observability.metrics_collector import StorageMetrics
+
 import kvbroker as kvb
+from kvbroker import _kvbroker
 from kvbroker._layout import model_ns_name
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVBrokerStorage", "PoolGeometry", "model_ns_name", "pool_geometry"]
-
-_LAYOUTS = ("page_first_direct", "layer_first", "page_first")
+__all__ = ["KVBrokerStorage", "PoolGeometry", "model_ns_name", "pool_geometries",
+           "pool_geometry"]
 
 _TORCH_DTYPES = {
     torch.bfloat16: "bf16",
@@ -92,13 +102,17 @@ _TORCH_DTYPES = {
 
 @dataclass(frozen=True)
 class PoolGeometry:
-    """Where a host pool's pages lie, in bytes from the start of its kv_buffer.
+    """Where one kvbroker page of a host pool lies, in bytes from the start of its kv_buffer.
 
-    Part (c, l) of component c, layer l: token slot s at ``base + (s // tokens_per_page) *
-    page_stride + (s % tokens_per_page) * stride`` (kvbroker ViewPart semantics), and slot s is
-    SGLang's host index. comp_stride and layer_stride give base = c * comp_stride + l *
-    layer_stride, which lets the copy path and the tests build the same canonical page as
-    one strided tensor.
+    Part (c, h, l) of component c, head run h, layer l: token slot s at ``base + c *
+    comp_stride + h * head_stride + l * layer_stride + (s // tokens_per_page) * page_stride +
+    (s % tokens_per_page) * stride`` (kvbroker ViewPart semantics), bytes_per_token_layer
+    bytes each, and slot s is SGLang's host index. The stored page is these parts in that
+    order: [component][layer][token][bytes], kvbroker's canonical page, when head_runs is 1
+    (every layout but page_head and grouped page_unified, whose heads of one token are not
+    adjacent); [component][head run][layer][token][bytes] ("head-major", one namespace
+    layer per head run and layer) otherwise. With tp_lcm_size a page_head pool's page is
+    split into several such pages, one per virtual TP rank (base selects its heads).
     """
 
     kind: str
@@ -112,76 +126,121 @@ class PoolGeometry:
     stride: int
     page_stride: int
     nbytes: int
+    head_runs: int = 1
+    head_stride: int = 0
+    base: int = 0
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one canonical page."""
-        return len(self.components) * self.num_layers * self.tokens_per_page * \
-            self.bytes_per_token_layer
+        """Bytes of one stored page."""
+        return len(self.components) * self.head_runs * self.num_layers * \
+            self.tokens_per_page * self.bytes_per_token_layer
+
+    @property
+    def page_format(self) -> str:
+        """The namespace's page_format: "" for the canonical byte order."""
+        return "" if self.head_runs == 1 else "head-major"
 
     def parts(self, buf: Any) -> list[kvb.ViewPart]:
         """The ViewParts of a view over buf (component-major, as the broker wants them)."""
-        return [kvb.ViewPart(buf, self.stride, c * self.comp_stride + i * self.layer_stride,
-                             self.page_stride)
-                for c in range(len(self.components)) for i in range(self.num_layers)]
+        return [kvb.ViewPart(buf, self.stride, self.base + c * self.comp_stride +
+                             h * self.head_stride + i * self.layer_stride, self.page_stride)
+                for c in range(len(self.components)) for h in range(self.head_runs)
+                for i in range(self.num_layers)]
 
     def page_offset(self, slot: int) -> int:
-        """Byte offset of token slot `slot` (a page's first token) in part (0, 0)."""
+        """Byte offset of token slot `slot` (a page's first token) in part (0, 0, 0)."""
         p, t = divmod(slot, self.tokens_per_page)
-        return p * self.page_stride + t * self.stride
+        return self.base + p * self.page_stride + t * self.stride
 
     def canonical(self, flat_u8: torch.Tensor, slot: int) -> torch.Tensor:
-        """A [component][layer][token][bytes] uint8 view of the page at `slot` of the pool
-        whose bytes are flat_u8 (no copy; .contiguous() gives the stored bytes).
+        """A [component][head run][layer][token][bytes] uint8 view of the page at `slot` of
+        the pool whose bytes are flat_u8 (no copy; .contiguous() gives the stored bytes).
         """
         return flat_u8.as_strided(
-            (len(self.components), self.num_layers, self.tokens_per_page,
+            (len(self.components), self.head_runs, self.num_layers, self.tokens_per_page,
              self.bytes_per_token_layer),
-            (self.comp_stride, self.layer_stride, self.stride, 1),
+            (self.comp_stride, self.head_stride, self.layer_stride, self.stride, 1),
             flat_u8.storage_offset() + self.page_offset(slot))
 
 
-def pool_geometry(pool: Any) -> PoolGeometry:
-    """The geometry of an SGLang 0.5.23 MLA or MHA host pool (MLATokenToKVPoolHost,
-    MHATokenToKVPoolHost) in one of the three generic layouts; ValueError for anything else
-    (page_first_kv_split, page_head, page_unified, split K/V buffers...).
+# The host pool classes and layouts of sglang 0.5.23 this backend maps (pool_geometries).
+# Everything else is refused at start-up with the reason: page_first_kv_split keeps K and V
+# (and the indexer) in separate buffers (Ascend NPU), the allocator-only MLA pool has no
+# bytes, and the other host pool classes carry scales or state this page format does not.
+_POOLS = {"MLATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct",
+                                   "page_unified"),
+          "MHATokenToKVPoolHost": ("layer_first", "page_first", "page_first_direct",
+                                   "page_head", "page_unified")}
+
+
+def pool_geometries(pool: Any, split: int = 1) -> list[PoolGeometry]:
+    """The kvbroker pages of one SGLang page of `pool`: one geometry, or `split` of them
+    (page_head with tp_lcm_size: one per virtual TP rank, heads [i * H/split, (i+1) *
+    H/split) each). ValueError naming the cause and the fix for a pool or layout this
+    backend cannot store byte for byte.
     """
+    cls = type(pool).__name__
     layout = getattr(pool, "layout", None)
+    ok = _POOLS.get(cls)
+    supported = "; ".join(f"{c}: {', '.join(v)}" for c, v in _POOLS.items())
+    if ok is None:
+        raise ValueError(f"kvbroker cannot store SGLang host pool {cls} (supported: "
+                         f"{supported})")
+    if layout not in ok:
+        raise ValueError(f"kvbroker cannot store {cls} with --hicache-mem-layout {layout} "
+                         f"(use one of {', '.join(ok)})")
     kv = getattr(pool, "kv_buffer", None)
-    if layout not in _LAYOUTS:
-        raise ValueError(f"host layout {layout!r} is not supported by kvbroker "
-                         f"(use one of {', '.join(_LAYOUTS)})")
     if not isinstance(kv, torch.Tensor) or not kv.is_contiguous() or kv.device.type != "cpu":
-        raise ValueError("host pool without one contiguous CPU kv_buffer tensor")
+        raise ValueError(f"{cls} ({layout}) has no contiguous CPU kv_buffer (an "
+                         "allocator-only or device-resident host pool): nothing to store")
     es = kv.element_size()
     st = [s * es for s in kv.stride()]
     P = pool.page_size
-    g: tuple[str, tuple[str, ...], int, int, int, int, int, int]
-    if hasattr(pool, "kv_lora_rank"):  # MLA: one latent row per token and layer
-        L = kv.shape[1] if layout == "page_first_direct" else \
-            kv.shape[0] if layout == "layer_first" else kv.shape[1]
-        row = kv.shape[-1] * kv.shape[-2] * es
-        if layout == "page_first_direct":  # [page][layer][token][1][dim]
-            g = ("mla", ("kv",), L, row, 0, st[1], st[2], st[0])
+    runs, hs = 1, 0
+    comps: tuple[str, ...]
+    if cls == "MLATokenToKVPoolHost":  # one latent row per token and layer
+        kind, comps, cs, row = "mla", ("kv",), 0, kv.shape[-1] * es
+        if layout in ("page_first_direct", "page_unified"):  # [page][layer][token]([1])[dim]
+            L, ls, ts, ps = kv.shape[1], st[1], st[2], st[0]
         elif layout == "layer_first":  # [layer][token][1][dim]
-            g = ("mla", ("kv",), L, row, 0, st[0], st[1], P * st[1])
+            L, ls, ts, ps = kv.shape[0], st[0], st[1], P * st[1]
         else:  # page_first: [token][layer][1][dim]
-            g = ("mla", ("kv",), L, row, 0, st[1], st[0], P * st[0])
-    else:  # MHA: K and V halves of one [2, ...] buffer
-        if kv.shape[0] != 2 or getattr(pool, "v_head_dim", pool.head_dim) != pool.head_dim:
-            raise ValueError("MHA host pool without one [2, ...] K/V buffer of equal widths")
-        row = pool.head_num * pool.head_dim * es
+            L, ls, ts, ps = kv.shape[1], st[1], st[0], P * st[0]
+    else:  # MHA: K and V of equal widths in one buffer
+        if getattr(pool, "v_head_dim", pool.head_dim) != pool.head_dim:
+            raise ValueError(f"{cls}: K and V widths differ ({pool.head_dim} vs "
+                             f"{pool.v_head_dim}): not supported by kvbroker")
+        kind, comps = "mha", ("k", "v")
+        H, D = pool.head_num, pool.head_dim
+        row = H * D * es
         if layout == "page_first_direct":  # [2][page][layer][token][head][dim]
-            L = kv.shape[2]
-            g = ("mha", ("k", "v"), L, row, st[0], st[2], st[3], st[1])
+            L, cs, ls, ts, ps = kv.shape[2], st[0], st[2], st[3], st[1]
         elif layout == "layer_first":  # [2][layer][token][head][dim]
-            L = kv.shape[1]
-            g = ("mha", ("k", "v"), L, row, st[0], st[1], st[2], P * st[2])
-        else:  # page_first: [2][token][layer][head][dim]
-            L = kv.shape[2]
-            g = ("mha", ("k", "v"), L, row, st[0], st[2], st[1], P * st[1])
-    kind, comps, L, row, cs, ls, ts, ps = g
-    return PoolGeometry(kind, layout, comps, L, P, row, cs, ls, ts, ps, kv.numel() * es)
+            L, cs, ls, ts, ps = kv.shape[1], st[0], st[1], st[2], P * st[2]
+        elif layout == "page_first":  # [2][token][layer][head][dim]
+            L, cs, ls, ts, ps = kv.shape[2], st[0], st[2], st[1], P * st[1]
+        elif layout == "page_head":  # [2][page][head][token][layer][dim]
+            L, cs, ls, ts, ps = kv.shape[4], st[0], st[4], st[3], st[1]
+            runs, hs, row = H, st[2], D * es
+        else:  # page_unified: [page][head group][layer][2][token][heads of group][dim]
+            G = kv.shape[1]
+            L, cs, ls, ts, ps = kv.shape[2], st[3], st[2], st[4], st[0]
+            runs, hs, row = G, st[1], (H // G) * D * es
+    if split > 1 and (layout != "page_head" or runs % split):
+        raise ValueError(f"tp_lcm_size splits a page into {split} head groups: needs "
+                         f"page_head and a multiple of {split} KV heads per rank, not "
+                         f"{layout} with {runs} head runs")
+    per = runs // split
+    return [PoolGeometry(kind, layout, comps, L, P, row, cs, ls, ts, ps, kv.numel() * es,
+                         per, hs, i * per * hs) for i in range(split)]
+
+
+def pool_geometry(pool: Any) -> PoolGeometry:
+    """The geometry of the one kvbroker page of each SGLang page of `pool` (see
+    pool_geometries; ValueError for a pool or layout that cannot be stored).
+    """
+    return pool_geometries(pool)[0]
 
 
 def _logical_dtype(pool: Any, cfg: dict[str, Any]) -> str:
@@ -198,54 +257,39 @@ def _logical_dtype(pool: Any, cfg: dict[str, Any]) -> str:
 
 # ---- moving an unsealable shm host pool onto a sealable memfd (see _adopt_memfd) ----
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
-_MAP_FIXED = 0x10
-_FALLOC_PUNCH_HOLE_KEEP_SIZE = 0x03
-
 
 def _adopt_memfd(pool: Any, old_fd: int) -> int:
     """Moves the bytes of pool.kv_buffer (SGLang's MAP_SHARED mapping of old_fd, made by
-    alloc_shm without MFD_ALLOW_SEALING) onto a new memfd that can be sealed, mapped over the
-    same addresses with MAP_FIXED: every tensor and pointer table SGLang holds stays valid.
-    The old file's pages are then punched out, so the pool is not held twice. Returns the
-    new fd (owned by the caller). CUDA-pinned pools are unregistered and registered again
-    around the switch (cudaHostRegister pins physical pages, which the switch replaces).
-    Must run before the pool carries traffic: register_mem_pool_host checks the pool is
-    empty.
+    alloc_shm without MFD_ALLOW_SEALING) onto a new memfd that can be sealed, at the same
+    addresses (the C extension's remap_onto_memfd: one mremap, never a moment unmapped), so
+    every tensor and pointer table SGLang holds stays valid. The old file's pages are then
+    punched out, so the pool is not held twice. Returns the new fd (owned by the caller).
+    CUDA-pinned pools are unregistered and registered again around the switch
+    (cudaHostRegister pins physical pages, which the switch replaces). Must run before the
+    pool carries traffic: register_mem_pool_host checks the pool is empty.
     """
     kv = pool.kv_buffer
     addr = kv.data_ptr()
     size = os.fstat(old_fd).st_size
     if addr % mmap.PAGESIZE or size < kv.numel() * kv.element_size():
         raise OSError(errno.EINVAL, "host pool is not one page-aligned mapping of its fd")
-    fd = os.memfd_create("kvbroker_sglang_host_pool",
-                         os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    ranges = getattr(kv, "_sglang_cuda_host_registered_ranges", None) \
+        if getattr(pool, "pin_memory", False) and torch.cuda.is_available() else None
+    cudart: Any = torch.cuda.cudart() if ranges else None  # type: ignore[no-untyped-call]
+    for ptr, _ in ranges or ():
+        cudart.cudaHostUnregister(ptr)
     try:
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size, mmap.MAP_SHARED) as tmp:
-            ctypes.memmove(ctypes.addressof(ctypes.c_char.from_buffer(tmp)), addr, size)
-        ranges = getattr(kv, "_sglang_cuda_host_registered_ranges", None) \
-            if getattr(pool, "pin_memory", False) and torch.cuda.is_available() else None
-        cudart: Any = torch.cuda.cudart() if ranges else None  # type: ignore[no-untyped-call]
-        for ptr, _ in ranges or ():
-            cudart.cudaHostUnregister(ptr)
-        got = _libc.mmap(addr, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                         mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
-        if got != addr:
-            raise OSError(ctypes.get_errno(), "mmap MAP_FIXED over the host pool failed")
+        fd = _kvbroker.remap_onto_memfd(addr, size, "kvbroker_sglang_host_pool")
+    finally:
         for ptr, n in ranges or ():
             rc = int(cudart.cudaHostRegister(ptr, n, 0))
             if rc != 0:
                 raise RuntimeError(f"cudaHostRegister after the memfd switch failed: {rc}")
-        _libc.fallocate(old_fd, _FALLOC_PUNCH_HOLE_KEEP_SIZE, 0, size)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    try:
+        _kvbroker.punch_hole(old_fd, 0, size)
+    except OSError as e:  # the pool works; only its old pages stay allocated
+        logger.warning("kvbroker: could not free the host pool's old memfd pages: %s", e)
+    return fd
 
 
 def _keys(keys: list[str]) -> list[bytes]:
@@ -307,7 +351,9 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self.required = bool(self.cfg.get("required", False))
         self.is_mla = bool(storage_config.is_mla_model)
         self.mem_pool_host: Any = None
-        self.geometry: PoolGeometry | None = None
+        self.geometry: PoolGeometry | None = None  # the first (usually only) shard's
+        self.shards: list[PoolGeometry] = []  # the kvbroker pages of one SGLang page
+        self.layouts: list[kvb.Layout] = []  # their namespaces
         self.zero_copy = False
         self.stats = _Stats()
         self._lock = threading.Lock()
@@ -315,8 +361,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self._staging_lock = threading.Lock()
         self._gen = 0
         self._client: kvb.Client | None = None
-        self._ns: kvb.Namespace | None = None
-        self._view: kvb.View | None = None
+        self._ns: tuple[kvb.Namespace, ...] | None = None  # one per shard
+        self._view: tuple[kvb.View | None, ...] | None = None
         self._staging: tuple[kvb.HostBuffer, torch.Tensor, int] | None = None
         self._fd: int | None = None  # the fd the broker copies to and from
         self._fdcopy = False  # _fd is SGLang's unsealable memfd: broker pread/pwrite
@@ -356,8 +402,24 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         its memfd becomes the broker's zero-copy buffer.
         """
         super().register_mem_pool_host(mem_pool_host)
-        self.geometry = pool_geometry(mem_pool_host)
-        self.layout = self._layout()
+        sc = self.storage_config
+        # SGLang sets should_split_heads for an MHA page_head pool whose tp_lcm_size exceeds
+        # its TP size: each page goes to storage as tp_lcm_size / tp_size head groups, one
+        # per virtual rank, so instances of different TP sizes share them.
+        split = sc.tp_lcm_size // sc.tp_size if getattr(sc, "should_split_heads", False) \
+            and sc.tp_lcm_size else 1
+        try:
+            self.shards = pool_geometries(mem_pool_host, split)
+        except ValueError as e:
+            raise ValueError(f"kvbroker: {e}") from e
+        self.geometry = self.shards[0]
+        if not self.cfg.get("interface_v1") and (split > 1 or self.geometry.head_runs > 1
+                                                 or self.geometry.layout == "page_unified"):
+            raise ValueError(f"kvbroker: --hicache-mem-layout {self.geometry.layout} needs "
+                             "the zero-copy calls: add \"interface_v1\": 1 to the storage "
+                             "backend extra config")
+        self.layouts = [self._layout(g, i, split) for i, g in enumerate(self.shards)]
+        self.layout = self.layouts[0]
         fd = getattr(mem_pool_host, "fd", None)
         if fd is None and self.cfg.get("allocator") == "shm":
             logger.warning("kvbroker: allocator=shm but the host pool has no fd")
@@ -379,9 +441,11 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
                 # too many namespaces...): a configuration error, not an outage.
                 raise RuntimeError(f"kvbroker: the broker refuses namespace {self.layout}: "
                                    f"{e.strerror}") from e
-        logger.info("kvbroker: %s namespace %r, %s, %d-token pages of %d bytes, %s",
+        logger.info("kvbroker: %s namespace %r, %s, %d-token pages of %d bytes%s, %s",
                     self.layout.kind, self.layout.model, self._g().layout,
                     self._g().tokens_per_page, self._g().page_bytes,
+                    f" x {split} head groups (tp_lcm_size {sc.tp_lcm_size})" if split > 1
+                    else "",
                     "staging copy" if self._fd is None else
                     "zero copy (registered memfd, broker pread/pwrite)" if self._fdcopy else
                     "zero copy (registered memfd)")
@@ -421,8 +485,11 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         self._fdcopy = True
         return fd
 
-    def _layout(self) -> kvb.Layout:
-        sc, g = self.storage_config, self._g()
+    def _layout(self, g: PoolGeometry, shard: int = 0, split: int = 1) -> kvb.Layout:
+        """Shard `shard`'s namespace: MHA shards of a split page are TP ranks tp_rank * split
+        + shard of tp_size * split (SGLang's virtual ranks of tp_lcm_size).
+        """
+        sc = self.storage_config
         name = self.cfg.get("namespace")
         if not name:
             name = model_ns_name(str(self.cfg.get("model") or sc.model_name or "model"))
@@ -431,18 +498,20 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         cp_rank = sc.attn_cp_rank if sc.attn_cp_size > 1 else sc.dcp_rank
         return kvb.Layout(
             model=name, kind=kvb.MLA if mla else kvb.MHA, tokens_per_page=g.tokens_per_page,
-            components=[kvb.Component(c, g.num_layers, g.bytes_per_token_layer)
+            components=[kvb.Component(c, g.head_runs * g.num_layers, g.bytes_per_token_layer)
                         for c in g.components],
-            tp_size=sc.tp_size, tp_rank=sc.tp_rank, dtype=_logical_dtype(self.mem_pool_host,
-                                                                          self.cfg),
+            tp_size=sc.tp_size * split, tp_rank=sc.tp_rank * split + shard,
+            dtype=_logical_dtype(self.mem_pool_host, self.cfg),
             pp_size=sc.pp_size, pp_rank=sc.pp_rank, cp_size=cp_size, cp_rank=cp_rank,
-            dp_size=1 if mla else sc.dp_rank + 1, dp_rank=0 if mla else sc.dp_rank)
+            dp_size=1 if mla else sc.dp_rank + 1, dp_rank=0 if mla else sc.dp_rank,
+            page_format=g.page_format)
 
     def _open_ns(self, client: kvb.Client) -> None:
         """Namespace, buffer and view on a (new) client; sets the handles ops use."""
         g = self._g()
-        ns = client.ns_open(self.layout)
-        view = staging = None
+        nss = tuple(client.ns_open(lay) for lay in self.layouts)
+        views: tuple[kvb.View | None, ...] = (None,) * len(nss)
+        staging = None
         if self._fd is not None:
             kv = self.mem_pool_host.kv_buffer
             try:
@@ -457,7 +526,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
                 self._fd = None
                 self.zero_copy = False
             else:
-                view = ns.view(g.parts(buf))
+                views = tuple(ns.view(sh.parts(buf)) for ns, sh in zip(nss, self.shards,
+                                                                       strict=True))
                 self.zero_copy = True
         if self._fd is None:
             npages = max(1, min(128, int(self.cfg.get("staging_mb", 64)) * 2**20
@@ -465,10 +535,10 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             hb = client.alloc_host(npages * g.page_bytes)
             staging = (hb, torch.frombuffer(hb, dtype=torch.uint8), npages)
         with self._lock:
-            self._ns, self._view, self._staging = ns, view, staging
+            self._ns, self._view, self._staging = nss, views, staging
             self._gen += 1
 
-    def _handles(self) -> tuple[int, kvb.Namespace, Any, Any] | None:
+    def _handles(self) -> tuple[int, tuple[kvb.Namespace, ...], Any, Any] | None:
         """The live (generation, namespace, view, staging), reconnecting when the broker was
         gone and retry_interval_s has passed; None while there is no broker.
         """
@@ -549,8 +619,10 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         if h is None:
             return 0
         try:
-            # One bytes object of n * 32 bytes: the cheapest form lookup() takes.
-            return h[1].lookup(bytes.fromhex("".join(keys)))
+            # One bytes object of n * 32 bytes: the cheapest form lookup() takes. A page
+            # split into head groups is there when all of its groups are.
+            blob = bytes.fromhex("".join(keys))
+            return min(ns.lookup(blob) for ns in h[1])
         except kvb.Error as e:
             self._broken(e, h[0])
             return 0
@@ -583,23 +655,20 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         h = self._handles()
         if h is None:
             return [False] * n
-        gen, ns, view, staging = h
+        gen, nss, views, staging = h
         try:
             kb = _keys(keys)
             slots = self._slots(keys, host_indices)
-            done: list[bool]
-            if put:
-                par = _parents(kb, extra_info)
+            par = _parents(kb, extra_info) if put else None
+            done = [True] * n
+            # A page split into head groups (tp_lcm_size) is loaded when every group is.
+            for ns, view, g in zip(nss, views, self.shards, strict=True):
                 if view is not None:
-                    done = view.put_many(kb, slots, par)
+                    got = view.put_many(kb, slots, par) if put else view.get_many(kb, slots)
                 else:
                     with self._staging_lock:
-                        done = self._staged(ns, staging, kb, slots, par)
-            elif view is not None:
-                done = list(view.get_many(kb, slots))
-            else:
-                with self._staging_lock:
-                    done = self._staged(ns, staging, kb, slots, None)
+                        got = self._staged(ns, g, staging, kb, slots, parents=par)
+                done = [a and bool(b) for a, b in zip(done, got, strict=True)]
         except Exception as e:
             if put and isinstance(e, kvb.PoolFull):
                 logger.warning("kvbroker: pool full of leased pages: %s", e)
@@ -607,7 +676,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             else:
                 self._broken(e, gen)
             return [False] * n
-        dt, pb = time.perf_counter() - t0, self._g().page_bytes
+        dt, pb = time.perf_counter() - t0, self._g().page_bytes * len(self.shards)
         if put:
             self.stats.add(set_pages=n, set_stored=sum(done))
             self.stats.op("set", n, n * pb, dt)
@@ -621,13 +690,13 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         kv: torch.Tensor = self.mem_pool_host.kv_buffer
         return kv.view(-1).view(torch.uint8)
 
-    def _staged(self, ns: kvb.Namespace, staging: Any, kb: list[bytes], slots: list[int],
-                parents: list[bytes | None] | None) -> list[bool]:
-        """The copy path: pages through the staging buffer, cap at a time; a PUT batch when
-        parents is given (one per key, or None each), else a GET batch.
+    def _staged(self, ns: kvb.Namespace, g: PoolGeometry, staging: Any, kb: list[bytes],
+                slots: list[int], *, parents: list[bytes | None] | None) -> list[bool]:
+        """The copy path: pages of shard g through the staging buffer, cap at a time; a PUT
+        batch when parents is given (one per key, or None each), else a GET batch.
         """
         hb, st, cap = staging
-        g, flat, pb = self._g(), self._flat(), self._g().page_bytes
+        flat, pb = self._flat(), g.page_bytes
         mv, shape = memoryview(hb), g.canonical(flat, 0).shape
         out: list[bool] = []
         for i in range(0, len(kb), cap):
@@ -685,7 +754,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         buf = torch.empty(self._g().page_bytes, dtype=torch.uint8)
         try:
             for k, t in zip(keys, target_locations or [None] * len(keys), strict=True):
-                if t is None or not h[1].get_into(bytes.fromhex(k), buf.numpy()):
+                if t is None or not h[1][0].get_into(bytes.fromhex(k), buf.numpy()):
                     out.append(None)
                     continue
                 self._from_canonical(buf, t)
@@ -714,7 +783,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
             parent: bytes | None = None
             for k, v in zip(keys, values, strict=True):
                 kb = bytes.fromhex(k)
-                h[1].put(kb, self._to_canonical(v).numpy(), parent)
+                h[1][0].put(kb, self._to_canonical(v).numpy(), parent)
                 parent = kb
         except Exception as e:
             self._broken(e, h[0])
@@ -760,7 +829,8 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         lay = kvb.Layout(model=base.model, kind=kvb.MLA if shared else kvb.MHA,
                          tokens_per_page=tpp,
                          components=[kvb.Component(comp, 1, max(1, nbytes // tpp))],
-                         tp_size=base.tp_size, tp_rank=base.tp_rank,
+                         tp_size=self.storage_config.tp_size,
+                         tp_rank=self.storage_config.tp_rank,
                          dtype=_TORCH_DTYPES.get(pool.dtype),
                          pp_size=base.pp_size, pp_rank=base.pp_rank, cp_size=base.cp_size,
                          cp_rank=base.cp_rank, page_format=fmt)
@@ -853,8 +923,21 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         return out
 
     def batch_get_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
-        """Loads each PoolTransfer's pages (the KV pool through batch_get_v1)."""
-        return self._io_v2(transfers, write=False)
+        """Loads each PoolTransfer's pages (the KV pool through batch_get_v1). All or
+        nothing per page: a page any pool of the call missed is reported missing for every
+        pool that names it, so SGLang never restores a page's KV without its sidecars (or
+        the other way round).
+        """
+        out = self._io_v2(transfers, write=False)
+        ok: dict[str, bool] = {}
+        for t in transfers:
+            for k, r in zip(list(t.keys or []), out.get(t.name, []), strict=False):
+                ok[k] = ok.get(k, True) and bool(r)
+        for t in transfers:
+            out[t.name] = [bool(r) and ok.get(k, False)
+                           for k, r in zip(list(t.keys or []), out.get(t.name, []),
+                                           strict=False)]
+        return out
 
     def batch_set_v2(self, transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
         """Stores each PoolTransfer's pages (the KV pool through batch_set_v1)."""
@@ -874,8 +957,6 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         """SGLang's StorageMetrics since the last call (it polls every scheduler tick: this
         swaps four lists and asks nothing of the broker).
         """
-        from sglang.srt.observability.metrics_collector import StorageMetrics
-
         m = StorageMetrics()
         s = self.stats
         with s.lock:
