@@ -40,9 +40,9 @@ import vllm_support as vs  # noqa: E402
 from kvbroker.vllm import (  # noqa: E402
     KVBrokerConnector,
     KVBrokerMetadata,
-    _Transfer,
     namespace_layouts,
 )
+from kvbroker.vllm.common import _Transfer  # noqa: E402
 
 IMPORT_S = time.perf_counter() - t_import
 

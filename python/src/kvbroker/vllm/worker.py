@@ -1,0 +1,510 @@
+# SPDX-License-Identifier: MIT
+"""The worker role of the vLLM connector: where vLLM's KV lives, and the step's loads and
+stores.
+
+Each layer's KV is first mapped onto canonical views (layouts.kv_views, from the layer's
+attention backend). Where every token row of every view is one byte range (NHD layouts) the
+KV memory is described to the broker as view parts, so the broker itself copies between its
+pool and vLLM's memory: GPU tensors through GPU registration (the broker DMAs), CPU tensors by
+moving them once into a sealed memfd that the broker maps (zero-copy from then on). Every
+other layout (HND, head-packed cells, vLLM-CPU's block format), and any memory the broker
+cannot reach, moves by a converting copy through a broker buffer in canonical order: same
+page bytes, one copy more.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+import kvbroker as kvb
+from kvbroker.vllm.common import (
+    _STAT_KEYS,
+    KVBrokerMetadata,
+    KVBrokerStats,
+    _Link,
+    _Transfer,
+)
+from kvbroker.vllm.layouts import _owner, kv_views, token_range
+
+if TYPE_CHECKING:
+    from kvbroker.vllm.connector import KVBrokerConnector
+
+logger = logging.getLogger("kvbroker.vllm")
+
+
+@dataclass
+class _Region:
+    """One storage (allocation) holding KV tensors, and how the broker reaches it."""
+
+    storage: Any  # torch.UntypedStorage
+    ptr: int
+    nbytes: int
+    cuda: bool
+    memfd: int = -1
+    mapping: Any = None
+    u8: torch.Tensor | None = None  # the whole storage as bytes (copy path)
+
+
+@dataclass
+class _Part:
+    region: _Region
+    base: int  # bytes from the region's start to block 0, token 0
+    stride: int  # bytes between tokens of a block
+    page_stride: int  # bytes between blocks
+    nbytes: int  # bytes per token
+
+
+# Loads through the view are the broker's to copy, even of pages the library could copy from the
+# pool directory inside submit(): vLLM computes layer groups while the later ones load, and
+# that overlap needs the copies off the worker's thread (CPU KV tensors, tools/bench_vllm.py:
+# load 0.6 -> 0.8-0.9 of memcpy with the Python work overlapped; GPU tensors are the broker's
+# anyway).
+_LOAD_FLAGS = kvb.OPF_VIEW | kvb.OPF_ASYNC
+
+
+class _Pump:
+    """Submits ops to a client as the rings allow and reaps their completions."""
+
+    def __init__(self, client: kvb.Client, timeout_ms: int) -> None:
+        self.client = client
+        self.timeout_ms = timeout_ms
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.inflight = 0
+
+    def add(self, ops: Iterable[tuple[Any, ...]]) -> None:
+        self.queue.extend(ops)
+
+    def step(self, block: bool) -> list[Any]:
+        """Submits what fits, reaps what came (waiting for one when block). Raises
+        kvb.Error when the broker fails, TimeoutError when it stops answering.
+        """
+        if self.queue:
+            batch = list(self.queue) if len(self.queue) <= 1024 else \
+                [self.queue[i] for i in range(1024)]
+            n = self.client.submit(batch)
+            for _ in range(n):
+                self.queue.popleft()
+            self.inflight += n
+        if not self.inflight:
+            return []
+        comps = self.client.reap(512, 1 if block else 0, self.timeout_ms if block else 0)
+        if block and not comps:
+            raise TimeoutError(f"broker did not answer in {self.timeout_ms} ms")
+        self.inflight -= len(comps)
+        return comps
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.inflight > 0
+
+
+class _Worker:
+    """The worker role: registers vLLM's KV memory, runs the step's loads and stores."""
+
+    def __init__(self, conn: KVBrokerConnector) -> None:
+        self.conn = conn
+        self.plans = conn.plans
+        self.block_size = conn.block_size
+        self.tp_rank, self.tp_size = conn.tp_rank, conn.tp_size
+        self.layer_groups = max(1, int(conn.extra.get("layer_groups", 4)))
+        self.zero_copy = bool(conn.extra.get("zero_copy", True))
+        self.timeout_ms = int(conn.extra.get("op_timeout_ms", 10000))
+        self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
+        # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
+        self.cviews: list[list[torch.Tensor]] = []
+        self.how: set[str] = set()
+        self.regions: list[_Region] = []
+        self.views: list[kvb.View | None] = []
+        self.bufs: list[Any] = []
+        self.staging: Any = None
+        self.staging_t: torch.Tensor | None = None
+        self.copy_mode = False
+        self.cuda = False
+        # layer name -> (plan index, layer index)
+        self.layer_index: dict[str, tuple[int, int]] = {}
+        for pi, p in enumerate(self.plans):
+            for li, name in enumerate(p.layer_names):
+                self.layer_index[name] = (pi, li)
+        self.chunks: list[list[tuple[int, int]]] = []  # [plan] -> layer ranges
+        for p in self.plans:
+            n = len(p.layer_names)
+            g = min(self.layer_groups, n)
+            edges = [round(i * n / g) for i in range(g + 1)]
+            self.chunks.append([(edges[i], edges[i + 1] - edges[i]) for i in range(g)])
+        self.link = _Link(conn.socket, f"vllm-worker-{self.tp_rank}", self.plans,
+                          conn.reconnect_s, self._attach)
+        self.pump: _Pump | None = None
+        # In-step load state: ops by user_data, remaining ops per (plan, chunk).
+        self.load_ops: dict[int, tuple[int, int, int]] = {}  # ud -> (plan, chunk, block id)
+        self.load_left: dict[tuple[int, int], int] = {}
+        self.load_errors: set[int] = set()
+        self.finished_sending: set[str] = set()
+        self.stats = KVBrokerStats()  # this interval's, handed to vLLM and reset
+        self.stats_total: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
+        self.registered = False
+        self.lock = threading.Lock()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Maps every stored layer's KV onto canonical views (raises LayoutError naming an
+        unknown layout), then decides per plan between broker views and converting copies.
+        """
+        kcc = self.conn._kv_cache_config
+        num_blocks = kcc.num_blocks
+        self.how = set()
+
+        def build() -> list[list[torch.Tensor]]:
+            cviews: list[list[torch.Tensor]] = []
+            for p in self.plans:
+                spec = kcc.kv_cache_groups[p.group_id].kv_cache_spec
+                assert isinstance(spec, AttentionSpec)  # namespace_layouts() skips others
+                comp: list[list[torch.Tensor]] = [[] for _ in p.components]
+                for name in p.layer_names:
+                    if name not in kv_caches:
+                        raise ValueError(f"kvbroker: no KV tensor for layer {name}")
+                    lk = kv_views(self.conn._vllm_config, p, name, kv_caches[name],
+                                  spec=spec, num_blocks=num_blocks)
+                    self.how.add(lk.how)
+                    for ci, v in enumerate(lk.views):
+                        comp[ci].append(v)
+                cviews.append([v for c in comp for v in c])
+            return cviews
+
+        cviews = build()
+        regions: dict[int, _Region] = {}
+        for t in kv_caches.values():
+            st = t.untyped_storage()
+            if st.data_ptr() not in regions:
+                regions[st.data_ptr()] = _Region(st, st.data_ptr(), st.nbytes(), t.is_cuda)
+        self.regions = list(regions.values())
+        self.cuda = any(r.cuda for r in self.regions)
+        viewable = all(token_range(v) is not None for vs in cviews for v in vs)
+        if self.zero_copy and viewable:
+            # Only a view needs the broker to reach the memory: moving CPU KV into a memfd
+            # for converting copies would cost its page faults for nothing.
+            for r in self.regions:
+                if not r.cuda:
+                    self._rehome(r, kv_caches)
+            cviews = build()  # over the moved storage
+        self.cviews = cviews
+        parts: list[list[_Part]] = []
+        if viewable:
+            by_ptr = {r.ptr: r for r in self.regions}
+            for vs in cviews:
+                pp = []
+                for v in vs:
+                    tr = token_range(v)
+                    assert tr is not None
+                    reg = by_ptr[v.untyped_storage().data_ptr()]
+                    pp.append(_Part(reg, tr[0], tr[1], tr[2], v[0, 0].numel()))
+                parts.append(pp)
+        self.parts = parts
+        logger.info("kvbroker: KV layout %s: %s", ", ".join(sorted(self.how)),
+                    "broker views" if viewable and self.zero_copy else "converting copies")
+        self.registered = True
+        self.link.get()
+
+    def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
+        over the old storage is re-pointed at the same offsets of the new one, so vLLM's
+        references (attention layers, the runner's list) keep working, now zero-copy.
+        """
+        try:
+            fd = os.memfd_create("kvbroker-vllm-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (AttributeError, OSError) as e:
+            logger.warning("kvbroker: no memfd (%s): CPU KV moves by copies", e)
+            return
+        size = (r.nbytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        new = torch.frombuffer(mm, dtype=torch.uint8)
+        old = torch.empty(0, dtype=torch.uint8).set_(r.storage)
+        new[: r.nbytes].copy_(old)
+        new_st = new.untyped_storage()
+        for t in kv_caches.values():
+            if t.untyped_storage().data_ptr() == r.ptr:
+                t.set_(new_st, t.storage_offset(), t.size(), t.stride())
+        r.storage, r.ptr, r.nbytes = new_st, new_st.data_ptr(), size
+        r.memfd, r.mapping = fd, mm
+
+    def _attach(self, client: kvb.Client) -> None:
+        """(Re)registers the KV memory on a new client and builds the views."""
+        self.views, self.bufs = [], []
+        self.pump = _Pump(client, self.timeout_ms)
+        if not self.registered:
+            return
+        bufs: dict[int, Any] = {}
+        for r in self.regions:
+            buf: Any = None
+            if self.zero_copy:
+                try:
+                    if r.cuda:
+                        buf = client.register_gpu(r.ptr, r.nbytes)
+                    elif r.memfd >= 0:
+                        buf = client.register_host_fd(r.memfd, r.nbytes, seal=True,
+                                                      mapped=r.mapping)
+                except kvb.Error as e:
+                    logger.warning("kvbroker: cannot register KV memory (%s): copying", e)
+            if buf is not None:
+                bufs[r.ptr] = buf
+                self.bufs.append(buf)
+        for pi in range(len(self.plans)):
+            plan_parts = self.parts[pi] if self.parts else []
+            view = None
+            if plan_parts and all(pt.region.ptr in bufs for pt in plan_parts):
+                view = self.link.ns[pi].view([
+                    kvb.ViewPart(bufs[pt.region.ptr], pt.stride, pt.base, pt.page_stride)
+                    for pt in plan_parts])
+            self.views.append(view)
+        self.copy_mode = any(v is None for v in self.views)
+        if self.copy_mode:
+            self.staging = client.alloc_host(max(ns.page_bytes for ns in self.link.ns))
+            self.staging_t = None
+
+    # -- converting copies (layouts no broker view expresses, or memory it cannot reach) ---
+
+    def _staging_tensor(self) -> torch.Tensor:
+        if self.staging_t is None:
+            self.staging_t = torch.frombuffer(self.staging, dtype=torch.uint8)
+        return self.staging_t
+
+    def _copy_put(self, pi: int, key: bytes, block: int, parent: bytes | None) -> bool:
+        ns = self.link.ns[pi]
+        st = self._staging_tensor()
+        off = 0
+        for v in self.cviews[pi]:
+            src = v[block]
+            size = src.numel()
+            st[off:off + size].view(src.shape).copy_(src)
+            off += size
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return ns.put(key, memoryview(self.staging)[: ns.page_bytes], parent)
+
+    def _copy_get(self, pi: int, key: bytes, block: int, first: int, count: int) -> bool:
+        ns = self.link.ns[pi]
+        if not ns.get_into(key, memoryview(self.staging)[: ns.page_bytes]):
+            return False
+        st = self._staging_tensor()
+        nl = len(self.plans[pi].layer_names)
+        off = 0
+        for i, v in enumerate(self.cviews[pi]):
+            dst = v[block]
+            size = dst.numel()
+            if count == 0 or first <= i % nl < first + count:
+                dst.copy_(st[off:off + size].view(dst.shape))
+            off += size
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return True
+
+    # -- loads --------------------------------------------------------------------------------
+
+    def start_load(self, meta: KVBrokerMetadata) -> None:
+        self.load_ops.clear()
+        self.load_left.clear()
+        if not meta.loads:
+            return
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._fail_loads(meta.loads)
+            return
+        t0 = time.perf_counter()
+        ops: list[Any] = []
+        ud = 0
+        bs = self.block_size
+        # Layer group by layer group, so the first layers' pages arrive first.
+        for pi in range(len(self.plans)):
+            # The copy path fetches whole pages: splitting them into layer groups would
+            # fetch each page once per group.
+            chunks = [(0, 0)] if self.copy_mode else self.chunks[pi]
+            for ci, (first, count) in enumerate(chunks):
+                for tr in meta.loads:
+                    for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                        ud += 1
+                        self.load_ops[ud] = (pi, ci, block)
+                        self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
+                        view = self.views[pi]
+                        if self.copy_mode or view is None:
+                            ops.append((pi, key, block, first, count, ud))
+                        else:
+                            ops.append(kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key,
+                                              block * bs, first, count, ud))
+        if self.copy_mode:
+            self._copy_loads(ops)
+        else:
+            self.pump.add(ops)
+            self._drive_loads(None)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def _copy_loads(self, ops: list[Any]) -> None:
+        try:
+            for pi, key, block, first, count, ud in ops:
+                ok = self._copy_get(pi, key, block, first, count)
+                self._load_done(ud, 0 if ok else -2)
+        except (kvb.Error, OSError) as e:
+            self.link.fail(e)
+            self._fail_pending_loads()
+
+    def _load_done(self, ud: int, res: int) -> None:
+        info = self.load_ops.pop(ud, None)
+        if info is None:
+            return
+        pi, ci, block = info
+        self.load_left[(pi, ci)] -= 1
+        if res < 0:
+            self.load_errors.add(block)
+            self._inc("load_errors", 1)
+        elif ci == 0:
+            self._inc("loaded_pages", 1)
+            self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
+
+    def _fail_loads(self, loads: list[_Transfer]) -> None:
+        for tr in loads:
+            for ids in tr.block_ids:
+                self.load_errors.update(ids)
+            self._inc("load_errors", len(tr.keys))
+        self._inc("broker_down", 1)
+
+    def _fail_pending_loads(self) -> None:
+        for pi, ci, block in self.load_ops.values():
+            self.load_errors.add(block)
+            self.load_left[(pi, ci)] -= 1
+        self._inc("load_errors", len(self.load_ops))
+        self.load_ops.clear()
+
+    def _drive_loads(self, until: tuple[int, int] | None) -> None:
+        """Pumps load ops: until the layer group `until` (and those before it) is done, or
+        (None) only what completes without waiting.
+        """
+        pump = self.pump
+        if pump is None:
+            return
+        try:
+            while pump.busy:
+                if until is not None and all(
+                        self.load_left.get((until[0], c), 0) == 0 for c in range(until[1] + 1)):
+                    return
+                for ud, res, _flags, _lease in pump.step(block=until is not None):
+                    self._load_done(ud, res)
+                if until is None:
+                    return
+        except (kvb.Error, OSError, TimeoutError) as e:
+            self.link.fail(e)
+            self.pump = None
+            self._fail_pending_loads()
+
+    def wait_layer(self, layer_name: str) -> None:
+        if not self.load_ops:
+            return
+        idx = self.layer_index.get(layer_name)
+        if idx is None:
+            return
+        pi, li = idx
+        ci = next(i for i, (f, n) in enumerate(self.chunks[pi]) if f <= li < f + n)
+        t0 = time.perf_counter()
+        self._drive_loads((pi, ci))
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def finish_loads(self) -> None:
+        if not self.load_ops:
+            return
+        t0 = time.perf_counter()
+        last = [(pi, len(self.chunks[pi]) - 1) for pi in range(len(self.plans))]
+        for u in last:
+            self._drive_loads(u)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    # -- stores -------------------------------------------------------------------------------
+
+    def save(self, meta: KVBrokerMetadata) -> None:
+        if meta.saves:
+            self._save(meta.saves)
+        self.finished_sending.update(meta.finish_req_ids)
+
+    def _save(self, saves: list[_Transfer]) -> None:
+        # (group, key, block, parent): vLLM's block hashes chain, and so do our keys; an MLA
+        # page's parent may be another rank's to store (then it links once both are there).
+        mine = [(pi, key, block, parent)
+                for tr in saves
+                for pi in range(len(self.plans))
+                for key, block, parent in zip(tr.keys, tr.block_ids[pi],
+                                              [tr.parent, *tr.keys[:-1]], strict=True)
+                if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
+        if not mine:
+            return
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._inc("broker_down", 1)
+            return
+        if self.cuda:
+            # The step's kernels wrote these blocks asynchronously; the broker reads them
+            # from another process, so they must have landed.
+            torch.cuda.current_stream().synchronize()
+        t0 = time.perf_counter()
+        bs = self.block_size
+        try:
+            if self.copy_mode:
+                for pi, key, block, parent in mine:
+                    self._count_store(pi, 0 if self._copy_put(pi, key, block, parent) else 1)
+            else:
+                pump = self.pump
+                info = {}
+                for ud, (pi, key, block, parent) in enumerate(mine, 1):
+                    info[ud] = pi
+                    view = self.views[pi]
+                    assert view is not None
+                    pump.add([kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs,
+                                     0, 0, ud, parent)])
+                while pump.busy:
+                    for ud, res, flags, _lease in pump.step(block=True):
+                        pi = info.pop(ud, 0)
+                        if res < 0:
+                            self._count_store(pi, -1)
+                        else:
+                            self._count_store(pi, 1 if flags & kvb.CQEF_EXISTED else 0)
+        except (kvb.Error, OSError, TimeoutError) as e:
+            self.link.fail(e)
+            self.pump = None
+            self._inc("store_errors", 1)
+        self._inc("store_s", time.perf_counter() - t0)
+
+    def _count_store(self, pi: int, res: int) -> None:
+        if res < 0:
+            self._inc("store_errors", 1)
+        elif res == 1:
+            self._inc("existed_pages", 1)
+        else:
+            self._inc("stored_pages", 1)
+            self._inc("stored_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
+
+    def _inc(self, key: str, value: float) -> None:
+        self.stats.data[key] += value
+        self.stats_total[key] += value
+
+    def take_errors(self) -> set[int]:
+        errs, self.load_errors = self.load_errors, set()
+        return errs
+
+    def close(self) -> None:
+        self.link.close()
+        for r in self.regions:
+            if r.memfd >= 0:
+                os.close(r.memfd)
+                r.memfd = -1
+
+
