@@ -132,6 +132,7 @@ class _Link:
         self._next_try = 0.0
         self.down_events = 0
         self.lock = threading.RLock()
+        self._told = False  # the current outage has been logged
 
     def get(self) -> kvb.Client | None:
         if self.client is not None:
@@ -147,9 +148,16 @@ class _Link:
             if self.on_connect is not None:
                 self.on_connect(c)
             logger.info("kvbroker: connected (%s)", self.name)
+            self._told = False
         except (kvb.Error, OSError) as e:
             self._drop()
-            logger.warning("kvbroker: broker unavailable (%s); serving without it", e)
+            # Once per outage: the retries every reconnect_s would flood the log.
+            if not self._told:
+                logger.warning("kvbroker: broker unavailable (%s); serving without it, "
+                               "retrying every %.1f s", e, self.reconnect_s)
+                self._told = True
+            else:
+                logger.debug("kvbroker: broker still unavailable (%s)", e)
             return None
         return self.client
 
@@ -158,6 +166,7 @@ class _Link:
         logger.warning("kvbroker: broker connection lost (%s); recomputing until it is back",
                        err)
         self.down_events += 1
+        self._told = True  # this warning is the outage's one line
         self._drop()
         self._next_try = time.monotonic() + self.reconnect_s
 
