@@ -112,7 +112,7 @@ def test_engine_faults_4_kv_heads(tmp_path: Path) -> None:
     # A page deleted between lookup and load: a load error, recomputed, same tokens.
     assert res["tokens_deleted"] == want
     assert res["stats_deleted"]["load_errors"] > res["stats_load"]["load_errors"]
-    assert res["cached_deleted"] < NPAGES * BS
+    assert "Recovered from KV load failure" in log  # vLLM recomputed them
     # The broker killed between lookup and load: no hang, same tokens, then reconnected.
     assert res["tokens_killed"] == want
     assert res["cached_after"] == 0

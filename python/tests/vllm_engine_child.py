@@ -46,7 +46,8 @@ def _kv(worker: Any) -> dict[str, torch.Tensor]:
 def _stats(worker: Any) -> dict[str, float]:
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    return dict(get_kv_transfer_group()._worker.stats_total)
+    conn: Any = get_kv_transfer_group()
+    return dict(conn._worker.stats_total)
 
 
 class Broker:
@@ -106,7 +107,7 @@ def main() -> None:
             hook["at_load"](self._loads[-1])
             hook["at_load"] = None
 
-    ksched._Scheduler.update_state_after_alloc = planned  # type: ignore[method-assign]
+    ksched._Scheduler.update_state_after_alloc = planned  # type: ignore[method-assign,assignment]
     ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
                            kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
                            kv_connector_extra_config={"socket": broker.sock,

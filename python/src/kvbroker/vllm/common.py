@@ -161,14 +161,16 @@ class _Link:
             return None
         return self.client
 
-    def fail(self, err: BaseException) -> None:
-        """The broker went away mid-operation: drop the client, retry after reconnect_s."""
+    def fail(self, err: BaseException, retry_now: bool = False) -> None:
+        """The broker went away mid-operation: drop the client, retry after reconnect_s
+        (retry_now: the next get() may try at once, e.g. a broker that restarted).
+        """
         logger.warning("kvbroker: broker connection lost (%s); recomputing until it is back",
                        err)
         self.down_events += 1
         self._told = True  # this warning is the outage's one line
         self._drop()
-        self._next_try = time.monotonic() + self.reconnect_s
+        self._next_try = 0.0 if retry_now else time.monotonic() + self.reconnect_s
 
     def _drop(self) -> None:
         c, self.client, self.ns = self.client, None, []

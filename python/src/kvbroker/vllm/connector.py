@@ -203,7 +203,12 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Submits this step's loads, layer group by layer group."""
-        if self._worker is None or not self.has_connector_metadata():
+        if self._worker is None:
+            return
+        # Before this step's forward writes any block: the previous step's view PUTs
+        # (which read vLLM's blocks) must be done.
+        self._worker.settle_view_saves()
+        if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVBrokerMetadata)
@@ -222,7 +227,7 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def wait_for_save(self) -> None:
-        """Finishes the step's loads and runs its stores (synchronously)."""
+        """Finishes the step's loads and submits its stores (completed in the background)."""
         if self._worker is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
@@ -233,7 +238,10 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:
         """Finishing requests whose stores this worker has done."""
-        if self._worker is None or not self._worker.finished_sending:
+        if self._worker is None:
+            return None, None
+        self._worker.poll()
+        if not self._worker.finished_sending:
             return None, None
         done, self._worker.finished_sending = self._worker.finished_sending, set()
         return done, None

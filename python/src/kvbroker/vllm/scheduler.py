@@ -104,21 +104,23 @@ class _Scheduler:
 
     def _lookup(self, keys: list[bytes]) -> int:
         with self._link.lock:  # the early-lookup thread shares the link
-            client = self._link.get()
-            if client is None:
-                self._stats.data["broker_down"] += 1
-                return 0
-            try:
-                hits = len(keys)
-                for ns in self._link.ns:
-                    hits = min(hits, ns.lookup(keys[:hits]))
-                    if not hits:
-                        break
-                return hits
-            except (kvb.Error, OSError) as e:
-                self._link.fail(e)
-                self._stats.data["broker_down"] += 1
-                return 0
+            # Two tries: a broker that restarted since the last call shows up as a dead
+            # connection first; the second try reconnects at once.
+            for _ in range(2):
+                client = self._link.get()
+                if client is None:
+                    break
+                try:
+                    hits = len(keys)
+                    for ns in self._link.ns:
+                        hits = min(hits, ns.lookup(keys[:hits]))
+                        if not hits:
+                            break
+                    return hits
+                except (kvb.Error, OSError) as e:
+                    self._link.fail(e, retry_now=True)
+            self._stats.data["broker_down"] += 1
+            return 0
 
     def on_new_request(self, request: Request) -> None:
         """Computes the request's keys and starts its LOOKUP when vLLM admits it
@@ -222,7 +224,7 @@ class _Scheduler:
         """
         meta = KVBrokerMetadata(self._loads, self._saves, self._finishing)
         self._loads, self._saves, self._finishing = [], [], []
-        if self.save_enabled and self.save_prompt and self._link.client is not None:
+        if self.save_enabled and self.save_prompt and self._link.get() is not None:
             spec = scheduler_output.scheduled_spec_decode_tokens
             computed = {r.req_id: r.num_computed_tokens
                         for r in scheduler_output.scheduled_new_reqs}
@@ -251,7 +253,7 @@ class _Scheduler:
         blocks until every worker reported the stores done (get_finished).
         """
         st = self._reqs.pop(request.request_id, None)
-        if st is None or st.skip or not self.save_enabled or self._link.client is None:
+        if st is None or st.skip or not self.save_enabled or self._link.get() is None:
             return False, None
         st.request = request
         computed = min(request.num_computed_tokens, request.num_tokens)

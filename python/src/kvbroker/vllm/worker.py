@@ -14,6 +14,7 @@ page bytes, one copy more.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from kvbroker.vllm.connector import KVBrokerConnector
 
 logger = logging.getLogger("kvbroker.vllm")
+
+# user_data of stores starts here, loads count from 1: one pump reaps both.
+_SAVE_UD = 1 << 40
 
 
 @dataclass
@@ -150,6 +154,18 @@ class _Worker:
         self.load_left: dict[tuple[int, int], int] = {}
         self.load_errors: set[int] = set()
         self.finished_sending: set[str] = set()
+        # Stores in flight: ud -> (plan, request, ring slot or -1 for a view PUT).
+        self.save_ops: dict[int, tuple[int, str, int]] = {}
+        self.save_ud = itertools.count(_SAVE_UD)
+        self.req_pending: dict[str, int] = {}  # request -> its PUTs in flight
+        self.finish_wait: set[str] = set()  # finishing requests waiting for those
+        self.view_saves_pending = False
+        # Converting copies: a ring of page slots in a broker buffer, PUT from there.
+        self.ring_pages = max(1, int(conn.extra.get("save_ring_pages", 64)))
+        self.ring: Any = None
+        self.ring_t: torch.Tensor | None = None
+        self.ring_page = 0
+        self.ring_free: list[int] = []
         self.stats = KVBrokerStats()  # this interval's, handed to vLLM and reset
         self.stats_total: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
         self.registered = False
@@ -272,6 +288,12 @@ class _Worker:
         if self.copy_mode:
             self.staging = client.alloc_host(max(ns.page_bytes for ns in self.link.ns))
             self.staging_t = None
+            self.ring_page = max(ns.page_bytes for ns in self.link.ns)
+            self.ring = client.alloc_host(self.ring_pages * self.ring_page)
+            self.ring_t = None
+        self.ring_free = list(range(self.ring_pages))
+        self.save_ops.clear()
+        self.req_pending.clear()
 
     # -- converting copies (layouts no broker view expresses, or memory it cannot reach) ---
 
@@ -279,19 +301,6 @@ class _Worker:
         if self.staging_t is None:
             self.staging_t = torch.frombuffer(self.staging, dtype=torch.uint8)
         return self.staging_t
-
-    def _copy_put(self, pi: int, key: bytes, block: int, parent: bytes | None) -> bool:
-        ns = self.link.ns[pi]
-        st = self._staging_tensor()
-        off = 0
-        for v in self.cviews[pi]:
-            src = v[block]
-            size = src.numel()
-            st[off:off + size].view(src.shape).copy_(src)
-            off += size
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
-        return ns.put(key, memoryview(self.staging)[: ns.page_bytes], parent)
 
     def _copy_get(self, pi: int, key: bytes, block: int, first: int, count: int) -> bool:
         ns = self.link.ns[pi]
@@ -356,7 +365,9 @@ class _Worker:
                 self._load_done(ud, 0 if ok else -2)
         except (kvb.Error, OSError) as e:
             self.link.fail(e)
+            self.pump = None
             self._fail_pending_loads()
+            self._drop_saves()
 
     def _load_done(self, ud: int, res: int) -> None:
         info = self.load_ops.pop(ud, None)
@@ -398,14 +409,15 @@ class _Worker:
                 if until is not None and all(
                         self.load_left.get((until[0], c), 0) == 0 for c in range(until[1] + 1)):
                     return
-                for ud, res, _flags, _lease in pump.step(block=until is not None):
-                    self._load_done(ud, res)
+                for ud, res, flags, _lease in pump.step(block=until is not None):
+                    self._complete(ud, res, flags)
                 if until is None:
                     return
         except (kvb.Error, OSError, TimeoutError) as e:
             self.link.fail(e)
             self.pump = None
             self._fail_pending_loads()
+            self._drop_saves()
 
     def wait_layer(self, layer_name: str) -> None:
         if not self.load_ops:
@@ -429,16 +441,101 @@ class _Worker:
         self._inc("load_s", time.perf_counter() - t0)
 
     # -- stores -------------------------------------------------------------------------------
+    #
+    # Asynchronous: the step submits its PUTs and returns; completions are reaped by later
+    # hooks (the next step's loads, get_finished). What makes that safe is what the broker
+    # reads: a converting copy snapshots the page into a ring slot of a broker buffer inside
+    # the step, so vLLM may reuse the block at once; a view PUT reads vLLM's block itself, so
+    # the next step's start_load (which runs before its forward writes any block) first waits
+    # for them. A finishing request's blocks stay vLLM's until its PUTs completed
+    # (finished_sending).
+
+    def _complete(self, ud: int, res: int, flags: int) -> None:
+        if ud < _SAVE_UD:
+            self._load_done(ud, res)
+            return
+        info = self.save_ops.pop(ud, None)
+        if info is None:
+            return
+        pi, req_id, slot = info
+        if slot >= 0:
+            self.ring_free.append(slot)
+        if res < 0:
+            self._count_store(pi, -1)
+        else:
+            self._count_store(pi, 1 if flags & kvb.CQEF_EXISTED else 0)
+        self._req_done(req_id)
+
+    def _req_done(self, req_id: str) -> None:
+        left = self.req_pending.get(req_id, 0) - 1
+        if left > 0:
+            self.req_pending[req_id] = left
+            return
+        self.req_pending.pop(req_id, None)
+        if req_id in self.finish_wait:
+            self.finish_wait.discard(req_id)
+            self.finished_sending.add(req_id)
+
+    def _drop_saves(self) -> None:
+        """The broker went away: pending PUTs will never complete (the pages are future
+        misses); their requests' blocks are vLLM's again.
+        """
+        self._inc("store_errors", len(self.save_ops))
+        self.save_ops.clear()
+        self.req_pending.clear()
+        self.ring_free = list(range(self.ring_pages))
+        self.finished_sending |= self.finish_wait
+        self.finish_wait.clear()
+
+    def _pump_step(self, block: bool) -> None:
+        """One submit/reap round for loads and stores; a broker failure fails both."""
+        pump = self.pump
+        if pump is None or not pump.busy:
+            return
+        try:
+            for ud, res, flags, _lease in pump.step(block=block):
+                self._complete(ud, res, flags)
+        except (kvb.Error, OSError, TimeoutError) as e:
+            self.link.fail(e)
+            self.pump = None
+            self._fail_pending_loads()
+            self._drop_saves()
+
+    def settle_view_saves(self) -> None:
+        """Waits for view PUTs still reading vLLM's blocks (before a forward writes any)."""
+        if not self.view_saves_pending:
+            return
+        t0 = time.perf_counter()
+        while self.pump is not None and any(i[2] < 0 for i in self.save_ops.values()):
+            self._pump_step(True)
+        self.view_saves_pending = False
+        self._inc("store_s", time.perf_counter() - t0)
+
+    def poll(self) -> None:
+        """Reaps what completed without waiting (stores finishing in the background)."""
+        if self.save_ops:
+            self._pump_step(False)
 
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
-        self.finished_sending.update(meta.finish_req_ids)
+        for req_id in meta.finish_req_ids:
+            if self.req_pending.get(req_id, 0) > 0:
+                self.finish_wait.add(req_id)
+            else:
+                self.finished_sending.add(req_id)
+        self.poll()
+
+    def _ring_slot(self) -> int:
+        while not self.ring_free and self.pump is not None and self.save_ops:
+            self._pump_step(True)  # backpressure: the ring is full of PUTs in flight
+        return self.ring_free.pop() if self.ring_free else -1
 
     def _save(self, saves: list[_Transfer]) -> None:
-        # (group, key, block, parent): vLLM's block hashes chain, and so do our keys; an MLA
-        # page's parent may be another rank's to store (then it links once both are there).
-        mine = [(pi, key, block, parent)
+        # (group, key, block, parent, request): vLLM's block hashes chain, and so do our
+        # keys; an MLA page's parent may be another rank's to store (then it links once both
+        # are there).
+        mine = [(pi, key, block, parent, tr.req_id)
                 for tr in saves
                 for pi in range(len(self.plans))
                 for key, block, parent in zip(tr.keys, tr.block_ids[pi],
@@ -451,36 +548,50 @@ class _Worker:
             self._inc("broker_down", 1)
             return
         if self.cuda:
-            # The step's kernels wrote these blocks asynchronously; the broker reads them
-            # from another process, so they must have landed.
+            # The step's kernels wrote these blocks asynchronously; the broker (or the
+            # converting copy) reads them, so they must have landed.
             torch.cuda.current_stream().synchronize()
         t0 = time.perf_counter()
         bs = self.block_size
-        try:
-            if self.copy_mode:
-                for pi, key, block, parent in mine:
-                    self._count_store(pi, 0 if self._copy_put(pi, key, block, parent) else 1)
+        pump = self.pump
+        for pi, key, block, parent, req_id in mine:
+            view = self.views[pi] if self.views else None
+            ud = next(self.save_ud)
+            if view is not None:
+                self.save_ops[ud] = (pi, req_id, -1)
+                self.view_saves_pending = True
+                op = kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs, 0, 0, ud,
+                            parent)
             else:
-                pump = self.pump
-                info = {}
-                for ud, (pi, key, block, parent) in enumerate(mine, 1):
-                    info[ud] = pi
-                    view = self.views[pi]
-                    assert view is not None
-                    pump.add([kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs,
-                                     0, 0, ud, parent)])
-                while pump.busy:
-                    for ud, res, flags, _lease in pump.step(block=True):
-                        pi = info.pop(ud, 0)
-                        if res < 0:
-                            self._count_store(pi, -1)
-                        else:
-                            self._count_store(pi, 1 if flags & kvb.CQEF_EXISTED else 0)
-        except (kvb.Error, OSError, TimeoutError) as e:
-            self.link.fail(e)
-            self.pump = None
-            self._inc("store_errors", 1)
+                slot = self._ring_slot()
+                if slot < 0 or self.pump is None:
+                    self._inc("store_errors", 1)
+                    continue
+                self._snapshot(pi, block, slot)
+                self.save_ops[ud] = (pi, req_id, slot)
+                op = kvb.Op(kvb.OP_PUT, 0, self.link.ns[pi].id, self.ring.id, key,
+                            slot * self.ring_page, 0, 0, ud, parent)
+            self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
+            pump.add([op])
+        self._pump_step(False)  # submit; completions come later
         self._inc("store_s", time.perf_counter() - t0)
+
+    def _snapshot(self, pi: int, block: int, slot: int) -> None:
+        """The block's page in canonical bytes, into ring slot `slot` (a converting copy)."""
+        rt = self._ring_tensor()
+        off = slot * self.ring_page
+        for v in self.cviews[pi]:
+            src = v[block]
+            size = src.numel()
+            rt[off:off + size].view(src.shape).copy_(src)
+            off += size
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def _ring_tensor(self) -> torch.Tensor:
+        if self.ring_t is None:
+            self.ring_t = torch.frombuffer(self.ring, dtype=torch.uint8)
+        return self.ring_t
 
     def _count_store(self, pi: int, res: int) -> None:
         if res < 0:
