@@ -45,7 +45,8 @@ class KVBrokerMetadata(KVConnectorMetadata):
     finish_req_ids: list[str] = field(default_factory=list)
 
 
-_STAT_KEYS = ("lookups", "lookup_tokens", "hit_tokens", "loaded_pages", "load_errors",
+_STAT_KEYS = ("lookups", "lookup_tokens", "hit_tokens", "local_hit_tokens", "loaded_pages",
+              "load_errors",
               "stored_pages", "existed_pages", "store_errors", "loaded_bytes", "stored_bytes",
               "load_s", "store_s", "broker_down")
 
@@ -87,6 +88,7 @@ class KVBrokerPromMetrics(KVConnectorPromMetrics):
 
     _COUNTERS: ClassVar[dict[str, str]] = {
         "hit_tokens": "Prompt tokens found in kvbroker",
+        "local_hit_tokens": "Prompt tokens vLLM's own prefix cache held (not asked of kvbroker)",
         "lookup_tokens": "Prompt tokens looked up in kvbroker",
         "loaded_pages": "Pages loaded from kvbroker",
         "stored_pages": "Pages stored into kvbroker",

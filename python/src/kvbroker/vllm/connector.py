@@ -155,6 +155,10 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._sched is not None
         return self._sched.request_finished_all_groups(request, block_ids)
 
+    def take_events(self) -> list[Any]:
+        """KV events: blocks handed to kvbroker to store (BlockStored, medium "kvbroker")."""
+        return self._sched.take_events() if self._sched is not None else []
+
     def get_kv_connector_stats(self) -> KVBrokerStats | None:
         """The interval's counters (None when there were none); resets them."""
         src = self._worker.stats if self._worker is not None else self._sched_stats()

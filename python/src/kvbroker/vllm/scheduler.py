@@ -41,6 +41,7 @@ class _ReqState:
     hit_blocks: int = 0  # leading blocks the broker had at the last lookup
     stored_blocks: int = 0  # leading blocks stored or known stored
     skip: bool = False
+    counted: bool = False  # its local prefix hit is in the stats
     early: concurrent.futures.Future[tuple[int, int, float]] | None = None
 
 
@@ -62,6 +63,7 @@ class _Scheduler:
         self._saves: list[_Transfer] = []
         self._finishing: list[str] = []
         self._stats = KVBrokerStats()
+        self._events: list[Any] = []
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # The scheduler only looks up: MHA namespaces are per TP rank, rank 0's stands
         # for all (every rank stores every page of its shard).
@@ -149,6 +151,11 @@ class _Scheduler:
         st.local_tokens = num_computed_tokens
         if st.skip or not self.load_enabled:
             return 0, False
+        if not st.counted:
+            # Where the request's prefix came from: vLLM's own prefix cache (local), kvbroker
+            # (hit_tokens, below), or neither (computed).
+            st.counted = True
+            self._stats.data["local_hit_tokens"] += num_computed_tokens
         bs = self.block_size
         # At least one token must be computed (it produces the next token's logits).
         nfull = (request.num_tokens - 1) // bs
@@ -216,7 +223,29 @@ class _Scheduler:
             return None
         st.stored_blocks = nblocks
         parent = st.keys[first - 1] if first else None  # computed by _keys() above
+        self._event_stored(st, first, nblocks, keys, parent)
         return _Transfer(st.request.request_id, keys, ids, parent)
+
+    def _event_stored(self, st: _ReqState, first: int, nblocks: int, keys: list[bytes],
+                      parent: bytes | None) -> None:
+        """A KV event (take_events) for blocks handed to the workers to store: hashes are
+        kvbroker's page keys (what any engine sharing the namespace looks up), medium
+        "kvbroker".
+        """
+        try:
+            from vllm.distributed.kv_events import BlockStored
+        except ImportError:  # events are optional
+            return
+        bs = self.block_size
+        toks = list(st.request.all_token_ids[first * bs: nblocks * bs])
+        self._events.append(BlockStored(
+            block_hashes=list(keys), parent_block_hash=parent, token_ids=toks, block_size=bs,
+            lora_id=None, medium="kvbroker", lora_name=None))
+
+    def take_events(self) -> list[Any]:
+        """KV events since the last call (the scheduler calls this every step)."""
+        ev, self._events = self._events, []
+        return ev
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         """The step's loads, stores (prompt blocks computed by this step, finishing
