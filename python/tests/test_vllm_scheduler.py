@@ -171,3 +171,33 @@ def test_scheduler_kv_events_and_hit_sources(tmp_path: Path, broker: Broker) -> 
     assert st is not None and st.data["hit_tokens"] == 3 * BS
     assert st.data["local_hit_tokens"] == 0
     conn.shutdown()
+
+
+def test_docs_launch_line_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/vllm.md's `vllm serve` line, flag by flag, through vllm 0.33.0's own parser."""
+    import re
+    import shlex
+
+    import vllm.platforms
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # The parser's defaults need a platform; this machine has no accelerator vLLM's GPU
+    # build detects, so it parses as the CPU platform would.
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    block = re.search(r"^vllm serve .*?\n(?=```)", doc, re.S | re.M)
+    assert block, "no vllm serve line in docs/vllm.md"
+    argv = shlex.split(block.group(0).replace("\\\n", " "))[2:]
+    # The model itself is not what is checked: a local config.json stands in for it.
+    d = vs.write_model(tmp_path)
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", str(d), *argv[1:]]))
+    ktc = args.kv_transfer_config
+    assert ktc is not None and ktc.kv_connector == "KVBrokerConnector"
+    assert ktc.kv_connector_module_path == "kvbroker.vllm" and ktc.kv_role == "kv_both"
+    assert ktc.kv_load_failure_policy == "recompute"
+    assert args.kv_events_config is not None and args.kv_events_config.enable_kv_cache_events
+    assert args.block_size == 64 and args.tensor_parallel_size == 8
