@@ -193,7 +193,7 @@ def test_docs_launch_line_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     argv = shlex.split(block.group(0).replace("\\\n", " "))[2:]
     # The model itself is not what is checked: a local config.json stands in for it.
     d = vs.write_model(tmp_path)
-    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
     args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", str(d), *argv[1:]]))
     ktc = args.kv_transfer_config
     assert ktc is not None and ktc.kv_connector == "KVBrokerConnector"
