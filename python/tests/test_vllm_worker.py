@@ -29,15 +29,19 @@ def _prompt(seed: int, nblocks: int, tail: int = 5) -> list[int]:
     return [(seed * 7919 + i * 13) % 1000 + 1 for i in range(nblocks * BS + tail)]
 
 
-@pytest.mark.parametrize("mla,layout,zero_copy", [
-    (True, "flash", True),
-    (False, "flash", True),
-    (False, "flashinfer", True),
-    (True, "flash", False),
+@pytest.mark.parametrize("mla,layout,zero_copy,async_load", [
+    (True, "flash", True, False),
+    (False, "flash", True, False),
+    (False, "flashinfer", True, False),
+    (True, "flash", False, False),
+    (False, "flash", True, True),
+    (True, "flash", False, True),
 ])
 def test_save_then_load_byte_exact(tmp_path: Path, broker: Broker, mla: bool, layout: str,
-                                   zero_copy: bool) -> None:
-    extra = {"model": f"w-{mla}-{layout}-{zero_copy}", "zero_copy": zero_copy}
+                                   zero_copy: bool, async_load: bool) -> None:
+    """async_load: the load runs outside the step ((n, True), finished_recving)."""
+    extra = {"model": f"w-{mla}-{layout}-{zero_copy}-{async_load}", "zero_copy": zero_copy,
+             "async_load": async_load}
     prompt = _prompt(1 + mla + 2 * zero_copy + (layout == "flash"), 20)
     a = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
     a.run([vs.make_request("a", prompt, BS, max_tokens=3)])

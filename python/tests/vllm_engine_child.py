@@ -112,7 +112,9 @@ def main() -> None:
                            kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
                            kv_connector_extra_config={"socket": broker.sock,
                                                       "reconnect_s": 0.2,
-                                                      "op_timeout_ms": 3000})
+                                                      "op_timeout_ms": 3000,
+                                                      **json.loads(os.environ.get(
+                                                          "KVB_EXTRA", "{}"))})
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               block_size=32, dtype="bfloat16", max_model_len=2048, seed=1,
               kv_cache_memory_bytes=64 << 20, kv_transfer_config=ktc,

@@ -51,6 +51,10 @@ kv_connector_extra_config keys (all optional):
   lookup_wait_ms     how long the match waits for an early LOOKUP still running before it
                      asks vLLM to come back next step (2)
   lookup_max_age_ms  an early answer older than this is asked again (500)
+  async_load    true: loads outside the step ((n, True) from get_num_new_matched_tokens,
+                finished_recving in get_finished); false: inside it, layer group by layer group
+                while the model computes (false)
+  save_ring_mb  MiB of the broker buffer converting copies store and load through (64)
   tp_rank / tp_size  override the tensor-parallel rank/size (tests; default: vLLM's)
 """
 

@@ -32,6 +32,9 @@ class _Transfer:
     # The key of the page before keys[0] in the request's chain (None: keys[0] is its head):
     # a store names each page's parent, so the broker evicts the chain tail first.
     parent: bytes | None = None
+    # A load vLLM waits for outside the step ((n, True) from get_num_new_matched_tokens):
+    # the request runs once get_finished reported it in finished_recving.
+    async_load: bool = False
 
 
 @dataclass

@@ -241,14 +241,16 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:
-        """Finishing requests whose stores this worker has done."""
+        """Finishing requests whose stores this worker has done, and requests whose
+        asynchronous loads landed (or failed: their blocks are load errors).
+        """
         if self._worker is None:
             return None, None
-        self._worker.poll()
-        if not self._worker.finished_sending:
-            return None, None
-        done, self._worker.finished_sending = self._worker.finished_sending, set()
-        return done, None
+        w = self._worker
+        w.poll()
+        done, w.finished_sending = w.finished_sending, set()
+        recv, w.finished_recving = w.finished_recving, set()
+        return done or None, recv or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose load missed or failed this step: vLLM recomputes them."""

@@ -56,6 +56,11 @@ class _Scheduler:
         self.load_enabled = conn.load_enabled
         self.save_enabled = conn.save_enabled
         self.save_prompt = conn.save_prompt
+        # Loads inside the step that needs them, layer group by layer group while the model
+        # computes the first layers (the default: the lowest time to first token for a lone
+        # request), or outside it ("async_load": true: (n, True), the request waits in
+        # WAITING_FOR_REMOTE_KVS and the steps of other requests never wait for a load).
+        self.async_load = bool(conn.extra.get("async_load", False))
         self.lookup_wait_s = float(conn.extra.get("lookup_wait_ms", 2.0)) / 1e3
         self.lookup_max_age_s = float(conn.extra.get("lookup_max_age_ms", 500.0)) / 1e3
         self._reqs: dict[str, _ReqState] = {}
@@ -185,7 +190,7 @@ class _Scheduler:
         if ext <= 0:
             return 0, False
         self._stats.data["hit_tokens"] += ext
-        return ext, False
+        return ext, self.async_load
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks,
                                  num_external_tokens: int) -> None:
@@ -199,7 +204,8 @@ class _Scheduler:
         ids = blocks.get_block_ids()
         self._loads.append(_Transfer(
             request.request_id, self._keys(st, last)[first:last],
-            [list(ids[p.group_id][first:last]) for p in self.plans]))
+            [list(ids[p.group_id][first:last]) for p in self.plans],
+            async_load=self.async_load))
 
     def _block_ids(self, req_id: str) -> tuple[list[int], ...] | None:
         mgr = self._kv_cache_manager

@@ -45,6 +45,7 @@ logger = logging.getLogger("kvbroker.vllm")
 
 # user_data of stores starts here, loads count from 1: one pump reaps both.
 _SAVE_UD = 1 << 40
+_ALOAD_UD = 1 << 41  # asynchronous loads
 
 
 @dataclass
@@ -160,8 +161,16 @@ class _Worker:
         self.req_pending: dict[str, int] = {}  # request -> its PUTs in flight
         self.finish_wait: set[str] = set()  # finishing requests waiting for those
         self.view_saves_pending = False
+        # Asynchronous loads in flight: ud -> (request, plan, block, ring slot or -1).
+        self.aload_ops: dict[int, tuple[str, int, int, int]] = {}
+        self.aload_ud = itertools.count(_ALOAD_UD)
+        self.aload_pending: dict[str, int] = {}
+        self.finished_recving: set[str] = set()
         # Converting copies: a ring of page slots in a broker buffer, PUT from there.
-        self.ring_pages = max(1, int(conn.extra.get("save_ring_pages", 64)))
+        # Sized in bytes (save_ring_mb, 64 MiB): enough for the pages of a few long
+        # prefills in flight, so a step rarely waits for a slot.
+        self.ring_bytes = max(1, int(float(conn.extra.get("save_ring_mb", 64)) * 2**20))
+        self.ring_pages = 1
         self.ring: Any = None
         self.ring_t: torch.Tensor | None = None
         self.ring_page = 0
@@ -289,11 +298,13 @@ class _Worker:
             self.staging = client.alloc_host(max(ns.page_bytes for ns in self.link.ns))
             self.staging_t = None
             self.ring_page = max(ns.page_bytes for ns in self.link.ns)
+            self.ring_pages = max(4, self.ring_bytes // self.ring_page)
             self.ring = client.alloc_host(self.ring_pages * self.ring_page)
             self.ring_t = None
         self.ring_free = list(range(self.ring_pages))
         self.save_ops.clear()
         self.req_pending.clear()
+        self.aload_ops.clear()
 
     # -- converting copies (layouts no broker view expresses, or memory it cannot reach) ---
 
@@ -324,6 +335,9 @@ class _Worker:
     def start_load(self, meta: KVBrokerMetadata) -> None:
         self.load_ops.clear()
         self.load_left.clear()
+        if any(tr.async_load for tr in meta.loads):
+            self._start_async_loads([tr for tr in meta.loads if tr.async_load])
+            meta = KVBrokerMetadata([tr for tr in meta.loads if not tr.async_load])
         if not meta.loads:
             return
         client = self.link.get()
@@ -440,6 +454,93 @@ class _Worker:
             self._drive_loads(u)
         self._inc("load_s", time.perf_counter() - t0)
 
+    # -- asynchronous loads ---------------------------------------------------------------
+    #
+    # vLLM waits for these outside the step: the GETs are submitted here and reaped by later
+    # hooks; a request is reported in finished_recving once all its pages landed or failed
+    # (failed blocks are load errors, which vLLM recomputes). Views land in vLLM's blocks
+    # directly; converting copies land in a ring slot first and are scattered into the
+    # block when reaped (the blocks are the waiting request's alone until then).
+
+    def _start_async_loads(self, loads: list[_Transfer]) -> None:
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._fail_loads(loads)
+            self.finished_recving.update(tr.req_id for tr in loads)
+            return
+        t0 = time.perf_counter()
+        bs = self.block_size
+        for tr in loads:
+            n = 0
+            for pi in range(len(self.plans)):
+                view = self.views[pi] if self.views else None
+                for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                    ud = next(self.aload_ud)
+                    if view is not None:
+                        self.aload_ops[ud] = (tr.req_id, pi, block, -1)
+                        op = kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key, block * bs, 0, 0,
+                                    ud)
+                    else:
+                        slot = self._ring_slot()
+                        if slot < 0 or self.pump is None:
+                            self.load_errors.add(block)
+                            self._inc("load_errors", 1)
+                            continue
+                        self.aload_ops[ud] = (tr.req_id, pi, block, slot)
+                        op = kvb.Op(kvb.OP_GET, kvb.OPF_ASYNC, self.link.ns[pi].id,
+                                    self.ring.id, key, slot * self.ring_page, 0, 0, ud)
+                    assert self.pump is not None
+                    self.pump.add([op])
+                    n += 1
+            if n:
+                self.aload_pending[tr.req_id] = self.aload_pending.get(tr.req_id, 0) + n
+            else:
+                self.finished_recving.add(tr.req_id)
+        self._pump_step(False)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def _aload_done(self, ud: int, res: int) -> None:
+        info = self.aload_ops.pop(ud, None)
+        if info is None:
+            return
+        req_id, pi, block, slot = info
+        if res < 0:
+            self.load_errors.add(block)
+            self._inc("load_errors", 1)
+        else:
+            if slot >= 0:
+                self._scatter(pi, block, slot)
+            self._inc("loaded_pages", 1)
+            self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns else 0)
+        if slot >= 0:
+            self.ring_free.append(slot)
+        left = self.aload_pending.get(req_id, 1) - 1
+        if left > 0:
+            self.aload_pending[req_id] = left
+        else:
+            self.aload_pending.pop(req_id, None)
+            self.finished_recving.add(req_id)
+
+    def _scatter(self, pi: int, block: int, slot: int) -> None:
+        """Ring slot `slot` (a canonical page) into the block (a converting copy)."""
+        rt = self._ring_tensor()
+        off = slot * self.ring_page
+        for v in self.cviews[pi]:
+            dst = v[block]
+            size = dst.numel()
+            dst.copy_(rt[off:off + size].view(dst.shape))
+            off += size
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def _drop_async_loads(self) -> None:
+        for req_id, _pi, block, _slot in self.aload_ops.values():
+            self.load_errors.add(block)
+            self.finished_recving.add(req_id)
+        self._inc("load_errors", len(self.aload_ops))
+        self.aload_ops.clear()
+        self.aload_pending.clear()
+
     # -- stores -------------------------------------------------------------------------------
     #
     # Asynchronous: the step submits its PUTs and returns; completions are reaped by later
@@ -453,6 +554,9 @@ class _Worker:
     def _complete(self, ud: int, res: int, flags: int) -> None:
         if ud < _SAVE_UD:
             self._load_done(ud, res)
+            return
+        if ud >= _ALOAD_UD:
+            self._aload_done(ud, res)
             return
         info = self.save_ops.pop(ud, None)
         if info is None:
@@ -480,6 +584,7 @@ class _Worker:
         """The broker went away: pending PUTs will never complete (the pages are future
         misses); their requests' blocks are vLLM's again.
         """
+        self._drop_async_loads()
         self._inc("store_errors", len(self.save_ops))
         self.save_ops.clear()
         self.req_pending.clear()
@@ -512,8 +617,8 @@ class _Worker:
         self._inc("store_s", time.perf_counter() - t0)
 
     def poll(self) -> None:
-        """Reaps what completed without waiting (stores finishing in the background)."""
-        if self.save_ops:
+        """Reaps what completed without waiting (stores and asynchronous loads)."""
+        if self.save_ops or self.aload_ops:
             self._pump_step(False)
 
     def save(self, meta: KVBrokerMetadata) -> None:
@@ -527,7 +632,8 @@ class _Worker:
         self.poll()
 
     def _ring_slot(self) -> int:
-        while not self.ring_free and self.pump is not None and self.save_ops:
+        while not self.ring_free and self.pump is not None and (self.save_ops or
+                                                                 self.aload_ops):
             self._pump_step(True)  # backpressure: the ring is full of PUTs in flight
         return self.ring_free.pop() if self.ring_free else -1
 
