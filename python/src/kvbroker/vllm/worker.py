@@ -132,8 +132,6 @@ class _Worker:
         self.regions: list[_Region] = []
         self.views: list[kvb.View | None] = []
         self.bufs: list[Any] = []
-        self.staging: Any = None
-        self.staging_t: torch.Tensor | None = None
         self.copy_mode = False
         self.cuda = False
         # layer name -> (plan index, layer index)
@@ -166,6 +164,9 @@ class _Worker:
         self.aload_ud = itertools.count(_ALOAD_UD)
         self.aload_pending: dict[str, int] = {}
         self.finished_recving: set[str] = set()
+        # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
+        self.copy_q: deque[tuple[Any, ...]] = deque()
+        self.cload_slot: dict[int, int] = {}
         # Converting copies: a ring of page slots in a broker buffer, PUT from there.
         # Sized in bytes (save_ring_mb, 64 MiB): enough for the pages of a few long
         # prefills in flight, so a step rarely waits for a slot.
@@ -295,8 +296,6 @@ class _Worker:
             self.views.append(view)
         self.copy_mode = any(v is None for v in self.views)
         if self.copy_mode:
-            self.staging = client.alloc_host(max(ns.page_bytes for ns in self.link.ns))
-            self.staging_t = None
             self.ring_page = max(ns.page_bytes for ns in self.link.ns)
             self.ring_pages = max(4, self.ring_bytes // self.ring_page)
             self.ring = client.alloc_host(self.ring_pages * self.ring_page)
@@ -305,30 +304,8 @@ class _Worker:
         self.save_ops.clear()
         self.req_pending.clear()
         self.aload_ops.clear()
-
-    # -- converting copies (layouts no broker view expresses, or memory it cannot reach) ---
-
-    def _staging_tensor(self) -> torch.Tensor:
-        if self.staging_t is None:
-            self.staging_t = torch.frombuffer(self.staging, dtype=torch.uint8)
-        return self.staging_t
-
-    def _copy_get(self, pi: int, key: bytes, block: int, first: int, count: int) -> bool:
-        ns = self.link.ns[pi]
-        if not ns.get_into(key, memoryview(self.staging)[: ns.page_bytes]):
-            return False
-        st = self._staging_tensor()
-        nl = len(self.plans[pi].layer_names)
-        off = 0
-        for i, v in enumerate(self.cviews[pi]):
-            dst = v[block]
-            size = dst.numel()
-            if count == 0 or first <= i % nl < first + count:
-                dst.copy_(st[off:off + size].view(dst.shape))
-            off += size
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
-        return True
+        self.copy_q.clear()
+        self.cload_slot.clear()
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -366,22 +343,30 @@ class _Worker:
                             ops.append(kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key,
                                               block * bs, first, count, ud))
         if self.copy_mode:
-            self._copy_loads(ops)
+            # Through ring slots: the broker copies pages into the slots while earlier ones
+            # are scattered into vLLM's blocks (converting copies), instead of one round trip
+            # per page.
+            self.copy_q.extend(ops)
+            self._feed_copy_loads()
+            self._drive_loads(None)
         else:
             self.pump.add(ops)
             self._drive_loads(None)
         self._inc("load_s", time.perf_counter() - t0)
 
-    def _copy_loads(self, ops: list[Any]) -> None:
-        try:
-            for pi, key, block, first, count, ud in ops:
-                ok = self._copy_get(pi, key, block, first, count)
-                self._load_done(ud, 0 if ok else -2)
-        except (kvb.Error, OSError) as e:
-            self.link.fail(e)
-            self.pump = None
-            self._fail_pending_loads()
-            self._drop_saves()
+    def _feed_copy_loads(self) -> None:
+        """Submits queued converting-copy loads as ring slots free up."""
+        if self.pump is None:
+            return
+        ops = []
+        while self.copy_q and self.ring_free:
+            pi, key, _block, _first, _count, ud = self.copy_q.popleft()
+            slot = self.ring_free.pop()
+            self.cload_slot[ud] = slot
+            ops.append(kvb.Op(kvb.OP_GET, kvb.OPF_ASYNC, self.link.ns[pi].id, self.ring.id, key,
+                              slot * self.ring_page, 0, 0, ud))
+        if ops:
+            self.pump.add(ops)
 
     def _load_done(self, ud: int, res: int) -> None:
         info = self.load_ops.pop(ud, None)
@@ -405,6 +390,9 @@ class _Worker:
         self._inc("broker_down", 1)
 
     def _fail_pending_loads(self) -> None:
+        self.copy_q.clear()
+        self.ring_free.extend(self.cload_slot.values())
+        self.cload_slot.clear()
         for pi, ci, block in self.load_ops.values():
             self.load_errors.add(block)
             self.load_left[(pi, ci)] -= 1
@@ -419,10 +407,11 @@ class _Worker:
         if pump is None:
             return
         try:
-            while pump.busy:
+            while pump.busy or self.copy_q:
                 if until is not None and all(
                         self.load_left.get((until[0], c), 0) == 0 for c in range(until[1] + 1)):
                     return
+                self._feed_copy_loads()
                 for ud, res, flags, _lease in pump.step(block=until is not None):
                     self._complete(ud, res, flags)
                 if until is None:
@@ -553,6 +542,12 @@ class _Worker:
 
     def _complete(self, ud: int, res: int, flags: int) -> None:
         if ud < _SAVE_UD:
+            slot = self.cload_slot.pop(ud, -1)
+            if slot >= 0:
+                load = self.load_ops.get(ud)
+                if res >= 0 and load is not None:
+                    self._scatter(load[0], load[2], slot)
+                self.ring_free.append(slot)
             self._load_done(ud, res)
             return
         if ud >= _ALOAD_UD:
