@@ -142,6 +142,11 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._sched is not None
         return self._sched.build_connector_meta(scheduler_output)
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        """Notes the asynchronous loads the workers finished (finished_recving)."""
+        if self._sched is not None:
+            self._sched.update_connector_output(connector_output.finished_recving)
+
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """request_finished_all_groups for the single-group (non-HMA) path."""

@@ -69,6 +69,7 @@ class _Scheduler:
         self._finishing: list[str] = []
         self._stats = KVBrokerStats()
         self._events: list[Any] = []
+        self._aloading: set[str] = set()  # requests with asynchronous loads in flight
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # The scheduler only looks up: MHA namespaces are per TP rank, rank 0's stands
         # for all (every rank stores every page of its shard).
@@ -206,6 +207,13 @@ class _Scheduler:
             request.request_id, self._keys(st, last)[first:last],
             [list(ids[p.group_id][first:last]) for p in self.plans],
             async_load=self.async_load))
+        if self.async_load:
+            self._aloading.add(request.request_id)
+
+    def update_connector_output(self, finished_recving: set[str] | None) -> None:
+        """Asynchronous loads the workers reported done."""
+        for req_id in finished_recving or ():
+            self._aloading.discard(req_id)
 
     def _block_ids(self, req_id: str) -> tuple[list[int], ...] | None:
         mgr = self._kv_cache_manager
@@ -288,6 +296,10 @@ class _Scheduler:
         blocks until every worker reported the stores done (get_finished).
         """
         st = self._reqs.pop(request.request_id, None)
+        if request.request_id in self._aloading:
+            # Aborted while its pages are still landing in its blocks: vLLM itself keeps
+            # the blocks of a request in WAITING_FOR_REMOTE_KVS until finished_recving.
+            return False, None
         if st is None or st.skip or not self.save_enabled or self._link.get() is None:
             return False, None
         st.request = request
