@@ -8,7 +8,11 @@ test checks, against vLLM's own KV tensors read through collective_rpc:
 - every stored page equals the canonical page built here, independently of the connector,
   from vLLM-CPU's block format (K [head][head_dim][token], V [head][token][head_dim]);
 - phase 2 found every full page in kvbroker (num_cached_tokens) and produced the same tokens;
-- the blocks phase 2 loaded hold exactly the bytes phase 1 computed.
+- the blocks phase 2 loaded hold exactly the bytes phase 1 computed;
+- across engines, pages SGLang's backend stored load byte-exact into vLLM-CPU and the
+  other way round;
+- faults inside the running engine (no broker at start, a page deleted or the broker killed
+  between the lookup and the load, reconnection).
 """
 
 from __future__ import annotations
