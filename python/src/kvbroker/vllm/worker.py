@@ -36,7 +36,7 @@ from kvbroker.vllm.common import (
     _Link,
     _Transfer,
 )
-from kvbroker.vllm.layouts import _owner, kv_views, token_range
+from kvbroker.vllm.layouts import _owner, gather_blocks, kv_views, token_range
 
 if TYPE_CHECKING:
     from kvbroker.vllm.connector import KVBrokerConnector
@@ -711,7 +711,7 @@ class _Worker:
             for v in self.cviews[pi]:
                 blocks = torch.tensor([it[2] for it in mine], dtype=torch.int64,
                                       device=v.device)
-                src = v[blocks].reshape(len(mine), -1)
+                src = gather_blocks(v, blocks).reshape(len(mine), -1)
                 size = src.shape[1]
                 rows[slots, off:off + size] = src.cpu() if src.is_cuda else src
                 off += size
