@@ -198,7 +198,9 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
         "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
         "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 32000,
         "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}))
-    rng = random.Random(7)
+    # Fresh prompts every run: a broker that outlived an earlier run must not turn the
+    # store-on-miss rounds into hits.
+    rng = random.Random(os.urandom(8))
     with_c = _Engine(d, sock, tmp / "engine-kvb.log")
     without = _Engine(d, "none", tmp / "engine-none.log")
     ratios, rows = [], []
@@ -217,6 +219,8 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
             got = {}
             for eng, tag in order:
                 got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True)
+            if any(got["kvb"]["cached"]):
+                raise RuntimeError("store-on-miss round hit kvbroker: prompts not fresh")
             tps = {k: v["tokens"] / v["secs"] for k, v in got.items()}
             ratios.append(tps["kvb"] / tps["none"])
             steps += got["kvb"]["steps"]
