@@ -263,6 +263,7 @@ test: all
 ifeq ($(MODE),release)
 	$(Q)$(MAKE) --no-print-directory fuzz-smoke
 	$(Q)$(MAKE) --no-print-directory pytest
+	$(Q)$(MAKE) --no-print-directory wheel-test
 endif
 
 soak: all
@@ -384,8 +385,54 @@ pytest: $(PY_PKG_STAMP) $(BROKERD) $(FAKE_CUDA)
 		-q -p no:cacheprovider tests
 
 pylint: $(PY_PKG_STAMP)
-	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests setup.py ../tools/bench_python.py ../tools/bench_sglang.py ../tools/bench_vllm.py
+	$(Q)cd python && ../$(PY_VENV)/bin/ruff check src tests ../tests/wheel setup.py ../tools/bench_python.py ../tools/bench_sglang.py ../tools/bench_vllm.py
 	$(Q)cd python && ../$(PY_VENV)/bin/mypy
+
+# ---- the wheel and the sdist: `pip install kvbroker` (python/setup.py, tests/wheel/) ----
+# make wheel: build/wheel/kvbroker-VERSION-cp311-abi3-manylinux_*.whl, the Python package with
+# kvbrokerd, kvbctl, kvbbench, libkvbroker.so and kvbroker.h of this release build (setup.py
+# has them staged by native-stage), the C libraries they link vendored by `auditwheel repair`,
+# which gives the manylinux tag. make sdist: build/wheel/kvbroker-VERSION.tar.gz, the package
+# and the C tree, which builds the same wheel outside the repository. make wheel-test (part of
+# make test): the wheel in a venv of its own, the deploy/ files against their schemas.
+WHEEL_DIR := build/wheel
+WHEEL_STAMP := $(WHEEL_DIR)/.ok
+NATIVE := $(BROKERD) $(KVBCTL) $(KVBBENCH) $(LIB_SO)
+.PHONY: wheel sdist wheel-test native-stage
+
+native-stage: $(NATIVE)
+	@test -n "$(KVB_NATIVE_OUT)" || { echo "native-stage: set KVB_NATIVE_OUT=DIR" >&2; exit 2; }
+	$(Q)install -d $(KVB_NATIVE_OUT)/_bin $(KVB_NATIVE_OUT)/lib $(KVB_NATIVE_OUT)/include
+	$(Q)install -m 0755 $(BROKERD) $(KVBCTL) $(KVBBENCH) $(KVB_NATIVE_OUT)/_bin/
+	$(Q)install -m 0755 $(LIB_SO) $(KVB_NATIVE_OUT)/lib/libkvbroker.so.0
+	$(Q)install -m 0755 $(LIB_SO) $(KVB_NATIVE_OUT)/lib/libkvbroker.so
+	$(Q)install -m 0644 include/kvbroker.h $(KVB_NATIVE_OUT)/include/
+
+# The package carries the build's programs: built before pip runs setup.py, whose make then
+# finds nothing to do (and never builds the same objects as this make at the same time).
+$(PY_PKG_STAMP): $(NATIVE)
+
+$(WHEEL_STAMP): $(PY_VENV_STAMP) $(PY_PKG_SRC) python/README.md python/MANIFEST.in $(NATIVE)
+	@test "$(MODE)" = release || { echo "make wheel: the wheel is the release build (MODE=release)" >&2; exit 2; }
+	$(Q)rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/kvbroker-*.whl && mkdir -p $(WHEEL_DIR)/raw
+	$(Q)cd python && ../$(PY_VENV)/bin/pip wheel -q --no-deps --no-build-isolation \
+		-w ../$(WHEEL_DIR)/raw .
+	$(Q)PATH="$(CURDIR)/$(PY_VENV)/bin:$$PATH" $(PY_VENV)/bin/auditwheel repair \
+		-w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kvbroker-*.whl >$(WHEEL_DIR)/repair.log 2>&1 || \
+		{ cat $(WHEEL_DIR)/repair.log; exit 1; }
+	@echo "  WHEEL   $$(ls $(WHEEL_DIR)/kvbroker-*.whl)"
+	$(Q)touch $@
+wheel: $(WHEEL_STAMP)
+# make bench sets the wheel's kvbrokerd beside the build's (tools/bench.sh).
+bench: $(WHEEL_STAMP)
+
+sdist: $(PY_VENV_STAMP)
+	$(Q)rm -f $(WHEEL_DIR)/kvbroker-*.tar.gz
+	$(Q)$(PY_VENV)/bin/python -m build -q --sdist --no-isolation -o $(WHEEL_DIR) python
+
+wheel-test: $(WHEEL_STAMP) $(PY_PKG_STAMP)
+	$(Q)KVB_WHEEL_DIR=$(CURDIR)/$(WHEEL_DIR) KVB_BUILD_DIR=$(CURDIR)/$(B) timeout -k 5 300 \
+		$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider --rootdir tests/wheel tests/wheel
 
 format:
 	$(Q)clang-format -i $$(git ls-files '*.c' '*.h')

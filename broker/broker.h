@@ -245,6 +245,18 @@ struct broker {
 	struct tier *tier;     /* NULL without --disk */
 	struct remote *remote; /* NULL without --remote */
 	struct counters ctr;
+	/*
+	 * [hist] Timings (hist.h) and where hits came from, counted at completion (ops.c);
+	 * off: KVB_BROKER_NO_HISTOGRAMS set, for make bench's with-and-without rows only.
+	 */
+	struct {
+		struct hist h[HIST__COUNT];
+		uint64_t tier_hits[3];	      /* RAM, disk (promoted), remote (fetched) */
+		double t_end;		      /* the last timed op's end */
+		const struct session *next_s; /* whose next SQE starts at next_t0 (ops_submit) */
+		double next_t0;
+		uint8_t off;
+	} obs;
 	struct list sessions;
 	struct list graveyard;
 	struct list orphans; /* [orphans] clients of the previous broker still leasing (orphan.c) */

@@ -208,16 +208,33 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		return -EUSERS;
 	}
 	err = tenant_attach(&b->tt, s->tenant);
-	if (err < 0) {
-		log_throttled(&tt_refused, "client %u ('%s', pid %d, uid %d, gid %d): refused: %s",
-			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid,
-			      "every tenant share is taken (--tenant-share)");
+	if (err < 0 && (s->uid == 0 || s->uid == geteuid())) {
+		/*
+		 * [inspect] The operator always attaches, for inspection: with no share of its
+		 * own it is handed partition 0's memory, read-only, which it can read anyway
+		 * (root reads any process's memory; the broker's uid owns the memfds), and it opens
+		 * no namespace (on_ns_open), so nothing of its own is ever stored in another
+		 * tenant's partition. STATS, DROP and NS_LIMIT work as on a control connection.
+		 */
+		log_info("client %u ('%s', pid %d, uid %d): every tenant share is taken: attached "
+			 "for inspection (no namespaces)",
+			 s->id, s->name, (int)s->pid, (int)s->uid);
+		err = 0;
+	} else if (err < 0) {
+		log_throttled(&tt_refused,
+			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			      "share is taken (%u, by other %ss with clients attached or seen "
+			      "before; --tenant-share, --tenant); root and uid %d may still attach "
+			      "to inspect",
+			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			      tenant_mode_name(b->tt.mode), (int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
+	} else {
+		s->tenant_bound = 1;
 	}
 	s->part = (uint32_t)err;
-	s->tenant_bound = 1;
 	hello_arenas(b, s, !!(m->flags & KVB_HELLOF_PLACE));
 	err = region_create(b, s, sq);
 	if (err) {
@@ -278,10 +295,14 @@ static int on_ns_open(struct broker *b, struct session *s, const struct kvb_msg_
 {
 	struct kvb_msg_ns_reply rep = {0};
 	struct ns *n;
+	int err;
+
+	/* [inspect] An operator attached without a share of its own stores nothing. */
+	if (!s->tenant_bound)
+		return reply(s, h, -EACCES, NULL, 0, NULL, 0);
 	/* The tenant is part of the identity [tenant-part]: another tenant's same model is
 	 * another namespace, and its pages go to this tenant's partition. */
-	int err = ns_open2(&b->nst, &b->store, l, id, s->tenant, &n);
-
+	err = ns_open2(&b->nst, &b->store, l, id, s->tenant, &n);
 	if (err)
 		return reply(s, h, err, NULL, 0, NULL, 0);
 	b->store.ns_part[n->id] = (uint8_t)s->part;
@@ -507,6 +528,70 @@ static int on_drop(struct broker *b, struct session *s, const struct kvb_msg_hdr
 	return reply(s, h, -ENOENT, NULL, 0, NULL, 0);
 }
 
+/*
+ * [ns-limit] NS_LIMIT: an operator sets or removes the cap of one model's namespaces on the
+ * running broker, as --ns-limit would have at start-up: the table of limits changes (namespaces
+ * opened later get it) and every live namespace of the model takes the new cap now; one over
+ * it evicts its own coldest pages down to it (store_ns_trim), nothing else is touched, so a
+ * page that fits under the new cap is never lost.
+ */
+static int on_ns_limit(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+		       const struct kvb_msg_ns_limit *m)
+{
+	struct config *c = &b->cfg;
+	uint32_t i, trimmed = 0;
+	uint64_t evicted = b->store.st.ns_evictions;
+	char what[48];
+
+	if (s->uid != geteuid() && s->uid != 0)
+		return reply(s, h, -EPERM, NULL, 0, NULL, 0);
+	if (m->resv || !m->model[0] || !memchr(m->model, '\0', sizeof(m->model)) ||
+	    (m->bytes && m->percent) || m->percent > 100)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	for (i = 0; i < c->n_ns_limits && strcmp(c->ns_limits[i].model, m->model); i++)
+		;
+	if (!m->bytes && !m->percent) {
+		if (i == c->n_ns_limits)
+			return reply(s, h, -ENOENT, NULL, 0, NULL, 0);
+		c->ns_limits[i] = c->ns_limits[--c->n_ns_limits];
+		snprintf(what, sizeof(what), "removed");
+	} else {
+		if (i == NS_LIMITS_MAX)
+			return reply(s, h, -ENOSPC, NULL, 0, NULL, 0);
+		memset(&c->ns_limits[i], 0, sizeof(c->ns_limits[i]));
+		memcpy(c->ns_limits[i].model, m->model, strlen(m->model));
+		c->ns_limits[i].bytes = m->bytes;
+		c->ns_limits[i].frac = m->percent / 100.0;
+		c->n_ns_limits += i == c->n_ns_limits;
+		if (m->bytes)
+			text_bytes((double)m->bytes, what, sizeof(what));
+		else
+			snprintf(what, sizeof(what), "%u%% of its partition", m->percent);
+	}
+	for (uint32_t id = 0; id < b->nst.count; id++) {
+		struct ns *n = ns_get(&b->nst, id);
+		char model[sizeof(n->layout.model) + 1];
+
+		if (!n)
+			continue;
+		memcpy(model, n->layout.model, sizeof(n->layout.model));
+		model[sizeof(n->layout.model)] = '\0';
+		if (strcmp(model, m->model))
+			continue;
+		store_ns_limit(&b->store, id,
+			       ns_limit_of(c->ns_limits, c->n_ns_limits, n,
+					   b->pool.part[b->store.ns_part[id]].size,
+					   b->store.cls[n->cls].slot_bytes));
+		(void)store_ns_trim(&b->store, id);
+		trimmed++;
+	}
+	log_warn("ns-limit %s: %s by client %u (pid %d, uid %d); %u namespaces now, %llu pages "
+		 "evicted over it",
+		 m->model, what, s->id, (int)s->pid, (int)s->uid, trimmed,
+		 (unsigned long long)(b->store.st.ns_evictions - evicted));
+	return reply(s, h, 0, NULL, 0, NULL, 0);
+}
+
 static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
 {
 	char *js = stats_json_for(b, s);
@@ -538,7 +623,8 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	}
 	if (!s->hello_done)
 		return -EPROTO;
-	if (s->control_only && h->type != KVB_MSG_STATS && h->type != KVB_MSG_DROP)
+	if (s->control_only && h->type != KVB_MSG_STATS && h->type != KVB_MSG_DROP &&
+	    h->type != KVB_MSG_NS_LIMIT)
 		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 	switch (h->type) {
 	case KVB_MSG_NS_OPEN: {
@@ -613,6 +699,12 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	case KVB_MSG_DROP:
 		memcpy(&id, body, sizeof(id));
 		return on_drop(b, s, h, &id);
+	case KVB_MSG_NS_LIMIT: {
+		struct kvb_msg_ns_limit m;
+
+		memcpy(&m, body, sizeof(m));
+		return on_ns_limit(b, s, h, &m);
+	}
 	}
 	return -EPROTO;
 }

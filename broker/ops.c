@@ -86,6 +86,46 @@ void ops_init(struct broker *b)
 	b->store.withdrawn_arg = b;
 	b->store.told = store_told; /* [told-lru] */
 	b->store.told_arg = b;
+	b->obs.off = b->store.hist_off = getenv("KVB_BROKER_NO_HISTOGRAMS") != NULL;
+}
+
+/*
+ * [hist] An op's latency into its opcode's histogram, and a hit to the tier that answered it
+ * and to its namespace's tenant.
+ */
+static void op_observe(struct broker *b, const struct op *op)
+{
+	static const uint8_t which[] = {
+		/* histogram + 1; 0: not timed */
+		[KVB_OP_GET] = HIST_GET + 1,
+		[KVB_OP_PUT] = HIST_PUT + 1,
+		[KVB_OP_LOOKUP] = HIST_LOOKUP + 1,
+		[KVB_OP_ACQUIRE] = HIST_ACQUIRE + 1,
+	};
+	uint8_t opc = op->sqe.opcode;
+
+	if (opc == KVB_OP_PUT && op->cqe.res == -ENOSPC && op->n) {
+		uint32_t id = op->n->id, p = b->store.ns_part[id];
+
+		tenant_put_refused(&b->tt, p, id, b->store.ns_limit[id], b->store.ns_bytes[id],
+				   b->store.part[p].bytes_total, b->store.part[p].pinned_bytes);
+	}
+	if (op->hit >= 0 && op->n) {
+		struct tenant *t = &b->tt.t[b->store.ns_part[op->n->id]];
+
+		if (op->hit) {
+			b->obs.tier_hits[op->remote ? 2 : op->disk ? 1 : 0]++;
+			t->hits++;
+		} else {
+			t->misses++;
+		}
+	}
+	if (op->t0 && opc < sizeof(which) / sizeof(which[0]) && which[opc]) {
+		enum hist_id h = op->as_get ? HIST_GET : (enum hist_id)(which[opc] - 1);
+
+		b->obs.t_end = clock_now();
+		hist_observe(&b->obs.h[h], hist_bounds_of(h), b->obs.t_end - op->t0);
+	}
 }
 
 static struct ns *session_ns(struct broker *b, struct session *s, uint32_t id)
@@ -581,6 +621,7 @@ void ops_fini(struct broker *b)
 static void op_end(struct broker *b, struct op *op)
 {
 	op_account(b, op);
+	op_observe(b, op);
 	remote_op_end(op);
 	if (op->v)
 		sview_put(op->v);
@@ -1189,17 +1230,27 @@ int ops_submit(struct broker *b, struct session *s, const struct kvb_sqe *sqe, s
 		return OPS_DONE;
 	}
 	op->batch = s->batch_more;
+	/* [hist] The next SQE of a batch is taken as the one before it ends: its end is its t0. */
+	if (!b->obs.off)
+		op->t0 = b->obs.next_s == s ? b->obs.next_t0 : clock_now();
+	b->obs.next_s = NULL;
 	r = op_run(b, op);
 	*work = op->work;
 	if (r == OPS_DEFERRED) {
 		if (!op->since)
-			op->since = clock_now();
+			op->since = op->t0 ? op->t0 : clock_now();
 		return OPS_DEFERRED;
 	}
 	*cqe = op->cqe;
 	if (!ops_told(sqe))
 		op_hold(b, op);
+	b->obs.t_end = 0;
+	r = op->batch;
 	op_end(b, op);
+	if (r && b->obs.t_end) {
+		b->obs.next_s = s;
+		b->obs.next_t0 = b->obs.t_end;
+	}
 	return OPS_DONE;
 }
 

@@ -48,6 +48,7 @@ struct op {
 	kvb_key parent;	    /* [chain] PUT with KVB_OPF_PARENT: read once from the arg area */
 	const char *waits;  /* what it is parked on (drain log), NULL while it runs */
 	double since;	    /* taken from the SQ (drain log) */
+	double t0;	    /* [hist] taken from the SQ, for its latency; 0: not timed */
 	struct page *pg;    /* the page a PUT writes or a GET copies from, while it is held */
 	int32_t dev;	    /* COPY_HOST or the CUDA device of the client side */
 	uint8_t parked;	    /* on a waitq, the run queue or its session's yield queue */
@@ -57,6 +58,7 @@ struct op {
 	int8_t hit;	    /* 1 found, 0 missed, -1 no lookup (counted at completion) */
 	uint8_t dedup;	    /* PUT: the key was stored */
 	uint8_t remote;	    /* the remote tier was asked (once per op: remote.c) */
+	uint8_t disk;	    /* [hist] the disk tier holds it: a hit is a promotion (tier.c) */
 	uint8_t fill;	    /* KVB_SQEF_FILL: a PUT whose source is filled while it runs */
 	uint8_t copy_yield; /* counted in b->copy_yield while its copy is queued */
 	uint8_t fill_stopped;	   /* the client was told to stop filling (fill-stop word) */

@@ -296,6 +296,9 @@ static void fetch_settle(struct remote *r, struct remote_call *c, int res, const
 		}
 		store_commit(s, pg);
 		r->st.fetched++;
+		if (!r->b->obs.off && c->sent)
+			hist_observe(&r->b->obs.h[HIST_FETCH], hist_bounds_of(HIST_FETCH),
+				     clock_now() - c->sent);
 		r->st.fetched_in_place += c->landed;
 		r->st.fetch_bytes += c->page_bytes;
 	} else if (pg->unlinked) {

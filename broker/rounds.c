@@ -75,6 +75,7 @@ static void broker_tick(void *arg, int slept)
 	struct broker *b = arg;
 	double now = clock_now();
 
+	b->store.now = now; /* [hist] the store's clock for page ages */
 	/* [notes][hazard] within a tick: the expiry (leases released) and the LRU see them */
 	(void)session_settle(b);
 	if (slept || now - b->expired_at >= EXPIRE_EVERY) {

@@ -262,6 +262,7 @@ static cJSON *ns_json(const struct broker *b, const struct stats_view *v)
 		/* A PUT that found its key stored neither copied nor stored its page again. */
 		num(o, "dedup_bytes", (double)(n->c.dedup * n->page_bytes));
 		num(o, "clients", clients[n->id]);
+		num(o, "limit_bytes", (double)b->store.ns_limit[n->id]); /* [ns-limit] 0: none */
 		cJSON_AddItemToArray(arr, o);
 	}
 	return arr;
@@ -321,6 +322,9 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "misses", (double)c->misses);
 	num(o, "dedup", (double)c->dedup);
 	num(o, "evictions", (double)b->store.st.evictions);
+	num(o, "hits_ram", (double)b->obs.tier_hits[0]); /* [hist] */
+	num(o, "hits_disk", (double)b->obs.tier_hits[1]);
+	num(o, "hits_remote", (double)b->obs.tier_hits[2]);
 	num(o, "chain_links", (double)b->store.st.chain_links);
 	num(o, "chain_held", (double)b->store.st.held);
 	num(o, "chain_cuts", (double)b->store.st.chain_cuts);
@@ -344,6 +348,98 @@ static cJSON *counters_json(const struct broker *b)
 	num(o, "refused", (double)c->refused);
 	num(o, "expired", (double)c->expired);
 	return o;
+}
+
+/* [hist] name: le (bounds), counts (per bucket, +Inf last, not cumulative), sum, count. */
+static void hist_json(cJSON *o, const char *name, const struct hist *h, struct hist_bounds bd)
+{
+	cJSON *e = cJSON_AddObjectToObject(o, name);
+	cJSON *le = cJSON_AddArrayToObject(e, "le"), *n = cJSON_AddArrayToObject(e, "counts");
+
+	for (uint32_t i = 0; i <= bd.n; i++) {
+		if (i < bd.n)
+			cJSON_AddItemToArray(le, cJSON_CreateNumber(bd.le[i]));
+		cJSON_AddItemToArray(n, cJSON_CreateNumber((double)h->n[i]));
+	}
+	num(e, "sum", h->sum);
+	num(e, "count", (double)h->count);
+}
+
+/*
+ * [hist] The timings (empty while KVB_BROKER_NO_HISTOGRAMS is set): op latency by opcode as
+ * the broker sees it, disk promotion, remote fetch, page age at eviction.
+ */
+static cJSON *histograms_json(const struct broker *b)
+{
+	static const char *const names[HIST__COUNT] = {[HIST_GET] = "get",
+						       [HIST_PUT] = "put",
+						       [HIST_LOOKUP] = "lookup",
+						       [HIST_ACQUIRE] = "acquire",
+						       [HIST_PROMOTE] = "promote",
+						       [HIST_FETCH] = "fetch",
+						       [HIST_EVICT_AGE] = "evict_age"};
+	cJSON *o = cJSON_CreateObject();
+
+	if (b->obs.off)
+		return o;
+	for (int i = 0; i < HIST__COUNT; i++)
+		hist_json(o, names[i], i == HIST_EVICT_AGE ? &b->store.evict_age : &b->obs.h[i],
+			  hist_bounds_of((enum hist_id)i));
+	return o;
+}
+
+/*
+ * [hist] Each tenant partition: whose it is, its share of RAM and what it holds, its
+ * evictions and its clients' hits and misses (uid or gid: the tenant key less one; -1 for a
+ * partition no tenant holds, "none" mode's one partition is tenant "all").
+ */
+static cJSON *tenants_json(const struct broker *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+
+	for (uint32_t p = 0; p < b->tt.n; p++) {
+		const struct tenant *t = &b->tt.t[p];
+		const struct store_part *sp = &b->store.part[p];
+		cJSON *o = cJSON_CreateObject();
+
+		num(o, "partition", p);
+		cJSON_AddStringToObject(o, "mode", tenant_mode_name(b->tt.mode));
+		num(o, "id", t->used && t->key ? (double)t->key - 1 : -1);
+		num(o, "bound", t->used);
+		num(o, "listed", t->listed);
+		num(o, "clients", t->clients);
+		num(o, "share_bytes", (double)sp->bytes_total);
+		num(o, "bytes_used", (double)sp->bytes_used);
+		num(o, "pages", (double)sp->pages);
+		num(o, "evictions", (double)sp->evictions);
+		num(o, "hits", (double)t->hits);
+		num(o, "misses", (double)t->misses);
+		num(o, "put_refused", (double)t->refused);
+		/* Seconds since its last client left (0: attached, or never bound). */
+		num(o, "idle_s",
+		    t->used && !t->clients && t->left_at ? clock_now() - t->left_at : 0);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
+}
+
+/* [ns-limit] The caps by model, as --ns-limit set them or kvbctl ns-limit since. */
+static cJSON *ns_limits_json(const struct broker *b)
+{
+	cJSON *arr = cJSON_CreateArray();
+
+	for (uint32_t i = 0; i < b->cfg.n_ns_limits; i++) {
+		const struct ns_limit *l = &b->cfg.ns_limits[i];
+		cJSON *o = cJSON_CreateObject();
+
+		cJSON_AddStringToObject(o, "model", l->model);
+		if (l->bytes)
+			num(o, "bytes", (double)l->bytes);
+		else
+			num(o, "percent", l->frac * 100);
+		cJSON_AddItemToArray(arr, o);
+	}
+	return arr;
 }
 
 /* [stretch] How many of the loop's stretches (loop.c) passed each threshold, by its ms. */
@@ -493,6 +589,9 @@ static char *render(const struct broker *b, const struct stats_view *v)
 	num(root, "namespaces_freed", (double)b->nst.freed); /* [ns-free] */
 	cJSON_AddItemToObject(root, "counters", counters_json(b));
 	cJSON_AddItemToObject(root, "ops", ops_json(b));
+	cJSON_AddItemToObject(root, "histograms", histograms_json(b));
+	cJSON_AddItemToObject(root, "ns_limits", ns_limits_json(b));
+	cJSON_AddItemToObject(root, "tenants", tenants_json(b));
 	cJSON_AddItemToObject(root, "client_list", clients_json(b, v));
 	cJSON_AddItemToObject(root, "map", stats_map_json(b, -1));
 	if (b->metrics_addr[0])

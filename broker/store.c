@@ -74,6 +74,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 #include "pagehdr.h"
 #include "store.h"
@@ -216,6 +217,7 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		return -EINVAL;
 	s->pool = p;
 	s->slab_bytes = slab_bytes;
+	s->t0 = s->now = clock_now();
 	s->slabs = calloc(STORE_MAX_SLABS, sizeof(*s->slabs));
 	s->rec_free = calloc(STORE_MAX_SLABS, sizeof(*s->rec_free));
 	if (!s->slabs || !s->rec_free)
@@ -695,6 +697,9 @@ static int evict(struct store *s, struct page *pg)
 	unindex_withdrawn(s, pg);
 	s->st.evictions++;
 	part_of(s, pg)->evictions++;
+	if (!s->hist_off)
+		hist_observe(&s->evict_age, hist_bounds_of(HIST_EVICT_AGE),
+			     s->now - s->t0 - pg->born * 0.1);
 	slot_free(s, pg);
 	return 1;
 }
@@ -805,6 +810,11 @@ static int ns_room(struct store *s, uint32_t ns, uint64_t slot)
 		s->st.ns_evictions += r != EVICT_KEPT;
 	}
 	return 0;
+}
+
+int store_ns_trim(struct store *s, uint32_t ns)
+{
+	return ns_room(s, ns, 0);
 }
 
 #define AHEAD_MIN_PAGES 1024 /* [evict-ahead] */
@@ -949,6 +959,8 @@ void store_seal(struct store *s, struct page *pg, const uint32_t *crc)
 void store_commit_sealed(struct store *s, struct page *pg)
 {
 	pg->state = PAGE_READY;
+	if (!s->hist_off)
+		pg->born = (uint32_t)((s->now - s->t0) * 10);
 	if (!pg->unlinked)
 		publish(s, pg);
 	slab_of(s, pg)->writing--;

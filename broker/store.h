@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "dir.h"
+#include "hist.h"
 #include "index.h"
 #include "kvbroker.h"
 #include "list.h"
@@ -54,6 +55,7 @@ struct page {
 	uint32_t parent;
 	uint32_t parent_gen;
 	uint32_t kids;	  /* indexed pages naming this one as parent: evicted after them */
+	uint32_t born;	  /* [hist] when it became READY: tenths of a second after store_init */
 	struct list lru;  /* its partition's LRU: on it iff READY, unpinned, linked, not held */
 	struct list clru; /* its class's LRU, same condition */
 	struct list nlru; /* its namespace's LRU, same condition (--ns-limit) */
@@ -135,6 +137,14 @@ struct store {
 	uint32_t gen; /* last generation handed out */
 	uint64_t high_bytes, low_bytes;
 	struct store_stats st;
+	/*
+	 * [hist] Page age at eviction from RAM, unless hist_off. t0: store_init's clock; now: the
+	 * loop's, set at each of its ticks (a few ms stale at most), so that stamping a page and
+	 * timing an eviction read no clock on the data path.
+	 */
+	struct hist evict_age;
+	uint8_t hist_off;
+	double t0, now;
 	uint64_t ns_pages[STORE_MAX_NS];
 	/*
 	 * [ns-limit] Per namespace: slot bytes in RAM, the cap (0: none; set when it opens, from
@@ -251,6 +261,12 @@ struct page *store_parent(struct store *s, const struct page *pg);
 
 /* [ns-limit] Caps namespace ns at bytes of slots in RAM (0: no cap). */
 void store_ns_limit(struct store *s, uint32_t ns, uint64_t bytes);
+/*
+ * [ns-limit] Evicts namespace ns's coldest pages (demoting them where there is a disk tier)
+ * until it is within its cap, as its next PUT would: after the cap was lowered at run time.
+ * 0, or -ENOSPC when what is left over it is pinned (trimmed by its next PUTs).
+ */
+int store_ns_trim(struct store *s, uint32_t ns);
 
 /* The arena a page's slot is in. */
 uint32_t store_arena(const struct store *s, const struct page *pg);

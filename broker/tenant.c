@@ -37,8 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
+#include "log.h"
 #include "parse.h"
 #include "tenant.h"
+#include "text.h"
 
 const char *tenant_mode_name(int mode)
 {
@@ -237,6 +240,7 @@ int tenant_attach(struct tenant_table *tt, uint32_t key)
 		if (tt->t[p].used && tt->t[p].key == key) {
 			tt->t[p].clients++;
 			tt->t[p].attaches++;
+			tt->t[p].left_at = 0;
 			return (int)p;
 		}
 		if (!tt->t[p].used && free_part == tt->n)
@@ -250,6 +254,37 @@ int tenant_attach(struct tenant_table *tt, uint32_t key)
 
 void tenant_detach(struct tenant_table *tt, uint32_t part)
 {
-	if (part < tt->n && tt->t[part].clients)
-		tt->t[part].clients--;
+	if (part < tt->n && tt->t[part].clients && !--tt->t[part].clients)
+		tt->t[part].left_at = clock_now(); /* idle from now: kvbctl tenants shows it */
+}
+
+void tenant_put_refused(struct tenant_table *tt, uint32_t part, uint32_t ns, uint64_t ns_limit,
+			uint64_t ns_bytes, uint64_t share_bytes, uint64_t pinned_bytes)
+{
+	static struct log_throttle lt;
+	const struct tenant *t = &tt->t[part];
+	char who[40], a[32], b[32];
+
+	if (part >= tt->n)
+		return;
+	tt->t[part].refused++;
+	if (tt->mode == TENANTS_NONE)
+		snprintf(who, sizeof(who), "the pool");
+	else
+		snprintf(who, sizeof(who), "tenant %s %u's share", tenant_mode_name(tt->mode),
+			 t->key - 1);
+	if (ns_limit && ns_bytes >= ns_limit)
+		log_throttled(
+			&lt,
+			"PUT refused (-ENOSPC): namespace %u is at its --ns-limit cap of %s and "
+			"none of its pages can be evicted now (leased or being copied); "
+			"release leases, or raise the cap (kvbctl ns-limit)",
+			ns, text_bytes((double)ns_limit, a, sizeof(a)));
+	else
+		log_throttled(&lt,
+			      "PUT refused (-ENOSPC): %s (%s) is full and none of its pages can be "
+			      "evicted now: %s leased or being copied; release leases (kvbctl "
+			      "clients, kvbctl drop) or give it a larger share",
+			      who, text_bytes((double)share_bytes, a, sizeof(a)),
+			      text_bytes((double)pinned_bytes, b, sizeof(b)));
 }

@@ -37,6 +37,9 @@ struct tenant {
 	uint8_t used;	  /* bound to key */
 	uint32_t clients; /* ring clients attached now */
 	uint64_t attaches;
+	uint64_t hits, misses; /* [hist] its GETs and ACQUIREs, while bound to key */
+	uint64_t refused;      /* PUTs refused -ENOSPC: its share full, nothing of it evictable */
+	double left_at;	       /* when its last client detached (clock_now), 0 while attached */
 };
 
 /*
@@ -78,5 +81,14 @@ int tenant_attach(struct tenant_table *tt, uint32_t key);
 void tenant_detach(struct tenant_table *tt, uint32_t part);
 
 const char *tenant_mode_name(int mode);
+
+/*
+ * A PUT of namespace ns in partition part was refused -ENOSPC: counts it and logs (throttled)
+ * why, in the terms an operator acts on: the namespace's own cap (ns_limit, 0 none, of which
+ * ns_bytes are used) or its tenant's share (share_bytes) is full, and what is pinned there
+ * (leased or being copied) cannot be evicted.
+ */
+void tenant_put_refused(struct tenant_table *tt, uint32_t part, uint32_t ns, uint64_t ns_limit,
+			uint64_t ns_bytes, uint64_t share_bytes, uint64_t pinned_bytes);
 
 #endif /* KVB_BROKER_TENANT_H */

@@ -131,6 +131,7 @@ struct dslot {
 	uint8_t part;	 /* [tenant-disk] the partition whose region of the path holds it */
 	uint32_t hdr;	 /* header block while writing */
 	int32_t err;	 /* first error of the I/O in flight */
+	uint32_t rd_us;	 /* [hist] a promotion's read submitted: clock_now() in us, mod 2^32 */
 };
 
 struct tlog {
@@ -515,6 +516,9 @@ static void read_done(struct tier *t, struct dslot *d)
 		pg->clean = 1;
 		store_commit(&t->b->store, pg);
 		t->st.promotions++;
+		if (!t->b->obs.off)
+			hist_observe(&t->b->obs.h[HIST_PROMOTE], hist_bounds_of(HIST_PROMOTE),
+				     (uint32_t)((uint64_t)(clock_now() * 1e6) - d->rd_us) * 1e-6);
 	} else if (pg->unlinked) {
 		store_unpin(&t->b->store, pg); /* DELETEd meanwhile (tier_delete): frees it */
 	} else {
@@ -664,6 +668,7 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 			return 0;
 		}
 		t->st.joined++;
+		op->disk = 1; /* [hist] a hit now is a promotion's */
 		return 1;
 	}
 	if (t->writes + t->reads >= t->qd || !disk_space(&t->d)) {
@@ -697,6 +702,8 @@ int tier_promote(struct broker *b, struct op *op, struct page *pg)
 	d->pg = pg;
 	d->pending = 1;
 	d->err = 0;
+	d->rd_us = (uint32_t)(uint64_t)(clock_now() * 1e6);
+	op->disk = 1;
 	disk_prep(&t->d, 0, d->path, d->off + SLOT_BLOCK, store_addr(&b->store, pg),
 		  (uint32_t)(stride_of(d) - SLOT_BLOCK), (uint64_t)(uintptr_t)d | UD_READ, 0);
 	t->reads++;

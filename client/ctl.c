@@ -348,6 +348,29 @@ out:
 	return err;
 }
 
+int kvb_ns_limit(kvb_client *c, const char *model, uint64_t bytes, uint32_t percent)
+{
+	struct kvb_msg_ns_limit m = {.bytes = bytes, .percent = percent};
+	struct kvbc_reply r;
+	size_t n = model ? strlen(model) : 0;
+	int err;
+
+	if (!n || n >= sizeof(m.model) || (bytes && percent) || percent > 100)
+		return -EINVAL;
+	memcpy(m.model, model, n);
+	err = kvbc_enter_ctl(c);
+	if (err)
+		return err;
+	err = c->broker_minor >= 7 ? kvbc_ctl(c, KVB_MSG_NS_LIMIT, &m, sizeof(m), -1, &r)
+				   : -EOPNOTSUPP;
+	if (err >= 0) {
+		err = r.res;
+		kvbc_reply_free(&r);
+	}
+	kvbc_leave(c);
+	return err;
+}
+
 int kvb_drop_client(kvb_client *c, uint32_t client_id)
 {
 	struct kvb_msg_id m = {client_id, 0};

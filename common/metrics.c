@@ -332,7 +332,10 @@ static void per_element(struct mbuf *m, const cJSON *arr, const struct series *s
 
 static void ns_labels(const cJSON *e, char (*buf)[128], const char **l)
 {
-	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
+	if (sdoc_has(e, "id"))
+		snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "id"));
+	else
+		snprintf(buf[0], sizeof(buf[0]), "_other"); /* [ns-cap] */
 	l[0] = "ns";
 	l[1] = buf[0];
 	l[2] = "model";
@@ -359,6 +362,8 @@ static const struct series ns_series[] = {
 	{"pages", "kvbroker_ns_pages", "gauge", "RAM pages stored in the namespace."},
 	{"bytes", "kvbroker_ns_bytes", "gauge", "RAM slot bytes the namespace's pages occupy."},
 	{"clients", "kvbroker_ns_clients", "gauge", "Attached clients that opened the namespace."},
+	{"limit_bytes", "kvbroker_ns_limit_bytes", "gauge",
+	 "The namespace's cap on RAM slot bytes (--ns-limit, kvbctl ns-limit); 0: none."},
 	{"puts", "kvbroker_ns_puts_total", "counter", "PUTs into the namespace."},
 	{"gets", "kvbroker_ns_gets_total", "counter", "GETs from the namespace."},
 	{"hits", "kvbroker_ns_hits_total", "counter", "GETs and ACQUIREs that found the page."},
@@ -380,6 +385,170 @@ static const struct series client_series[] = {
 	{"bytes_in", "kvbroker_client_bytes_in_total", "counter", "Page bytes a client stored."},
 	{"bytes_out", "kvbroker_client_bytes_out_total", "counter", "Page bytes a client read."},
 };
+
+/* ---- histograms, tiers and tenants [hist] ---- */
+
+/*
+ * One classic histogram's series from a STATS histogram (le, counts per bucket with +Inf last,
+ * sum, count): cumulative _bucket per bound, +Inf, _sum, _count. labels: name, value or NULL.
+ */
+static void hist_series(struct mbuf *m, const char *name, const cJSON *h, const char *lname,
+			const char *lval)
+{
+	const cJSON *le = cJSON_GetObjectItemCaseSensitive(h, "le");
+	const cJSON *cn = cJSON_GetObjectItemCaseSensitive(h, "counts");
+	char full[128], bound[32];
+	double cum = 0;
+	int nb = cJSON_GetArraySize(le);
+
+	if (!cJSON_IsArray(le) || !cJSON_IsArray(cn) || cJSON_GetArraySize(cn) != nb + 1)
+		return;
+	snprintf(full, sizeof(full), "%s_bucket", name);
+	for (int i = 0; i <= nb; i++) {
+		cum += cJSON_GetArrayItem(cn, i)->valuedouble;
+		if (i < nb)
+			snprintf(bound, sizeof(bound), "%g",
+				 cJSON_GetArrayItem(le, i)->valuedouble);
+		else
+			snprintf(bound, sizeof(bound), "+Inf");
+		sample(m, full, lname ? L(lname, lval, "le", bound) : L("le", bound), cum);
+	}
+	snprintf(full, sizeof(full), "%s_sum", name);
+	sample(m, full, lname ? L(lname, lval) : NULL, sdoc_num(h, "sum"));
+	snprintf(full, sizeof(full), "%s_count", name);
+	sample(m, full, lname ? L(lname, lval) : NULL, sdoc_num(h, "count"));
+}
+
+static void histograms(struct mbuf *m, const cJSON *hs)
+{
+	static const char *const ops[] = {"get", "put", "lookup", "acquire"};
+	static const struct {
+		const char *field, *name, *help;
+	} one[] = {
+		{"promote", "kvbroker_disk_promote_seconds",
+		 "Disk tier promotions: from the read's submission to the page checked in RAM."},
+		{"fetch", "kvbroker_remote_fetch_seconds",
+		 "Remote tier fetches: from the request sent to the page checked in RAM."},
+		{"evict_age", "kvbroker_evicted_page_age_seconds",
+		 "Age of RAM pages when evicted: since they were stored or promoted."},
+	};
+	int any = 0;
+
+	if (!hs)
+		return;
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+		any |= sdoc_obj(hs, ops[i]) != NULL;
+	if (any) {
+		family(m, "kvbroker_op_latency_seconds", "histogram",
+		       "Ring operations as the broker sees them: from the SQE taken off the ring "
+		       "to "
+		       "its completion, by opcode.");
+		for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+			if (sdoc_obj(hs, ops[i]))
+				hist_series(m, "kvbroker_op_latency_seconds", sdoc_obj(hs, ops[i]),
+					    "op", ops[i]);
+	}
+	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++) {
+		if (!sdoc_obj(hs, one[i].field))
+			continue;
+		family(m, one[i].name, "histogram", one[i].help);
+		hist_series(m, one[i].name, sdoc_obj(hs, one[i].field), NULL, NULL);
+	}
+}
+
+/* A tenant's labels: its partition, and its uid or gid ("-" while unbound, "all" untenanted). */
+static void tenant_labels(const cJSON *e, char (*buf)[128], const char **l)
+{
+	snprintf(buf[0], sizeof(buf[0]), "%.0f", sdoc_num(e, "partition"));
+	if (!strcmp(sdoc_str(e, "mode"), "none"))
+		snprintf(buf[1], sizeof(buf[1]), "all");
+	else if (sdoc_num(e, "id") < 0)
+		snprintf(buf[1], sizeof(buf[1]), "-");
+	else
+		snprintf(buf[1], sizeof(buf[1]), "%s:%.0f", sdoc_str(e, "mode"), sdoc_num(e, "id"));
+	l[0] = "partition";
+	l[1] = buf[0];
+	l[2] = "tenant";
+	l[3] = buf[1];
+	l[4] = NULL;
+}
+
+static const struct series tenant_series[] = {
+	{"share_bytes", "kvbroker_tenant_share_bytes", "gauge",
+	 "RAM a tenant's partition holds for it (its share)."},
+	{"bytes_used", "kvbroker_tenant_bytes_used", "gauge",
+	 "RAM slot bytes of the pages a tenant stores."},
+	{"pages", "kvbroker_tenant_pages", "gauge", "RAM pages a tenant stores."},
+	{"clients", "kvbroker_tenant_clients", "gauge", "A tenant's attached ring clients."},
+	{"evictions", "kvbroker_tenant_evictions_total", "counter",
+	 "Pages evicted from a tenant's partition."},
+	{"hits", "kvbroker_tenant_hits_total", "counter",
+	 "A tenant's GETs and ACQUIREs that found the page."},
+	{"misses", "kvbroker_tenant_misses_total", "counter",
+	 "A tenant's GETs and ACQUIREs that did not."},
+	{"idle_s", "kvbroker_tenant_idle_seconds", "gauge",
+	 "Seconds since a bound tenant's last client detached (0 while one is attached): its "
+	 "share stays bound, unused."},
+	{"put_refused", "kvbroker_tenant_put_refused_total", "counter",
+	 "A tenant's PUTs refused: its share (or the namespace's cap) full of pages that cannot "
+	 "be evicted (leased or being copied)."},
+};
+
+/*
+ * [ns-cap] Namespaces come and go with the models clients open (and a tenant can open many),
+ * so their series are bounded: the METRICS_NS_MAX holding the most RAM keep their own labels,
+ * and the rest are summed into one element labelled ns="_other". Returns a new array for
+ * per_element (elements duplicated), or NULL when arr is within the cap (use it as is).
+ */
+static cJSON *ns_capped(const cJSON *arr)
+{
+	int n = cJSON_GetArraySize(arr), k = 0;
+	const cJSON **v, *e;
+	cJSON *out, *other;
+
+	if (!cJSON_IsArray(arr) || n <= METRICS_NS_MAX)
+		return NULL;
+	v = malloc(sizeof(*v) * (size_t)n);
+	out = cJSON_CreateArray();
+	other = cJSON_CreateObject();
+	if (!v || !out || !other)
+		goto fail;
+	cJSON_ArrayForEach(e, arr) v[k++] = e;
+	/* Partial selection: the METRICS_NS_MAX largest by bytes, ties by id (stable labels). */
+	for (int i = 0; i < METRICS_NS_MAX; i++) {
+		int best = i;
+
+		for (int j = i + 1; j < n; j++) {
+			double bj = sdoc_num(v[j], "bytes"), bb = sdoc_num(v[best], "bytes");
+
+			if (bj > bb || (bj == bb && sdoc_num(v[j], "id") < sdoc_num(v[best], "id")))
+				best = j;
+		}
+		e = v[i];
+		v[i] = v[best];
+		v[best] = e;
+		cJSON_AddItemToArray(out, cJSON_Duplicate(v[i], 1));
+	}
+	cJSON_AddStringToObject(other, "model", "_other");
+	cJSON_AddStringToObject(other, "kind", "_other");
+	for (size_t f = 0; f < sizeof(ns_series) / sizeof(ns_series[0]); f++) {
+		double sum = 0;
+
+		if (!strcmp(ns_series[f].field, "limit_bytes"))
+			continue; /* caps do not add up */
+		for (int j = METRICS_NS_MAX; j < n; j++)
+			sum += sdoc_num(v[j], ns_series[f].field);
+		cJSON_AddNumberToObject(other, ns_series[f].field, sum);
+	}
+	cJSON_AddItemToArray(out, other);
+	free(v);
+	return out;
+fail:
+	free(v);
+	cJSON_Delete(out);
+	cJSON_Delete(other);
+	return NULL;
+}
 
 /* ---- the document ---- */
 
@@ -430,6 +599,13 @@ static void counters(struct mbuf *m, const cJSON *c)
 		 sizeof(ops) / sizeof(ops[0]));
 	for (size_t i = 0; i < sizeof(one) / sizeof(one[0]); i++)
 		single(m, c, one[i].field, one[i].name, one[i].type, one[i].help);
+	labelled(m, c, "kvbroker_tier_hits_total", "counter",
+		 "GETs and ACQUIREs that found the page, by the tier that held it (disk: promoted, "
+		 "remote: fetched).",
+		 "tier",
+		 (const struct pair[]){
+			 {"ram", "hits_ram"}, {"disk", "hits_disk"}, {"remote", "hits_remote"}},
+		 3);
 	labelled(m, c, "kvbroker_transfer_bytes_total", "counter",
 		 "Page bytes copied into (PUT) and out of (GET, ACQUIRE) the pool.", "direction",
 		 (const struct pair[]){{"in", "bytes_in"}, {"out", "bytes_out"}}, 2);
@@ -440,6 +616,7 @@ char *metrics_text(const cJSON *st)
 	struct mbuf m = {.cap = 16384};
 	const cJSON *pool = sdoc_obj(st, "pool"), *disk = sdoc_disk(st);
 	const char *dstate = disk ? sdoc_str(disk, "state") : "off";
+	cJSON *capped;
 
 	if (!cJSON_IsObject(st))
 		return NULL;
@@ -477,8 +654,13 @@ char *metrics_text(const cJSON *st)
 		single(&m, ops, "sessions_draining", "kvbroker_sessions_draining", "gauge",
 		       "Clients gone whose ops in flight have not completed yet.");
 	}
-	per_element(&m, sdoc_arr(st, "namespaces"), ns_series,
+	histograms(&m, sdoc_obj(st, "histograms"));
+	per_element(&m, sdoc_arr(st, "tenants"), tenant_series,
+		    sizeof(tenant_series) / sizeof(tenant_series[0]), tenant_labels);
+	capped = ns_capped(sdoc_arr(st, "namespaces"));
+	per_element(&m, capped ? capped : sdoc_arr(st, "namespaces"), ns_series,
 		    sizeof(ns_series) / sizeof(ns_series[0]), ns_labels);
+	cJSON_Delete(capped);
 	per_element(&m, sdoc_arr(st, "client_list"), client_series,
 		    sizeof(client_series) / sizeof(client_series[0]), client_labels);
 	if (m.oom) {
@@ -593,10 +775,30 @@ static int parse_value(const char *s, const char *end)
 	return *e ? -1 : 0;
 }
 
+/*
+ * Whether a sample named p[0, n) belongs to family cur: the name itself, or for a histogram
+ * (summary) the name plus _bucket, _sum or _count.
+ */
+static int family_sample(const char *cur, int hist, const char *p, size_t n)
+{
+	static const char *const sfx[] = {"_bucket", "_sum", "_count"};
+	size_t c = strlen(cur);
+
+	if (n == c && !memcmp(cur, p, n))
+		return !hist;
+	if (!hist || n <= c || memcmp(cur, p, c))
+		return 0;
+	for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++)
+		if (n - c == strlen(sfx[i]) && !memcmp(p + c, sfx[i], n - c))
+			return 1;
+	return 0;
+}
+
 int metrics_check(const char *text, char *err, size_t errlen)
 {
 	struct seen types = {0}, samples = {0};
 	char cur[128] = "";
+	int cur_hist = 0; /* cur is a histogram or summary: its samples carry suffixes */
 	const char *line = text, *why = NULL;
 	int ln = 0, rc = -1;
 
@@ -630,6 +832,7 @@ int metrics_check(const char *text, char *err, size_t errlen)
 				}
 				/* Samples must follow their TYPE: declared once, so contiguous. */
 				snprintf(cur, sizeof(cur), "%s", nm);
+				cur_hist = !strcmp(ty, "histogram") || !strcmp(ty, "summary");
 			}
 			continue;
 		}
@@ -642,7 +845,7 @@ int metrics_check(const char *text, char *err, size_t errlen)
 			why = "sample line without a metric name";
 			goto out;
 		}
-		if (strlen(cur) != n || memcmp(cur, p, n)) {
+		if (!family_sample(cur, cur_hist, p, n)) {
 			/* A new family without TYPE, or samples away from their family. */
 			why = "sample outside its family (no TYPE before it, or not contiguous)";
 			goto out;

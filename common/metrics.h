@@ -11,6 +11,9 @@
 
 struct cJSON;
 
+/* [ns-cap] Namespaces exported with labels of their own; the rest are summed as ns="_other". */
+#define METRICS_NS_MAX 32
+
 /* The exposition format's content type, for HTTP. */
 #define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 

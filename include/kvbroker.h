@@ -257,7 +257,8 @@ const char *kvb_connect_error(int err, const char *socket_path, char *buf, size_
  * Opens (creating on first use) the namespace of a layout. Every rank of an MLA model gets the
  * same *ns; MHA ranks get one each. *page_bytes receives the page size (may be NULL).
  * Errors: -EINVAL malformed layout, -E2BIG page larger than the broker accepts, -EMFILE too many
- * namespaces, -ECONNRESET broker gone.
+ * namespaces, -EACCES an operator (root, the broker's uid) attached for inspection only
+ * because every tenant share was taken (--tenants), -ECONNRESET broker gone.
  */
 int kvb_ns_open(kvb_client *c, const struct kvb_layout *l, uint32_t *ns, size_t *page_bytes);
 
@@ -709,6 +710,18 @@ int kvb_stats_json(kvb_client *c, char **json);
  * before ABI 1.3, those of every call.
  */
 int kvb_drop_client(kvb_client *c, uint32_t client_id);
+
+/*
+ * Sets the cap of every namespace of model (kvbrokerd --ns-limit MODEL=SIZE|N%) on a running
+ * broker: bytes of RAM slots each, or percent (1..100) of its tenant's partition; both 0
+ * removes it. Takes effect at once: a namespace over its new cap has its coldest pages evicted
+ * (demoted to the disk tier where there is one) down to it; nothing else moves. For operators
+ * (the broker's uid or root); works on a control client. Errors: -EPERM not an operator,
+ * -EINVAL an empty or too long model (63 bytes at most) or both bytes and percent, -ENOSPC
+ * the broker's table of limits is full, -ENOENT removing a limit that is not set, -EOPNOTSUPP
+ * a broker before ABI 1.7, those of every call.
+ */
+int kvb_ns_limit(kvb_client *c, const char *model, uint64_t bytes, uint32_t percent);
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,8 @@ int64_t kvb_msg_body_min(uint16_t type)
 		return sizeof(struct kvb_msg_view_create2);
 	case KVB_MSG_STATS:
 		return 0;
+	case KVB_MSG_NS_LIMIT:
+		return sizeof(struct kvb_msg_ns_limit);
 	default:
 		return -1;
 	}

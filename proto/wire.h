@@ -68,8 +68,9 @@
  * 4: KVB_SQEF_FILL (the filled PUT: ask-first, pipelined PUT from plain memory), KVB_OPF_PARENT
  *    (a PUT's parent key, in the arg area: chains evicted tail first);
  * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET;
- * 6: the note ring (KVB_FEAT_NOTES) */
-#define KVB_ABI_MINOR 6
+ * 6: the note ring (KVB_FEAT_NOTES);
+ * 7: NS_LIMIT (an operator sets or removes a model's namespace cap at run time) */
+#define KVB_ABI_MINOR 7
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -98,6 +99,7 @@ enum kvb_msg_type {
 	KVB_MSG_BUF_REG_FD = 9,	   /* ABI 1.2 */
 	KVB_MSG_VIEW_CREATE2 = 10, /* ABI 1.2 */
 	KVB_MSG_DROP = 11,	   /* ABI 1.3: {client id} ends that client's session */
+	KVB_MSG_NS_LIMIT = 12,	   /* ABI 1.7: struct kvb_msg_ns_limit, operators only */
 	KVB_MSG__COUNT,
 };
 
@@ -240,6 +242,21 @@ struct kvb_msg_id {
 	uint32_t resv;
 };
 static_assert(sizeof(struct kvb_msg_id) == 8, "id");
+
+/*
+ * NS_LIMIT (ABI 1.7): the cap of every namespace of one model (--ns-limit MODEL=SIZE|N%), set
+ * or removed on a running broker. bytes or percent (1..100, of the namespace's tenant
+ * partition) sets it, both 0 removes it; the reply's res is 0 or -EPERM (not the broker's uid
+ * or root), -EINVAL (malformed), -ENOSPC (the table of limits is full), -ENOENT (removing a
+ * model with no limit).
+ */
+struct kvb_msg_ns_limit {
+	char model[64];	  /* NUL-terminated, not empty */
+	uint64_t bytes;	  /* the cap in bytes, or 0 */
+	uint32_t percent; /* or the cap in percent of the partition, or 0 */
+	uint32_t resv;	  /* 0 */
+};
+static_assert(sizeof(struct kvb_msg_ns_limit) == 80, "ns_limit");
 
 /* VIEW_CREATE: header then nparts x struct kvb_view_part. */
 struct kvb_msg_view_create {

@@ -395,7 +395,7 @@ if os.path.exists(p) and os.path.getsize(p):
     # Its raw "name=value" lines (also in its own log) are not for the document.
     own = [l for l in open(p).read().strip().splitlines() if not re.match(r"^(\S+ )?(\w+=\S+\s*)+$", l)]
     L.append("\n".join(own).strip() + "\n")
-for name in ("python.md", "sglang.md", "vllm.md", "chain.md", "remote.md"):
+for name in ("python.md", "sglang.md", "vllm.md", "chain.md", "remote.md", "wheel.md"):
     p = os.path.join(sections, name)
     if os.path.exists(p) and os.path.getsize(p):
         L.append(open(p).read().strip() + "\n")

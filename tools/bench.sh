@@ -22,6 +22,8 @@
 #             batch_exists against memcpy and SGLang's HiCacheFile on tmpfs
 #   vllm      tools/bench_vllm.py in build/venv: kvbroker.vllm's scheduler-side match of a
 #             32K-token request and its worker-side store/load on CPU tensors against memcpy
+#   wheel     the wheel's kvbrokerd (build/wheel, make wheel) against B's: GET and PUT through
+#             tools/bench-ab.sh, same client, interleaved; wheel/make per repetition
 #   chains    kvbchain: prefix hit rate of a Zipf workload of shared prefixes larger than the
 #             pool, PUTs with parent keys (chains evicted tail first) vs plain LRU, same run
 #   hooks     tools/bench-startup.sh B SIZE (start-up figures; SIZE 1G quick, else up to 16G as
@@ -448,6 +450,13 @@ if [ -f tools/bench-startup.sh ]; then
 		fail "tools/bench-startup.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
 fi
 
+# ---- what the histograms cost: GET and PUT with and without them, side by side ----
+echo "bench: tools/bench-hist.sh $B"
+hrc=0
+KVB_BENCH_QUICK=$QUICK sh tools/bench-hist.sh "$B" >"$extra/hist.md" 2>"$tmp/hook.err" || hrc=$?
+[ "$hrc" -eq 0 ] ||
+	fail "tools/bench-hist.sh exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+
 # ---- the data-path table (ratios to memcpy, cache-hot, TP=8), when its script exists ----
 if [ -f tools/bench-datapath.sh ]; then
 	echo "bench: tools/bench-datapath.sh $B"
@@ -492,6 +501,59 @@ if [ -x "$PYV" ] && "$PYV" -c 'import kvbroker.vllm' 2>/dev/null; then
 	stop_servers
 else
 	fail "vllm: $PYV cannot import kvbroker.vllm (make python)"
+fi
+
+# ---- the wheel's kvbrokerd against this build's: GET and PUT, same client, same run ----
+# (make bench builds the wheel: make wheel.) The wheel installed into a venv of its own and
+# started by its console script, as users start it; kvbbench is this build's on both sides, so
+# only the broker differs. tools/bench-ab.sh interleaves the two; "b/a" is wheel over make.
+WHEEL=$(ls build/wheel/kvbroker-*-manylinux_*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$WHEEL" ] && [ -x "$PYV" ]; then
+	echo "bench: the wheel's kvbrokerd vs $B's (tools/bench-ab.sh)"
+	wv="$tmp/wheel-venv"
+	wb="$tmp/wheel-build"
+	hrc=0
+	wpages="64K 1M"
+	{
+		wpy=$("$PYV" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))') &&
+			"$wpy" -m venv --without-pip "$wv" &&
+			"$PYV" -m pip --python "$wv/bin/python" install -q --no-index --no-deps "$WHEEL" &&
+			mkdir -p "$wb/bin" && ln -s "$wv/bin/kvbrokerd" "$wb/bin/kvbrokerd" &&
+			ln -s "$(cd "$B/bin" && pwd)/kvbbench" "$wb/bin/kvbbench"
+	} >"$tmp/hook.err" 2>&1 || hrc=$?
+	if [ "$hrc" -eq 0 ]; then
+		KVB_AB_BROKER_ARGS="--hugepages collapse" \
+			sh tools/bench-ab.sh "$B" "$wb" "$REPS" "$SECS" "$wpages" "get put" --ws "$WS" \
+			>"$tmp/wheel-ab.txt" 2>"$tmp/hook.err" || hrc=$?
+	fi
+	if [ "$hrc" -eq 0 ]; then
+		{
+			echo "## The wheel's kvbrokerd against the make build's"
+			echo
+			echo "\`${WHEEL##*/}\` (\`make wheel\`: this build's programs, the C libraries"
+			echo "they link vendored by auditwheel) installed into a venv of its own, the broker"
+			echo "started by its console script; a: \`$B/bin/kvbrokerd\`, b: the wheel's, each"
+			echo "\`--pool 1G --hugepages collapse\` (2 MiB pages: 4 KiB pools differ in speed from"
+			echo "start to start), the same \`$B/bin/kvbbench\` against both, interleaved, $REPS"
+			echo "repetitions of $SECS s. Rows: GB/s over memcpy's (range), p50; \`b/a\`: the"
+			echo "wheel's GB/s over the build's, per repetition. Target: b/a >= 0.97 for GET"
+			echo "and PUT. Command:"
+			echo "\`KVB_AB_BROKER_ARGS='--hugepages collapse' sh tools/bench-ab.sh $B WHEELDIR $REPS $SECS \"$wpages\" \"get put\" --ws $WS\`"
+			echo "(WHEELDIR/bin: the wheel's kvbrokerd, $B's kvbbench)."
+			echo
+			echo '```'
+			cat "$tmp/wheel-ab.txt"
+			echo '```'
+			echo
+			awk '$2 == "memcpy" { page = $1 }
+				$1 == "b/a" { v = $3 + 0; printf "- %s %s, wheel/make: %.3f, %s\n", page, \
+					toupper($2), v, (v >= 0.97 ? "met" : "MISSED") }' "$tmp/wheel-ab.txt"
+		} >"$extra/wheel.md"
+	else
+		fail "the wheel's kvbrokerd A/B exited $hrc: $(tail -n 3 "$tmp/hook.err" | tr '\n' ' ')"
+	fi
+else
+	fail "wheel: no build/wheel/kvbroker-*-manylinux_*.whl or no $PYV (make wheel)"
 fi
 
 # ---- eviction that keeps prefixes whole: prefix hit rate, parent keys vs plain LRU ----

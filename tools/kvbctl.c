@@ -53,6 +53,12 @@ static void usage(FILE *f)
 		"  plan       capacity planner; no broker needed (kvbctl plan --help)\n"
 		"  drop ID    end client ID's session (see clients): its leases are released\n"
 		"             and it must reconnect; for the broker's uid or root\n"
+		"  tenants    each tenant partition: clients, RAM used against its share, hits,\n"
+		"             evictions\n"
+		"  ns-limit [MODEL=SIZE|MODEL=N%%|MODEL=none]\n"
+		"             the namespace caps by model; with an argument sets (or removes)\n"
+		"             one on the running broker, at once (--ns-limit's syntax); setting\n"
+		"             is for the broker's uid or root\n"
 		"\n"
 		"options:\n"
 		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
@@ -605,8 +611,8 @@ static int print_part(const cJSON *root, const char *name)
 	return ret;
 }
 
-static const char *const commands[] = {"status",  "clients", "ns",   "map",
-				       "metrics", "top",     "plan", "drop"};
+static const char *const commands[] = {"status", "clients", "ns",   "map",     "metrics",
+				       "top",	 "plan",    "drop", "tenants", "ns-limit"};
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 /* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */
@@ -745,7 +751,7 @@ int main(int argc, char **argv)
 	if (!cmd)
 		return cli_usage_error(ctl_prog,
 				       "no command: status, top, clients, ns, map, metrics, "
-				       "plan or drop");
+				       "tenants, ns-limit, plan or drop");
 	if (!known) {
 		const char *near[1];
 
@@ -770,6 +776,16 @@ int main(int argc, char **argv)
 		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
 			return 1;
 		ret = ctl_drop(&x, argv[optind]);
+		ctl_disconnect(&x);
+		return ret;
+	}
+	if (!strcmp(cmd, "ns-limit") && optind < argc) {
+		if (optind + 1 != argc || o.file)
+			return cli_usage_error(ctl_prog, "ns-limit takes one MODEL=SIZE|N%%|none "
+							 "(none: show them)");
+		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+			return 1;
+		ret = ctl_ns_limit_set(&x, argv[optind]);
 		ctl_disconnect(&x);
 		return ret;
 	}
@@ -810,6 +826,10 @@ int main(int argc, char **argv)
 		ret = o.json ? print_part(root, "namespaces") : (print_ns(root), 0);
 	else if (!strcmp(cmd, "map"))
 		ret = o.json ? print_part(root, "map") : (print_map(root), 0);
+	else if (!strcmp(cmd, "tenants"))
+		ret = o.json ? print_part(root, "tenants") : (ctl_print_tenants(root), 0);
+	else if (!strcmp(cmd, "ns-limit"))
+		ret = o.json ? print_part(root, "ns_limits") : (ctl_print_limits(root), 0);
 	else
 		ret = o.json ? ctl_print_json(root) : print_metrics(root);
 out:

@@ -41,6 +41,11 @@ int ctl_print_json(const cJSON *v);
 int ctl_top(struct ctl *x, double interval);
 /* kvbctl_top.c: top --json, one sample of the rates over interval. */
 int ctl_top_json(struct ctl *x, double interval);
+/* kvbctl_limits.c: ns-limit MODEL=SIZE|N%|none on the broker; exit status. */
+int ctl_ns_limit_set(struct ctl *x, const char *arg);
+/* kvbctl_limits.c: the ns-limit and tenants tables from a stats document. */
+void ctl_print_limits(const cJSON *root);
+void ctl_print_tenants(const cJSON *root);
 /* kvbctl_plan.c: argv[0] is "plan". */
 int ctl_plan(int argc, char **argv, int json);
 

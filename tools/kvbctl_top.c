@@ -4,8 +4,9 @@
  *
  * Every interval (default 1 s) it fetches the stats document and redraws: occupancy bars per
  * tier and NUMA node, rates over the last interval (puts/s, gets/s, bytes/s in and out, hit
- * rate, evictions/s, disk reads and writes/s), and one row per client (pid, name, namespaces,
- * ops/s, leases). Rates come from two successive documents of the same broker process, divided
+ * rate, evictions/s, disk reads and writes/s, hits/s by the tier that held the page), the age
+ * of evicted pages (median and p90 from the broker's histogram), each tenant's occupancy
+ * against its share, and one row per client (pid, name, namespaces, ops/s, leases). Rates come from two successive documents of the same broker process, divided
  * by the broker's own uptime difference, so a late refresh does not inflate them.
  *
  * A broker that goes away (restart, crash) is shown as "reconnecting" and the view keeps
@@ -50,8 +51,67 @@ static const char *fmt_rate(double v, const char *unit, char *buf, size_t len)
 struct rates {
 	double dt;
 	double puts, gets, ops, bytes_in, bytes_out, evictions, disk_reads, disk_writes;
-	double hit_ratio; /* over the interval; < 0 when no GET/ACQUIRE happened */
+	double hit_ratio;    /* over the interval; < 0 when no GET/ACQUIRE happened */
+	double tier_hits[3]; /* hits/s by the tier that held the page: RAM, disk, remote */
 };
+
+static const char *const tier_field[3] = {"hits_ram", "hits_disk", "hits_remote"};
+
+/*
+ * Quantile q of a STATS histogram (le, counts, +Inf last), interpolated linearly inside its
+ * bucket as Prometheus's histogram_quantile does; -1 when it is empty or absent. A quantile in
+ * the +Inf bucket is the largest bound.
+ */
+static double hist_quantile(const cJSON *h, double q)
+{
+	const cJSON *le = sdoc_arr(h, "le"), *cn = sdoc_arr(h, "counts");
+	int nb = cJSON_GetArraySize(le);
+	double total = 0, cum = 0, lo = 0, rank;
+
+	if (!le || !cn || cJSON_GetArraySize(cn) != nb + 1)
+		return -1;
+	for (int i = 0; i <= nb; i++)
+		total += cJSON_GetArrayItem(cn, i)->valuedouble;
+	if (total <= 0)
+		return -1;
+	rank = q * total;
+	for (int i = 0; i < nb; i++) {
+		double n = cJSON_GetArrayItem(cn, i)->valuedouble;
+		double hi = cJSON_GetArrayItem(le, i)->valuedouble;
+
+		if (cum + n >= rank && n > 0)
+			return lo + (hi - lo) * (rank - cum) / n;
+		cum += n;
+		lo = hi;
+	}
+	return lo;
+}
+
+/* "1.5 s", "12 min", "3.0 h" */
+static const char *fmt_age(double s, char *buf, size_t len)
+{
+	if (s < 0)
+		snprintf(buf, len, "-");
+	else if (s < 120)
+		snprintf(buf, len, "%.1f s", s);
+	else if (s < 7200)
+		snprintf(buf, len, "%.0f min", s / 60);
+	else
+		snprintf(buf, len, "%.1f h", s / 3600);
+	return buf;
+}
+
+/* A tenant's name for the screen: "uid 1001", "-" (partition free), "all" (no tenants). */
+static const char *tenant_name(const cJSON *t, char *buf, size_t len)
+{
+	if (!strcmp(sdoc_str(t, "mode"), "none"))
+		snprintf(buf, len, "all");
+	else if (sdoc_num(t, "id") < 0)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%s %.0f", sdoc_str(t, "mode"), sdoc_num(t, "id"));
+	return buf;
+}
 
 /* ops/s of the client with client's id in prev (0 when it is new). */
 static double client_ops_rate(const cJSON *prev, const cJSON *client, double dt)
@@ -94,6 +154,8 @@ static int rates_between(const cJSON *prev, const cJSON *cur, struct rates *r)
 	r->evictions = delta(pc, cc, "evictions") / r->dt;
 	r->disk_reads = delta(pd, cd, "reads") / r->dt;
 	r->disk_writes = delta(pd, cd, "writes") / r->dt;
+	for (int i = 0; i < 3; i++)
+		r->tier_hits[i] = delta(pc, cc, tier_field[i]) / r->dt;
 	h = delta(pc, cc, "hits");
 	m = delta(pc, cc, "misses");
 	if (h + m > 0)
@@ -181,14 +243,40 @@ static void draw(const struct ctl *x, const cJSON *root, const cJSON *prev, cons
 			 fmt_rate(r.bytes_out, "B/s", c, sizeof(c)), r.evictions);
 		if (disk)
 			printw(" disk reads/s %.0f writes/s %.0f", r.disk_reads, r.disk_writes);
+		mvprintw(y++, 0, "hits/s by tier: ram %-9.0f disk %-9.0f remote %-9.0f",
+			 r.tier_hits[0], r.tier_hits[1], r.tier_hits[2]);
 	} else {
 		mvprintw(y++, 0, "puts/s -  gets/s -  (rates after the next refresh)");
-		y++;
+		y += 2;
+	}
+	{
+		const cJSON *age = sdoc_obj(sdoc_obj(root, "histograms"), "evict_age");
+
+		mvprintw(y++, 0, "evicted page age: median %s  p90 %s",
+			 fmt_age(hist_quantile(age, 0.5), a, sizeof(a)),
+			 fmt_age(hist_quantile(age, 0.9), b, sizeof(b)));
 	}
 	mvprintw(y++, 0, "dedup saved %s   evictions %.0f   errors %.0f",
 		 text_bytes(sdoc_num(sdoc_obj(root, "counters"), "dedup_bytes"), d, sizeof(d)),
 		 sdoc_num(sdoc_obj(root, "counters"), "evictions"),
 		 sdoc_num(sdoc_obj(root, "counters"), "errors"));
+	if (cJSON_GetArraySize(sdoc_arr(root, "tenants")) > 1) {
+		const cJSON *t;
+
+		/* Occupancy against share, one bar per tenant partition. */
+		cJSON_ArrayForEach(t, sdoc_arr(root, "tenants"))
+		{
+			char lab[24], nm[20];
+
+			if (y >= rows - 4)
+				break;
+			snprintf(lab, sizeof(lab), "%s", tenant_name(t, nm, sizeof(nm)));
+			bar(y, 0, width, lab, sdoc_num(t, "bytes_used"),
+			    sdoc_num(t, "share_bytes"));
+			printw("  clients %.0f", sdoc_num(t, "clients"));
+			y++;
+		}
+	}
 	y++;
 	attron(A_REVERSE);
 	mvprintw(y++, 0, "%6s %8s  %-24s %-12s %10s %7s", "ID", "PID", "NAME", "NS", "OPS/S",
@@ -297,6 +385,34 @@ int ctl_top_json(struct ctl *x, double interval)
 		cJSON_AddNumberToObject(o, "hit_ratio", r.hit_ratio);
 	else
 		cJSON_AddNullToObject(o, "hit_ratio");
+	{
+		cJSON *th = cJSON_AddObjectToObject(o, "hits_per_s_by_tier");
+		const cJSON *age = sdoc_obj(sdoc_obj(b, "histograms"), "evict_age");
+		const cJSON *t;
+		double q;
+
+		cJSON_AddNumberToObject(th, "ram", r.tier_hits[0]);
+		cJSON_AddNumberToObject(th, "disk", r.tier_hits[1]);
+		cJSON_AddNumberToObject(th, "remote", r.tier_hits[2]);
+		q = hist_quantile(age, 0.5);
+		if (q >= 0)
+			cJSON_AddNumberToObject(o, "evict_age_median_s", q);
+		else
+			cJSON_AddNullToObject(o, "evict_age_median_s");
+		arr = cJSON_AddArrayToObject(o, "tenants");
+		cJSON_ArrayForEach(t, sdoc_arr(b, "tenants"))
+		{
+			cJSON *e = cJSON_CreateObject();
+			char nm[20];
+
+			cJSON_AddStringToObject(e, "tenant", tenant_name(t, nm, sizeof(nm)));
+			cJSON_AddNumberToObject(e, "partition", sdoc_num(t, "partition"));
+			cJSON_AddNumberToObject(e, "bytes_used", sdoc_num(t, "bytes_used"));
+			cJSON_AddNumberToObject(e, "share_bytes", sdoc_num(t, "share_bytes"));
+			cJSON_AddNumberToObject(e, "clients", sdoc_num(t, "clients"));
+			cJSON_AddItemToArray(arr, e);
+		}
+	}
 	arr = cJSON_AddArrayToObject(o, "clients");
 	cJSON_ArrayForEach(cl, sdoc_arr(b, "client_list"))
 	{

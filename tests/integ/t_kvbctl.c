@@ -255,6 +255,15 @@ int main(int argc, char **argv)
 	CHECK_GE(num(root, "interval_s", NULL), 0.1);
 	CHECK_EQ(num(root, "puts_per_s", NULL), 0);
 	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(root, "clients")), 1);
+	/* Hits by tier, the eviction age (null: nothing evicted), each tenant against its share. */
+	CHECK(cJSON_IsObject(cJSON_GetObjectItem(root, "hits_per_s_by_tier")));
+	CHECK_EQ(num(cJSON_GetObjectItem(root, "hits_per_s_by_tier"), "ram", NULL), 0);
+	CHECK(cJSON_IsNull(cJSON_GetObjectItem(root, "evict_age_median_s")) ||
+	      cJSON_IsNumber(cJSON_GetObjectItem(root, "evict_age_median_s")));
+	CHECK_EQ(cJSON_GetArraySize(cJSON_GetObjectItem(root, "tenants")), 1);
+	CHECK_GT(num(cJSON_GetArrayItem(cJSON_GetObjectItem(root, "tenants"), 0), "share_bytes",
+		     NULL),
+		 0);
 	cJSON_Delete(root);
 
 	/* status text: per node, disk off, dedup. */

@@ -179,6 +179,10 @@ static void case_put_a_get_b(void)
 			       : rt_get_page(1, &keys[i], 101, buf),
 			 1);
 	CHECK_EQ(rt_stat(1, "remote.fetched"), N);
+	/* [hist] Each fetch timed, each GET's hit the remote tier's. */
+	CHECK_EQ(rt_stat(1, "histograms.fetch.count"), N);
+	CHECK_EQ(rt_stat(1, "counters.hits_remote"), N);
+	CHECK_EQ(rt_stat(1, "counters.hits_disk"), 0);
 	/* One at a time, each value lands in its slot (a reply behind another may be copied). */
 	CHECK_GT(rt_stat(1, "remote.fetched_in_place"), N / 2);
 	CHECK_GT(rt_stat(1, "remote.fetched_direct"), N / 4);

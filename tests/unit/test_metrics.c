@@ -173,6 +173,88 @@ static void test_metrics_check_rejects(void **state)
 	bad("# TYPE a_total countr\na_total 1\n", "unknown type");
 	bad("# TYPE a counter\na 1\n", "counter without _total");
 	bad("# TYPE a gauge\n\na 1\n", "empty line");
+	/* A histogram's samples carry its suffixes; a gauge's may not. */
+	assert_int_equal(metrics_check("# TYPE h histogram\nh_bucket{le=\"1\"} 1\n"
+				       "h_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\n",
+				       err, sizeof(err)),
+			 0);
+	bad("# TYPE h histogram\nh 1\n", "histogram sample without suffix");
+	bad("# TYPE h gauge\nh_bucket{le=\"1\"} 1\n", "gauge with _bucket");
+	bad("# TYPE h histogram\nh_total 1\n", "histogram with another suffix");
+}
+
+/* STATS histograms (per-bucket counts, +Inf last) become cumulative classic histograms. */
+static void test_metrics_histograms_and_tenants(void **state)
+{
+	static const char doc[] =
+		"{\"version\":\"1\",\"copy_engine\":\"host\","
+		"\"counters\":{\"hits\":7,\"misses\":1,\"hits_ram\":4,\"hits_disk\":2,"
+		"\"hits_remote\":1},"
+		"\"histograms\":{\"get\":{\"le\":[0.001,0.01],\"counts\":[3,1,1],\"sum\":0.5,"
+		"\"count\":5},\"evict_age\":{\"le\":[1,60],\"counts\":[0,2,0],\"sum\":70,"
+		"\"count\":2}},"
+		"\"tenants\":[{\"partition\":0,\"mode\":\"uid\",\"id\":1001,\"share_bytes\":100,"
+		"\"bytes_used\":40,\"pages\":4,\"clients\":1,\"evictions\":2,\"hits\":7,"
+		"\"misses\":1},{\"partition\":1,\"mode\":\"uid\",\"id\":-1,\"share_bytes\":100,"
+		"\"bytes_used\":0,\"pages\":0,\"clients\":0,\"evictions\":0,\"hits\":0,"
+		"\"misses\":0}]}";
+	char *t = render(doc);
+
+	(void)state;
+	has(t, "# TYPE kvbroker_op_latency_seconds histogram\n");
+	has(t, "kvbroker_op_latency_seconds_bucket{op=\"get\",le=\"0.001\"} 3\n");
+	has(t, "kvbroker_op_latency_seconds_bucket{op=\"get\",le=\"0.01\"} 4\n");
+	has(t, "kvbroker_op_latency_seconds_bucket{op=\"get\",le=\"+Inf\"} 5\n");
+	has(t, "kvbroker_op_latency_seconds_sum{op=\"get\"} 0.5\n");
+	has(t, "kvbroker_op_latency_seconds_count{op=\"get\"} 5\n");
+	has(t, "kvbroker_evicted_page_age_seconds_bucket{le=\"60\"} 2\n");
+	has(t, "kvbroker_evicted_page_age_seconds_count 2\n");
+	has(t, "kvbroker_tier_hits_total{tier=\"disk\"} 2\n");
+	has(t, "kvbroker_tenant_share_bytes{partition=\"0\",tenant=\"uid:1001\"} 100\n");
+	has(t, "kvbroker_tenant_hits_total{partition=\"1\",tenant=\"-\"} 0\n");
+	assert_null(strstr(t, "kvbroker_disk_promote_seconds")); /* not in the document */
+	free(t);
+}
+
+/* [ns-cap] Past METRICS_NS_MAX namespaces, the smallest are summed into ns="_other". */
+static void test_metrics_ns_cap(void **state)
+{
+	char *doc = malloc(1 << 20), *t;
+	size_t n = 0;
+	int total = 0;
+
+	(void)state;
+	n += (size_t)sprintf(doc + n, "{\"namespaces\":[");
+	for (int i = 0; i < 3 * METRICS_NS_MAX; i++) {
+		n += (size_t)sprintf(doc + n,
+				     "%s{\"id\":%d,\"model\":\"m%d\",\"kind\":\"mha\",\"pages\":%d,"
+				     "\"bytes\":%d,\"limit_bytes\":7}",
+				     i ? "," : "", i, i, i, i * 10);
+		total += i < 2 * METRICS_NS_MAX ? i : 0;
+	}
+	sprintf(doc + n, "]}");
+	t = render(doc);
+	/* The largest keep their series, the rest add up in one. */
+	has(t, "kvbroker_ns_pages{ns=\"95\",model=\"m95\",kind=\"mha\"} 95\n");
+	assert_null(strstr(t, "model=\"m63\""));
+	{
+		char want[128];
+
+		snprintf(want, sizeof(want),
+			 "kvbroker_ns_pages{ns=\"_other\",model=\"_other\",kind=\"_other\"} %d\n",
+			 total);
+		has(t, want);
+	}
+	assert_null(strstr(t, "kvbroker_ns_limit_bytes{ns=\"_other\""));
+	{
+		int series = 0;
+
+		for (const char *p = t; (p = strstr(p, "\nkvbroker_ns_pages{")); p++)
+			series++;
+		assert_int_equal(series, METRICS_NS_MAX + 1);
+	}
+	free(t);
+	free(doc);
 }
 
 int main(void)
@@ -182,6 +264,8 @@ int main(void)
 		cmocka_unit_test(test_metrics_disk_off_and_sparse),
 		cmocka_unit_test(test_metrics_remote),
 		cmocka_unit_test(test_metrics_check_rejects),
+		cmocka_unit_test(test_metrics_histograms_and_tenants),
+		cmocka_unit_test(test_metrics_ns_cap),
 	};
 
 	return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
