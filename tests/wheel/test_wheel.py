@@ -161,7 +161,8 @@ def test_wheel_is_manylinux_and_holds_everything(wheel: Path) -> None:
     assert re.fullmatch(rf"kvbroker-{re.escape(_version())}-cp311-abi3-manylinux_2_\d+_x86_64"
                         r"\.whl", wheel.name), wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
-    for want in ("kvbroker/__init__.py", "kvbroker/sglang.py", "kvbroker/vllm.py",
+    for want in ("kvbroker/__init__.py", "kvbroker/sglang.py", "kvbroker/vllm/__init__.py",
+                 "kvbroker/vllm/connector.py",
                  "kvbroker/__main__.py", "kvbroker/_kvbroker.abi3.so",
                  "kvbroker/lib/libkvbroker.so", "kvbroker/lib/libkvbroker.so.0",
                  "kvbroker/include/kvbroker.h", *(f"kvbroker/_bin/{p}" for p in PROGRAMS)):

@@ -1,0 +1,749 @@
+# SPDX-License-Identifier: MIT
+"""The worker role of the vLLM connector: where vLLM's KV lives, and the step's loads and
+stores.
+
+Each layer's KV is first mapped onto canonical views (layouts.kv_views, from the layer's
+attention backend). Where every token row of every view is one byte range (NHD layouts) the
+KV memory is described to the broker as view parts, so the broker itself copies between its
+pool and vLLM's memory: GPU tensors through GPU registration (the broker DMAs), CPU tensors by
+moving them once into a sealed memfd that the broker maps (zero-copy from then on). Every
+other layout (HND, head-packed cells, vLLM-CPU's block format), and any memory the broker
+cannot reach, moves by a converting copy through a broker buffer in canonical order: same
+page bytes, one copy more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+import kvbroker as kvb
+from kvbroker.vllm.common import (
+    _STAT_KEYS,
+    KVBrokerMetadata,
+    KVBrokerStats,
+    _Link,
+    _Transfer,
+)
+from kvbroker.vllm.layouts import _owner, gather_blocks, kv_views, token_range
+
+if TYPE_CHECKING:
+    from kvbroker.vllm.connector import KVBrokerConnector
+
+logger = logging.getLogger("kvbroker.vllm")
+
+# user_data of stores starts here, loads count from 1: one pump reaps both.
+_SAVE_UD = 1 << 40
+_ALOAD_UD = 1 << 41  # asynchronous loads
+
+
+@dataclass
+class _Region:
+    """One storage (allocation) holding KV tensors, and how the broker reaches it."""
+
+    storage: Any  # torch.UntypedStorage
+    ptr: int
+    nbytes: int
+    cuda: bool
+    memfd: int = -1
+    mapping: Any = None
+    u8: torch.Tensor | None = None  # the whole storage as bytes (copy path)
+
+
+@dataclass
+class _Part:
+    region: _Region
+    base: int  # bytes from the region's start to block 0, token 0
+    stride: int  # bytes between tokens of a block
+    page_stride: int  # bytes between blocks
+    nbytes: int  # bytes per token
+
+
+# Loads through the view are the broker's to copy, even of pages the library could copy from the
+# pool directory inside submit(): vLLM computes layer groups while the later ones load, and
+# that overlap needs the copies off the worker's thread (CPU KV tensors, tools/bench_vllm.py:
+# load 0.6 -> 0.8-0.9 of memcpy with the Python work overlapped; GPU tensors are the broker's
+# anyway).
+_LOAD_FLAGS = kvb.OPF_VIEW | kvb.OPF_ASYNC
+
+
+class _Pump:
+    """Submits ops to a client as the rings allow and reaps their completions."""
+
+    def __init__(self, client: kvb.Client, timeout_ms: int) -> None:
+        self.client = client
+        self.timeout_ms = timeout_ms
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.inflight = 0
+
+    def add(self, ops: Iterable[tuple[Any, ...]]) -> None:
+        self.queue.extend(ops)
+
+    def step(self, block: bool) -> list[Any]:
+        """Submits what fits, reaps what came (waiting for one when block). Raises
+        kvb.Error when the broker fails, TimeoutError when it stops answering.
+        """
+        if self.queue:
+            batch = list(self.queue) if len(self.queue) <= 1024 else \
+                [self.queue[i] for i in range(1024)]
+            n = self.client.submit(batch)
+            for _ in range(n):
+                self.queue.popleft()
+            self.inflight += n
+        if not self.inflight:
+            return []
+        comps = self.client.reap(512, 1 if block else 0, self.timeout_ms if block else 0)
+        if block and not comps:
+            raise TimeoutError(f"broker did not answer in {self.timeout_ms} ms")
+        self.inflight -= len(comps)
+        return comps
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue) or self.inflight > 0
+
+
+class _Worker:
+    """The worker role: registers vLLM's KV memory, runs the step's loads and stores."""
+
+    def __init__(self, conn: KVBrokerConnector) -> None:
+        self.conn = conn
+        self.plans = conn.plans
+        self.block_size = conn.block_size
+        self.tp_rank, self.tp_size = conn.tp_rank, conn.tp_size
+        self.layer_groups = max(1, int(conn.extra.get("layer_groups", 4)))
+        self.zero_copy = bool(conn.extra.get("zero_copy", True))
+        self.timeout_ms = int(conn.extra.get("op_timeout_ms", 10000))
+        self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
+        # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
+        self.cviews: list[list[torch.Tensor]] = []
+        self.how: set[str] = set()
+        self.regions: list[_Region] = []
+        self.views: list[kvb.View | None] = []
+        self.bufs: list[Any] = []
+        self.copy_mode = False
+        self.cuda = False
+        # layer name -> (plan index, layer index)
+        self.layer_index: dict[str, tuple[int, int]] = {}
+        for pi, p in enumerate(self.plans):
+            for li, name in enumerate(p.layer_names):
+                self.layer_index[name] = (pi, li)
+        self.chunks: list[list[tuple[int, int]]] = []  # [plan] -> layer ranges
+        for p in self.plans:
+            n = len(p.layer_names)
+            g = min(self.layer_groups, n)
+            edges = [round(i * n / g) for i in range(g + 1)]
+            self.chunks.append([(edges[i], edges[i + 1] - edges[i]) for i in range(g)])
+        self.link = _Link(conn.socket, f"vllm-worker-{self.tp_rank}", self.plans,
+                          conn.reconnect_s, self._attach)
+        self.pump: _Pump | None = None
+        # In-step load state: ops by user_data, remaining ops per (plan, chunk).
+        self.load_ops: dict[int, tuple[int, int, int]] = {}  # ud -> (plan, chunk, block id)
+        self.load_left: dict[tuple[int, int], int] = {}
+        self.load_errors: set[int] = set()
+        self.finished_sending: set[str] = set()
+        # Stores in flight: ud -> (plan, request, ring slot or -1 for a view PUT).
+        self.save_ops: dict[int, tuple[int, str, int]] = {}
+        self.save_ud = itertools.count(_SAVE_UD)
+        self.req_pending: dict[str, int] = {}  # request -> its PUTs in flight
+        self.finish_wait: set[str] = set()  # finishing requests waiting for those
+        self.view_saves_pending = False
+        # Asynchronous loads in flight: ud -> (request, plan, block, ring slot or -1).
+        self.aload_ops: dict[int, tuple[str, int, int, int]] = {}
+        self.aload_ud = itertools.count(_ALOAD_UD)
+        self.aload_pending: dict[str, int] = {}
+        self.finished_recving: set[str] = set()
+        # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
+        self.copy_q: deque[tuple[Any, ...]] = deque()
+        self.cload_slot: dict[int, int] = {}
+        # Converting copies: a ring of page slots in a broker buffer, PUT from there.
+        # Sized in bytes (save_ring_mb, 64 MiB): enough for the pages of a few long
+        # prefills in flight, so a step rarely waits for a slot.
+        self.ring_bytes = max(1, int(float(conn.extra.get("save_ring_mb", 64)) * 2**20))
+        self.ring_pages = 1
+        self.ring: Any = None
+        self.ring_t: torch.Tensor | None = None
+        self.ring_page = 0
+        self.ring_free: list[int] = []
+        self.stats = KVBrokerStats()  # this interval's, handed to vLLM and reset
+        self.stats_total: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
+        self.registered = False
+        self.lock = threading.Lock()
+
+    # -- registration ------------------------------------------------------------------------
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Maps every stored layer's KV onto canonical views (raises LayoutError naming an
+        unknown layout), then decides per plan between broker views and converting copies.
+        """
+        kcc = self.conn._kv_cache_config
+        num_blocks = kcc.num_blocks
+        self.how = set()
+
+        def build() -> list[list[torch.Tensor]]:
+            cviews: list[list[torch.Tensor]] = []
+            for p in self.plans:
+                spec = kcc.kv_cache_groups[p.group_id].kv_cache_spec
+                assert isinstance(spec, AttentionSpec)  # namespace_layouts() skips others
+                comp: list[list[torch.Tensor]] = [[] for _ in p.components]
+                for name in p.layer_names:
+                    if name not in kv_caches:
+                        raise ValueError(f"kvbroker: no KV tensor for layer {name}")
+                    lk = kv_views(self.conn._vllm_config, p, name, kv_caches[name],
+                                  spec=spec, num_blocks=num_blocks)
+                    self.how.add(lk.how)
+                    for ci, v in enumerate(lk.views):
+                        comp[ci].append(v)
+                cviews.append([v for c in comp for v in c])
+            return cviews
+
+        cviews = build()
+        regions: dict[int, _Region] = {}
+        for t in kv_caches.values():
+            st = t.untyped_storage()
+            if st.data_ptr() not in regions:
+                regions[st.data_ptr()] = _Region(st, st.data_ptr(), st.nbytes(), t.is_cuda)
+        self.regions = list(regions.values())
+        self.cuda = any(r.cuda for r in self.regions)
+        viewable = all(token_range(v) is not None for vs in cviews for v in vs)
+        if self.zero_copy and viewable:
+            # Only a view needs the broker to reach the memory: moving CPU KV into a memfd
+            # for converting copies would cost its page faults for nothing.
+            for r in self.regions:
+                if not r.cuda:
+                    self._rehome(r, kv_caches)
+            cviews = build()  # over the moved storage
+        self.cviews = cviews
+        parts: list[list[_Part]] = []
+        if viewable:
+            by_ptr = {r.ptr: r for r in self.regions}
+            for vs in cviews:
+                pp = []
+                for v in vs:
+                    tr = token_range(v)
+                    assert tr is not None
+                    reg = by_ptr[v.untyped_storage().data_ptr()]
+                    pp.append(_Part(reg, tr[0], tr[1], tr[2], v[0, 0].numel()))
+                parts.append(pp)
+        self.parts = parts
+        logger.info("kvbroker: KV layout %s: %s", ", ".join(sorted(self.how)),
+                    "broker views" if viewable and self.zero_copy else "converting copies")
+        self.registered = True
+        self.link.get()
+
+    def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
+        over the old storage is re-pointed at the same offsets of the new one, so vLLM's
+        references (attention layers, the runner's list) keep working, now zero-copy.
+        """
+        try:
+            fd = os.memfd_create("kvbroker-vllm-kv", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (AttributeError, OSError) as e:
+            logger.warning("kvbroker: no memfd (%s): CPU KV moves by copies", e)
+            return
+        size = (r.nbytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        new = torch.frombuffer(mm, dtype=torch.uint8)
+        old = torch.empty(0, dtype=torch.uint8).set_(r.storage)
+        new[: r.nbytes].copy_(old)
+        new_st = new.untyped_storage()
+        for t in kv_caches.values():
+            if t.untyped_storage().data_ptr() == r.ptr:
+                t.set_(new_st, t.storage_offset(), t.size(), t.stride())
+        r.storage, r.ptr, r.nbytes = new_st, new_st.data_ptr(), size
+        r.memfd, r.mapping = fd, mm
+
+    def _attach(self, client: kvb.Client) -> None:
+        """(Re)registers the KV memory on a new client and builds the views."""
+        self.views, self.bufs = [], []
+        self.pump = _Pump(client, self.timeout_ms)
+        if not self.registered:
+            return
+        bufs: dict[int, Any] = {}
+        for r in self.regions:
+            buf: Any = None
+            if self.zero_copy:
+                try:
+                    if r.cuda:
+                        buf = client.register_gpu(r.ptr, r.nbytes)
+                    elif r.memfd >= 0:
+                        buf = client.register_host_fd(r.memfd, r.nbytes, seal=True,
+                                                      mapped=r.mapping)
+                except kvb.Error as e:
+                    logger.warning("kvbroker: cannot register KV memory (%s): copying", e)
+            if buf is not None:
+                bufs[r.ptr] = buf
+                self.bufs.append(buf)
+        for pi in range(len(self.plans)):
+            plan_parts = self.parts[pi] if self.parts else []
+            view = None
+            if plan_parts and all(pt.region.ptr in bufs for pt in plan_parts):
+                view = self.link.ns[pi].view([
+                    kvb.ViewPart(bufs[pt.region.ptr], pt.stride, pt.base, pt.page_stride)
+                    for pt in plan_parts])
+            self.views.append(view)
+        self.copy_mode = any(v is None for v in self.views)
+        if self.copy_mode:
+            self.ring_page = max(ns.page_bytes for ns in self.link.ns)
+            self.ring_pages = max(4, self.ring_bytes // self.ring_page)
+            self.ring = client.alloc_host(self.ring_pages * self.ring_page)
+            self.ring_t = None
+        self.ring_free = list(range(self.ring_pages))
+        self.save_ops.clear()
+        self.req_pending.clear()
+        self.aload_ops.clear()
+        self.copy_q.clear()
+        self.cload_slot.clear()
+
+    # -- loads --------------------------------------------------------------------------------
+
+    def start_load(self, meta: KVBrokerMetadata) -> None:
+        self.load_ops.clear()
+        self.load_left.clear()
+        if any(tr.async_load for tr in meta.loads):
+            self._start_async_loads([tr for tr in meta.loads if tr.async_load])
+            meta = KVBrokerMetadata([tr for tr in meta.loads if not tr.async_load])
+        if not meta.loads:
+            return
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._fail_loads(meta.loads)
+            return
+        t0 = time.perf_counter()
+        ops: list[Any] = []
+        ud = 0
+        bs = self.block_size
+        # Layer group by layer group, so the first layers' pages arrive first.
+        for pi in range(len(self.plans)):
+            # The copy path fetches whole pages: splitting them into layer groups would
+            # fetch each page once per group.
+            chunks = [(0, 0)] if self.copy_mode else self.chunks[pi]
+            for ci, (first, count) in enumerate(chunks):
+                for tr in meta.loads:
+                    for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                        ud += 1
+                        self.load_ops[ud] = (pi, ci, block)
+                        self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
+                        view = self.views[pi]
+                        if self.copy_mode or view is None:
+                            ops.append((pi, key, block, first, count, ud))
+                        else:
+                            ops.append(kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key,
+                                              block * bs, first, count, ud))
+        if self.copy_mode:
+            # Through ring slots: the broker copies pages into the slots while earlier ones
+            # are scattered into vLLM's blocks (converting copies), instead of one round trip
+            # per page.
+            self.copy_q.extend(ops)
+            self._feed_copy_loads()
+            self._drive_loads(None)
+        else:
+            self.pump.add(ops)
+            self._drive_loads(None)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def _feed_copy_loads(self) -> None:
+        """Submits queued converting-copy loads as ring slots free up."""
+        if self.pump is None:
+            return
+        ops = []
+        while self.copy_q and self.ring_free:
+            pi, key, _block, _first, _count, ud = self.copy_q.popleft()
+            slot = self.ring_free.pop()
+            self.cload_slot[ud] = slot
+            ops.append(kvb.Op(kvb.OP_GET, kvb.OPF_ASYNC, self.link.ns[pi].id, self.ring.id, key,
+                              slot * self.ring_page, 0, 0, ud))
+        if ops:
+            self.pump.add(ops)
+
+    def _load_done(self, ud: int, res: int) -> None:
+        info = self.load_ops.pop(ud, None)
+        if info is None:
+            return
+        pi, ci, block = info
+        self.load_left[(pi, ci)] -= 1
+        if res < 0:
+            self.load_errors.add(block)
+            self._inc("load_errors", 1)
+        elif ci == 0:
+            self._inc("loaded_pages", 1)
+            self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
+
+    def _fail_loads(self, loads: list[_Transfer]) -> None:
+        for tr in loads:
+            for ids in tr.block_ids:
+                self.load_errors.update(ids)
+            self._inc("load_errors", len(tr.keys))
+        self._inc("broker_down", 1)
+
+    def _fail_pending_loads(self) -> None:
+        self.copy_q.clear()
+        self.ring_free.extend(self.cload_slot.values())
+        self.cload_slot.clear()
+        for pi, ci, block in self.load_ops.values():
+            self.load_errors.add(block)
+            self.load_left[(pi, ci)] -= 1
+        self._inc("load_errors", len(self.load_ops))
+        self.load_ops.clear()
+
+    def _drive_loads(self, until: tuple[int, int] | None) -> None:
+        """Pumps load ops: until the layer group `until` (and those before it) is done, or
+        (None) only what completes without waiting.
+        """
+        pump = self.pump
+        if pump is None:
+            return
+        try:
+            while pump.busy or self.copy_q:
+                if until is not None and all(
+                        self.load_left.get((until[0], c), 0) == 0 for c in range(until[1] + 1)):
+                    return
+                self._feed_copy_loads()
+                for ud, res, flags, _lease in pump.step(block=until is not None):
+                    self._complete(ud, res, flags)
+                if until is None:
+                    return
+        except (kvb.Error, OSError, TimeoutError) as e:
+            self.link.fail(e)
+            self.pump = None
+            self._fail_pending_loads()
+            self._drop_saves()
+
+    def wait_layer(self, layer_name: str) -> None:
+        if not self.load_ops:
+            return
+        idx = self.layer_index.get(layer_name)
+        if idx is None:
+            return
+        pi, li = idx
+        ci = next(i for i, (f, n) in enumerate(self.chunks[pi]) if f <= li < f + n)
+        t0 = time.perf_counter()
+        self._drive_loads((pi, ci))
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def finish_loads(self) -> None:
+        if not self.load_ops:
+            return
+        t0 = time.perf_counter()
+        last = [(pi, len(self.chunks[pi]) - 1) for pi in range(len(self.plans))]
+        for u in last:
+            self._drive_loads(u)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    # -- asynchronous loads ---------------------------------------------------------------
+    #
+    # vLLM waits for these outside the step: the GETs are submitted here and reaped by later
+    # hooks; a request is reported in finished_recving once all its pages landed or failed
+    # (failed blocks are load errors, which vLLM recomputes). Views land in vLLM's blocks
+    # directly; converting copies land in a ring slot first and are scattered into the
+    # block when reaped (the blocks are the waiting request's alone until then).
+
+    def _start_async_loads(self, loads: list[_Transfer]) -> None:
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._fail_loads(loads)
+            self.finished_recving.update(tr.req_id for tr in loads)
+            return
+        t0 = time.perf_counter()
+        bs = self.block_size
+        for tr in loads:
+            n = 0
+            for pi in range(len(self.plans)):
+                view = self.views[pi] if self.views else None
+                for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                    ud = next(self.aload_ud)
+                    if view is not None:
+                        self.aload_ops[ud] = (tr.req_id, pi, block, -1)
+                        op = kvb.Op(kvb.OP_GET, _LOAD_FLAGS, 0, view.id, key, block * bs, 0, 0,
+                                    ud)
+                    else:
+                        slot = self._ring_slot()
+                        if slot < 0 or self.pump is None:
+                            self.load_errors.add(block)
+                            self._inc("load_errors", 1)
+                            continue
+                        self.aload_ops[ud] = (tr.req_id, pi, block, slot)
+                        op = kvb.Op(kvb.OP_GET, kvb.OPF_ASYNC, self.link.ns[pi].id,
+                                    self.ring.id, key, slot * self.ring_page, 0, 0, ud)
+                    assert self.pump is not None
+                    self.pump.add([op])
+                    n += 1
+            if n:
+                self.aload_pending[tr.req_id] = self.aload_pending.get(tr.req_id, 0) + n
+            else:
+                self.finished_recving.add(tr.req_id)
+        self._pump_step(False)
+        self._inc("load_s", time.perf_counter() - t0)
+
+    def _aload_done(self, ud: int, res: int) -> None:
+        info = self.aload_ops.pop(ud, None)
+        if info is None:
+            return
+        req_id, pi, block, slot = info
+        if res < 0:
+            self.load_errors.add(block)
+            self._inc("load_errors", 1)
+        else:
+            if slot >= 0:
+                self._scatter(pi, block, slot)
+            self._inc("loaded_pages", 1)
+            self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns else 0)
+        if slot >= 0:
+            self.ring_free.append(slot)
+        left = self.aload_pending.get(req_id, 1) - 1
+        if left > 0:
+            self.aload_pending[req_id] = left
+        else:
+            self.aload_pending.pop(req_id, None)
+            self.finished_recving.add(req_id)
+
+    def _scatter(self, pi: int, block: int, slot: int) -> None:
+        """Ring slot `slot` (a canonical page) into the block (a converting copy)."""
+        rt = self._ring_tensor()
+        off = slot * self.ring_page
+        for v in self.cviews[pi]:
+            dst = v[block]
+            size = dst.numel()
+            dst.copy_(rt[off:off + size].view(dst.shape))
+            off += size
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+
+    def _drop_async_loads(self) -> None:
+        for req_id, _pi, block, _slot in self.aload_ops.values():
+            self.load_errors.add(block)
+            self.finished_recving.add(req_id)
+        self._inc("load_errors", len(self.aload_ops))
+        self.aload_ops.clear()
+        self.aload_pending.clear()
+
+    # -- stores -------------------------------------------------------------------------------
+    #
+    # Asynchronous: the step submits its PUTs and returns; completions are reaped by later
+    # hooks (the next step's loads, get_finished). What makes that safe is what the broker
+    # reads: a converting copy snapshots the page into a ring slot of a broker buffer inside
+    # the step, so vLLM may reuse the block at once; a view PUT reads vLLM's block itself, so
+    # the next step's start_load (which runs before its forward writes any block) first waits
+    # for them. A finishing request's blocks stay vLLM's until its PUTs completed
+    # (finished_sending).
+
+    def _complete(self, ud: int, res: int, flags: int) -> None:
+        if ud < _SAVE_UD:
+            slot = self.cload_slot.pop(ud, -1)
+            if slot >= 0:
+                load = self.load_ops.get(ud)
+                if res >= 0 and load is not None:
+                    self._scatter(load[0], load[2], slot)
+                self.ring_free.append(slot)
+            self._load_done(ud, res)
+            return
+        if ud >= _ALOAD_UD:
+            self._aload_done(ud, res)
+            return
+        info = self.save_ops.pop(ud, None)
+        if info is None:
+            return
+        pi, req_id, slot = info
+        if slot >= 0:
+            self.ring_free.append(slot)
+        if res < 0:
+            self._count_store(pi, -1)
+        else:
+            self._count_store(pi, 1 if flags & kvb.CQEF_EXISTED else 0)
+        self._req_done(req_id)
+
+    def _req_done(self, req_id: str) -> None:
+        left = self.req_pending.get(req_id, 0) - 1
+        if left > 0:
+            self.req_pending[req_id] = left
+            return
+        self.req_pending.pop(req_id, None)
+        if req_id in self.finish_wait:
+            self.finish_wait.discard(req_id)
+            self.finished_sending.add(req_id)
+
+    def _drop_saves(self) -> None:
+        """The broker went away: pending PUTs will never complete (the pages are future
+        misses); their requests' blocks are vLLM's again.
+        """
+        self._drop_async_loads()
+        self._inc("store_errors", len(self.save_ops))
+        self.save_ops.clear()
+        self.req_pending.clear()
+        self.ring_free = list(range(self.ring_pages))
+        self.finished_sending |= self.finish_wait
+        self.finish_wait.clear()
+
+    def _pump_step(self, block: bool) -> None:
+        """One submit/reap round for loads and stores; a broker failure fails both."""
+        pump = self.pump
+        if pump is None or not pump.busy:
+            return
+        try:
+            for ud, res, flags, _lease in pump.step(block=block):
+                self._complete(ud, res, flags)
+        except (kvb.Error, OSError, TimeoutError) as e:
+            self.link.fail(e)
+            self.pump = None
+            self._fail_pending_loads()
+            self._drop_saves()
+
+    def settle_view_saves(self) -> None:
+        """Waits for view PUTs still reading vLLM's blocks (before a forward writes any)."""
+        if not self.view_saves_pending:
+            return
+        t0 = time.perf_counter()
+        while self.pump is not None and any(i[2] < 0 for i in self.save_ops.values()):
+            self._pump_step(True)
+        self.view_saves_pending = False
+        self._inc("store_s", time.perf_counter() - t0)
+
+    def poll(self) -> None:
+        """Reaps what completed without waiting (stores and asynchronous loads)."""
+        if self.save_ops or self.aload_ops:
+            self._pump_step(False)
+
+    def save(self, meta: KVBrokerMetadata) -> None:
+        if meta.saves:
+            self._save(meta.saves)
+        for req_id in meta.finish_req_ids:
+            if self.req_pending.get(req_id, 0) > 0:
+                self.finish_wait.add(req_id)
+            else:
+                self.finished_sending.add(req_id)
+        self.poll()
+
+    def _ring_slot(self) -> int:
+        while not self.ring_free and self.pump is not None and (self.save_ops or
+                                                                 self.aload_ops):
+            self._pump_step(True)  # backpressure: the ring is full of PUTs in flight
+        return self.ring_free.pop() if self.ring_free else -1
+
+    def _save(self, saves: list[_Transfer]) -> None:
+        # (group, key, block, parent, request): vLLM's block hashes chain, and so do our
+        # keys; an MLA page's parent may be another rank's to store (then it links once both
+        # are there).
+        mine = [(pi, key, block, parent, tr.req_id)
+                for tr in saves
+                for pi in range(len(self.plans))
+                for key, block, parent in zip(tr.keys, tr.block_ids[pi],
+                                              [tr.parent, *tr.keys[:-1]], strict=True)
+                if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
+        if not mine:
+            return
+        client = self.link.get()
+        if client is None or self.pump is None:
+            self._inc("broker_down", 1)
+            return
+        if self.cuda:
+            # The step's kernels wrote these blocks asynchronously; the broker (or the
+            # converting copy) reads them, so they must have landed.
+            torch.cuda.current_stream().synchronize()
+        t0 = time.perf_counter()
+        bs = self.block_size
+        # Ring saves wait here for their snapshot, taken for all of them at once (a few
+        # large copies per (component, layer), not one small copy per page and part).
+        pending: list[tuple[int, bytes, int, bytes | None, str, int]] = []
+
+        def flush() -> None:
+            if pending and self.pump is not None:
+                self._snapshot_many(pending)
+                for pi, key, _block, parent, req_id, slot in pending:
+                    ud = next(self.save_ud)
+                    self.save_ops[ud] = (pi, req_id, slot)
+                    self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
+                    self.pump.add([kvb.Op(kvb.OP_PUT, 0, self.link.ns[pi].id, self.ring.id,
+                                          key, slot * self.ring_page, 0, 0, ud, parent)])
+                self._pump_step(False)
+            elif pending:
+                self._inc("store_errors", len(pending))
+            pending.clear()
+
+        for pi, key, block, parent, req_id in mine:
+            if self.pump is None:
+                self._inc("store_errors", 1)
+                continue
+            view = self.views[pi] if self.views else None
+            if view is not None:
+                ud = next(self.save_ud)
+                self.save_ops[ud] = (pi, req_id, -1)
+                self.view_saves_pending = True
+                self.req_pending[req_id] = self.req_pending.get(req_id, 0) + 1
+                self.pump.add([kvb.Op(kvb.OP_PUT, kvb.OPF_VIEW, 0, view.id, key, block * bs,
+                                      0, 0, ud, parent)])
+                continue
+            if not self.ring_free:
+                flush()  # its PUTs free the slots the rest waits for
+            slot = self._ring_slot()
+            if slot < 0 or self.pump is None:
+                self._inc("store_errors", 1)
+                continue
+            pending.append((pi, key, block, parent, req_id, slot))
+        flush()
+        self._pump_step(False)  # submit; completions come later
+        self._inc("store_s", time.perf_counter() - t0)
+
+    def _snapshot_many(self, items: list[tuple[int, bytes, int, bytes | None, str, int]]
+                       ) -> None:
+        """The blocks' pages in canonical bytes into their ring slots (converting copies):
+        per plan and (component, layer), one gather of every block and one scatter into
+        the slots' rows.
+        """
+        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
+            self.ring_pages, self.ring_page)
+        for pi in {it[0] for it in items}:
+            mine = [it for it in items if it[0] == pi]
+            slots = torch.tensor([it[5] for it in mine], dtype=torch.int64)
+            off = 0
+            for v in self.cviews[pi]:
+                blocks = torch.tensor([it[2] for it in mine], dtype=torch.int64,
+                                      device=v.device)
+                src = gather_blocks(v, blocks).reshape(len(mine), -1)
+                size = src.shape[1]
+                rows[slots, off:off + size] = src.cpu() if src.is_cuda else src
+                off += size
+
+    def _ring_tensor(self) -> torch.Tensor:
+        if self.ring_t is None:
+            self.ring_t = torch.frombuffer(self.ring, dtype=torch.uint8)
+        return self.ring_t
+
+    def _count_store(self, pi: int, res: int) -> None:
+        if res < 0:
+            self._inc("store_errors", 1)
+        elif res == 1:
+            self._inc("existed_pages", 1)
+        else:
+            self._inc("stored_pages", 1)
+            self._inc("stored_bytes", self.link.ns[pi].page_bytes if self.link.ns
+                else 0)
+
+    def _inc(self, key: str, value: float) -> None:
+        self.stats.data[key] += value
+        self.stats_total[key] += value
+
+    def take_errors(self) -> set[int]:
+        errs, self.load_errors = self.load_errors, set()
+        return errs
+
+    def close(self) -> None:
+        self.link.close()
+        for r in self.regions:
+            if r.memfd >= 0:
+                os.close(r.memfd)
+                r.memfd = -1
+
+

