@@ -154,6 +154,20 @@ int main(int argc, char **argv)
 			rel_sleep_ms(10);
 		CHECKF(harness_broker_log_has(nb, "adopt: "), "cycle %d: nothing adopted", cyc);
 		b = nb;
+		/*
+		 * Every client must meet this hand-over before the next one: a client that tried
+		 * while no broker listened backs off up to 200 ms between tries, longer than the
+		 * load-after window on a loaded machine, and would meet two hand-overs as one.
+		 */
+		for (uint64_t end = harness_now_ms() + 10000; harness_now_ms() < end;) {
+			int met = 0;
+
+			for (int i = 0; i < NCLI; i++)
+				met += sh->resets[i] >= (uint32_t)cyc + 1;
+			if (met == NCLI)
+				break;
+			rel_sleep_ms(5);
+		}
 		rel_sleep_ms(150); /* load after */
 		sh->cycle = cyc + 1 < MAXCYC ? cyc + 1 : MAXCYC - 1;
 	}
