@@ -77,10 +77,6 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageExtraInfo,
 )
 
-# Imported here, not in get_stats(): its first import takes about 0.1 s, which SGLang's first
-# metrics poll would otherwise pay on the scheduler thread.
-from sglang.srt.observability.metrics_collector import StorageMetrics
-
 import kvbroker as kvb
 from kvbroker import _kvbroker
 from kvbroker._layout import model_ns_name
@@ -342,6 +338,12 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
     """SGLang HiCacheStorage backed by the node's kvbrokerd (see the module docstring)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        # Imported by the constructor, not at module import (it pulls SGLang's model configs,
+        # and with them torchvision) nor in get_stats() (its first import takes about 0.1 s,
+        # which SGLang's first metrics poll would pay on the scheduler thread).
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        self._metrics_cls = StorageMetrics
         self.storage_config = storage_config
         self.cfg = dict(storage_config.extra_config or {})
         self.socket: str | None = self.cfg.get("socket") or None
@@ -957,7 +959,7 @@ class KVBrokerStorage(HiCacheStorage):  # type: ignore[misc]
         """SGLang's StorageMetrics since the last call (it polls every scheduler tick: this
         swaps four lists and asks nothing of the broker).
         """
-        m = StorageMetrics()
+        m = self._metrics_cls()
         s = self.stats
         with s.lock:
             m.prefetch_pgs, s.prefetch_pgs = s.prefetch_pgs, []
