@@ -30,6 +30,7 @@ import torch
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 import kvbroker as kvb
+from kvbroker import _kvbroker
 from kvbroker.vllm.common import (
     _STAT_KEYS,
     KVBrokerMetadata,
@@ -143,6 +144,9 @@ class _Worker:
         self.layer_groups = max(1, int(conn.extra.get("layer_groups", 4)))
         self.zero_copy = bool(conn.extra.get("zero_copy", True))
         self.timeout_ms = int(conn.extra.get("op_timeout_ms", 10000))
+        # After a timeout, move CPU KV onto a fresh memfd (one copy of the KV memory) so
+        # late writes of a stopped broker land in the old file: see _privatize.
+        self.retire = bool(conn.extra.get("retire_on_timeout", True))
         self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
         # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
         self.cviews: list[list[torch.Tensor]] = []
@@ -639,6 +643,8 @@ class _Worker:
             for _pi, req, slot in self.save_ops.values():
                 if slot < 0:
                     reqs.add(req)
+        if pump is not None and reqs and self._privatize():
+            reqs.clear()  # late writes land in memory vLLM no longer sees
         if pump is not None and reqs:
             pump.queue.clear()  # never submitted: the broker cannot run them
             self.link.fail(e, keep=True)
@@ -652,6 +658,38 @@ class _Worker:
             self.link.fail(e)
         self._fail_pending_loads()
         self._drop_saves()
+
+    def _privatize(self) -> bool:
+        """Moves every KV region, in place, onto a new memfd (remap_onto_memfd: a copy of the
+        region, then one mremap over the same addresses, so vLLM's tensors stay valid); the
+        broker's mapping keeps the old file, so whatever it still writes lands where vLLM no
+        longer reads, even into blocks vLLM frees without telling the connector (a
+        preemption). Cost, on this failure path only: one copy of the KV memory (about
+        0.8 s per GiB on a loaded 2-core machine) and, while the broker keeps the old file
+        mapped, its pages where they cannot be punched out. Not for GPU memory (a fence
+        holds those blocks instead).
+        Returns whether every region was moved.
+        """
+        if not self.retire or not self.regions or \
+                any(r.cuda or r.memfd < 0 for r in self.regions):
+            return False
+        t0 = time.perf_counter()
+        for r in self.regions:
+            try:
+                fd = _kvbroker.remap_onto_memfd(r.ptr, r.nbytes, "kvbroker-vllm-kv")
+            except OSError as e:
+                logger.warning("kvbroker: cannot move the KV memory off the broker's file "
+                               "(%s): fencing its blocks instead", e)
+                return False
+            old, r.memfd = r.memfd, fd
+            try:
+                _kvbroker.punch_hole(old, 0, r.nbytes)
+            except OSError as e:  # sealed against writes: freed when the broker unmaps it
+                logger.debug("kvbroker: old KV memfd kept: %s", e)
+            os.close(old)
+        logger.warning("kvbroker: KV memory moved off the unresponsive broker's file in "
+                       "%.2f s", time.perf_counter() - t0)
+        return True
 
     def _reap_fences(self) -> None:
         """Reaps the fenced clients' completions without waiting; releases the requests of
