@@ -216,13 +216,15 @@ def test_async_load_aborted_request_holds_blocks(tmp_path: Path, broker: Broker)
     assert b.bad == []
 
 
-@pytest.mark.parametrize("retire", [False, True])
-def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool) -> None:
+@pytest.mark.parametrize("retire,resume", [(False, "cont"), (True, "cont"), (False, "kill")])
+def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
+                                               resume: str) -> None:
     """A broker that stops (SIGSTOP) while GETs through the view are in flight: the worker
     times out and vLLM recomputes, but the stopped broker still holds those GETs and runs
     them when it resumes. No other request's KV, written into blocks freed meanwhile, may
     be overwritten by the late pages: the request's blocks stay held (no finished_sending)
-    until those GETs completed, or (retire) the KV memory moved off the broker's file."""
+    until those GETs completed or the broker died (kill), or (retire) the KV memory moved
+    off the broker's file."""
     import signal
 
     broker = Broker(tmp_path)
@@ -264,7 +266,9 @@ def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool) -> 
         parts = [p for name in b.layers for p in b._layer_bytes(name)]
         for p in parts:
             p[free] = 0x5A
-        broker.proc.send_signal(signal.SIGCONT)
+        if resume == "kill":
+            broker.kill()
+        broker.proc.send_signal(signal.SIGCONT) if resume == "cont" else None
         stopped = False
         # The late GETs land; the fence settles once the broker completed them, and the
         # next step reports "b" in finished_sending: vLLM frees its blocks.
@@ -282,6 +286,8 @@ def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool) -> 
             assert held and free_held < free0
         assert pool.get_num_free_blocks() == free0
         assert not getattr(w, "fences", [])
+        if resume == "kill":
+            return
         # Reconnected (the moved memory registered anew), the worker loads byte-exact again.
         w.link._next_try = 0.0
         assert b.sched.kv_cache_manager.reset_prefix_cache()  # (the sentinels are no KV)

@@ -19,6 +19,9 @@ import itertools
 import logging
 import mmap
 import os
+import select
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -131,6 +134,26 @@ class _Fence:
     reqs: set[str]
     recving: set[str]
     keep: tuple[Any, ...]  # the client's views and buffers: alive until it is closed
+    pidfd: int = -1  # the broker process (_broker_pidfd): readable once it exited
+
+
+def _broker_pidfd(client: kvb.Client, sock: str | None) -> int:
+    """A pidfd of the broker process behind client, or -1 when that cannot be told for sure.
+    The pid the broker reports (stats) is its own pid namespace's; the kernel's SO_PEERCRED
+    of its socket is ours, but names whoever listen()ed (the first broker, after a
+    hand-over). Only when both agree is the pid surely this broker's, in our namespace.
+    """
+    try:
+        pid = int(client.stats().get("pid", 0))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(1.0)
+            s.connect(kvb.socket_path(sock))
+            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if pid <= 0 or struct.unpack("3i", cred)[0] != pid:
+            return -1
+        return os.pidfd_open(pid)
+    except (OSError, ValueError, AttributeError):  # kvb.Error is an OSError
+        return -1
 
 
 class _Worker:
@@ -204,6 +227,7 @@ class _Worker:
         self.registered = False
         self.lock = threading.Lock()
         self.fences: list[_Fence] = []
+        self.pidfd = -1  # the connected broker's (_broker_pidfd)
         self.fenced: set[str] = set()  # the requests of every fence
 
     # -- registration ------------------------------------------------------------------------
@@ -294,6 +318,9 @@ class _Worker:
         """(Re)registers the KV memory on a new client and builds the views."""
         self.views, self.bufs = [], []
         self.pump = _Pump(client, self.timeout_ms)
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+        self.pidfd = _broker_pidfd(client, self.link.socket)
         if not self.registered:
             return
         bufs: dict[int, Any] = {}
@@ -649,7 +676,8 @@ class _Worker:
             pump.queue.clear()  # never submitted: the broker cannot run them
             self.link.fail(e, keep=True)
             self.fences.append(_Fence(pump, reqs, recving,
-                                      (self.views, self.bufs, self.ring)))
+                                      (self.views, self.bufs, self.ring), self.pidfd))
+            self.pidfd = -1
             self.fenced |= reqs
             logger.warning("kvbroker: %d ops in flight on the dropped connection may still "
                            "touch the KV blocks of %d requests: they stay held until the "
@@ -708,9 +736,13 @@ class _Worker:
                 # Not proof that the broker stopped: keep holding (a leak, never a wrong page).
                 logger.debug("kvbroker: fenced connection: %s", e)
                 continue
+            if f.pump.inflight > 0 and f.pidfd >= 0 and select.select([f.pidfd], [], [], 0)[0]:
+                f.pump.inflight = 0  # the broker process exited: nothing of it writes now
             if f.pump.inflight > 0:
                 continue
             self.fences.remove(f)
+            if f.pidfd >= 0:
+                os.close(f.pidfd)
             with contextlib.suppress(Exception):
                 f.pump.client.close()
             self.fenced = set().union(*(g.reqs for g in self.fences))
@@ -867,7 +899,12 @@ class _Worker:
         for f in self.fences:
             with contextlib.suppress(Exception):
                 f.pump.client.close()
+            if f.pidfd >= 0:
+                os.close(f.pidfd)
         self.fences.clear()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
         self.link.close()
         for r in self.regions:
             if r.memfd >= 0:
