@@ -604,3 +604,47 @@ def test_backups_name_parents_chains_evicted_tail_first(own_broker: Broker) -> N
             break
     assert 0 < n < 16
     b.close()
+
+
+def test_broker_stopped_get_waits_never_frees_slots(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker stopped (SIGSTOP) under a batch_get_v1 into the host pool: the call waits
+    (no timeout) instead of reporting misses, since SGLang would free and reuse those slots
+    while the stopped broker still holds the writes into them; once it runs again the call
+    returns the pages, byte for byte."""
+    import signal
+    import threading
+
+    # The broker copies every page (the client reads none from the pool directory itself).
+    monkeypatch.setenv("KVB_CLIENT_DIR", "0")
+    br = Broker(tmp_path)
+    stopped = False
+    try:
+        pool = pool_of("mla", "page_first_direct")
+        S.fill(pool, 17)
+        b = S.kvbroker_backend(pool, br.socket, mla=True, model="stop/model")
+        assert b.zero_copy  # the broker writes the host pool itself
+        keys = hkeys(3)
+        want = canon(b, [1, 2, 3])
+        assert b.batch_set_v1(keys, S.indices([1, 2, 3], PAGE)) == [True] * 3
+        flat = pool.kv_buffer.view(-1).view(torch.uint8)
+        for p in (4, 5, 6):
+            b.geometry.canonical(flat, p * PAGE).zero_()
+        br.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+        got: list[list[bool]] = []
+        t = threading.Thread(target=lambda: got.append(
+            b.batch_get_v1(keys, S.indices([4, 5, 6], PAGE))))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not got  # no failure while the broker may still write
+        br.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        t.join(10)
+        assert got == [[True] * 3]
+        assert all(torch.equal(x, w) for x, w in zip(canon(b, [4, 5, 6]), want, strict=True))
+        b.close()
+    finally:
+        if stopped:
+            br.proc.send_signal(signal.SIGCONT)
+        br.stop()

@@ -214,3 +214,86 @@ def test_async_load_aborted_request_holds_blocks(tmp_path: Path, broker: Broker)
     b.run([vs.make_request("c", _prompt(34, 2), BS, max_tokens=2)])
     assert pool.get_num_free_blocks() >= free0  # freed once the workers reported the load
     assert b.bad == []
+
+
+@pytest.mark.parametrize("retire,resume", [(False, "cont"), (True, "cont"), (False, "kill")])
+def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
+                                               resume: str) -> None:
+    """A broker that stops (SIGSTOP) while GETs through the view are in flight: the worker
+    times out and vLLM recomputes, but the stopped broker still holds those GETs and runs
+    them when it resumes. No other request's KV, written into blocks freed meanwhile, may
+    be overwritten by the late pages: the request's blocks stay held (no finished_sending)
+    until those GETs completed or the broker died (kill), or (retire) the KV memory moved
+    off the broker's file."""
+    import signal
+
+    broker = Broker(tmp_path)
+    # A long reconnect_s: the worker must not try to reconnect to the stopped broker.
+    extra = {"model": "w-fence", "op_timeout_ms": 300, "reconnect_s": 60,
+             "retire_on_timeout": retire}
+    prompt = _prompt(41, 12)
+    stopped = False
+    try:
+        a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        w = vs.wk(b.worker)
+        assert not w.copy_mode  # GETs write vLLM's blocks themselves
+        pool = b.sched.kv_cache_manager.block_pool
+        free0 = pool.get_num_free_blocks()
+
+        def stop() -> None:
+            nonlocal stopped
+            broker.proc.send_signal(signal.SIGSTOP)
+            stopped = True
+
+        b.sched.add_request(vs.make_request("b", prompt, BS, max_tokens=2))
+        b.step(kill=stop)  # the GETs go out, the broker stops, the worker times out
+        for _ in range(20):  # vLLM recomputes, "b" finishes
+            if not b.sched.get_num_unfinished_requests():
+                break
+            b.step()
+        assert b.invalid_reports and b.bad == []
+        assert not b.sched.get_num_unfinished_requests()
+        for _ in range(3):  # vLLM keeps stepping for requests in delayed cleanup
+            if b.sched.has_requests():
+                b.step()
+        held = "b" in b.sched.requests  # finished, its blocks held
+        free_held = pool.get_num_free_blocks()
+        # The engine goes on: every free block gets a new owner that writes its KV.
+        free = [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()
+                if blk.block_id != 0]
+        parts = [p for name in b.layers for p in b._layer_bytes(name)]
+        for p in parts:
+            p[free] = 0x5A
+        if resume == "kill":
+            broker.kill()
+        broker.proc.send_signal(signal.SIGCONT) if resume == "cont" else None
+        stopped = False
+        # The late GETs land; the fence settles once the broker completed them, and the
+        # next step reports "b" in finished_sending: vLLM frees its blocks.
+        deadline = time.monotonic() + 5
+        while b.sched.has_requests() and time.monotonic() < deadline:
+            b.step()
+            time.sleep(0.01)
+        assert not b.sched.has_requests() and "b" not in b.sched.requests
+        time.sleep(0.2)  # (without the fence: time for the late GETs to land)
+        changed = sum(int((p[free] != 0x5A).sum()) for p in parts)
+        assert changed == 0, f"{changed} bytes of other requests' blocks overwritten"
+        if retire:  # nothing to hold: the late writes land in the old file
+            assert not held and free_held == free0
+        else:
+            assert held and free_held < free0
+        assert pool.get_num_free_blocks() == free0
+        assert not getattr(w, "fences", [])
+        if resume == "kill":
+            return
+        # Reconnected (the moved memory registered anew), the worker loads byte-exact again.
+        w.link._next_try = 0.0
+        assert b.sched.kv_cache_manager.reset_prefix_cache()  # (the sentinels are no KV)
+        b.run([vs.make_request("c", prompt, BS, max_tokens=2)])
+        assert b.bad == [] and vs.wk(b.worker).stats_total["loaded_pages"] >= 12
+    finally:
+        if stopped:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.stop()

@@ -44,6 +44,8 @@ kv_connector_extra_config keys (all optional):
                 layers at once before the first layer runs)
   op_timeout_ms how long to wait for the broker before a transfer counts as failed (10000)
   reconnect_s   least time between two reconnection attempts (1.0)
+  retire_on_timeout  false: after a timeout, hold the blocks the broker may still write
+                until it settles, instead of moving CPU KV onto a new memfd (true)
   zero_copy     false: never register or move vLLM's memory, copy through a buffer (true)
   save_prompt   false: store only at request end (true: prompt blocks as they are computed)
   keep_load_failure_policy  true: leave kv_load_failure_policy as configured (false)

@@ -166,15 +166,19 @@ class _Link:
             return None
         return self.client
 
-    def fail(self, err: BaseException, retry_now: bool = False) -> None:
+    def fail(self, err: BaseException, retry_now: bool = False, keep: bool = False) -> None:
         """The broker went away mid-operation: drop the client, retry after reconnect_s
-        (retry_now: the next get() may try at once, e.g. a broker that restarted).
+        (retry_now: the next get() may try at once, e.g. a broker that restarted). keep:
+        the caller took the client over (a fence waiting for its ops) and closes it.
         """
         logger.warning("kvbroker: broker connection lost (%s); recomputing until it is back",
                        err)
         self.down_events += 1
         self._told = True  # this warning is the outage's one line
-        self._drop()
+        if keep:
+            self.client, self.ns = None, []
+        else:
+            self._drop()
         self._next_try = 0.0 if retry_now else time.monotonic() + self.reconnect_s
 
     def _drop(self) -> None:

@@ -42,6 +42,9 @@ class _ReqState:
     stored_blocks: int = 0  # leading blocks stored or known stored
     skip: bool = False
     counted: bool = False  # its local prefix hit is in the stats
+    # A load or store of its blocks was planned: the workers may hold its blocks after it
+    # finishes (request_finished_all_groups).
+    touched: bool = False
     early: concurrent.futures.Future[tuple[int, int, float]] | None = None
 
 
@@ -203,6 +206,7 @@ class _Scheduler:
         first = st.local_tokens // bs
         last = (st.local_tokens + num_external_tokens) // bs
         ids = blocks.get_block_ids()
+        st.touched = True
         self._loads.append(_Transfer(
             request.request_id, self._keys(st, last)[first:last],
             [list(ids[p.group_id][first:last]) for p in self.plans],
@@ -236,6 +240,7 @@ class _Scheduler:
         if any(b == 0 for g in ids for b in g):  # vLLM's null block: nothing there
             return None
         st.stored_blocks = nblocks
+        st.touched = True
         parent = st.keys[first - 1] if first else None  # computed by _keys() above
         self._event_stored(st, first, nblocks, keys, parent)
         return _Transfer(st.request.request_id, keys, ids, parent)
@@ -300,15 +305,19 @@ class _Scheduler:
             # Aborted while its pages are still landing in its blocks: vLLM itself keeps
             # the blocks of a request in WAITING_FOR_REMOTE_KVS until finished_recving.
             return False, None
-        if st is None or st.skip or not self.save_enabled or self._link.get() is None:
+        tr = None
+        if st is not None and not st.skip and self.save_enabled and \
+                self._link.get() is not None:
+            st.request = request
+            computed = min(request.num_computed_tokens, request.num_tokens)
+            tr = self._save_upto(st, computed // self.block_size, block_ids)
+        if tr is not None:
+            self._saves.append(tr)
+        elif st is None or not st.touched:
             return False, None
-        st.request = request
-        computed = min(request.num_computed_tokens, request.num_tokens)
-        tr = self._save_upto(st, computed // self.block_size, block_ids)
-        if tr is None:
-            return False, None
-        # vLLM keeps the blocks until every worker reports the stores done (get_finished).
-        self._saves.append(tr)
+        # vLLM keeps the blocks until every worker reports them done (get_finished): their
+        # stores, and the ops a worker gave up on after a timeout, which a broker that was
+        # only slow may still run against these blocks (worker.py, _Fence). The blocks of a
+        # request the broker never touched go back at once.
         self._finishing.append(request.request_id)
         return True, None
-

@@ -14,10 +14,14 @@ page bytes, one copy more.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import mmap
 import os
+import select
+import socket
+import struct
 import threading
 import time
 from collections import deque
@@ -29,6 +33,7 @@ import torch
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 import kvbroker as kvb
+from kvbroker import _kvbroker
 from kvbroker.vllm.common import (
     _STAT_KEYS,
     KVBrokerMetadata,
@@ -114,6 +119,43 @@ class _Pump:
         return bool(self.queue) or self.inflight > 0
 
 
+@dataclass
+class _Fence:
+    """A client given up on (an op timed out) whose ops may still run: a broker that was only
+    slow or stopped (SIGSTOP, overload), not dead, runs its queued ops when it resumes, and a
+    GET through a view writes vLLM's block, a PUT through one reads it. Until every op the
+    broker took has completed, or the broker is gone (the library then completes each with
+    -ECONNRESET), the blocks of `reqs` stay held: their finishing is not reported in
+    finished_sending, nor the asynchronous loads of `recving` in finished_recving, so vLLM
+    neither frees nor reuses them.
+    """
+
+    pump: _Pump
+    reqs: set[str]
+    recving: set[str]
+    keep: tuple[Any, ...]  # the client's views and buffers: alive until it is closed
+    pidfd: int = -1  # the broker process (_broker_pidfd): readable once it exited
+
+
+def _broker_pidfd(client: kvb.Client, sock: str | None) -> int:
+    """A pidfd of the broker process behind client, or -1 when that cannot be told for sure.
+    The pid the broker reports (stats) is its own pid namespace's; the kernel's SO_PEERCRED
+    of its socket is ours, but names whoever listen()ed (the first broker, after a
+    hand-over). Only when both agree is the pid surely this broker's, in our namespace.
+    """
+    try:
+        pid = int(client.stats().get("pid", 0))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(1.0)
+            s.connect(kvb.socket_path(sock))
+            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if pid <= 0 or struct.unpack("3i", cred)[0] != pid:
+            return -1
+        return os.pidfd_open(pid)
+    except (OSError, ValueError, AttributeError):  # kvb.Error is an OSError
+        return -1
+
+
 class _Worker:
     """The worker role: registers vLLM's KV memory, runs the step's loads and stores."""
 
@@ -125,6 +167,9 @@ class _Worker:
         self.layer_groups = max(1, int(conn.extra.get("layer_groups", 4)))
         self.zero_copy = bool(conn.extra.get("zero_copy", True))
         self.timeout_ms = int(conn.extra.get("op_timeout_ms", 10000))
+        # After a timeout, move CPU KV onto a fresh memfd (one copy of the KV memory) so
+        # late writes of a stopped broker land in the old file: see _privatize.
+        self.retire = bool(conn.extra.get("retire_on_timeout", True))
         self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
         # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
         self.cviews: list[list[torch.Tensor]] = []
@@ -149,7 +194,8 @@ class _Worker:
                           conn.reconnect_s, self._attach)
         self.pump: _Pump | None = None
         # In-step load state: ops by user_data, remaining ops per (plan, chunk).
-        self.load_ops: dict[int, tuple[int, int, int]] = {}  # ud -> (plan, chunk, block id)
+        # ud -> (plan, chunk, block id, request)
+        self.load_ops: dict[int, tuple[int, int, int, str]] = {}
         self.load_left: dict[tuple[int, int], int] = {}
         self.load_errors: set[int] = set()
         self.finished_sending: set[str] = set()
@@ -180,6 +226,9 @@ class _Worker:
         self.stats_total: dict[str, float] = dict.fromkeys(_STAT_KEYS, 0)
         self.registered = False
         self.lock = threading.Lock()
+        self.fences: list[_Fence] = []
+        self.pidfd = -1  # the connected broker's (_broker_pidfd)
+        self.fenced: set[str] = set()  # the requests of every fence
 
     # -- registration ------------------------------------------------------------------------
 
@@ -269,6 +318,9 @@ class _Worker:
         """(Re)registers the KV memory on a new client and builds the views."""
         self.views, self.bufs = [], []
         self.pump = _Pump(client, self.timeout_ms)
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+        self.pidfd = _broker_pidfd(client, self.link.socket)
         if not self.registered:
             return
         bufs: dict[int, Any] = {}
@@ -334,7 +386,7 @@ class _Worker:
                 for tr in meta.loads:
                     for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
                         ud += 1
-                        self.load_ops[ud] = (pi, ci, block)
+                        self.load_ops[ud] = (pi, ci, block, tr.req_id)
                         self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
                         view = self.views[pi]
                         if self.copy_mode or view is None:
@@ -372,7 +424,7 @@ class _Worker:
         info = self.load_ops.pop(ud, None)
         if info is None:
             return
-        pi, ci, block = info
+        pi, ci, block, _req = info
         self.load_left[(pi, ci)] -= 1
         if res < 0:
             self.load_errors.add(block)
@@ -393,7 +445,7 @@ class _Worker:
         self.copy_q.clear()
         self.ring_free.extend(self.cload_slot.values())
         self.cload_slot.clear()
-        for pi, ci, block in self.load_ops.values():
+        for pi, ci, block, _req in self.load_ops.values():
             self.load_errors.add(block)
             self.load_left[(pi, ci)] -= 1
         self._inc("load_errors", len(self.load_ops))
@@ -417,10 +469,7 @@ class _Worker:
                 if until is None:
                     return
         except (kvb.Error, OSError, TimeoutError) as e:
-            self.link.fail(e)
-            self.pump = None
-            self._fail_pending_loads()
-            self._drop_saves()
+            self._lost(e)
 
     def wait_layer(self, layer_name: str) -> None:
         if not self.load_ops:
@@ -525,7 +574,8 @@ class _Worker:
     def _drop_async_loads(self) -> None:
         for req_id, _pi, block, _slot in self.aload_ops.values():
             self.load_errors.add(block)
-            self.finished_recving.add(req_id)
+            if req_id not in self.fenced:  # else once its fence is settled
+                self.finished_recving.add(req_id)
         self._inc("load_errors", len(self.aload_ops))
         self.aload_ops.clear()
         self.aload_pending.clear()
@@ -571,7 +621,7 @@ class _Worker:
             self.req_pending[req_id] = left
             return
         self.req_pending.pop(req_id, None)
-        if req_id in self.finish_wait:
+        if req_id in self.finish_wait and req_id not in self.fenced:
             self.finish_wait.discard(req_id)
             self.finished_sending.add(req_id)
 
@@ -584,8 +634,8 @@ class _Worker:
         self.save_ops.clear()
         self.req_pending.clear()
         self.ring_free = list(range(self.ring_pages))
-        self.finished_sending |= self.finish_wait
-        self.finish_wait.clear()
+        self.finished_sending |= self.finish_wait - self.fenced
+        self.finish_wait &= self.fenced
 
     def _pump_step(self, block: bool) -> None:
         """One submit/reap round for loads and stores; a broker failure fails both."""
@@ -596,10 +646,114 @@ class _Worker:
             for ud, res, flags, _lease in pump.step(block=block):
                 self._complete(ud, res, flags)
         except (kvb.Error, OSError, TimeoutError) as e:
+            self._lost(e)
+
+    def _lost(self, e: BaseException) -> None:
+        """A broker failure or timeout: the step goes on without the broker (loads become
+        load errors, stores future misses). Ops the broker took that write or read vLLM's
+        blocks (views: GETs into them, PUTs from them) may still run if it was only slow, so
+        their client is kept and fenced (_Fence) instead of closed, and their requests'
+        blocks stay held until it is settled. Converting copies touch only the client's own
+        ring, never reused once it is dropped: nothing to fence.
+        """
+        pump, self.pump = self.pump, None
+        reqs: set[str] = set()
+        recving: set[str] = set()
+        if pump is not None and pump.inflight:
+            for ud, (_pi, _ci, _block, req) in self.load_ops.items():
+                if ud not in self.cload_slot:
+                    reqs.add(req)
+            for req, _pi, _block, slot in self.aload_ops.values():
+                if slot < 0:
+                    reqs.add(req)
+                    recving.add(req)
+            for _pi, req, slot in self.save_ops.values():
+                if slot < 0:
+                    reqs.add(req)
+        if pump is not None and reqs and self._privatize():
+            reqs.clear()  # late writes land in memory vLLM no longer sees
+        if pump is not None and reqs:
+            pump.queue.clear()  # never submitted: the broker cannot run them
+            self.link.fail(e, keep=True)
+            self.fences.append(_Fence(pump, reqs, recving,
+                                      (self.views, self.bufs, self.ring), self.pidfd))
+            self.pidfd = -1
+            self.fenced |= reqs
+            logger.warning("kvbroker: %d ops in flight on the dropped connection may still "
+                           "touch the KV blocks of %d requests: they stay held until the "
+                           "broker completes them or is gone", pump.inflight, len(reqs))
+        else:
             self.link.fail(e)
-            self.pump = None
-            self._fail_pending_loads()
-            self._drop_saves()
+        self._fail_pending_loads()
+        self._drop_saves()
+
+    def _privatize(self) -> bool:
+        """Moves every KV region, in place, onto a new memfd (remap_onto_memfd: a copy of the
+        region, then one mremap over the same addresses, so vLLM's tensors stay valid); the
+        broker's mapping keeps the old file, so whatever it still writes lands where vLLM no
+        longer reads, even into blocks vLLM frees without telling the connector (a
+        preemption). Cost, on this failure path only: one copy of the KV memory (about
+        0.8 s per GiB on a loaded 2-core machine) and, while the broker keeps the old file
+        mapped, its pages where they cannot be punched out. Not for GPU memory (a fence
+        holds those blocks instead).
+        Returns whether every region was moved.
+        """
+        if not self.retire or not self.regions or \
+                any(r.cuda or r.memfd < 0 for r in self.regions):
+            return False
+        t0 = time.perf_counter()
+        for r in self.regions:
+            try:
+                fd = _kvbroker.remap_onto_memfd(r.ptr, r.nbytes, "kvbroker-vllm-kv")
+            except OSError as e:
+                logger.warning("kvbroker: cannot move the KV memory off the broker's file "
+                               "(%s): fencing its blocks instead", e)
+                return False
+            old, r.memfd = r.memfd, fd
+            try:
+                _kvbroker.punch_hole(old, 0, r.nbytes)
+            except OSError as e:  # sealed against writes: freed when the broker unmaps it
+                logger.debug("kvbroker: old KV memfd kept: %s", e)
+            os.close(old)
+        logger.warning("kvbroker: KV memory moved off the unresponsive broker's file in "
+                       "%.2f s", time.perf_counter() - t0)
+        return True
+
+    def _reap_fences(self) -> None:
+        """Reaps the fenced clients' completions without waiting; releases the requests of
+        each one that is settled (every op it had in flight completed, or the broker gone).
+        """
+        for f in list(self.fences):
+            try:
+                while f.pump.inflight > 0:
+                    comps = f.pump.client.reap(512, 0, 0)
+                    if not comps:
+                        break
+                    f.pump.inflight -= len(comps)
+            except (kvb.BrokerGone, kvb.NoBroker):
+                f.pump.inflight = 0  # the broker is gone: nothing of it writes any more
+            except (kvb.Error, OSError) as e:
+                # Not proof that the broker stopped: keep holding (a leak, never a wrong page).
+                logger.debug("kvbroker: fenced connection: %s", e)
+                continue
+            if f.pump.inflight > 0 and f.pidfd >= 0 and select.select([f.pidfd], [], [], 0)[0]:
+                f.pump.inflight = 0  # the broker process exited: nothing of it writes now
+            if f.pump.inflight > 0:
+                continue
+            self.fences.remove(f)
+            if f.pidfd >= 0:
+                os.close(f.pidfd)
+            with contextlib.suppress(Exception):
+                f.pump.client.close()
+            self.fenced = set().union(*(g.reqs for g in self.fences))
+            for req in f.recving - self.fenced:
+                self.finished_recving.add(req)
+            for req in f.reqs - self.fenced:
+                if req in self.finish_wait and self.req_pending.get(req, 0) <= 0:
+                    self.finish_wait.discard(req)
+                    self.finished_sending.add(req)
+            logger.info("kvbroker: fenced connection settled: %d requests' blocks released",
+                        len(f.reqs))
 
     def settle_view_saves(self) -> None:
         """Waits for view PUTs still reading vLLM's blocks (before a forward writes any)."""
@@ -612,15 +766,17 @@ class _Worker:
         self._inc("store_s", time.perf_counter() - t0)
 
     def poll(self) -> None:
-        """Reaps what completed without waiting (stores and asynchronous loads)."""
+        """Reaps what completed without waiting (stores, asynchronous loads, fences)."""
         if self.save_ops or self.aload_ops:
             self._pump_step(False)
+        if self.fences:
+            self._reap_fences()
 
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
         for req_id in meta.finish_req_ids:
-            if self.req_pending.get(req_id, 0) > 0:
+            if self.req_pending.get(req_id, 0) > 0 or req_id in self.fenced:
                 self.finish_wait.add(req_id)
             else:
                 self.finished_sending.add(req_id)
@@ -740,6 +896,15 @@ class _Worker:
         return errs
 
     def close(self) -> None:
+        for f in self.fences:
+            with contextlib.suppress(Exception):
+                f.pump.client.close()
+            if f.pidfd >= 0:
+                os.close(f.pidfd)
+        self.fences.clear()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
         self.link.close()
         for r in self.regions:
             if r.memfd >= 0:
