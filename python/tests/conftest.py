@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,24 @@ def prefix_stored(ns: kvb.Namespace, keys: Sequence[bytes] | bytes) -> int:
     n = sum(stored)
     assert stored == [True] * n + [False] * (len(stored) - n), stored
     return n
+
+
+@pytest.fixture(scope="module")
+def gloo() -> Iterator[Any]:
+    """A single-rank gloo process group with SGLang's parallel context set to TP rank 0 of 1,
+    as SGLang's scheduler sets it before it builds its caches.
+    """
+    import socket
+
+    import torch.distributed as dist
+    from sglang.srt.runtime_context import get_parallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                                 attn_dcp_size=1, attn_dcp_rank=0):
+        yield dist.group.WORLD
+    dist.destroy_process_group()

@@ -15,38 +15,19 @@ import sglang_support as S  # first: imports SGLang (see there)
 
 # isort: split
 
-import os
-import socket
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import torch
-import torch.distributed as dist
 from sglang.srt.managers.cache_controller import HiCacheController
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 from sglang.srt.mem_cache.utils import get_hash_str
-from sglang.srt.runtime_context import get_parallel
 
 from conftest import Broker
 from kvbroker.sglang import KVBrokerStorage
 
 PAGE = 16
-
-
-@pytest.fixture(scope="module")
-def gloo() -> Iterator[Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
-                                 attn_dcp_size=1, attn_dcp_rank=0):
-        yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def controller(group: Any, sock: str) -> HiCacheController:

@@ -23,16 +23,12 @@ import sglang_support as S  # first: imports SGLang (see there)
 # isort: split
 
 import logging
-import os
-import socket
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from sglang.srt.mem_cache.base_prefix_cache import (
     CacheRequestHandle,
     EvictParams,
@@ -42,25 +38,11 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 )
 from sglang.srt.mem_cache.radix_cache import RadixKey
 from sglang.srt.mem_cache.utils import get_hash_str
-from sglang.srt.runtime_context import get_parallel
 
 from conftest import Broker
 
 PAGE = 16
 NPAGES = 4
-
-
-@pytest.fixture(scope="module")
-def gloo() -> Iterator[Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
-                                 attn_dcp_size=1, attn_dcp_rank=0):
-        yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def read_staged(cache: Any, tokens: list[int], rid: str, want: list[torch.Tensor]) -> None:

@@ -290,11 +290,6 @@ class _Scheduler:
                     meta.saves.append(tr)
         return meta
 
-    def request_finished(self, request: Request,
-                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """request_finished_all_groups for the single-group (non-HMA) path."""
-        return self.request_finished_all_groups(request, (block_ids,))
-
     def request_finished_all_groups(self, request: Request, block_ids: tuple[list[int], ...],
                                     ) -> tuple[bool, dict[str, Any] | None]:
         """Stores the request's computed full blocks not stored yet; True keeps vLLM's
