@@ -29,6 +29,7 @@
 
 #include "orphan.h"
 #include "broker.h"
+#include "clock.h"
 #include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
@@ -142,7 +143,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		    const struct kvb_msg_hello *m, size_t blen)
 {
 	struct kvb_msg_hello_reply rep = {0};
-	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
+	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err, released = 0;
 	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
 
 	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
@@ -207,7 +208,9 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
 	}
-	err = tenant_attach(&b->tt, s->tenant);
+	err = tenant_attach(&b->tt, s->tenant, &released);
+	if (err >= 0 && tenant_guarantees(&b->tt, clock_now())) /* [tenant-lend] */
+		tenant_apply(&b->tt, &b->pool, &b->store);
 	if (err < 0 && (s->uid == 0 || s->uid == geteuid())) {
 		/*
 		 * [inspect] The operator always attaches, for inspection: with no share of its
@@ -223,11 +226,16 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 	} else if (err < 0) {
 		log_throttled(&tt_refused,
 			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
-			      "share is taken (%u, by other %ss with clients attached or seen "
-			      "before; --tenant-share, --tenant); root and uid %d may still attach "
+			      "share is taken (all %u partitions, by other %ss with clients "
+			      "attached or seen before%s); root and uid %d may still attach "
 			      "to inspect",
 			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
-			      tenant_mode_name(b->tt.mode), (int)geteuid());
+			      tenant_mode_name(b->tt.mode),
+			      released ? "; a released partition is not bound to another tenant, "
+					 "since its old clients may still map it: restart the broker "
+					 "to free them"
+				       : "",
+			      (int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
