@@ -641,6 +641,57 @@ static int on_ns_limit(struct broker *b, struct session *s, const struct kvb_msg
 	return reply(s, h, 0, NULL, 0, NULL, 0);
 }
 
+/*
+ * [tenant-lend] TENANT_SHARE: an operator sets a tenant's share on the running broker. A share
+ * is a guarantee, so nothing moves now: a raised one is reclaimed from borrowers by the
+ * tenant's next PUTs, a lowered one leaves what it holds beyond as lent (taken back when
+ * another tenant needs it). Namespace caps given in percent follow the new share.
+ */
+static int on_tenant_share(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+			   const struct kvb_msg_tenant_share *m)
+{
+	struct tenant_table *tt = &b->tt;
+	uint64_t bytes = m->bytes;
+	uint32_t id;
+	char what[48], g[32];
+	int p;
+
+	if (s->uid != geteuid() && s->uid != 0)
+		return reply(s, h, -EPERM, NULL, 0, NULL, 0);
+	if (tt->mode == TENANTS_NONE || !b->pool.sparse)
+		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
+	if (m->resv || !m->tenant[0] || !memchr(m->tenant, '\0', sizeof(m->tenant)) ||
+	    (m->bytes && m->percent) || m->percent > 100)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	if (tenant_resolve(tt->mode, m->tenant, &id))
+		return reply(s, h, -ENOENT, NULL, 0, NULL, 0);
+	if (m->percent)
+		bytes = (uint64_t)((double)m->percent / 100.0 * (double)b->pool.total);
+	if (bytes > b->pool.total)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	p = tenant_set_share(tt, tenant_key(tt->mode, id, id), bytes);
+	if (p < 0)
+		return reply(s, h, p, NULL, 0, NULL, 0);
+	(void)tenant_guarantees(tt, clock_now());
+	tenant_apply(tt, &b->pool, &b->store);
+	for (uint32_t nid = 0; nid < b->nst.count; nid++) {
+		struct ns *n = ns_get(&b->nst, nid);
+
+		if (n && b->store.ns_part[nid] == (uint32_t)p)
+			store_ns_limit(&b->store, nid,
+				       ns_limit_of(b->cfg.ns_limits, b->cfg.n_ns_limits, n,
+						   b->pool.part[p].size,
+						   b->store.cls[n->cls].slot_bytes));
+	}
+	text_bytes((double)tt->t[p].share, what, sizeof(what));
+	log_warn("tenant-share %s %u: %s%s by client %u (pid %d, uid %d); partition %u, guarantee "
+		 "now %s",
+		 tenant_mode_name(tt->mode), id, what, bytes ? "" : " (the default)", s->id,
+		 (int)s->pid, (int)s->uid, p,
+		 text_bytes((double)tt->t[p].guarantee, g, sizeof(g)));
+	return reply(s, h, 0, NULL, 0, NULL, 0);
+}
+
 static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
 {
 	char *js = stats_json_for(b, s);
@@ -673,7 +724,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	if (!s->hello_done)
 		return -EPROTO;
 	if (s->control_only && h->type != KVB_MSG_STATS && h->type != KVB_MSG_DROP &&
-	    h->type != KVB_MSG_NS_LIMIT)
+	    h->type != KVB_MSG_NS_LIMIT && h->type != KVB_MSG_TENANT_SHARE)
 		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 	switch (h->type) {
 	case KVB_MSG_NS_OPEN: {
@@ -753,6 +804,12 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 
 		memcpy(&m, body, sizeof(m));
 		return on_ns_limit(b, s, h, &m);
+	}
+	case KVB_MSG_TENANT_SHARE: {
+		struct kvb_msg_tenant_share m;
+
+		memcpy(&m, body, sizeof(m));
+		return on_tenant_share(b, s, h, &m);
 	}
 	}
 	return -EPROTO;

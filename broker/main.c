@@ -586,7 +586,13 @@ int main(int argc, char **argv)
 			goto out_store;
 		}
 	}
-	(void)tenant_guarantees(&b.tt, 0); /* [tenant-lend] */
+	/* [tenant-lend] Guarantees are of what the slabs may hold: the pool less directories. */
+	if (b.pool.sparse) {
+		b.tt.budget = 0;
+		for (uint32_t i = 0; i < KVB_MAX_ARENAS; i++)
+			b.tt.budget += b.pool.budget[i];
+	}
+	(void)tenant_guarantees(&b.tt, 0);
 	tenant_apply(&b.tt, &b.pool, &b.store);
 	b.sigfd = setup_signals();
 	rounds_hooks(&b, &hooks);

@@ -145,6 +145,11 @@ static int resolve_id(int mode, const char *name, uint32_t *id)
 	return 0;
 }
 
+int tenant_resolve(int mode, const char *name, uint32_t *id)
+{
+	return resolve_id(mode, name, id);
+}
+
 int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg *pc,
 		struct tenant_table *tt)
 {

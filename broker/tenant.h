@@ -108,6 +108,9 @@ void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s
  */
 void tenant_tick(struct tenant_table *tt, struct pool *p, struct store *s, double now);
 
+/* The uid or gid (mode) a tenant name or number names; -ENOENT none. */
+int tenant_resolve(int mode, const char *name, uint32_t *id);
+
 /* The tenant key of a peer under mode. */
 uint32_t tenant_key(int mode, uid_t uid, gid_t gid);
 
