@@ -14,10 +14,11 @@
 #include "wire.h"
 
 /*
- * Tenant partitions [tenant-part]: with --tenants, the pool is cut at start-up into partitions,
- * each its own set of arenas (memfds), so a client can be handed only its own tenant's memory:
- * a read-only map of one memfd can never show another memfd's bytes. Partition 0 is the whole
- * pool without tenants. Arenas record their partition (pool_arena.part) so that whoever takes
+ * Tenant partitions [tenant-part]: with --tenants, the pool has POOL_MAX_PARTS partitions, each
+ * its own set of arenas (memfds), so a client can be handed only its own tenant's memory: a
+ * read-only map of one memfd can never show another memfd's bytes. They are sparse
+ * [tenant-lend]: each as large as the pool, holding the memory its slabs took (store.c).
+ * Partition 0 is the whole pool without tenants. Arenas record their partition (pool_arena.part) so that whoever takes
  * the pool over (a restart's hand-over) knows whose memory each one is.
  */
 #define POOL_MAX_PARTS 8u

@@ -10,7 +10,7 @@
  *   - its pages live in its own partition of the pool, separate memfds (pool.h), and its
  *     clients are handed only those: a read-only map of one memfd cannot show another's bytes;
  *   - placement and eviction stay inside the partition (store.c): another tenant's flood
- *     evicts only its own pages, so a partition is a share no one else can push a tenant below.
+ *     evicts only its own pages, and takes no memory from a tenant below its guarantee.
  * Within one tenant every client is trusted alike: the first writer of a key wins, as before.
  *
  * Why a credential and not a token: processes of one uid can ptrace one another and read each
@@ -18,12 +18,25 @@
  * groups several uids into one tenant (one job's engines under per-rank users). Engines that
  * must not trust one another run under different uids.
  *
- * Partitions are cut at start-up, because a sealed memfd can neither grow nor give memory
- * back (F_SEAL_FUTURE_WRITE refuses hole punching) and clients map each whole: tenants named
- * by --tenant ID=SIZE get theirs, and the rest of the pool is cut into equal shares
- * (--tenant-share, by default TENANT_SLOTS_DEFAULT of them) that tenants not named take at
- * their first attach and keep for the broker's life. When none is left a new tenant is refused
- * with -EUSERS. Shares are hard: a tenant's pages never borrow another partition's memory.
+ * [tenant-lend] Shares are guarantees, not walls. There are POOL_MAX_PARTS partitions, each
+ * virtually the whole pool (sparse memfds: pool.h); memory is what the store's slabs take from
+ * one budget, the pool's size, and give back when they empty (store.c). A tenant's share
+ * (--tenant ID=SIZE for named ones, bound at start-up; --tenant-share, by default a quarter of
+ * the rest, for the others from their first attach; kvbctl tenant-share at run time) is what it
+ * can always reclaim: its guarantee, the share scaled down in proportion while the shares of
+ * the tenants bound and not released add up to more than the budget. Memory nobody uses is
+ * lent: a tenant stores beyond its guarantee while the budget has room, and a tenant under its
+ * guarantee takes a borrower's slabs back (oldest page's first) when it has none. A tenant
+ * whose last client left --tenant-idle ago is released (guarantee 0): its pages stay while
+ * the pool has room and are the first taken when anyone needs memory; it finds its partition
+ * again when it comes back. Why lending needs no copy of a tenant's page into another's memory:
+ * what moves between partitions is the budget, a page stays in its own memfd.
+ *
+ * A partition, once bound, stays its tenant's for the broker's life, released or not: a
+ * client that detached may still map its memfd, so another tenant's pages must never lie in
+ * it, and binding it to a new tenant would need a fresh memfd swapped into the broker, the
+ * keeper and the side table. With all POOL_MAX_PARTS bound, a new tenant is refused -EUSERS
+ * (the log names the cause); root and the broker's uid still attach, for inspection.
  *
  * [tenant-disk] A partition owns a share of the disk tier too (--tenant ID=RAM,DISK,
  * --tenant-share RAM,DISK; by default the disk in proportion to RAM): its own region of every
