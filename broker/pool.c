@@ -19,7 +19,9 @@
  *   5. without prefault, fallocate reserves the memory so that a pool the machine cannot hold
  *      is a start-up error rather than a SIGBUS at some later PUT (hugetlb: the mmap reserved);
  *   6. seal F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, and F_SEAL_FUTURE_WRITE unless the pool
- *      is kept [keep]. Mappings made before FUTURE_WRITE keep their write access (the
+ *      is kept [keep] or sparse [tenant-lend] (tenant partitions: memory taken and given back
+ *      slab by slab with fallocate and hole punching, which FUTURE_WRITE forbids; no step 5,
+ *      no hugetlb or THP, no prefault; read-only to clients as a kept pool is, below). Mappings made before FUTURE_WRITE keep their write access (the
  *      broker's, step 2); from then on no one can write() the file, mmap it writable,
  *      mprotect a mapping to PROT_WRITE, resize it or punch a hole in it, whatever fd they
  *      hold, and no further seal can be added.

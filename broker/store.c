@@ -19,7 +19,11 @@
  * Tenant partitions [tenant-part]: each arena belongs to one partition of the pool (pool.h), and
  * each namespace to one partition (ns_part). A page is placed, and a victim chosen, only within
  * its namespace's partition, each of which has its own LRU, usage and watermarks: one tenant's
- * flood evicts only its own pages, and its clients map only its arenas.
+ * flood evicts only its own pages, and its clients map only its arenas. [tenant-lend] In a
+ * sparse pool (pool.h) the partitions share one memory budget: slab_new takes a slab's memory
+ * (fallocate) while the budget has room, slab_release gives it back (hole punched); with the
+ * budget spent, a partition under its guarantee takes a borrower's slab back (lend_take)
+ * before anyone evicts their own.
  *
  * Page states:
  *
