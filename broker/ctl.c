@@ -224,18 +224,19 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 			 s->id, s->name, (int)s->pid, (int)s->uid);
 		err = 0;
 	} else if (err < 0) {
-		log_throttled(&tt_refused,
-			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
-			      "share is taken (all %u partitions, by other %ss with clients "
-			      "attached or seen before%s); root and uid %d may still attach "
-			      "to inspect",
-			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
-			      tenant_mode_name(b->tt.mode),
-			      released ? "; a released partition is not bound to another tenant, "
-					 "since its old clients may still map it: restart the broker "
-					 "to free them"
-				       : "",
-			      (int)geteuid());
+		log_throttled(
+			&tt_refused,
+			"client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			"share is taken (all %u partitions, by other %ss with clients "
+			"attached or seen before%s); root and uid %d may still attach "
+			"to inspect",
+			s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			tenant_mode_name(b->tt.mode),
+			released ? "; a released partition is not bound to another tenant, "
+				   "since its old clients may still map it: restart the broker "
+				   "to free them"
+				 : "",
+			(int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
@@ -687,8 +688,7 @@ static int on_tenant_share(struct broker *b, struct session *s, const struct kvb
 	log_warn("tenant-share %s %u: %s%s by client %u (pid %d, uid %d); partition %u, guarantee "
 		 "now %s",
 		 tenant_mode_name(tt->mode), id, what, bytes ? "" : " (the default)", s->id,
-		 (int)s->pid, (int)s->uid, p,
-		 text_bytes((double)tt->t[p].guarantee, g, sizeof(g)));
+		 (int)s->pid, (int)s->uid, p, text_bytes((double)tt->t[p].guarantee, g, sizeof(g)));
 	return reply(s, h, 0, NULL, 0, NULL, 0);
 }
 

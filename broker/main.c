@@ -209,11 +209,12 @@ static int start_pool(struct broker *b)
 
 	if (!err && pc.sparse && (pc.hugepage == HP_MODE_2M || pc.hugepage == HP_MODE_1G)) {
 		/* [tenant-lend] */
-		log_error("--hugepages %s with --tenants %s: tenant partitions lend their memory "
-			  "a slab at a time and give it back by punching holes, which hugetlb pages "
-			  "cannot do; use --hugepages auto or off",
-			  hugepage_name(pc.hugepage == HP_MODE_2M ? HP_2M : HP_1G),
-			  tenant_mode_name(b->cfg.tenants.mode));
+		log_error(
+			"--hugepages %s with --tenants %s: tenant partitions lend their memory "
+			"a slab at a time and give it back by punching holes, which hugetlb pages "
+			"cannot do; use --hugepages auto or off",
+			hugepage_name(pc.hugepage == HP_MODE_2M ? HP_2M : HP_1G),
+			tenant_mode_name(b->cfg.tenants.mode));
 		return -EINVAL;
 	}
 	if (!err)

@@ -509,7 +509,7 @@ static void defaults(struct config *c)
 	c->max_leases = 65536;
 	c->max_lease_frac = 0.125; /* a client pins at most an eighth of its tenant's pool */
 	c->tenants.idle_s = TENANT_IDLE_DEFAULT; /* [tenant-lend] */
-	c->max_pinned = 0.5;	   /* leases pin at most half of a partition: PUTs find room */
+	c->max_pinned = 0.5; /* leases pin at most half of a partition: PUTs find room */
 	c->lease_lifetime = 600;
 	c->arg_size = 1u << 20;
 	/* Registered buffers are mapped, not charged to us (the client faults its own in:

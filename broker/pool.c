@@ -132,7 +132,8 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 {
 	uint64_t sizes[2], want;
 	/* [tenant-lend] Hugetlb pages cannot be lent a slab at a time: sparse arenas never. */
-	int n = p->sparse ? 0 : hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes),
+	int n = p->sparse ? 0
+			  : hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes),
 	    err;
 
 	for (int i = 0; i < n; i++) {
@@ -166,8 +167,8 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 	}
 	/* [tenant-lend] Not for sparse arenas: a slab's memory is exactly its 4 KiB pages, given
 	 * back whole (a hole punched in a huge page splits it). */
-	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && !p->sparse && hugepage_thp_shmem() &&
-	    madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
+	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && !p->sparse &&
+	    hugepage_thp_shmem() && madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
 		a->page_size = HP_2M;
 		a->backing = HP_BACK_THP;
 	}

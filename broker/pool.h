@@ -83,8 +83,8 @@ struct pool {
 	 */
 	int sparse;
 	uint64_t budget[KVB_MAX_ARENAS];
-	int meta_fd;	/* the side table (pagehdr.h), -1 none; never sent to clients */
-	void *meta;	/* mapped read-write, NULL none */
+	int meta_fd; /* the side table (pagehdr.h), -1 none; never sent to clients */
+	void *meta;  /* mapped read-write, NULL none */
 	uint64_t meta_size;
 	struct numa_topo topo;
 };

@@ -137,7 +137,10 @@ static cJSON *pool_part_json(const struct broker *b, int part)
 
 	arenas_used(st, used);
 	/* [tenant-lend] A sparse partition may hold up to the pool: that is its total. */
-	num(p, "bytes_total", !sp ? 0 : b->pool.sparse ? (double)pool_budget(b) : (double)sp->bytes_total);
+	num(p, "bytes_total",
+	    !sp		     ? 0
+	    : b->pool.sparse ? (double)pool_budget(b)
+			     : (double)sp->bytes_total);
 	if (sp && b->pool.sparse) {
 		num(p, "share_bytes", (double)b->pool.part[part].size);
 		num(p, "guarantee_bytes", (double)sp->guarantee);
@@ -439,7 +442,8 @@ static cJSON *tenants_json(const struct broker *b)
 		 * (0 released), and the memory its slabs hold (above the guarantee: lent). */
 		num(o, "share_bytes",
 		    (double)(b->pool.sparse ? b->pool.part[p].size : sp->bytes_total));
-		num(o, "guarantee_bytes", (double)(b->pool.sparse ? sp->guarantee : sp->bytes_total));
+		num(o, "guarantee_bytes",
+		    (double)(b->pool.sparse ? sp->guarantee : sp->bytes_total));
 		num(o, "resident_bytes", (double)(b->pool.sparse ? sp->resident : sp->bytes_total));
 		num(o, "released", t->released);
 		num(o, "share_set", t->share_set);

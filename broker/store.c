@@ -401,10 +401,11 @@ static int slab_back(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 		int e = errno;
 
 		s->st.alloc_failed++;
-		log_throttled(&lt,
-			      "pool: %s: no memory for a slab of %llu KiB (fallocate: %s): the "
-			      "machine has less free than the pool's budget; the PUT evicts instead",
-			      s->pool->arena[a].name, (unsigned long long)(len >> 10), strerror(e));
+		log_throttled(
+			&lt,
+			"pool: %s: no memory for a slab of %llu KiB (fallocate: %s): the "
+			"machine has less free than the pool's budget; the PUT evicts instead",
+			s->pool->arena[a].name, (unsigned long long)(len >> 10), strerror(e));
 		return -e;
 	}
 	s->resident[arena_slot(s, a)] += len;
@@ -419,8 +420,8 @@ static void slab_unback(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 {
 	static struct log_throttle lt;
 
-	if (fallocate(s->pool->arena[a].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-		      (off_t)off, (off_t)len) < 0)
+	if (fallocate(s->pool->arena[a].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+		      (off_t)len) < 0)
 		log_throttled(&lt, "pool: %s: cannot return %llu KiB (fallocate: %s)",
 			      s->pool->arena[a].name, (unsigned long long)(len >> 10),
 			      strerror(errno));
@@ -920,8 +921,9 @@ static int lend_victim(struct store *s, uint32_t part)
 		const struct store_part *pt = &s->part[q];
 		int rel = pt->guarantee == 0;
 		/* Pages being written to disk are as good as gone: their slabs come back. */
-		uint64_t held = pt->resident - (pt->demoting_bytes < pt->resident ? pt->demoting_bytes
-										    : pt->resident),
+		uint64_t held = pt->resident - (pt->demoting_bytes < pt->resident
+							? pt->demoting_bytes
+							: pt->resident),
 			 over;
 
 		if (q == part || held <= pt->guarantee || list_empty(&pt->lru) || (!under && !rel))
@@ -972,12 +974,14 @@ uint64_t store_sparse_scrub(struct store *s)
 		return 0;
 	for (uint32_t a = 0; a < s->pool->narenas; a++) {
 		const struct store_arena *ar = &s->ar[a];
-		uint64_t rss = store_arena_rss(s, a), mine = ar->resident + s->pool->arena[a].dir_bytes;
+		uint64_t rss = store_arena_rss(s, a),
+			 mine = ar->resident + s->pool->arena[a].dir_bytes;
 
 		if (rss <= mine)
 			continue;
 		for (uint32_t i = 0; i < ar->next; i++)
-			(void)fallocate(s->pool->arena[a].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			(void)fallocate(s->pool->arena[a].fd,
+					FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 					(off_t)ar->ext[i].off, (off_t)ar->ext[i].len);
 		back += rss - mine;
 	}
@@ -1457,7 +1461,8 @@ void store_adopt_done(struct store *s)
 	 * when it died) goes back: what is resident is exactly what is counted. */
 	for (uint32_t a = 0; s->pool->sparse && a < s->pool->narenas; a++)
 		for (uint32_t i = 0; i < s->ar[a].next; i++)
-			(void)fallocate(s->pool->arena[a].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+			(void)fallocate(s->pool->arena[a].fd,
+					FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 					(off_t)s->ar[a].ext[i].off, (off_t)s->ar[a].ext[i].len);
 }
 

@@ -114,7 +114,7 @@ struct store_part {
 	 */
 	uint64_t resident, guarantee;
 	uint64_t lent_back; /* slabs of it reclaimed for another partition */
-	int ahead_cls;		   /* [evict-ahead] class + 1 of the last PUT that evicted, or 0 */
+	int ahead_cls;	    /* [evict-ahead] class + 1 of the last PUT that evicted, or 0 */
 };
 
 struct store_stats {
@@ -330,7 +330,6 @@ uint64_t store_sparse_scrub(struct store *s);
 
 /* [tenant-lend] Bytes the memfd of arena a holds now (st_blocks), for stats and the tests. */
 uint64_t store_arena_rss(const struct store *s, uint32_t a);
-
 
 /*
  * The disk tier finished writing a page it took from evict(). ok: the copy on disk is complete;

@@ -222,10 +222,8 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 				(unsigned long long)(TENANT_MIN_BYTES >> 20));
 			return -EINVAL;
 		}
-		tt->t[n] = (struct tenant){.key = tenant_key(c->mode, id, id),
-					   .listed = 1,
-					   .used = 1,
-					   .share = bytes};
+		tt->t[n] = (struct tenant){
+			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1, .share = bytes};
 		tt->disk_bytes[n] = disk;
 		tt->disk_frac[n] = disk_frac;
 		n++;

@@ -56,7 +56,7 @@ struct tenant {
  */
 struct tenant_table {
 	int mode;
-	uint32_t n; /* partitions, = pool.nparts */
+	uint32_t n;		/* partitions, = pool.nparts */
 	uint64_t budget;	/* [tenant-lend] RAM the partitions' slabs may hold in all */
 	uint64_t share_default; /* the share of a tenant not listed, at its first attach */
 	double idle_s;		/* --tenant-idle */

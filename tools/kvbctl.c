@@ -61,7 +61,8 @@ static void usage(FILE *f)
 		"             is for the broker's uid or root\n"
 		"  tenant-share [ID=SIZE|ID=N%%|ID=none]\n"
 		"             the tenants' shares; with an argument sets tenant ID's share (a\n"
-		"             guarantee: what it always reclaims) at once (--tenant's syntax; none:\n"
+		"             guarantee: what it always reclaims) at once (--tenant's syntax; "
+		"none:\n"
 		"             the default); for the broker's uid or root\n"
 		"\n"
 		"options:\n"
@@ -640,9 +641,9 @@ static int print_part(const cJSON *root, const char *name)
 	return ret;
 }
 
-static const char *const commands[] = {"status", "clients", "ns",   "map",     "metrics",
-				       "top",	 "plan",    "drop", "tenants", "ns-limit",
-				       "tenant-share"};
+static const char *const commands[] = {"status",  "clients",  "ns",	     "map",
+				       "metrics", "top",      "plan",	     "drop",
+				       "tenants", "ns-limit", "tenant-share"};
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 /* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */

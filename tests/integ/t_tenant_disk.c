@@ -36,7 +36,7 @@
 
 #define UID_A 4242
 #define UID_B 4243
-#define NA 48 /* A's pages: most of the 64 MiB pool, borrowed, until B takes its share back */
+#define NA 48  /* A's pages: most of the 64 MiB pool, borrowed, until B takes its share back */
 #define NB 200 /* B's flood: about five times its RAM and disk */
 #define SEED_A 300
 #define SEED_B 400

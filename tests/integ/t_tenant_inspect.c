@@ -118,7 +118,7 @@ int main(int argc, char **argv)
 	layout(&l);
 	CHECK_EQ(kvb_ns_open(root, &l, &ns, &pb), -EACCES);
 	CHECK_EQ(kvb_ns_limit(root, "inspect/model", 1 << 20, 0), 0); /* an operator's call */
-	CHECK_EQ(harness_stat(ctl, "pool.pages"), NHOLD); /* each tenant's one page */
+	CHECK_EQ(harness_stat(ctl, "pool.pages"), NHOLD);	      /* each tenant's one page */
 
 	harness_log("the tenants leave: their shares stay bound, shown idle");
 	for (int i = 0; i < NHOLD; i++) {
