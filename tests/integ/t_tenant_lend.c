@@ -168,6 +168,7 @@ int main(int argc, char **argv)
 	pid_t hold[NUIDS];
 	kvb_client *ctl, *root;
 	uint64_t budget, pages, rss_b;
+	char args[300], *out = NULL;
 
 	if (argc == 4 && !strcmp(argv[1], "--client"))
 		return client_main(argv[2], argv[3]);
@@ -273,6 +274,21 @@ int main(int argc, char **argv)
 	CHECK_OK(kvb_tenant_share(ctl, "4401", 0, 0)); /* back to the default */
 	CHECK_EQ(tstat(ctl, A, "share_bytes"), 16 * MiB);
 	CHECK_EQ(tstat(ctl, A, "pages"), 1 + NA1 + NA2); /* nothing evicted by lowering */
+
+	harness_log("kvbctl tenant-share: sets, and shows shares, guarantees, released tenants");
+	snprintf(args, sizeof(args), "--socket %s tenant-share 4402=12M", sockp);
+	CHECK_EQ(harness_run_tool("kvbctl", args, &out), 0);
+	CHECKF(strstr(out, "tenant-share 4402: 12.0 MiB") != NULL, "kvbctl said: %s", out);
+	free(out);
+	CHECK_EQ(tstat(ctl, B, "share_bytes"), 12 * MiB);
+	snprintf(args, sizeof(args), "--socket %s tenant-share", sockp);
+	CHECK_EQ(harness_run_tool("kvbctl", args, &out), 0);
+	CHECKF(strstr(out, "guarantee") && strstr(out, "uid 4402") && strstr(out, "released"),
+	       "kvbctl said: %s", out);
+	free(out);
+	snprintf(args, sizeof(args), "--socket %s tenant-share 4402=lots", sockp);
+	CHECK(harness_run_tool("kvbctl", args, &out) != 0);
+	free(out);
 
 	kill(hold[0], SIGKILL);
 	kill(hold[1], SIGKILL);
