@@ -201,6 +201,7 @@ static cJSON *pool_json(const struct broker *b)
 	num(p, "resident_bytes", (double)st->st.resident);
 	num(p, "lend_reclaims", (double)st->st.lend_reclaims);
 	num(p, "slab_alloc_failed", (double)st->st.alloc_failed);
+	num(p, "empty_slab_bytes", (double)st->st.empty_bytes);
 	num(p, "bytes_total", (double)total);
 	num(p, "dir_bytes", (double)dir);
 	num(p, "dir_entries", (double)stats_dir_sum(b, 0));

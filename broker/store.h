@@ -75,6 +75,7 @@ struct slab {
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
 	struct list link;   /* its class's partial list in its arena, when it has a free slot */
+	struct list elink;  /* [tenant-lend] the store's empty slabs, while it has no page */
 };
 
 struct store_class {
@@ -131,6 +132,7 @@ struct store_stats {
 	uint64_t lend_reclaims; /* [tenant-lend] borrowers' slabs taken back */
 	uint64_t resident;	/* [tenant-lend] bytes of slabs in a sparse pool */
 	uint64_t alloc_failed;	/* [tenant-lend] slabs whose memory the kernel refused */
+	uint64_t empty_bytes;	/* [tenant-lend] bytes of empty slabs kept (store.c) */
 };
 
 struct store {
@@ -146,6 +148,7 @@ struct store {
 	/* [tenant-lend] Sparse pool: slab bytes in the i-th arena of every partition together,
 	 * at most pool->budget[i]. */
 	uint64_t resident[KVB_MAX_ARENAS];
+	struct list empty; /* [tenant-lend] empty slabs kept with their memory, oldest first */
 	uint8_t ns_part[STORE_MAX_NS]; /* the partition each namespace's pages go to */
 	struct store_class cls[STORE_MAX_CLASSES];
 	uint32_t ncls;
