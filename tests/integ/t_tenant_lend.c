@@ -15,7 +15,8 @@
  *     the machine (its memfd's blocks, fstat, drop);
  *   - 0 bytes across tenants: A's GETs and LOOKUPs of B's keys miss;
  *   - shares set at run time (kvb_tenant_share): a tenant may not (-EPERM); lowering B's share
- *     loses no page; raising A's lets A store that much more, all of it kept, taken from B.
+ *     loses no page; raising A's lets A store that much more, all of it kept, taken from B;
+ *   - hugetlb pages cannot be lent: --tenants with --hugepages 2M is refused at start-up.
  * Root only (setpriv); skipped elsewhere.
  */
 #include <errno.h>
@@ -230,6 +231,12 @@ int main(int argc, char **argv)
 	CHECK_OK(chmod(dir, 0711));
 	snprintf(rundir, sizeof(rundir), "%s/run", dir);
 	snprintf(sockp, sizeof(sockp), "%s/sock", rundir);
+	snprintf(args, sizeof(args),
+		 "--socket %s/refused.sock --pool 64M --tenants uid --hugepages 2M", dir);
+	CHECK(harness_run_tool("kvbrokerd", args, &out) != 0);
+	CHECKF(strstr(out, "hugetlb pages") && strstr(out, "--hugepages auto or off"),
+	       "--tenants with --hugepages 2M: %s", out);
+	free(out);
 	b = harness_broker_start("--pool", "64M", "--slab", "1M", "--tenants", "uid",
 				 "--tenant-idle", "1s", "--group", g->gr_name, "--socket", sockp);
 	o.flags = KVB_CONNECT_CONTROL;
