@@ -324,7 +324,7 @@ void store_prefetch_victims(struct store *s);
 void store_evict_ahead(struct store *s);
 
 /*
- * [tenant-lend] A sparse pool's memory, checked against the slabs (at most every few seconds,
+ * [tenant-lend] A sparse pool's memory, checked against the slabs (once a second,
  * on the loop's tick): an arena holding more than its slabs and directory (a client's read of
  * a stale location faults a page into a hole: tmpfs fills holes on faults) has its free ranges
  * punched again. Returns the bytes given back.

@@ -373,7 +373,7 @@ void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s
 }
 
 #define TENANT_TICK_S 0.25
-#define TENANT_SCRUB_S 5.0
+#define TENANT_SCRUB_S 1.0 /* eight fstat calls */
 
 void tenant_tick(struct tenant_table *tt, struct pool *p, struct store *s, double now)
 {

@@ -409,8 +409,10 @@ int xfer_init(struct broker *b)
 		/* [tenant-lend] Registering the pool pins every page of it: all the partitions,
 		 * each as large as the pool, whose memory is lent slab by slab. */
 		log_warn("GPU copies off: --tenants %s lends pool memory slab by slab, and the GPU "
-			 "copy engine would pin all of it; clients copy GPU pages through host "
-			 "buffers, or run the broker without --tenants",
+			 "copy engine would pin all of it (every partition, each as large as the "
+			 "pool); GPU buffers are refused (-ENODEV): engines register host buffers, "
+			 "or "
+			 "run the broker without --tenants",
 			 tenant_mode_name(b->tt.mode));
 	else if (b->cfg.gpu)
 		b->gpu = copy_cuda_open(b);
