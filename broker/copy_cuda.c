@@ -1111,7 +1111,8 @@ static int pin_pool(struct cuda_engine *c, const struct cuda_opts *o)
 	for (uint32_t a = 0; a < o->npool; a++) {
 		for (uint64_t off = 0; off < o->pool[a].len; off += max) {
 			int err = chunk_add(c, (uint8_t *)o->pool[a].base + off,
-					    o->pool[a].len - off < max ? o->pool[a].len - off : max);
+					    o->pool[a].len - off < max ? o->pool[a].len - off
+								       : max);
 
 			if (err)
 				return err;
@@ -1151,7 +1152,8 @@ int copy_cuda_unpin(struct copy_engine *e, void *host, uint64_t len)
 	}
 	CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
 	r = CU(c, cuMemHostUnregister)(host);
-	memmove(&c->chunks[i], &c->chunks[i + 1], (c->nchunks - (uint32_t)i - 1) * sizeof(*c->chunks));
+	memmove(&c->chunks[i], &c->chunks[i + 1],
+		(c->nchunks - (uint32_t)i - 1) * sizeof(*c->chunks));
 	c->nchunks--;
 	c->info.nchunks = c->nchunks;
 	c->info.pinned_bytes -= len;

@@ -429,7 +429,8 @@ int xfer_init(struct broker *b)
 		err = store_pin_hooks(&b->store, slab_pin, slab_unpin, b);
 		if (err) {
 			log_warn("GPU copies off: the GPU driver would not register the %u slab(s) "
-				 "adopted from the kept pool (%s); GPU buffers are refused (-ENODEV) "
+				 "adopted from the kept pool (%s); GPU buffers are refused "
+				 "(-ENODEV) "
 				 "until a restart with more pinnable memory (ulimit -l)",
 				 b->store.nslabs, strerror(-err));
 			b->gpu->destroy(b->gpu);

@@ -89,8 +89,9 @@ static CUresult pin_add(void *p, uint64_t len, const char *how)
 
 	for (int i = 0; i < PMAX; i++)
 		if (P[i].len && a < P[i].base + P[i].len && P[i].base < a + len) {
-			fprintf(stderr, "fake-cuda: BUG: %s of %llu bytes overlaps a registration\n",
-				how, (unsigned long long)len);
+			fprintf(stderr,
+				"fake-cuda: BUG: %s of %llu bytes overlaps a registration\n", how,
+				(unsigned long long)len);
 			return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
 		}
 	for (int i = 0; i < PMAX; i++)
