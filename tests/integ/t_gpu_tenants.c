@@ -42,8 +42,7 @@
 #define NBIG 900 /* 42 MiB of 48 KiB pages: they need the filler's empty slabs back */
 
 static const struct gf_shape shape = {LAYERS, TPP, BPT, SEED};
-static const char *const args[] = {"--pool", "64M", "--slab",	     "1M", "--tenants",
-				   "uid",    NULL};
+static const char *const args[] = {"--pool", "64M", "--slab", "1M", "--tenants", "uid", NULL};
 
 static struct kvb_cuda_api *cu;
 
@@ -67,8 +66,8 @@ static void check_pins(const struct harness_broker *br, kvb_client *c, const cha
 	uint64_t pinned = harness_stat(c, "copy.gpu.pinned_bytes"),
 		 resident = harness_stat(c, "pool.resident_bytes");
 
-	harness_log("%s: %llu KiB pinned in %llu chunks (%llu registered, %llu unregistered)",
-		    when, (unsigned long long)pinned >> 10,
+	harness_log("%s: %llu KiB pinned in %llu chunks (%llu registered, %llu unregistered)", when,
+		    (unsigned long long)pinned >> 10,
 		    (unsigned long long)harness_stat(c, "copy.gpu.pin_chunks"),
 		    (unsigned long long)harness_stat(c, "copy.gpu.slab_pins"),
 		    (unsigned long long)harness_stat(c, "copy.gpu.slab_unpins"));
