@@ -428,11 +428,11 @@ int xfer_init(struct broker *b)
 	if (b->gpu && b->pool.sparse) {
 		err = store_pin_hooks(&b->store, slab_pin, slab_unpin, b);
 		if (err) {
-			log_warn("GPU copies off: the GPU driver would not register the %u slab(s) "
-				 "adopted from the kept pool (%s); GPU buffers are refused "
+			log_warn("GPU copies off: the GPU driver would not register the slabs "
+				 "adopted from the kept pool (%s): GPU buffers are refused "
 				 "(-ENODEV) "
 				 "until a restart with more pinnable memory (ulimit -l)",
-				 b->store.nslabs, strerror(-err));
+				 strerror(-err));
 			b->gpu->destroy(b->gpu);
 			b->gpu = NULL;
 		}

@@ -13,8 +13,10 @@
  *     slabs) are unregistered first: the registrations fall, the GPU pages stay exact;
  *   - a kill -9 and a restart adopt the pool and register every adopted slab at start-up: the
  *     reconnected client's GPU GETs are exact, and PUTs into new slabs work;
- *   - a driver that refuses to register: the slab is not made, the PUT fails, counted
- *     (pool.slab_pin_failed) and logged, and the broker runs on;
+ *   - a driver that refuses to register: at a restart, the adopted slabs stay unregistered
+ *     and GPU copies are off (GPU buffers -ENODEV, host copies served); in a new pool, the
+ *     slab is not made, the PUT fails, counted (pool.slab_pin_failed) and logged, and the
+ *     broker runs on;
  *   - no broker log holds a fake-cuda BUG line, and a clean stop leaves nothing pinned.
  * Skipped (77) without the CUDA headers at build time.
  */
@@ -210,6 +212,38 @@ int main(int argc, char **argv)
 			 0);
 	}
 	check_pins(br, c, "after PUTs into the adopted pool");
+
+	harness_log("a restart whose driver will not register the adopted slabs: GPU copies off");
+	rel_kill(br->pid);
+	br->pid = 0;
+	setenv("KVB_FAKE_CUDA_PIN_FAIL", "1", 1);
+	br = start(sock);
+	unsetenv("KVB_FAKE_CUDA_PIN_FAIL");
+	CHECK(harness_broker_log_has(br, "adopt: "));
+	CHECK(harness_broker_log_has(br, "GPU copies off: the GPU driver would not register the "
+					 "slabs adopted"));
+	{
+		kvb_client *c2 = harness_connect(br, "gpu-tenants-off", 0);
+		kvb_key k = harness_key(SEED + 2, 0);
+		uint32_t b2;
+		uint8_t *page = malloc(BIG);
+
+		CHECK(page != NULL);
+		CHECK_OK(kvb_ns_open(c2, &big, &nsb, &pbb));
+		CHECK_RC(kvb_buf_register_gpu(c2, dev, BIG, &b2), -ENODEV);
+		CHECK_RC(kvb_get(c2, nsb, k, page, BIG), (long long)BIG); /* host copies still */
+		CHECK_OK(harness_verify(page, BIG, &k, SEED + 2, "a host GET, GPU copies off"));
+		CHECK(harness_stat(c2, "pool.slab_pin_failed") >= 1);
+		free(page);
+		kvb_close(c2);
+	}
+
+	harness_log("one more restart with a willing driver, then a clean stop unpins all");
+	rel_kill(br->pid);
+	br->pid = 0;
+	br = start(sock);
+	check_gpu_pages(c, view, layer, "a GPU view GET after the third restart");
+	check_pins(br, c, "after the third restart");
 	kvb_close(c);
 	harness_broker_stop(br);
 	CHECK(!harness_broker_log_has(br, "fake-cuda: BUG"));
