@@ -210,6 +210,9 @@ class _Worker:
         self.aload_ud = itertools.count(_ALOAD_UD)
         self.aload_pending: dict[str, int] = {}
         self.finished_recving: set[str] = set()
+        # Requests with a failed asynchronous load: vLLM's failed_recving, how load errors
+        # are reported with several KV cache groups (block ids are per group there).
+        self.failed_recving: set[str] = set()
         # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
         self.copy_q: deque[tuple[Any, ...]] = deque()
         self.cload_slot: dict[int, int] = {}
@@ -385,6 +388,8 @@ class _Worker:
             for ci, (first, count) in enumerate(chunks):
                 for tr in meta.loads:
                     for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                        if block < 0:  # a window group's block vLLM does not keep
+                            continue
                         ud += 1
                         self.load_ops[ud] = (pi, ci, block, tr.req_id)
                         self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
@@ -437,7 +442,9 @@ class _Worker:
     def _fail_loads(self, loads: list[_Transfer]) -> None:
         for tr in loads:
             for ids in tr.block_ids:
-                self.load_errors.update(ids)
+                self.load_errors.update(b for b in ids if b >= 0)
+            if tr.async_load:
+                self.failed_recving.add(tr.req_id)
             self._inc("load_errors", len(tr.keys))
         self._inc("broker_down", 1)
 
@@ -513,6 +520,8 @@ class _Worker:
             for pi in range(len(self.plans)):
                 view = self.views[pi] if self.views else None
                 for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                    if block < 0:  # a window group's block vLLM does not keep
+                        continue
                     ud = next(self.aload_ud)
                     if view is not None:
                         self.aload_ops[ud] = (tr.req_id, pi, block, -1)
@@ -522,6 +531,7 @@ class _Worker:
                         slot = self._ring_slot()
                         if slot < 0 or self.pump is None:
                             self.load_errors.add(block)
+                            self.failed_recving.add(tr.req_id)
                             self._inc("load_errors", 1)
                             continue
                         self.aload_ops[ud] = (tr.req_id, pi, block, slot)
@@ -544,6 +554,7 @@ class _Worker:
         req_id, pi, block, slot = info
         if res < 0:
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             self._inc("load_errors", 1)
         else:
             if slot >= 0:
@@ -574,6 +585,7 @@ class _Worker:
     def _drop_async_loads(self) -> None:
         for req_id, _pi, block, _slot in self.aload_ops.values():
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             if req_id not in self.fenced:  # else once its fence is settled
                 self.finished_recving.add(req_id)
         self._inc("load_errors", len(self.aload_ops))
@@ -775,6 +787,11 @@ class _Worker:
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
+            if self.view_saves_pending and any(p.window or p.chunk for p in self.plans):
+                # vLLM frees a window group's blocks behind the window when it schedules
+                # the next step and may hand them to a request whose blocks the runner
+                # zeroes before start_load: view PUTs reading them finish in this step.
+                self.settle_view_saves()
         for req_id in meta.finish_req_ids:
             if self.req_pending.get(req_id, 0) > 0 or req_id in self.fenced:
                 self.finish_wait.add(req_id)
@@ -797,7 +814,8 @@ class _Worker:
                 for pi in range(len(self.plans))
                 for key, block, parent in zip(tr.keys, tr.block_ids[pi],
                                               [tr.parent, *tr.keys[:-1]], strict=True)
-                if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
+                if block >= 0  # a window group's block vLLM no longer holds: skipped
+                and (not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank)]
         if not mine:
             return
         client = self.link.get()
