@@ -300,6 +300,59 @@ def test_scheduler_kv_events_and_hit_sources(tmp_path: Path, broker: Broker) -> 
     conn.shutdown()
 
 
+def test_scheduler_kv_events_block_removed(tmp_path: Path, broker: Broker) -> None:
+    """The broker evicts on its own: blocks announced stored (BlockStored) and found gone
+    are announced removed (BlockRemoved), by a lookup that misses one (not within
+    events_grace_s of its announcement: its store may still be in flight) and by the
+    background re-check of announced pages; what is tracked stays bounded."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    e = vs.MiniEngine(tmp_path, broker.socket, mla=False,
+                      extra={"model": "events-removed", "events_grace_s": 0.0,
+                             "events_recheck_s": 3600.0, "events_tracked": 10})
+    conn = e.sched.connector
+    assert isinstance(conn, KVBrokerConnector) and conn._sched is not None
+    sch = conn._sched
+    events = _recorded(conn)
+    prompt = [9000 + i for i in range(BS * 6 + 1)]
+    keys = kvb.page_keys(prompt, BS)[:6]
+    e.run([vs.make_request("a", prompt, BS, max_tokens=1)])
+    assert [k for ev in events if isinstance(ev, BlockStored) for k in ev.block_hashes] == keys
+    plan = namespace_layouts(e.vc, e.kcc)[0]
+    with kvb.connect(broker.socket) as c:  # "evicted"
+        ns = c.ns_open(plan.layout)
+        assert ns.delete(keys[1]) and ns.delete(keys[4])
+
+    def removed() -> list[bytes]:
+        return [k for ev in conn.take_events() if isinstance(ev, BlockRemoved)
+                for k in ev.block_hashes]
+
+    # A lookup misses block 1; within the grace period nothing is said, after it BlockRemoved.
+    sch._grace_s = 3600.0
+    assert conn.get_num_new_matched_tokens(vs.make_request("b", prompt, BS), 0) == (BS, False)
+    assert removed() == []
+    sch._grace_s = 0.0
+    assert conn.get_num_new_matched_tokens(vs.make_request("c", prompt, BS), 0) == (BS, False)
+    assert removed() == [keys[1]]
+    # The re-check (on the lookup thread, started by a step's build_connector_meta) finds
+    # block 4 gone, and only it; announced keys found gone are not announced twice.
+    sch._recheck_at = 0.0
+    e.sched.schedule()
+    assert sch._recheck_fut is not None
+    sch._recheck_fut.result(timeout=10)
+    assert removed() == [keys[4]]
+    sch._recheck_at = 0.0
+    e.sched.schedule()
+    assert sch._recheck_fut is not None
+    sch._recheck_fut.result(timeout=10)
+    assert removed() == []
+    # Bounded: 4 still tracked, 8 more announced, at most events_tracked (10) kept.
+    other = [11000 + i for i in range(BS * 8 + 1)]
+    e.run([vs.make_request("d", other, BS, max_tokens=1)])
+    assert len(sch._announced) == 10
+    conn.shutdown()
+
+
 def test_docs_launch_line_parses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/vllm.md's `vllm serve` line, flag by flag, through vllm 0.33.0's own parser."""
     import re
