@@ -155,9 +155,12 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return self._sched.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """Notes the asynchronous loads the workers finished (finished_recving)."""
+        """Notes the loads the workers finished (finished_recving) or failed."""
         if self._sched is not None:
-            self._sched.update_connector_output(connector_output.finished_recving)
+            self._sched.update_connector_output(
+                connector_output.finished_recving,
+                getattr(connector_output, "failed_recving", None),
+                getattr(connector_output, "invalid_block_ids", None))
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

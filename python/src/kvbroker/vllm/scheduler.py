@@ -72,6 +72,9 @@ class _ReqState:
     # finishes (request_finished_all_groups).
     touched: bool = False
     early: concurrent.futures.Future[tuple[int, int, float]] | None = None
+    # Its load from kvbroker failed: vLLM recomputes it and, after a failed asynchronous
+    # load, asks again; a second answer from the same broker state would fail the same way.
+    load_failed: bool = False
 
 
 
@@ -99,6 +102,7 @@ class _Scheduler:
         self._stats = KVBrokerStats()
         self._events: list[Any] = []
         self._aloading: set[str] = set()  # requests with asynchronous loads in flight
+        self._loading: dict[str, set[int]] = {}  # request -> blocks of its last load
         # The scheduler only looks up: MHA namespaces are per TP rank, rank 0's stands
         # for all (every rank stores every page of its shard).
         plans0 = namespace_layouts(conn._vllm_config, conn._kv_cache_config, 0, conn.tp_size)
@@ -234,7 +238,7 @@ class _Scheduler:
         """
         st = self._state(request)
         st.local_tokens = num_computed_tokens
-        if st.skip or not self.load_enabled:
+        if st.skip or not self.load_enabled or st.load_failed:
             return 0, False
         if not st.counted:
             # Where the request's prefix came from: vLLM's own prefix cache (local), kvbroker
@@ -289,11 +293,24 @@ class _Scheduler:
             [[_NO_BLOCK if b.is_null else b.block_id
               for b in blocks.blocks[p.group_id][first:last]] for p in self.plans],
             async_load=self.async_load))
+        self._loading[request.request_id] = {b for g in self._loads[-1].block_ids for b in g
+                                             if b >= 0}
         if self.async_load:
             self._aloading.add(request.request_id)
 
-    def update_connector_output(self, finished_recving: set[str] | None) -> None:
-        """Asynchronous loads the workers reported done."""
+    def update_connector_output(self, finished_recving: set[str] | None,
+                                failed_recving: set[str] | None = None,
+                                invalid_block_ids: set[int] | None = None) -> None:
+        """Loads the workers reported done, and which of them failed (a request's failed
+        load is not offered again: vLLM recomputes it).
+        """
+        for req_id, blocks in list(self._loading.items()):
+            if req_id in (failed_recving or ()) or blocks & (invalid_block_ids or set()):
+                st = self._reqs.get(req_id)
+                if st is not None:
+                    st.load_failed = True
+            if req_id not in self._aloading or req_id in (finished_recving or ()):
+                del self._loading[req_id]  # (in-step loads: reported in their step)
         for req_id in finished_recving or ():
             self._aloading.discard(req_id)
 
@@ -464,6 +481,7 @@ class _Scheduler:
         blocks until every worker reported the stores done (get_finished).
         """
         st = self._reqs.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
         if request.request_id in self._aloading:
             # Aborted while its pages are still landing in its blocks: vLLM itself keeps
             # the blocks of a request in WAITING_FOR_REMOTE_KVS until finished_recving.

@@ -209,6 +209,7 @@ class _Worker:
         self.aload_ops: dict[int, tuple[str, int, int, int]] = {}
         self.aload_ud = itertools.count(_ALOAD_UD)
         self.aload_pending: dict[str, int] = {}
+        self.aload_progress = 0.0  # the last submission or completion of one
         self.finished_recving: set[str] = set()
         # Requests with a failed asynchronous load: vLLM's failed_recving, how load errors
         # are reported with several KV cache groups (block ids are per group there).
@@ -544,6 +545,7 @@ class _Worker:
                 self.aload_pending[tr.req_id] = self.aload_pending.get(tr.req_id, 0) + n
             else:
                 self.finished_recving.add(tr.req_id)
+        self.aload_progress = time.monotonic()
         self._pump_step(False)
         self._inc("load_s", time.perf_counter() - t0)
 
@@ -552,6 +554,7 @@ class _Worker:
         if info is None:
             return
         req_id, pi, block, slot = info
+        self.aload_progress = time.monotonic()
         if res < 0:
             self.load_errors.add(block)
             self.failed_recving.add(req_id)
@@ -781,6 +784,13 @@ class _Worker:
         """Reaps what completed without waiting (stores, asynchronous loads, fences)."""
         if self.save_ops or self.aload_ops:
             self._pump_step(False)
+        if self.aload_ops and self.pump is not None and \
+                time.monotonic() - self.aload_progress > self.timeout_ms / 1e3:
+            # Asynchronous loads are reaped only without waiting: without this a broker
+            # that stopped answering would keep their requests waiting for ever. Their
+            # blocks stay held where the broker may still write them (_lost, _Fence).
+            self._lost(TimeoutError(f"asynchronous loads: no completion in "
+                                    f"{self.timeout_ms} ms"))
         if self.fences:
             self._reap_fences()
 
