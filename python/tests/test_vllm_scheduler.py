@@ -323,7 +323,7 @@ def test_scheduler_kv_events_block_removed(tmp_path: Path, broker: Broker) -> No
         ns = c.ns_open(plan.layout)
         assert ns.delete(keys[1]) and ns.delete(keys[4])
 
-    def removed() -> list[bytes]:
+    def removed() -> list[bytes | int]:
         return [k for ev in conn.take_events() if isinstance(ev, BlockRemoved)
                 for k in ev.block_hashes]
 

@@ -125,7 +125,7 @@ def main() -> None:
             note(ids)
         return save_upto(self, st, n, ids)
 
-    ksched._Scheduler._save_upto = saving  # type: ignore[method-assign]
+    ksched._Scheduler._save_upto = saving  # type: ignore[method-assign,assignment]
 
     def planned(self: Any, request: Any, blocks: Any, n: int) -> None:
         if n > 0 and request.num_prompt_tokens == hook.get("len"):

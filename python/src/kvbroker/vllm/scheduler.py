@@ -362,14 +362,12 @@ class _Scheduler:
                 mine = [i for i, b in enumerate(ids[pi]) if b != _NO_BLOCK]
                 if not mine:
                     continue
-                hashes = [keys[i] for i in mine]
-                for k in hashes:
-                    self._announced[(pi, k)] = now
-                    self._announced.move_to_end((pi, k))
-                extra: dict[str, Any] = {}
-                if self.multi_group:
-                    extra = {"group_idx": p.group_id, "kv_cache_spec_kind": _spec_kind(p),
-                             "kv_cache_spec_sliding_window": p.window or None}
+                hashes: list[bytes | int] = []
+                for i in mine:
+                    self._announced[(pi, keys[i])] = now
+                    self._announced.move_to_end((pi, keys[i]))
+                    hashes.append(keys[i])
+                multi = self.multi_group
                 contiguous = mine == list(range(mine[0], len(keys)))
                 self._events.append(BlockStored(
                     block_hashes=hashes,
@@ -377,7 +375,10 @@ class _Scheduler:
                     if contiguous else None,
                     token_ids=toks[mine[0] * bs:] if contiguous else
                     [t for i in mine for t in toks[i * bs:(i + 1) * bs]],
-                    block_size=bs, lora_id=None, medium="kvbroker", lora_name=None, **extra))
+                    block_size=bs, lora_id=None, medium="kvbroker", lora_name=None,
+                    group_idx=p.group_id if multi else None,
+                    kv_cache_spec_kind=_spec_kind(p) if multi else None,
+                    kv_cache_spec_sliding_window=(p.window or None) if multi else None))
             while len(self._announced) > self._announced_max:
                 self._announced.popitem(last=False)
 
@@ -392,8 +393,9 @@ class _Scheduler:
                 from vllm.distributed.kv_events import BlockRemoved
             except ImportError:
                 return
-            extra = {"group_idx": self.plans[pi].group_id} if self.multi_group else {}
-            self._events.append(BlockRemoved(block_hashes=[key], medium="kvbroker", **extra))
+            self._events.append(BlockRemoved(
+                block_hashes=[key], medium="kvbroker",
+                group_idx=self.plans[pi].group_id if self.multi_group else None))
 
     def _maybe_recheck(self) -> None:
         """Starts a re-check of the announced pages least recently checked on the lookup
