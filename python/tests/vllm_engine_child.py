@@ -10,8 +10,11 @@ collective_rpc) to <work>/kv<phase>.pt.
 roundtrip: phase 1 computes the prompt (pages stored), phase 2 with vLLM's prefix cache
   emptied gets them from kvbroker.
   With $KVB_SGL_PROMPT, first a prompt whose pages SGLang stored (phase "sgl").
-hybrid: phases 1 and 2 for a hybrid model (full-attention and sliding-window layers): every
-  stored group's pages (read from its namespace) go to out.json with the group's layers.
+hybrid, mla: phases 1 and 2 for a hybrid model (full-attention and sliding-window layers) or
+  an MLA model: every stored group's pages (read from its namespace) go to out.json with the
+  group's layers, and the block of each page.
+  $KVB_HYBRID_MODEL / $KVB_MLA_MODEL: after the scenario, that model in a second / third
+  engine of this process.
 faults: the same, plus: the engine starts with no broker (serves, recomputes); a page
   deleted between the lookup and the load; the broker killed between the lookup and the load,
   then restarted (the connector reconnects).
@@ -35,9 +38,11 @@ import kvbroker as kvb
 
 def _kv(worker: Any) -> dict[str, torch.Tensor]:
     from vllm.config import get_layers_from_vllm_config
-    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention import Attention, MLAAttention
 
-    layers = get_layers_from_vllm_config(worker.model_runner.vllm_config, Attention)
+    layers: dict[str, Any] = dict(get_layers_from_vllm_config(
+        worker.model_runner.vllm_config, Attention))
+    layers.update(get_layers_from_vllm_config(worker.model_runner.vllm_config, MLAAttention))
     out = {}
     for name, layer in layers.items():
         kv = layer.kv_cache
@@ -95,7 +100,7 @@ def main() -> None:
     from kvbroker.vllm import scheduler as ksched
 
     broker = Broker(work)
-    if scenario in ("roundtrip", "hybrid"):
+    if scenario in ("roundtrip", "hybrid", "mla"):
         broker.start()
     # Between the lookup and the load: the scheduler just planned loads into the blocks
     # vLLM allocated; the worker runs them in this step.
@@ -139,20 +144,22 @@ def main() -> None:
     res: dict[str, Any] = {}
     try:
         session(model, work, scenario, broker, hook, res)
-        hybrid = os.environ.get("KVB_HYBRID_MODEL")
-        if hybrid:
+        for more in ("hybrid", "mla"):
+            # More engines in this process (the imports, most of a child's time, are paid
+            # once): a hybrid model, full-attention and sliding-window layers; an MLA model.
+            other = os.environ.get(f"KVB_{more.upper()}_MODEL")
+            if not other:
+                continue
             import gc
 
             from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-            gc.collect()  # the first engine, shut down by session()
+            gc.collect()  # the engine before, shut down by session()
             cleanup_dist_env_and_memory()
-            # A second engine in this process (the imports, most of a child's time, are
-            # paid once): a hybrid model, full-attention and sliding-window layers.
             if broker.proc is None or broker.proc.poll() is not None:
                 broker.start()
-            res["hybrid"] = {}
-            session(hybrid, work, "hybrid", broker, hook, res["hybrid"])
+            res[more] = {}
+            session(other, work, more, broker, hook, res[more])
     finally:
         broker.stop()
     (work / "out.json").write_text(json.dumps(res))
@@ -167,7 +174,7 @@ def session(model: str, work: Path, scenario: str, broker: Broker, hook: dict[st
 
     prompt = json.loads(os.environ["KVB_PROMPT"])
     t_start = time.monotonic()
-    suffix = "h" if scenario == "hybrid" else ""
+    suffix = {"hybrid": "h", "mla": "m"}.get(scenario, "")
     ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
                            kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
                            kv_connector_extra_config={"socket": broker.sock,
@@ -197,8 +204,9 @@ def session(model: str, work: Path, scenario: str, broker: Broker, hook: dict[st
                 raise AssertionError("vLLM's prefix cache could not be reset")
         t0 = time.monotonic()
         hook["blocks"], hook["len"] = {}, len(toks)
+        tpp = hook["plans"][0].layout.tokens_per_page if "plans" in hook else 32
         o = llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
-        res[f"blocks_{tag}"] = [[hook["blocks"].get((pi, j), 0) for j in range(len(toks) // 32)]
+        res[f"blocks_{tag}"] = [[hook["blocks"].get((pi, j), 0) for j in range(len(toks) // tpp)]
                                 for pi in range(len(hook["plans"]))]
         res[f"tokens_{tag}"] = list(o.outputs[0].token_ids)
         res[f"cached_{tag}"] = int(o.num_cached_tokens or 0)
@@ -215,24 +223,25 @@ def session(model: str, work: Path, scenario: str, broker: Broker, hook: dict[st
             gen("sgl", json.loads(os.environ["KVB_SGL_PROMPT"]), reset=False)
             torch.save(llm.collective_rpc(_kv)[0], work / "kv0.pt")
         gen("store", prompt)
-        # The stored pages, read as another engine would (layout from the model's config).
-        cfg = json.loads((Path(model) / "config.json").read_text())
-        row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bf16
-        nl = cfg["num_hidden_layers"]
-        layout = kvb.Layout(Path(model).name.lower(), kvb.MHA, 32,
-                            [kvb.Component("k", nl, row), kvb.Component("v", nl, row)],
-                            dtype="bf16")
-        hook["layout"] = layout
-        keys = kvb.page_keys(prompt[: len(prompt) // 32 * 32], 32, None)
+        # vLLM may choose another block size than asked (vLLM-CPU's MLA: 16).
+        tpp = res["tokens_per_page"] = hook["plans"][0].layout.tokens_per_page
+        keys = kvb.page_keys(prompt[: len(prompt) // tpp * tpp], tpp, None)
         with kvb.connect(broker.sock, name="reader") as c:
-            if scenario == "hybrid":  # each group's pages, from the group's own namespace
+            if scenario in ("hybrid", "mla"):  # each group's pages, from its namespace
                 res["groups"] = []
                 for p in hook["plans"]:
                     ns = c.ns_open(p.layout)
                     res["groups"].append({"layers": list(p.layer_names), "window": p.window,
                                           "pages": [(ns.get(k) or b"").hex() for k in keys]})
             else:
-                ns = c.ns_open(layout)
+                # Read as another engine would (the layout from the model's config).
+                cfg = json.loads((Path(model) / "config.json").read_text())
+                row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bf16
+                nl = cfg["num_hidden_layers"]
+                hook["layout"] = kvb.Layout(
+                    Path(model).name.lower(), kvb.MHA, 32,
+                    [kvb.Component("k", nl, row), kvb.Component("v", nl, row)], dtype="bf16")
+                ns = c.ns_open(hook["layout"])
                 res["pages"] = [(ns.get(k) or b"").hex() for k in keys]
         torch.save(llm.collective_rpc(_kv)[0], work / f"kv1{suffix}.pt")
         gen("load", prompt)

@@ -270,11 +270,13 @@ class _Worker:
         self.regions = list(regions.values())
         self.cuda = any(r.cuda for r in self.regions)
         viewable = all(token_range(v) is not None for vs in cviews for v in vs)
+        stray: set[int] = set()
         if self.zero_copy and viewable:
             # Only a view needs the broker to reach the memory: moving CPU KV into a memfd
             # for converting copies would cost its page faults for nothing.
+            stray = self._stray_holders(kv_caches)
             for r in self.regions:
-                if not r.cuda:
+                if not r.cuda and r.ptr not in stray:
                     self._rehome(r, kv_caches)
             cviews = build()  # over the moved storage
         self.cviews = cviews
@@ -291,9 +293,33 @@ class _Worker:
                 parts.append(pp)
         self.parts = parts
         logger.info("kvbroker: KV layout %s: %s", ", ".join(sorted(self.how)),
-                    "broker views" if viewable and self.zero_copy else "converting copies")
+                    "broker views" if viewable and self.zero_copy and not stray
+                    else "converting copies")
         self.registered = True
         self.link.get()
+
+    def _stray_holders(self, kv_caches: dict[str, torch.Tensor]) -> set[int]:
+        """Storages (data_ptr) _rehome must not move: an attention layer holds its KV through
+        a tensor object other than the one handed to the connector (vLLM-CPU's MLA layers
+        do), which set_() cannot re-point, so vLLM would go on computing into the old
+        memory while the broker read and wrote the new: zero or stale pages stored, loads
+        vLLM never sees. Those move by converting copies, over the memory vLLM uses.
+        """
+        try:
+            ctx = self.conn._vllm_config.compilation_config.static_forward_context
+        except AttributeError:
+            return set()
+        stray: set[int] = set()
+        for name, t in kv_caches.items():
+            held = getattr(ctx.get(name), "kv_cache", None)
+            for h in held if isinstance(held, (list, tuple)) else [held]:
+                if isinstance(h, torch.Tensor) and h is not t and \
+                        h.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    stray.add(t.untyped_storage().data_ptr())
+        if stray:
+            logger.info("kvbroker: vLLM holds its KV through tensors the connector cannot "
+                        "re-point: converting copies, not broker views")
+        return stray
 
     def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
         """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
