@@ -253,6 +253,22 @@ def test_scheduler_hybrid_chunked_local(tmp_path: Path, broker: Broker) -> None:
     assert _matched(sched, vs.make_request("d", prompt, BS)) == (9 * BS, True)
 
 
+def test_sliding_window_as_full_attention_is_stored(tmp_path: Path) -> None:
+    """With vLLM's hybrid manager off, a sliding-window layer is allocated as full attention
+    (FullAttentionSpec with its window recorded): every block is kept, so it is a full
+    group: stored and loaded whole."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec
+
+    vc = vs.make_config(tmp_path, "unused", extra={"model": "swa-as-full"})
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=vs.HEADS, head_size=vs.HEAD_DIM,
+                             dtype=torch.bfloat16, sliding_window=2 * BS)
+    kcc = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(4)], spec)])
+    (plan,) = namespace_layouts(vc, kcc)
+    assert plan.window == 0 and plan.first_kept(10 * BS) == 0
+    assert plan.layout.model == "swa-as-full"
+
+
 def test_scheduler_hybrid_state_group_served_without_kvbroker(
         tmp_path: Path, broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
     """A Mamba/state group has no per-block page: the model is served without kvbroker
