@@ -94,7 +94,16 @@ def main() -> None:
             print(json.dumps({"secs": time.perf_counter() - t0}), flush=True)
             continue
         if cmd.get("reset"):
-            assert llm.reset_prefix_cache()
+            # A request kvbroker stored for keeps its blocks until a later step reports it
+            # in finished_sending; the offline LLM steps only inside generate, so a request
+            # shorter than a block (nothing to load or store) takes that step.
+            for _ in range(3):
+                if llm.reset_prefix_cache():
+                    break
+                llm.generate([TokensPrompt(prompt_token_ids=[1])],
+                             SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+            else:
+                raise RuntimeError("vLLM's prefix cache could not be reset")
         sp = SamplingParams(max_tokens=int(cmd["max_tokens"]), temperature=0.0,
                             ignore_eos=True, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]]
