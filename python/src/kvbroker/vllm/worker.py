@@ -914,14 +914,13 @@ class _Worker:
         n = len(blocks)
         slot_t = torch.tensor(slots, dtype=torch.int64)
         off = 0
-        for cv, v in zip(self.cviews[pi], self.wviews[pi], strict=True):
-            block_t = torch.tensor(blocks, dtype=torch.int64, device=v.device)
-            es = v.element_size()
+        for cv, wv in zip(self.cviews[pi], self.wviews[pi], strict=True):
             size = cv[0].numel()
             ring = rows[:, off:off + size]
-            if es > 1 and (off % es or self.ring_page % es):
-                v, es = cv, 1  # a part at an odd offset of the page: bytes
-            if es > 1:
+            # A part at an offset of the page its elements do not divide: bytes.
+            v = cv if off % wv.element_size() or self.ring_page % wv.element_size() else wv
+            block_t = torch.tensor(blocks, dtype=torch.int64, device=v.device)
+            if v.element_size() > 1:
                 ring = ring.view(v.dtype)
             if save:
                 src = v.index_select(0, block_t).reshape(n, -1)
