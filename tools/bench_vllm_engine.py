@@ -6,9 +6,11 @@ argv: model dir, broker socket or "none" (no connector), optionally a JSON objec
 kv_connector_extra_config (e.g. {"async_load": true}). Reads commands on stdin, one JSON
 object a line, and answers each with one JSON line on stdout:
 
-  {"op": "gen", "prompts": [[ids...], ...], "max_tokens": N, "reset": bool}
+  {"op": "gen", "prompts": [[ids...], ...], "max_tokens": N, "reset": bool, "saves": bool}
       generates (greedy, ignore_eos); answers wall seconds, output tokens, minor page
       faults and system CPU seconds of the call, the connector's per-step hook time.
+      saves false: the connector's worker skips its stores for this call (its finishing
+      requests are reported done at once), everything else as usual.
   {"op": "memcpy", "nbytes": N}
       seconds of one torch copy of N bytes between two CPU buffers (the load's baseline).
 """
@@ -32,6 +34,18 @@ def _stats(worker: Any) -> dict[str, float]:
         return {}
     conn: Any = get_kv_transfer_group()
     return dict(conn._worker.stats_total)
+
+
+def _saves(worker: Any, on: bool) -> None:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return
+    w: Any = get_kv_transfer_group()._worker  # type: ignore[attr-defined]
+    if on:
+        w.__dict__.pop("save", None)
+    else:
+        w.save = lambda meta: w.finished_sending.update(meta.finish_req_ids)
 
 
 def main() -> None:
@@ -109,6 +123,7 @@ def main() -> None:
         sp = SamplingParams(max_tokens=int(cmd["max_tokens"]), temperature=0.0,
                             ignore_eos=True, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]]
+        llm.collective_rpc(_saves, args=(bool(cmd.get("saves", True)),))
         s0 = llm.collective_rpc(_stats)[0]
         steps.clear()
         r0 = resource.getrusage(resource.RUSAGE_SELF)
