@@ -109,9 +109,11 @@ static void adopt_tenant(struct broker *b, uint32_t nsid, uint32_t key, uint32_t
 	b->store.ns_part[nsid] = (uint8_t)part;
 	if (tt->mode == TENANTS_NONE || part >= tt->n)
 		return;
-	if (!tt->t[part].used)
-		tt->t[part] = (struct tenant){.key = key, .used = 1};
-	else if (tt->t[part].key != key)
+	if (!tt->t[part].used) {
+		/* [tenant-lend] Idle from now: released after --tenant-idle unless it comes back. */
+		tt->t[part] = (struct tenant){
+			.key = key, .used = 1, .share = tt->t[part].share, .left_at = clock_now()};
+	} else if (tt->t[part].key != key)
 		log_warn("adopt: partition %u holds pages of tenant %u and %u", part,
 			 tt->t[part].key, key);
 }

@@ -29,6 +29,7 @@
 
 #include "orphan.h"
 #include "broker.h"
+#include "clock.h"
 #include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
@@ -142,7 +143,7 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		    const struct kvb_msg_hello *m, size_t blen)
 {
 	struct kvb_msg_hello_reply rep = {0};
-	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err;
+	int fds[3 + KVB_MAX_ARENAS], nfds = 0, err, released = 0;
 	uint32_t sq = m->sq_entries ? m->sq_entries : KVB_SQ_DEFAULT;
 
 	/* --max-sq-entries: a larger (valid) ask is clamped; the client reads the header. */
@@ -207,7 +208,9 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
 	}
-	err = tenant_attach(&b->tt, s->tenant);
+	err = tenant_attach(&b->tt, s->tenant, &released);
+	if (err >= 0 && tenant_guarantees(&b->tt, clock_now())) /* [tenant-lend] */
+		tenant_apply(&b->tt, &b->pool, &b->store);
 	if (err < 0 && (s->uid == 0 || s->uid == geteuid())) {
 		/*
 		 * [inspect] The operator always attaches, for inspection: with no share of its
@@ -221,13 +224,19 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 			 s->id, s->name, (int)s->pid, (int)s->uid);
 		err = 0;
 	} else if (err < 0) {
-		log_throttled(&tt_refused,
-			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
-			      "share is taken (%u, by other %ss with clients attached or seen "
-			      "before; --tenant-share, --tenant); root and uid %d may still attach "
-			      "to inspect",
-			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
-			      tenant_mode_name(b->tt.mode), (int)geteuid());
+		log_throttled(
+			&tt_refused,
+			"client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			"share is taken (all %u partitions, by other %ss with clients "
+			"attached or seen before%s); root and uid %d may still attach "
+			"to inspect",
+			s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			tenant_mode_name(b->tt.mode),
+			released ? "; a released partition is not bound to another tenant, "
+				   "since its old clients may still map it: restart the broker "
+				   "to free them"
+				 : "",
+			(int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;
@@ -633,6 +642,56 @@ static int on_ns_limit(struct broker *b, struct session *s, const struct kvb_msg
 	return reply(s, h, 0, NULL, 0, NULL, 0);
 }
 
+/*
+ * [tenant-lend] TENANT_SHARE: an operator sets a tenant's share on the running broker. A share
+ * is a guarantee, so nothing moves now: a raised one is reclaimed from borrowers by the
+ * tenant's next PUTs, a lowered one leaves what it holds beyond as lent (taken back when
+ * another tenant needs it). Namespace caps given in percent follow the new share.
+ */
+static int on_tenant_share(struct broker *b, struct session *s, const struct kvb_msg_hdr *h,
+			   const struct kvb_msg_tenant_share *m)
+{
+	struct tenant_table *tt = &b->tt;
+	uint64_t bytes = m->bytes;
+	uint32_t id;
+	char what[48], g[32];
+	int p;
+
+	if (s->uid != geteuid() && s->uid != 0)
+		return reply(s, h, -EPERM, NULL, 0, NULL, 0);
+	if (tt->mode == TENANTS_NONE || !b->pool.sparse)
+		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
+	if (m->resv || !m->tenant[0] || !memchr(m->tenant, '\0', sizeof(m->tenant)) ||
+	    (m->bytes && m->percent) || m->percent > 100)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	if (tenant_resolve(tt->mode, m->tenant, &id))
+		return reply(s, h, -ENOENT, NULL, 0, NULL, 0);
+	if (m->percent)
+		bytes = (uint64_t)((double)m->percent / 100.0 * (double)b->pool.total);
+	if (bytes > b->pool.total)
+		return reply(s, h, -EINVAL, NULL, 0, NULL, 0);
+	p = tenant_set_share(tt, tenant_key(tt->mode, id, id), bytes);
+	if (p < 0)
+		return reply(s, h, p, NULL, 0, NULL, 0);
+	(void)tenant_guarantees(tt, clock_now());
+	tenant_apply(tt, &b->pool, &b->store);
+	for (uint32_t nid = 0; nid < b->nst.count; nid++) {
+		struct ns *n = ns_get(&b->nst, nid);
+
+		if (n && b->store.ns_part[nid] == (uint32_t)p)
+			store_ns_limit(&b->store, nid,
+				       ns_limit_of(b->cfg.ns_limits, b->cfg.n_ns_limits, n,
+						   b->pool.part[p].size,
+						   b->store.cls[n->cls].slot_bytes));
+	}
+	text_bytes((double)tt->t[p].share, what, sizeof(what));
+	log_warn("tenant-share %s %u: %s%s by client %u (pid %d, uid %d); partition %u, guarantee "
+		 "now %s",
+		 tenant_mode_name(tt->mode), id, what, bytes ? "" : " (the default)", s->id,
+		 (int)s->pid, (int)s->uid, p, text_bytes((double)tt->t[p].guarantee, g, sizeof(g)));
+	return reply(s, h, 0, NULL, 0, NULL, 0);
+}
+
 static int on_stats(struct broker *b, struct session *s, const struct kvb_msg_hdr *h)
 {
 	char *js = stats_json_for(b, s);
@@ -665,7 +724,7 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 	if (!s->hello_done)
 		return -EPROTO;
 	if (s->control_only && h->type != KVB_MSG_STATS && h->type != KVB_MSG_DROP &&
-	    h->type != KVB_MSG_NS_LIMIT)
+	    h->type != KVB_MSG_NS_LIMIT && h->type != KVB_MSG_TENANT_SHARE)
 		return reply(s, h, -EOPNOTSUPP, NULL, 0, NULL, 0);
 	switch (h->type) {
 	case KVB_MSG_NS_OPEN: {
@@ -745,6 +804,12 @@ static int dispatch(struct broker *b, struct session *s, const struct kvb_msg_hd
 
 		memcpy(&m, body, sizeof(m));
 		return on_ns_limit(b, s, h, &m);
+	}
+	case KVB_MSG_TENANT_SHARE: {
+		struct kvb_msg_tenant_share m;
+
+		memcpy(&m, body, sizeof(m));
+		return on_tenant_share(b, s, h, &m);
 	}
 	}
 	return -EPROTO;

@@ -260,7 +260,12 @@ static void register_buffers(struct disk *d, uint64_t slab_bytes)
 	int err;
 
 	d->chunk_bytes = CHUNK_MAX / slab_bytes * slab_bytes;
-	if (!d->chunk_bytes)
+	/*
+	 * [tenant-lend] Not a sparse pool: registering pins every page of every partition (each
+	 * as large as the pool), and a hole punched afterwards would leave the registration on
+	 * the old pages, reading and writing memory no longer the pool's.
+	 */
+	if (!d->chunk_bytes || d->pool->sparse)
 		return;
 	for (uint32_t a = 0; a < d->pool->narenas; a++)
 		n += (uint32_t)((d->pool->arena[a].size + d->chunk_bytes - 1) / d->chunk_bytes);

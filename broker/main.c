@@ -127,7 +127,9 @@ static int pool_fits(struct broker *b, const struct pool_cfg *pc)
 	uint64_t max, best = 0;
 
 	numa_topo_probe(&topo);
-	n = pool_plan(pc, &topo, plan);
+	/* [tenant-lend] Sparse partitions hold the pool's size in all, whatever their arenas. */
+	n = pool_plan(pc->sparse ? &(struct pool_cfg){.size = pc->size, .numa = pc->numa} : pc,
+		      &topo, plan);
 	if (n < 0)
 		return 0; /* pool_create says what is wrong with --numa */
 	for (int first = 1;; first = 0) {
@@ -205,6 +207,16 @@ static int start_pool(struct broker *b)
 	double t = clock_now();
 	int err = tenant_plan(&b->cfg.tenants, b->cfg.pool_bytes, &pc, &b->tt);
 
+	if (!err && pc.sparse && (pc.hugepage == HP_MODE_2M || pc.hugepage == HP_MODE_1G)) {
+		/* [tenant-lend] */
+		log_error(
+			"--hugepages %s with --tenants %s: tenant partitions lend their memory "
+			"a slab at a time and give it back by punching holes, which hugetlb pages "
+			"cannot do; use --hugepages auto or off",
+			hugepage_name(pc.hugepage == HP_MODE_2M ? HP_2M : HP_1G),
+			tenant_mode_name(b->cfg.tenants.mode));
+		return -EINVAL;
+	}
 	if (!err)
 		err = pool_fits(b, &pc);
 	if (err)
@@ -228,7 +240,7 @@ static int start_pool(struct broker *b)
 	if (b->cfg.hugepage == HP_MODE_COLLAPSE && !b->cfg.prefault)
 		log_warn("pool: --hugepages collapse works at the prefault: with --no-prefault the "
 			 "pool stays on 4 KiB pages");
-	if (b->cfg.prefault) {
+	if (b->cfg.prefault && !b->pool.sparse) { /* [tenant-lend] sparse: slab by slab */
 		t = clock_now();
 		err = pool_prefault(&b->pool);
 		b->startup.prefault_s = clock_now() - t;
@@ -364,7 +376,7 @@ static int adopt_kept(struct broker *b)
 			pool_close(&b->pool);
 			return 0; /* start_pool says what is wrong */
 		}
-		if (b->tt.n != b->pool.nparts) {
+		if (b->tt.n != b->pool.nparts || pc.sparse != b->pool.sparse) {
 			log_warn("the pool from %s (socket %s) has %u tenant partition(s), "
 				 "--tenants wants %u: freeing it, starting with a new pool",
 				 from, b->cfg.socket_path, b->pool.nparts, b->tt.n);
@@ -575,6 +587,14 @@ int main(int argc, char **argv)
 			goto out_store;
 		}
 	}
+	/* [tenant-lend] Guarantees are of what the slabs may hold: the pool less directories. */
+	if (b.pool.sparse) {
+		b.tt.budget = 0;
+		for (uint32_t i = 0; i < KVB_MAX_ARENAS; i++)
+			b.tt.budget += b.pool.budget[i];
+	}
+	(void)tenant_guarantees(&b.tt, 0);
+	tenant_apply(&b.tt, &b.pool, &b.store);
 	b.sigfd = setup_signals();
 	rounds_hooks(&b, &hooks);
 	if (b.sigfd < 0 || loop_init(&b.loop, b.cfg.poll_us * 1e-6, &hooks)) {

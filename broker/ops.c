@@ -111,7 +111,9 @@ static void op_observe(struct broker *b, const struct op *op)
 		uint32_t id = op->n->id, p = b->store.ns_part[id];
 
 		tenant_put_refused(&b->tt, p, id, b->store.ns_limit[id], b->store.ns_bytes[id],
-				   b->store.part[p].bytes_total, b->store.part[p].pinned_bytes);
+				   b->pool.sparse ? b->store.part[p].guarantee /* [tenant-lend] */
+						  : b->store.part[p].bytes_total,
+				   b->store.part[p].pinned_bytes);
 	}
 	if (op->hit >= 0 && op->n) {
 		struct tenant *t = &b->tt.t[b->store.ns_part[op->n->id]];

@@ -378,8 +378,13 @@ static const struct opt_def opts[] = {
 	 "each SIZE or N% (default disk share: in proportion to RAM); repeatable"},
 	{"tenant-share", "RAM[,DISK]", K_FN, 0, 0, 0, 0, 0, 0, set_tenant_share, NULL,
 	 "SIZE or N%, optionally ,SIZE or ,N%",
-	 "the share of each tenant not listed (default: the rest of the pool in 4 shares), taken "
-	 "at its first attach"},
+	 "the share of each tenant not listed (default: the rest of the pool in 4 shares), its "
+	 "guarantee from its first attach; capacity a tenant does not use is lent to the others"},
+	{"tenant-idle", "DURATION", K_DUR, 0, F(tenants.idle_s), 0, UINT32_MAX *DUR_S, DUR_S, NULL,
+	 NULL, "seconds, or a duration such as 10m",
+	 "a tenant's share is released this long after its last client left: its pages stay "
+	 "while the pool has room and go first when another tenant needs it (default 10m; 0: "
+	 "at once)"},
 	{"ns-limit", "MODEL=SIZE|N%", K_FN, OPTF_REPEAT, 0, 0, 0, 0, 0, set_ns_limit, NULL,
 	 "MODEL=SIZE or MODEL=N%, at most 16",
 	 "cap each namespace of a model (its layout's model name) at SIZE of RAM or N% of its "
@@ -503,7 +508,8 @@ static void defaults(struct config *c)
 	c->control_idle = 120;
 	c->max_leases = 65536;
 	c->max_lease_frac = 0.125; /* a client pins at most an eighth of its tenant's pool */
-	c->max_pinned = 0.5;	   /* leases pin at most half of a partition: PUTs find room */
+	c->tenants.idle_s = TENANT_IDLE_DEFAULT; /* [tenant-lend] */
+	c->max_pinned = 0.5; /* leases pin at most half of a partition: PUTs find room */
 	c->lease_lifetime = 600;
 	c->arg_size = 1u << 20;
 	/* Registered buffers are mapped, not charged to us (the client faults its own in:

@@ -50,9 +50,10 @@ struct pmeta_super {
 	uint8_t pool_id[16]; /* random at creation: logs tell pools apart */
 	uint64_t created;    /* unix seconds */
 	struct pmeta_arena arena[PMETA_MAX_ARENAS];
-	uint32_t resv[5]; /* 0 */
+	uint32_t resv[5]; /* resv[0]: PMETA_SPARSE or 0; the rest 0 */
 	uint32_t crc;	  /* crc32c of the bytes before it */
 };
+#define PMETA_SPARSE 1u /* [tenant-lend] partitions whose memory the slabs take (pool.h) */
 
 /* A namespace, written when it is first opened (ns.c); its index is its id. */
 struct pmeta_ns {

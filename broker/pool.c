@@ -19,7 +19,9 @@
  *   5. without prefault, fallocate reserves the memory so that a pool the machine cannot hold
  *      is a start-up error rather than a SIGBUS at some later PUT (hugetlb: the mmap reserved);
  *   6. seal F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, and F_SEAL_FUTURE_WRITE unless the pool
- *      is kept [keep]. Mappings made before FUTURE_WRITE keep their write access (the
+ *      is kept [keep] or sparse [tenant-lend] (tenant partitions: memory taken and given back
+ *      slab by slab with fallocate and hole punching, which FUTURE_WRITE forbids; no step 5,
+ *      no hugetlb or THP, no prefault; read-only to clients as a kept pool is, below). Mappings made before FUTURE_WRITE keep their write access (the
  *      broker's, step 2); from then on no one can write() the file, mmap it writable,
  *      mprotect a mapping to PROT_WRITE, resize it or punch a hole in it, whatever fd they
  *      hold, and no further seal can be added.
@@ -129,7 +131,10 @@ err_close:
 static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, int strict)
 {
 	uint64_t sizes[2], want;
-	int n = hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes), err;
+	/* [tenant-lend] Hugetlb pages cannot be lent a slab at a time: sparse arenas never. */
+	int n = p->sparse ? 0
+			  : hugepage_candidates(mode, a->size, p->interleave ? -1 : a->node, sizes),
+	    err;
 
 	for (int i = 0; i < n; i++) {
 		unsigned f = MFD_HUGETLB | (sizes[i] == HP_1G ? MFD_HUGE_1GB : MFD_HUGE_2MB);
@@ -160,8 +165,10 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 			 a->node, strerror(-err));
 		a->node = -1;
 	}
-	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && hugepage_thp_shmem() &&
-	    madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
+	/* [tenant-lend] Not for sparse arenas: a slab's memory is exactly its 4 KiB pages, given
+	 * back whole (a hole punched in a huge page splits it). */
+	if (a->backing == HP_BACK_PAGES && mode != HP_MODE_OFF && !p->sparse &&
+	    hugepage_thp_shmem() && madvise(a->base, a->size, MADV_HUGEPAGE) == 0) {
 		a->page_size = HP_2M;
 		a->backing = HP_BACK_THP;
 	}
@@ -172,7 +179,7 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 	 * buffers, with THP 14% faster (64 KiB pages; docs/benchmarks.md, "Huge pages for
 	 * the pool"). Said once.
 	 */
-	if (mode == HP_MODE_AUTO && a->backing == HP_BACK_PAGES && !p->told_pages) {
+	if (mode == HP_MODE_AUTO && a->backing == HP_BACK_PAGES && !p->told_pages && !p->sparse) {
 		p->told_pages = 1;
 		log_info(
 			"pool: %s: 4 KiB pages (no free hugetlb pages, THP for shared memory off): "
@@ -181,7 +188,7 @@ static int arena_back(struct pool *p, struct pool_arena *a, enum hp_mode mode, i
 			a->name);
 	}
 	want = mode == HP_MODE_1G ? HP_1G : mode == HP_MODE_2M ? HP_2M : 0;
-	if (want && (a->backing != HP_BACK_HUGETLB || a->page_size != want))
+	if (want && !p->sparse && (a->backing != HP_BACK_HUGETLB || a->page_size != want))
 		log_warn("pool: %s: not enough free hugetlb pages for --hugepages %s on node %d "
 			 "(see /sys/kernel/mm/hugepages; 1G needs an arena of whole GiB): using %s",
 			 a->name, hugepage_name(want), a->node,
@@ -196,7 +203,9 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 			 enum hp_mode mode, int reserve)
 {
 	struct pool_part *pt = &p->part[p->nparts];
-	int seals = p->keep ? POOL_SEALS_KEEP : POOL_SEALS;
+	/* [tenant-lend] Sparse arenas give memory back by punching holes, which FUTURE_WRITE
+	 * forbids: they are kept read-only for clients as a kept pool is [keep]. */
+	int seals = p->keep || p->sparse ? POOL_SEALS_KEEP : POOL_SEALS;
 	int err = 0;
 
 	if (p->nparts == POOL_MAX_PARTS || p->narenas + plan->n > POOL_MAX_ARENAS)
@@ -204,6 +213,7 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 	pt->first = p->narenas;
 	pt->narenas = 0;
 	pt->size = 0;
+	pt->vsize = 0;
 	p->nparts++;
 	p->interleave = plan->interleave;
 	for (uint32_t i = 0; i < plan->n && !err; i++) {
@@ -219,18 +229,19 @@ static int arenas_create(struct pool *p, const char *name, const struct numa_pla
 			break;
 		}
 		err = arena_back(p, a, mode, plan->strict);
-		if (!err && reserve && a->backing != HP_BACK_HUGETLB &&
+		if (!err && reserve && !p->sparse && a->backing != HP_BACK_HUGETLB &&
 		    fallocate(a->fd, 0, 0, (off_t)a->size) < 0)
 			err = -errno;
 		if (!err && fcntl(a->fd, F_ADD_SEALS, seals) < 0)
 			err = -errno;
-		if (!err && p->keep && fchmod(a->fd, 0400) < 0) /* [keep] */
+		if (!err && (p->keep || p->sparse) && fchmod(a->fd, 0400) < 0) /* [keep] */
 			err = -errno;
 		if (a->base) { /* pool_close undoes even a half-made arena */
 			p->narenas++;
 			p->total += a->size;
 			pt->narenas++;
 			pt->size += a->size;
+			pt->vsize += a->size;
 		} else if (a->fd >= 0) {
 			close(a->fd);
 		}
@@ -265,6 +276,11 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 	memset(p, 0, sizeof(*p));
 	p->meta_fd = -1;
 	p->keep = cfg->keep;
+	p->sparse = cfg->sparse;
+	if (p->sparse && (cfg->hugepage == HP_MODE_2M || cfg->hugepage == HP_MODE_1G)) {
+		/* Said by main.c before it gets here; a safety net for other callers. */
+		return -EOPNOTSUPP;
+	}
 	numa_topo_probe(&p->topo);
 	if (p->topo.skipped)
 		log_warn("pool: %u NUMA nodes with memory beyond the first %u are not used",
@@ -278,7 +294,12 @@ int pool_create(struct pool *p, const struct pool_cfg *cfg)
 			return err;
 		/* [dir] At byte 0 of the partition's first arena, where an adopter looks. */
 		if (cfg->dir)
-			p->arena[p->part[i].first].dir_bytes = dir_bytes_for(p->part[i].size);
+			p->arena[p->part[i].first].dir_bytes = dir_bytes_for(p->part[i].vsize);
+	}
+	if (p->sparse) {
+		for (int i = 0; i < n; i++)
+			p->part[i].size = cfg->part_share[i];
+		pool_sparse_budget(p);
 	}
 	if (p->keep) {
 		err = pool_meta_create(p, cfg->slab_bytes);
@@ -414,6 +435,8 @@ int pool_prefault(struct pool *p)
 	uint32_t njobs = 0;
 	int err = 0;
 
+	if (p->sparse) /* [tenant-lend] memory is taken slab by slab (store.c) */
+		return 0;
 	for (uint32_t i = 0; i < p->narenas; i++) {
 		const struct pool_arena *a = &p->arena[i];
 		uint32_t n = numa_node_cpus(a->node);
@@ -452,6 +475,27 @@ int pool_prefault(struct pool *p)
 	if (!err)
 		collapsed(p, jobs, njobs);
 	return err;
+}
+
+void pool_sparse_budget(struct pool *p)
+{
+	const struct pool_part *p0 = &p->part[0];
+
+	/* Every partition is planned like the whole pool: its i-th arena on the pool's i-th
+	 * node, as large. The directories are memory too. */
+	memset(p->budget, 0, sizeof(p->budget));
+	p->total = 0;
+	for (uint32_t i = 0; i < p0->narenas && i < KVB_MAX_ARENAS; i++) {
+		uint64_t dirs = 0;
+
+		for (uint32_t q = 0; q < p->nparts; q++)
+			if (i < p->part[q].narenas)
+				dirs += p->arena[p->part[q].first + i].dir_bytes;
+		p->total += p->arena[p0->first + i].size;
+		p->budget[i] = p->arena[p0->first + i].size > dirs
+				       ? p->arena[p0->first + i].size - dirs
+				       : 0;
+	}
 }
 
 int pool_ro_fd(const struct pool *p, uint32_t i)
@@ -493,6 +537,7 @@ int pool_meta_create(struct pool *p, uint64_t slab_bytes)
 	sb = p->meta;
 	sb->narenas = p->narenas;
 	sb->slab_bytes = slab_bytes;
+	sb->resv[0] = p->sparse ? PMETA_SPARSE : 0; /* [tenant-lend] for the adopter */
 	for (uint32_t i = 0; i < p->narenas; i++)
 		sb->arena[i] = (struct pmeta_arena){
 			.size = p->arena[i].size,
@@ -531,6 +576,7 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 {
 	const struct pmeta_super *sb;
 	struct stat st;
+	uint64_t units = 0;
 	int err = -EINVAL;
 
 	memset(p, 0, sizeof(*p));
@@ -566,7 +612,8 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 		a->backing = (int)sb->arena[i].backing;
 		a->part = sb->arena[i].tenant;
 		a->dir_bytes = (uint64_t)sb->arena[i].dir_units * PHDR_UNIT;
-		a->unit0 = p->total / PHDR_UNIT;
+		a->unit0 = units;
+		units += a->size / PHDR_UNIT;
 		/* [tenant-part] A partition's arenas are consecutive, numbered from 0. */
 		if (a->part >= POOL_MAX_PARTS || a->part + 1 < p->nparts || a->part > p->nparts)
 			goto err_close;
@@ -574,6 +621,7 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 			p->part[p->nparts++] = (struct pool_part){.first = i};
 		p->part[a->part].narenas++;
 		p->part[a->part].size += a->size;
+		p->part[a->part].vsize += a->size;
 		memfd_name(a->fd, a->name, sizeof(a->name));
 		/* The fds must be what the table says: a tmpfs or hugetlbfs file of its size. */
 		if (fstat(a->fd, &st) < 0 || (uint64_t)st.st_size != a->size ||
@@ -593,6 +641,9 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes)
 		p->narenas++;
 		p->total += a->size;
 	}
+	p->sparse = (sb->resv[0] & PMETA_SPARSE) != 0;
+	if (p->sparse) /* the shares come from --tenants (tenant.c) */
+		pool_sparse_budget(p);
 	return 0;
 err_close:
 	for (uint32_t i = 0; i + 1 < n; i++) {

@@ -14,10 +14,11 @@
 #include "wire.h"
 
 /*
- * Tenant partitions [tenant-part]: with --tenants, the pool is cut at start-up into partitions,
- * each its own set of arenas (memfds), so a client can be handed only its own tenant's memory:
- * a read-only map of one memfd can never show another memfd's bytes. Partition 0 is the whole
- * pool without tenants. Arenas record their partition (pool_arena.part) so that whoever takes
+ * Tenant partitions [tenant-part]: with --tenants, the pool has POOL_MAX_PARTS partitions, each
+ * its own set of arenas (memfds), so a client can be handed only its own tenant's memory: a
+ * read-only map of one memfd can never show another memfd's bytes. They are sparse
+ * [tenant-lend]: each as large as the pool, holding the memory its slabs took (store.c).
+ * Partition 0 is the whole pool without tenants. Arenas record their partition (pool_arena.part) so that whoever takes
  * the pool over (a restart's hand-over) knows whose memory each one is.
  */
 #define POOL_MAX_PARTS 8u
@@ -40,7 +41,9 @@ struct pool_arena {
 /* A tenant partition: arenas [first, first + narenas) of the pool, one per NUMA node. */
 struct pool_part {
 	uint32_t first, narenas;
-	uint64_t size;
+	uint64_t size;	/* its RAM as the operator sized it: its arenas, or in a sparse pool its
+			 * tenant's share (set by tenant.c, at run time too) */
+	uint64_t vsize; /* its arenas' bytes */
 };
 
 /* What pool_create builds. */
@@ -55,6 +58,8 @@ struct pool_cfg {
 	int keep;	     /* arenas may be adopted by another broker (pool.c [keep]) */
 	uint64_t slab_bytes; /* the store's slab size (the side table's geometry) */
 	int dir;	     /* [dir] a directory per partition (proto/pooldir.h) */
+	int sparse;	     /* [tenant-lend] partitions of size each, memory taken by slabs */
+	uint64_t part_share[POOL_MAX_PARTS]; /* sparse: each partition's share (pool_part.size) */
 };
 
 struct pool {
@@ -69,8 +74,17 @@ struct pool {
 	int adopted;	/* the arenas came from another broker (pool_adopt) */
 	int no_dir;	/* [dir] --no-directory: a directory found in an adopted pool is not used */
 	int told_pages; /* the 4 KiB pages notice is logged (arena_back) */
-	int meta_fd;	/* the side table (pagehdr.h), -1 none; never sent to clients */
-	void *meta;	/* mapped read-write, NULL none */
+	/*
+	 * [tenant-lend] Sparse partitions: each arena is virtually as large as the pool's arena
+	 * on its node, holds no memory but its directory until the store's slabs take it
+	 * (fallocate), and gives it back when they go (hole punched). budget[i]: what the slabs
+	 * in the i-th arena of all partitions together may hold (the pool's arena i less the
+	 * directories there). total is then the pool's size, not the arenas'.
+	 */
+	int sparse;
+	uint64_t budget[KVB_MAX_ARENAS];
+	int meta_fd; /* the side table (pagehdr.h), -1 none; never sent to clients */
+	void *meta;  /* mapped read-write, NULL none */
 	uint64_t meta_size;
 	struct numa_topo topo;
 };
@@ -115,6 +129,9 @@ int pool_adopt(struct pool *p, int *fds, uint32_t n, uint64_t slab_bytes);
 
 /* The fds to hand the pool over with (side table first, then the arenas); returns how many. */
 uint32_t pool_handover_fds(const struct pool *p, int *fds);
+
+/* [tenant-lend] budget[] and total of a sparse pool, from its arenas and directories. */
+void pool_sparse_budget(struct pool *p);
 
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);

@@ -13,6 +13,7 @@
 #include "broker.h"
 #include "metrics_http.h"
 #include "orphan.h"
+#include "tenant.h"
 #include "watch.h"
 
 #define EVICT_BATCH 256	  /* pages per watermark round */
@@ -86,6 +87,7 @@ static void broker_tick(void *arg, int slept)
 	ops_tick(b, now); /* [seg-list] idle segment lists go */
 	remote_tick(b);	  /* deadlines: a fetch past its own misses, it never holds the loop */
 	store_evict_watermark(&b->store, EVICT_BATCH);
+	tenant_tick(&b->tt, &b->pool, &b->store, now); /* [tenant-lend] */
 	watch_tick(b, now); /* the keeper, the socket and lock files: once a second */
 	if (b->orphan_st.live)
 		orphan_tick(b); /* [orphans] clients of the previous broker that let go */

@@ -88,6 +88,16 @@ static uint64_t stats_dir_sum(const struct broker *b, int full)
 	return n;
 }
 
+/* [tenant-lend] What a sparse pool's slabs may hold in all. */
+static uint64_t pool_budget(const struct broker *b)
+{
+	uint64_t t = 0;
+
+	for (uint32_t i = 0; i < KVB_MAX_ARENAS; i++)
+		t += b->pool.budget[i];
+	return t;
+}
+
 /* Bytes of pages in each arena's slabs. */
 static void arenas_used(const struct store *st, uint64_t used[POOL_MAX_ARENAS])
 {
@@ -108,6 +118,10 @@ static cJSON *arena_json(const struct broker *b, uint32_t i, uint64_t used)
 	num(a, "bytes_total", (double)b->pool.arena[i].size);
 	num(a, "bytes_used", (double)used);
 	num(a, "partition", b->pool.arena[i].part);
+	if (b->pool.sparse) { /* [tenant-lend] counted, and what the memfd holds */
+		num(a, "resident_bytes", (double)b->store.ar[i].resident);
+		num(a, "rss_bytes", (double)store_arena_rss(&b->store, i));
+	}
 	cJSON_AddStringToObject(a, "page_size", hugepage_name(b->pool.arena[i].page_size));
 	cJSON_AddStringToObject(a, "backing", hugepage_backing_name(b->pool.arena[i].backing));
 	return a;
@@ -122,7 +136,16 @@ static cJSON *pool_part_json(const struct broker *b, int part)
 	uint64_t used[POOL_MAX_ARENAS] = {0};
 
 	arenas_used(st, used);
-	num(p, "bytes_total", sp ? (double)sp->bytes_total : 0);
+	/* [tenant-lend] A sparse partition may hold up to the pool: that is its total. */
+	num(p, "bytes_total",
+	    !sp		     ? 0
+	    : b->pool.sparse ? (double)pool_budget(b)
+			     : (double)sp->bytes_total);
+	if (sp && b->pool.sparse) {
+		num(p, "share_bytes", (double)b->pool.part[part].size);
+		num(p, "guarantee_bytes", (double)sp->guarantee);
+		num(p, "resident_bytes", (double)sp->resident);
+	}
 	num(p, "dir_bytes", part >= 0 ? (double)dir_bytes_of(b, (uint32_t)part) : 0);
 	num(p, "bytes_used", sp ? (double)sp->bytes_used : 0);
 	num(p, "pages", sp ? (double)sp->pages : 0);
@@ -172,6 +195,13 @@ static cJSON *pool_json(const struct broker *b)
 		total += st->part[i].bytes_total;
 		dir += dir_bytes_of(b, i);
 	}
+	if (b->pool.sparse) /* [tenant-lend] the partitions share the pool's memory */
+		total = pool_budget(b);
+	num(p, "sparse", b->pool.sparse);
+	num(p, "resident_bytes", (double)st->st.resident);
+	num(p, "lend_reclaims", (double)st->st.lend_reclaims);
+	num(p, "slab_alloc_failed", (double)st->st.alloc_failed);
+	num(p, "empty_slab_bytes", (double)st->st.empty_bytes);
 	num(p, "bytes_total", (double)total);
 	num(p, "dir_bytes", (double)dir);
 	num(p, "dir_entries", (double)stats_dir_sum(b, 0));
@@ -409,7 +439,16 @@ static cJSON *tenants_json(const struct broker *b)
 		num(o, "bound", t->used);
 		num(o, "listed", t->listed);
 		num(o, "clients", t->clients);
-		num(o, "share_bytes", (double)sp->bytes_total);
+		/* [tenant-lend] In a sparse pool: its share as set, what it can reclaim now
+		 * (0 released), and the memory its slabs hold (above the guarantee: lent). */
+		num(o, "share_bytes",
+		    (double)(b->pool.sparse ? b->pool.part[p].size : sp->bytes_total));
+		num(o, "guarantee_bytes",
+		    (double)(b->pool.sparse ? sp->guarantee : sp->bytes_total));
+		num(o, "resident_bytes", (double)(b->pool.sparse ? sp->resident : sp->bytes_total));
+		num(o, "released", t->released);
+		num(o, "share_set", t->share_set);
+		num(o, "lent_back", (double)sp->lent_back);
 		num(o, "bytes_used", (double)sp->bytes_used);
 		num(o, "pages", (double)sp->pages);
 		num(o, "evictions", (double)sp->evictions);

@@ -19,7 +19,11 @@
  * Tenant partitions [tenant-part]: each arena belongs to one partition of the pool (pool.h), and
  * each namespace to one partition (ns_part). A page is placed, and a victim chosen, only within
  * its namespace's partition, each of which has its own LRU, usage and watermarks: one tenant's
- * flood evicts only its own pages, and its clients map only its arenas.
+ * flood evicts only its own pages, and its clients map only its arenas. [tenant-lend] In a
+ * sparse pool (pool.h) the partitions share one memory budget: slab_new takes a slab's memory
+ * (fallocate) while the budget has room, slab_release gives it back (hole punched); with the
+ * budget spent, a partition under its guarantee takes a borrower's slab back (lend_take)
+ * before anyone evicts their own.
  *
  * Page states:
  *
@@ -71,8 +75,11 @@
  * (store_adopt_page, adopt.c); a page being written has no header. Loop thread only.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "clock.h"
 #include "log.h"
@@ -225,6 +232,7 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 		goto err_free;
 	for (uint32_t i = 0; i < POOL_MAX_PARTS; i++)
 		list_init(&s->part[i].lru);
+	list_init(&s->empty);
 	for (uint32_t i = 0; i < STORE_MAX_NS; i++)
 		list_init(&s->ns_lru[i]);
 	for (uint32_t a = 0; a < p->narenas; a++) {
@@ -271,7 +279,8 @@ int store_init(struct store *s, struct pool *p, uint64_t slab_bytes, double high
 	 * and index_remove 7.9% -> 5.2% of a loop storing 64 KiB pages (about 0.1 us a PUT). 16
 	 * bytes per 64 KiB; growth (index.c, at two nodes a bucket) still waits for small pages.
 	 */
-	err = index_init(&s->ix, total / 32768);
+	/* [tenant-lend] A sparse pool's partitions share the pool's memory: sized by that. */
+	err = index_init(&s->ix, (p->sparse ? p->total : total) / 32768);
 	if (!err)
 		return 0;
 	goto err_free;
@@ -365,24 +374,121 @@ static int slab_pages_alloc(struct slab *sl, uint32_t sid, int ci, uint32_t n)
 	return 0;
 }
 
+/* [tenant-lend] The i-th arena of its partition: the budget it counts against. */
+static uint32_t arena_slot(const struct store *s, uint32_t a)
+{
+	return a - s->pool->part[s->pool->arena[a].part].first;
+}
+
+/* [tenant-lend] Room left in budget slot i. */
+static uint64_t budget_room_at(const struct store *s, uint32_t i)
+{
+	return s->resident[i] < s->pool->budget[i] ? s->pool->budget[i] - s->resident[i] : 0;
+}
+
+/* [tenant-lend] Bytes a new slab in arena a may take from the budget; no limit unless sparse. */
+static uint64_t budget_room(const struct store *s, uint32_t a)
+{
+	return s->pool->sparse ? budget_room_at(s, arena_slot(s, a)) : UINT64_MAX;
+}
+
+/* [tenant-lend] Memory for [off, off + len) of sparse arena a, counted; 0 or -errno. */
+static int slab_back(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	static struct log_throttle lt;
+
+	/* fallocate, not the first touch: memory the machine lacks is this slab not made
+	 * (the PUT evicts or is refused), never a SIGBUS in the broker or a client. */
+	if (fallocate(s->pool->arena[a].fd, 0, (off_t)off, (off_t)len) < 0) {
+		int e = errno;
+
+		s->st.alloc_failed++;
+		log_throttled(
+			&lt,
+			"pool: %s: no memory for a slab of %llu KiB (fallocate: %s): the "
+			"machine has less free than the pool's budget; the PUT evicts instead",
+			s->pool->arena[a].name, (unsigned long long)(len >> 10), strerror(e));
+		return -e;
+	}
+	s->resident[arena_slot(s, a)] += len;
+	s->part[s->pool->arena[a].part].resident += len;
+	s->ar[a].resident += len;
+	s->st.resident += len;
+	return 0;
+}
+
+/* [tenant-lend] [off, off + len) of sparse arena a back to the machine. */
+static void slab_unback(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	static struct log_throttle lt;
+
+	if (fallocate(s->pool->arena[a].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+		      (off_t)len) < 0)
+		log_throttled(&lt, "pool: %s: cannot return %llu KiB (fallocate: %s)",
+			      s->pool->arena[a].name, (unsigned long long)(len >> 10),
+			      strerror(errno));
+	s->resident[arena_slot(s, a)] -= len;
+	s->part[s->pool->arena[a].part].resident -= len;
+	s->ar[a].resident -= len;
+	s->st.resident -= len;
+}
+
+static void slab_release(struct store *s, struct slab *sl);
+
+/*
+ * [tenant-lend] Budget for want bytes in budget slot i (arena_slot) from the empty slabs kept
+ * (slot_free), oldest first, any partition's: an empty slab is memory no page uses. Returns the
+ * room there now.
+ */
+static uint64_t empty_release(struct store *s, uint32_t i, uint64_t want)
+{
+	struct list *pos = s->empty.next;
+
+	while (pos != &s->empty && budget_room_at(s, i) < want) {
+		struct slab *sl = list_entry(pos, struct slab, elink);
+
+		pos = pos->next;
+		if (arena_slot(s, sl->arena) == i)
+			slab_release(s, sl);
+	}
+	return budget_room_at(s, i);
+}
+
 /* Carves a new slab of class ci in arena a (short_ok: fewer slots than a full one). */
 static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 {
 	struct store_class *c = &s->cls[ci];
-	uint64_t off, len;
+	uint64_t off, len, want = (uint64_t)c->slots_per_slab * c->slot_bytes;
+	uint64_t room = budget_room(s, a);
 	uint32_t sid, n;
 	struct slab *sl;
 
 	if (!s->nrec_free && s->nslabs == STORE_MAX_SLABS)
 		return NULL;
-	len = ext_take(s, a, (uint64_t)c->slots_per_slab * c->slot_bytes, c->slot_bytes, short_ok,
-		       &off);
+	if (room < want && !list_empty(&s->empty))
+		room = empty_release(s, arena_slot(s, a), want);
+	if (room < want) { /* [tenant-lend] the budget is spent, or all but a short slab */
+		if (!short_ok || room < c->slot_bytes)
+			return NULL;
+		want = room / c->slot_bytes * c->slot_bytes;
+	}
+	len = ext_take(s, a, want, c->slot_bytes, short_ok, &off);
 	if (!len)
 		return NULL;
 	n = (uint32_t)(len / c->slot_bytes);
 	sid = s->nrec_free ? s->rec_free[--s->nrec_free] : s->nslabs++;
 	sl = &s->slabs[sid];
 	if (slab_pages_alloc(sl, sid, ci, n)) {
+		s->rec_free[s->nrec_free++] = sid;
+		ext_free(s, a, off, len);
+		return NULL;
+	}
+	if (s->pool->sparse && slab_back(s, a, off, len)) {
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		sl->cls = -1;
 		s->rec_free[s->nrec_free++] = sid;
 		ext_free(s, a, off, len);
 		return NULL;
@@ -399,6 +505,7 @@ static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 	sl->pinned = sl->writing = 0;
 	sl->cls = ci;
 	list_init(&sl->link);
+	list_init(&sl->elink);
 	list_add_tail(&c->partial[a], &sl->link);
 	c->slabs++;
 	free_count(s);
@@ -415,8 +522,14 @@ static void slab_release(struct store *s, struct slab *sl)
 	sl->nslots = sl->nfree = sl->used = 0;
 	sl->cls = -1;
 	list_del(&sl->link);
+	if (list_linked(&sl->elink)) {
+		list_del(&sl->elink);
+		s->st.empty_bytes -= sl->len;
+	}
 	if (s->pool->meta)
 		pmeta_slab_clear(s->pool->meta, (uint32_t)(sl - s->slabs));
+	if (s->pool->sparse) /* after the record: an adopter never trusts a hole */
+		slab_unback(s, sl->arena, sl->off, sl->len);
 	ext_free(s, sl->arena, sl->off, sl->len);
 	sl->len = 0;
 	s->rec_free[s->nrec_free++] = (uint32_t)(sl - s->slabs);
@@ -641,8 +754,20 @@ static void slot_free(struct store *s, struct page *pg)
 	sl->used--;
 	if (sl->nfree == 1) /* was full: back on the partial list */
 		list_add_tail(&c->partial[sl->arena], &sl->link);
-	if (!sl->used)
+	if (sl->used)
+		return;
+	/*
+	 * [tenant-lend] In a sparse pool an empty slab keeps its memory, and its class's next PUT
+	 * reuses it (a slab made again would take its memory again: zeroed, mapped page by page,
+	 * which halved PUT throughput under DELETE churn); slab_new gives empty slabs back, oldest
+	 * first, when the budget is spent, before anything is evicted.
+	 */
+	if (s->pool->sparse) {
+		list_add_tail(&s->empty, &sl->elink);
+		s->st.empty_bytes += sl->len;
+	} else {
 		slab_release(s, sl);
+	}
 }
 
 /*
@@ -716,7 +841,10 @@ static struct page *slot_take_in(struct store *s, int ci, uint32_t a, int short_
 		return NULL;
 	sl = list_entry(partial->next, struct slab, link);
 	pg = &sl->pages[sl->free_stack[--sl->nfree]];
-	sl->used++;
+	if (!sl->used++ && list_linked(&sl->elink)) { /* [tenant-lend] not empty any more */
+		list_del(&sl->elink);
+		s->st.empty_bytes -= sl->len;
+	}
 	if (!sl->nfree)
 		list_del(&sl->link);
 	return pg;
@@ -820,6 +948,94 @@ int store_ns_trim(struct store *s, uint32_t ns)
 
 #define AHEAD_MIN_PAGES 1024 /* [evict-ahead] */
 
+/*
+ * [tenant-lend] The partition to take memory back from for partition part, which needs a
+ * slab, or -1: one above its guarantee with an evictable page. A released
+ * tenant's (guarantee 0) whoever asks, before anyone evicts their own; any other borrower only
+ * for a partition still under its guarantee. Of those, the one furthest above its guarantee.
+ */
+static int lend_victim(struct store *s, uint32_t part)
+{
+	const struct store_part *me = &s->part[part];
+	/* Below its guarantee by any amount: a slab more may take it past by less than a slab,
+	 * rather than leave it short of it by as much. */
+	int under = me->resident < me->guarantee, best = -1, best_rel = 0;
+	uint64_t best_over = 0;
+
+	for (uint32_t q = 0; q < s->pool->nparts; q++) {
+		const struct store_part *pt = &s->part[q];
+		int rel = pt->guarantee == 0;
+		/* Pages being written to disk are as good as gone: their slabs come back. */
+		uint64_t held = pt->resident - (pt->demoting_bytes < pt->resident
+							? pt->demoting_bytes
+							: pt->resident),
+			 over;
+
+		if (q == part || held <= pt->guarantee || list_empty(&pt->lru) || (!under && !rel))
+			continue;
+		over = held - pt->guarantee;
+		if (best < 0 || rel > best_rel || (rel == best_rel && over > best_over)) {
+			best = (int)q;
+			best_rel = rel;
+			best_over = over;
+		}
+	}
+	return best;
+}
+
+/*
+ * [tenant-lend] Takes a borrower's slab back (lend_victim): the slab of its coldest page, every
+ * evictable page in it (pinned ones stay, and keep the slab). 1 when a slab's worth of
+ * eviction was started, 0 when there is no borrower to take from.
+ */
+static int lend_take(struct store *s, uint32_t part)
+{
+	int q = lend_victim(s, part);
+	struct page *cold;
+
+	if (q < 0)
+		return 0;
+	cold = coldest(s, &s->part[q].lru, LRU_PART);
+	if (!cold)
+		return 1; /* its cold end was held parents, off the LRU now: ask again */
+	slab_reclaim(s, slab_of(s, cold), 0);
+	s->st.lend_reclaims++;
+	s->part[q].lent_back++;
+	return 1;
+}
+
+uint64_t store_arena_rss(const struct store *s, uint32_t a)
+{
+	struct stat st;
+
+	return fstat(s->pool->arena[a].fd, &st) < 0 ? 0 : (uint64_t)st.st_blocks * 512;
+}
+
+uint64_t store_sparse_scrub(struct store *s)
+{
+	uint64_t back = 0;
+
+	if (!s->pool->sparse)
+		return 0;
+	for (uint32_t a = 0; a < s->pool->narenas; a++) {
+		const struct store_arena *ar = &s->ar[a];
+		uint64_t rss = store_arena_rss(s, a),
+			 mine = ar->resident + s->pool->arena[a].dir_bytes;
+
+		if (rss <= mine)
+			continue;
+		for (uint32_t i = 0; i < ar->next; i++)
+			(void)fallocate(s->pool->arena[a].fd,
+					FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+					(off_t)ar->ext[i].off, (off_t)ar->ext[i].len);
+		back += rss - mine;
+	}
+	if (back)
+		log_info("pool: %llu KiB faulted into free ranges by clients' reads given back",
+			 (unsigned long long)(back >> 10));
+	return back;
+}
+
 int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 		     const struct store_pref *pref, struct page **out)
 {
@@ -843,6 +1059,23 @@ int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 		s->part[part].ahead_cls = ci + 1;
 	if (!pg && lru_told(s)) /* [told-lru] */
 		pg = slot_take(s, ci, part, pref);
+	/*
+	 * [tenant-lend] The budget spent: borrowers give back before anyone evicts their own. A
+	 * slab whose pages are being written to disk comes back when they are written: while any
+	 * are, the PUT waits (-ENOSPC with demotions in flight) rather than take more slabs, or
+	 * its own pages, meanwhile (a wait ends at each page written, not at each slab).
+	 */
+	for (int tries = RECLAIM_TRIES; !pg && s->pool->sparse && tries > 0; tries--) {
+		uint64_t before = s->demoting_bytes;
+
+		if (before && lend_victim(s, part) >= 0)
+			return -ENOSPC; /* slabs on their way back: wait for them, take no more */
+		if (!lend_take(s, part))
+			break;
+		pg = slot_take(s, ci, part, pref);
+		if (!pg && s->demoting_bytes > before)
+			return -ENOSPC;
+	}
 	for (int tries = RECLAIM_TRIES; !pg && tries > 0 && (cold = coldest(s, lru, LRU_PART));
 	     tries--) {
 		if (cold->cls == ci) {
@@ -1226,6 +1459,12 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 		s->slabs[k].cls = -1; /* records skipped over: unused */
 	if (sid >= s->nslabs)
 		s->nslabs = sid + 1;
+	if (s->pool->sparse) { /* [tenant-lend] its memory is there: counted again */
+		s->resident[arena_slot(s, a)] += len;
+		s->part[s->pool->arena[a].part].resident += len;
+		s->ar[a].resident += len;
+		s->st.resident += len;
+	}
 	sl->arena = a;
 	sl->off = off;
 	sl->len = len;
@@ -1235,6 +1474,7 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 	sl->pinned = sl->writing = 0;
 	sl->cls = ci;
 	list_init(&sl->link);
+	list_init(&sl->elink);
 	list_add_tail(&c->partial[a], &sl->link);
 	c->slabs++;
 	return 0;
@@ -1263,6 +1503,13 @@ void store_adopt_done(struct store *s)
 		if (s->slabs[k].cls < 0)
 			s->rec_free[s->nrec_free++] = k;
 	free_count(s);
+	/* [tenant-lend] Memory outside the adopted slabs (a slab its broker had not recorded yet
+	 * when it died) goes back: what is resident is exactly what is counted. */
+	for (uint32_t a = 0; s->pool->sparse && a < s->pool->narenas; a++)
+		for (uint32_t i = 0; i < s->ar[a].next; i++)
+			(void)fallocate(s->pool->arena[a].fd,
+					FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+					(off_t)s->ar[a].ext[i].off, (off_t)s->ar[a].ext[i].len);
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)

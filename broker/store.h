@@ -75,6 +75,7 @@ struct slab {
 	uint32_t *free_stack;
 	struct page *pages; /* nslots records, allocated when assigned to a class */
 	struct list link;   /* its class's partial list in its arena, when it has a free slot */
+	struct list elink;  /* [tenant-lend] the store's empty slabs, while it has no page */
 };
 
 struct store_class {
@@ -94,6 +95,7 @@ struct store_arena {
 	struct store_ext *ext;
 	uint32_t next, cap;
 	uint64_t free_bytes;
+	uint64_t resident; /* [tenant-lend] sparse: bytes of its slabs */
 };
 
 /* A tenant partition's share of the store [tenant-part]: its own LRU, usage and watermarks. */
@@ -104,7 +106,16 @@ struct store_part {
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 	uint64_t pages, evictions;
 	const struct page *warmed; /* [evict-prefetch] the coldest page last prefetched */
-	int ahead_cls;		   /* [evict-ahead] class + 1 of the last PUT that evicted, or 0 */
+	/*
+	 * [tenant-lend] In a sparse pool: bytes of its slabs (the memory it holds), and what it can
+	 * always reclaim from partitions above theirs (tenant.c sets it). Above its guarantee it
+	 * borrows: its slabs are the first taken back when a partition under its guarantee needs
+	 * memory (oldest page's slab first), and with a guarantee of 0 (a released tenant) before
+	 * any other partition evicts its own pages.
+	 */
+	uint64_t resident, guarantee;
+	uint64_t lent_back; /* slabs of it reclaimed for another partition */
+	int ahead_cls;	    /* [evict-ahead] class + 1 of the last PUT that evicted, or 0 */
 };
 
 struct store_stats {
@@ -118,6 +129,10 @@ struct store_stats {
 	uint64_t held;	       /* parents taken off the LRUs because they still had kids */
 	uint64_t chain_cuts;   /* parents evicted with kids (slab reclaim with nothing else left) */
 	uint64_t ns_evictions; /* pages a namespace over its --ns-limit evicted of its own */
+	uint64_t lend_reclaims; /* [tenant-lend] borrowers' slabs taken back */
+	uint64_t resident;	/* [tenant-lend] bytes of slabs in a sparse pool */
+	uint64_t alloc_failed;	/* [tenant-lend] slabs whose memory the kernel refused */
+	uint64_t empty_bytes;	/* [tenant-lend] bytes of empty slabs kept (store.c) */
 };
 
 struct store {
@@ -130,6 +145,10 @@ struct store {
 	uint32_t nrec_free;
 	struct store_arena ar[POOL_MAX_ARENAS];
 	struct store_part part[POOL_MAX_PARTS];
+	/* [tenant-lend] Sparse pool: slab bytes in the i-th arena of every partition together,
+	 * at most pool->budget[i]. */
+	uint64_t resident[KVB_MAX_ARENAS];
+	struct list empty; /* [tenant-lend] empty slabs kept with their memory, oldest first */
 	uint8_t ns_part[STORE_MAX_NS]; /* the partition each namespace's pages go to */
 	struct store_class cls[STORE_MAX_CLASSES];
 	uint32_t ncls;
@@ -303,6 +322,17 @@ uint32_t store_evict_watermark(struct store *s, uint32_t max);
 void store_prefetch_victims(struct store *s);
 /* [evict-ahead] While idle: one free slot for the next PUT of a full partition. */
 void store_evict_ahead(struct store *s);
+
+/*
+ * [tenant-lend] A sparse pool's memory, checked against the slabs (once a second,
+ * on the loop's tick): an arena holding more than its slabs and directory (a client's read of
+ * a stale location faults a page into a hole: tmpfs fills holes on faults) has its free ranges
+ * punched again. Returns the bytes given back.
+ */
+uint64_t store_sparse_scrub(struct store *s);
+
+/* [tenant-lend] Bytes the memfd of arena a holds now (st_blocks), for stats and the tests. */
+uint64_t store_arena_rss(const struct store *s, uint32_t a);
 
 /*
  * The disk tier finished writing a page it took from evict(). ok: the copy on disk is complete;

@@ -10,7 +10,7 @@
  *   - its pages live in its own partition of the pool, separate memfds (pool.h), and its
  *     clients are handed only those: a read-only map of one memfd cannot show another's bytes;
  *   - placement and eviction stay inside the partition (store.c): another tenant's flood
- *     evicts only its own pages, so a partition is a share no one else can push a tenant below.
+ *     evicts only its own pages, and takes no memory from a tenant below its guarantee.
  * Within one tenant every client is trusted alike: the first writer of a key wins, as before.
  *
  * Why a credential and not a token: processes of one uid can ptrace one another and read each
@@ -18,12 +18,25 @@
  * groups several uids into one tenant (one job's engines under per-rank users). Engines that
  * must not trust one another run under different uids.
  *
- * Partitions are cut at start-up, because a sealed memfd can neither grow nor give memory
- * back (F_SEAL_FUTURE_WRITE refuses hole punching) and clients map each whole: tenants named
- * by --tenant ID=SIZE get theirs, and the rest of the pool is cut into equal shares
- * (--tenant-share, by default TENANT_SLOTS_DEFAULT of them) that tenants not named take at
- * their first attach and keep for the broker's life. When none is left a new tenant is refused
- * with -EUSERS. Shares are hard: a tenant's pages never borrow another partition's memory.
+ * [tenant-lend] Shares are guarantees, not walls. There are POOL_MAX_PARTS partitions, each
+ * virtually the whole pool (sparse memfds: pool.h); memory is what the store's slabs take from
+ * one budget, the pool's size, and give back when they empty (store.c). A tenant's share
+ * (--tenant ID=SIZE for named ones, bound at start-up; --tenant-share, by default a quarter of
+ * the rest, for the others from their first attach; kvbctl tenant-share at run time) is what it
+ * can always reclaim: its guarantee, the share scaled down in proportion while the shares of
+ * the tenants bound and not released add up to more than the budget. Memory nobody uses is
+ * lent: a tenant stores beyond its guarantee while the budget has room, and a tenant under its
+ * guarantee takes a borrower's slabs back (oldest page's first) when it has none. A tenant
+ * whose last client left --tenant-idle ago is released (guarantee 0): its pages stay while
+ * the pool has room and are the first taken when anyone needs memory; it finds its partition
+ * again when it comes back. Why lending needs no copy of a tenant's page into another's memory:
+ * what moves between partitions is the budget, a page stays in its own memfd.
+ *
+ * A partition, once bound, stays its tenant's for the broker's life, released or not: a
+ * client that detached may still map its memfd, so another tenant's pages must never lie in
+ * it, and binding it to a new tenant would need a fresh memfd swapped into the broker, the
+ * keeper and the side table. With all POOL_MAX_PARTS bound, a new tenant is refused -EUSERS
+ * (the log names the cause); root and the broker's uid still attach, for inspection.
  *
  * [tenant-disk] A partition owns a share of the disk tier too (--tenant ID=RAM,DISK,
  * --tenant-share RAM,DISK; by default the disk in proportion to RAM): its own region of every
@@ -41,6 +54,7 @@
 #include "log.h"
 #include "parse.h"
 #include "size.h"
+#include "store.h"
 #include "tenant.h"
 #include "text.h"
 
@@ -144,15 +158,23 @@ static int resolve_id(int mode, const char *name, uint32_t *id)
 	return 0;
 }
 
+int tenant_resolve(int mode, const char *name, uint32_t *id)
+{
+	return resolve_id(mode, name, id);
+}
+
 int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg *pc,
 		struct tenant_table *tt)
 {
 	uint64_t used = 0, rest, share;
-	uint32_t n = 0, slots;
+	uint32_t n = 0;
 
 	memset(tt, 0, sizeof(*tt));
 	tt->mode = c->mode;
+	tt->idle_s = c->idle_s; /* options.c defaults it to TENANT_IDLE_DEFAULT */
+	tt->budget = pool_bytes;
 	pc->nparts = 0;
+	pc->sparse = 0;
 	if (c->mode == TENANTS_NONE) {
 		if (c->nlisted || c->share || c->share_frac || c->share_disk ||
 		    c->share_disk_frac) {
@@ -161,6 +183,7 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 		}
 		tt->n = 1;
 		tt->t[0].used = 1;
+		tt->t[0].share = tt->t[0].guarantee = pool_bytes;
 		return 0;
 	}
 	for (uint32_t i = 0; i < c->nlisted; i++) {
@@ -194,11 +217,16 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 				return -EINVAL;
 			}
 		}
+		if (bytes < TENANT_MIN_BYTES) {
+			fprintf(stderr, "kvbrokerd: --tenant %s: a share below %llu MiB\n", buf,
+				(unsigned long long)(TENANT_MIN_BYTES >> 20));
+			return -EINVAL;
+		}
 		tt->t[n] = (struct tenant){
-			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1};
+			.key = tenant_key(c->mode, id, id), .listed = 1, .used = 1, .share = bytes};
 		tt->disk_bytes[n] = disk;
 		tt->disk_frac[n] = disk_frac;
-		pc->part_size[n++] = bytes;
+		n++;
 		used += bytes;
 	}
 	if (used > pool_bytes) {
@@ -207,50 +235,159 @@ int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg
 	}
 	rest = pool_bytes - used;
 	share = c->share_frac ? (uint64_t)(c->share_frac * (double)pool_bytes) : c->share;
-	slots = POOL_MAX_PARTS - n;
-	if (!share)
-		share = rest / (slots < TENANT_SLOTS_DEFAULT ? slots : TENANT_SLOTS_DEFAULT);
-	if (share && rest / share < slots)
-		slots = (uint32_t)(rest / share);
-	for (uint32_t i = 0; i < slots && share >= TENANT_MIN_BYTES; i++) {
-		tt->disk_bytes[n] = c->share_disk;
-		tt->disk_frac[n] = c->share_disk_frac;
-		pc->part_size[n++] = share;
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		if (pc->part_size[i] < TENANT_MIN_BYTES) {
-			fprintf(stderr, "kvbrokerd: a tenant share below %llu MiB\n",
-				(unsigned long long)(TENANT_MIN_BYTES >> 20));
-			return -EINVAL;
-		}
-	}
-	if (!n) {
-		fprintf(stderr, "kvbrokerd: --tenants: no room for a tenant share\n");
+	if (share && share < TENANT_MIN_BYTES) {
+		fprintf(stderr, "kvbrokerd: --tenant-share: a share below %llu MiB\n",
+			(unsigned long long)(TENANT_MIN_BYTES >> 20));
 		return -EINVAL;
 	}
-	pc->nparts = n;
-	tt->n = n;
+	if (share > pool_bytes) {
+		fprintf(stderr, "kvbrokerd: --tenant-share exceeds --pool\n");
+		return -EINVAL;
+	}
+	/* [tenant-lend] By default the rest in TENANT_SLOTS_DEFAULT shares; more tenants than
+	 * that still attach, their guarantees scaled down (tenant_guarantees). */
+	if (!share)
+		share = rest / TENANT_SLOTS_DEFAULT;
+	if (share < TENANT_MIN_BYTES)
+		share = pool_bytes < TENANT_MIN_BYTES ? pool_bytes : TENANT_MIN_BYTES;
+	tt->share_default = share;
+	/*
+	 * [tenant-lend] Every partition there can be, each virtually the size of the pool: its
+	 * memory is taken slab by slab from the budget (store.c), so a partition costs nothing
+	 * until its tenant stores.
+	 */
+	for (uint32_t i = 0; i < POOL_MAX_PARTS; i++) {
+		if (i >= n) {
+			tt->disk_bytes[i] = c->share_disk;
+			tt->disk_frac[i] = c->share_disk_frac;
+			tt->t[i].share = share;
+		}
+		pc->part_size[i] = pool_bytes;
+		pc->part_share[i] = tt->t[i].share;
+	}
+	pc->nparts = POOL_MAX_PARTS;
+	pc->sparse = 1;
+	tt->n = POOL_MAX_PARTS;
+	tenant_guarantees(tt, 0);
 	return 0;
 }
 
-int tenant_attach(struct tenant_table *tt, uint32_t key)
+int tenant_guarantees(struct tenant_table *tt, double now)
+{
+	uint64_t sum = 0;
+	int changed = 0;
+
+	if (tt->mode == TENANTS_NONE)
+		return 0;
+	for (uint32_t p = 0; p < tt->n; p++) {
+		struct tenant *t = &tt->t[p];
+
+		if (t->used && !t->released && !t->clients && t->left_at && now > 0 &&
+		    now - t->left_at >= tt->idle_s) {
+			t->released = 1;
+			log_info("tenant %s %u: no client for %.0f s (--tenant-idle): its share is "
+				 "released; its pages stay while the pool has room and are evicted "
+				 "first when another tenant needs it",
+				 tenant_mode_name(tt->mode), t->key - 1, now - t->left_at);
+		}
+		if (t->used && !t->released)
+			sum += t->share;
+	}
+	for (uint32_t p = 0; p < tt->n; p++) {
+		struct tenant *t = &tt->t[p];
+		uint64_t g = 0;
+
+		if (t->used && !t->released)
+			g = sum > tt->budget ? (uint64_t)((double)t->share * (double)tt->budget /
+							  (double)sum)
+					     : t->share;
+		changed |= g != t->guarantee;
+		t->guarantee = g;
+	}
+	return changed;
+}
+
+int tenant_set_share(struct tenant_table *tt, uint32_t key, uint64_t bytes)
+{
+	uint32_t p, free_part = tt->n;
+
+	if (bytes && bytes < TENANT_MIN_BYTES)
+		return -EINVAL;
+	for (p = 0; p < tt->n; p++) {
+		if (tt->t[p].used && tt->t[p].key == key)
+			break;
+		if (!tt->t[p].used && free_part == tt->n)
+			free_part = p;
+	}
+	if (p == tt->n) {
+		if (free_part == tt->n)
+			return -EUSERS;
+		p = free_part;
+		/* Bound now, as --tenant binds at start-up: its first client finds it here. */
+		tt->t[p] = (struct tenant){.key = key, .used = 1, .listed = 1};
+	}
+	tt->t[p].share = bytes ? bytes : tt->share_default;
+	tt->t[p].share_set = bytes != 0;
+	return (int)p;
+}
+
+int tenant_attach(struct tenant_table *tt, uint32_t key, int *released)
 {
 	uint32_t free_part = tt->n;
 
+	*released = 0;
 	for (uint32_t p = 0; p < tt->n; p++) {
 		if (tt->t[p].used && tt->t[p].key == key) {
 			tt->t[p].clients++;
 			tt->t[p].attaches++;
 			tt->t[p].left_at = 0;
+			/* [tenant-lend] Back: its partition (and what is left of its pages) and its
+			 * guarantee again. */
+			tt->t[p].released = 0;
 			return (int)p;
 		}
 		if (!tt->t[p].used && free_part == tt->n)
 			free_part = p;
+		*released |= tt->t[p].released;
 	}
 	if (free_part == tt->n)
 		return -EUSERS;
-	tt->t[free_part] = (struct tenant){.key = key, .used = 1, .clients = 1, .attaches = 1};
+	tt->t[free_part] = (struct tenant){.key = key,
+					   .used = 1,
+					   .clients = 1,
+					   .attaches = 1,
+					   .share = tt->t[free_part].share ? tt->t[free_part].share
+									   : tt->share_default,
+					   .guarantee = 0};
 	return (int)free_part;
+}
+
+void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s)
+{
+	if (!p->sparse)
+		return;
+	for (uint32_t i = 0; i < tt->n && i < p->nparts; i++) {
+		p->part[i].size = tt->t[i].share;
+		s->part[i].guarantee = tt->t[i].guarantee;
+	}
+}
+
+#define TENANT_TICK_S 0.25
+#define TENANT_SCRUB_S 1.0 /* eight fstat calls */
+
+void tenant_tick(struct tenant_table *tt, struct pool *p, struct store *s, double now)
+{
+	static double last, scrubbed;
+
+	if (!p->sparse || now - last < TENANT_TICK_S)
+		return;
+	last = now;
+	if (tenant_guarantees(tt, now))
+		tenant_apply(tt, p, s);
+	if (now - scrubbed >= TENANT_SCRUB_S) {
+		scrubbed = now;
+		(void)store_sparse_scrub(s);
+	}
 }
 
 void tenant_detach(struct tenant_table *tt, uint32_t part)
@@ -272,7 +409,7 @@ void tenant_put_refused(struct tenant_table *tt, uint32_t part, uint32_t ns, uin
 	if (tt->mode == TENANTS_NONE)
 		snprintf(who, sizeof(who), "the pool");
 	else
-		snprintf(who, sizeof(who), "tenant %s %u's share", tenant_mode_name(tt->mode),
+		snprintf(who, sizeof(who), "tenant %s %u's guarantee", tenant_mode_name(tt->mode),
 			 t->key - 1);
 	if (ns_limit && ns_bytes >= ns_limit)
 		log_throttled(

@@ -25,10 +25,13 @@ struct tenant_cfg {
 	double share_frac;   /* --tenant-share N%: of the pool */
 	uint64_t share_disk; /* --tenant-share RAM,DISK: bytes of disk; 0: see tenant_table */
 	double share_disk_frac; /* ... or N% of the disk */
+	double idle_s;		/* --tenant-idle: a share is released this long after its last
+				 * client left [tenant-lend] */
 };
 
 #define TENANT_SLOTS_DEFAULT 4u
 #define TENANT_MIN_BYTES (8ull << 20)
+#define TENANT_IDLE_DEFAULT 600.0 /* --tenant-idle: 10 minutes */
 
 /* One partition's tenant: listed ones are bound at start-up, the others at first attach. */
 struct tenant {
@@ -40,6 +43,10 @@ struct tenant {
 	uint64_t hits, misses; /* [hist] its GETs and ACQUIREs, while bound to key */
 	uint64_t refused;      /* PUTs refused -ENOSPC: its share full, nothing of it evictable */
 	double left_at;	       /* when its last client detached (clock_now), 0 while attached */
+	uint8_t released;      /* [tenant-lend] idle past --tenant-idle: guarantee 0 */
+	uint8_t share_set;     /* its share set at run time (kvbctl tenant-share) */
+	uint64_t share;	       /* [tenant-lend] its share as configured (bytes) */
+	uint64_t guarantee;    /* what it can always reclaim now: see tenant_guarantees */
 };
 
 /*
@@ -49,7 +56,10 @@ struct tenant {
  */
 struct tenant_table {
 	int mode;
-	uint32_t n; /* partitions, = pool.nparts */
+	uint32_t n;		/* partitions, = pool.nparts */
+	uint64_t budget;	/* [tenant-lend] RAM the partitions' slabs may hold in all */
+	uint64_t share_default; /* the share of a tenant not listed, at its first attach */
+	double idle_s;		/* --tenant-idle */
 	struct tenant t[POOL_MAX_PARTS];
 	uint64_t disk_bytes[POOL_MAX_PARTS];
 	double disk_frac[POOL_MAX_PARTS];
@@ -70,14 +80,46 @@ int tenant_parse_amount(const char *arg, uint64_t *bytes, double *frac);
 int tenant_plan(const struct tenant_cfg *c, uint64_t pool_bytes, struct pool_cfg *pc,
 		struct tenant_table *tt);
 
+/*
+ * [tenant-lend] Recomputes every tenant's guarantee at time now: its share while bound and not
+ * released (idle past --tenant-idle, said in the log once), scaled down in proportion while
+ * the shares of those tenants add up to more than the budget. Returns 1 when any changed.
+ */
+int tenant_guarantees(struct tenant_table *tt, double now);
+
+/*
+ * [tenant-lend] Sets the share of the tenant with key to bytes (0: back to the default share),
+ * binding a free partition to it when it has none (it then attaches to that one). -EUSERS when
+ * it has none and none is free, -EINVAL for a share below TENANT_MIN_BYTES.
+ */
+int tenant_set_share(struct tenant_table *tt, uint32_t key, uint64_t bytes);
+
+struct store;
+/*
+ * [tenant-lend] Hands the shares and guarantees to the pool (pool_part.size: the share ops and
+ * stats size a tenant's limits by) and the store (store_part.guarantee). After every change.
+ */
+void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s);
+
+/*
+ * [tenant-lend] The loop's tick: releases shares idle past --tenant-idle and checks the sparse
+ * pool's memory (store_sparse_scrub). Memory is taken back from borrowers only when a tenant
+ * under its guarantee needs it (store_alloc_pref), never ahead: until then lending is free.
+ */
+void tenant_tick(struct tenant_table *tt, struct pool *p, struct store *s, double now);
+
+/* The uid or gid (mode) a tenant name or number names; -ENOENT none. */
+int tenant_resolve(int mode, const char *name, uint32_t *id);
+
 /* The tenant key of a peer under mode. */
 uint32_t tenant_key(int mode, uid_t uid, gid_t gid);
 
 /*
  * The partition of a ring client's tenant, binding a free partition to it at first attach;
- * -EUSERS when every partition is bound to another tenant.
+ * -EUSERS when every partition is bound to another tenant (*released then says whether one of
+ * them is only released: it cannot be bound again, see tenant.c).
  */
-int tenant_attach(struct tenant_table *tt, uint32_t key);
+int tenant_attach(struct tenant_table *tt, uint32_t key, int *released);
 void tenant_detach(struct tenant_table *tt, uint32_t part);
 
 const char *tenant_mode_name(int mode);

@@ -405,7 +405,16 @@ int xfer_init(struct broker *b)
 	err = ep_add_copy(b, b->copy, &b->on_copy[0]);
 	if (err)
 		return err;
-	if (b->cfg.gpu)
+	if (b->cfg.gpu && b->pool.sparse)
+		/* [tenant-lend] Registering the pool pins every page of it: all the partitions,
+		 * each as large as the pool, whose memory is lent slab by slab. */
+		log_warn("GPU copies off: --tenants %s lends pool memory slab by slab, and the GPU "
+			 "copy engine would pin all of it (every partition, each as large as the "
+			 "pool); GPU buffers are refused (-ENODEV): engines register host buffers, "
+			 "or "
+			 "run the broker without --tenants",
+			 tenant_mode_name(b->tt.mode));
+	else if (b->cfg.gpu)
 		b->gpu = copy_cuda_open(b);
 	else
 		log_info("GPU copies off: --no-gpu");

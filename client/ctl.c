@@ -310,6 +310,29 @@ out:
 	return err;
 }
 
+int kvb_tenant_share(kvb_client *c, const char *tenant, uint64_t bytes, uint32_t percent)
+{
+	struct kvb_msg_tenant_share m = {.bytes = bytes, .percent = percent};
+	struct kvbc_reply r;
+	size_t n = tenant ? strlen(tenant) : 0;
+	int err;
+
+	if (!n || n >= sizeof(m.tenant) || (bytes && percent) || percent > 100)
+		return -EINVAL;
+	memcpy(m.tenant, tenant, n);
+	err = kvbc_enter_ctl(c);
+	if (err)
+		return err;
+	err = c->broker_minor >= 8 ? kvbc_ctl(c, KVB_MSG_TENANT_SHARE, &m, sizeof(m), -1, &r)
+				   : -EOPNOTSUPP;
+	if (err >= 0) {
+		err = r.res;
+		kvbc_reply_free(&r);
+	}
+	kvbc_leave(c);
+	return err;
+}
+
 int kvb_ns_limit(kvb_client *c, const char *model, uint64_t bytes, uint32_t percent)
 {
 	struct kvb_msg_ns_limit m = {.bytes = bytes, .percent = percent};

@@ -475,7 +475,16 @@ static void tenant_labels(const cJSON *e, char (*buf)[128], const char **l)
 
 static const struct series tenant_series[] = {
 	{"share_bytes", "kvbroker_tenant_share_bytes", "gauge",
-	 "RAM a tenant's partition holds for it (its share)."},
+	 "A tenant's share of RAM (--tenant, --tenant-share, kvbctl tenant-share)."},
+	{"guarantee_bytes", "kvbroker_tenant_guarantee_bytes", "gauge",
+	 "RAM a tenant can always reclaim now: its share, scaled down while bound shares exceed "
+	 "the pool, 0 once released (--tenant-idle)."},
+	{"resident_bytes", "kvbroker_tenant_resident_bytes", "gauge",
+	 "RAM a tenant's partition holds (its slabs); above its guarantee it is borrowed."},
+	{"released", "kvbroker_tenant_released", "gauge",
+	 "1 while a tenant's share is released (no client for --tenant-idle)."},
+	{"lent_back", "kvbroker_tenant_reclaimed_slabs_total", "counter",
+	 "Slabs of a tenant's partition taken back for a tenant under its guarantee."},
 	{"bytes_used", "kvbroker_tenant_bytes_used", "gauge",
 	 "RAM slot bytes of the pages a tenant stores."},
 	{"pages", "kvbroker_tenant_pages", "gauge", "RAM pages a tenant stores."},

@@ -723,6 +723,19 @@ int kvb_drop_client(kvb_client *c, uint32_t client_id);
  */
 int kvb_ns_limit(kvb_client *c, const char *model, uint64_t bytes, uint32_t percent);
 
+/*
+ * Sets the share of tenant (a uid or gid as the broker's --tenants says, or a user or group
+ * name) on a running broker: bytes, or percent (1..100) of the pool; both 0 returns it to the
+ * default share. A share is a guarantee: what the tenant can always reclaim from tenants
+ * borrowing beyond theirs. Raising it takes effect at once (its next PUTs reclaim); lowering it
+ * evicts nothing (what it holds beyond is lent, reclaimed when another tenant needs it). For
+ * operators (the broker's uid or root); works on a control client. Errors: -EPERM not an
+ * operator, -EINVAL malformed or a share below 8 MiB or above the pool, -ENOENT no such user or
+ * group, -EUSERS a tenant with no partition and none free, -EOPNOTSUPP a broker without
+ * --tenants or before ABI 1.8, those of every call.
+ */
+int kvb_tenant_share(kvb_client *c, const char *tenant, uint64_t bytes, uint32_t percent);
+
 #ifdef __cplusplus
 }
 #endif

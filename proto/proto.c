@@ -117,6 +117,8 @@ int64_t kvb_msg_body_min(uint16_t type)
 		return 0;
 	case KVB_MSG_NS_LIMIT:
 		return sizeof(struct kvb_msg_ns_limit);
+	case KVB_MSG_TENANT_SHARE:
+		return sizeof(struct kvb_msg_tenant_share);
 	default:
 		return -1;
 	}

@@ -69,8 +69,9 @@
  *    (a PUT's parent key, in the arg area: chains evicted tail first);
  * 5: the pool directory (proto/pooldir.h, HELLO reply dir_units), GET with KVB_SQEF_GET;
  * 6: the note ring (KVB_FEAT_NOTES);
- * 7: NS_LIMIT (an operator sets or removes a model's namespace cap at run time) */
-#define KVB_ABI_MINOR 7
+ * 7: NS_LIMIT (an operator sets or removes a model's namespace cap at run time);
+ * 8: TENANT_SHARE (an operator sets a tenant's share at run time) */
+#define KVB_ABI_MINOR 8
 
 #define KVB_MSG_MAGIC 0x4b56424du    /* "KVBM" */
 #define KVB_REGION_MAGIC 0x4b564252u /* "KVBR" */
@@ -100,6 +101,7 @@ enum kvb_msg_type {
 	KVB_MSG_VIEW_CREATE2 = 10, /* ABI 1.2 */
 	KVB_MSG_DROP = 11,	   /* ABI 1.3: {client id} ends that client's session */
 	KVB_MSG_NS_LIMIT = 12,	   /* ABI 1.7: struct kvb_msg_ns_limit, operators only */
+	KVB_MSG_TENANT_SHARE = 13, /* ABI 1.8: struct kvb_msg_tenant_share, operators only */
 	KVB_MSG__COUNT,
 };
 
@@ -257,6 +259,22 @@ struct kvb_msg_ns_limit {
 	uint32_t resv;	  /* 0 */
 };
 static_assert(sizeof(struct kvb_msg_ns_limit) == 80, "ns_limit");
+
+/*
+ * TENANT_SHARE (ABI 1.8): the share of one tenant (--tenant ID=SIZE|N%) set on a running broker
+ * with --tenants uid or gid: bytes, or percent (1..100) of the pool; both 0 returns it to the
+ * default share (--tenant-share). A tenant with no partition yet is given one, as --tenant
+ * does at start-up. The reply's res is 0 or -EPERM (not the broker's uid or root), -EINVAL
+ * (malformed, or a share below the smallest, 8 MiB, or above the pool), -ENOENT (no such user
+ * or group), -EUSERS (a new tenant and no partition free), -EOPNOTSUPP (no --tenants).
+ */
+struct kvb_msg_tenant_share {
+	char tenant[64];  /* NUL-terminated: a uid or gid, or a user or group name */
+	uint64_t bytes;	  /* the share in bytes, or 0 */
+	uint32_t percent; /* or in percent of the pool, or 0 */
+	uint32_t resv;	  /* 0 */
+};
+static_assert(sizeof(struct kvb_msg_tenant_share) == 80, "tenant_share");
 
 /* VIEW_CREATE: header then nparts x struct kvb_view_part. */
 struct kvb_msg_view_create {

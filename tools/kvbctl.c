@@ -59,6 +59,11 @@ static void usage(FILE *f)
 		"             the namespace caps by model; with an argument sets (or removes)\n"
 		"             one on the running broker, at once (--ns-limit's syntax); setting\n"
 		"             is for the broker's uid or root\n"
+		"  tenant-share [ID=SIZE|ID=N%%|ID=none]\n"
+		"             the tenants' shares; with an argument sets tenant ID's share (a\n"
+		"             guarantee: what it always reclaims) at once (--tenant's syntax; "
+		"none:\n"
+		"             the default); for the broker's uid or root\n"
 		"\n"
 		"options:\n"
 		"  --socket PATH   control socket (default: $KVB_SOCKET, else\n"
@@ -636,8 +641,9 @@ static int print_part(const cJSON *root, const char *name)
 	return ret;
 }
 
-static const char *const commands[] = {"status", "clients", "ns",   "map",     "metrics",
-				       "top",	 "plan",    "drop", "tenants", "ns-limit"};
+static const char *const commands[] = {"status",  "clients",  "ns",	     "map",
+				       "metrics", "top",      "plan",	     "drop",
+				       "tenants", "ns-limit", "tenant-share"};
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
 /* kvbctl drop ID: one DROP message (the operator's answer to a client pinning the pool). */
@@ -776,7 +782,7 @@ int main(int argc, char **argv)
 	if (!cmd)
 		return cli_usage_error(ctl_prog,
 				       "no command: status, top, clients, ns, map, metrics, "
-				       "tenants, ns-limit, plan or drop");
+				       "tenants, ns-limit, tenant-share, plan or drop");
 	if (!known) {
 		const char *near[1];
 
@@ -811,6 +817,16 @@ int main(int argc, char **argv)
 		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
 			return 1;
 		ret = ctl_ns_limit_set(&x, argv[optind]);
+		ctl_disconnect(&x);
+		return ret;
+	}
+	if (!strcmp(cmd, "tenant-share") && optind < argc) {
+		if (optind + 1 != argc || o.file)
+			return cli_usage_error(ctl_prog, "tenant-share takes one ID=SIZE|N%%|none "
+							 "(none: show them)");
+		if (socket_path(o.sock, x.path, sizeof(x.path)) < 0)
+			return 1;
+		ret = ctl_tenant_share_set(&x, argv[optind]);
 		ctl_disconnect(&x);
 		return ret;
 	}
@@ -851,7 +867,7 @@ int main(int argc, char **argv)
 		ret = o.json ? print_part(root, "namespaces") : (print_ns(root), 0);
 	else if (!strcmp(cmd, "map"))
 		ret = o.json ? print_part(root, "map") : (print_map(root), 0);
-	else if (!strcmp(cmd, "tenants"))
+	else if (!strcmp(cmd, "tenants") || !strcmp(cmd, "tenant-share"))
 		ret = o.json ? print_part(root, "tenants") : (ctl_print_tenants(root), 0);
 	else if (!strcmp(cmd, "ns-limit"))
 		ret = o.json ? print_part(root, "ns_limits") : (ctl_print_limits(root), 0);

@@ -43,6 +43,8 @@ int ctl_top(struct ctl *x, double interval);
 int ctl_top_json(struct ctl *x, double interval);
 /* kvbctl_limits.c: ns-limit MODEL=SIZE|N%|none on the broker; exit status. */
 int ctl_ns_limit_set(struct ctl *x, const char *arg);
+/* kvbctl tenant-share ID=SIZE|N%|none: one TENANT_SHARE message. */
+int ctl_tenant_share_set(struct ctl *x, const char *arg);
 /* kvbctl_limits.c: the ns-limit and tenants tables from a stats document. */
 void ctl_print_limits(const cJSON *root);
 void ctl_print_tenants(const cJSON *root);

@@ -8,6 +8,9 @@
  *   kvbctl ns-limit MODEL=none         removes it
  *   kvbctl tenants                     each tenant partition: whose, clients, RAM used
  *                                      against its share, hits, misses, evictions
+ *   kvbctl tenant-share                the same table
+ *   kvbctl tenant-share ID=SIZE|N%     sets tenant ID's share (as kvbrokerd --tenant), at once
+ *   kvbctl tenant-share ID=none        back to the default share (--tenant-share)
  *
  * Setting is for operators (the broker's uid or root); the broker logs every change and shows
  * it in status and metrics. Single-threaded.
@@ -104,6 +107,51 @@ int ctl_ns_limit_set(struct ctl *x, const char *arg)
 	return 0;
 }
 
+int ctl_tenant_share_set(struct ctl *x, const char *arg)
+{
+	const char *eq = strrchr(arg, '=');
+	char id[64], a[32];
+	uint64_t bytes = 0;
+	uint32_t pct = 0;
+	int err, dflt;
+
+	if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof(id))
+		return cli_usage_error(ctl_prog,
+				       "tenant-share: want ID=SIZE, ID=N%% or ID=none (ID a uid or "
+				       "gid, as the broker's --tenants, or a user or group name), "
+				       "not '%s'",
+				       arg);
+	memcpy(id, arg, (size_t)(eq - arg));
+	id[eq - arg] = '\0';
+	dflt = !strcmp(eq + 1, "none");
+	if (!dflt && parse_amount(eq + 1, &bytes, &pct))
+		return cli_usage_error(ctl_prog,
+				       "tenant-share %s: '%s' is not a size (64M, 2G) nor a "
+				       "percentage of the pool (1%% to 100%%)",
+				       id, eq + 1);
+	if (ctl_connect(x, 0) < 0)
+		return 1;
+	err = kvb_tenant_share(x->c, id, bytes, pct);
+	if (err < 0) {
+		fprintf(stderr, "%s: tenant-share %s: %s\n", ctl_prog, id,
+			err == -EPERM	     ? "only the broker's uid or root may change shares"
+			: err == -ENOENT     ? "no such user or group"
+			: err == -EINVAL     ? "a share is 8 MiB at least and the pool at most"
+			: err == -EUSERS     ? "every tenant partition is bound to another tenant"
+			: err == -EOPNOTSUPP ? "the broker runs without --tenants, or is too old "
+					       "(before ABI 1.8)"
+					     : strerror(-err));
+		return 1;
+	}
+	if (dflt)
+		printf("tenant-share %s: the default share\n", id);
+	else if (bytes)
+		printf("tenant-share %s: %s\n", id, text_bytes((double)bytes, a, sizeof(a)));
+	else
+		printf("tenant-share %s: %u%% of the pool\n", id, pct);
+	return 0;
+}
+
 void ctl_print_limits(const cJSON *root)
 {
 	const cJSON *l, *ns;
@@ -148,13 +196,13 @@ void ctl_print_tenants(const cJSON *root)
 
 	cJSON_ArrayForEach(t, sdoc_arr(root, "tenants"))
 	{
-		char who[32], a[32], b[32], c[16], d[16], idle[24];
+		char who[32], a[32], b[32], g[32], r[32], c[16], d[16], idle[24];
 		double h = sdoc_num(t, "hits"), m = sdoc_num(t, "misses");
 
 		if (!any)
-			printf("%4s  %-12s %7s %12s %12s %7s %8s %10s %10s %9s\n", "part", "tenant",
-			       "clients", "used", "share", "used%", "hit rate", "hits", "evictions",
-			       "idle");
+			printf("%4s  %-12s %7s %12s %12s %12s %12s %7s %8s %10s %10s %9s\n", "part",
+			       "tenant", "clients", "used", "share", "guarantee", "resident",
+			       "used%", "hit rate", "hits", "evictions", "idle");
 		any = 1;
 		if (!strcmp(sdoc_str(t, "mode"), "none"))
 			snprintf(who, sizeof(who), "all");
@@ -163,14 +211,19 @@ void ctl_print_tenants(const cJSON *root)
 		else
 			snprintf(who, sizeof(who), "%s %.0f", sdoc_str(t, "mode"),
 				 sdoc_num(t, "id"));
-		if (sdoc_num(t, "idle_s") > 0)
+		if (sdoc_num(t, "released") > 0)
+			snprintf(idle, sizeof(idle), "released");
+		else if (sdoc_num(t, "idle_s") > 0)
 			snprintf(idle, sizeof(idle), "%.0f s", sdoc_num(t, "idle_s"));
 		else
 			snprintf(idle, sizeof(idle), "-");
-		printf("%4.0f  %-12s %7.0f %12s %12s %7s %8s %10.0f %10.0f %9s\n",
+		/* [tenant-lend] used% is of the share; resident above the guarantee is lent. */
+		printf("%4.0f  %-12s %7.0f %12s %12s %12s %12s %7s %8s %10.0f %10.0f %9s\n",
 		       sdoc_num(t, "partition"), who, sdoc_num(t, "clients"),
 		       text_bytes(sdoc_num(t, "bytes_used"), a, sizeof(a)),
 		       text_bytes(sdoc_num(t, "share_bytes"), b, sizeof(b)),
+		       text_bytes(sdoc_num(t, "guarantee_bytes"), g, sizeof(g)),
+		       text_bytes(sdoc_num(t, "resident_bytes"), r, sizeof(r)),
 		       fmt_pct(sdoc_num(t, "bytes_used"), sdoc_num(t, "share_bytes"), c, sizeof(c)),
 		       fmt_pct(h, h + m, d, sizeof(d)), h, sdoc_num(t, "evictions"), idle);
 	}

@@ -17,7 +17,9 @@
  *     FUTURE_WRITE (the adopting broker maps it writable again): there each arena must be
  *     sealed against shrink and grow, be mode 0400, and a process of another uid must fail to
  *     reopen it writable through /proc/self/fd (checked in a child that drops to nobody, when
- *     the test runs as root).
+ *     the test runs as root). Tenant partitions ([tenant-lend], --tenants, even with
+ *     --no-pool-keep) give memory back by punching holes, which FUTURE_WRITE forbids: they are
+ *     held to the kept pool's checks, the guarantee kept by mode 0400 and read-only fds.
  * And the other direction (design.md rule 2): the broker registers a client buffer only when it
  * is a tmpfs memfd sealed against shrinking; a hole punched into a registered buffer reads as
  * zeros, it cannot make the broker fault.
@@ -293,6 +295,16 @@ int main(int argc, char **argv)
 	harness_init(argc, argv);
 	/* A kept pool first (the default), then the sealed one of --no-pool-keep. */
 	b = harness_broker_start("--pool", "64M");
+	sock = hello_fds(b->sock, fds, &hr);
+	for (uint32_t i = 0; i < hr.narenas; i++)
+		attack_arena(fds[3 + i], hr.arenas[i].size, i, 1);
+	for (uint32_t i = 0; i < 3 + hr.narenas; i++)
+		close(fds[i]);
+	close(sock);
+	harness_broker_stop(b);
+
+	harness_log("tenant partitions (--tenants uid --no-pool-keep): read-only as a kept pool");
+	b = harness_broker_start("--pool", "64M", "--tenants", "uid", "--no-pool-keep");
 	sock = hello_fds(b->sock, fds, &hr);
 	for (uint32_t i = 0; i < hr.narenas; i++)
 		attack_arena(fds[3 + i], hr.arenas[i].size, i, 1);

@@ -2,10 +2,11 @@
 /*
  * t_tenant_disk.c - per-tenant disk shares and per-tenant STATS, as real processes of two uids
  * (setpriv, as t_tenants does), with --tenants uid and a disk tier:
- *   - shares: A (listed: --tenant A=32M,64M) stores more pages than its RAM holds, so some go
- *     to its 64 MiB region of the disk; B floods RAM and disk (its region, the disk left over
- *     in proportion to RAM, wraps several times: disk.dropped > 0; its oldest page is gone,
- *     its newest 40 are served); every page of A is still
+ *   - shares: A (listed: --tenant A=32M,64M) stores most of the pool (it borrows the idle
+ *     shares), and B, taking its own guarantee back, pushes A's oldest pages to A's 64 MiB
+ *     region of the disk; B floods RAM and disk (its region, the disk left over
+ *     in proportion to the shares of all eight partitions, wraps several times:
+ *     disk.dropped > 0; its oldest page is gone, its newest 24 are served); every page of A is still
  *     served, byte-exact, and A's region still holds its pages;
  *   - views: B's `kvbctl status --json` before B ever attached shows nothing of A; A's STATS (kvb_stats_json and `kvbctl ns`, `kvbctl clients` run as uid A) show
  *     A's namespace and client and none of B's (model name, client name), A's partition of
@@ -35,7 +36,7 @@
 
 #define UID_A 4242
 #define UID_B 4243
-#define NA 48  /* A's pages: 32 MiB of RAM holds about 28 */
+#define NA 48  /* A's pages: most of the 64 MiB pool, borrowed, until B takes its share back */
 #define NB 200 /* B's flood: about five times its RAM and disk */
 #define SEED_A 300
 #define SEED_B 400
@@ -85,12 +86,14 @@ static int mode_b_flood(const char *sock)
 
 	put_range(c, ns, SEED_B, NB, buf);
 	/* Over its share B lost its own oldest pages; its newest are there (newest first: a
-	 * promotion demotes a RAM page, which overwrites B's oldest slots, not these). */
+	 * promotion demotes a RAM page, which overwrites B's oldest slots, not these): what its
+	 * 21 MiB guarantee (less pages still being written out) and its 36 MiB region hold. */
 	CHECK_RC(kvb_get(c, ns, harness_key(SEED_B, 0), buf, PAGE), -ENOENT);
-	for (uint64_t i = NB; i-- > NB - 40;) {
+	for (uint64_t i = NB; i-- > NB - 24;) {
 		kvb_key k = harness_key(SEED_B, i);
 
-		CHECK_RC(kvb_get(c, ns, k, buf, PAGE), PAGE);
+		CHECKF(kvb_get(c, ns, k, buf, PAGE) == (int)PAGE, "B's page %llu of %d gone",
+		       (unsigned long long)i, NB);
 		CHECK(harness_verify(buf, PAGE, &k, SEED_B, "B's newest page") == 0);
 	}
 	kvb_close(c);
@@ -169,8 +172,13 @@ static void check_view(kvb_client *c, const char *sock)
 	CHECKF(!strstr(js, "tenants/model-b"), "A sees B's model name: %s", js);
 	CHECKF(!strstr(js, "tenant-b"), "A sees B's client: %s", js);
 	CHECK_EQ(harness_stat_u64(js, "clients"), 1);
-	CHECK_EQ(harness_stat_u64(js, "pool.bytes_total") + harness_stat_u64(js, "pool.dir_bytes"),
-		 32u << 20);
+	/* Its share and guarantee; the RAM it may hold, borrowing, is the pool's [tenant-lend]. */
+	CHECK_EQ(harness_stat_u64(js, "pool.share_bytes"), 32u << 20);
+	/* A third of the pool less its directories: A, root and B share it. */
+	CHECK_EQ(harness_stat_u64(js, "pool.guarantee_bytes"),
+		 harness_stat_u64(js, "pool.bytes_total") / 3);
+	CHECK(harness_stat_u64(js, "pool.bytes_total") > (60u << 20));
+	CHECK(harness_stat_u64(js, "pool.bytes_total") < (64u << 20));
 	CHECK(harness_stat_u64(js, "namespaces[0].pages") + harness_stat_u64(js, "disk.pages") >=
 	      NA);
 	CHECK(harness_stat_u64(js, "disk.bytes_total") > (63u << 20));
@@ -272,9 +280,9 @@ static int run_as(uid_t uid, gid_t gid, const char *mode)
 
 static struct harness_broker *start(const char *group, const char *a_share)
 {
-	return harness_broker_start("--pool", "128M", "--tenants", "uid", "--tenant", a_share,
+	return harness_broker_start("--pool", "64M", "--tenants", "uid", "--tenant", a_share,
 				    "--tenant-share", "32M", "--group", group, "--socket", sockp,
-				    "--disk", cache, "--disk-size", "192M");
+				    "--disk", cache, "--disk-size", "320M");
 }
 
 int main(int argc, char **argv)
@@ -322,22 +330,26 @@ int main(int argc, char **argv)
 	snprintf(cache, sizeof(cache), "%s/cache", dir);
 	copy_kvbctl();
 
-	/* A: 32 MiB of RAM, 64 MiB of disk; three shares of 32 MiB for root, B and a spare,
-	 * each (191 - 64) / 3 MiB of disk. */
+	/* A: 32 MiB of RAM, 64 MiB of disk; shares of 32 MiB for root, B and five spare
+	 * partitions, each (319 - 64) / 7 MiB of disk. A, root and B bound: each guaranteed a
+	 * third of the pool. */
 	b = start(g->gr_name, "4242=32M,64M");
 	CHECK(harness_broker_log_has(b, "tenant partition 0: 64 MiB of the disk"));
 	c = harness_connect(b, "operator", 0);
 
-	harness_log("A stores %d pages: more than its RAM holds", NA);
+	harness_log("A stores %d pages: most of the pool, borrowed", NA);
 	CHECK_EQ(run_as(UID_A, g->gr_gid, "a-put"), 0);
 	js = harness_stats(c);
 	a_pages = harness_stat_u64(js, "disk.partitions[partition=0].pages");
 	free(js);
-	CHECKF(a_pages >= 10, "only %llu of A's pages went to disk", (unsigned long long)a_pages);
 	CHECK_EQ(run_as(UID_B, g->gr_gid, "b-unbound"), 0);
 	harness_log("B floods RAM and disk: %d pages", NB);
 	CHECK_EQ(run_as(UID_B, g->gr_gid, "b-flood"), 0);
 	js = harness_stats(c);
+	/* B took its guarantee back from A: A's oldest pages went to A's region. */
+	CHECKF(harness_stat_u64(js, "disk.partitions[partition=0].pages") >= 1,
+	       "only %llu of A's pages went to disk",
+	       (unsigned long long)harness_stat_u64(js, "disk.partitions[partition=0].pages"));
 	dropped = harness_stat_u64(js, "disk.dropped");
 	CHECKF(dropped >= 50, "B's flood dropped %llu disk pages: its region did not wrap",
 	       (unsigned long long)dropped);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * t_tenant_inspect.c - with every tenant share bound (--tenants uid, two shares held by two
- * uids with clients attached), a third uid is refused -EUSERS with a line that says why and who
+ * t_tenant_inspect.c - with every tenant partition bound (--tenants uid, all eight held by
+ * eight uids with clients attached, more than the shares: they lend), a ninth uid is refused
+ * -EUSERS with a line that says why and who
  * may still attach, and the operator (root, here also the broker's uid) still attaches a ring
  * client, for inspection: its STATS sees every tenant, it opens no namespace (-EACCES), and the
  * tenants' pages stay theirs. Root only (setpriv); skipped elsewhere.
@@ -18,9 +19,9 @@
 
 #include "harness.h"
 
-#define UID_A 4342
-#define UID_B 4343
-#define UID_C 4344
+#define UID_A 4342 /* A and the seven after it hold the partitions */
+#define UID_C 4350
+#define NHOLD 8
 #define PAGE (64u * 1024)
 
 static void layout(struct kvb_layout *l)
@@ -69,7 +70,7 @@ int main(int argc, char **argv)
 	struct kvb_opts o = {.socket_path = sockp, .name = "inspector"};
 	struct kvb_layout l;
 	kvb_client *ctl, *root = NULL;
-	pid_t a, bb;
+	pid_t hold[NHOLD];
 	uint32_t ns;
 	size_t pb;
 	char *js;
@@ -89,17 +90,17 @@ int main(int argc, char **argv)
 	CHECK_OK(chmod(dir, 0711));
 	snprintf(rundir, sizeof(rundir), "%s/run", dir);
 	snprintf(sockp, sizeof(sockp), "%s/sock", rundir);
-	/* Two shares of 64 MiB, both taken by A and B. */
+	/* Two shares of 64 MiB, and eight tenants: their guarantees scaled down to 16 MiB. */
 	b = harness_broker_start("--pool", "128M", "--tenants", "uid", "--tenant-share", "64M",
 				 "--group", g->gr_name, "--socket", sockp, "--log-level", "info");
 	o.flags = KVB_CONNECT_CONTROL;
 	CHECK_OK(kvb_connect(&o, &ctl));
-	a = harness_start_as(UID_A, g->gr_gid, "hold", sockp, client_main);
-	bb = harness_start_as(UID_B, g->gr_gid, "hold", sockp, client_main);
-	CHECK_EQ(harness_stat_wait(ctl, "clients", 2, 10000), 2);
-	CHECK_EQ(harness_stat_wait(ctl, "pool.pages", 2, 10000), 2);
+	for (int i = 0; i < NHOLD; i++)
+		hold[i] = harness_start_as(UID_A + i, g->gr_gid, "hold", sockp, client_main);
+	CHECK_EQ(harness_stat_wait(ctl, "clients", NHOLD, 10000), NHOLD);
+	CHECK_EQ(harness_stat_wait(ctl, "pool.pages", NHOLD, 10000), NHOLD);
 
-	harness_log("a third uid: refused, and told who may still attach");
+	harness_log("a ninth uid: refused, and told who may still attach");
 	CHECK_EQ(harness_wait_exit(harness_start_as(UID_C, g->gr_gid, "try", sockp, client_main)),
 		 3);
 	CHECK(harness_broker_log_has(b, "every tenant share is taken"));
@@ -111,19 +112,19 @@ int main(int argc, char **argv)
 	CHECK(harness_broker_log_has(b, "attached for inspection"));
 	js = harness_stats(root);
 	CHECK(strstr(js, "\"view\":\"all\"") != NULL);
-	CHECK_EQ(harness_stat_u64(js, "clients"), 3);
-	CHECK(strstr(js, "\"id\":4342") && strstr(js, "\"id\":4343")); /* tenants[] */
+	CHECK_EQ(harness_stat_u64(js, "clients"), NHOLD + 1);
+	CHECK(strstr(js, "\"id\":4342") && strstr(js, "\"id\":4349")); /* tenants[] */
 	free(js);
 	layout(&l);
 	CHECK_EQ(kvb_ns_open(root, &l, &ns, &pb), -EACCES);
 	CHECK_EQ(kvb_ns_limit(root, "inspect/model", 1 << 20, 0), 0); /* an operator's call */
-	CHECK_EQ(harness_stat(ctl, "pool.pages"), 2); /* 1 MiB holds each tenant's one page */
+	CHECK_EQ(harness_stat(ctl, "pool.pages"), NHOLD);	      /* each tenant's one page */
 
 	harness_log("the tenants leave: their shares stay bound, shown idle");
-	kill(a, SIGKILL);
-	kill(bb, SIGKILL);
-	harness_wait_exit(a);
-	harness_wait_exit(bb);
+	for (int i = 0; i < NHOLD; i++) {
+		kill(hold[i], SIGKILL);
+		harness_wait_exit(hold[i]);
+	}
 	CHECK_EQ(harness_stat_wait(ctl, "clients", 1, 10000), 1); /* root's */
 	usleep(100000);
 	js = harness_stats(ctl);
@@ -137,7 +138,7 @@ int main(int argc, char **argv)
 			CHECK_EQ(cJSON_GetObjectItem(t, "bound")->valuedouble, 1);
 			idle += cJSON_GetObjectItem(t, "idle_s")->valuedouble >= 0.05;
 		}
-		CHECK_EQ(idle, 2);
+		CHECK_EQ(idle, NHOLD);
 		cJSON_Delete(doc);
 	}
 	free(js);

@@ -3,14 +3,16 @@
  * t_tenant_keep.c - a pool cut into tenant partitions survives a SIGKILL of the broker
  * (the kept pool and tenants together: keeper.c, adopt.c, [tenant-part]).
  *
- * A broker with --tenants uid and four 16 MiB shares; this process's tenant stores pages of two
+ * A broker with --tenants uid and 16 MiB shares; this process's tenant stores pages of two
  * sizes (64 KiB and 12 KiB: slabs of two lengths, carved from the partition's extents one after
  * the other), with a third of the 12 KiB ones deleted again (slabs with holes). The broker is
  * SIGKILLed and started again with the same command line:
- *   - it adopts the pool with its four partitions (every arena with its partition), and every
- *     page that was stored and not deleted is served byte-exact, none of the deleted ones;
- *   - the tenant lands in the partition its pages are in, so new PUTs of both sizes work and
- *     a restart with another number of shares starts cold instead of adopting.
+ *   - it adopts the pool with its eight (sparse) partitions, every arena with its partition,
+ *     and every page that was stored and not deleted is served byte-exact, none of the
+ *     deleted ones; the memory counted is the adopted slabs' [tenant-lend];
+ *   - the tenant lands in the partition its pages are in, so new PUTs of both sizes work, and
+ *     a restart with another share adopts the pool too (a share is a guarantee, not a cut),
+ *     its pages still there; so does a planned hand-over (--takeover) of the sparse pool.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,15 +36,22 @@ static void layouts(struct kvb_layout *big, struct kvb_layout *small)
 	harness_layout(small, "tkeep-small", KVB_LAYOUT_MLA, 64, 1, 0, 1, SMALL / 64);
 }
 
-static struct harness_broker *start(const char *sock, const char *share)
+static struct harness_broker *start_how(const char *sock, const char *share, int takeover)
 {
 	const char *a[16] = {"--socket", sock};
 	int n = 2;
 
 	for (const char *const *p = args; *p; p++)
 		a[n++] = share && !strcmp(*p, "16M") ? share : *p;
+	if (takeover)
+		a[n++] = "--takeover";
 	a[n] = NULL;
 	return harness_broker_startv(a);
+}
+
+static struct harness_broker *start(const char *sock, const char *share)
+{
+	return start_how(sock, share, 0);
 }
 
 /* Every page of (seed, size) below n served exact, deleted ones (i % 3 == 1 when del) not. */
@@ -112,7 +121,7 @@ int main(int argc, char **argv)
 	b->pid = 0;
 	b = start(sock, NULL);
 	CHECKF(harness_broker_log_has(b, "adopt: "), "no adoption logged");
-	CHECKF(harness_broker_log_has(b, "in 4 tenant partition(s)"),
+	CHECKF(harness_broker_log_has(b, "in 8 tenant partition(s)"),
 	       "the partitions did not come back");
 	c = harness_connect(b, "reader", 0);
 	CHECK_OK(kvb_ns_open(c, &big, &nb, NULL));
@@ -127,12 +136,45 @@ int main(int argc, char **argv)
 	check(c, nb, SEED, BIG, NBIG, 0);
 	kvb_close(c);
 
-	harness_log("another number of shares: the kept pool is not adopted");
+	harness_log("another share: adopted all the same, every page there");
 	rel_kill(b->pid);
 	b->pid = 0;
 	b = start(sock, "32M");
-	CHECKF(!harness_broker_log_has(b, "adopt: "), "adopted a pool of another cut");
-	CHECKF(harness_broker_log_has(b, "tenant partition(s)"), "no reason logged");
+	CHECKF(harness_broker_log_has(b, "in 8 tenant partition(s)"), "not adopted");
+	c = harness_connect(b, "reader2", 0);
+	CHECK_OK(kvb_ns_open(c, &big, &nb, NULL));
+	CHECK_OK(kvb_ns_open(c, &small, &ns, NULL));
+	check(c, nb, SEED + 2, BIG, 20, 0);
+	check(c, nb, SEED, BIG, NBIG, 0);
+	/* The memory counted is the slabs adopted: 60 + 20 pages of 64 KiB at least, and no
+	 * more than the pool. */
+	CHECK_GE(harness_stat(c, "pool.resident_bytes"), (NBIG + 20) * (uint64_t)BIG);
+	CHECK(harness_stat(c, "pool.resident_bytes") <= 64ull << 20);
+	kvb_close(c);
+
+	harness_log("a planned hand-over (--takeover): the sparse pool moves, every page there");
+	{
+		struct harness_broker *old = b;
+
+		b = start_how(sock, "32M", 1);
+		for (int i = 0; i < 1000 && harness_broker_alive(old); i++)
+			rel_sleep_ms(10); /* it answered until it handed over */
+		CHECK(!harness_broker_alive(old));
+	}
+	{
+		struct kvb_opts o = {.socket_path = sock, .name = "reader3"};
+
+		c = NULL;
+		for (int i = 0; i < 500 && kvb_connect(&o, &c) == -EAGAIN; i++)
+			rel_sleep_ms(10); /* the new broker is adopting the pool */
+		CHECK(c != NULL);
+	}
+	CHECKF(harness_broker_log_has(b, "in 8 tenant partition(s)"), "not handed over");
+	CHECK_OK(kvb_ns_open(c, &big, &nb, NULL));
+	check(c, nb, SEED + 2, BIG, 20, 0);
+	check(c, nb, SEED, BIG, NBIG, 0);
+	CHECK_GE(harness_stat(c, "pool.resident_bytes"), (NBIG + 20) * (uint64_t)BIG);
+	kvb_close(c);
 	harness_broker_stop(b);
 	return H_PASS;
 }

@@ -7,7 +7,8 @@
  *   - guess / probe / delete: GET of A's key -ENOENT, LOOKUP of A's keys 0 hits, DELETE -ENOENT;
  *   - poison: B stores garbage under a key A stores later; A's PUT then stores (0, not 1
  *     "already stored") and A's GET returns A's bytes;
- *   - flood: B PUTs four times its share; every page of A is still there (its share held);
+ *   - flood: B PUTs four times its share, the whole pool: it borrows the idle shares, then
+ *     evicts its own pages; every page of A is still there (its guarantee held);
  *   - pinning: B leases until refused: -EDQUOT after --max-lease-bytes (1/8 of its share),
  *     while its other client still PUTs; the operator drops a client holding leases (kvbctl
  *     drop), whose leases go, whose next call fails -ECONNRESET and whose stale lease pointer
@@ -136,7 +137,7 @@ static int mode_b_attack(const char *sock)
 	memset(buf, 0xEE, PAGE);
 	CHECK_RC(kvb_put(c, ns, k, buf, PAGE), 0);
 
-	/* Flood: four times our share (64 MiB): only our own pages go. */
+	/* Flood: four times our share (64 MiB), the whole pool: only our own pages go. */
 	for (uint64_t i = 1; i <= 256; i++)
 		put_seeded(c, ns, SEED_B, i, buf, 0);
 	kvb_close(c);
@@ -314,7 +315,9 @@ int main(int argc, char **argv)
 	CHECK_EQ(run_as(UID_B, g->gr_gid, "b-attack"), 0);
 	harness_log("A: every page there and its own, its PUT of the poisoned key stored");
 	CHECK_EQ(run_as(UID_A, g->gr_gid, "a-check"), 0);
-	CHECK_GE(harness_stat(c, "counters.evictions"), 180); /* B's own, 258 puts in 64 */
+	/* B's own: 258 MiB of PUTs into what the pool has left after A's slab and the
+	 * directories (B borrowed the idle shares meanwhile: capacity is lent). */
+	CHECK_GE(harness_stat(c, "counters.evictions"), 2);
 
 	harness_log("B pins: bounded by --max-lease-bytes (1/8 of 64 MiB)");
 	rc = run_as(UID_B, g->gr_gid, "b-pin");

@@ -68,6 +68,7 @@ static const struct ocase cases[] = {
 	{"tenants", "uid", "\"uid\"", "everyone", NULL, 0},
 	{"tenant", "0=32M", "[\"0=32M\"]", NULL, "--tenants=uid", 0},
 	{"tenant-share", "10%", "\"10%\"", "x", "--tenants=uid", 0},
+	{"tenant-idle", "5m", "300", "1y", NULL, 0},
 	{"ns-limit", "m=1G", "[\"m=1G\"]", "nolimit", NULL, 0},
 	{"arg-size", "64K", "65536", "1K", NULL, 0},
 	{"max-buf-bytes", "1G", "1073741824", "1Q", NULL, 0},

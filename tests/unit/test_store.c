@@ -219,7 +219,7 @@ static void fill_one_size(uint64_t pool_bytes, uint32_t narenas, uint64_t page)
 	for (uint32_t a = 0; a < narenas; a++)
 		p.arena[a] = (struct pool_arena){.fd = -1, .size = per};
 	p.narenas = narenas;
-	p.part[0] = (struct pool_part){0, narenas, per * narenas};
+	p.part[0] = (struct pool_part){0, narenas, per * narenas, per * narenas};
 	p.nparts = 1;
 	assert_int_equal(store_init(&s, &p, slab, 1.0, 1.0), 0);
 	cls = store_class_get(&s, page);

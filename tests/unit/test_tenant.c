@@ -5,7 +5,11 @@
  *     RAM[,DISK]: each partition's RAM and the disk share it asked for (0: the disk left over,
  *     which tier.c splits in proportion to RAM);
  *   - malformed entries and shares that do not fit are refused;
- *   - tenant_attach binds free partitions and keeps the disk asks of each.
+ *   - tenant_attach binds free partitions and keeps the disk asks of each;
+ *   - [tenant-lend] every partition is virtually the pool; guarantees are the shares of the
+ *     tenants bound and not released, scaled down while they add up to more than the pool;
+ *     a tenant idle past --tenant-idle is released (guarantee 0) and gets it back when it
+ *     attaches again; six tenants attach with the default four shares; shares set at run time.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -33,16 +37,21 @@ static void test_tenant_disk_shares(void **state)
 	struct tenant_cfg c = {.mode = TENANTS_UID, .nlisted = 3, .listed_arg = {a0, a1, a2}};
 	struct tenant_table tt;
 	struct pool_cfg pc;
+	int rel;
 
 	(void)state;
 	assert_int_equal(tenant_parse_share("16M,5%", &c), 0);
 	assert_int_equal(plan(&c, 256 * MiB, &pc, &tt), 0);
-	/* Listed first, in order; then 16 MiB shares of the rest, up to the partition limit. */
-	assert_int_equal(pc.part_size[0], 64 * MiB);
-	assert_int_equal(pc.part_size[1], 64 * MiB);
-	assert_int_equal(pc.part_size[2], 32 * MiB);
+	/* Listed first, in order; then 16 MiB shares, up to the partition limit; every
+	 * partition virtually the pool [tenant-lend]. */
+	assert_int_equal(pc.part_share[0], 64 * MiB);
+	assert_int_equal(pc.part_share[1], 64 * MiB);
+	assert_int_equal(pc.part_share[2], 32 * MiB);
 	assert_int_equal(pc.nparts, POOL_MAX_PARTS);
-	assert_int_equal(pc.part_size[3], 16 * MiB);
+	assert_int_equal(pc.part_share[3], 16 * MiB);
+	assert_true(pc.sparse);
+	for (uint32_t p = 0; p < pc.nparts; p++)
+		assert_int_equal(pc.part_size[p], 256 * MiB);
 	assert_int_equal(tt.disk_bytes[0], 20 * GiB);
 	assert_true(tt.disk_frac[0] == 0);
 	assert_true(tt.disk_frac[1] == 0.10);
@@ -51,9 +60,9 @@ static void test_tenant_disk_shares(void **state)
 	for (uint32_t p = 3; p < pc.nparts; p++)
 		assert_true(tt.disk_frac[p] == 0.05);
 	/* A tenant bound at first attach keeps its partition's disk ask. */
-	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 77, 77)), 3);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 77, 77), &rel), 3);
 	assert_true(tt.disk_frac[3] == 0.05);
-	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 0, 0)), 0);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 0, 0), &rel), 0);
 }
 
 static void test_tenant_default_disk(void **state)
@@ -64,9 +73,9 @@ static void test_tenant_default_disk(void **state)
 
 	(void)state;
 	assert_int_equal(plan(&c, GiB, &pc, &tt), 0);
-	assert_int_equal(pc.nparts, TENANT_SLOTS_DEFAULT);
+	assert_int_equal(pc.nparts, POOL_MAX_PARTS);
 	for (uint32_t p = 0; p < pc.nparts; p++) {
-		assert_int_equal(pc.part_size[p], GiB / TENANT_SLOTS_DEFAULT);
+		assert_int_equal(pc.part_share[p], GiB / TENANT_SLOTS_DEFAULT);
 		assert_int_equal(tt.disk_bytes[p], 0);
 		assert_true(tt.disk_frac[p] == 0);
 	}
@@ -97,9 +106,77 @@ static void test_tenant_refused(void **state)
 	assert_int_equal(plan(&none, GiB, &pc, &tt), -EINVAL);
 }
 
+/* [tenant-lend] Six tenants, four default shares: all bound, each guaranteed pool * 4 / 6 / 4. */
+static void test_tenant_guarantees(void **state)
+{
+	struct tenant_cfg c = {.mode = TENANTS_UID, .idle_s = 60};
+	struct tenant_table tt;
+	struct pool_cfg pc;
+	int rel;
+
+	(void)state;
+	assert_int_equal(plan(&c, GiB, &pc, &tt), 0);
+	for (uint32_t u = 0; u < 6; u++)
+		assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 1000 + u, 0), &rel),
+				 (int)u);
+	assert_int_equal(tenant_guarantees(&tt, 100), 1);
+	for (uint32_t u = 0; u < 6; u++)
+		assert_int_equal(tt.t[u].guarantee, GiB / 6);
+	for (uint32_t u = 6; u < POOL_MAX_PARTS; u++)
+		assert_int_equal(tt.t[u].guarantee, 0);
+	/* Two leave: idle, then released past --tenant-idle; the four left hold a quarter each. */
+	tt.t[4].clients = tt.t[5].clients = 0;
+	tt.t[4].left_at = tt.t[5].left_at = 100;
+	assert_int_equal(tenant_guarantees(&tt, 159), 0);
+	assert_int_equal(tenant_guarantees(&tt, 160), 1);
+	assert_true(tt.t[4].released && tt.t[5].released);
+	assert_int_equal(tt.t[4].guarantee, 0);
+	assert_int_equal(tt.t[0].guarantee, GiB / 4);
+	/* One comes back: its partition (and guarantee) again. */
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 1004, 0), &rel), 4);
+	assert_false(tt.t[4].released);
+	assert_int_equal(tenant_guarantees(&tt, 161), 1);
+	assert_int_equal(tt.t[4].guarantee, GiB / 5);
+	/* Two more bind the last partitions; a ninth tenant finds none (uid 1005's is only
+	 * released: it is said). */
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 2000, 0), &rel), 6);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 2001, 0), &rel), 7);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 2002, 0), &rel), -EUSERS);
+	assert_true(rel);
+}
+
+/* [tenant-lend] Shares at run time: raised, lowered, back to the default; bound if new. */
+static void test_tenant_set_share(void **state)
+{
+	struct tenant_cfg c = {.mode = TENANTS_UID, .idle_s = 60};
+	struct tenant_table tt;
+	struct pool_cfg pc;
+	int rel;
+
+	(void)state;
+	assert_int_equal(plan(&c, GiB, &pc, &tt), 0);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 7, 0), &rel), 0);
+	assert_int_equal(tenant_set_share(&tt, tenant_key(TENANTS_UID, 7, 0), 512 * MiB), 0);
+	(void)tenant_guarantees(&tt, 1);
+	assert_int_equal(tt.t[0].guarantee, 512 * MiB);
+	assert_int_equal(tenant_set_share(&tt, tenant_key(TENANTS_UID, 8, 0), 768 * MiB), 1);
+	assert_true(tt.t[1].used && tt.t[1].listed);
+	(void)tenant_guarantees(&tt, 1);
+	/* 512 + 768 > 1024: both scaled by 1024 / 1280. */
+	assert_int_equal(tt.t[0].guarantee, 512 * MiB * 4 / 5);
+	assert_int_equal(tt.t[1].guarantee, 768 * MiB * 4 / 5);
+	assert_int_equal(tenant_set_share(&tt, tenant_key(TENANTS_UID, 7, 0), 0), 0);
+	assert_int_equal(tt.t[0].share, GiB / 4);
+	assert_int_equal(tenant_set_share(&tt, tenant_key(TENANTS_UID, 7, 0), MiB), -EINVAL);
+	/* The one bound by the share attaches to it. */
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 8, 0), &rel), 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tenant_guarantees),
+		cmocka_unit_test(test_tenant_set_share),
 		cmocka_unit_test(test_tenant_disk_shares),
 		cmocka_unit_test(test_tenant_default_disk),
 		cmocka_unit_test(test_tenant_refused),
