@@ -240,7 +240,7 @@ def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
             # alternating.
             turn = procs[i % len(procs):] + procs[:i % len(procs)]
             order = [a for p in turn for a in (p[::-1] if i % 2 else p)]
-            got = {}
+            got: dict[str, Any] = {}
             for tag, eng, saves in order:
                 # 16 prompts of the same length sharing nothing (nor with any other arm or
                 # round): every page a miss; compute does not depend on the token values.
