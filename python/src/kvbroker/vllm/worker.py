@@ -385,6 +385,8 @@ class _Worker:
         self.aload_ops.clear()
         self.copy_q.clear()
         self.cload_slot.clear()
+        # (Always flushed before a hook returns; were one left, its block was never written.)
+        self.load_errors.update(block for _pi, block, _slot in self.scatter_q)
         self.scatter_q.clear()
 
     # -- loads --------------------------------------------------------------------------------
