@@ -19,6 +19,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
 pytest.importorskip("vllm")
 
+from vllm.v1.request import RequestStatus
+
 import vllm_support as vs
 from conftest import Broker, prefix_stored
 
@@ -346,3 +348,78 @@ def test_converting_copy_batched_byte_exact(case: str) -> None:
         assert torch.equal(after[b], before[src])
     untouched = [i for i in range(nb) if i not in dst]
     assert torch.equal(after[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("resume", ["cont", "kill"])
+def test_broker_stopped_mid_async_load_fences_blocks(tmp_path: Path, resume: str) -> None:
+    """Asynchronous loads ((n, True)) through the view into a broker that stops (SIGSTOP)
+    after the lookup: with no completion for op_timeout_ms the worker gives up on them, but
+    the stopped broker still holds the GETs. The request's blocks stay held: vLLM waits for
+    finished_recving, which comes only once the broker ran those GETs (SIGCONT) or exited
+    (kill); then vLLM recomputes it. No other request's KV, written meanwhile into the free
+    blocks, is overwritten by the late pages."""
+    import signal
+
+    broker = Broker(tmp_path)
+    extra = {"model": "w-afence", "op_timeout_ms": 300, "reconnect_s": 60,
+             "retire_on_timeout": False, "async_load": True}
+    prompt = _prompt(43, 12)
+    stopped = False
+    try:
+        a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        w = vs.wk(b.worker)
+        assert not w.copy_mode
+        pool = b.sched.kv_cache_manager.block_pool
+        free0 = pool.get_num_free_blocks()
+
+        def stop() -> None:
+            nonlocal stopped
+            broker.proc.send_signal(signal.SIGSTOP)
+            stopped = True
+
+        b.sched.add_request(vs.make_request("b", prompt, BS, max_tokens=2))
+        b.step(kill=stop)  # the lookup found 12 blocks; the GETs go out, the broker stops
+        req = b.sched.requests["b"]
+        t0 = time.monotonic()
+        while not w.fences and time.monotonic() - t0 < 5:
+            b.step()  # get_finished polls; past op_timeout_ms the loads are given up
+            time.sleep(0.02)
+        assert w.fences and time.monotonic() - t0 >= 0.3
+        for _ in range(5):  # held: no finished_recving while the broker may still write
+            b.step()
+        assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert pool.get_num_free_blocks() < free0
+        free = [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()
+                if blk.block_id != 0]
+        parts = [p for name in b.layers for p in b._layer_bytes(name)]
+        for p in parts:
+            p[free] = 0x5A
+        if resume == "kill":
+            broker.kill()
+        else:
+            broker.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        # The late GETs land (cont) or the broker is gone (kill); then the fence settles
+        # and that step reports "b" in finished_recving.
+        deadline = time.monotonic() + 10
+        while w.fences and time.monotonic() < deadline:
+            b.step()
+            time.sleep(0.01)
+        assert not w.fences
+        # Checked before "b" is computed again (into free blocks, as vLLM may).
+        changed = sum(int((p[free] != 0x5A).sum()) for p in parts)
+        assert changed == 0, f"{changed} bytes of other requests' blocks overwritten"
+        while b.sched.has_requests() and time.monotonic() < deadline:
+            b.step()
+        # The loads were load errors: "b" is computed in full, not offered the same load
+        # again, with the right bytes.
+        assert not b.sched.has_requests()
+        assert b.invalid_reports and b.bad == []
+        assert b.computed_tokens == len(prompt) + 1
+        assert pool.get_num_free_blocks() == free0
+    finally:
+        if stopped:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.stop()

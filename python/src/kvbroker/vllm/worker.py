@@ -232,7 +232,11 @@ class _Worker:
         self.aload_ops: dict[int, tuple[str, int, int, int]] = {}
         self.aload_ud = itertools.count(_ALOAD_UD)
         self.aload_pending: dict[str, int] = {}
+        self.aload_progress = 0.0  # the last submission or completion of one
         self.finished_recving: set[str] = set()
+        # Requests with a failed asynchronous load: vLLM's failed_recving, how load errors
+        # are reported with several KV cache groups (block ids are per group there).
+        self.failed_recving: set[str] = set()
         # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
         self.copy_q: deque[tuple[Any, ...]] = deque()
         self.cload_slot: dict[int, int] = {}
@@ -292,11 +296,13 @@ class _Worker:
         self.regions = list(regions.values())
         self.cuda = any(r.cuda for r in self.regions)
         viewable = all(token_range(v) is not None for vs in cviews for v in vs)
+        stray: set[int] = set()
         if self.zero_copy and viewable:
             # Only a view needs the broker to reach the memory: moving CPU KV into a memfd
             # for converting copies would cost its page faults for nothing.
+            stray = self._stray_holders(kv_caches)
             for r in self.regions:
-                if not r.cuda:
+                if not r.cuda and r.ptr not in stray:
                     self._rehome(r, kv_caches)
             cviews = build()  # over the moved storage
         self.cviews = cviews
@@ -314,9 +320,33 @@ class _Worker:
                 parts.append(pp)
         self.parts = parts
         logger.info("kvbroker: KV layout %s: %s", ", ".join(sorted(self.how)),
-                    "broker views" if viewable and self.zero_copy else "converting copies")
+                    "broker views" if viewable and self.zero_copy and not stray
+                    else "converting copies")
         self.registered = True
         self.link.get()
+
+    def _stray_holders(self, kv_caches: dict[str, torch.Tensor]) -> set[int]:
+        """Storages (data_ptr) _rehome must not move: an attention layer holds its KV through
+        a tensor object other than the one handed to the connector (vLLM-CPU's MLA layers
+        do), which set_() cannot re-point, so vLLM would go on computing into the old
+        memory while the broker read and wrote the new: zero or stale pages stored, loads
+        vLLM never sees. Those move by converting copies, over the memory vLLM uses.
+        """
+        try:
+            ctx = self.conn._vllm_config.compilation_config.static_forward_context
+        except AttributeError:
+            return set()
+        stray: set[int] = set()
+        for name, t in kv_caches.items():
+            held = getattr(ctx.get(name), "kv_cache", None)
+            for h in held if isinstance(held, (list, tuple)) else [held]:
+                if isinstance(h, torch.Tensor) and h is not t and \
+                        h.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    stray.add(t.untyped_storage().data_ptr())
+        if stray:
+            logger.info("kvbroker: vLLM holds its KV through tensors the connector cannot "
+                        "re-point: converting copies, not broker views")
+        return stray
 
     def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
         """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
@@ -415,6 +445,8 @@ class _Worker:
             for ci, (first, count) in enumerate(chunks):
                 for tr in meta.loads:
                     for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                        if block < 0:  # a window group's block vLLM does not keep
+                            continue
                         ud += 1
                         self.load_ops[ud] = (pi, ci, block, tr.req_id)
                         self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
@@ -467,7 +499,9 @@ class _Worker:
     def _fail_loads(self, loads: list[_Transfer]) -> None:
         for tr in loads:
             for ids in tr.block_ids:
-                self.load_errors.update(ids)
+                self.load_errors.update(b for b in ids if b >= 0)
+            if tr.async_load:
+                self.failed_recving.add(tr.req_id)
             self._inc("load_errors", len(tr.keys))
         self._inc("broker_down", 1)
 
@@ -544,6 +578,8 @@ class _Worker:
             for pi in range(len(self.plans)):
                 view = self.views[pi] if self.views else None
                 for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                    if block < 0:  # a window group's block vLLM does not keep
+                        continue
                     ud = next(self.aload_ud)
                     if view is not None:
                         self.aload_ops[ud] = (tr.req_id, pi, block, -1)
@@ -553,6 +589,7 @@ class _Worker:
                         slot = self._ring_slot()
                         if slot < 0 or self.pump is None:
                             self.load_errors.add(block)
+                            self.failed_recving.add(tr.req_id)
                             self._inc("load_errors", 1)
                             continue
                         self.aload_ops[ud] = (tr.req_id, pi, block, slot)
@@ -565,6 +602,7 @@ class _Worker:
                 self.aload_pending[tr.req_id] = self.aload_pending.get(tr.req_id, 0) + n
             else:
                 self.finished_recving.add(tr.req_id)
+        self.aload_progress = time.monotonic()
         self._pump_step(False)
         self._inc("load_s", time.perf_counter() - t0)
 
@@ -573,8 +611,10 @@ class _Worker:
         if info is None:
             return
         req_id, pi, block, slot = info
+        self.aload_progress = time.monotonic()
         if res < 0:
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             self._inc("load_errors", 1)
         else:
             if slot >= 0:
@@ -614,6 +654,7 @@ class _Worker:
     def _drop_async_loads(self) -> None:
         for req_id, _pi, block, _slot in self.aload_ops.values():
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             if req_id not in self.fenced:  # else once its fence is settled
                 self.finished_recving.add(req_id)
         self._inc("load_errors", len(self.aload_ops))
@@ -812,12 +853,24 @@ class _Worker:
         """Reaps what completed without waiting (stores, asynchronous loads, fences)."""
         if self.save_ops or self.aload_ops:
             self._pump_step(False)
+        if self.aload_ops and self.pump is not None and \
+                time.monotonic() - self.aload_progress > self.timeout_ms / 1e3:
+            # Asynchronous loads are reaped only without waiting: without this a broker
+            # that stopped answering would keep their requests waiting for ever. Their
+            # blocks stay held where the broker may still write them (_lost, _Fence).
+            self._lost(TimeoutError(f"asynchronous loads: no completion in "
+                                    f"{self.timeout_ms} ms"))
         if self.fences:
             self._reap_fences()
 
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
+            if self.view_saves_pending and any(p.window or p.chunk for p in self.plans):
+                # vLLM frees a window group's blocks behind the window when it schedules
+                # the next step and may hand them to a request whose blocks the runner
+                # zeroes before start_load: view PUTs reading them finish in this step.
+                self.settle_view_saves()
         for req_id in meta.finish_req_ids:
             if self.req_pending.get(req_id, 0) > 0 or req_id in self.fenced:
                 self.finish_wait.add(req_id)
@@ -840,7 +893,8 @@ class _Worker:
                 for pi in range(len(self.plans))
                 for key, block, parent in zip(tr.keys, tr.block_ids[pi],
                                               [tr.parent, *tr.keys[:-1]], strict=True)
-                if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
+                if block >= 0  # a window group's block vLLM no longer holds: skipped
+                and (not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank)]
         if not mine:
             return
         client = self.link.get()
