@@ -301,6 +301,55 @@ def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
         broker.stop()
 
 
+@pytest.mark.parametrize("case", ["vllm-cpu", "odd-parts", "fp8"])
+def test_converting_copy_batched_byte_exact(case: str) -> None:
+    """The batched converting copy (_ring_copy: whole elements, one gather and one scatter
+    per part) against the page built byte by byte from the canonical views: every block to
+    its slot (out of order, not consecutive), and back into other blocks; nothing else
+    written. vllm-cpu: vLLM-CPU's block format (K [head][dim][token], V [head][token][dim]);
+    odd-parts: a part whose page offset its elements do not divide (bytes then); fp8: 1-byte
+    elements.
+    """
+    import torch
+
+    from kvbroker.vllm.layouts import _u8
+    from kvbroker.vllm.worker import _wide, _Worker
+
+    nb, n, h, d = 12, 4, 2, 6
+    dt = torch.uint8 if case == "fp8" else torch.bfloat16
+    g = torch.Generator().manual_seed(7)
+    t = torch.randint(0, 255, (nb, h, n, 2 * d * (1 if dt == torch.uint8 else 2)),
+                      dtype=torch.uint8, generator=g).view(dt)
+    o = t.storage_offset()
+    views = [torch.as_strided(t, (nb, n, h, d), (h * n * 2 * d, 1, 2 * n * d, n), o),
+             torch.as_strided(t, (nb, n, h, d), (h * n * 2 * d, d, 2 * n * d, 1), o + n * d)]
+    cviews = [_u8(v) for v in views]
+    if case == "odd-parts":  # a 3-byte first part: the next starts at an odd offset
+        cviews.insert(0, _u8(t).flatten(1)[:, :3].unsqueeze(-1))
+    page = sum(cv[0].numel() for cv in cviews)
+    w = _Worker.__new__(_Worker)
+    w.cviews, w.wviews = [cviews], [[_wide(cv) for cv in cviews]]
+    if case == "vllm-cpu":
+        assert [wv.dtype for wv in w.wviews[0]] == [torch.int16, torch.int16]
+    w.ring_pages, w.ring_page = 9, page
+    w.ring_t = torch.zeros(w.ring_pages * page, dtype=torch.uint8)
+    blocks, slots = [5, 1, 9, 2], [7, 0, 3, 8]
+    w._ring_copy(0, blocks, slots, save=True)
+    rows = w.ring_t.view(w.ring_pages, page)
+    for b, s in zip(blocks, slots, strict=True):
+        want = torch.cat([cv[b].reshape(-1) for cv in cviews])
+        assert torch.equal(rows[s, :want.numel()], want)
+    assert int(rows[[1, 2, 4, 5, 6]].count_nonzero()) == 0
+    before = t.view(torch.uint8).clone()
+    dst = [10, 0, 4, 7]
+    w._ring_copy(0, dst, slots, save=False)
+    after = t.view(torch.uint8)
+    for src, b in zip(blocks, dst, strict=True):
+        assert torch.equal(after[b], before[src])
+    untouched = [i for i in range(nb) if i not in dst]
+    assert torch.equal(after[untouched], before[untouched])
+
+
 @pytest.mark.parametrize("resume", ["cont", "kill"])
 def test_broker_stopped_mid_async_load_fences_blocks(tmp_path: Path, resume: str) -> None:
     """Asynchronous loads ((n, True)) through the view into a broker that stops (SIGSTOP)

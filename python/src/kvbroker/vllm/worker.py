@@ -41,7 +41,7 @@ from kvbroker.vllm.common import (
     _Link,
     _Transfer,
 )
-from kvbroker.vllm.layouts import _owner, gather_blocks, kv_views, token_range
+from kvbroker.vllm.layouts import _owner, kv_views, token_range
 
 if TYPE_CHECKING:
     from kvbroker.vllm.connector import KVBrokerConnector
@@ -81,6 +81,27 @@ class _Part:
 # load 0.6 -> 0.8-0.9 of memcpy with the Python work overlapped; GPU tensors are the broker's
 # anyway).
 _LOAD_FLAGS = kvb.OPF_VIEW | kvb.OPF_ASYNC
+
+_WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+
+
+def _wide(v: torch.Tensor) -> torch.Tensor:
+    """A canonical byte view (layouts.kv_views: trailing bytes contiguous) over the same
+    memory as elements of the widest integer type its strides and alignment allow, so a
+    converting copy moves whole elements instead of single bytes through the layout's
+    strides (vLLM-CPU's transposed K: about 4x faster, tools/bench_vllm.py); integers, so
+    every bit pattern is copied as it is. The view itself when no wider type fits.
+    """
+    if v.dtype != torch.uint8 or v.dim() < 2 or v.stride(-1) != 1:
+        return v
+    for es, dt in _WIDE:
+        if v.shape[-1] % es == 0 and v.data_ptr() % es == 0 and \
+                v.untyped_storage().data_ptr() % es == 0 and \
+                all(st % es == 0 for st in v.stride()[:-1]):
+            return torch.empty(0, dtype=dt, device=v.device).set_(
+                v.untyped_storage(), v.storage_offset() // es,
+                (*v.shape[:-1], v.shape[-1] // es), (*(st // es for st in v.stride()[:-1]), 1))
+    return v
 
 
 class _Pump:
@@ -173,6 +194,8 @@ class _Worker:
         self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
         # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
         self.cviews: list[list[torch.Tensor]] = []
+        # The same views as whole elements (_wide): what converting copies move.
+        self.wviews: list[list[torch.Tensor]] = []
         self.how: set[str] = set()
         self.regions: list[_Region] = []
         self.views: list[kvb.View | None] = []
@@ -217,6 +240,9 @@ class _Worker:
         # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
         self.copy_q: deque[tuple[Any, ...]] = deque()
         self.cload_slot: dict[int, int] = {}
+        # Completed converting-copy GETs whose pages wait in their ring slots for the
+        # batch's scatter: (plan, block, slot).
+        self.scatter_q: list[tuple[int, int, int]] = []
         # Converting copies: a ring of page slots in a broker buffer, PUT from there.
         # Sized in bytes (save_ring_mb, 64 MiB): enough for the pages of a few long
         # prefills in flight, so a step rarely waits for a slot.
@@ -280,6 +306,7 @@ class _Worker:
                     self._rehome(r, kv_caches)
             cviews = build()  # over the moved storage
         self.cviews = cviews
+        self.wviews = [[_wide(v) for v in vs] for vs in cviews]
         parts: list[list[_Part]] = []
         if viewable:
             by_ptr = {r.ptr: r for r in self.regions}
@@ -388,6 +415,9 @@ class _Worker:
         self.aload_ops.clear()
         self.copy_q.clear()
         self.cload_slot.clear()
+        # (Always flushed before a hook returns; were one left, its block was never written.)
+        self.load_errors.update(block for _pi, block, _slot in self.scatter_q)
+        self.scatter_q.clear()
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -500,6 +530,7 @@ class _Worker:
                 self._feed_copy_loads()
                 for ud, res, flags, _lease in pump.step(block=until is not None):
                     self._complete(ud, res, flags)
+                self._flush_scatter()
                 if until is None:
                     return
         except (kvb.Error, OSError, TimeoutError) as e:
@@ -587,7 +618,8 @@ class _Worker:
             self._inc("load_errors", 1)
         else:
             if slot >= 0:
-                self._scatter(pi, block, slot)
+                self.scatter_q.append((pi, block, slot))
+                slot = -1  # freed by _flush_scatter
             self._inc("loaded_pages", 1)
             self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns else 0)
         if slot >= 0:
@@ -599,17 +631,25 @@ class _Worker:
             self.aload_pending.pop(req_id, None)
             self.finished_recving.add(req_id)
 
-    def _scatter(self, pi: int, block: int, slot: int) -> None:
-        """Ring slot `slot` (a canonical page) into the block (a converting copy)."""
-        rt = self._ring_tensor()
-        off = slot * self.ring_page
-        for v in self.cviews[pi]:
-            dst = v[block]
-            size = dst.numel()
-            dst.copy_(rt[off:off + size].view(dst.shape))
-            off += size
+    def _flush_scatter(self) -> None:
+        """The pages of a batch of completed converting-copy GETs, from their ring slots
+        into vLLM's blocks (batched: _ring_copy), then the slots freed. Called after each
+        batch of completions, before anything is reported to vLLM or a slot reused.
+        """
+        if not self.scatter_q:
+            return
+        q, self.scatter_q = self.scatter_q, []
+        for pi in sorted({it[0] for it in q}):
+            mine = [it for it in q if it[0] == pi]
+            blocks = [it[1] for it in mine]
+            if len(set(blocks)) == len(blocks):
+                self._ring_copy(pi, blocks, [it[2] for it in mine], save=False)
+            else:  # one block twice (not from vLLM's tables): in arrival order
+                for _pi, block, slot in mine:
+                    self._ring_copy(pi, [block], [slot], save=False)
         if self.cuda:
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream().synchronize()  # the slots are reused next
+        self.ring_free.extend(it[2] for it in q)
 
     def _drop_async_loads(self) -> None:
         for req_id, _pi, block, _slot in self.aload_ops.values():
@@ -637,8 +677,9 @@ class _Worker:
             if slot >= 0:
                 load = self.load_ops.get(ud)
                 if res >= 0 and load is not None:
-                    self._scatter(load[0], load[2], slot)
-                self.ring_free.append(slot)
+                    self.scatter_q.append((load[0], load[2], slot))
+                else:
+                    self.ring_free.append(slot)
             self._load_done(ud, res)
             return
         if ud >= _ALOAD_UD:
@@ -686,6 +727,7 @@ class _Worker:
         try:
             for ud, res, flags, _lease in pump.step(block=block):
                 self._complete(ud, res, flags)
+            self._flush_scatter()
         except (kvb.Error, OSError, TimeoutError) as e:
             self._lost(e)
 
@@ -697,6 +739,7 @@ class _Worker:
         blocks stay held until it is settled. Converting copies touch only the client's own
         ring, never reused once it is dropped: nothing to fence.
         """
+        self._flush_scatter()  # pages that did arrive, while the ring is still mapped
         pump, self.pump = self.pump, None
         reqs: set[str] = set()
         recving: set[str] = set()
@@ -912,19 +955,36 @@ class _Worker:
         per plan and (component, layer), one gather of every block and one scatter into
         the slots' rows.
         """
-        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
-            self.ring_pages, self.ring_page)
         for pi in {it[0] for it in items}:
             mine = [it for it in items if it[0] == pi]
-            slots = torch.tensor([it[5] for it in mine], dtype=torch.int64)
-            off = 0
-            for v in self.cviews[pi]:
-                blocks = torch.tensor([it[2] for it in mine], dtype=torch.int64,
-                                      device=v.device)
-                src = gather_blocks(v, blocks).reshape(len(mine), -1)
-                size = src.shape[1]
-                rows[slots, off:off + size] = src.cpu() if src.is_cuda else src
-                off += size
+            self._ring_copy(pi, [it[2] for it in mine], [it[5] for it in mine], save=True)
+
+    def _ring_copy(self, pi: int, blocks: list[int], slots: list[int], save: bool) -> None:
+        """Converting copies of plan pi between vLLM's blocks and ring slots (canonical
+        pages), block i <-> slot i: per (component, layer) one gather (index_select, in
+        whole elements) and one scatter (index_copy_), not one small copy per page.
+        save: blocks -> slots, else slots -> blocks (distinct blocks, as vLLM's are).
+        """
+        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
+            self.ring_pages, self.ring_page)
+        n = len(blocks)
+        slot_t = torch.tensor(slots, dtype=torch.int64)
+        off = 0
+        for cv, wv in zip(self.cviews[pi], self.wviews[pi], strict=True):
+            size = cv[0].numel()
+            ring = rows[:, off:off + size]
+            # A part at an offset of the page its elements do not divide: bytes.
+            v = cv if off % wv.element_size() or self.ring_page % wv.element_size() else wv
+            block_t = torch.tensor(blocks, dtype=torch.int64, device=v.device)
+            if v.element_size() > 1:
+                ring = ring.view(v.dtype)
+            if save:
+                src = v.index_select(0, block_t).reshape(n, -1)
+                ring.index_copy_(0, slot_t, src.cpu() if src.is_cuda else src)
+            else:
+                src = ring.index_select(0, slot_t).view(n, *v.shape[1:])
+                v.index_copy_(0, block_t, src.to(v.device) if v.is_cuda else src)
+            off += size
 
     def _ring_tensor(self) -> torch.Tensor:
         if self.ring_t is None:
