@@ -425,23 +425,30 @@ def test_broker_stopped_mid_async_load_fences_blocks(tmp_path: Path, resume: str
         broker.stop()
 
 
-def test_zeroed_new_blocks_view_saves_finish_in_step(tmp_path: Path, broker: Broker) -> None:
-    """Where vLLM zeroes the blocks it hands out (needs_kv_cache_zeroing) it does so before
-    start_load, where pending view PUTs are otherwise awaited: a block freed by a preemption
-    and zeroed for its next owner would be stored as zeros. Such engines' view PUTs finish
-    in the step that submits them."""
-    a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra={"model": "w-zeroing"})
-    w = vs.wk(a.worker)
-    assert w.zeroes_new_blocks is False  # uniform-precision attention: vLLM zeroes nothing
-    w.zeroes_new_blocks = True
-    pending: list[bool] = []
-    save = w.save
 
-    def save_and_look(meta: Any) -> None:
-        save(meta)
-        pending.append(w.view_saves_pending)
+def test_blocks_written_before_the_loads_never_stored(tmp_path: Path) -> None:
+    """The model runner may write blocks before start_load_kv (it zeroes the blocks it hands
+    out on mixed-precision caches, copies into copy-on-write ones), and a block freed by a
+    preemption may be among them while a view PUT of the step before still reads it. Those
+    PUTs finish in handle_preemptions, which the runner calls first: with the broker's copies
+    slowed so that they are surely still in flight, zeroing every block right after it
+    leaves every stored page right (a second engine loads them byte-exact)."""
+    b = Broker(tmp_path, "--copy-inline", "0", "--copy-delay-us", "20000")
+    try:
+        extra = {"model": "w-written-before-load"}
+        prompt = _prompt(13, 6)
+        a = vs.MiniEngine(tmp_path, b.socket, mla=False, extra=extra)
 
-    w.save = save_and_look  # type: ignore[method-assign]
-    a.run([vs.make_request("a", _prompt(5, 8), BS, max_tokens=2)])
-    assert a.bad == [] and w.stats_total["stored_pages"] == 8
-    assert pending and not any(pending)
+        def zero_all(out: Any) -> None:
+            for t in a.kv.values():
+                t.zero_()
+
+        a.before_load = zero_all
+        a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+        assert vs.wk(a.worker).stats_total["stored_pages"] == 6
+        c = vs.MiniEngine(tmp_path, b.socket, mla=False, extra=extra)
+        c.run([vs.make_request("c", prompt + [7], BS, max_tokens=2)])
+        assert c.computed_tokens == len(prompt) + 1 + 1 - 6 * BS
+        assert c.bad == [], c.bad
+    finally:
+        b.stop()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -182,6 +183,8 @@ class MiniEngine:
         self.last_stats: Any = None  # requests whose computed prefix held wrong bytes
         self.invalid_reports: list[set[int]] = []
         self.outputs: dict[str, list[int]] = {}
+        # Called with each step's SchedulerOutput after handle_preemptions, before the loads.
+        self.before_load: Callable[[Any], None] | None = None
 
     def _alloc(self) -> dict[str, torch.Tensor]:
         """The KV tensors, one allocation for all layers as vLLM's KVCacheTensor backing does,
@@ -254,6 +257,12 @@ class MiniEngine:
             work.append((req_id, ncomp, out.num_scheduled_tokens[req_id]))
         meta = out.kv_connector_metadata
         assert meta is not None
+        # The model runner's order: handle_preemptions, then its own state updates (which
+        # may write blocks: before_load plays them), then the connector's loads.
+        for w in self.workers:
+            w.handle_preemptions(meta)
+        if self.before_load is not None:
+            self.before_load(out)
         for w in self.workers:
             w.bind_connector_metadata(meta)
             w.start_load_kv(cast(Any, None))  # the connector reads its metadata only

@@ -227,12 +227,22 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         self._worker.register(kv_caches)
 
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Called first in every step, before the runner touches any block: it may zero the
+        blocks it hands out or copy into them (copy-on-write), and a block freed by a
+        preemption or behind a sliding window may be one of them. View PUTs of earlier steps
+        still read vLLM's blocks: they finish now, so a block is never stored after another
+        request's data (or zeros) went into it.
+        """
+        if self._worker is not None:
+            self._worker.settle_view_saves()
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Submits this step's loads, layer group by layer group."""
         if self._worker is None:
             return
-        # Before this step's forward writes any block: the previous step's view PUTs
-        # (which read vLLM's blocks) must be done.
+        # Before this step's forward writes any block (handle_preemptions did, where the
+        # model runner calls it): the previous step's view PUTs must be done.
         self._worker.settle_view_saves()
         if not self.has_connector_metadata():
             return
