@@ -352,14 +352,35 @@ int tenant_attach(struct tenant_table *tt, uint32_t key, int *released)
 	}
 	if (free_part == tt->n)
 		return -EUSERS;
-	tt->t[free_part] = (struct tenant){.key = key,
-					   .used = 1,
-					   .clients = 1,
-					   .attaches = 1,
-					   .share = tt->t[free_part].share ? tt->t[free_part].share
-									   : tt->share_default,
-					   .guarantee = 0};
-	return (int)free_part;
+	return tenant_bind(tt, free_part, key);
+}
+
+int tenant_bind(struct tenant_table *tt, uint32_t part, uint32_t key)
+{
+	/* A free partition keeps the share planned for it; a re-bound one had the default. */
+	uint64_t share = tt->t[part].share ? tt->t[part].share : tt->share_default;
+
+	tt->t[part] = (struct tenant){
+		.key = key, .used = 1, .clients = 1, .attaches = 1, .share = share, .guarantee = 0};
+	return (int)part;
+}
+
+int tenant_rebind_pick(const struct tenant_table *tt, uint32_t skip)
+{
+	int best = -1;
+
+	for (uint32_t p = 0; p < tt->n; p++) {
+		const struct tenant *t = &tt->t[p];
+
+		/* The operator's word stays with its tenant: a share named at start-up or set at
+		 * run time keeps its partition. */
+		if (!t->used || !t->released || t->clients || t->listed || t->share_set ||
+		    (skip & (1u << p)))
+			continue;
+		if (best < 0 || t->left_at < tt->t[best].left_at)
+			best = (int)p;
+	}
+	return best;
 }
 
 void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s)
