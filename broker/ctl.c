@@ -229,18 +229,17 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 			 s->id, s->name, (int)s->pid, (int)s->uid);
 		err = 0;
 	} else if (err < 0) {
-		log_throttled(
-			&tt_refused,
-			"client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
-			"share is taken (all %u partitions, by other %ss with clients "
-			"attached or seen before%s); root and uid %d may still attach "
-			"to inspect",
-			s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
-			tenant_mode_name(b->tt.mode),
-			released ? "; none of the released ones can be bound to a new tenant "
-				   "now (the log says why)"
-				 : "",
-			(int)geteuid());
+		log_throttled(&tt_refused,
+			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			      "share is taken (all %u partitions, by other %ss with clients "
+			      "attached or seen before%s); root and uid %d may still attach "
+			      "to inspect",
+			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			      tenant_mode_name(b->tt.mode),
+			      released ? "; none of the released ones can be bound to a new tenant "
+					 "now (the log says why)"
+				       : "",
+			      (int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;

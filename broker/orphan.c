@@ -517,7 +517,7 @@ int orphan_in_part(struct broker *b, uint32_t part)
 {
 	struct list *pos;
 
-	list_for_each(pos, &b->orphans)
+	list_for_each (pos, &b->orphans)
 		if (list_entry(pos, struct orphan, link)->part == part)
 			return 1;
 	return 0;

@@ -32,11 +32,15 @@
  * again when it comes back. Why lending needs no copy of a tenant's page into another's memory:
  * what moves between partitions is the budget, a page stays in its own memfd.
  *
- * A partition, once bound, stays its tenant's for the broker's life, released or not: a
- * client that detached may still map its memfd, so another tenant's pages must never lie in
- * it, and binding it to a new tenant would need a fresh memfd swapped into the broker, the
- * keeper and the side table. With all POOL_MAX_PARTS bound, a new tenant is refused -EUSERS
- * (the log names the cause); root and the broker's uid still attach, for inspection.
+ * [tenant-rebind] A partition stays its tenant's, released or not, until a new tenant finds
+ * all POOL_MAX_PARTS bound: it then takes the released one idle longest (tenant_rebind_pick;
+ * not one named by --tenant or given a share at run time), in fresh memfds (rebind.c): a
+ * client that detached may still map the old ones, so another tenant's pages must never lie
+ * in them. The old tenant's pages and namespaces go; if it comes back it binds a partition as
+ * a new tenant does. A partition with anything in use (a pinned page, an open namespace, a
+ * previous broker's client leasing there) is not taken; with none to take, a new tenant is
+ * refused -EUSERS (the log names the cause); root and the broker's uid still attach, for
+ * inspection, and never take a released tenant's partition.
  *
  * [tenant-disk] A partition owns a share of the disk tier too (--tenant ID=RAM,DISK,
  * --tenant-share RAM,DISK; by default the disk in proportion to RAM): its own region of every

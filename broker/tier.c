@@ -1231,7 +1231,7 @@ void tier_part_forget(struct broker *b, uint32_t part)
 		return;
 	/* Only partition part's pages are demoted into its region: all its previous tenant's. */
 	for (uint32_t pi = 0; pi < t->d.npaths; pi++)
-		list_for_each_safe(pos, tmp, &t->log[pi][part].slots)
+		list_for_each_safe (pos, tmp, &t->log[pi][part].slots)
 			forget(t, list_entry(pos, struct dslot, log), 0);
 }
 

@@ -223,7 +223,8 @@ static int client_main(const char *mode, const char *arg)
 		check_range(c, ns, UID0 + NFIRST, 0, buf);
 		put_range(c, ns, 1000, buf);
 		check_range(c, ns, getuid() + 1000, 1, buf);
-		CHECKF(scan_maps(UID0 + NFIRST, buf) == 0, "the old tenant sees the new one's bytes");
+		CHECKF(scan_maps(UID0 + NFIRST, buf) == 0,
+		       "the old tenant sees the new one's bytes");
 	} else if (!strcmp(mode, "check-new")) {
 		check_range(c, ns, getuid(), 1, buf);
 	} else if (!strcmp(mode, "check-back")) {
@@ -272,8 +273,8 @@ int main(int argc, char **argv)
 {
 	const uid_t NEW = UID0 + NFIRST;
 	struct group *g = getgrnam("users");
-	const char *args[16] = {"--pool",      "64M", "--slab",	    "1M", "--tenants",
-				"uid",	       "--tenant-idle", "1s", "--group"};
+	const char *args[16] = {"--pool", "64M",	   "--slab", "1M",     "--tenants",
+				"uid",	  "--tenant-idle", "1s",     "--group"};
 	struct harness_broker *b;
 	uint64_t part0;
 	kvb_client *ctl;
