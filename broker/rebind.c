@@ -94,15 +94,17 @@ static int part_swap(struct broker *b, uint32_t p, const char **why)
 		}
 		if (b->keeper && b->kl.fd >= 0) {
 			err = keeper_swap(&b->kl, 1 + a, fd);
-			if (err) {
-				log_error(
-					"pool keeper: it did not take the new file of arena %u "
-					"(%s): "
-					"released partitions are not bound to new tenants while it "
-					"runs (a keeper of an earlier version: restart the broker "
-					"with --free-pool to start one of this version)",
-					a, strerror(-err));
+			if (err == -ETIMEDOUT) {
+				/* One that does not know the request (or took it too late to
+				 * say so): a restart would adopt the file it holds. */
+				log_error("pool keeper: no answer to taking the new file of arena "
+					  "%u: released partitions are not bound to new tenants "
+					  "while it runs (a keeper of an earlier version: stop the "
+					  "broker, kvbrokerd --free-pool, start it again)",
+					  a);
 				keeper_cannot = 1;
+			}
+			if (err) {
 				close(fd);
 				*why = "the pool keeper did not take the new file";
 				return err;
