@@ -567,9 +567,11 @@ static void rec_serve(struct keeper *kp, const struct keeper_rec *r, int *fds, u
 		 * new file: a crash before that must find the one the side table describes. */
 		out.op = KEEPER_SWAP;
 		out.tag = r->tag;
-		out.part = r->tag < kp->n && n == 1 && dup2(fds[0], kp->fds[r->tag]) >= 0 ? 0 : 1;
+		out.part = r->tag < kp->n && n == 1 && dup3(fds[0], kp->fds[r->tag], O_CLOEXEC) >= 0
+				   ? 0
+				   : 1;
 		(void)send(kp->owner, &out, sizeof(out), MSG_NOSIGNAL);
-		goto drop; /* ours is the dup2's copy */
+		goto drop; /* ours is the dup3's copy */
 	}
 	if (r->op == KEEPER_DEL) {
 		for (uint32_t i = 0; i < kp->nrecs; i++)
