@@ -15,6 +15,11 @@
  * chunks of at most 64 GiB (single registrations above ~64-96 GiB fail on real drivers); the
  * time it takes goes to the log and to the "copy.gpu.pin_seconds" statistic. Each chunk's device
  * mapping (cuMemHostGetDevicePointer, per device) is what the kernel path reads and writes.
+ * [slab-pin] A sparse pool (--tenants) is not registered whole, which would pin every
+ * partition, each as large as the pool: each slab is a chunk of its own, registered when the
+ * store gives it memory and unregistered before it gives it back (copy_cuda_pin, _unpin,
+ * through the store's hooks set in xfer.c). The chunks are kept sorted by address, so that
+ * checking a job's pool side against thousands of slabs is a binary search.
  *
  * Client memory: a gpu_map is one client allocation opened in our context, from a legacy IPC
  * handle (cuIpcOpenMemHandle) or a POSIX fd of a cuMem allocation (import, reserve, map, set
@@ -148,7 +153,6 @@ struct cuda_dev {
 	CUmodule mod;
 	CUfunction fn;	       /* NULL: no kernel path */
 	CUfunction crc_fn;     /* NULL: PUT checksums from the slot, on the loop [gpu-crc] */
-	CUdeviceptr *pool_d;   /* per chunk */
 	struct gpu_map **maps; /* sorted by base */
 	uint32_t nmaps, cap;
 	struct gpu_map *closing;
@@ -158,6 +162,7 @@ struct cuda_dev {
 struct cuda_chunk {
 	uint8_t *host;
 	uint64_t len;
+	CUdeviceptr dptr[CUDA_MAX_DEVS]; /* its device mapping, per device (the kernel path) */
 };
 
 struct cuda_engine {
@@ -167,8 +172,8 @@ struct cuda_engine {
 	int path;
 	uint32_t ndev;
 	struct cuda_dev dev[CUDA_MAX_DEVS];
-	struct cuda_chunk *chunks;
-	uint32_t nchunks;
+	struct cuda_chunk *chunks; /* registered pool memory, sorted by host address */
+	uint32_t nchunks, chunk_cap;
 	struct shape shapes[CUDA_SHAPES];
 	uint64_t tick;
 	struct cuda_info info;
@@ -403,16 +408,33 @@ void gpu_map_put(struct copy_engine *e, struct gpu_map *gm)
 
 /* ---- jobs ---- */
 
-/* The chunk holding [p, p + len) of the pool, or -1. */
+/* Index of the last chunk whose host address is <= p, or -1. */
+static int chunk_floor(const struct cuda_engine *c, const uint8_t *p)
+{
+	int lo = 0, hi = (int)c->nchunks - 1, best = -1;
+
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2;
+
+		if ((uintptr_t)c->chunks[mid].host <= (uintptr_t)p) {
+			best = mid;
+			lo = mid + 1;
+		} else {
+			hi = mid - 1;
+		}
+	}
+	return best;
+}
+
+/* The chunk holding [p, p + len) of the pool, or -1. Registrations never overlap. */
 static int chunk_of(const struct cuda_engine *c, const void *p, uint64_t len)
 {
 	const uint8_t *a = p;
+	int i = chunk_floor(c, a);
 
-	for (uint32_t i = 0; i < c->nchunks; i++)
-		if (a >= c->chunks[i].host &&
-		    (uint64_t)(a - c->chunks[i].host) <= c->chunks[i].len &&
-		    len <= c->chunks[i].len - (uint64_t)(a - c->chunks[i].host))
-			return (int)i;
+	if (i >= 0 && (uint64_t)(a - c->chunks[i].host) <= c->chunks[i].len &&
+	    len <= c->chunks[i].len - (uint64_t)(a - c->chunks[i].host))
+		return i;
 	return -1;
 }
 
@@ -643,7 +665,8 @@ static int issue_kernel(struct cuda_engine *c, struct cuda_dev *d, struct cuda_s
 		const struct copy_seg *sg = &j->segs[i];
 		const void *pool = j->dir == COPY_TO_POOL ? sg->dst : sg->src;
 		int k = chunk_of(c, pool, sg->len); /* >= 0: job_bounds checked it */
-		uint64_t pd = d->pool_d[k] + (uint64_t)((const uint8_t *)pool - c->chunks[k].host);
+		uint64_t pd = c->chunks[k].dptr[d - c->dev] +
+			      (uint64_t)((const uint8_t *)pool - c->chunks[k].host);
 		uint64_t gpu = (uint64_t)(uintptr_t)(j->dir == COPY_TO_POOL ? sg->src : sg->dst);
 
 		t[i] = j->dir == COPY_TO_POOL ? (struct kvb_dseg){pd, gpu, sg->len}
@@ -965,7 +988,6 @@ static void dev_fini(struct cuda_engine *c, struct cuda_dev *d)
 		CU(c, cuStreamDestroy)(d->crc_st);
 	if (d->mod)
 		CU(c, cuModuleUnload)(d->mod);
-	free(d->pool_d);
 	CU(c, cuDevicePrimaryCtxRelease)(d->dev);
 	d->ctx = NULL;
 }
@@ -1038,39 +1060,105 @@ static int dev_init(struct cuda_engine *c, const struct cuda_opts *o, int ord)
 	return 0;
 }
 
+/*
+ * Registers [host, host + len) with the driver and maps it on every device, as one chunk, in
+ * address order. 0 or a negative errno, with nothing left registered.
+ */
+static int chunk_add(struct cuda_engine *c, void *host, uint64_t len)
+{
+	struct cuda_chunk ch = {.host = host, .len = len};
+	CUresult r;
+	int at;
+
+	if (c->nchunks == c->chunk_cap) {
+		uint32_t cap = c->chunk_cap ? 2 * c->chunk_cap : 64;
+		struct cuda_chunk *n = realloc(c->chunks, cap * sizeof(*n));
+
+		if (!n)
+			return -ENOMEM;
+		c->chunks = n;
+		c->chunk_cap = cap;
+	}
+	CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
+	r = CU(c, cuMemHostRegister)(host, len,
+				     CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	if (r != CUDA_SUCCESS)
+		return cu_fail(c, "cuMemHostRegister of pool memory", r);
+	for (uint32_t i = 0; i < c->ndev; i++) {
+		CU(c, cuCtxSetCurrent)(c->dev[i].ctx);
+		r = CU(c, cuMemHostGetDevicePointer)(&ch.dptr[i], host, 0);
+		if (r != CUDA_SUCCESS) {
+			CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
+			CU(c, cuMemHostUnregister)(host);
+			return cu_fail(c, "pool device mapping", r);
+		}
+	}
+	at = chunk_floor(c, host) + 1;
+	memmove(&c->chunks[at + 1], &c->chunks[at], (c->nchunks - (uint32_t)at) * sizeof(ch));
+	c->chunks[at] = ch;
+	c->nchunks++;
+	c->info.nchunks = c->nchunks;
+	c->info.pinned_bytes += len;
+	return 0;
+}
+
 /* Registers the pool in chunks of at most chunk_max bytes, timed. */
 static int pin_pool(struct cuda_engine *c, const struct cuda_opts *o)
 {
-	uint64_t max = o->chunk_max ? o->chunk_max : CUDA_CHUNK_MAX, n = 0;
+	uint64_t max = o->chunk_max ? o->chunk_max : CUDA_CHUNK_MAX;
 	double t0 = clock_now();
 
-	for (uint32_t a = 0; a < o->npool; a++)
-		n += (o->pool[a].len + max - 1) / max;
-	c->chunks = calloc(n ? n : 1, sizeof(*c->chunks));
-	if (!c->chunks)
-		return -ENOMEM;
-	CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
 	for (uint32_t a = 0; a < o->npool; a++) {
 		for (uint64_t off = 0; off < o->pool[a].len; off += max) {
-			struct cuda_chunk *ch = &c->chunks[c->nchunks];
-			CUresult r;
+			int err = chunk_add(c, (uint8_t *)o->pool[a].base + off,
+					    o->pool[a].len - off < max ? o->pool[a].len - off
+								       : max);
 
-			ch->host = (uint8_t *)o->pool[a].base + off;
-			ch->len = o->pool[a].len - off < max ? o->pool[a].len - off : max;
-			r = CU(c, cuMemHostRegister)(ch->host, ch->len,
-						     CU_MEMHOSTREGISTER_PORTABLE |
-							     CU_MEMHOSTREGISTER_DEVICEMAP);
-			if (r != CUDA_SUCCESS)
-				return cu_fail(c, "cuMemHostRegister of the pool", r);
-			c->nchunks++;
-			c->info.pinned_bytes += ch->len;
+			if (err)
+				return err;
 		}
 	}
-	c->info.nchunks = c->nchunks;
 	c->info.pin_seconds = clock_now() - t0;
-	log_info("cuda: pinned the pool, %llu MiB in %u chunks, in %.3f s",
-		 (unsigned long long)(c->info.pinned_bytes >> 20), c->nchunks, c->info.pin_seconds);
+	if (o->npool)
+		log_info("cuda: pinned the pool, %llu MiB in %u chunks, in %.3f s",
+			 (unsigned long long)(c->info.pinned_bytes >> 20), c->nchunks,
+			 c->info.pin_seconds);
 	return 0;
+}
+
+int copy_cuda_pin(struct copy_engine *e, void *host, uint64_t len)
+{
+	struct cuda_engine *c = (struct cuda_engine *)e;
+	double t0 = clock_now();
+	int err = chunk_add(c, host, len);
+
+	c->info.pin_seconds += clock_now() - t0;
+	if (!err)
+		c->info.pins++;
+	return err;
+}
+
+int copy_cuda_unpin(struct copy_engine *e, void *host, uint64_t len)
+{
+	struct cuda_engine *c = (struct cuda_engine *)e;
+	int i = chunk_floor(c, host);
+	CUresult r;
+
+	if (i < 0 || c->chunks[i].host != host || c->chunks[i].len != len) {
+		log_warn("cuda: asked to unregister %llu bytes at %p, which are not a registered "
+			 "chunk: left as they are",
+			 (unsigned long long)len, host);
+		return -ENOENT;
+	}
+	CU(c, cuCtxSetCurrent)(c->dev[0].ctx);
+	r = CU(c, cuMemHostUnregister)(host);
+	memmove(&c->chunks[i], &c->chunks[i + 1],
+		(c->nchunks - (uint32_t)i - 1) * sizeof(*c->chunks));
+	c->nchunks--;
+	c->info.nchunks = c->nchunks;
+	c->info.pinned_bytes -= len;
+	c->info.unpins++;
+	return r == CUDA_SUCCESS ? 0 : cu_fail(c, "cuMemHostUnregister of a slab", r);
 }
 
 struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_t whylen)
@@ -1115,20 +1203,6 @@ struct copy_engine *copy_cuda_create(const struct cuda_opts *o, char *why, size_
 		}
 	}
 	err = pin_pool(c, o);
-	/* Each device's address of each chunk, for the kernel path. */
-	for (uint32_t i = 0; !err && i < c->ndev; i++) {
-		c->dev[i].pool_d = calloc(c->nchunks ? c->nchunks : 1, sizeof(*c->dev[i].pool_d));
-		if (!c->dev[i].pool_d) {
-			err = -ENOMEM;
-			break;
-		}
-		CU(c, cuCtxSetCurrent)(c->dev[i].ctx);
-		for (uint32_t k = 0; !err && k < c->nchunks; k++) {
-			r = CU(c, cuMemHostGetDevicePointer)(&c->dev[i].pool_d[k],
-							     c->chunks[k].host, 0);
-			err = r == CUDA_SUCCESS ? 0 : cu_fail(c, "pool device mapping", r);
-		}
-	}
 	if (err) {
 		snprintf(why, whylen, "registering the pool: %s", strerror(-err));
 		goto err;
@@ -1159,7 +1233,8 @@ struct copy_engine *copy_cuda_open(struct broker *b)
 		pool[i] = (struct cuda_range){b->pool.arena[i].base, b->pool.arena[i].size};
 	o.api = api;
 	o.pool = pool;
-	o.npool = b->pool.narenas;
+	/* [slab-pin] A sparse pool is registered slab by slab (xfer.c), never whole. */
+	o.npool = b->pool.sparse ? 0 : b->pool.narenas;
 	o.fatbin = copy_cuda_fatbin(&o.fatbin_len);
 	e = copy_cuda_create(&o, why, sizeof(why));
 	if (!e) {
@@ -1168,8 +1243,9 @@ struct copy_engine *copy_cuda_open(struct broker *b)
 		return NULL;
 	}
 	((struct cuda_engine *)e)->owned_api = api;
-	log_info("GPU copies on: %u device(s), kernel path %s", ((struct cuda_engine *)e)->ndev,
-		 o.fatbin ? "built in" : "not built (copies only)");
+	log_info("GPU copies on: %u device(s), kernel path %s%s", ((struct cuda_engine *)e)->ndev,
+		 o.fatbin ? "built in" : "not built (copies only)",
+		 b->pool.sparse ? ", pool memory registered slab by slab" : "");
 	return e;
 }
 
@@ -1200,6 +1276,8 @@ cJSON *copy_cuda_stats_json(const struct broker *b)
 	cJSON_AddNumberToObject(o, "pin_seconds", c->info.pin_seconds);
 	cJSON_AddNumberToObject(o, "pinned_bytes", (double)c->info.pinned_bytes);
 	cJSON_AddNumberToObject(o, "pin_chunks", c->nchunks);
+	cJSON_AddNumberToObject(o, "slab_pins", (double)c->info.pins);
+	cJSON_AddNumberToObject(o, "slab_unpins", (double)c->info.unpins);
 	cJSON_AddNumberToObject(o, "open_handles", c->info.nmaps);
 	cJSON_AddNumberToObject(o, "jobs_copy", (double)c->info.jobs[CUDA_PATH_COPY]);
 	cJSON_AddNumberToObject(o, "jobs_kernel", (double)c->info.jobs[CUDA_PATH_KERNEL]);
@@ -1236,6 +1314,18 @@ cJSON *copy_cuda_stats_json(const struct broker *b)
 {
 	(void)b;
 	return cJSON_CreateNull();
+}
+
+int copy_cuda_pin(struct copy_engine *e, void *host, uint64_t len)
+{
+	(void)e, (void)host, (void)len;
+	return -ENODEV;
+}
+
+int copy_cuda_unpin(struct copy_engine *e, void *host, uint64_t len)
+{
+	(void)e, (void)host, (void)len;
+	return -ENODEV;
 }
 
 #endif /* KVB_HAVE_CUDA */

@@ -25,6 +25,16 @@ struct cJSON;
  */
 struct copy_engine *copy_cuda_open(struct broker *b);
 
+/*
+ * [slab-pin] Registers [host, host + len) of the pool (a sparse pool's slab) for copies, on
+ * every device: 0, or a negative errno with nothing registered. _unpin undoes exactly one
+ * such registration (same host and len): -ENOENT, logged, for one never made. No job may be
+ * in flight on the range (the store pins a page while it is copied, and gives back only
+ * slabs without pinned pages).
+ */
+int copy_cuda_pin(struct copy_engine *e, void *host, uint64_t len);
+int copy_cuda_unpin(struct copy_engine *e, void *host, uint64_t len);
+
 /* The engine's copy_gpu_put (copy.h); the tests call it directly. */
 void gpu_map_put(struct copy_engine *e, struct gpu_map *gm);
 
@@ -57,6 +67,7 @@ struct cuda_opts {
 
 struct cuda_info {
 	uint32_t ndev, nchunks, nmaps, nclosing, shapes;
+	uint64_t pins, unpins; /* [slab-pin] slabs registered and unregistered */
 	uint64_t pinned_bytes;
 	double pin_seconds;
 	uint64_t jobs[2];  /* by path */

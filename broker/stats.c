@@ -201,6 +201,7 @@ static cJSON *pool_json(const struct broker *b)
 	num(p, "resident_bytes", (double)st->st.resident);
 	num(p, "lend_reclaims", (double)st->st.lend_reclaims);
 	num(p, "slab_alloc_failed", (double)st->st.alloc_failed);
+	num(p, "slab_pin_failed", (double)st->st.pin_failed); /* [slab-pin] */
 	num(p, "empty_slab_bytes", (double)st->st.empty_bytes);
 	num(p, "bytes_total", (double)total);
 	num(p, "dir_bytes", (double)dir);

@@ -417,7 +417,13 @@ static int slab_back(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 	return 0;
 }
 
-/* [tenant-lend] [off, off + len) of sparse arena a back to the machine. */
+static void *slab_base(const struct store *s, uint32_t a, uint64_t off)
+{
+	return (uint8_t *)s->pool->arena[a].base + off;
+}
+
+/* [tenant-lend] [off, off + len) of sparse arena a back to the machine ([slab-pin]: the caller
+ * unregistered it). */
 static void slab_unback(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 {
 	static struct log_throttle lt;
@@ -434,6 +440,28 @@ static void slab_unback(struct store *s, uint32_t a, uint64_t off, uint64_t len)
 }
 
 static void slab_release(struct store *s, struct slab *sl);
+
+/* [slab-pin] A sparse slab's memory, just taken, registered for GPU copies; on failure it is
+ * given back and the slab is not made (its PUT evicts or is refused, as without memory). */
+static int slab_pin(struct store *s, uint32_t a, uint64_t off, uint64_t len)
+{
+	static struct log_throttle lt;
+	int err;
+
+	if (!s->pin)
+		return 0;
+	err = s->pin(s->pin_arg, slab_base(s, a, off), len);
+	if (!err)
+		return 0;
+	s->st.pin_failed++;
+	log_throttled(&lt,
+		      "pool: %s: the GPU driver would not register a slab of %llu KiB (%s): the "
+		      "slab is not made and the PUT evicts instead; the machine's pinned memory "
+		      "is short (ulimit -l, or other processes pinning)",
+		      s->pool->arena[a].name, (unsigned long long)(len >> 10), strerror(-err));
+	slab_unback(s, a, off, len);
+	return err;
+}
 
 /*
  * [tenant-lend] Budget for want bytes in budget slot i (arena_slot) from the empty slabs kept
@@ -483,7 +511,7 @@ static struct slab *slab_new(struct store *s, int ci, uint32_t a, int short_ok)
 		ext_free(s, a, off, len);
 		return NULL;
 	}
-	if (s->pool->sparse && slab_back(s, a, off, len)) {
+	if (s->pool->sparse && (slab_back(s, a, off, len) || slab_pin(s, a, off, len))) {
 		free(sl->pages);
 		free(sl->free_stack);
 		sl->pages = NULL;
@@ -528,6 +556,8 @@ static void slab_release(struct store *s, struct slab *sl)
 	}
 	if (s->pool->meta)
 		pmeta_slab_clear(s->pool->meta, (uint32_t)(sl - s->slabs));
+	if (s->pool->sparse && s->unpin) /* [slab-pin] never a hole under a registration */
+		s->unpin(s->pin_arg, slab_base(s, sl->arena, sl->off), sl->len);
 	if (s->pool->sparse) /* after the record: an adopter never trusts a hole */
 		slab_unback(s, sl->arena, sl->off, sl->len);
 	ext_free(s, sl->arena, sl->off, sl->len);
@@ -1504,6 +1534,18 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 		s->slabs[k].cls = -1; /* records skipped over: unused */
 	if (sid >= s->nslabs)
 		s->nslabs = sid + 1;
+	/* [slab-pin] Hooks are set after adoption (store_pin_hooks registers these), but a slab
+	 * adopted with them set is registered as a made one is. */
+	if (s->pool->sparse && s->pin && s->pin(s->pin_arg, slab_base(s, a, off), len)) {
+		s->st.pin_failed++;
+		free(sl->pages);
+		free(sl->free_stack);
+		sl->pages = NULL;
+		sl->free_stack = NULL;
+		sl->cls = -1; /* unused: store_adopt_done lists it free */
+		ext_free(s, a, off, len);
+		return -ENOMEM;
+	}
 	if (s->pool->sparse) { /* [tenant-lend] its memory is there: counted again */
 		s->resident[arena_slot(s, a)] += len;
 		s->part[s->pool->arena[a].part].resident += len;
@@ -1555,6 +1597,34 @@ void store_adopt_done(struct store *s)
 			(void)fallocate(s->pool->arena[a].fd,
 					FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 					(off_t)s->ar[a].ext[i].off, (off_t)s->ar[a].ext[i].len);
+}
+
+int store_pin_hooks(struct store *s, int (*pin)(void *arg, void *base, uint64_t len),
+		    void (*unpin)(void *arg, void *base, uint64_t len), void *arg)
+{
+	if (!s->pool->sparse)
+		return 0;
+	for (uint32_t k = 0; k < s->nslabs; k++) {
+		const struct slab *sl = &s->slabs[k];
+		int err;
+
+		if (sl->cls < 0 || !sl->len)
+			continue;
+		err = pin(arg, slab_base(s, sl->arena, sl->off), sl->len);
+		if (!err)
+			continue;
+		s->st.pin_failed++;
+		while (k-- > 0) {
+			sl = &s->slabs[k];
+			if (sl->cls >= 0 && sl->len)
+				unpin(arg, slab_base(s, sl->arena, sl->off), sl->len);
+		}
+		return err;
+	}
+	s->pin = pin;
+	s->unpin = unpin;
+	s->pin_arg = arg;
+	return 0;
 }
 
 struct page *store_by_id(struct store *s, uint32_t id)

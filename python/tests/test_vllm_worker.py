@@ -19,6 +19,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local config.json; nothing downloads
 pytest.importorskip("vllm")
 
+from vllm.v1.request import RequestStatus
+
 import vllm_support as vs
 from conftest import Broker, prefix_stored
 
@@ -293,6 +295,130 @@ def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
         assert b.sched.kv_cache_manager.reset_prefix_cache()  # (the sentinels are no KV)
         b.run([vs.make_request("c", prompt, BS, max_tokens=2)])
         assert b.bad == [] and vs.wk(b.worker).stats_total["loaded_pages"] >= 12
+    finally:
+        if stopped:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.stop()
+
+
+@pytest.mark.parametrize("case", ["vllm-cpu", "odd-parts", "fp8"])
+def test_converting_copy_batched_byte_exact(case: str) -> None:
+    """The batched converting copy (_ring_copy: whole elements, one gather and one scatter
+    per part) against the page built byte by byte from the canonical views: every block to
+    its slot (out of order, not consecutive), and back into other blocks; nothing else
+    written. vllm-cpu: vLLM-CPU's block format (K [head][dim][token], V [head][token][dim]);
+    odd-parts: a part whose page offset its elements do not divide (bytes then); fp8: 1-byte
+    elements.
+    """
+    import torch
+
+    from kvbroker.vllm.layouts import _u8
+    from kvbroker.vllm.worker import _wide, _Worker
+
+    nb, n, h, d = 12, 4, 2, 6
+    dt = torch.uint8 if case == "fp8" else torch.bfloat16
+    g = torch.Generator().manual_seed(7)
+    t = torch.randint(0, 255, (nb, h, n, 2 * d * (1 if dt == torch.uint8 else 2)),
+                      dtype=torch.uint8, generator=g).view(dt)
+    o = t.storage_offset()
+    views = [torch.as_strided(t, (nb, n, h, d), (h * n * 2 * d, 1, 2 * n * d, n), o),
+             torch.as_strided(t, (nb, n, h, d), (h * n * 2 * d, d, 2 * n * d, 1), o + n * d)]
+    cviews = [_u8(v) for v in views]
+    if case == "odd-parts":  # a 3-byte first part: the next starts at an odd offset
+        cviews.insert(0, _u8(t).flatten(1)[:, :3].unsqueeze(-1))
+    page = sum(cv[0].numel() for cv in cviews)
+    w = _Worker.__new__(_Worker)
+    w.cviews, w.wviews = [cviews], [[_wide(cv) for cv in cviews]]
+    if case == "vllm-cpu":
+        assert [wv.dtype for wv in w.wviews[0]] == [torch.int16, torch.int16]
+    w.ring_pages, w.ring_page = 9, page
+    w.ring_t = torch.zeros(w.ring_pages * page, dtype=torch.uint8)
+    blocks, slots = [5, 1, 9, 2], [7, 0, 3, 8]
+    w._ring_copy(0, blocks, slots, save=True)
+    rows = w.ring_t.view(w.ring_pages, page)
+    for b, s in zip(blocks, slots, strict=True):
+        want = torch.cat([cv[b].reshape(-1) for cv in cviews])
+        assert torch.equal(rows[s, :want.numel()], want)
+    assert int(rows[[1, 2, 4, 5, 6]].count_nonzero()) == 0
+    before = t.view(torch.uint8).clone()
+    dst = [10, 0, 4, 7]
+    w._ring_copy(0, dst, slots, save=False)
+    after = t.view(torch.uint8)
+    for src, b in zip(blocks, dst, strict=True):
+        assert torch.equal(after[b], before[src])
+    untouched = [i for i in range(nb) if i not in dst]
+    assert torch.equal(after[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("resume", ["cont", "kill"])
+def test_broker_stopped_mid_async_load_fences_blocks(tmp_path: Path, resume: str) -> None:
+    """Asynchronous loads ((n, True)) through the view into a broker that stops (SIGSTOP)
+    after the lookup: with no completion for op_timeout_ms the worker gives up on them, but
+    the stopped broker still holds the GETs. The request's blocks stay held: vLLM waits for
+    finished_recving, which comes only once the broker ran those GETs (SIGCONT) or exited
+    (kill); then vLLM recomputes it. No other request's KV, written meanwhile into the free
+    blocks, is overwritten by the late pages."""
+    import signal
+
+    broker = Broker(tmp_path)
+    extra = {"model": "w-afence", "op_timeout_ms": 300, "reconnect_s": 60,
+             "retire_on_timeout": False, "async_load": True}
+    prompt = _prompt(43, 12)
+    stopped = False
+    try:
+        a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        a.run([vs.make_request("a", prompt, BS, max_tokens=2)])
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        w = vs.wk(b.worker)
+        assert not w.copy_mode
+        pool = b.sched.kv_cache_manager.block_pool
+        free0 = pool.get_num_free_blocks()
+
+        def stop() -> None:
+            nonlocal stopped
+            broker.proc.send_signal(signal.SIGSTOP)
+            stopped = True
+
+        b.sched.add_request(vs.make_request("b", prompt, BS, max_tokens=2))
+        b.step(kill=stop)  # the lookup found 12 blocks; the GETs go out, the broker stops
+        req = b.sched.requests["b"]
+        t0 = time.monotonic()
+        while not w.fences and time.monotonic() - t0 < 5:
+            b.step()  # get_finished polls; past op_timeout_ms the loads are given up
+            time.sleep(0.02)
+        assert w.fences and time.monotonic() - t0 >= 0.3
+        for _ in range(5):  # held: no finished_recving while the broker may still write
+            b.step()
+        assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert pool.get_num_free_blocks() < free0
+        free = [blk.block_id for blk in pool.free_block_queue.get_all_free_blocks()
+                if blk.block_id != 0]
+        parts = [p for name in b.layers for p in b._layer_bytes(name)]
+        for p in parts:
+            p[free] = 0x5A
+        if resume == "kill":
+            broker.kill()
+        else:
+            broker.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        # The late GETs land (cont) or the broker is gone (kill); then the fence settles
+        # and that step reports "b" in finished_recving.
+        deadline = time.monotonic() + 10
+        while w.fences and time.monotonic() < deadline:
+            b.step()
+            time.sleep(0.01)
+        assert not w.fences
+        # Checked before "b" is computed again (into free blocks, as vLLM may).
+        changed = sum(int((p[free] != 0x5A).sum()) for p in parts)
+        assert changed == 0, f"{changed} bytes of other requests' blocks overwritten"
+        while b.sched.has_requests() and time.monotonic() < deadline:
+            b.step()
+        # The loads were load errors: "b" is computed in full, not offered the same load
+        # again, with the right bytes.
+        assert not b.sched.has_requests()
+        assert b.invalid_reports and b.bad == []
+        assert b.computed_tokens == len(prompt) + 1
+        assert pool.get_num_free_blocks() == free0
     finally:
         if stopped:
             broker.proc.send_signal(signal.SIGCONT)

@@ -10,6 +10,11 @@ collective_rpc) to <work>/kv<phase>.pt.
 roundtrip: phase 1 computes the prompt (pages stored), phase 2 with vLLM's prefix cache
   emptied gets them from kvbroker.
   With $KVB_SGL_PROMPT, first a prompt whose pages SGLang stored (phase "sgl").
+hybrid, mla: phases 1 and 2 for a hybrid model (full-attention and sliding-window layers) or
+  an MLA model: every stored group's pages (read from its namespace) go to out.json with the
+  group's layers, and the block of each page.
+  $KVB_HYBRID_MODEL / $KVB_MLA_MODEL: after the scenario, that model in a second / third
+  engine of this process.
 faults: the same, plus: the engine starts with no broker (serves, recomputes); a page
   deleted between the lookup and the load; the broker killed between the lookup and the load,
   then restarted (the connector reconnects).
@@ -33,9 +38,11 @@ import kvbroker as kvb
 
 def _kv(worker: Any) -> dict[str, torch.Tensor]:
     from vllm.config import get_layers_from_vllm_config
-    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention import Attention, MLAAttention
 
-    layers = get_layers_from_vllm_config(worker.model_runner.vllm_config, Attention)
+    layers: dict[str, Any] = dict(get_layers_from_vllm_config(
+        worker.model_runner.vllm_config, Attention))
+    layers.update(get_layers_from_vllm_config(worker.model_runner.vllm_config, MLAAttention))
     out = {}
     for name, layer in layers.items():
         kv = layer.kv_cache
@@ -90,29 +97,84 @@ class Broker:
 
 def main() -> None:
     model, work, scenario = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
-    from vllm.inputs import TokensPrompt
-
     from kvbroker.vllm import scheduler as ksched
 
-    prompt = json.loads(os.environ["KVB_PROMPT"])
-    t_start = time.monotonic()
     broker = Broker(work)
-    if scenario == "roundtrip":
+    if scenario in ("roundtrip", "hybrid", "mla"):
         broker.start()
     # Between the lookup and the load: the scheduler just planned loads into the blocks
     # vLLM allocated; the worker runs them in this step.
     hook: dict[str, Any] = {"at_load": None}
     orig = ksched._Scheduler.update_state_after_alloc
 
+    init = ksched._Scheduler.__init__
+
+    def scheduler(self: Any, conn: Any) -> None:
+        init(self, conn)
+        hook["plans"] = conn.plans  # the namespaces the connector stores into
+
+    ksched._Scheduler.__init__ = scheduler  # type: ignore[method-assign]
+
+    def note(ids: Any) -> None:
+        """The block of each (group, page) of the phase's request (its prompt length tells
+        it), first seen: a window group's blocks vLLM freed show up as block 0 later."""
+        for pi, p in enumerate(hook["plans"]):
+            for j, b in enumerate(ids[p.group_id]):
+                if b:
+                    hook["blocks"].setdefault((pi, j), b)
+
+    save_upto = ksched._Scheduler._save_upto
+
+    def saving(self: Any, st: Any, n: int, ids: Any) -> Any:
+        if ids is not None and st.request.num_prompt_tokens == hook.get("len"):
+            note(ids)
+        return save_upto(self, st, n, ids)
+
+    ksched._Scheduler._save_upto = saving  # type: ignore[method-assign,assignment]
+
     def planned(self: Any, request: Any, blocks: Any, n: int) -> None:
+        if n > 0 and request.num_prompt_tokens == hook.get("len"):
+            note(blocks.get_block_ids())
         orig(self, request, blocks, n)
         if n > 0 and hook["at_load"] is not None and self._loads:
             hook["at_load"](self._loads[-1])
             hook["at_load"] = None
 
     ksched._Scheduler.update_state_after_alloc = planned  # type: ignore[method-assign,assignment]
+    res: dict[str, Any] = {}
+    try:
+        session(model, work, scenario, broker, hook, res)
+        for more in ("hybrid", "mla"):
+            # More engines in this process (the imports, most of a child's time, are paid
+            # once): a hybrid model, full-attention and sliding-window layers; an MLA model.
+            other = os.environ.get(f"KVB_{more.upper()}_MODEL")
+            if not other:
+                continue
+            import gc
+
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            gc.collect()  # the engine before, shut down by session()
+            cleanup_dist_env_and_memory()
+            if broker.proc is None or broker.proc.poll() is not None:
+                broker.start()
+            res[more] = {}
+            session(other, work, more, broker, hook, res[more])
+    finally:
+        broker.stop()
+    (work / "out.json").write_text(json.dumps(res))
+
+
+def session(model: str, work: Path, scenario: str, broker: Broker, hook: dict[str, Any],
+            res: dict[str, Any]) -> None:
+    """One engine over model: the scenario's phases into res; the engine is shut down."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    prompt = json.loads(os.environ["KVB_PROMPT"])
+    t_start = time.monotonic()
+    suffix = {"hybrid": "h", "mla": "m"}.get(scenario, "")
     ktc = KVTransferConfig(kv_connector="KVBrokerConnector",
                            kv_connector_module_path="kvbroker.vllm", kv_role="kv_both",
                            kv_connector_extra_config={"socket": broker.sock,
@@ -124,9 +186,8 @@ def main() -> None:
               block_size=32, dtype="bfloat16", max_model_len=2048, seed=1,
               kv_cache_memory_bytes=64 << 20, kv_transfer_config=ktc,
               enable_prefix_caching=True)
-    res_start = time.monotonic() - t_start
+    res["engine_start_s"] = time.monotonic() - t_start
     sp = SamplingParams(max_tokens=4, temperature=0.0, detokenize=False)
-    res: dict[str, Any] = {"engine_start_s": res_start}
 
     def gen(tag: str, toks: list[int], reset: bool = True) -> None:
         if reset:
@@ -142,7 +203,11 @@ def main() -> None:
             else:
                 raise AssertionError("vLLM's prefix cache could not be reset")
         t0 = time.monotonic()
+        hook["blocks"], hook["len"] = {}, len(toks)
+        tpp = hook["plans"][0].layout.tokens_per_page if "plans" in hook else 32
         o = llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
+        res[f"blocks_{tag}"] = [[hook["blocks"].get((pi, j), 0) for j in range(len(toks) // tpp)]
+                                for pi in range(len(hook["plans"]))]
         res[f"tokens_{tag}"] = list(o.outputs[0].token_ids)
         res[f"cached_{tag}"] = int(o.num_cached_tokens or 0)
         res[f"secs_{tag}"] = time.monotonic() - t0
@@ -158,21 +223,29 @@ def main() -> None:
             gen("sgl", json.loads(os.environ["KVB_SGL_PROMPT"]), reset=False)
             torch.save(llm.collective_rpc(_kv)[0], work / "kv0.pt")
         gen("store", prompt)
-        # The stored pages, read as another engine would (layout from the model's config).
-        cfg = json.loads((Path(model) / "config.json").read_text())
-        row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bf16
-        nl = cfg["num_hidden_layers"]
-        layout = kvb.Layout(Path(model).name.lower(), kvb.MHA, 32,
-                            [kvb.Component("k", nl, row), kvb.Component("v", nl, row)],
-                            dtype="bf16")
-        hook["layout"] = layout
-        keys = kvb.page_keys(prompt[: len(prompt) // 32 * 32], 32, None)
+        # vLLM may choose another block size than asked (vLLM-CPU's MLA: 16).
+        tpp = res["tokens_per_page"] = hook["plans"][0].layout.tokens_per_page
+        keys = kvb.page_keys(prompt[: len(prompt) // tpp * tpp], tpp, None)
         with kvb.connect(broker.sock, name="reader") as c:
-            ns = c.ns_open(layout)
-            res["pages"] = [(ns.get(k) or b"").hex() for k in keys]
-        torch.save(llm.collective_rpc(_kv)[0], work / "kv1.pt")
+            if scenario in ("hybrid", "mla"):  # each group's pages, from its namespace
+                res["groups"] = []
+                for p in hook["plans"]:
+                    ns = c.ns_open(p.layout)
+                    res["groups"].append({"layers": list(p.layer_names), "window": p.window,
+                                          "pages": [(ns.get(k) or b"").hex() for k in keys]})
+            else:
+                # Read as another engine would (the layout from the model's config).
+                cfg = json.loads((Path(model) / "config.json").read_text())
+                row = cfg["num_key_value_heads"] * cfg["head_dim"] * 2  # bf16
+                nl = cfg["num_hidden_layers"]
+                hook["layout"] = kvb.Layout(
+                    Path(model).name.lower(), kvb.MHA, 32,
+                    [kvb.Component("k", nl, row), kvb.Component("v", nl, row)], dtype="bf16")
+                ns = c.ns_open(hook["layout"])
+                res["pages"] = [(ns.get(k) or b"").hex() for k in keys]
+        torch.save(llm.collective_rpc(_kv)[0], work / f"kv1{suffix}.pt")
         gen("load", prompt)
-        torch.save(llm.collective_rpc(_kv)[0], work / "kv2.pt")
+        torch.save(llm.collective_rpc(_kv)[0], work / f"kv2{suffix}.pt")
         if scenario == "faults":
             def delete(tr: Any) -> None:
                 with kvb.connect(broker.sock, name="deleter") as c:
@@ -189,8 +262,7 @@ def main() -> None:
             gen("after", other)
             gen("after_load", other)
     finally:
-        broker.stop()
-    (work / "out.json").write_text(json.dumps(res))
+        llm.llm_engine.engine_core.shutdown()
 
 
 if __name__ == "__main__":

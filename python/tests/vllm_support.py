@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -142,15 +143,21 @@ class MiniEngine:
     def __init__(self, tmp: Path, socket: str, *, mla: bool, block_size: int = 16,
                  num_blocks: int = 256, extra: dict[str, Any] | None = None,
                  layout: str = "flash", max_num_batched_tokens: int = 256,
-                 tp_size: int = 1) -> None:
+                 tp_size: int = 1, kcc: KVCacheConfig | None = None) -> None:
         self.block_size = block_size
         self.mla = mla
         extra = dict(extra or {})
         self.vc = make_config(tmp, socket, block_size=block_size, extra=extra,
                               max_num_batched_tokens=max_num_batched_tokens)
-        self.kcc = make_kv_cache_config(block_size, num_blocks, mla)
+        # kcc: several KV cache groups (a hybrid model) in vLLM's hybrid allocator.
+        self.kcc = kcc or make_kv_cache_config(block_size, num_blocks, mla)
+        if kcc is not None:
+            self.vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         self.sched = make_scheduler(self.vc, self.kcc)
-        self.layers = list(self.kcc.kv_cache_groups[0].layer_names)
+        # layer name -> its KV cache group; layers in model order (their index is the layer)
+        self.group_of = {n: g for g, grp in enumerate(self.kcc.kv_cache_groups)
+                         for n in grp.layer_names}
+        self.layers = sorted(self.group_of, key=lambda n: int(n.split(".")[2]))
         self.num_blocks = num_blocks
         self.layout = layout
         # One worker-role connector per TP rank, each over its own KV tensors (MLA: every
@@ -161,6 +168,8 @@ class MiniEngine:
             wextra = dict(extra, tp_rank=rank, tp_size=tp_size)
             wvc = make_config(tmp, socket, block_size=block_size, extra=wextra,
                               max_num_batched_tokens=max_num_batched_tokens)
+            wvc.scheduler_config.disable_hybrid_kv_cache_manager = \
+                self.vc.scheduler_config.disable_hybrid_kv_cache_manager
             w = cast(KVBrokerConnector,
                      KVConnectorFactory.create_connector(wvc, KVConnectorRole.WORKER, self.kcc))
             kv = self._alloc()
@@ -189,10 +198,10 @@ class MiniEngine:
 
     # -- the "model" ---------------------------------------------------------------------------
 
-    def _slots(self, req_id: str, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                                torch.Tensor]:
+    def _slots(self, req_id: str, start: int, n: int, group: int = 0,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         req = self.sched.requests[req_id]
-        ids = self.sched.kv_cache_manager.get_block_ids(req_id)[0]
+        ids = self.sched.kv_cache_manager.get_block_ids(req_id)[group]
         pos = torch.arange(start, start + n)
         tok = torch.tensor(list(req.all_token_ids[start:start + n]), dtype=torch.int64)
         blocks = torch.tensor([ids[p // self.block_size] for p in range(start, start + n)])
@@ -209,18 +218,22 @@ class MiniEngine:
 
     def compute(self, layer: int, name: str, work: list[tuple[str, int, int]]) -> None:
         for req_id, start, n in work:
-            pos, tok, blocks = self._slots(req_id, start, n)
+            pos, tok, blocks = self._slots(req_id, start, n, self.group_of[name])
+            assert bool((blocks != 0).all()), "a token computed into vLLM's null block"
             off = pos % self.block_size
             for rank in range(len(self.workers)):
                 for h, part in enumerate(self._layer_bytes(name, rank)):
                     part[blocks, off] = kv_value(layer * 2 + h, pos, tok, part.shape[-1])
 
     def expected_ok(self, req_id: str, ntokens: int) -> bool:
-        """Whether the engine's blocks hold the right bytes for the request's first tokens."""
-        pos, tok, blocks = self._slots(req_id, 0, ntokens)
-        off = pos % self.block_size
+        """Whether the engine's blocks hold the right bytes for the request's first tokens
+        (a window group's: those in the blocks vLLM keeps, not its null block)."""
         for rank in range(len(self.workers)):
             for li, name in enumerate(self.layers):
+                pos, tok, blocks = self._slots(req_id, 0, ntokens, self.group_of[name])
+                kept = blocks != 0
+                pos, tok, blocks = pos[kept], tok[kept], blocks[kept]
+                off = pos % self.block_size
                 for h, part in enumerate(self._layer_bytes(name, rank)):
                     if not torch.equal(part[blocks, off], kv_value(li * 2 + h, pos, tok,
                                                                    part.shape[-1])):
@@ -252,11 +265,14 @@ class MiniEngine:
                 w.save_kv_layer(name, kv[name], cast(Any, None))
         sending: set[str] | None = None
         recving: set[str] | None = None
+        failed: set[str] = set()
         invalid: set[int] = set()
         stats = None
         for w in self.workers:
             w.wait_for_save()
-            snd, rcv = w.get_finished(out.finished_req_ids)
+            tr = w.get_transfer_results(out.finished_req_ids)
+            snd, rcv = tr.finished_sending, tr.finished_recving
+            failed |= tr.failed_recving
             # vLLM's KVOutputAggregator: a request is done when every worker said so.
             sending = set(snd or ()) if sending is None else sending & set(snd or ())
             recving = set(rcv or ()) if recving is None else recving & set(rcv or ())
@@ -280,7 +296,7 @@ class MiniEngine:
             sampled_token_ids=sampled,
             kv_connector_output=KVConnectorOutput(
                 finished_sending=sending or None, finished_recving=recving or None,
-                invalid_block_ids=invalid, kv_connector_stats=stats))
+                failed_recving=failed, invalid_block_ids=invalid, kv_connector_stats=stats))
         res = self.sched.update_from_output(out, mro)
         # Every token vLLM now counts as computed must hold its right bytes, loaded or not.
         for req in self.sched.running:
@@ -295,6 +311,10 @@ class MiniEngine:
             self.sched.add_request(r)
         steps = 0
         while self.sched.has_requests():
-            self.step(kill if steps == kill_at else None)
+            out, _ = self.step(kill if steps == kill_at else None)
             steps += 1
+            if not out.total_num_scheduled_tokens:
+                # Only waiting for transfers (asynchronous loads): a step takes no time
+                # then, and 200 of them can pass before a busy broker answered.
+                time.sleep(0.005)
             assert steps < max_steps, "engine did not finish its requests"

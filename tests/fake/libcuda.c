@@ -15,6 +15,13 @@
  * done at once; events are always complete; the kernel walks its descriptor table on the host.
  * Every open and close of client memory is logged on stderr ("fake-cuda: ..."), which the tests
  * read from the broker's log. Not thread-safe beyond what the tests need (one loop thread).
+ *
+ * Pinned host memory: cuMemHostRegister and cuMemHostAlloc ranges are tracked as the driver
+ * does. A registration overlapping another, an unregister of an address that is not a
+ * registration's start, and a device pointer or a copy (DMA or kernel) touching host memory
+ * outside every registration fail, each logged ("fake-cuda: BUG: ..."), where a real driver
+ * would fail, fault the context or copy pages that are no longer the process's. Every
+ * register and unregister logs the count left ("fake-cuda: host register ... (N pinned)").
  */
 #include <cuda.h>
 #include <errno.h>
@@ -55,6 +62,63 @@ struct ipc {
 static struct alloc A[FMAX];
 static struct handle H[FMAX];
 
+#define PMAX 16384 /* pinned host ranges: a sparse pool's slabs, descriptor rings */
+
+struct pinned {
+	uint8_t *base;
+	uint64_t len; /* 0: a free entry */
+};
+
+static struct pinned P[PMAX];
+static int npinned;
+
+static struct pinned *pinned_find(const void *p, uint64_t len)
+{
+	const uint8_t *a = p;
+
+	for (int i = 0; i < PMAX; i++)
+		if (P[i].len && a >= P[i].base && (uint64_t)(a - P[i].base) < P[i].len &&
+		    len <= P[i].len - (uint64_t)(a - P[i].base))
+			return &P[i];
+	return NULL;
+}
+
+static CUresult pin_add(void *p, uint64_t len, const char *how)
+{
+	const uint8_t *a = p;
+
+	for (int i = 0; i < PMAX; i++)
+		if (P[i].len && a < P[i].base + P[i].len && P[i].base < a + len) {
+			fprintf(stderr,
+				"fake-cuda: BUG: %s of %llu bytes overlaps a registration\n", how,
+				(unsigned long long)len);
+			return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+		}
+	for (int i = 0; i < PMAX; i++)
+		if (!P[i].len) {
+			P[i] = (struct pinned){p, len};
+			npinned++;
+			return CUDA_SUCCESS;
+		}
+	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult pin_del(void *p, const char *how)
+{
+	for (int i = 0; i < PMAX; i++)
+		if (P[i].len && P[i].base == p) {
+			uint64_t len = P[i].len;
+
+			P[i].len = 0;
+			npinned--;
+			fprintf(stderr, "fake-cuda: %s %llu bytes (%d pinned)\n", how,
+				(unsigned long long)len, npinned);
+			return CUDA_SUCCESS;
+		}
+	fprintf(stderr, "fake-cuda: BUG: %s of host memory never registered\n", how);
+	return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
 static struct alloc *find(uint64_t p)
 {
 	for (int i = 0; i < FMAX; i++)
@@ -69,6 +133,18 @@ static struct alloc *slot(void)
 		if (A[i].kind == A_FREE)
 			return &A[i];
 	return NULL;
+}
+
+/* May a copy touch [p, p + len)? Device memory, or host memory inside one registration. */
+static int dma_ok(uint64_t p, uint64_t len, const char *what)
+{
+	struct alloc *a = find(p);
+
+	if ((a && len <= a->size - (p - a->base)) || pinned_find((const void *)(uintptr_t)p, len))
+		return 1;
+	fprintf(stderr, "fake-cuda: BUG: %s touches %llu bytes of unregistered host memory\n", what,
+		(unsigned long long)len);
+	return 0;
 }
 
 CUresult cuInit(unsigned int flags)
@@ -199,6 +275,9 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t By
 			   CUstream hStream)
 {
 	(void)hStream;
+	if (!dma_ok(dstDevice, ByteCount, "cuMemcpyHtoDAsync") ||
+	    !dma_ok((uint64_t)(uintptr_t)srcHost, ByteCount, "cuMemcpyHtoDAsync"))
+		return CUDA_ERROR_INVALID_VALUE;
 	memcpy((void *)(uintptr_t)dstDevice, srcHost, ByteCount);
 	return CUDA_SUCCESS;
 }
@@ -206,6 +285,9 @@ CUresult cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t By
 CUresult cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
 	(void)hStream;
+	if (!dma_ok((uint64_t)(uintptr_t)dstHost, ByteCount, "cuMemcpyDtoHAsync") ||
+	    !dma_ok(srcDevice, ByteCount, "cuMemcpyDtoHAsync"))
+		return CUDA_ERROR_INVALID_VALUE;
 	memcpy(dstHost, (const void *)(uintptr_t)srcDevice, ByteCount);
 	return CUDA_SUCCESS;
 }
@@ -223,6 +305,10 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
 			    CUstream hStream)
 {
 	(void)attrs, (void)attrsIdxs, (void)numAttrs, (void)hStream;
+	for (size_t i = 0; i < count; i++)
+		if (!dma_ok(dsts[i], sizes[i], "cuMemcpyBatchAsync") ||
+		    !dma_ok(srcs[i], sizes[i], "cuMemcpyBatchAsync"))
+			return CUDA_ERROR_INVALID_VALUE;
 	for (size_t i = 0; i < count; i++)
 		memcpy((void *)(uintptr_t)dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i]);
 	return CUDA_SUCCESS;
@@ -277,19 +363,30 @@ CUresult cuMemFree(CUdeviceptr dptr)
 
 CUresult cuMemHostRegister(void *p, size_t bytesize, unsigned int Flags)
 {
-	(void)p, (void)bytesize, (void)Flags;
-	return CUDA_SUCCESS;
+	CUresult r;
+
+	(void)Flags;
+	if (getenv("KVB_FAKE_CUDA_PIN_FAIL"))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	r = pin_add(p, bytesize, "host register");
+	if (r == CUDA_SUCCESS)
+		fprintf(stderr, "fake-cuda: host register %llu bytes (%d pinned)\n",
+			(unsigned long long)bytesize, npinned);
+	return r;
 }
 
 CUresult cuMemHostUnregister(void *p)
 {
-	(void)p;
-	return CUDA_SUCCESS;
+	return pin_del(p, "host unregister");
 }
 
 CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
 	(void)Flags;
+	if (!pinned_find(p, 1)) {
+		fprintf(stderr, "fake-cuda: BUG: device pointer of unregistered host memory\n");
+		return CUDA_ERROR_INVALID_VALUE;
+	}
 	*pdptr = (CUdeviceptr)(uintptr_t)p;
 	return CUDA_SUCCESS;
 }
@@ -298,13 +395,19 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
 	(void)Flags;
 	*pp = malloc(bytesize);
+	if (*pp && pin_add(*pp, bytesize, "cuMemHostAlloc") != CUDA_SUCCESS) {
+		free(*pp);
+		*pp = NULL;
+	}
 	return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult cuMemFreeHost(void *p)
 {
+	CUresult r = pin_del(p, "cuMemFreeHost");
+
 	free(p);
-	return CUDA_SUCCESS;
+	return r;
 }
 
 CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
@@ -577,6 +680,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 	}
 	if (f != (CUfunction)&fake_fn)
 		return CUDA_ERROR_INVALID_HANDLE;
+	for (unsigned i = 0; i < n; i++)
+		if (!dma_ok(t[3 * i], t[3 * i + 2], "the copy kernel") ||
+		    !dma_ok(t[3 * i + 1], t[3 * i + 2], "the copy kernel"))
+			return CUDA_ERROR_ILLEGAL_ADDRESS;
 	for (unsigned i = 0; i < n; i++)
 		memcpy((void *)(uintptr_t)t[3 * i], (const void *)(uintptr_t)t[3 * i + 1],
 		       t[3 * i + 2]);

@@ -725,6 +725,76 @@ static void test_copy_cuda_bounds(void **state)
 	free(j);
 }
 
+/*
+ * [slab-pin] A sparse pool: nothing registered at creation, slabs pinned and unpinned one by
+ * one (out of address order), and every job checked against the slabs registered now.
+ */
+static void test_copy_cuda_slab_pins(void **state)
+{
+	static const uint8_t fatbin[16] = {1};
+	struct cuda_opts o = {.api = &api,
+			      .path = CUDA_PATH_AUTO,
+			      .fatbin = fatbin,
+			      .fatbin_len = sizeof(fatbin)};
+	struct copy_gpu_alloc m = ipc_msg(0);
+	struct copy_job *j = job_new(0, COPY_FROM_POOL, 1);
+	const uint64_t S = 64u << 10;
+	struct copy_engine *e;
+	struct cuda_info in;
+	struct gpu_map *gm;
+	uint64_t base;
+	char why[128];
+
+	(void)state;
+	F.registers = F.unregisters = 0;
+	e = copy_cuda_create(&o, why, sizeof(why));
+	assert_non_null(e);
+	assert_int_equal(F.registers, 0);
+	assert_int_equal(copy_cuda_pin(e, X.pool + 2 * S, S), 0);
+	assert_int_equal(copy_cuda_pin(e, X.pool, S), 0);
+	assert_int_equal(copy_cuda_pin(e, X.pool + 8 * S, S), 0);
+	assert_int_equal(F.registers, 3);
+	assert_int_equal(F.reg_flags, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+	copy_cuda_info(e, &in);
+	assert_int_equal(in.nchunks, 3);
+	assert_int_equal(in.pinned_bytes, 3 * S);
+	assert_int_equal(in.pins, 3);
+	assert_int_equal(cuda_map_get(e, 7, 0, &m, &gm, &base), 0);
+	/* Inside a slab, at either end of the table: copied. */
+	seg(j, (void *)(uintptr_t)base, X.pool + 16, 16);
+	assert_int_equal(e->submit(e, j), COPY_QUEUED);
+	j->nsegs = 0;
+	seg(j, (void *)(uintptr_t)base, X.pool + 9 * S - 16, 16);
+	assert_int_equal(e->submit(e, j), COPY_QUEUED);
+	fire_all();
+	assert_int_equal(e->poll(e), 2);
+	/* Between slabs, and across a slab's end: refused, nothing copied. */
+	j->nsegs = 0;
+	seg(j, (void *)(uintptr_t)base, X.pool + S + 64, 16);
+	assert_int_equal(e->submit(e, j), -EFAULT);
+	j->nsegs = 0;
+	seg(j, (void *)(uintptr_t)base, X.pool + 3 * S - 8, 16);
+	assert_int_equal(e->submit(e, j), -EFAULT);
+	/* A slab unpinned is out of range at once; only exact registrations are undone. */
+	assert_int_equal(copy_cuda_unpin(e, X.pool, S), 0);
+	assert_int_equal(F.unregisters, 1);
+	j->nsegs = 0;
+	seg(j, (void *)(uintptr_t)base, X.pool + 16, 16);
+	assert_int_equal(e->submit(e, j), -EFAULT);
+	assert_int_equal(copy_cuda_unpin(e, X.pool, S), -ENOENT);
+	assert_int_equal(copy_cuda_unpin(e, X.pool + 2 * S, S / 2), -ENOENT);
+	assert_int_equal(copy_cuda_unpin(e, X.pool + 3 * S, S), -ENOENT);
+	assert_int_equal(F.unregisters, 1);
+	copy_cuda_info(e, &in);
+	assert_int_equal(in.nchunks, 2);
+	assert_int_equal(in.pinned_bytes, 2 * S);
+	assert_int_equal(in.unpins, 1);
+	gpu_map_put(e, gm);
+	e->destroy(e);
+	assert_int_equal(F.unregisters, 3); /* the rest with the engine */
+	free(j);
+}
+
 /* A page of 8 parts, each in its own place: 8 segments after coalescing. */
 static struct copy_job *scattered(uint64_t base, uint32_t dir, uint32_t part)
 {
@@ -1012,6 +1082,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_completion_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_bounds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_cuda_slab_pins, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_path_by_measurement, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_copy_cuda_forced_kernel_path, setup, teardown),

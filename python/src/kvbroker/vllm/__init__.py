@@ -28,9 +28,10 @@ canonical page (docs/protocol.md); layouts whose token rows are byte ranges (NHD
 described to the broker as views, so the broker copies between its pool and vLLM's memory
 itself; every other supported layout (HND, head-packed cells, vLLM-CPU's block format) moves
 by a converting copy through a broker buffer: same page bytes. Unknown layouts are refused
-at start-up, naming them. Hybrid models: groups whose pages are not a pure function of the
-prefix (sliding window, chunked-local, Mamba) are named at start-up and the connector then
-neither loads nor stores (vLLM computes as without it).
+at start-up, naming them. Hybrid models: full-attention groups are stored and loaded whole,
+sliding-window and chunked-local groups per block, loading only the blocks vLLM keeps before
+a hit's end, each group in its own namespace; a model with a Mamba/state group (no page per
+block) is served without kvbroker, said once at start-up.
 
 Failures never become wrong data: a miss, an error or a broker that died makes the blocks
 "load errors" (get_block_ids_with_load_errors), which vLLM recomputes (the connector sets
@@ -55,8 +56,12 @@ kv_connector_extra_config keys (all optional):
   lookup_max_age_ms  an early answer older than this is asked again (500)
   async_load    true: loads outside the step ((n, True) from get_num_new_matched_tokens,
                 finished_recving in get_finished); false: inside it, layer group by layer group
-                while the model computes (false)
+                while the model computes (false; always true with several KV cache groups)
   save_ring_mb  MiB of the broker buffer converting copies store and load through (64)
+  events_tracked     stored pages remembered for BlockRemoved events (65536)
+  events_recheck_s   least time between two re-checks of remembered pages (1.0)
+  events_recheck_n   pages one re-check looks up at most (256)
+  events_grace_s     a page stored more recently is not yet taken as gone (2.0)
   tp_rank / tp_size  override the tensor-parallel rank/size (tests; default: vLLM's)
 """
 

@@ -14,12 +14,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvbroker.vllm.common import KVBrokerMetadata, KVBrokerPromMetrics, KVBrokerStats
-from kvbroker.vllm.layouts import namespace_layouts
+from kvbroker.vllm.layouts import namespace_layouts, skip_reason
 from kvbroker.vllm.scheduler import _Scheduler
 from kvbroker.vllm.worker import _Worker
 
@@ -61,17 +62,28 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         self.block_size = self.plans[0].layout.tokens_per_page
         self.load_enabled = bool(ktc.is_kv_consumer)
         self.save_enabled = bool(ktc.is_kv_producer)
-        skipped = [g for g in kv_cache_config.prefix_cacheable_group_ids
-                   if g not in {p.group_id for p in self.plans}]
-        if skipped:
-            # A load must fill every group's blocks of the loaded tokens: a sliding-window
-            # or state group left unloaded would be read as garbage by the tokens computed
-            # next, and recomputing it needs the window before it, back to token 0. So a
-            # hybrid model with such groups runs as without the connector.
-            logger.warning("kvbroker: KV cache groups %s are not stored (see the log line "
-                           "above): the connector neither loads nor stores for this model",
-                           skipped)
+        self.skipped = {g: skip_reason(kv_cache_config.kv_cache_groups[g].kv_cache_spec)
+                        for g in kv_cache_config.prefix_cacheable_group_ids
+                        if g not in {p.group_id for p in self.plans}}
+        if self.skipped:
+            # A hit must give vLLM every group's state at the hit's end: a Mamba/state
+            # group's is one running state, not a page per block, so no request can get a
+            # hit and storing would only fill the broker. vLLM computes as without kvbroker.
             self.load_enabled = self.save_enabled = False
+            if role != KVConnectorRole.WORKER:  # one line per engine
+                logger.warning(
+                    "kvbroker: KV cache groups with no per-block page (%s): this model is "
+                    "served without kvbroker (no loads, no stores)",
+                    "; ".join(f"group {g}: {why}" for g, why in self.skipped.items()))
+        elif any(p.window or p.chunk for p in self.plans) and role != KVConnectorRole.WORKER:
+            logger.info("kvbroker: hybrid model: full-attention groups %s stored and loaded "
+                        "whole, window groups %s the blocks vLLM keeps",
+                        [p.group_id for p in self.plans if not (p.window or p.chunk)],
+                        [p.group_id for p in self.plans if p.window or p.chunk])
+        # vLLM maps block-level load errors back to requests only with one KV cache group;
+        # with several, failed loads are reported per request (failed_recving), which it
+        # takes for asynchronous loads only: those models always load asynchronously.
+        self.multi_group = len(kv_cache_config.kv_cache_groups) > 1
         self.save_prompt = bool(self.extra.get("save_prompt", True))
         self._worker: _Worker | None = None
         self._sched: _Scheduler | None = None
@@ -143,9 +155,12 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return self._sched.build_connector_meta(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
-        """Notes the asynchronous loads the workers finished (finished_recving)."""
+        """Notes the loads the workers finished (finished_recving) or failed."""
         if self._sched is not None:
-            self._sched.update_connector_output(connector_output.finished_recving)
+            self._sched.update_connector_output(
+                connector_output.finished_recving,
+                getattr(connector_output, "failed_recving", None),
+                getattr(connector_output, "invalid_block_ids", None))
 
     def request_finished(self, request: Request,
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -161,7 +176,9 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         return self._sched.request_finished_all_groups(request, block_ids)
 
     def take_events(self) -> list[Any]:
-        """KV events: blocks handed to kvbroker to store (BlockStored, medium "kvbroker")."""
+        """KV events (medium "kvbroker"): BlockStored for blocks handed to kvbroker to
+        store, BlockRemoved for announced ones found gone.
+        """
         return self._sched.take_events() if self._sched is not None else []
 
     def get_kv_connector_stats(self) -> KVBrokerStats | None:
@@ -257,12 +274,33 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         recv, w.finished_recving = w.finished_recving, set()
         return done or None, recv or None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """get_finished's sets, and (several KV cache groups) the requests among those
+        finished receiving whose asynchronous load failed: vLLM recomputes them.
+        """
+        done, recv = self.get_finished(finished_req_ids)
+        failed: set[str] = set()
+        if self._worker is not None:
+            w = self._worker
+            if self.multi_group:
+                failed = w.failed_recving & set(recv or ())
+                w.failed_recving -= failed
+            else:  # one group: the failed blocks themselves (get_block_ids_with_load_errors)
+                w.failed_recving.clear()
+        return KVConnectorTransferResults(finished_sending=set(done or ()),
+                                          finished_recving=set(recv or ()),
+                                          failed_recving=failed)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
-        """Blocks whose load missed or failed this step: vLLM recomputes them."""
+        """Blocks whose load missed or failed this step: vLLM recomputes them. None with
+        several KV cache groups (block ids are per group; get_transfer_results reports
+        those requests instead).
+        """
         if self._worker is None:
             return set()
         self._worker.finish_loads()
-        return self._worker.take_errors()
+        errors = self._worker.take_errors()
+        return set() if self.multi_group else errors
 
     def shutdown(self) -> None:
         """Closes the broker connection (and the KV memfds' descriptors)."""

@@ -3,8 +3,12 @@
 
 Identity: which namespace each prefix-cacheable KV cache group's pages live in, computed
 from the KV cache config identically in the scheduler and in every worker (and by SGLang's
-backend for the same model). Groups whose pages are not a pure function of the token prefix
-(sliding-window, chunked-local, Mamba/state) are not stored: vLLM recomputes them.
+backend for the same model). Full-attention groups store every block; sliding-window and
+chunked-local groups store every block they computed too (each block's KV is a function of
+the token prefix), but vLLM keeps only the blocks their window still reads, so a hit needs
+only those (_GroupPlan.first_kept); each group's pages live in a namespace of their own.
+Mamba/state groups hold one running state, not per-block KV: a model with one is not served
+from kvbroker (vLLM recomputes its requests).
 
 Memory: where a layer's K and V (or MLA latent) of one vLLM block lie, read from the layer's
 attention backend and the tensor vLLM hands the connector, never guessed from a shape
@@ -24,7 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 
 import kvbroker as kvb
 from kvbroker._layout import model_ns_name
@@ -52,6 +62,23 @@ class _GroupPlan:
     # (component name, bytes per token and layer, which half of an MHA layer: 0 K, 1 V, -1 MLA)
     components: tuple[tuple[str, int, int], ...]
     layout: kvb.Layout
+    # A sliding-window group (vLLM's SlidingWindowManager): the window and the tokens it
+    # retains below it; a chunked-local group: the chunk. 0: a full-attention group.
+    window: int = 0
+    retained: int = 0
+    chunk: int = 0
+
+    def first_kept(self, ntokens: int) -> int:
+        """The first block vLLM keeps for this group once ntokens are computed (blocks
+        before it are its null block), what the group's get_num_skipped_tokens() skips:
+        a hit of ntokens needs this group's pages from there on, and only those.
+        """
+        if self.window:
+            return max(0, ntokens - self.window + 1 - self.retained) // \
+                self.layout.tokens_per_page
+        if self.chunk:
+            return ntokens // self.chunk * self.chunk // self.layout.tokens_per_page
+        return 0
 
 
 def _model_name(vllm_config: VllmConfig, extra: dict[str, Any]) -> str:
@@ -77,23 +104,25 @@ def _dtype_and_format(vllm_config: VllmConfig, spec: AttentionSpec) -> tuple[str
 
 
 def skip_reason(spec: Any) -> str | None:
-    """Why a KV cache group's pages are not stored (None: they are). A page is stored only
-    where it is a pure function of the token prefix: full attention (MHA or MLA). A sliding
-    window or chunked-local group frees and reuses blocks behind the window, a Mamba/state
-    group holds one running state instead of per-token KV: vLLM recomputes those.
+    """Why a KV cache group's pages are not stored (None: they are). A block's page is
+    stored where it is a pure function of the token prefix: full attention (MHA or MLA,
+    including a sliding-window layer vLLM allocates as full attention when its hybrid
+    allocator is off), and sliding-window and chunked-local attention (per block; vLLM frees
+    the blocks behind the window, see _GroupPlan.first_kept). A Mamba/state group holds one
+    running state instead of per-token KV: no page is defined.
     """
     if not isinstance(spec, AttentionSpec):
-        return f"{type(spec).__name__} (no per-token KV)"
-    window = getattr(spec, "sliding_window", None)
-    if window:
-        return f"sliding window {window}"
-    chunk = getattr(spec, "attention_chunk_size", None)
-    if chunk:
-        return f"chunked-local attention ({chunk} tokens)"
-    if not isinstance(spec, (FullAttentionSpec, MLAAttentionSpec)):
-        return f"{type(spec).__name__}"
+        return f"{type(spec).__name__} (a running state, no per-block KV)"
     if int(getattr(spec, "tokens_per_state", 1) or 1) != 1:
         return "compressed states (tokens_per_state != 1)"
+    if type(spec) in (SlidingWindowSpec, ChunkedLocalAttentionSpec):
+        return None
+    if not isinstance(spec, (FullAttentionSpec, MLAAttentionSpec)):
+        return f"{type(spec).__name__}"
+    if type(spec) not in (FullAttentionSpec, MLAAttentionSpec) and \
+            (getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size",
+                                                              None)):
+        return f"{type(spec).__name__} with a window"  # a variant of its own: not known
     return None
 
 
@@ -102,11 +131,12 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                       pp_rank: int = 0) -> list[_GroupPlan]:
     """The namespaces of a vLLM configuration: one per stored KV cache group.
 
-    Group 0's namespace is the model's (what SGLang uses for the same model); further
-    groups (HMA: e.g. an indexer cache) get "<model>/g<id>". MLA groups carry no TP identity
-    (every rank holds the same latent KV), MHA groups carry the TP rank and size. Groups
-    skip_reason() names are left out (their blocks are recomputed); a model with no storable
-    group raises ValueError.
+    The first full-attention group's namespace is the model's (what SGLang uses for the
+    same model); every other group gets one of its own, "<model>/g<id>" ("w<window>" or
+    "c<chunk>" appended for sliding-window and chunked-local groups), so one group's pages
+    are never read as another's. MLA groups carry no TP identity (every rank holds the same
+    latent KV), MHA groups carry the TP rank and size. Groups skip_reason() names are left
+    out; a model with no storable group raises ValueError.
     """
     ktc = vllm_config.kv_transfer_config
     extra = (ktc.kv_connector_extra_config if ktc is not None else None) or {}
@@ -134,7 +164,14 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                      ("v", nheads * spec.head_size_v * esize, 1))
         dtype, page_format = _dtype_and_format(vllm_config, spec)
         nlayers = len(group.layer_names)
-        name = model if not plans else f"{model[:56]}/g{gid}"
+        window = int(spec.sliding_window) if isinstance(spec, SlidingWindowSpec) else 0
+        chunk = int(spec.attention_chunk_size) \
+            if isinstance(spec, ChunkedLocalAttentionSpec) else 0
+        if not window and not chunk and not any(not (p.window or p.chunk) for p in plans):
+            name = model
+        else:
+            suffix = f"/g{gid}" + (f"w{window}" if window else f"c{chunk}" if chunk else "")
+            name = model[:63 - len(suffix)] + suffix
         layout = kvb.Layout(
             name, kvb.MLA if mla else kvb.MHA, spec.block_size,
             [kvb.Component(c, nlayers, b) for c, b, _ in comps],
@@ -144,12 +181,14 @@ def namespace_layouts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
             # for the broker, but what SGLang states too).
             dp_size=1 if mla else int(par.data_parallel_size),
             dp_rank=0 if mla else int(par.data_parallel_rank))
-        plans.append(_GroupPlan(gid, tuple(group.layer_names), mla, comps, layout))
+        plans.append(_GroupPlan(gid, tuple(group.layer_names), mla, comps, layout,
+                                window=window, chunk=chunk,
+                                retained=int(getattr(spec, "extra_retained_tokens", 0) or 0)))
     if not plans:
         raise ValueError("kvbroker: no KV cache group kvbroker can store (" +
                          ("; ".join(skipped) or "no prefix-cacheable group") + ")")
-    if skipped:
-        logger.info("kvbroker: not stored, recomputed by vLLM: %s", "; ".join(skipped))
+    if skipped:  # the connector says what this means for the model, once
+        logger.debug("kvbroker: not stored: %s", "; ".join(skipped))
     if len({p.layout.tokens_per_page for p in plans}) != 1:
         raise ValueError("kvbroker: stored KV cache groups of different block sizes")
     return plans

@@ -41,7 +41,7 @@ from kvbroker.vllm.common import (
     _Link,
     _Transfer,
 )
-from kvbroker.vllm.layouts import _owner, gather_blocks, kv_views, token_range
+from kvbroker.vllm.layouts import _owner, kv_views, token_range
 
 if TYPE_CHECKING:
     from kvbroker.vllm.connector import KVBrokerConnector
@@ -81,6 +81,27 @@ class _Part:
 # load 0.6 -> 0.8-0.9 of memcpy with the Python work overlapped; GPU tensors are the broker's
 # anyway).
 _LOAD_FLAGS = kvb.OPF_VIEW | kvb.OPF_ASYNC
+
+_WIDE = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+
+
+def _wide(v: torch.Tensor) -> torch.Tensor:
+    """A canonical byte view (layouts.kv_views: trailing bytes contiguous) over the same
+    memory as elements of the widest integer type its strides and alignment allow, so a
+    converting copy moves whole elements instead of single bytes through the layout's
+    strides (vLLM-CPU's transposed K: about 4x faster, tools/bench_vllm.py); integers, so
+    every bit pattern is copied as it is. The view itself when no wider type fits.
+    """
+    if v.dtype != torch.uint8 or v.dim() < 2 or v.stride(-1) != 1:
+        return v
+    for es, dt in _WIDE:
+        if v.shape[-1] % es == 0 and v.data_ptr() % es == 0 and \
+                v.untyped_storage().data_ptr() % es == 0 and \
+                all(st % es == 0 for st in v.stride()[:-1]):
+            return torch.empty(0, dtype=dt, device=v.device).set_(
+                v.untyped_storage(), v.storage_offset() // es,
+                (*v.shape[:-1], v.shape[-1] // es), (*(st // es for st in v.stride()[:-1]), 1))
+    return v
 
 
 class _Pump:
@@ -173,6 +194,8 @@ class _Worker:
         self.parts: list[list[_Part]] = []  # [plan][component-major (component, layer)]
         # [plan][component-major (component, layer)]: canonical views (layouts.kv_views)
         self.cviews: list[list[torch.Tensor]] = []
+        # The same views as whole elements (_wide): what converting copies move.
+        self.wviews: list[list[torch.Tensor]] = []
         self.how: set[str] = set()
         self.regions: list[_Region] = []
         self.views: list[kvb.View | None] = []
@@ -209,10 +232,17 @@ class _Worker:
         self.aload_ops: dict[int, tuple[str, int, int, int]] = {}
         self.aload_ud = itertools.count(_ALOAD_UD)
         self.aload_pending: dict[str, int] = {}
+        self.aload_progress = 0.0  # the last submission or completion of one
         self.finished_recving: set[str] = set()
+        # Requests with a failed asynchronous load: vLLM's failed_recving, how load errors
+        # are reported with several KV cache groups (block ids are per group there).
+        self.failed_recving: set[str] = set()
         # In-step converting-copy loads: queued for a ring slot, and ud -> slot in flight.
         self.copy_q: deque[tuple[Any, ...]] = deque()
         self.cload_slot: dict[int, int] = {}
+        # Completed converting-copy GETs whose pages wait in their ring slots for the
+        # batch's scatter: (plan, block, slot).
+        self.scatter_q: list[tuple[int, int, int]] = []
         # Converting copies: a ring of page slots in a broker buffer, PUT from there.
         # Sized in bytes (save_ring_mb, 64 MiB): enough for the pages of a few long
         # prefills in flight, so a step rarely waits for a slot.
@@ -266,14 +296,17 @@ class _Worker:
         self.regions = list(regions.values())
         self.cuda = any(r.cuda for r in self.regions)
         viewable = all(token_range(v) is not None for vs in cviews for v in vs)
+        stray: set[int] = set()
         if self.zero_copy and viewable:
             # Only a view needs the broker to reach the memory: moving CPU KV into a memfd
             # for converting copies would cost its page faults for nothing.
+            stray = self._stray_holders(kv_caches)
             for r in self.regions:
-                if not r.cuda:
+                if not r.cuda and r.ptr not in stray:
                     self._rehome(r, kv_caches)
             cviews = build()  # over the moved storage
         self.cviews = cviews
+        self.wviews = [[_wide(v) for v in vs] for vs in cviews]
         parts: list[list[_Part]] = []
         if viewable:
             by_ptr = {r.ptr: r for r in self.regions}
@@ -287,9 +320,33 @@ class _Worker:
                 parts.append(pp)
         self.parts = parts
         logger.info("kvbroker: KV layout %s: %s", ", ".join(sorted(self.how)),
-                    "broker views" if viewable and self.zero_copy else "converting copies")
+                    "broker views" if viewable and self.zero_copy and not stray
+                    else "converting copies")
         self.registered = True
         self.link.get()
+
+    def _stray_holders(self, kv_caches: dict[str, torch.Tensor]) -> set[int]:
+        """Storages (data_ptr) _rehome must not move: an attention layer holds its KV through
+        a tensor object other than the one handed to the connector (vLLM-CPU's MLA layers
+        do), which set_() cannot re-point, so vLLM would go on computing into the old
+        memory while the broker read and wrote the new: zero or stale pages stored, loads
+        vLLM never sees. Those move by converting copies, over the memory vLLM uses.
+        """
+        try:
+            ctx = self.conn._vllm_config.compilation_config.static_forward_context
+        except AttributeError:
+            return set()
+        stray: set[int] = set()
+        for name, t in kv_caches.items():
+            held = getattr(ctx.get(name), "kv_cache", None)
+            for h in held if isinstance(held, (list, tuple)) else [held]:
+                if isinstance(h, torch.Tensor) and h is not t and \
+                        h.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                    stray.add(t.untyped_storage().data_ptr())
+        if stray:
+            logger.info("kvbroker: vLLM holds its KV through tensors the connector cannot "
+                        "re-point: converting copies, not broker views")
+        return stray
 
     def _rehome(self, r: _Region, kv_caches: dict[str, torch.Tensor]) -> None:
         """Moves a CPU storage into a sealed memfd the broker can map, in place: every tensor
@@ -358,6 +415,9 @@ class _Worker:
         self.aload_ops.clear()
         self.copy_q.clear()
         self.cload_slot.clear()
+        # (Always flushed before a hook returns; were one left, its block was never written.)
+        self.load_errors.update(block for _pi, block, _slot in self.scatter_q)
+        self.scatter_q.clear()
 
     # -- loads --------------------------------------------------------------------------------
 
@@ -385,6 +445,8 @@ class _Worker:
             for ci, (first, count) in enumerate(chunks):
                 for tr in meta.loads:
                     for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                        if block < 0:  # a window group's block vLLM does not keep
+                            continue
                         ud += 1
                         self.load_ops[ud] = (pi, ci, block, tr.req_id)
                         self.load_left[(pi, ci)] = self.load_left.get((pi, ci), 0) + 1
@@ -437,7 +499,9 @@ class _Worker:
     def _fail_loads(self, loads: list[_Transfer]) -> None:
         for tr in loads:
             for ids in tr.block_ids:
-                self.load_errors.update(ids)
+                self.load_errors.update(b for b in ids if b >= 0)
+            if tr.async_load:
+                self.failed_recving.add(tr.req_id)
             self._inc("load_errors", len(tr.keys))
         self._inc("broker_down", 1)
 
@@ -466,6 +530,7 @@ class _Worker:
                 self._feed_copy_loads()
                 for ud, res, flags, _lease in pump.step(block=until is not None):
                     self._complete(ud, res, flags)
+                self._flush_scatter()
                 if until is None:
                     return
         except (kvb.Error, OSError, TimeoutError) as e:
@@ -513,6 +578,8 @@ class _Worker:
             for pi in range(len(self.plans)):
                 view = self.views[pi] if self.views else None
                 for key, block in zip(tr.keys, tr.block_ids[pi], strict=True):
+                    if block < 0:  # a window group's block vLLM does not keep
+                        continue
                     ud = next(self.aload_ud)
                     if view is not None:
                         self.aload_ops[ud] = (tr.req_id, pi, block, -1)
@@ -522,6 +589,7 @@ class _Worker:
                         slot = self._ring_slot()
                         if slot < 0 or self.pump is None:
                             self.load_errors.add(block)
+                            self.failed_recving.add(tr.req_id)
                             self._inc("load_errors", 1)
                             continue
                         self.aload_ops[ud] = (tr.req_id, pi, block, slot)
@@ -534,6 +602,7 @@ class _Worker:
                 self.aload_pending[tr.req_id] = self.aload_pending.get(tr.req_id, 0) + n
             else:
                 self.finished_recving.add(tr.req_id)
+        self.aload_progress = time.monotonic()
         self._pump_step(False)
         self._inc("load_s", time.perf_counter() - t0)
 
@@ -542,12 +611,15 @@ class _Worker:
         if info is None:
             return
         req_id, pi, block, slot = info
+        self.aload_progress = time.monotonic()
         if res < 0:
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             self._inc("load_errors", 1)
         else:
             if slot >= 0:
-                self._scatter(pi, block, slot)
+                self.scatter_q.append((pi, block, slot))
+                slot = -1  # freed by _flush_scatter
             self._inc("loaded_pages", 1)
             self._inc("loaded_bytes", self.link.ns[pi].page_bytes if self.link.ns else 0)
         if slot >= 0:
@@ -559,21 +631,30 @@ class _Worker:
             self.aload_pending.pop(req_id, None)
             self.finished_recving.add(req_id)
 
-    def _scatter(self, pi: int, block: int, slot: int) -> None:
-        """Ring slot `slot` (a canonical page) into the block (a converting copy)."""
-        rt = self._ring_tensor()
-        off = slot * self.ring_page
-        for v in self.cviews[pi]:
-            dst = v[block]
-            size = dst.numel()
-            dst.copy_(rt[off:off + size].view(dst.shape))
-            off += size
+    def _flush_scatter(self) -> None:
+        """The pages of a batch of completed converting-copy GETs, from their ring slots
+        into vLLM's blocks (batched: _ring_copy), then the slots freed. Called after each
+        batch of completions, before anything is reported to vLLM or a slot reused.
+        """
+        if not self.scatter_q:
+            return
+        q, self.scatter_q = self.scatter_q, []
+        for pi in sorted({it[0] for it in q}):
+            mine = [it for it in q if it[0] == pi]
+            blocks = [it[1] for it in mine]
+            if len(set(blocks)) == len(blocks):
+                self._ring_copy(pi, blocks, [it[2] for it in mine], save=False)
+            else:  # one block twice (not from vLLM's tables): in arrival order
+                for _pi, block, slot in mine:
+                    self._ring_copy(pi, [block], [slot], save=False)
         if self.cuda:
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream().synchronize()  # the slots are reused next
+        self.ring_free.extend(it[2] for it in q)
 
     def _drop_async_loads(self) -> None:
         for req_id, _pi, block, _slot in self.aload_ops.values():
             self.load_errors.add(block)
+            self.failed_recving.add(req_id)
             if req_id not in self.fenced:  # else once its fence is settled
                 self.finished_recving.add(req_id)
         self._inc("load_errors", len(self.aload_ops))
@@ -596,8 +677,9 @@ class _Worker:
             if slot >= 0:
                 load = self.load_ops.get(ud)
                 if res >= 0 and load is not None:
-                    self._scatter(load[0], load[2], slot)
-                self.ring_free.append(slot)
+                    self.scatter_q.append((load[0], load[2], slot))
+                else:
+                    self.ring_free.append(slot)
             self._load_done(ud, res)
             return
         if ud >= _ALOAD_UD:
@@ -645,6 +727,7 @@ class _Worker:
         try:
             for ud, res, flags, _lease in pump.step(block=block):
                 self._complete(ud, res, flags)
+            self._flush_scatter()
         except (kvb.Error, OSError, TimeoutError) as e:
             self._lost(e)
 
@@ -656,6 +739,7 @@ class _Worker:
         blocks stay held until it is settled. Converting copies touch only the client's own
         ring, never reused once it is dropped: nothing to fence.
         """
+        self._flush_scatter()  # pages that did arrive, while the ring is still mapped
         pump, self.pump = self.pump, None
         reqs: set[str] = set()
         recving: set[str] = set()
@@ -769,12 +853,24 @@ class _Worker:
         """Reaps what completed without waiting (stores, asynchronous loads, fences)."""
         if self.save_ops or self.aload_ops:
             self._pump_step(False)
+        if self.aload_ops and self.pump is not None and \
+                time.monotonic() - self.aload_progress > self.timeout_ms / 1e3:
+            # Asynchronous loads are reaped only without waiting: without this a broker
+            # that stopped answering would keep their requests waiting for ever. Their
+            # blocks stay held where the broker may still write them (_lost, _Fence).
+            self._lost(TimeoutError(f"asynchronous loads: no completion in "
+                                    f"{self.timeout_ms} ms"))
         if self.fences:
             self._reap_fences()
 
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
+            if self.view_saves_pending and any(p.window or p.chunk for p in self.plans):
+                # vLLM frees a window group's blocks behind the window when it schedules
+                # the next step and may hand them to a request whose blocks the runner
+                # zeroes before start_load: view PUTs reading them finish in this step.
+                self.settle_view_saves()
         for req_id in meta.finish_req_ids:
             if self.req_pending.get(req_id, 0) > 0 or req_id in self.fenced:
                 self.finish_wait.add(req_id)
@@ -797,7 +893,8 @@ class _Worker:
                 for pi in range(len(self.plans))
                 for key, block, parent in zip(tr.keys, tr.block_ids[pi],
                                               [tr.parent, *tr.keys[:-1]], strict=True)
-                if not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank]
+                if block >= 0  # a window group's block vLLM no longer holds: skipped
+                and (not self.plans[pi].mla or _owner(key, self.tp_size) == self.tp_rank)]
         if not mine:
             return
         client = self.link.get()
@@ -858,19 +955,36 @@ class _Worker:
         per plan and (component, layer), one gather of every block and one scatter into
         the slots' rows.
         """
-        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
-            self.ring_pages, self.ring_page)
         for pi in {it[0] for it in items}:
             mine = [it for it in items if it[0] == pi]
-            slots = torch.tensor([it[5] for it in mine], dtype=torch.int64)
-            off = 0
-            for v in self.cviews[pi]:
-                blocks = torch.tensor([it[2] for it in mine], dtype=torch.int64,
-                                      device=v.device)
-                src = gather_blocks(v, blocks).reshape(len(mine), -1)
-                size = src.shape[1]
-                rows[slots, off:off + size] = src.cpu() if src.is_cuda else src
-                off += size
+            self._ring_copy(pi, [it[2] for it in mine], [it[5] for it in mine], save=True)
+
+    def _ring_copy(self, pi: int, blocks: list[int], slots: list[int], save: bool) -> None:
+        """Converting copies of plan pi between vLLM's blocks and ring slots (canonical
+        pages), block i <-> slot i: per (component, layer) one gather (index_select, in
+        whole elements) and one scatter (index_copy_), not one small copy per page.
+        save: blocks -> slots, else slots -> blocks (distinct blocks, as vLLM's are).
+        """
+        rows = self._ring_tensor()[: self.ring_pages * self.ring_page].view(
+            self.ring_pages, self.ring_page)
+        n = len(blocks)
+        slot_t = torch.tensor(slots, dtype=torch.int64)
+        off = 0
+        for cv, wv in zip(self.cviews[pi], self.wviews[pi], strict=True):
+            size = cv[0].numel()
+            ring = rows[:, off:off + size]
+            # A part at an offset of the page its elements do not divide: bytes.
+            v = cv if off % wv.element_size() or self.ring_page % wv.element_size() else wv
+            block_t = torch.tensor(blocks, dtype=torch.int64, device=v.device)
+            if v.element_size() > 1:
+                ring = ring.view(v.dtype)
+            if save:
+                src = v.index_select(0, block_t).reshape(n, -1)
+                ring.index_copy_(0, slot_t, src.cpu() if src.is_cuda else src)
+            else:
+                src = ring.index_select(0, slot_t).view(n, *v.shape[1:])
+                v.index_copy_(0, block_t, src.to(v.device) if v.is_cuda else src)
+            off += size
 
     def _ring_tensor(self) -> torch.Tensor:
         if self.ring_t is None:
