@@ -377,8 +377,30 @@ static void test_pool_client_fd_sealed_read_only(void **state)
  * partition 1 is emptied (nothing while a page of it is pinned, everything once unpinned;
  * partition 0 untouched), then its arena gets a new file: a client's map of the old one reads
  * zeros and never the bytes written after, the broker's base is the new file's, sealed and 0400,
- * its memory starts at the directory, and the store carves and serves pages in it again.
+ * its memory starts at the directory, and the store carves and serves pages in it again;
+ * slabs registered for GPU copies [slab-pin] are all unregistered before the file is swapped.
  */
+/* [slab-pin] A stand-in GPU engine: bytes registered in [lo, hi), the partition watched. */
+static struct {
+	const uint8_t *lo, *hi;
+	uint64_t bytes;
+} reg;
+
+static int count_pin(void *arg, void *base, uint64_t len)
+{
+	(void)arg;
+	if ((const uint8_t *)base >= reg.lo && (const uint8_t *)base < reg.hi)
+		reg.bytes += len;
+	return 0;
+}
+
+static void count_unpin(void *arg, void *base, uint64_t len)
+{
+	(void)arg;
+	if ((const uint8_t *)base >= reg.lo && (const uint8_t *)base < reg.hi)
+		reg.bytes -= len;
+}
+
 static void test_store_part_rebind(void **state)
 {
 	struct pool_cfg pc = {.name = "kvb-test-rebind",
@@ -403,6 +425,10 @@ static void test_store_part_rebind(void **state)
 	(void)state;
 	assert_int_equal(pool_create(&p, &pc), 0);
 	assert_int_equal(store_init(&s, &p, MiB, 1.0, 1.0), 0);
+	reg.lo = p.arena[1].base;
+	reg.hi = reg.lo + p.arena[1].size;
+	reg.bytes = 0;
+	assert_int_equal(store_pin_hooks(&s, count_pin, count_unpin, NULL), 0);
 	cls = store_class_get(&s, 64 * 1024);
 	assert_true(cls >= 0);
 	s.ns_part[1] = 1; /* namespace 0 in partition 0, namespace 1 in partition 1 */
@@ -417,6 +443,8 @@ static void test_store_part_rebind(void **state)
 	old_map = mmap(NULL, p.arena[1].size, PROT_READ, MAP_SHARED, ro, 0);
 	assert_true(old_map != MAP_FAILED);
 	assert_int_equal(old_map[(uint8_t *)store_addr(&s, pg[1]) - base], 101);
+	assert_true(reg.bytes > 0);
+	assert_int_equal(reg.bytes, s.part[1].resident);
 	pinned = pg[3];
 	store_pin(&s, pinned);
 	assert_int_equal(store_part_clear(&s, 1), -EBUSY);
@@ -436,6 +464,7 @@ static void test_store_part_rebind(void **state)
 			assert_ptr_equal(store_find(&s, 0, &k), pg[i]);
 	}
 	assert_int_equal(s.part[1].resident, 0);
+	assert_int_equal(reg.bytes, 0); /* no GPU registration left under the file to swap */
 	assert_int_equal(s.part[1].pages, 0);
 	assert_int_equal(s.part[0].pages, 4);
 
@@ -460,6 +489,7 @@ static void test_store_part_rebind(void **state)
 		nz += old_map[j] != 0;
 	assert_int_equal(nz, 0); /* the old map: zeros, never the new file's bytes */
 	assert_true(s.part[1].resident > 0);
+	assert_int_equal(reg.bytes, s.part[1].resident); /* the new slabs registered */
 	assert_int_equal(store_arena_rss(&s, 1), s.ar[1].resident + p.arena[1].dir_bytes);
 	munmap(old_map, p.arena[1].size);
 	close(ro);
