@@ -12,8 +12,10 @@
  *   1. nothing of it pinned (leased, being written, demoted or copied), no namespace of it
  *      open, no client of the previous broker leasing there (orphan.c): else it is not
  *      eligible now, and the next released one is tried;
- *   2. its pages are dropped (index, directory, side table) and its slabs given back: the old
- *      tenant's pages, which a released share lets go first anyway; its namespaces go too
+ *   2. its pages are dropped (index, directory, side table) and its slabs given back (each
+ *      unregistered from the GPU copy engine first, store.c [slab-pin]: no registration is
+ *      left on the old file's pages): the old tenant's pages, which a released share lets go
+ *      first anyway; its namespaces go too
  *      (none has a page left), so that none of them points at the partition again: the old
  *      tenant coming back opens them anew, in the partition it then binds;
  *   3. per arena, a fresh memfd (pool_arena_fresh), handed first to the keeper, which answers
