@@ -15,9 +15,9 @@
  *   2. its pages are dropped (index, directory, side table) and its slabs given back (each
  *      unregistered from the GPU copy engine first, store.c [slab-pin]: no registration is
  *      left on the old file's pages): the old tenant's pages, which a released share lets go
- *      first anyway; its namespaces go too
- *      (none has a page left), so that none of them points at the partition again: the old
- *      tenant coming back opens them anew, in the partition it then binds;
+ *      first anyway. Its namespaces go too (none has a page left), so that none of them
+ *      points at the partition again: the old tenant coming back opens them anew, in the
+ *      partition it then binds;
  *   3. per arena, a fresh memfd (pool_arena_fresh), handed first to the keeper, which answers
  *      once it holds it (keeper_swap), and to the fd store (sdn_swap_arena): from here a
  *      restart adopts the new, empty file, which the side table describes as well (its slabs
