@@ -423,3 +423,25 @@ def test_broker_stopped_mid_async_load_fences_blocks(tmp_path: Path, resume: str
         if stopped:
             broker.proc.send_signal(signal.SIGCONT)
         broker.stop()
+
+
+def test_zeroed_new_blocks_view_saves_finish_in_step(tmp_path: Path, broker: Broker) -> None:
+    """Where vLLM zeroes the blocks it hands out (needs_kv_cache_zeroing) it does so before
+    start_load, where pending view PUTs are otherwise awaited: a block freed by a preemption
+    and zeroed for its next owner would be stored as zeros. Such engines' view PUTs finish
+    in the step that submits them."""
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra={"model": "w-zeroing"})
+    w = vs.wk(a.worker)
+    assert w.zeroes_new_blocks is False  # uniform-precision attention: vLLM zeroes nothing
+    w.zeroes_new_blocks = True
+    pending: list[bool] = []
+    save = w.save
+
+    def save_and_look(meta: Any) -> None:
+        save(meta)
+        pending.append(w.view_saves_pending)
+
+    w.save = save_and_look  # type: ignore[method-assign]
+    a.run([vs.make_request("a", _prompt(5, 8), BS, max_tokens=2)])
+    assert a.bad == [] and w.stats_total["stored_pages"] == 8
+    assert pending and not any(pending)

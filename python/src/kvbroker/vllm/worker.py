@@ -198,6 +198,7 @@ class _Worker:
         self.wviews: list[list[torch.Tensor]] = []
         self.how: set[str] = set()
         self.regions: list[_Region] = []
+        self.zeroes_new_blocks = False  # vLLM zeroes blocks it hands out (register)
         self.views: list[kvb.View | None] = []
         self.bufs: list[Any] = []
         self.copy_mode = False
@@ -268,6 +269,7 @@ class _Worker:
         """
         kcc = self.conn._kv_cache_config
         num_blocks = kcc.num_blocks
+        self.zeroes_new_blocks = bool(getattr(kcc, "needs_kv_cache_zeroing", False))
         self.how = set()
 
         def build() -> list[list[torch.Tensor]]:
@@ -866,10 +868,12 @@ class _Worker:
     def save(self, meta: KVBrokerMetadata) -> None:
         if meta.saves:
             self._save(meta.saves)
-            if self.view_saves_pending and any(p.window or p.chunk for p in self.plans):
-                # vLLM frees a window group's blocks behind the window when it schedules
-                # the next step and may hand them to a request whose blocks the runner
-                # zeroes before start_load: view PUTs reading them finish in this step.
+            if self.view_saves_pending and (
+                    self.zeroes_new_blocks or any(p.window or p.chunk for p in self.plans)):
+                # A block vLLM frees (a window group's behind the window, any block on a
+                # preemption) may go to a request whose new blocks the runner zeroes
+                # (needs_kv_cache_zeroing: mixed-precision caches) before start_load, where
+                # pending view PUTs are otherwise awaited: those finish in this step.
                 self.settle_view_saves()
         for req_id in meta.finish_req_ids:
             if self.req_pending.get(req_id, 0) > 0 or req_id in self.fenced:
