@@ -33,6 +33,7 @@
 #include "copy_cuda.h"
 #include "log.h"
 #include "proto.h"
+#include "rebind.h"
 #include "text.h"
 
 static struct log_throttle tt_refused; /* HELLO refusals (the limits) */
@@ -209,6 +210,10 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 		return -EUSERS;
 	}
 	err = tenant_attach(&b->tt, s->tenant, &released);
+	/* [tenant-rebind] A new tenant takes a released partition, in fresh memory; the
+	 * operator's own attach only inspects, and takes none from a released tenant. */
+	if (err == -EUSERS && released && s->uid != 0 && s->uid != geteuid())
+		err = part_rebind(b, s->tenant);
 	if (err >= 0 && tenant_guarantees(&b->tt, clock_now())) /* [tenant-lend] */
 		tenant_apply(&b->tt, &b->pool, &b->store);
 	if (err < 0 && (s->uid == 0 || s->uid == geteuid())) {
@@ -224,19 +229,17 @@ static int on_hello(struct broker *b, struct session *s, const struct kvb_msg_hd
 			 s->id, s->name, (int)s->pid, (int)s->uid);
 		err = 0;
 	} else if (err < 0) {
-		log_throttled(
-			&tt_refused,
-			"client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
-			"share is taken (all %u partitions, by other %ss with clients "
-			"attached or seen before%s); root and uid %d may still attach "
-			"to inspect",
-			s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
-			tenant_mode_name(b->tt.mode),
-			released ? "; a released partition is not bound to another tenant, "
-				   "since its old clients may still map it: restart the broker "
-				   "to free them"
-				 : "",
-			(int)geteuid());
+		log_throttled(&tt_refused,
+			      "client %u ('%s', pid %d, uid %d, gid %d): refused: every tenant "
+			      "share is taken (all %u partitions, by other %ss with clients "
+			      "attached or seen before%s); root and uid %d may still attach "
+			      "to inspect",
+			      s->id, s->name, (int)s->pid, (int)s->uid, (int)s->gid, b->tt.n,
+			      tenant_mode_name(b->tt.mode),
+			      released ? "; none of the released ones can be bound to a new tenant "
+					 "now (the log says why)"
+				       : "",
+			      (int)geteuid());
 		b->ctr.refused++;
 		reply(s, h, -EUSERS, NULL, 0, NULL, 0);
 		return -EUSERS;

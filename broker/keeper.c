@@ -78,6 +78,7 @@
 #define KEEPER_LIST 7u /* ... send every record (REC each), then END */
 #define KEEPER_REC 8u
 #define KEEPER_END 9u
+#define KEEPER_SWAP 10u /* [tenant-rebind] owner only: replace pool fd tag with the one sent */
 #define KEEPER_TIMEOUT_S 5
 #define KEEPER_OWNER_GRACE_MS 1000
 #define KEEPER_LISTEN_FD 3
@@ -297,6 +298,37 @@ int keeper_rec_del(struct keeper_link *k, uint64_t tag)
 	return send(k->fd, &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof(r)
 		       ? 0
 		       : -errno;
+}
+
+int keeper_swap(struct keeper_link *k, uint32_t i, int fd)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} cm;
+	struct keeper_rec r = {KEEPER_MAGIC, KEEPER_SWAP, 1, 0, i};
+	struct iovec iov = {&r, sizeof(r)};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	int got_fds[KEEPER_REC_FDS];
+	uint32_t n;
+	ssize_t got;
+
+	if (k->fd < 0)
+		return -ENOENT;
+	kvb_msg_attach_fds(&mh, cm.b, &fd, 1);
+	if (sendmsg(k->fd, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof(r))
+		return -errno;
+	/* The records before it are answered nothing: the next message is its reply, or none
+	 * (a keeper of an earlier version ignores the op: the receive times out). */
+	got = recv_fds(k->fd, &r, sizeof(r), got_fds, KEEPER_REC_FDS, &n);
+	while (got >= 0 && n)
+		close(got_fds[--n]);
+	if (got < 0)
+		return got == -EAGAIN ? -ETIMEDOUT : (int)got;
+	if (got != (ssize_t)sizeof(r) || r.magic != KEEPER_MAGIC || r.op != KEEPER_SWAP ||
+	    r.tag != i)
+		return got == 0 ? -ECONNRESET : -EPROTO;
+	return r.part ? -EIO : 0;
 }
 
 int keeper_rec_list(struct keeper_link *k, keeper_rec_fn fn, void *arg)
@@ -529,6 +561,17 @@ static void rec_serve(struct keeper *kp, const struct keeper_rec *r, int *fds, u
 		kp->recs[kp->nrecs] = (struct krec){.tag = r->tag, .part = r->part, .n = n};
 		memcpy(kp->recs[kp->nrecs++].fds, fds, n * sizeof(*fds));
 		return;
+	}
+	if (r->op == KEEPER_SWAP) {
+		/* Answered, so that the broker binds the partition again only once we hold the
+		 * new file: a crash before that must find the one the side table describes. */
+		out.op = KEEPER_SWAP;
+		out.tag = r->tag;
+		out.part = r->tag < kp->n && n == 1 && dup3(fds[0], kp->fds[r->tag], O_CLOEXEC) >= 0
+				   ? 0
+				   : 1;
+		(void)send(kp->owner, &out, sizeof(out), MSG_NOSIGNAL);
+		goto drop; /* ours is the dup3's copy */
 	}
 	if (r->op == KEEPER_DEL) {
 		for (uint32_t i = 0; i < kp->nrecs; i++)

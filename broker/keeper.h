@@ -73,6 +73,14 @@ int keeper_rec_del(struct keeper_link *k, uint64_t tag);
 typedef void (*keeper_rec_fn)(void *arg, uint64_t tag, uint32_t part, int *fds, uint32_t n);
 int keeper_rec_list(struct keeper_link *k, keeper_rec_fn fn, void *arg);
 
+/*
+ * [tenant-rebind] Has the keeper of k replace pool fd i (0 the side table, 1 + a arena a) with
+ * a copy of fd, and waits for its answer (KEEPER_TIMEOUT_S at most). 0, -ENOENT when k holds
+ * no keeper, -ETIMEDOUT (a keeper of an earlier version, which ignores it), -EIO when the
+ * keeper could not, or another negative errno.
+ */
+int keeper_swap(struct keeper_link *k, uint32_t i, int fd);
+
 /* kvbrokerd --keeper N PATH: the keeper's main, on fds 3 (listening), 4 (owner), 5..5+N-1. */
 int keeper_main(int nfds);
 

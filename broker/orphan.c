@@ -513,6 +513,16 @@ void orphan_resend(struct broker *b)
 	}
 }
 
+int orphan_in_part(struct broker *b, uint32_t part)
+{
+	struct list *pos;
+
+	list_for_each (pos, &b->orphans)
+		if (list_entry(pos, struct orphan, link)->part == part)
+			return 1;
+	return 0;
+}
+
 uint32_t orphan_run_id(void)
 {
 	uint32_t id = 0;

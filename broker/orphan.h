@@ -37,5 +37,7 @@ void orphan_start(struct broker *b);
 /* [orphans] Each tick while any is left: those whose client let go, or exited, go. */
 void orphan_tick(struct broker *b);
 void orphan_fini(struct broker *b);
+/* [tenant-rebind] Whether a client of the previous broker still leases in partition part. */
+int orphan_in_part(struct broker *b, uint32_t part);
 
 #endif /* KVB_BROKER_ORPHAN_H */

@@ -48,6 +48,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/memfd.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -330,6 +331,64 @@ int pool_open(struct pool *p, const char *name, uint64_t size, uint32_t narenas)
 		plan.size[i] = (size / narenas + HP_2M - 1) & ~(HP_2M - 1);
 	}
 	return arenas_create(p, name[0] == '/' ? name + 1 : name, &plan, HP_MODE_OFF, 1);
+}
+
+/*
+ * [tenant-rebind] A released partition is bound to a new tenant in fresh memfds, never in the
+ * old ones: a process of the old tenant may still map them (and hold their fds), and nothing
+ * the broker does can take that map away. pool_arena_fresh makes the new file of arena i,
+ * sealed and 0400 as arenas_create makes a sparse one, not mapped yet: it can be handed to the
+ * keeper and the fd store first, so that a crash at any step leaves them an empty file or the
+ * old (emptied) one, never a page the side table does not vouch for. pool_arena_switch then
+ * empties the old file whole (its memory goes back even while old maps remain: they read
+ * zeros), maps the new one over the broker's mapping of the old (MAP_FIXED, the same base:
+ * every pointer into the arena stays valid), binds it to the arena's node and closes the old.
+ */
+int pool_arena_fresh(const struct pool *p, uint32_t i, int *fd)
+{
+	const struct pool_arena *a = &p->arena[i];
+	int err;
+
+	*fd = -1;
+	if (i >= p->narenas || !p->sparse)
+		return -EINVAL;
+	*fd = memfd_create(a->name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (*fd < 0) {
+		err = -errno;
+		*fd = -1;
+		return err;
+	}
+	if (ftruncate(*fd, (off_t)a->size) < 0 || fcntl(*fd, F_ADD_SEALS, POOL_SEALS_KEEP) < 0 ||
+	    fchmod(*fd, 0400) < 0) {
+		err = -errno;
+		close(*fd);
+		*fd = -1;
+		return err;
+	}
+	return 0;
+}
+
+int pool_arena_switch(struct pool *p, uint32_t i, int fd)
+{
+	struct pool_arena *a = &p->arena[i];
+	int err;
+
+	/* The old file first: whoever still maps it sees holes (zeros) from now on. */
+	if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)a->size) < 0)
+		log_warn("pool: %s: cannot empty the old file (fallocate: %s): its memory goes "
+			 "with its last map",
+			 a->name, strerror(errno));
+	if (mmap(a->base, a->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) !=
+	    a->base)
+		return -errno; /* the caller cannot go on: the broker's map is undefined now */
+	/* On a tmpfs memfd the policy belongs to the file: before anything touches it. */
+	err = numa_bind_memory(a->base, a->size, a->node, p->interleave, &p->topo);
+	if (err)
+		log_warn("pool: %s: cannot bind the new file to node %d (%s): memory left unbound",
+			 a->name, a->node, strerror(-err));
+	close(a->fd);
+	a->fd = fd;
+	return 0;
 }
 
 struct prefault_job {

@@ -133,6 +133,15 @@ uint32_t pool_handover_fds(const struct pool *p, int *fds);
 /* [tenant-lend] budget[] and total of a sparse pool, from its arenas and directories. */
 void pool_sparse_budget(struct pool *p);
 
+/*
+ * [tenant-rebind] A new memfd for sparse arena i (same name and size, sealed, 0400), not mapped,
+ * into *fd; 0 or a negative errno. pool_arena_switch then punches the old file whole, maps fd
+ * over the broker's mapping (same base), binds it to the arena's node and closes the old fd;
+ * a failed mmap (a negative errno) leaves the broker's mapping undefined: stop the broker.
+ */
+int pool_arena_fresh(const struct pool *p, uint32_t i, int *fd);
+int pool_arena_switch(struct pool *p, uint32_t i, int fd);
+
 /* A fresh read-only fd of arena i for a client (caller closes it), or a negative errno. */
 int pool_ro_fd(const struct pool *p, uint32_t i);
 

@@ -250,6 +250,19 @@ static void remove_name(const char *name)
 	sdn_send(msg, NULL, 0);
 }
 
+int sdn_swap_arena(uint32_t a, int fd)
+{
+	char name[64], msg[128];
+
+	/* The store keeps every fd sent under a name, even twice: the old one goes first. A crash
+	 * between the two leaves the pool without arena a, which the next start refuses whole
+	 * (sdn_listen_pool): a pool lost, never an arena of the wrong file. */
+	fd_name(1 + a, name, sizeof(name));
+	remove_name(name);
+	snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s", name);
+	return sdn_send(msg, &fd, 1);
+}
+
 void sdn_remove_pool(uint32_t narenas)
 {
 	char name[32];

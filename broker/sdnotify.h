@@ -39,6 +39,10 @@ void sdn_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  */
 int sdn_store_pool(const int *fds, uint32_t n);
 
+/* [tenant-rebind] Arena a's fd in the store replaced by fd (FDSTOREREMOVE=1, then FDSTORE=1
+ * under the same name). 0 or -errno. */
+int sdn_swap_arena(uint32_t a, int fd);
+
 /* FDSTOREREMOVE=1 of the side table and arenas [0, narenas): the pool is freed. */
 void sdn_remove_pool(uint32_t narenas);
 

@@ -1066,6 +1066,51 @@ uint64_t store_sparse_scrub(struct store *s)
 	return back;
 }
 
+/* [tenant-rebind] Whether a slab record is a live slab of partition part. */
+static int slab_in_part(const struct store *s, const struct slab *sl, uint32_t part)
+{
+	return sl->cls >= 0 && s->pool->arena[sl->arena].part == part;
+}
+
+int store_part_clear(struct store *s, uint32_t part)
+{
+	/* Nothing of it pinned (leased, being written, demoted or copied): checked whole before
+	 * a page goes, so that a partition that cannot be emptied keeps its pages. */
+	for (uint32_t i = 0; i < s->nslabs; i++) {
+		const struct slab *sl = &s->slabs[i];
+
+		if (slab_in_part(s, sl, part) && (sl->pinned || sl->writing))
+			return -EBUSY;
+	}
+	for (uint32_t i = 0; i < s->nslabs; i++) {
+		struct slab *sl = &s->slabs[i];
+
+		for (uint32_t k = 0; slab_in_part(s, sl, part) && k < sl->nslots; k++)
+			if (sl->pages[k].state != PAGE_FREE)
+				store_drop(s, &sl->pages[k]); /* a hazard reader may pin it */
+	}
+	for (uint32_t i = 0; i < s->nslabs; i++) {
+		struct slab *sl = &s->slabs[i];
+
+		if (!slab_in_part(s, sl, part))
+			continue;
+		if (sl->used)
+			return -EBUSY; /* freed at its last unpin; the next try finds it empty */
+		slab_release(s, sl);
+	}
+	return 0;
+}
+
+void store_part_dir_reset(struct store *s, uint32_t part)
+{
+	const struct pool_arena *a = &s->pool->arena[s->pool->part[part].first];
+	struct dir *d = &s->dir[part];
+
+	if (!d->h)
+		return; /* none (--no-directory, or too small a pool) */
+	dir_open(d, a->base, a->dir_bytes, 0);
+}
+
 int store_alloc_pref(struct store *s, int ci, uint32_t ns, const kvb_key *key,
 		     const struct store_pref *pref, struct page **out)
 {

@@ -343,6 +343,16 @@ void store_evict_ahead(struct store *s);
  */
 uint64_t store_sparse_scrub(struct store *s);
 
+/*
+ * [tenant-rebind] Drops every page of partition part (index, directory, side table) and gives
+ * every slab of it back, so that its arenas hold nothing but their directory. -EBUSY, with
+ * nothing dropped, when a page of it is pinned or being written; -EBUSY too when a client's
+ * hazard table pinned a page as it left (that page goes at its last unpin: try again later).
+ */
+int store_part_clear(struct store *s, uint32_t part);
+/* [tenant-rebind] Partition part's directory made again, empty, in its (new) first arena. */
+void store_part_dir_reset(struct store *s, uint32_t part);
+
 /* [tenant-lend] Bytes the memfd of arena a holds now (st_blocks), for stats and the tests. */
 uint64_t store_arena_rss(const struct store *s, uint32_t a);
 

@@ -32,11 +32,15 @@
  * again when it comes back. Why lending needs no copy of a tenant's page into another's memory:
  * what moves between partitions is the budget, a page stays in its own memfd.
  *
- * A partition, once bound, stays its tenant's for the broker's life, released or not: a
- * client that detached may still map its memfd, so another tenant's pages must never lie in
- * it, and binding it to a new tenant would need a fresh memfd swapped into the broker, the
- * keeper and the side table. With all POOL_MAX_PARTS bound, a new tenant is refused -EUSERS
- * (the log names the cause); root and the broker's uid still attach, for inspection.
+ * [tenant-rebind] A partition stays its tenant's, released or not, until a new tenant finds
+ * all POOL_MAX_PARTS bound: it then takes the released one idle longest (tenant_rebind_pick;
+ * not one named by --tenant or given a share at run time), in fresh memfds (rebind.c): a
+ * client that detached may still map the old ones, so another tenant's pages must never lie
+ * in them. The old tenant's pages and namespaces go; if it comes back it binds a partition as
+ * a new tenant does. A partition with anything in use (a pinned page, an open namespace, a
+ * previous broker's client leasing there) is not taken; with none to take, a new tenant is
+ * refused -EUSERS (the log names the cause); root and the broker's uid still attach, for
+ * inspection, and never take a released tenant's partition.
  *
  * [tenant-disk] A partition owns a share of the disk tier too (--tenant ID=RAM,DISK,
  * --tenant-share RAM,DISK; by default the disk in proportion to RAM): its own region of every
@@ -352,14 +356,35 @@ int tenant_attach(struct tenant_table *tt, uint32_t key, int *released)
 	}
 	if (free_part == tt->n)
 		return -EUSERS;
-	tt->t[free_part] = (struct tenant){.key = key,
-					   .used = 1,
-					   .clients = 1,
-					   .attaches = 1,
-					   .share = tt->t[free_part].share ? tt->t[free_part].share
-									   : tt->share_default,
-					   .guarantee = 0};
-	return (int)free_part;
+	return tenant_bind(tt, free_part, key);
+}
+
+int tenant_bind(struct tenant_table *tt, uint32_t part, uint32_t key)
+{
+	/* A free partition keeps the share planned for it; a re-bound one had the default. */
+	uint64_t share = tt->t[part].share ? tt->t[part].share : tt->share_default;
+
+	tt->t[part] = (struct tenant){
+		.key = key, .used = 1, .clients = 1, .attaches = 1, .share = share, .guarantee = 0};
+	return (int)part;
+}
+
+int tenant_rebind_pick(const struct tenant_table *tt, uint32_t skip)
+{
+	int best = -1;
+
+	for (uint32_t p = 0; p < tt->n; p++) {
+		const struct tenant *t = &tt->t[p];
+
+		/* The operator's word stays with its tenant: a share named at start-up or set at
+		 * run time keeps its partition. */
+		if (!t->used || !t->released || t->clients || t->listed || t->share_set ||
+		    (skip & (1u << p)))
+			continue;
+		if (best < 0 || t->left_at < tt->t[best].left_at)
+			best = (int)p;
+	}
+	return best;
 }
 
 void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s)

@@ -117,9 +117,17 @@ uint32_t tenant_key(int mode, uid_t uid, gid_t gid);
 /*
  * The partition of a ring client's tenant, binding a free partition to it at first attach;
  * -EUSERS when every partition is bound to another tenant (*released then says whether one of
- * them is only released: it cannot be bound again, see tenant.c).
+ * them is only released: tenant_rebind_pick and part_rebind (rebind.c) may free it).
  */
 int tenant_attach(struct tenant_table *tt, uint32_t key, int *released);
+/* Binds partition part to tenant key with one client attached (its share: the one planned for
+ * it, or the default); returns part. */
+int tenant_bind(struct tenant_table *tt, uint32_t part, uint32_t key);
+/*
+ * [tenant-rebind] The released partition idle longest whose tenant was not named by --tenant
+ * nor given a share at run time, leaving out those in the skip mask; -1 none.
+ */
+int tenant_rebind_pick(const struct tenant_table *tt, uint32_t skip);
 void tenant_detach(struct tenant_table *tt, uint32_t part);
 
 const char *tenant_mode_name(int mode);

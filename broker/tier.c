@@ -1222,6 +1222,19 @@ void tier_ns_forget(struct broker *b, uint32_t id)
 	t->ns2dns[id] = -1;
 }
 
+void tier_part_forget(struct broker *b, uint32_t part)
+{
+	struct tier *t = b->tier;
+	struct list *pos, *tmp;
+
+	if (!t || part >= t->nparts)
+		return;
+	/* Only partition part's pages are demoted into its region: all its previous tenant's. */
+	for (uint32_t pi = 0; pi < t->d.npaths; pi++)
+		list_for_each_safe (pos, tmp, &t->log[pi][part].slots)
+			forget(t, list_entry(pos, struct dslot, log), 0);
+}
+
 void tier_close(struct broker *b, uint32_t (*resume)(struct broker *b))
 {
 	struct tier *t = b->tier;

@@ -34,6 +34,12 @@ int tier_open(struct broker *b, const struct disk_cfg *c);
 void tier_close(struct broker *b, uint32_t (*resume)(struct broker *b));
 /* [ns-free] Namespace id was freed: its identity's pages on disk stay, found again by identity. */
 void tier_ns_forget(struct broker *b, uint32_t id);
+/*
+ * [tenant-rebind] Partition part is bound to a new tenant: every slot of its regions (its old
+ * tenant's pages) is forgotten, their space the new tenant's log. Slots found again by a later
+ * start's scan are indexed under their own (the old tenant's) identity only.
+ */
+void tier_part_forget(struct broker *b, uint32_t part);
 
 /* rounds.c: submits prepared I/O and reaps completions without blocking; returns how many. */
 uint32_t tier_poll(struct broker *b);

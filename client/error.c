@@ -77,7 +77,8 @@ const char *kvb_strerror(int err)
 		return "too many namespaces, buffers or views";
 	case EUSERS:
 		return "too many clients attached to the broker (--max-clients; --max-control for "
-		       "control connections)";
+		       "control connections), or with --tenants every partition bound to a tenant "
+		       "in use (the broker's log says which)";
 	case ENFILE:
 		return "too many open files in the system";
 	case ETIMEDOUT:

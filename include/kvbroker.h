@@ -170,7 +170,8 @@ int kvb_socket_path(const char *path, char *buf, size_t len);
  * gpu_busid), -ENODEV gpu_busid names no PCI device on the broker's machine (a broker that
  * cannot see any, without sysfs, accepts it and places by CPU node), -ENAMETOOLONG socket
  * path, -EUSERS the broker's --max-clients (or, for a KVB_CONNECT_CONTROL client,
- * --max-control) reached, -ETIMEDOUT no answer, -ENOMEM. kvb_connect_error() turns each into
+ * --max-control) reached, or with --tenants every partition bound to a tenant in use (a
+ * released one is bound to a new tenant), -ETIMEDOUT no answer, -ENOMEM. kvb_connect_error() turns each into
  * a sentence naming the socket, the cause and the fix.
  */
 int kvb_connect(const struct kvb_opts *opts, kvb_client **out);

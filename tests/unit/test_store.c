@@ -8,7 +8,8 @@
  * parents coming back on a touch or when their last kid goes, links that survive nothing they
  * should not (DELETE, abort, a freed parent's reused slot), no cycles whatever keys name, a
  * parent gaining a kid while demoted stays, slab reclaim across page sizes walking chains) and
- * namespace caps [ns-limit] (a capped namespace evicts only its own pages).
+ * namespace caps [ns-limit] (a capped namespace evicts only its own pages); a partition
+ * emptied and given a new file [tenant-rebind].
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -16,7 +17,9 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -367,6 +370,131 @@ static void test_pool_client_fd_sealed_read_only(void **state)
 	assert_int_equal(((uint8_t *)p)[4095], 0xab);
 	munmap(p, 4096);
 	close(fd);
+}
+
+/*
+ * [tenant-rebind] A sparse pool of two 16 MiB partitions (directory on, kept: a side table):
+ * partition 1 is emptied (nothing while a page of it is pinned, everything once unpinned;
+ * partition 0 untouched), then its arena gets a new file: a client's map of the old one reads
+ * zeros and never the bytes written after, the broker's base is the new file's, sealed and 0400,
+ * its memory starts at the directory, and the store carves and serves pages in it again;
+ * slabs registered for GPU copies [slab-pin] are all unregistered before the file is swapped.
+ */
+/* [slab-pin] A stand-in GPU engine: bytes registered in [lo, hi), the partition watched. */
+static struct {
+	const uint8_t *lo, *hi;
+	uint64_t bytes;
+} reg;
+
+static int count_pin(void *arg, void *base, uint64_t len)
+{
+	(void)arg;
+	if ((const uint8_t *)base >= reg.lo && (const uint8_t *)base < reg.hi)
+		reg.bytes += len;
+	return 0;
+}
+
+static void count_unpin(void *arg, void *base, uint64_t len)
+{
+	(void)arg;
+	if ((const uint8_t *)base >= reg.lo && (const uint8_t *)base < reg.hi)
+		reg.bytes -= len;
+}
+
+static void test_store_part_rebind(void **state)
+{
+	struct pool_cfg pc = {.name = "kvb-test-rebind",
+			      .size = 16 * MiB,
+			      .numa = "off",
+			      .hugepage = HP_MODE_OFF,
+			      .nparts = 2,
+			      .part_size = {16 * MiB, 16 * MiB},
+			      .part_share = {8 * MiB, 8 * MiB},
+			      .keep = 1,
+			      .slab_bytes = MiB,
+			      .dir = 1,
+			      .sparse = 1};
+	static struct pool p;
+	static struct store s;
+	struct page *pg[8], *pinned;
+	uint8_t *old_map, *base;
+	int cls, ro, fd;
+	uint64_t nz = 0;
+	struct stat st;
+
+	(void)state;
+	assert_int_equal(pool_create(&p, &pc), 0);
+	assert_int_equal(store_init(&s, &p, MiB, 1.0, 1.0), 0);
+	reg.lo = p.arena[1].base;
+	reg.hi = reg.lo + p.arena[1].size;
+	reg.bytes = 0;
+	assert_int_equal(store_pin_hooks(&s, count_pin, count_unpin, NULL), 0);
+	cls = store_class_get(&s, 64 * 1024);
+	assert_true(cls >= 0);
+	s.ns_part[1] = 1; /* namespace 0 in partition 0, namespace 1 in partition 1 */
+	for (uint32_t i = 0; i < 8; i++) {
+		pg[i] = put(&s, cls, i % 2, 100 + i);
+		assert_non_null(pg[i]);
+		assert_int_equal(store_part_of(&s, pg[i]), i % 2);
+	}
+	base = p.arena[p.part[1].first].base;
+	ro = pool_ro_fd(&p, p.part[1].first);
+	assert_true(ro >= 0);
+	old_map = mmap(NULL, p.arena[1].size, PROT_READ, MAP_SHARED, ro, 0);
+	assert_true(old_map != MAP_FAILED);
+	assert_int_equal(old_map[(uint8_t *)store_addr(&s, pg[1]) - base], 101);
+	assert_true(reg.bytes > 0);
+	assert_int_equal(reg.bytes, s.part[1].resident);
+	pinned = pg[3];
+	store_pin(&s, pinned);
+	assert_int_equal(store_part_clear(&s, 1), -EBUSY);
+	for (uint32_t i = 0; i < 8; i++) { /* nothing dropped */
+		kvb_key k = key_of(100 + i);
+
+		assert_ptr_equal(store_find(&s, i % 2, &k), pg[i]);
+	}
+	store_unpin(&s, pinned);
+	assert_int_equal(store_part_clear(&s, 1), 0);
+	for (uint32_t i = 0; i < 8; i++) {
+		kvb_key k = key_of(100 + i);
+
+		if (i % 2)
+			assert_null(store_find(&s, 1, &k));
+		else
+			assert_ptr_equal(store_find(&s, 0, &k), pg[i]);
+	}
+	assert_int_equal(s.part[1].resident, 0);
+	assert_int_equal(reg.bytes, 0); /* no GPU registration left under the file to swap */
+	assert_int_equal(s.part[1].pages, 0);
+	assert_int_equal(s.part[0].pages, 4);
+
+	assert_int_equal(pool_arena_fresh(&p, p.part[1].first, &fd), 0);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0400);
+	assert_int_equal((uint64_t)st.st_size, p.arena[1].size);
+	assert_int_equal(fcntl(fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+	assert_int_equal(pool_arena_switch(&p, p.part[1].first, fd), 0);
+	assert_int_equal(p.arena[1].fd, fd);
+	assert_ptr_equal(p.arena[1].base, base);
+	store_part_dir_reset(&s, 1);
+	assert_int_equal(fstat(ro, &st), 0);
+	assert_int_equal(st.st_blocks, 0); /* the old file emptied whole */
+	for (uint32_t i = 1; i < 8; i += 2) {
+		pg[i] = put(&s, cls, 1, 200 + i);
+		assert_non_null(pg[i]);
+		assert_int_equal(store_part_of(&s, pg[i]), 1);
+		assert_int_equal(*(uint8_t *)store_addr(&s, pg[i]), (200 + i) & 0xff);
+	}
+	for (uint64_t j = 0; j < p.arena[1].size; j++)
+		nz += old_map[j] != 0;
+	assert_int_equal(nz, 0); /* the old map: zeros, never the new file's bytes */
+	assert_true(s.part[1].resident > 0);
+	assert_int_equal(reg.bytes, s.part[1].resident); /* the new slabs registered */
+	assert_int_equal(store_arena_rss(&s, 1), s.ar[1].resident + p.arena[1].dir_bytes);
+	munmap(old_map, p.arena[1].size);
+	close(ro);
+	store_fini(&s);
+	pool_close(&p);
 }
 
 /* [tier-seam] A stand-in for tier.c: answers evict() with demote_answer, counts the calls. */
@@ -860,6 +988,7 @@ int main(void)
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_watermark, setup, teardown),
 		cmocka_unit_test(test_store_packs_every_page_size),
+		cmocka_unit_test(test_store_part_rebind),
 		cmocka_unit_test_setup_teardown(test_pool_client_fd_sealed_read_only, setup,
 						teardown),
 		cmocka_unit_test_setup_teardown(test_store_demote_seam, setup, teardown),

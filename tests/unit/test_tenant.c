@@ -9,7 +9,8 @@
  *   - [tenant-lend] every partition is virtually the pool; guarantees are the shares of the
  *     tenants bound and not released, scaled down while they add up to more than the pool;
  *     a tenant idle past --tenant-idle is released (guarantee 0) and gets it back when it
- *     attaches again; six tenants attach with the default four shares; shares set at run time.
+ *     attaches again; six tenants attach with the default four shares; shares set at run time;
+ *   - [tenant-rebind] the released partition idle longest is the one a new tenant takes.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -145,6 +146,54 @@ static void test_tenant_guarantees(void **state)
 	assert_true(rel);
 }
 
+/*
+ * [tenant-rebind] With every partition bound, the released one idle longest is picked for a new
+ * tenant (then the next, skipping those that cannot be emptied); not one named by --tenant or
+ * given a share at run time, nor one attached again; re-bound, it is the new tenant's with the
+ * default share, its counters fresh.
+ */
+static void test_tenant_rebind_pick(void **state)
+{
+	char arg[] = "500=128M";
+	struct tenant_cfg c = {.mode = TENANTS_UID, .idle_s = 1, .nlisted = 1, .listed_arg = {arg}};
+	struct tenant_table tt;
+	struct pool_cfg pc;
+	int rel;
+
+	(void)state;
+	assert_int_equal(plan(&c, GiB, &pc, &tt), 0);
+	assert_int_equal(tt.t[0].key, tenant_key(TENANTS_UID, 500, 0));
+	assert_int_equal(tenant_rebind_pick(&tt, 0), -1); /* none released */
+	for (uint32_t u = 1; u < POOL_MAX_PARTS; u++)
+		assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 1000 + u, 0), &rel),
+				 (int)u);
+	assert_int_equal(tenant_set_share(&tt, tenant_key(TENANTS_UID, 1002, 0), 64 * MiB), 2);
+	/* All leave, at different times: partition 0 (listed) and 2 (share set) first. */
+	tt.t[0].attaches = 1;
+	for (uint32_t p = 0; p < POOL_MAX_PARTS; p++) {
+		tt.t[p].clients = 0;
+		tt.t[p].left_at = 10 + (p == 0 || p == 2 ? 0 : 10 - p); /* 7 left first */
+	}
+	assert_int_equal(tenant_rebind_pick(&tt, 0), -1); /* not released yet */
+	(void)tenant_guarantees(&tt, 100);
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 3000, 0), &rel), -EUSERS);
+	assert_true(rel);
+	assert_int_equal(tenant_rebind_pick(&tt, 0), 7);
+	assert_int_equal(tenant_rebind_pick(&tt, 1u << 7), 6);
+	/* 6 comes back: attached, not released, not picked. */
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 1006, 0), &rel), 6);
+	assert_int_equal(tenant_rebind_pick(&tt, 1u << 7), 5);
+	tt.t[7].hits = 9;
+	assert_int_equal(tenant_bind(&tt, 7, tenant_key(TENANTS_UID, 3000, 0)), 7);
+	assert_int_equal(tt.t[7].key, tenant_key(TENANTS_UID, 3000, 0));
+	assert_true(tt.t[7].used && !tt.t[7].released && tt.t[7].clients == 1);
+	assert_int_equal(tt.t[7].hits, 0);
+	assert_int_equal(tt.t[7].share, tt.share_default);
+	/* The old tenant of 7 is a new tenant now: it finds no partition of its own. */
+	assert_int_equal(tenant_attach(&tt, tenant_key(TENANTS_UID, 1007, 0), &rel), -EUSERS);
+	assert_int_equal(tenant_rebind_pick(&tt, 0), 5);
+}
+
 /* [tenant-lend] Shares at run time: raised, lowered, back to the default; bound if new. */
 static void test_tenant_set_share(void **state)
 {
@@ -177,6 +226,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tenant_guarantees),
 		cmocka_unit_test(test_tenant_set_share),
+		cmocka_unit_test(test_tenant_rebind_pick),
 		cmocka_unit_test(test_tenant_disk_shares),
 		cmocka_unit_test(test_tenant_default_disk),
 		cmocka_unit_test(test_tenant_refused),

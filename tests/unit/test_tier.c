@@ -18,7 +18,8 @@
  *     forgotten;
  *   - the log wraps: the oldest slots are dropped, the newest still promote;
  *   - a promotion of the slot the log head is about to drop, with RAM full of dirty pages;
- *   - warm restart: a slot that straddles two 32 MiB scan regions is found whole.
+ *   - warm restart: a slot that straddles two 32 MiB scan regions is found whole;
+ *   - [tenant-rebind] a partition's regions forgotten: its pages miss, new ones promote.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -406,6 +407,33 @@ static void test_tier_demote_then_promote(void **state)
 	stop(0);
 }
 
+/* [tenant-rebind] A partition's regions forgotten whole: its pages miss; the log goes on. */
+static void test_tier_part_forget(void **state)
+{
+	struct waiter w;
+
+	(void)state;
+	start(64 * KiB, 16 * MiB, 8);
+	for (uint32_t i = 0; i < 8; i++)
+		store_page(i);
+	demote_all();
+	assert_int_equal(tstat("pages"), 8);
+	tier_part_forget(&F.b, 0);
+	assert_int_equal(tstat("pages"), 0);
+	assert_false(in_ram(3));
+	assert_int_equal(ask(3, 0, &w), 0); /* a miss: nothing waits */
+	store_page(20);
+	demote_all();
+	assert_int_equal(tstat("pages"), 1);
+	assert_false(in_ram(20));
+	assert_int_equal(ask(20, 0, &w), -1);
+	settle();
+	assert_true(woken(&w));
+	assert_int_equal(ask(20, 0, &w), 1);
+	check_slot(0, 20);
+	stop(0);
+}
+
 static void test_tier_joined_and_parked_promotions(void **state)
 {
 	struct waiter w[5];
@@ -568,6 +596,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tier_demote_then_promote),
+		cmocka_unit_test(test_tier_part_forget),
 		cmocka_unit_test(test_tier_joined_and_parked_promotions),
 		cmocka_unit_test(test_tier_crc_mismatch_misses),
 		cmocka_unit_test(test_tier_log_wraps),
