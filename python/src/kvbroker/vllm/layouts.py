@@ -468,16 +468,3 @@ def token_range(v: torch.Tensor) -> tuple[int, int, int] | None:
     return int(v.storage_offset()), int(v.stride(1)), int(v.stride(0))
 
 
-def gather_blocks(v: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """v[blocks] for a canonical view v ([num_blocks, ...] with arbitrary inner strides),
-    fast: each block's byte range is first copied whole (contiguous rows, memcpy speed),
-    then read through the view's inner strides. Indexing v directly copies element by element
-    through the strides (several times slower for a transposed K).
-    """
-    inner, sin = tuple(v.shape[1:]), tuple(v.stride()[1:])
-    if v.is_contiguous() or not inner or any(st < 0 for st in sin):
-        return v[blocks]
-    extent = 1 + sum((n - 1) * st for n, st in zip(inner, sin, strict=True))
-    rows = torch.as_strided(v, (v.shape[0], extent), (v.stride(0), 1))[blocks]
-    return torch.as_strided(rows, (len(blocks), *inner), (extent, *sin))
-
