@@ -466,5 +466,3 @@ def token_range(v: torch.Tensor) -> tuple[int, int, int] | None:
     if v.shape[1] > 1 and v.stride(1) < expect:
         return None
     return int(v.storage_offset()), int(v.stride(1)), int(v.stride(0))
-
-
