@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -310,21 +311,30 @@ out:
 	return err;
 }
 
-int kvb_tenant_share(kvb_client *c, const char *tenant, uint64_t bytes, uint32_t percent)
+/* NS_LIMIT and TENANT_SHARE carry the same fields: a name, then bytes or a percentage. */
+static_assert(sizeof(struct kvb_msg_tenant_share) == sizeof(struct kvb_msg_ns_limit) &&
+		      offsetof(struct kvb_msg_tenant_share, bytes) ==
+			      offsetof(struct kvb_msg_ns_limit, bytes) &&
+		      offsetof(struct kvb_msg_tenant_share, percent) ==
+			      offsetof(struct kvb_msg_ns_limit, percent),
+	      "one layout for both");
+
+/* Sends type (a broker of ABI minor min_minor or later) for name: its bytes or percent. */
+static int ctl_named_amount(kvb_client *c, uint16_t type, uint32_t min_minor, const char *name,
+			    uint64_t bytes, uint32_t percent)
 {
-	struct kvb_msg_tenant_share m = {.bytes = bytes, .percent = percent};
+	struct kvb_msg_ns_limit m = {.bytes = bytes, .percent = percent};
 	struct kvbc_reply r;
-	size_t n = tenant ? strlen(tenant) : 0;
+	size_t n = name ? strlen(name) : 0;
 	int err;
 
-	if (!n || n >= sizeof(m.tenant) || (bytes && percent) || percent > 100)
+	if (!n || n >= sizeof(m.model) || (bytes && percent) || percent > 100)
 		return -EINVAL;
-	memcpy(m.tenant, tenant, n);
+	memcpy(m.model, name, n);
 	err = kvbc_enter_ctl(c);
 	if (err)
 		return err;
-	err = c->broker_minor >= 8 ? kvbc_ctl(c, KVB_MSG_TENANT_SHARE, &m, sizeof(m), -1, &r)
-				   : -EOPNOTSUPP;
+	err = c->broker_minor >= min_minor ? kvbc_ctl(c, type, &m, sizeof(m), -1, &r) : -EOPNOTSUPP;
 	if (err >= 0) {
 		err = r.res;
 		kvbc_reply_free(&r);
@@ -333,27 +343,14 @@ int kvb_tenant_share(kvb_client *c, const char *tenant, uint64_t bytes, uint32_t
 	return err;
 }
 
+int kvb_tenant_share(kvb_client *c, const char *tenant, uint64_t bytes, uint32_t percent)
+{
+	return ctl_named_amount(c, KVB_MSG_TENANT_SHARE, 8, tenant, bytes, percent);
+}
+
 int kvb_ns_limit(kvb_client *c, const char *model, uint64_t bytes, uint32_t percent)
 {
-	struct kvb_msg_ns_limit m = {.bytes = bytes, .percent = percent};
-	struct kvbc_reply r;
-	size_t n = model ? strlen(model) : 0;
-	int err;
-
-	if (!n || n >= sizeof(m.model) || (bytes && percent) || percent > 100)
-		return -EINVAL;
-	memcpy(m.model, model, n);
-	err = kvbc_enter_ctl(c);
-	if (err)
-		return err;
-	err = c->broker_minor >= 7 ? kvbc_ctl(c, KVB_MSG_NS_LIMIT, &m, sizeof(m), -1, &r)
-				   : -EOPNOTSUPP;
-	if (err >= 0) {
-		err = r.res;
-		kvbc_reply_free(&r);
-	}
-	kvbc_leave(c);
-	return err;
+	return ctl_named_amount(c, KVB_MSG_NS_LIMIT, 7, model, bytes, percent);
 }
 
 int kvb_drop_client(kvb_client *c, uint32_t client_id)
