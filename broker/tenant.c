@@ -402,15 +402,13 @@ void tenant_apply(const struct tenant_table *tt, struct pool *p, struct store *s
 
 void tenant_tick(struct tenant_table *tt, struct pool *p, struct store *s, double now)
 {
-	static double last, scrubbed;
-
-	if (!p->sparse || now - last < TENANT_TICK_S)
+	if (!p->sparse || now - tt->ticked_at < TENANT_TICK_S)
 		return;
-	last = now;
+	tt->ticked_at = now;
 	if (tenant_guarantees(tt, now))
 		tenant_apply(tt, p, s);
-	if (now - scrubbed >= TENANT_SCRUB_S) {
-		scrubbed = now;
+	if (now - tt->scrubbed_at >= TENANT_SCRUB_S) {
+		tt->scrubbed_at = now;
 		(void)store_sparse_scrub(s);
 	}
 }

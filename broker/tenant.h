@@ -56,10 +56,11 @@ struct tenant {
  */
 struct tenant_table {
 	int mode;
-	uint32_t n;		/* partitions, = pool.nparts */
-	uint64_t budget;	/* [tenant-lend] RAM the partitions' slabs may hold in all */
-	uint64_t share_default; /* the share of a tenant not listed, at its first attach */
-	double idle_s;		/* --tenant-idle */
+	uint32_t n;		       /* partitions, = pool.nparts */
+	uint64_t budget;	       /* [tenant-lend] RAM the partitions' slabs may hold in all */
+	uint64_t share_default;	       /* the share of a tenant not listed, at its first attach */
+	double idle_s;		       /* --tenant-idle */
+	double ticked_at, scrubbed_at; /* tenant_tick's last run and last scrub */
 	struct tenant t[POOL_MAX_PARTS];
 	uint64_t disk_bytes[POOL_MAX_PARTS];
 	double disk_frac[POOL_MAX_PARTS];
