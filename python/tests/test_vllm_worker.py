@@ -218,6 +218,58 @@ def test_async_load_aborted_request_holds_blocks(tmp_path: Path, broker: Broker)
     assert b.bad == []
 
 
+@pytest.mark.parametrize("retire", [False, True])
+def test_broker_stopped_mid_save_stores_no_wrong_page(tmp_path: Path, retire: bool) -> None:
+    """A broker that stops (SIGSTOP) with PUTs through the view queued: the worker times out
+    and drops the connection (retire: moving the KV memory off the broker's file first), but
+    the stopped broker still holds those PUTs and runs them when it resumes, reading the
+    blocks through its own mapping. What it stores then must be the pages the blocks held,
+    never the bytes of a file given up meanwhile: another engine loads byte-exact pages, or
+    misses and recomputes."""
+    import signal
+
+    broker = Broker(tmp_path)
+    extra = {"model": f"w-stop-put-{retire}", "op_timeout_ms": 300, "reconnect_s": 60,
+             "retire_on_timeout": retire}
+    prompt = _prompt(43, 12)
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        broker.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+
+    try:
+        a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        assert not vs.wk(a.worker).copy_mode  # PUTs read vLLM's blocks themselves
+        # Stopped before the step's PUTs go out; the next step's handle_preemptions waits
+        # for them and times out. The request finishes meanwhile.
+        a.sched.add_request(vs.make_request("a", prompt, BS, max_tokens=3))
+        a.step(kill=stop)
+        for _ in range(20):
+            if not a.sched.get_num_unfinished_requests():
+                break
+            a.step()
+        assert a.bad == [] and not a.sched.get_num_unfinished_requests()
+        assert vs.wk(a.worker).link.get() is None
+        broker.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        # The late PUTs run; without retire their blocks were held until then (a fence).
+        deadline = time.monotonic() + 5
+        while a.sched.has_requests() and time.monotonic() < deadline:
+            a.step()
+            time.sleep(0.01)
+        assert not a.sched.has_requests()
+        time.sleep(0.3)
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        b.run([vs.make_request("b", prompt, BS, max_tokens=2)])
+        assert b.bad == [], "a page stored from memory vLLM had given up"
+    finally:
+        if stopped:
+            broker.proc.send_signal(signal.SIGCONT)
+        broker.stop()
+
+
 @pytest.mark.parametrize("retire,resume", [(False, "cont"), (True, "cont"), (False, "kill")])
 def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
                                                resume: str) -> None:

@@ -743,6 +743,7 @@ class _Worker:
         pump, self.pump = self.pump, None
         reqs: set[str] = set()
         recving: set[str] = set()
+        view_puts = False
         if pump is not None and pump.inflight:
             for ud, (_pi, _ci, _block, req) in self.load_ops.items():
                 if ud not in self.cload_slot:
@@ -754,7 +755,8 @@ class _Worker:
             for _pi, req, slot in self.save_ops.values():
                 if slot < 0:
                     reqs.add(req)
-        if pump is not None and reqs and self._privatize():
+                    view_puts = True
+        if pump is not None and reqs and self._privatize(keep_old=view_puts):
             reqs.clear()  # late writes land in memory vLLM no longer sees
         if pump is not None and reqs:
             pump.queue.clear()  # never submitted: the broker cannot run them
@@ -771,15 +773,18 @@ class _Worker:
         self._fail_pending_loads()
         self._drop_saves()
 
-    def _privatize(self) -> bool:
+    def _privatize(self, keep_old: bool) -> bool:
         """Moves every KV region, in place, onto a new memfd (remap_onto_memfd: a copy of the
         region, then one mremap over the same addresses, so vLLM's tensors stay valid); the
         broker's mapping keeps the old file, so whatever it still writes lands where vLLM no
         longer reads, even into blocks vLLM frees without telling the connector (a
-        preemption). Cost, on this failure path only: one copy of the KV memory (about
-        0.8 s per GiB on a loaded 2-core machine) and, while the broker keeps the old file
-        mapped, its pages where they cannot be punched out. Not for GPU memory (a fence
-        holds those blocks instead).
+        preemption), and what it still reads is what the blocks held. Cost, on this failure
+        path only: one copy of the KV memory (about 0.8 s per GiB on a loaded 2-core
+        machine) and, while the broker keeps the old file mapped, its pages. Those are
+        punched out at once unless keep_old: PUTs through the view in flight would read
+        zeros there and store them as the pages (test_broker_stopped_mid_save_stores_no_
+        wrong_page); the file then lasts until the broker unmaps it. Not for GPU memory (a
+        fence holds those blocks instead).
         Returns whether every region was moved.
         """
         if not self.retire or not self.regions or \
@@ -794,10 +799,11 @@ class _Worker:
                                "(%s): fencing its blocks instead", e)
                 return False
             old, r.memfd = r.memfd, fd
-            try:
-                _kvbroker.punch_hole(old, 0, r.nbytes)
-            except OSError as e:  # sealed against writes: freed when the broker unmaps it
-                logger.debug("kvbroker: old KV memfd kept: %s", e)
+            if not keep_old:
+                try:
+                    _kvbroker.punch_hole(old, 0, r.nbytes)
+                except OSError as e:  # sealed against writes: freed when the broker unmaps it
+                    logger.debug("kvbroker: old KV memfd kept: %s", e)
             os.close(old)
         logger.warning("kvbroker: KV memory moved off the unresponsive broker's file in "
                        "%.2f s", time.perf_counter() - t0)
