@@ -270,6 +270,65 @@ def test_broker_stopped_mid_save_stores_no_wrong_page(tmp_path: Path, retire: bo
         broker.stop()
 
 
+@pytest.mark.parametrize("retire", [False, True])
+def test_fenced_puts_of_a_preempted_request_store_no_wrong_page(tmp_path: Path,
+                                                                 retire: bool) -> None:
+    """PUTs through the view queued at a broker that stops (SIGSTOP): the worker times out
+    and fences them, the request goes on running, and then vLLM preempts it, handing its
+    blocks to another request in the same step, before the forward. When the broker resumes
+    and runs those PUTs, they must not read the new owner's bytes: the step waits for the
+    fence to settle (retire off), or the KV memory moves off the broker's file first."""
+    import signal
+    import threading
+
+    broker = Broker(tmp_path)
+    extra = {"model": f"w-preempt-{retire}", "op_timeout_ms": 300, "reconnect_s": 60,
+             "retire_on_timeout": retire}
+    # 15 usable blocks: "c" (2 blocks) then "a" (12 blocks + its tail) fill the pool, and
+    # the next step preempts "a" (the last one running) to give "c" a block.
+    a = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra, num_blocks=16)
+    assert not vs.wk(a.worker).copy_mode
+    prompt = _prompt(47, 12, tail=0)
+    resumed = threading.Event()
+
+    def resume() -> None:
+        broker.proc.send_signal(signal.SIGCONT)
+        resumed.set()
+
+    timer = threading.Timer(1.5, resume)
+    written: list[int] = []
+
+    def new_owner(out: Any) -> None:  # the runner's writes into the blocks it hands out
+        if "a" in (out.preempted_req_ids or ()):
+            for name in a.layers:
+                for p in a._layer_bytes(name):
+                    p[blocks] = 0x5A
+            written.append(len(blocks))
+
+    try:
+        a.sched.add_request(vs.make_request("c", _prompt(48, 2, tail=0), BS, max_tokens=40))
+        a.step()
+        a.sched.add_request(vs.make_request("a", prompt, BS, max_tokens=40))
+        a.step(kill=lambda: broker.proc.send_signal(signal.SIGSTOP))  # its PUTs queue
+        blocks = list(a.sched.kv_cache_manager.get_block_ids("a")[0][:12])
+        a.before_load = new_owner
+        timer.start()
+        out, _ = a.step()  # times out, fences the PUTs, preempts "a"
+        assert "a" in out.preempted_req_ids and written == [12]
+        # Settled before the runner wrote: the broker ran the PUTs (retire off: the step
+        # waited for it), or they read the file vLLM no longer uses.
+        assert resumed.is_set() is (not retire)
+        resumed.wait(5)
+        time.sleep(0.3)  # the late PUTs run
+        b = vs.MiniEngine(tmp_path, broker.socket, mla=False, extra=extra)
+        b.run([vs.make_request("b", prompt + [1, 2, 3], BS, max_tokens=2)])
+        assert b.bad == [], "a page stored from blocks another request had written"
+    finally:
+        timer.cancel()
+        broker.proc.send_signal(signal.SIGCONT)
+        broker.stop()
+
+
 @pytest.mark.parametrize("retire,resume", [(False, "cont"), (True, "cont"), (False, "kill")])
 def test_broker_stopped_mid_load_fences_blocks(tmp_path: Path, retire: bool,
                                                resume: str) -> None:

@@ -40,12 +40,14 @@ class _Transfer:
 @dataclass
 class KVBrokerMetadata(KVConnectorMetadata):
     """What the workers move in one step: pages to load, pages to store, requests whose
-    blocks vLLM keeps until their finishing stores are done.
+    blocks vLLM keeps until their finishing stores are done, and requests preempted in this
+    step (their blocks go to others before the forward).
     """
 
     loads: list[_Transfer] = field(default_factory=list)
     saves: list[_Transfer] = field(default_factory=list)
     finish_req_ids: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
 
 
 _STAT_KEYS = ("lookups", "lookup_tokens", "hit_tokens", "local_hit_tokens", "loaded_pages",

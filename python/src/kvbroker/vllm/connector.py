@@ -232,10 +232,13 @@ class KVBrokerConnector(KVConnectorBase_V1, SupportsHMA):
         blocks it hands out or copy into them (copy-on-write), and a block freed by a
         preemption or behind a sliding window may be one of them. View PUTs of earlier steps
         still read vLLM's blocks: they finish now, so a block is never stored after another
-        request's data (or zeros) went into it.
+        request's data (or zeros) went into it. Nor may ops of a connection given up on (a
+        fence) still touch the blocks of a request preempted now.
         """
         if self._worker is not None:
             self._worker.settle_view_saves()
+            if isinstance(kv_connector_metadata, KVBrokerMetadata):
+                self._worker.settle_preempted(set(kv_connector_metadata.preempted))
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Submits this step's loads, layer group by layer group."""

@@ -456,7 +456,9 @@ class _Scheduler:
         """The step's loads, stores (prompt blocks computed by this step, finishing
         requests' blocks) and finishing requests, for the workers.
         """
-        meta = KVBrokerMetadata(self._loads, self._saves, self._finishing)
+        meta = KVBrokerMetadata(self._loads, self._saves, self._finishing,
+                                sorted(getattr(scheduler_output, "preempted_req_ids", None)
+                                       or ()))
         self._loads, self._saves, self._finishing = [], [], []
         self._maybe_recheck()
         if self.save_enabled and self.save_prompt and self._link.get() is not None:

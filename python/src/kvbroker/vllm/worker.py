@@ -845,6 +845,34 @@ class _Worker:
             logger.info("kvbroker: fenced connection settled: %d requests' blocks released",
                         len(f.reqs))
 
+    def settle_preempted(self, preempted: set[str]) -> None:
+        """Settles the fences of requests preempted in this step: vLLM frees their blocks
+        without asking the connector and hands them to others before the forward. A fence
+        holding such a request's blocks (ops of a connection given up on that read or write
+        them through a view) must be settled first: the KV memory moved off the broker's
+        file (_privatize, CPU), or else (GPU memory, retire_on_timeout off) this step waits
+        until the broker completed those ops or is gone. A stopped broker stalls the engine
+        here, never a wrong page.
+        """
+        if not any(f.reqs & preempted for f in self.fences):
+            return
+        if self._privatize(keep_old=True):
+            for f in self.fences:
+                f.pump.inflight = 0  # their late ops touch the old file only
+            self._reap_fences()
+            return
+        t0 = last = time.monotonic()
+        while True:
+            self._reap_fences()
+            if not any(f.reqs & preempted for f in self.fences):
+                return
+            if time.monotonic() - last >= 10:
+                last = time.monotonic()
+                logger.warning("kvbroker: a preempted request's blocks wait %.0f s for the "
+                               "ops of an unresponsive broker (it must answer or exit)",
+                               last - t0)
+            time.sleep(0.01)
+
     def settle_view_saves(self) -> None:
         """Waits for view PUTs still reading vLLM's blocks (before a forward writes any)."""
         if not self.view_saves_pending:
