@@ -15,9 +15,10 @@
           connector and one without (tcmalloc preloaded in both, as vLLM's CPU guide sets
           it up), driven in interleaved rounds: store-on-miss tokens/s ratio (8 prompts
           sharing nothing, 16 output tokens, 24 rounds, fresh processes every 8; target
-          >= 0.98), with the 95% confidence interval of its median; the reload of a 4K-token prompt from kvbroker vs its
-          recompute (prefix cache emptied between), the load's GB/s vs a torch copy of the
-          same bytes; the connector's own time per step (p50, p99).
+          >= 0.98), with the 95% confidence interval of its median; the reload of a
+          4K-token prompt from kvbroker vs its recompute (prefix cache emptied between), the
+          load's GB/s vs a torch copy of the same bytes; the connector's own time per step
+          (p50, p99).
 
 usage: bench_vllm.py --socket SOCK [--reps N] [--quick] [--engine-only]
 """
@@ -215,7 +216,7 @@ def _cpu_s(pid: int) -> float:
 def median_ci(xs: list[float]) -> tuple[float, float]:
     """The 95% confidence interval of the median, from order statistics (no assumption on
     the distribution): [x(k), x(n-k+1)] for the largest k with P(Binomial(n, 1/2) < k) <=
-    0.025; the range when there are too few values for one (n < 6).
+    0.025; the range when there are too few values for one (n < 6: k is 0).
     """
     xs = sorted(xs)
     n, k, tail = len(xs), 0, 0.0
@@ -338,8 +339,10 @@ def bench_engine(tmp: Path, sock: str, pairs: int, aa: bool = False) -> None:
 
     def summary(xs: list[float]) -> str:
         lo, hi = median_ci(xs)
-        return (f"median **{statistics.median(xs):.3f}** (95% confidence interval of the "
-                f"median {lo:.3f}-{hi:.3f}; range {min(xs):.3f}-{max(xs):.3f})")
+        ci = (f"95% confidence interval of the median {lo:.3f}-{hi:.3f}; " if len(xs) >= 6
+              else "too few rounds for a confidence interval; ")
+        return (f"median **{statistics.median(xs):.3f}** ({ci}range {min(xs):.3f}-"
+                f"{max(xs):.3f})")
 
     ratios = [g["kvb"]["tps"] / g["none"]["tps"] for g in rounds]
     med = statistics.median(ratios)
