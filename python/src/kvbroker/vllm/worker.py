@@ -848,18 +848,13 @@ class _Worker:
     def settle_preempted(self, preempted: set[str]) -> None:
         """Settles the fences of requests preempted in this step: vLLM frees their blocks
         without asking the connector and hands them to others before the forward. A fence
-        holding such a request's blocks (ops of a connection given up on that read or write
-        them through a view) must be settled first: the KV memory moved off the broker's
-        file (_privatize, CPU), or else (GPU memory, retire_on_timeout off) this step waits
-        until the broker completed those ops or is gone. A stopped broker stalls the engine
-        here, never a wrong page.
+        (ops of a connection given up on that read or write blocks through a view; there is
+        one only where the KV memory could not move off the broker's file: GPU memory,
+        retire_on_timeout off) holding such a request's blocks makes this step wait until
+        the broker completed those ops or is gone. A stopped broker stalls the engine here,
+        never a wrong page.
         """
         if not any(f.reqs & preempted for f in self.fences):
-            return
-        if self._privatize(keep_old=True):
-            for f in self.fences:
-                f.pump.inflight = 0  # their late ops touch the old file only
-            self._reap_fences()
             return
         t0 = last = time.monotonic()
         while True:
