@@ -60,8 +60,9 @@ IMPORT_S = time.perf_counter() - t_import
 # The engines run as vLLM's CPU installation guide sets them up, tcmalloc preloaded (Debian's
 # libtcmalloc-minimal4, `tools/deps.sh bench`). Under glibc malloc, whose mmap threshold
 # follows each process's own history of large frees, two processes running the same work
-# differed by 150 k-440 k minor faults a run and up to 13% in tokens/s, in either direction
-# (with tcmalloc: about 500 faults a run in every engine): that swamps a 2% comparison.
+# took 84 k-440 k minor faults a run, depending on the process, and differed by up to 13% in
+# tokens/s, in either direction (with tcmalloc: about 500 faults a run in every engine): that
+# swamps a 2% comparison.
 TCMALLOC = ctypes.util.find_library("tcmalloc_minimal") or ""
 
 
